@@ -1,0 +1,5 @@
+//! The arbiter service: verdict consolidation, agreement, routing and plans.
+
+pub mod grpc;
+
+pub use grpc::routes;

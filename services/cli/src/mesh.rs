@@ -1,0 +1,132 @@
+//! Start and stop the whole mesh in-process.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use assay_config::AssayConfig;
+use assay_domain::ModelHub;
+use assay_proto::service_names as names;
+use assay_rpc::Readiness;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tonic::service::Routes;
+
+/// Where each service listens.
+#[derive(Debug, Clone, Copy)]
+pub struct MeshAddrs {
+    pub gateway: SocketAddr,
+    pub generator: SocketAddr,
+    pub refiners: SocketAddr,
+    pub scorer: SocketAddr,
+    pub arbiter: SocketAddr,
+    pub delta_judge: SocketAddr,
+    pub debate: SocketAddr,
+}
+
+impl MeshAddrs {
+    /// (service name, address) of every service.
+    pub fn all(&self) -> [(&'static str, SocketAddr); 7] {
+        [
+            (names::GATEWAY, self.gateway),
+            (names::GENERATOR, self.generator),
+            (names::REFINERS, self.refiners),
+            (names::SCORER, self.scorer),
+            (names::ARBITER, self.arbiter),
+            (names::DELTA_JUDGE, self.delta_judge),
+            (names::DEBATE, self.debate),
+        ]
+    }
+}
+
+/// A running mesh.
+pub struct Mesh {
+    pub addrs: MeshAddrs,
+    readiness: Vec<Readiness>,
+    shutdown: tokio::sync::watch::Sender<bool>,
+    tasks: Vec<JoinHandle<Result<(), tonic::transport::Error>>>,
+}
+
+impl Mesh {
+    /// Report SERVING on every service (call once models are ready).
+    pub async fn set_serving(&self) {
+        for r in &self.readiness {
+            r.set_serving().await;
+        }
+    }
+
+    /// Graceful stop: NOT_SERVING, drain in-flight calls, wait for every server.
+    pub async fn shutdown(self) -> Result<(), String> {
+        let _ = self.shutdown.send(true);
+        let mut err = None;
+        for t in self.tasks {
+            match t.await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => err = Some(format!("server failed: {e}")),
+                Err(e) => err = Some(format!("server task failed: {e}")),
+            }
+        }
+        err.map_or(Ok(()), Err)
+    }
+}
+
+async fn listener(config: &AssayConfig, port: u16) -> Result<TcpListener, String> {
+    assay_runtime::bind(config, port).await.map_err(|e| format!("cannot bind {}:{port}: {e}", config.bind))
+}
+
+/// Bind every service at its configured port (0 = any free port) and serve. Services start
+/// NOT_SERVING; with `ready = true` they report SERVING at once.
+pub async fn start_mesh(config: &AssayConfig, hub: Arc<ModelHub>, ready: bool) -> Result<Mesh, String> {
+    let p = config.ports;
+    let gateway_l = listener(config, p.gateway).await?;
+    let generator_l = listener(config, p.generator).await?;
+    let refiners_l = listener(config, p.refiners).await?;
+    let scorer_l = listener(config, p.scorer).await?;
+    let arbiter_l = listener(config, p.arbiter).await?;
+    let delta_l = listener(config, p.delta_judge).await?;
+    let debate_l = listener(config, p.debate).await?;
+    let addr = |l: &TcpListener| l.local_addr().map_err(|e| e.to_string());
+    let addrs = MeshAddrs {
+        gateway: addr(&gateway_l)?,
+        generator: addr(&generator_l)?,
+        refiners: addr(&refiners_l)?,
+        scorer: addr(&scorer_l)?,
+        arbiter: addr(&arbiter_l)?,
+        delta_judge: addr(&delta_l)?,
+        debate: addr(&debate_l)?,
+    };
+    let options = assay_runtime::serve_options(config);
+    let token = options.auth_token.clone();
+
+    let scorer_url = format!("http://{}", addrs.scorer);
+    let scorer_remote = Arc::new(assay_rpc::remote::RemoteScorer::new(
+        assay_rpc::remote::channel(&scorer_url).map_err(|e| e.to_string())?,
+        token.as_deref(),
+    ));
+    let scorer_core = Arc::new(assay_scorer::ScorerCore::new(hub.clone(), config.scorer.concurrency as usize));
+    let services: Vec<(TcpListener, &'static str, Routes)> = vec![
+        (gateway_l, names::GATEWAY, assay_gateway::routes(Arc::new(assay_gateway::GatewayCore::new(scorer_remote)))),
+        (generator_l, names::GENERATOR, assay_generator::routes()),
+        (refiners_l, names::REFINERS, assay_refiners::routes()),
+        (scorer_l, names::SCORER, assay_scorer::routes(scorer_core)),
+        (arbiter_l, names::ARBITER, assay_arbiter::routes()),
+        (delta_l, names::DELTA_JUDGE, assay_delta_judge::routes()),
+        (debate_l, names::DEBATE, assay_debate::routes()),
+    ];
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let mut readiness = Vec::new();
+    let mut tasks = Vec::new();
+    for (l, name, routes) in services {
+        let r = Readiness::new(&[name]).await;
+        readiness.push(r.clone());
+        let mut rx = rx.clone();
+        let shutdown = async move {
+            let _ = rx.wait_for(|s| *s).await;
+        };
+        tasks.push(tokio::spawn(assay_rpc::serve(l, routes, r, options.clone(), shutdown)));
+    }
+    let mesh = Mesh { addrs, readiness, shutdown: tx, tasks };
+    if ready {
+        mesh.set_serving().await;
+    }
+    Ok(mesh)
+}

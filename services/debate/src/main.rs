@@ -1,0 +1,11 @@
+//! `assay-debate`: the debate service on its own.
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let spec = assay_runtime::StageSpec {
+        binary: "assay-debate",
+        service_name: assay_proto::service_names::DEBATE,
+        port: |p| p.debate,
+    };
+    assay_runtime::run_service(spec, &[], |_hub, _config| assay_debate::routes()).await
+}

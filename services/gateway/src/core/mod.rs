@@ -1,0 +1,150 @@
+//! Pipeline logic over stage traits (no transport types).
+
+use std::sync::Arc;
+
+use assay_domain::limits::MAX_RECORDS;
+use assay_domain::{
+    AggregateScores, Checklist, ModelRecord, ModelSpec, Score, ScoreRequest, ScoreTarget, Scorer, ScorerConfig,
+    StageError, Usage, Violations,
+};
+
+/// One record of an evaluation.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct EvalRecord {
+    pub id: String,
+    pub input: String,
+    pub target: String,
+    pub reference: String,
+    pub history: String,
+}
+
+/// A checklist evaluation with an explicit checklist.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Evaluation {
+    pub checklist: Checklist,
+    pub records: Vec<EvalRecord>,
+    pub scorer: ScorerConfig,
+    pub scorer_model: ModelSpec,
+}
+
+/// Result of one record.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecordOutcome {
+    pub index: u32,
+    pub record_id: String,
+    pub checklist_id: String,
+    pub score: Option<Score>,
+    pub error: String,
+}
+
+/// Result of an evaluation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EvaluationOutcome {
+    pub run_id: String,
+    pub results: Vec<RecordOutcome>,
+    pub aggregate: AggregateScores,
+    pub checklists: Vec<Checklist>,
+    pub usage: Usage,
+    pub models: Vec<ModelRecord>,
+}
+
+/// The gateway's pipelines over stage clients.
+#[derive(Clone)]
+pub struct GatewayCore {
+    scorer: Arc<dyn Scorer>,
+}
+
+impl GatewayCore {
+    pub fn new(scorer: Arc<dyn Scorer>) -> Self {
+        Self { scorer }
+    }
+
+    /// Score every record against the checklist in one scorer call (the scorer runs targets
+    /// concurrently).
+    pub async fn evaluate(&self, eval: Evaluation) -> Result<EvaluationOutcome, StageError> {
+        let mut v = Violations::new();
+        if eval.records.is_empty() {
+            v.push("pipeline.records", "must not be empty");
+        }
+        if eval.records.len() > MAX_RECORDS {
+            v.push("pipeline.records", format!("has {} records; the limit is {MAX_RECORDS}", eval.records.len()));
+        }
+        v.into_result()?;
+        let mut checklist = eval.checklist;
+        if checklist.id.is_empty() {
+            checklist.id = format!("checklist-{}", uuid::Uuid::now_v7());
+        }
+        if checklist.source_method.is_empty() {
+            checklist.source_method = "explicit".into();
+        }
+        let targets: Vec<ScoreTarget> = eval
+            .records
+            .iter()
+            .enumerate()
+            .map(|(i, r)| ScoreTarget {
+                id: if r.id.is_empty() { i.to_string() } else { r.id.clone() },
+                input: if r.input.is_empty() { checklist.input.clone() } else { r.input.clone() },
+                target: r.target.clone(),
+                reference: r.reference.clone(),
+                history: r.history.clone(),
+            })
+            .collect();
+        let request =
+            ScoreRequest { checklist: checklist.clone(), targets, config: eval.scorer, model: eval.scorer_model };
+        let out =
+            self.scorer.score(request, &assay_domain::no_events).await.map_err(|e| rename_fields(e, "pipeline"))?;
+        let results = out
+            .scores
+            .into_iter()
+            .enumerate()
+            .map(|(i, score)| RecordOutcome {
+                index: i as u32,
+                record_id: score.target_id.clone(),
+                checklist_id: checklist.id.clone(),
+                score: Some(score),
+                error: String::new(),
+            })
+            .collect();
+        Ok(EvaluationOutcome {
+            run_id: uuid::Uuid::now_v7().to_string(),
+            results,
+            aggregate: out.aggregate,
+            checklists: vec![checklist],
+            usage: out.usage,
+            models: vec![out.model],
+        })
+    }
+}
+
+/// Map a scorer's field names (`targets[i].target`, `checklist.items`) to the pipeline's
+/// (`pipeline.records[i].target`, `pipeline.source.checklist.items`).
+fn rename_fields(e: StageError, prefix: &str) -> StageError {
+    match e {
+        StageError::InvalidArgument(vs) => StageError::InvalidArgument(
+            vs.into_iter()
+                .map(|mut f| {
+                    f.field = if let Some(rest) = f.field.strip_prefix("targets") {
+                        format!("{prefix}.records{rest}")
+                    } else if let Some(rest) = f.field.strip_prefix("checklist") {
+                        format!("{prefix}.source.checklist{rest}")
+                    } else if let Some(rest) = f.field.strip_prefix("config") {
+                        format!("{prefix}.scorer{rest}")
+                    } else if let Some(rest) = f.field.strip_prefix("model") {
+                        format!("{prefix}.scorer_model{rest}")
+                    } else {
+                        format!("{prefix}.{}", f.field)
+                    };
+                    f
+                })
+                .collect(),
+        ),
+        other @ (StageError::NotFound(_)
+        | StageError::FailedPrecondition(_)
+        | StageError::ResourceExhausted(_)
+        | StageError::Unavailable(_)
+        | StageError::DeadlineExceeded(_)
+        | StageError::Cancelled(_)
+        | StageError::Unimplemented(_)
+        | StageError::Internal(_)) => other,
+    }
+}

@@ -1,0 +1,20 @@
+//! `assay-gateway`: the gateway on its own, reaching the stages at their configured addresses.
+
+use std::sync::Arc;
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let spec = assay_runtime::StageSpec {
+        binary: "assay-gateway",
+        service_name: assay_proto::service_names::GATEWAY,
+        port: |p| p.gateway,
+    };
+    assay_runtime::run_service(spec, &[], |_hub, config| {
+        let upstream = assay_runtime::upstream_url(config, &config.upstreams.scorer, config.ports.scorer);
+        let channel = assay_rpc::remote::channel(&upstream).expect("scorer upstream url is valid");
+        let token = assay_runtime::serve_options(config).auth_token;
+        let scorer = Arc::new(assay_rpc::remote::RemoteScorer::new(channel, token.as_deref()));
+        assay_gateway::routes(Arc::new(assay_gateway::GatewayCore::new(scorer)))
+    })
+    .await
+}

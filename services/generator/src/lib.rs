@@ -1,0 +1,5 @@
+//! The generator service: checklist generation.
+
+pub mod grpc;
+
+pub use grpc::routes;

@@ -1,0 +1,332 @@
+//! Checklist scoring (REFERENCE section 4): batch and item modes, every aggregate, logprob
+//! confidence, reasoning, custom templates. No transport types here.
+
+mod parse;
+
+use std::sync::Arc;
+
+use assay_domain::template::{render, unknown_placeholders};
+use assay_domain::{
+    AggregateScores, Checklist, ConfidenceLevel, EventSink, ItemScore, ItemStatus, ModelHub, ModelRecord, ResolvedChat,
+    Score, ScoreEvent, ScoreOutcome, ScoreRequest, ScoreTarget, Scorer, ScoringMode, StageError, Usage, Violations,
+};
+use assay_llm::{ChatRequest, ChatResponse, Message, ResponseFormat};
+use futures::StreamExt;
+use sha2::{Digest, Sha256};
+
+pub use parse::{BatchAnswer, map_batch_answers, parse_batch_reply, parse_item_reply};
+
+/// Configuration phase the scorer resolves its model for.
+pub const PHASE: &str = "scorer";
+
+/// Placeholders a scorer template may use.
+pub const PLACEHOLDERS: &[&str] = &["input", "target", "question", "history", "reference"];
+
+const BATCH_TEMPLATE: &str = include_str!("../../prompts/batch.txt");
+const BATCH_REASONING_TEMPLATE: &str = include_str!("../../prompts/batch_reasoning.txt");
+const ITEM_TEMPLATE: &str = include_str!("../../prompts/item.txt");
+
+/// Tokens budgeted per checklist item in a batch reply.
+pub const TOKENS_PER_ITEM: u32 = 100;
+
+/// The scorer core.
+#[derive(Clone)]
+pub struct ScorerCore {
+    hub: Arc<ModelHub>,
+    /// Concurrent model calls per request (item mode and many targets).
+    concurrency: usize,
+}
+
+impl ScorerCore {
+    pub fn new(hub: Arc<ModelHub>, concurrency: usize) -> Self {
+        Self { hub, concurrency: concurrency.max(1) }
+    }
+
+    fn validate(request: &ScoreRequest) -> Result<(), StageError> {
+        let mut v = Violations::new();
+        if let Some(t) = &request.config.prompt_template {
+            let unknown = unknown_placeholders(t, PLACEHOLDERS);
+            if !unknown.is_empty() {
+                v.push(
+                    "config.prompt_template",
+                    format!("unknown placeholder(s) {{{}}} (allowed: {{input}} {{target}} {{question}} {{history}} {{reference}})", unknown.join("}, {")),
+                );
+            }
+            if !t.contains("{target}") {
+                v.push("config.prompt_template", "must contain the {target} placeholder");
+            }
+        }
+        if request.config.mode == ScoringMode::Batch && request.config.wants_logprobs() {
+            v.push(
+                "config.mode",
+                "logprob confidence (use_logprobs or the normalized metric) needs item mode: the first token of a batch reply is not an answer",
+            );
+        }
+        v.into_result()
+    }
+}
+
+fn sha256_hex(s: &str) -> String {
+    hex::encode(Sha256::digest(s.as_bytes()))
+}
+
+/// What one target's scoring produced.
+struct TargetResult {
+    score: Score,
+    usage: Usage,
+}
+
+#[async_trait::async_trait]
+impl Scorer for ScorerCore {
+    async fn score(
+        &self,
+        request: ScoreRequest,
+        events: EventSink<'_, ScoreEvent>,
+    ) -> Result<ScoreOutcome, StageError> {
+        Self::validate(&request)?;
+        let chat = self.hub.chat(PHASE, &request.model, "model")?;
+        let config = &request.config;
+        let template = match (&config.prompt_template, config.mode, config.capture_reasoning) {
+            (Some(t), _, _) => t.as_str(),
+            (None, ScoringMode::Batch, false) => BATCH_TEMPLATE,
+            (None, ScoringMode::Batch, true) => BATCH_REASONING_TEMPLATE,
+            (None, ScoringMode::Item, _) => ITEM_TEMPLATE,
+        };
+        let n = request.checklist.items.len() as u32;
+        let max_tokens = match config.mode {
+            ScoringMode::Batch => chat.settings.max_tokens.unwrap_or(0).max(TOKENS_PER_ITEM * n + 64),
+            ScoringMode::Item => chat.settings.max_tokens.unwrap_or(if config.capture_reasoning { 256 } else { 16 }),
+        };
+        let logprobs = config.wants_logprobs();
+        let record = {
+            let mut r: ModelRecord = chat.record(PHASE, max_tokens, sha256_hex(template), logprobs);
+            r.temperature = Some(r.temperature.unwrap_or(0.0));
+            r
+        };
+        let job = Job {
+            chat: &chat,
+            checklist: &request.checklist,
+            config,
+            template,
+            max_tokens,
+            concurrency: self.concurrency,
+        };
+        // Targets run concurrently; in item mode each target's items share the same bound.
+        let mut results: Vec<Option<TargetResult>> = (0..request.targets.len()).map(|_| None).collect();
+        let targets = &request.targets;
+        let job = &job;
+        let mut stream = futures::stream::iter(0..targets.len())
+            .map(|i| async move { (i, job.score_target(&targets[i]).await) })
+            .buffer_unordered(self.concurrency);
+        while let Some((i, r)) = stream.next().await {
+            let r = r?;
+            events(ScoreEvent::TargetScored { index: i as u32, score: r.score.clone() });
+            results[i] = Some(r);
+        }
+        drop(stream);
+        let mut usage = Usage::default();
+        let mut scores = Vec::with_capacity(results.len());
+        for r in results.into_iter().flatten() {
+            usage.add(&r.usage);
+            scores.push(r.score);
+        }
+        let aggregate = AggregateScores::compute(scores.iter().map(|s| (s, &request.checklist)));
+        Ok(ScoreOutcome { scores, aggregate, usage, model: record })
+    }
+}
+
+struct Job<'a> {
+    chat: &'a ResolvedChat,
+    checklist: &'a Checklist,
+    config: &'a assay_domain::ScorerConfig,
+    template: &'a str,
+    max_tokens: u32,
+    concurrency: usize,
+}
+
+impl Job<'_> {
+    fn request(
+        &self,
+        prompt: String,
+        format: ResponseFormat,
+        max_tokens: u32,
+        top_logprobs: Option<u8>,
+    ) -> ChatRequest {
+        let req = ChatRequest {
+            messages: vec![Message::user(prompt)],
+            response_format: format,
+            max_tokens: Some(max_tokens),
+            top_logprobs,
+            cache: self.chat.cache,
+            deadline: None,
+            ..Default::default()
+        };
+        let mut req = self.chat.settings.apply(req);
+        req.max_tokens = Some(max_tokens);
+        req.temperature = Some(req.temperature.unwrap_or(0.0));
+        req
+    }
+
+    fn render(&self, t: &ScoreTarget, question: &str) -> String {
+        render(
+            self.template,
+            &[
+                ("input", &t.input),
+                ("target", &t.target),
+                ("question", question),
+                ("history", &t.history),
+                ("reference", &t.reference),
+            ],
+        )
+    }
+
+    async fn score_target(&self, t: &ScoreTarget) -> Result<TargetResult, StageError> {
+        let (items, usage, schema_fallback, logprobs_unavailable) = match self.config.mode {
+            ScoringMode::Batch => self.batch(t).await?,
+            ScoringMode::Item => self.items(t).await?,
+        };
+        let mut score = Score::compute(self.checklist, items, self.config.primary_metric);
+        score.target_id = t.id.clone();
+        score.schema_fallback = schema_fallback;
+        score.logprobs_unavailable = logprobs_unavailable;
+        Ok(TargetResult { score, usage })
+    }
+
+    async fn batch(&self, t: &ScoreTarget) -> Result<(Vec<ItemScore>, Usage, bool, bool), StageError> {
+        let questions: String =
+            self.checklist.items.iter().enumerate().map(|(i, it)| format!("Q{}: {}\n", i + 1, it.question)).collect();
+        let schema = parse::batch_schema(self.config.capture_reasoning);
+        let req = self.request(
+            self.render(t, questions.trim_end()),
+            ResponseFormat::JsonSchema { name: "checklist_answers".into(), schema },
+            self.max_tokens,
+            None,
+        );
+        let reply: ChatResponse = self.chat.model.chat(req).await?;
+        let items = match parse_batch_reply(&reply) {
+            Ok(answers) => map_batch_answers(self.checklist, &answers),
+            Err(why) => self
+                .checklist
+                .items
+                .iter()
+                .map(|it| ItemScore::missing(&it.id, ItemStatus::Unparseable, why.clone()))
+                .collect(),
+        };
+        Ok((items, reply.usage, reply.schema_fallback, false))
+    }
+
+    async fn items(&self, t: &ScoreTarget) -> Result<(Vec<ItemScore>, Usage, bool, bool), StageError> {
+        let logprobs = self.config.wants_logprobs();
+        let items = &self.checklist.items;
+        let per_item = futures::stream::iter(0..items.len())
+            .map(|idx| async move {
+                let it = &items[idx];
+                let prompt = self.render(t, &it.question);
+                let (format, top) = if logprobs {
+                    // The answer must be the first token for its logprobs to mean anything.
+                    (ResponseFormat::Choice(vec!["YES".into(), "NO".into()]), Some(5))
+                } else {
+                    (
+                        ResponseFormat::JsonSchema {
+                            name: "checklist_answer".into(),
+                            schema: parse::item_schema(self.config.capture_reasoning),
+                        },
+                        None,
+                    )
+                };
+                let req = self.request(prompt, format, self.max_tokens, top);
+                (it, self.chat.model.chat(req).await)
+            })
+            .buffered(self.concurrency);
+        let replies: Vec<_> = per_item.collect().await;
+        let mut usage = Usage::default();
+        let mut schema_fallback = false;
+        let mut logprobs_unavailable = false;
+        let mut items = Vec::with_capacity(replies.len());
+        for (it, reply) in replies {
+            let reply = match reply {
+                Ok(r) => r,
+                // A deterministic refusal of the request fails the whole call; transient failures
+                // already exhausted their retries and fail just this item.
+                Err(e) if e.is_transient() => {
+                    items.push(ItemScore::missing(&it.id, ItemStatus::Failed, e.to_string()));
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
+            usage.add(&reply.usage);
+            schema_fallback |= reply.schema_fallback;
+            let mut score = if logprobs {
+                match reply.first_token_logprobs.as_deref().filter(|l| !l.is_empty()) {
+                    Some(alts) => confidence_score(&it.id, alts),
+                    None => {
+                        logprobs_unavailable = true;
+                        parse_item_reply(&it.id, &reply)
+                    }
+                }
+            } else {
+                parse_item_reply(&it.id, &reply)
+            };
+            if self.config.capture_reasoning && score.reasoning.is_none() && logprobs {
+                let rest = reply.text.trim().trim_start_matches(|c: char| c.is_alphabetic()).trim();
+                if !rest.is_empty() {
+                    score.reasoning = Some(rest.to_string());
+                }
+            }
+            if !self.config.capture_reasoning {
+                score.reasoning = None;
+            }
+            items.push(score);
+        }
+        Ok((items, usage, schema_fallback, logprobs_unavailable))
+    }
+}
+
+/// Confidence from the first token's alternatives: P(yes) / (P(yes) + P(no)), alternatives
+/// lower-cased and stripped; both ~0 gives 0.5, unsure, answer no.
+pub fn confidence_score(item_id: &str, alts: &[assay_llm::TokenLogprob]) -> ItemScore {
+    let (mut p_yes, mut p_no) = (0.0f64, 0.0f64);
+    for a in alts {
+        let tok = a.token.trim().to_lowercase();
+        let p = a.logprob.exp();
+        if tok == "yes" {
+            p_yes += p;
+        } else if tok == "no" {
+            p_no += p;
+        }
+    }
+    let confidence = if p_yes + p_no < 1e-9 { 0.5 } else { p_yes / (p_yes + p_no) };
+    let level = ConfidenceLevel::of(confidence);
+    let mut s = ItemScore::answered(item_id, level.answer());
+    s.confidence = Some(confidence);
+    s.confidence_level = Some(level);
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use assay_domain::Answer;
+    use assay_llm::TokenLogprob;
+
+    fn lp(token: &str, p: f64) -> TokenLogprob {
+        TokenLogprob { token: token.into(), logprob: p.ln() }
+    }
+
+    #[test]
+    fn confidence_sums_matching_alternatives() {
+        let s = confidence_score("a", &[lp("Yes", 0.6), lp(" YES", 0.2), lp("no", 0.1), lp("maybe", 0.1)]);
+        let c = s.confidence.unwrap();
+        assert!((c - 0.8 / 0.9).abs() < 1e-9);
+        assert_eq!(s.confidence_level, Some(ConfidenceLevel::Yes90));
+        assert_eq!(s.answer, Some(Answer::Yes));
+    }
+
+    #[test]
+    fn no_yes_no_mass_is_unsure_no() {
+        let s = confidence_score("a", &[lp("The", 0.9)]);
+        assert_eq!(s.confidence, Some(0.5));
+        assert_eq!(s.confidence_level, Some(ConfidenceLevel::Unsure));
+        assert_eq!(s.answer, Some(Answer::No));
+    }
+}

@@ -1,0 +1,16 @@
+//! `assay-scorer`: the scorer service on its own.
+
+use std::sync::Arc;
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let spec = assay_runtime::StageSpec {
+        binary: "assay-scorer",
+        service_name: assay_proto::service_names::SCORER,
+        port: |p| p.scorer,
+    };
+    assay_runtime::run_service(spec, &[], |hub, config| {
+        assay_scorer::routes(Arc::new(assay_scorer::ScorerCore::new(hub, config.scorer.concurrency as usize)))
+    })
+    .await
+}

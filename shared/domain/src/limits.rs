@@ -1,0 +1,16 @@
+//! Request limits, enforced by every service and documented in the README.
+
+/// Maximum items in one checklist.
+pub const MAX_CHECKLIST_ITEMS: usize = 500;
+/// Maximum bytes of one question.
+pub const MAX_QUESTION_BYTES: usize = 4 * 1024;
+/// Maximum bytes of one text field (input, target, reference, history, draft).
+pub const MAX_TEXT_BYTES: usize = 256 * 1024;
+/// Maximum targets in one Score request.
+pub const MAX_TARGETS: usize = 1_000;
+/// Maximum records in one pipeline run.
+pub const MAX_RECORDS: usize = 10_000;
+/// Maximum bytes of a custom prompt template.
+pub const MAX_TEMPLATE_BYTES: usize = 32 * 1024;
+/// Maximum gRPC message size (decode and encode), bytes.
+pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;

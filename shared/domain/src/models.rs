@@ -1,0 +1,102 @@
+//! Resolving a caller's [`ModelSpec`] against configured backends and per-phase settings.
+
+use std::sync::Arc;
+
+use assay_llm::phases::{Backends, ModelSettings, PhaseModels};
+use assay_llm::{CachePolicy, ChatModel, EmbeddingModel};
+
+use crate::{ModelRecord, ModelSpec, StageError};
+
+/// Backends plus per-phase settings: what every model-using stage needs.
+#[derive(Clone, Debug, Default)]
+pub struct ModelHub {
+    pub backends: Backends,
+    pub phases: PhaseModels,
+}
+
+/// A chat backend with the settings to use for one call.
+#[derive(Clone)]
+pub struct ResolvedChat {
+    pub model: Arc<dyn ChatModel>,
+    pub backend: String,
+    pub settings: ModelSettings,
+    pub cache: CachePolicy,
+}
+
+impl ResolvedChat {
+    /// Model name actually used.
+    pub fn model_name(&self) -> String {
+        self.settings.model.clone().unwrap_or_else(|| self.model.default_model().to_string())
+    }
+
+    /// Reproducibility record for this phase.
+    pub fn record(&self, phase: &str, max_tokens: u32, template_sha256: String, logprobs: bool) -> ModelRecord {
+        ModelRecord {
+            phase: phase.to_string(),
+            backend: self.backend.clone(),
+            model: self.model_name(),
+            temperature: self.settings.temperature.map(f64::from),
+            seed: self.settings.seed,
+            max_tokens,
+            prompt_template_sha256: template_sha256,
+            logprobs_requested: logprobs,
+        }
+    }
+}
+
+impl ModelHub {
+    pub fn new(backends: Backends, phases: PhaseModels) -> Self {
+        Self { backends, phases }
+    }
+
+    /// The chat backend for `phase`: the caller's spec over the phase's configured settings.
+    /// `field` names the spec in errors (e.g. `model`).
+    pub fn chat(&self, phase: &str, spec: &ModelSpec, field: &str) -> Result<ResolvedChat, StageError> {
+        let configured = self.phases.resolve(phase);
+        let requested = ModelSettings {
+            backend: spec.backend.clone().unwrap_or_default(),
+            model: spec.model.clone(),
+            temperature: spec.temperature.map(|t| t as f32),
+            seed: spec.seed,
+            max_tokens: spec.max_tokens,
+        };
+        let settings = requested.or(&configured);
+        let model = self.backends.chat(&settings.backend).map_err(|e| {
+            StageError::invalid(
+                format!("{field}.backend"),
+                e.to_string().trim_start_matches("invalid request: ").to_string(),
+            )
+        })?;
+        let cache = if spec.no_cache {
+            CachePolicy::Bypass
+        } else if spec.cache_sampled {
+            CachePolicy::OptIn
+        } else {
+            CachePolicy::Auto
+        };
+        Ok(ResolvedChat { model, backend: settings.backend.clone(), settings, cache })
+    }
+
+    /// The embedding backend for `phase`.
+    pub fn embedding(
+        &self,
+        phase: &str,
+        spec: &ModelSpec,
+        field: &str,
+    ) -> Result<(Arc<dyn EmbeddingModel>, ModelSettings), StageError> {
+        let configured = self.phases.resolve(phase);
+        let requested = ModelSettings {
+            backend: spec.backend.clone().unwrap_or_default(),
+            model: spec.model.clone(),
+            ..Default::default()
+        };
+        let settings = requested.or(&configured);
+        let model = self.backends.embedding(&settings.backend).map_err(|e| {
+            StageError::invalid(
+                format!("{field}.backend"),
+                e.to_string().trim_start_matches("invalid request: ").to_string(),
+            )
+        })?;
+        Ok((model, settings))
+    }
+}

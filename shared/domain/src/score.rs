@@ -1,0 +1,386 @@
+//! Scores and their aggregates (REFERENCE section 1 and 4).
+
+use serde::{Deserialize, Serialize};
+
+use crate::checklist::{Checklist, UNGROUPED};
+
+/// A yes/no answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Answer {
+    Yes,
+    No,
+}
+
+impl Answer {
+    /// Case-insensitive YES/NO (surrounding whitespace and punctuation ignored).
+    pub fn parse(s: &str) -> Option<Answer> {
+        let t = s.trim().trim_matches(|c: char| !c.is_alphanumeric());
+        if t.eq_ignore_ascii_case("yes") {
+            Some(Answer::Yes)
+        } else if t.eq_ignore_ascii_case("no") {
+            Some(Answer::No)
+        } else {
+            None
+        }
+    }
+}
+
+/// Confidence band.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ConfidenceLevel {
+    No10,
+    No30,
+    Unsure,
+    Yes70,
+    Yes90,
+}
+
+impl ConfidenceLevel {
+    /// Band of a confidence: < 0.2 no_10; < 0.4 no_30; < 0.6 unsure; < 0.8 yes_70; else yes_90.
+    pub fn of(confidence: f64) -> ConfidenceLevel {
+        if confidence < 0.2 {
+            ConfidenceLevel::No10
+        } else if confidence < 0.4 {
+            ConfidenceLevel::No30
+        } else if confidence < 0.6 {
+            ConfidenceLevel::Unsure
+        } else if confidence < 0.8 {
+            ConfidenceLevel::Yes70
+        } else {
+            ConfidenceLevel::Yes90
+        }
+    }
+
+    /// The answer a band implies (unsure counts as no).
+    pub fn answer(self) -> Answer {
+        match self {
+            ConfidenceLevel::No10 | ConfidenceLevel::No30 | ConfidenceLevel::Unsure => Answer::No,
+            ConfidenceLevel::Yes70 | ConfidenceLevel::Yes90 => Answer::Yes,
+        }
+    }
+}
+
+/// Whether an item got a usable answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ItemStatus {
+    Answered,
+    Unanswered,
+    Unparseable,
+    Failed,
+}
+
+/// The answer to one item.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ItemScore {
+    pub item_id: String,
+    pub answer: Option<Answer>,
+    pub confidence: Option<f64>,
+    pub confidence_level: Option<ConfidenceLevel>,
+    pub reasoning: Option<String>,
+    pub status: ItemStatus,
+    pub error: String,
+}
+
+impl ItemScore {
+    pub fn answered(item_id: impl Into<String>, answer: Answer) -> Self {
+        Self {
+            item_id: item_id.into(),
+            answer: Some(answer),
+            confidence: None,
+            confidence_level: None,
+            reasoning: None,
+            status: ItemStatus::Answered,
+            error: String::new(),
+        }
+    }
+
+    pub fn missing(item_id: impl Into<String>, status: ItemStatus, error: impl Into<String>) -> Self {
+        Self {
+            item_id: item_id.into(),
+            answer: None,
+            confidence: None,
+            confidence_level: None,
+            reasoning: None,
+            status,
+            error: error.into(),
+        }
+    }
+
+    pub fn is_yes(&self) -> bool {
+        self.answer == Some(Answer::Yes)
+    }
+}
+
+/// Which aggregate the primary score aliases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum PrimaryMetric {
+    #[default]
+    Pass,
+    Weighted,
+    Normalized,
+}
+
+/// Batch (one call) or item (one call per question).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum ScoringMode {
+    #[default]
+    Batch,
+    Item,
+}
+
+/// Scorer options.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct ScorerConfig {
+    pub mode: ScoringMode,
+    pub primary_metric: PrimaryMetric,
+    pub capture_reasoning: bool,
+    pub use_logprobs: bool,
+    pub prompt_template: Option<String>,
+    /// 0 = service default.
+    pub concurrency: u32,
+}
+
+impl ScorerConfig {
+    /// Normalized needs logprobs.
+    pub fn wants_logprobs(&self) -> bool {
+        self.use_logprobs || self.primary_metric == PrimaryMetric::Normalized
+    }
+}
+
+/// A scored target with every aggregate.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Score {
+    pub checklist_id: String,
+    pub target_id: String,
+    pub item_scores: Vec<ItemScore>,
+    pub pass_rate: f64,
+    pub weighted_score: f64,
+    pub normalized_score: f64,
+    pub scaled_score_1_5: f64,
+    pub primary_metric: PrimaryMetric,
+    pub primary_score: f64,
+    pub answered_count: u32,
+    pub unanswered_count: u32,
+    pub logprobs_unavailable: bool,
+    pub schema_fallback: bool,
+}
+
+impl Score {
+    /// Compute every aggregate from item scores (aligned with the checklist's items by id).
+    /// Unanswered items count in n and as not-YES: pass_rate = #yes / n.
+    pub fn compute(checklist: &Checklist, item_scores: Vec<ItemScore>, primary: PrimaryMetric) -> Score {
+        let n = item_scores.len();
+        let yes = item_scores.iter().filter(|s| s.is_yes()).count();
+        let pass_rate = if n == 0 { 0.0 } else { yes as f64 / n as f64 };
+        let weight_of =
+            |id: &str| checklist.items.iter().find(|i| i.id == id).map_or(crate::DEFAULT_WEIGHT, |i| i.weight);
+        let total_weight: f64 = item_scores.iter().map(|s| weight_of(&s.item_id)).sum();
+        let yes_weight: f64 = item_scores.iter().filter(|s| s.is_yes()).map(|s| weight_of(&s.item_id)).sum();
+        let weighted_score = if total_weight > 0.0 { yes_weight / total_weight } else { 0.0 };
+        let confidences: Vec<f64> = item_scores.iter().filter_map(|s| s.confidence).collect();
+        let normalized_score =
+            if confidences.is_empty() { pass_rate } else { confidences.iter().sum::<f64>() / confidences.len() as f64 };
+        let primary_score = match primary {
+            PrimaryMetric::Pass => pass_rate,
+            PrimaryMetric::Weighted => weighted_score,
+            PrimaryMetric::Normalized => normalized_score,
+        };
+        let answered = item_scores.iter().filter(|s| s.status == ItemStatus::Answered).count() as u32;
+        Score {
+            checklist_id: checklist.id.clone(),
+            target_id: String::new(),
+            unanswered_count: n as u32 - answered,
+            answered_count: answered,
+            item_scores,
+            pass_rate,
+            weighted_score,
+            normalized_score,
+            scaled_score_1_5: pass_rate * 4.0 + 1.0,
+            primary_metric: primary,
+            primary_score,
+            logprobs_unavailable: false,
+            schema_fallback: false,
+        }
+    }
+}
+
+/// Pass rate of one category.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CategoryPassRate {
+    pub category: String,
+    pub pass_rate: f64,
+    pub items: u32,
+}
+
+/// Aggregates over many scores.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct AggregateScores {
+    pub targets: u32,
+    pub mean_primary_score: f64,
+    pub macro_pass_rate: f64,
+    pub micro_pass_rate: f64,
+    pub category_pass_rates: Vec<CategoryPassRate>,
+    pub unanswered_items: u32,
+}
+
+impl AggregateScores {
+    /// Aggregate scores, each with the checklist it was scored against.
+    pub fn compute<'a>(scores: impl IntoIterator<Item = (&'a Score, &'a Checklist)>) -> AggregateScores {
+        let mut targets = 0u32;
+        let mut primary_sum = 0.0;
+        let mut rate_sum = 0.0;
+        let mut yes_all = 0usize;
+        let mut items_all = 0usize;
+        let mut unanswered = 0u32;
+        let mut cats: Vec<(String, usize, usize)> = Vec::new();
+        for (score, checklist) in scores {
+            targets += 1;
+            primary_sum += score.primary_score;
+            rate_sum += score.pass_rate;
+            yes_all += score.item_scores.iter().filter(|s| s.is_yes()).count();
+            items_all += score.item_scores.len();
+            unanswered += score.unanswered_count;
+            for s in &score.item_scores {
+                let cat = checklist
+                    .items
+                    .iter()
+                    .find(|i| i.id == s.item_id)
+                    .and_then(|i| i.category.clone())
+                    .filter(|c| !c.is_empty())
+                    .unwrap_or_else(|| UNGROUPED.to_string());
+                let yes = usize::from(s.is_yes());
+                match cats.iter_mut().find(|(c, _, _)| *c == cat) {
+                    Some((_, y, n)) => {
+                        *y += yes;
+                        *n += 1;
+                    }
+                    None => cats.push((cat, yes, 1)),
+                }
+            }
+        }
+        let t = f64::from(targets);
+        AggregateScores {
+            targets,
+            mean_primary_score: if targets == 0 { 0.0 } else { primary_sum / t },
+            macro_pass_rate: if targets == 0 { 0.0 } else { rate_sum / t },
+            micro_pass_rate: if items_all == 0 { 0.0 } else { yes_all as f64 / items_all as f64 },
+            category_pass_rates: cats
+                .into_iter()
+                .map(|(category, y, n)| CategoryPassRate { category, pass_rate: y as f64 / n as f64, items: n as u32 })
+                .collect(),
+            unanswered_items: unanswered,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checklist::ChecklistItem;
+
+    fn checklist() -> Checklist {
+        let mut items =
+            vec![ChecklistItem::new("a", "qa"), ChecklistItem::new("b", "qb"), ChecklistItem::new("c", "qc")];
+        items[0].weight = 50.0;
+        items[1].weight = 30.0;
+        items[2].weight = 20.0;
+        items[0].category = Some("x".into());
+        Checklist { id: "cl".into(), items, ..Default::default() }
+    }
+
+    #[test]
+    fn aggregates_follow_the_formulas() {
+        let cl = checklist();
+        let mut a = ItemScore::answered("a", Answer::Yes);
+        a.confidence = Some(0.9);
+        let b = ItemScore::answered("b", Answer::No);
+        let mut c = ItemScore::answered("c", Answer::Yes);
+        c.confidence = Some(0.7);
+        let s = Score::compute(&cl, vec![a, b, c], PrimaryMetric::Weighted);
+        assert!((s.pass_rate - 2.0 / 3.0).abs() < 1e-12);
+        assert!((s.weighted_score - 0.7).abs() < 1e-12);
+        assert!((s.normalized_score - 0.8).abs() < 1e-12);
+        assert!((s.scaled_score_1_5 - (2.0 / 3.0 * 4.0 + 1.0)).abs() < 1e-12);
+        assert_eq!(s.primary_score, s.weighted_score);
+        assert_eq!(s.answered_count, 3);
+    }
+
+    #[test]
+    fn unanswered_items_are_counted_not_hidden() {
+        let cl = checklist();
+        let s = Score::compute(
+            &cl,
+            vec![
+                ItemScore::answered("a", Answer::Yes),
+                ItemScore::missing("b", ItemStatus::Unanswered, "no answer"),
+                ItemScore::answered("c", Answer::Yes),
+            ],
+            PrimaryMetric::Pass,
+        );
+        assert_eq!(s.unanswered_count, 1);
+        assert!((s.pass_rate - 2.0 / 3.0).abs() < 1e-12);
+        assert!((s.normalized_score - s.pass_rate).abs() < 1e-12);
+    }
+
+    #[test]
+    fn empty_checklist_scores_zero() {
+        let cl = Checklist::default();
+        let s = Score::compute(&cl, vec![], PrimaryMetric::Pass);
+        assert_eq!(s.pass_rate, 0.0);
+        assert_eq!(s.weighted_score, 0.0);
+        assert_eq!(s.scaled_score_1_5, 1.0);
+    }
+
+    #[test]
+    fn zero_weights_give_zero_weighted_score() {
+        let mut cl = checklist();
+        for i in &mut cl.items {
+            i.weight = 0.0;
+        }
+        let s = Score::compute(&cl, vec![ItemScore::answered("a", Answer::Yes)], PrimaryMetric::Weighted);
+        assert_eq!(s.weighted_score, 0.0);
+    }
+
+    #[test]
+    fn confidence_bands_at_exact_boundaries() {
+        assert_eq!(ConfidenceLevel::of(0.0), ConfidenceLevel::No10);
+        assert_eq!(ConfidenceLevel::of(0.19999), ConfidenceLevel::No10);
+        assert_eq!(ConfidenceLevel::of(0.2), ConfidenceLevel::No30);
+        assert_eq!(ConfidenceLevel::of(0.4), ConfidenceLevel::Unsure);
+        assert_eq!(ConfidenceLevel::of(0.6), ConfidenceLevel::Yes70);
+        assert_eq!(ConfidenceLevel::of(0.8), ConfidenceLevel::Yes90);
+        assert_eq!(ConfidenceLevel::of(1.0), ConfidenceLevel::Yes90);
+        assert_eq!(ConfidenceLevel::Unsure.answer(), Answer::No);
+    }
+
+    #[test]
+    fn answers_parse_case_insensitively() {
+        assert_eq!(Answer::parse("yes"), Some(Answer::Yes));
+        assert_eq!(Answer::parse(" YES."), Some(Answer::Yes));
+        assert_eq!(Answer::parse("No"), Some(Answer::No));
+        assert_eq!(Answer::parse("maybe"), None);
+    }
+
+    #[test]
+    fn macro_micro_and_categories() {
+        let cl = checklist();
+        let s1 = Score::compute(
+            &cl,
+            vec![
+                ItemScore::answered("a", Answer::Yes),
+                ItemScore::answered("b", Answer::Yes),
+                ItemScore::answered("c", Answer::Yes),
+            ],
+            PrimaryMetric::Pass,
+        );
+        let cl2 = Checklist { id: "cl2".into(), items: vec![ChecklistItem::new("z", "qz")], ..Default::default() };
+        let s2 = Score::compute(&cl2, vec![ItemScore::answered("z", Answer::No)], PrimaryMetric::Pass);
+        let agg = AggregateScores::compute([(&s1, &cl), (&s2, &cl2)]);
+        assert_eq!(agg.targets, 2);
+        assert!((agg.macro_pass_rate - 0.5).abs() < 1e-12);
+        assert!((agg.micro_pass_rate - 0.75).abs() < 1e-12);
+        assert_eq!(agg.category_pass_rates[0].category, "x");
+        assert_eq!(agg.category_pass_rates[1].category, UNGROUPED);
+        assert!((agg.category_pass_rates[1].pass_rate - 2.0 / 3.0).abs() < 1e-12);
+    }
+}

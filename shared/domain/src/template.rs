@@ -1,0 +1,70 @@
+//! Prompt templates with `{name}` placeholders. Only known names are placeholders; any other brace
+//! is literal text (no doubling needed). A `{word}` that looks like a placeholder but is not a known
+//! name is an error, so typos surface instead of reaching the model.
+
+/// Placeholders found in `template` that are not in `known`.
+pub fn unknown_placeholders(template: &str, known: &[&str]) -> Vec<String> {
+    placeholders(template).filter(|(name, _)| !known.contains(name)).map(|(n, _)| n.to_string()).collect()
+}
+
+/// Every `{identifier}` (lowercase letters, digits, underscore; starting with a letter) with its byte range.
+fn placeholders(template: &str) -> impl Iterator<Item = (&str, std::ops::Range<usize>)> {
+    let bytes = template.as_bytes();
+    let mut i = 0;
+    std::iter::from_fn(move || {
+        while i < bytes.len() {
+            if bytes[i] == b'{' {
+                let start = i;
+                let mut j = i + 1;
+                while j < bytes.len()
+                    && (bytes[j].is_ascii_lowercase() || bytes[j].is_ascii_digit() || bytes[j] == b'_')
+                {
+                    j += 1;
+                }
+                if j < bytes.len() && bytes[j] == b'}' && j > i + 1 && bytes[i + 1].is_ascii_lowercase() {
+                    i = j + 1;
+                    return Some((&template[start + 1..j], start..j + 1));
+                }
+            }
+            i += 1;
+        }
+        None
+    })
+}
+
+/// Substitute known placeholders in one pass (values are never re-scanned).
+pub fn render(template: &str, values: &[(&str, &str)]) -> String {
+    let mut out = String::with_capacity(template.len() + values.iter().map(|(_, v)| v.len()).sum::<usize>());
+    let mut last = 0;
+    for (name, range) in placeholders(template) {
+        if let Some((_, value)) = values.iter().find(|(n, _)| *n == name) {
+            out.push_str(&template[last..range.start]);
+            out.push_str(value);
+            last = range.end;
+        }
+    }
+    out.push_str(&template[last..]);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn literal_braces_survive() {
+        let t = r#"Reply as {"answer": "YES"} for {input}; set {x: 1} and { target }"#;
+        assert!(unknown_placeholders(t, &["input"]).is_empty());
+        assert_eq!(render(t, &[("input", "Q")]), r#"Reply as {"answer": "YES"} for Q; set {x: 1} and { target }"#);
+    }
+
+    #[test]
+    fn unknown_placeholder_is_reported() {
+        assert_eq!(unknown_placeholders("{input} {targte}", &["input", "target"]), vec!["targte".to_string()]);
+    }
+
+    #[test]
+    fn values_are_not_rescanned() {
+        assert_eq!(render("{input}/{target}", &[("input", "{target}"), ("target", "T")]), "{target}/T");
+    }
+}

@@ -1,0 +1,1 @@
+//! Embedded offline model backends: MiniLM embeddings and GGUF chat models in-process.

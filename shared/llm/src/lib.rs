@@ -1,0 +1,5 @@
+//! Model backends for Assay.
+
+pub mod types;
+
+pub use types::*;

@@ -1,0 +1,565 @@
+//! Conversions between wire messages and domain types. Proto -> domain collects every invalid field
+//! into [`Violations`] with its full path; domain -> proto is infallible.
+
+use std::collections::BTreeMap;
+
+use assay_domain as d;
+use assay_domain::Violations;
+use assay_domain::limits::*;
+
+use crate::common::v1 as pb;
+
+/// Decode an enum value, recording a violation for unknown numbers.
+fn enum_value<E: TryFrom<i32>>(value: i32, field: &str, allowed: &str, v: &mut Violations) -> Option<E> {
+    match E::try_from(value) {
+        Ok(e) => Some(e),
+        Err(_) => {
+            v.push(field, format!("unknown enum value {value} (allowed: {allowed})"));
+            None
+        }
+    }
+}
+
+pub fn model_spec(p: Option<pb::ModelSpec>, field: &str, v: &mut Violations) -> d::ModelSpec {
+    let Some(pb::ModelSpec { backend, model, temperature, seed, max_tokens, top_p, cache_sampled, no_cache }) = p
+    else {
+        return d::ModelSpec::default();
+    };
+    if let Some(t) = temperature {
+        if !(0.0..=2.0).contains(&t) || t.is_nan() {
+            v.push(format!("{field}.temperature"), "must be between 0 and 2");
+        }
+    }
+    if let Some(t) = top_p {
+        if !(0.0..=1.0).contains(&t) || t.is_nan() {
+            v.push(format!("{field}.top_p"), "must be between 0 and 1");
+        }
+    }
+    if max_tokens == Some(0) {
+        v.push(format!("{field}.max_tokens"), "must be at least 1 when set");
+    }
+    d::ModelSpec {
+        backend: Some(backend).filter(|s| !s.is_empty()),
+        model: Some(model).filter(|s| !s.is_empty()),
+        temperature,
+        seed,
+        max_tokens,
+        top_p,
+        cache_sampled,
+        no_cache,
+    }
+}
+
+pub fn model_spec_to(s: &d::ModelSpec) -> pb::ModelSpec {
+    pb::ModelSpec {
+        backend: s.backend.clone().unwrap_or_default(),
+        model: s.model.clone().unwrap_or_default(),
+        temperature: s.temperature,
+        seed: s.seed,
+        max_tokens: s.max_tokens,
+        top_p: s.top_p,
+        cache_sampled: s.cache_sampled,
+        no_cache: s.no_cache,
+    }
+}
+
+fn text_limit(text: &str, field: &str, max: usize, v: &mut Violations) {
+    if text.len() > max {
+        v.push(field, format!("is {} bytes; the limit is {max} bytes", text.len()));
+    }
+}
+
+/// Checklist from the wire. Empty item ids become `"1".."n"`; duplicate ids are an error.
+pub fn checklist(p: Option<pb::Checklist>, field: &str, v: &mut Violations) -> d::Checklist {
+    let Some(pb::Checklist {
+        id,
+        items,
+        source_method,
+        generation_level,
+        input,
+        corpus_description,
+        created_at,
+        metadata,
+    }) = p
+    else {
+        v.push(field, "is required");
+        return d::Checklist::default();
+    };
+    if items.is_empty() {
+        v.push(format!("{field}.items"), "must not be empty");
+    }
+    if items.len() > MAX_CHECKLIST_ITEMS {
+        v.push(format!("{field}.items"), format!("has {} items; the limit is {MAX_CHECKLIST_ITEMS}", items.len()));
+    }
+    let level = enum_value::<pb::GenerationLevel>(generation_level, &format!("{field}.generation_level"), "0-2", v);
+    let mut seen = std::collections::HashSet::new();
+    let items = items
+        .into_iter()
+        .enumerate()
+        .map(|(i, it)| {
+            let f = format!("{field}.items[{i}]");
+            let mut item = checklist_item(it, &f, v);
+            if item.id.is_empty() {
+                item.id = (i + 1).to_string();
+            }
+            if !seen.insert(item.id.clone()) {
+                v.push(format!("{f}.id"), format!("duplicate id {:?}", item.id));
+            }
+            item
+        })
+        .collect();
+    text_limit(&input, &format!("{field}.input"), MAX_TEXT_BYTES, v);
+    d::Checklist {
+        id,
+        items,
+        source_method,
+        generation_level: match level {
+            Some(pb::GenerationLevel::Corpus) => d::GenerationLevel::Corpus,
+            Some(pb::GenerationLevel::Instance | pb::GenerationLevel::Unspecified) | None => {
+                d::GenerationLevel::Instance
+            }
+        },
+        input,
+        corpus_description,
+        created_at: created_at.map(|t| t.seconds),
+        metadata: metadata.into_iter().collect(),
+    }
+}
+
+pub fn checklist_item(p: pb::ChecklistItem, field: &str, v: &mut Violations) -> d::ChecklistItem {
+    let pb::ChecklistItem { id, question, weight, category, metadata, merged_from, source_indices } = p;
+    if question.trim().is_empty() {
+        v.push(format!("{field}.question"), "must not be empty");
+    }
+    text_limit(&question, &format!("{field}.question"), MAX_QUESTION_BYTES, v);
+    let weight = weight.unwrap_or(d::DEFAULT_WEIGHT);
+    if !(0.0..=100.0).contains(&weight) || weight.is_nan() {
+        v.push(format!("{field}.weight"), "must be between 0 and 100");
+    }
+    d::ChecklistItem {
+        id,
+        question,
+        weight,
+        category: Some(category).filter(|c| !c.is_empty()),
+        metadata: metadata.into_iter().collect::<BTreeMap<_, _>>(),
+        merged_from,
+        source_indices,
+    }
+}
+
+pub fn checklist_to(c: &d::Checklist) -> pb::Checklist {
+    pb::Checklist {
+        id: c.id.clone(),
+        items: c.items.iter().map(checklist_item_to).collect(),
+        source_method: c.source_method.clone(),
+        generation_level: match c.generation_level {
+            d::GenerationLevel::Instance => pb::GenerationLevel::Instance,
+            d::GenerationLevel::Corpus => pb::GenerationLevel::Corpus,
+        } as i32,
+        input: c.input.clone(),
+        corpus_description: c.corpus_description.clone(),
+        created_at: c.created_at.map(|s| prost_types::Timestamp { seconds: s, nanos: 0 }),
+        metadata: c.metadata.clone().into_iter().collect(),
+    }
+}
+
+pub fn checklist_item_to(i: &d::ChecklistItem) -> pb::ChecklistItem {
+    pb::ChecklistItem {
+        id: i.id.clone(),
+        question: i.question.clone(),
+        weight: Some(i.weight),
+        category: i.category.clone().unwrap_or_default(),
+        metadata: i.metadata.clone().into_iter().collect(),
+        merged_from: i.merged_from.clone(),
+        source_indices: i.source_indices.clone(),
+    }
+}
+
+pub fn scorer_config(p: Option<pb::ScorerConfig>, field: &str, v: &mut Violations) -> d::ScorerConfig {
+    let Some(pb::ScorerConfig { mode, primary_metric, capture_reasoning, use_logprobs, prompt_template, concurrency }) =
+        p
+    else {
+        return d::ScorerConfig::default();
+    };
+    let mode = enum_value::<pb::ScoringMode>(mode, &format!("{field}.mode"), "0 unspecified, 1 batch, 2 item", v);
+    let metric = enum_value::<pb::PrimaryMetric>(
+        primary_metric,
+        &format!("{field}.primary_metric"),
+        "0 unspecified, 1 pass, 2 weighted, 3 normalized",
+        v,
+    );
+    text_limit(&prompt_template, &format!("{field}.prompt_template"), MAX_TEMPLATE_BYTES, v);
+    if concurrency > 256 {
+        v.push(format!("{field}.concurrency"), "the limit is 256");
+    }
+    d::ScorerConfig {
+        mode: match mode {
+            Some(pb::ScoringMode::Item) => d::ScoringMode::Item,
+            Some(pb::ScoringMode::Batch | pb::ScoringMode::Unspecified) | None => d::ScoringMode::Batch,
+        },
+        primary_metric: metric.map(primary_metric_from).unwrap_or_default(),
+        capture_reasoning,
+        use_logprobs,
+        prompt_template: Some(prompt_template).filter(|t| !t.is_empty()),
+        concurrency,
+    }
+}
+
+/// Whether the wire config leaves the mode unset (presets fill it).
+pub fn scorer_config_mode_unset(p: &Option<pb::ScorerConfig>) -> bool {
+    p.as_ref().is_none_or(|c| c.mode == 0)
+}
+
+fn primary_metric_from(m: pb::PrimaryMetric) -> d::PrimaryMetric {
+    match m {
+        pb::PrimaryMetric::Weighted => d::PrimaryMetric::Weighted,
+        pb::PrimaryMetric::Normalized => d::PrimaryMetric::Normalized,
+        pb::PrimaryMetric::Pass | pb::PrimaryMetric::Unspecified => d::PrimaryMetric::Pass,
+    }
+}
+
+pub fn primary_metric_to(m: d::PrimaryMetric) -> pb::PrimaryMetric {
+    match m {
+        d::PrimaryMetric::Pass => pb::PrimaryMetric::Pass,
+        d::PrimaryMetric::Weighted => pb::PrimaryMetric::Weighted,
+        d::PrimaryMetric::Normalized => pb::PrimaryMetric::Normalized,
+    }
+}
+
+pub fn scorer_config_to(c: &d::ScorerConfig) -> pb::ScorerConfig {
+    pb::ScorerConfig {
+        mode: match c.mode {
+            d::ScoringMode::Batch => pb::ScoringMode::Batch,
+            d::ScoringMode::Item => pb::ScoringMode::Item,
+        } as i32,
+        primary_metric: primary_metric_to(c.primary_metric) as i32,
+        capture_reasoning: c.capture_reasoning,
+        use_logprobs: c.use_logprobs,
+        prompt_template: c.prompt_template.clone().unwrap_or_default(),
+        concurrency: c.concurrency,
+    }
+}
+
+pub fn usage_to(u: &d::Usage) -> pb::Usage {
+    pb::Usage {
+        calls: u.calls,
+        prompt_tokens: u.prompt_tokens,
+        completion_tokens: u.completion_tokens,
+        cache_hits: u.cache_hits,
+        retries: u.retries,
+        schema_fallbacks: u.schema_fallbacks,
+        cost_estimate_usd: 0.0,
+    }
+}
+
+pub fn usage_from(p: Option<pb::Usage>) -> d::Usage {
+    let p = p.unwrap_or_default();
+    d::Usage {
+        calls: p.calls,
+        prompt_tokens: p.prompt_tokens,
+        completion_tokens: p.completion_tokens,
+        cache_hits: p.cache_hits,
+        retries: p.retries,
+        schema_fallbacks: p.schema_fallbacks,
+    }
+}
+
+pub fn model_record_to(r: &d::ModelRecord) -> pb::ModelRecord {
+    pb::ModelRecord {
+        phase: r.phase.clone(),
+        backend: r.backend.clone(),
+        model: r.model.clone(),
+        temperature: r.temperature,
+        seed: r.seed,
+        max_tokens: r.max_tokens,
+        prompt_template_sha256: r.prompt_template_sha256.clone(),
+        logprobs_requested: r.logprobs_requested,
+    }
+}
+
+pub fn model_record_from(p: Option<pb::ModelRecord>) -> d::ModelRecord {
+    let p = p.unwrap_or_default();
+    d::ModelRecord {
+        phase: p.phase,
+        backend: p.backend,
+        model: p.model,
+        temperature: p.temperature,
+        seed: p.seed,
+        max_tokens: p.max_tokens,
+        prompt_template_sha256: p.prompt_template_sha256,
+        logprobs_requested: p.logprobs_requested,
+    }
+}
+
+fn level_to(l: d::ConfidenceLevel) -> pb::ConfidenceLevel {
+    match l {
+        d::ConfidenceLevel::No10 => pb::ConfidenceLevel::No10,
+        d::ConfidenceLevel::No30 => pb::ConfidenceLevel::No30,
+        d::ConfidenceLevel::Unsure => pb::ConfidenceLevel::Unsure,
+        d::ConfidenceLevel::Yes70 => pb::ConfidenceLevel::Yes70,
+        d::ConfidenceLevel::Yes90 => pb::ConfidenceLevel::Yes90,
+    }
+}
+
+fn level_from(l: i32) -> Option<d::ConfidenceLevel> {
+    match pb::ConfidenceLevel::try_from(l).ok()? {
+        pb::ConfidenceLevel::No10 => Some(d::ConfidenceLevel::No10),
+        pb::ConfidenceLevel::No30 => Some(d::ConfidenceLevel::No30),
+        pb::ConfidenceLevel::Unsure => Some(d::ConfidenceLevel::Unsure),
+        pb::ConfidenceLevel::Yes70 => Some(d::ConfidenceLevel::Yes70),
+        pb::ConfidenceLevel::Yes90 => Some(d::ConfidenceLevel::Yes90),
+        pb::ConfidenceLevel::Unspecified => None,
+    }
+}
+
+pub fn item_score_to(s: &d::ItemScore) -> pb::ItemScore {
+    pb::ItemScore {
+        item_id: s.item_id.clone(),
+        answer: match s.answer {
+            Some(d::Answer::Yes) => pb::Answer::Yes,
+            Some(d::Answer::No) => pb::Answer::No,
+            None => pb::Answer::Unspecified,
+        } as i32,
+        confidence: s.confidence,
+        confidence_level: s.confidence_level.map_or(pb::ConfidenceLevel::Unspecified, level_to) as i32,
+        reasoning: s.reasoning.clone(),
+        status: match s.status {
+            d::ItemStatus::Answered => pb::ItemStatus::Answered,
+            d::ItemStatus::Unanswered => pb::ItemStatus::Unanswered,
+            d::ItemStatus::Unparseable => pb::ItemStatus::Unparseable,
+            d::ItemStatus::Failed => pb::ItemStatus::Failed,
+        } as i32,
+        error: s.error.clone(),
+    }
+}
+
+pub fn item_score_from(p: pb::ItemScore) -> d::ItemScore {
+    let pb::ItemScore { item_id, answer, confidence, confidence_level, reasoning, status, error } = p;
+    d::ItemScore {
+        item_id,
+        answer: match pb::Answer::try_from(answer) {
+            Ok(pb::Answer::Yes) => Some(d::Answer::Yes),
+            Ok(pb::Answer::No) => Some(d::Answer::No),
+            Ok(pb::Answer::Unspecified) | Err(_) => None,
+        },
+        confidence,
+        confidence_level: level_from(confidence_level),
+        reasoning,
+        status: match pb::ItemStatus::try_from(status) {
+            Ok(pb::ItemStatus::Answered) => d::ItemStatus::Answered,
+            Ok(pb::ItemStatus::Unanswered) => d::ItemStatus::Unanswered,
+            Ok(pb::ItemStatus::Unparseable) => d::ItemStatus::Unparseable,
+            Ok(pb::ItemStatus::Failed | pb::ItemStatus::Unspecified) | Err(_) => d::ItemStatus::Failed,
+        },
+        error,
+    }
+}
+
+pub fn score_to(s: &d::Score) -> pb::Score {
+    pb::Score {
+        checklist_id: s.checklist_id.clone(),
+        target_id: s.target_id.clone(),
+        item_scores: s.item_scores.iter().map(item_score_to).collect(),
+        pass_rate: s.pass_rate,
+        weighted_score: s.weighted_score,
+        normalized_score: s.normalized_score,
+        scaled_score_1_5: s.scaled_score_1_5,
+        primary_metric: primary_metric_to(s.primary_metric) as i32,
+        primary_score: s.primary_score,
+        answered_count: s.answered_count,
+        unanswered_count: s.unanswered_count,
+        logprobs_unavailable: s.logprobs_unavailable,
+        schema_fallback: s.schema_fallback,
+    }
+}
+
+pub fn score_from(p: pb::Score) -> d::Score {
+    d::Score {
+        checklist_id: p.checklist_id,
+        target_id: p.target_id,
+        item_scores: p.item_scores.into_iter().map(item_score_from).collect(),
+        pass_rate: p.pass_rate,
+        weighted_score: p.weighted_score,
+        normalized_score: p.normalized_score,
+        scaled_score_1_5: p.scaled_score_1_5,
+        primary_metric: pb::PrimaryMetric::try_from(p.primary_metric).map(primary_metric_from).unwrap_or_default(),
+        primary_score: p.primary_score,
+        answered_count: p.answered_count,
+        unanswered_count: p.unanswered_count,
+        logprobs_unavailable: p.logprobs_unavailable,
+        schema_fallback: p.schema_fallback,
+    }
+}
+
+pub fn aggregate_to(a: &d::AggregateScores) -> pb::AggregateScores {
+    pb::AggregateScores {
+        targets: a.targets,
+        mean_primary_score: a.mean_primary_score,
+        macro_pass_rate: a.macro_pass_rate,
+        micro_pass_rate: a.micro_pass_rate,
+        category_pass_rates: a
+            .category_pass_rates
+            .iter()
+            .map(|c| pb::CategoryPassRate { category: c.category.clone(), pass_rate: c.pass_rate, items: c.items })
+            .collect(),
+        unanswered_items: a.unanswered_items,
+    }
+}
+
+pub fn aggregate_from(p: Option<pb::AggregateScores>) -> d::AggregateScores {
+    let p = p.unwrap_or_default();
+    d::AggregateScores {
+        targets: p.targets,
+        mean_primary_score: p.mean_primary_score,
+        macro_pass_rate: p.macro_pass_rate,
+        micro_pass_rate: p.micro_pass_rate,
+        category_pass_rates: p
+            .category_pass_rates
+            .into_iter()
+            .map(|c| d::CategoryPassRate { category: c.category, pass_rate: c.pass_rate, items: c.items })
+            .collect(),
+        unanswered_items: p.unanswered_items,
+    }
+}
+
+/// Score request from the wire, validated (field names are relative to `prefix`).
+pub fn score_request(p: crate::scorer::v1::ScoreRequest, prefix: &str) -> Result<d::ScoreRequest, d::StageError> {
+    let crate::scorer::v1::ScoreRequest { checklist: cl, targets, config, model } = p;
+    let mut v = Violations::new();
+    let join = |f: &str| if prefix.is_empty() { f.to_string() } else { format!("{prefix}.{f}") };
+    let checklist = checklist(cl, &join("checklist"), &mut v);
+    if targets.is_empty() {
+        v.push(join("targets"), "must not be empty");
+    }
+    if targets.len() > MAX_TARGETS {
+        v.push(join("targets"), format!("has {} targets; the limit is {MAX_TARGETS}", targets.len()));
+    }
+    let targets = targets
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let crate::scorer::v1::ScoreTarget { id, input, target, reference, history } = t;
+            let f = join(&format!("targets[{i}]"));
+            if target.trim().is_empty() {
+                v.push(format!("{f}.target"), "must not be empty");
+            }
+            for (name, text) in
+                [("input", &input), ("target", &target), ("reference", &reference), ("history", &history)]
+            {
+                text_limit(text, &format!("{f}.{name}"), MAX_TEXT_BYTES, &mut v);
+            }
+            d::ScoreTarget { id: if id.is_empty() { i.to_string() } else { id }, input, target, reference, history }
+        })
+        .collect();
+    let config = scorer_config(config, &join("config"), &mut v);
+    let model = model_spec(model, &join("model"), &mut v);
+    v.into_result()?;
+    Ok(d::ScoreRequest { checklist, targets, config, model })
+}
+
+pub fn score_request_to(r: &d::ScoreRequest) -> crate::scorer::v1::ScoreRequest {
+    crate::scorer::v1::ScoreRequest {
+        checklist: Some(checklist_to(&r.checklist)),
+        targets: r
+            .targets
+            .iter()
+            .map(|t| crate::scorer::v1::ScoreTarget {
+                id: t.id.clone(),
+                input: t.input.clone(),
+                target: t.target.clone(),
+                reference: t.reference.clone(),
+                history: t.history.clone(),
+            })
+            .collect(),
+        config: Some(scorer_config_to(&r.config)),
+        model: Some(model_spec_to(&r.model)),
+    }
+}
+
+pub fn score_response_to(o: &d::ScoreOutcome) -> crate::scorer::v1::ScoreResponse {
+    crate::scorer::v1::ScoreResponse {
+        scores: o.scores.iter().map(score_to).collect(),
+        aggregate: Some(aggregate_to(&o.aggregate)),
+        usage: Some(usage_to(&o.usage)),
+        model: Some(model_record_to(&o.model)),
+    }
+}
+
+pub fn score_response_from(p: crate::scorer::v1::ScoreResponse) -> d::ScoreOutcome {
+    d::ScoreOutcome {
+        scores: p.scores.into_iter().map(score_from).collect(),
+        aggregate: aggregate_from(p.aggregate),
+        usage: usage_from(p.usage),
+        model: model_record_from(p.model),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_enum_values_name_the_field() {
+        let mut v = Violations::new();
+        let _ = scorer_config(Some(pb::ScorerConfig { mode: 9, ..Default::default() }), "config", &mut v);
+        let err = v.into_result().unwrap_err();
+        assert!(err.to_string().contains("config.mode"), "{err}");
+    }
+
+    #[test]
+    fn empty_and_oversized_inputs_are_rejected_with_limits() {
+        let req = crate::scorer::v1::ScoreRequest {
+            checklist: Some(pb::Checklist { items: vec![], ..Default::default() }),
+            targets: vec![crate::scorer::v1::ScoreTarget {
+                target: "x".repeat(MAX_TEXT_BYTES + 1),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let err = score_request(req, "").unwrap_err();
+        let s = err.to_string();
+        assert!(s.contains("checklist.items: must not be empty"), "{s}");
+        assert!(s.contains("targets[0].target: is 262145 bytes; the limit is 262144 bytes"), "{s}");
+    }
+
+    #[test]
+    fn checklist_round_trips_and_fills_ids() {
+        let mut v = Violations::new();
+        let p = pb::Checklist {
+            id: "c".into(),
+            items: vec![
+                pb::ChecklistItem {
+                    question: "a?".into(),
+                    weight: Some(40.0),
+                    category: "k".into(),
+                    ..Default::default()
+                },
+                pb::ChecklistItem { question: "b?".into(), ..Default::default() },
+            ],
+            ..Default::default()
+        };
+        let c = checklist(Some(p), "checklist", &mut v);
+        assert!(v.is_empty());
+        assert_eq!(c.items[0].id, "1");
+        assert_eq!(c.items[1].weight, 100.0);
+        let back = checklist_to(&c);
+        assert_eq!(back.items[0].weight, Some(40.0));
+        assert_eq!(back.items[0].category, "k");
+    }
+
+    #[test]
+    fn duplicate_ids_and_bad_weights_are_rejected() {
+        let mut v = Violations::new();
+        let p = pb::Checklist {
+            items: vec![
+                pb::ChecklistItem { id: "x".into(), question: "a?".into(), weight: Some(101.0), ..Default::default() },
+                pb::ChecklistItem { id: "x".into(), question: "b?".into(), ..Default::default() },
+            ],
+            ..Default::default()
+        };
+        let _ = checklist(Some(p), "checklist", &mut v);
+        let s = v.into_result().unwrap_err().to_string();
+        assert!(s.contains("checklist.items[0].weight"), "{s}");
+        assert!(s.contains("checklist.items[1].id: duplicate id"), "{s}");
+    }
+}

@@ -1,0 +1,147 @@
+//! The context of one incoming call (deadline and W3C trace context), carried in a task-local so
+//! every outgoing hop made while serving it forwards both. tonic does not forward deadlines itself.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+tokio::task_local! {
+    static CURRENT: CallContext;
+}
+
+/// Deadline and trace headers of the call being served.
+#[derive(Debug, Clone, Default)]
+pub struct CallContext {
+    pub deadline: Option<Instant>,
+    /// `traceparent` / `tracestate` as received.
+    pub trace_headers: Vec<(String, String)>,
+}
+
+impl CallContext {
+    /// Read the caller's `grpc-timeout` and trace headers.
+    pub fn from_metadata(metadata: &tonic::metadata::MetadataMap) -> CallContext {
+        let deadline = metadata
+            .get("grpc-timeout")
+            .and_then(|v| v.to_str().ok())
+            .and_then(parse_grpc_timeout)
+            .map(|d| Instant::now() + d);
+        let trace_headers = ["traceparent", "tracestate"]
+            .iter()
+            .filter_map(|k| metadata.get(*k).and_then(|v| v.to_str().ok()).map(|v| ((*k).to_string(), v.to_string())))
+            .collect();
+        CallContext { deadline, trace_headers }
+    }
+
+    pub fn from_request<T>(request: &tonic::Request<T>) -> CallContext {
+        Self::from_metadata(request.metadata())
+    }
+
+    /// The context of the call being served, if any.
+    pub fn current() -> CallContext {
+        CURRENT.try_with(Clone::clone).unwrap_or_default()
+    }
+
+    /// Run `fut` with this context as the current one.
+    pub async fn scope<F: Future>(self, fut: F) -> F::Output {
+        CURRENT.scope(self, fut).await
+    }
+
+    /// Time left before the deadline.
+    pub fn remaining(&self) -> Option<Duration> {
+        self.deadline.map(|d| d.saturating_duration_since(Instant::now()))
+    }
+}
+
+/// Parse a `grpc-timeout` header value (`<digits><unit>`, unit H M S m u n).
+pub fn parse_grpc_timeout(v: &str) -> Option<Duration> {
+    if v.len() < 2 || v.len() > 9 {
+        return None;
+    }
+    let (digits, unit) = v.split_at(v.len() - 1);
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.checked_mul(3600)?),
+        "M" => Duration::from_secs(n.checked_mul(60)?),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+/// Build an outgoing request carrying the current call's remaining deadline and trace context.
+pub fn outgoing<T>(message: T) -> tonic::Request<T> {
+    let ctx = CallContext::current();
+    let mut request = tonic::Request::new(message);
+    if let Some(left) = ctx.remaining() {
+        request.set_timeout(left.max(Duration::from_millis(1)));
+    }
+    assay_telemetry::inject_current(request.metadata_mut());
+    for (k, v) in &ctx.trace_headers {
+        if request.metadata().get(k.as_str()).is_none() {
+            if let (Ok(key), Ok(val)) = (
+                tonic::metadata::MetadataKey::from_bytes(k.as_bytes()),
+                tonic::metadata::MetadataValue::try_from(v.as_str()),
+            ) {
+                request.metadata_mut().insert(key, val);
+            }
+        }
+    }
+    request
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeout_units() {
+        assert_eq!(parse_grpc_timeout("5S"), Some(Duration::from_secs(5)));
+        assert_eq!(parse_grpc_timeout("250m"), Some(Duration::from_millis(250)));
+        assert_eq!(parse_grpc_timeout("2M"), Some(Duration::from_secs(120)));
+        assert_eq!(parse_grpc_timeout("7u"), Some(Duration::from_micros(7)));
+        assert_eq!(parse_grpc_timeout("S"), None);
+        assert_eq!(parse_grpc_timeout("12x"), None);
+        assert_eq!(parse_grpc_timeout("123456789S"), None);
+    }
+
+    #[tokio::test]
+    async fn outgoing_forwards_deadline_and_trace() {
+        let mut md = tonic::metadata::MetadataMap::new();
+        md.insert("grpc-timeout", "3S".parse().unwrap());
+        md.insert("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".parse().unwrap());
+        let ctx = CallContext::from_metadata(&md);
+        let req = ctx.scope(async { outgoing(()) }).await;
+        let t = req.metadata().get("grpc-timeout").unwrap().to_str().unwrap().to_string();
+        let d = parse_grpc_timeout(&t).unwrap();
+        assert!(d <= Duration::from_secs(3) && d > Duration::from_secs(2), "{t}");
+        assert_eq!(
+            req.metadata().get("traceparent").unwrap().to_str().unwrap(),
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+        );
+    }
+
+    #[test]
+    fn no_context_means_no_deadline() {
+        let req = outgoing(());
+        assert!(req.metadata().get("grpc-timeout").is_none());
+    }
+}
+
+/// Run a handler body with `ctx` current, enforcing the caller's deadline ourselves (tonic reports
+/// an expired grpc-timeout as CANCELLED; callers deserve DEADLINE_EXCEEDED).
+pub async fn run_with<T, F>(ctx: CallContext, fut: F) -> Result<T, assay_domain::StageError>
+where
+    F: Future<Output = Result<T, assay_domain::StageError>>,
+{
+    let deadline = ctx.deadline;
+    ctx.scope(async move {
+        match deadline {
+            Some(d) => tokio::time::timeout_at(tokio::time::Instant::from_std(d), fut).await.unwrap_or_else(|_| {
+                Err(assay_domain::StageError::DeadlineExceeded("the call's deadline passed".into()))
+            }),
+            None => fut.await,
+        }
+    })
+    .await
+}

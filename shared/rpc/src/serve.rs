@@ -1,0 +1,143 @@
+//! Serving: health, reflection v1 + v1alpha, auth, tracing, graceful shutdown with draining.
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tonic::service::Routes;
+use tonic::transport::server::TcpIncoming;
+use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
+
+use crate::auth::AuthLayer;
+
+/// Health state of one service binary (every service name it hosts plus "").
+#[derive(Clone)]
+pub struct Readiness {
+    reporter: HealthReporter,
+    names: Vec<&'static str>,
+    service: tonic_health::pb::health_server::HealthServer<tonic_health::server::HealthService>,
+}
+
+impl Readiness {
+    /// Starts NOT_SERVING for each name and for "".
+    pub async fn new(names: &[&'static str]) -> Readiness {
+        let reporter = HealthReporter::new();
+        let service = tonic_health::pb::health_server::HealthServer::new(
+            tonic_health::server::HealthService::from_health_reporter(reporter.clone()),
+        );
+        let r = Readiness { reporter, names: names.to_vec(), service };
+        r.set(ServingStatus::NotServing).await;
+        r
+    }
+
+    async fn set(&self, status: ServingStatus) {
+        self.reporter.set_service_status("", status).await;
+        for n in &self.names {
+            self.reporter.set_service_status(*n, status).await;
+        }
+    }
+
+    /// Report SERVING for every hosted service.
+    pub async fn set_serving(&self) {
+        self.set(ServingStatus::Serving).await;
+        tracing::info!(services = ?self.names, "serving");
+    }
+
+    /// Report NOT_SERVING (on shutdown or lost readiness).
+    pub async fn set_not_serving(&self) {
+        self.set(ServingStatus::NotServing).await;
+    }
+}
+
+/// Serving options.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    pub auth_token: Option<String>,
+    /// How long in-flight calls may run after shutdown starts.
+    pub drain: Duration,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        Self { auth_token: None, drain: Duration::from_secs(30) }
+    }
+}
+
+/// Serve `routes` plus health and reflection on `listener` until `shutdown` resolves; then report
+/// NOT_SERVING, stop accepting, and wait for in-flight calls (at most `options.drain`).
+pub async fn serve(
+    listener: TcpListener,
+    routes: Routes,
+    readiness: Readiness,
+    options: ServeOptions,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error> {
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(assay_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .expect("descriptor sets are valid");
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(assay_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()
+        .expect("descriptor sets are valid");
+    let routes =
+        routes.add_service(readiness.service.clone()).add_service(reflection_v1).add_service(reflection_v1alpha);
+    let addr = listener.local_addr().ok();
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let (drain_tx, drain_rx) = tokio::sync::oneshot::channel::<()>();
+    let ready = readiness.clone();
+    let signal = async move {
+        shutdown.await;
+        tracing::info!(addr = ?addr, "shutdown requested, draining in-flight calls");
+        ready.set_not_serving().await;
+        let _ = drain_tx.send(());
+    };
+    let server = tonic::transport::Server::builder()
+        .layer(AuthLayer::new(options.auth_token.clone()))
+        .trace_fn(|req: &http::Request<()>| {
+            let span = tracing::info_span!("rpc", path = %req.uri().path());
+            assay_telemetry::set_parent_from_headers(&span, req.headers());
+            span
+        })
+        .add_routes(routes)
+        .serve_with_incoming_shutdown(incoming, signal);
+    let drain = options.drain;
+    tokio::select! {
+        r = server => r,
+        () = async move {
+            if drain_rx.await.is_ok() {
+                tokio::time::sleep(drain).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        } => {
+            tracing::warn!(drain_seconds = drain.as_secs(), "drain period over, closing remaining calls");
+            Ok(())
+        }
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+}

@@ -1,0 +1,198 @@
+//! Wiring shared by every Assay binary: load configuration, build model backends from it, bind a
+//! stage's port and serve it with the standard runtime until SIGTERM/SIGINT.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use assay_config::{AssayConfig, Ports};
+use assay_domain::ModelHub;
+use assay_llm::{
+    Backends, CacheConfig, CachedChat, CachedEmbed, ChatModel, EmbeddingModel, OpenAiClient, OpenAiConfig,
+    ResponseCache,
+};
+use assay_rpc::{Readiness, ServeOptions};
+use tokio::net::TcpListener;
+use tonic::service::Routes;
+
+pub use assay_config;
+
+/// Loads an extra backend (e.g. the embedded local models) by name; set by binaries that link one.
+#[async_trait::async_trait]
+pub trait BackendLoader: Send + Sync {
+    /// Backend kind this loader builds (e.g. `local`).
+    fn kind(&self) -> &str;
+    async fn load(
+        &self,
+        name: &str,
+        config: &assay_config::BackendConfig,
+    ) -> Result<(Option<Arc<dyn ChatModel>>, Option<Arc<dyn EmbeddingModel>>), String>;
+}
+
+/// Configuration file from `--config <path>` or `ASSAY_CONFIG`.
+pub fn config_path_from_args() -> Option<PathBuf> {
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        if a == "--config" {
+            return args.next().map(PathBuf::from);
+        }
+        if let Some(p) = a.strip_prefix("--config=") {
+            return Some(PathBuf::from(p));
+        }
+    }
+    std::env::var_os("ASSAY_CONFIG").map(PathBuf::from)
+}
+
+/// The OpenAI-compatible client for a backend entry (base URL and key from the entry or from
+/// `OPENAI_BASE_URL` / `OPENAI_API_KEY`).
+pub fn openai_client(entry: &assay_config::BackendConfig) -> Result<OpenAiClient, String> {
+    let mut c = OpenAiConfig::from_env();
+    if !entry.base_url.is_empty() {
+        c.base_url = entry.base_url.clone();
+    }
+    if !entry.model.is_empty() {
+        c.default_model = entry.model.clone();
+    }
+    if !entry.embedding_model.is_empty() {
+        c.embedding_model = entry.embedding_model.clone();
+    }
+    if entry.max_tokens_field == "max_completion_tokens" {
+        c.max_tokens_field = assay_llm::MaxTokensField::MaxCompletionTokens;
+    }
+    if entry.max_concurrency > 0 {
+        c.max_concurrency = entry.max_concurrency as usize;
+    }
+    c.supports_json_schema = entry.supports_json_schema;
+    c.supports_logprobs = entry.supports_logprobs;
+    OpenAiClient::new(c).map_err(|e| format!("backend openai: {e}"))
+}
+
+/// Build every configured backend (wrapped in the response cache when enabled) and the phase map.
+/// Backends of a kind without a loader are skipped with a warning unless a phase uses them.
+pub async fn build_hub(config: &AssayConfig, loaders: &[&dyn BackendLoader]) -> Result<ModelHub, String> {
+    let cache = if config.cache.enabled {
+        let c = CacheConfig {
+            capacity: config.cache.capacity,
+            sqlite_path: Some(PathBuf::from(&config.cache.path)).filter(|p| !p.as_os_str().is_empty()),
+        };
+        Some(ResponseCache::open(&c).map_err(|e| format!("response cache: {e}"))?)
+    } else {
+        None
+    };
+    let mut used: Vec<String> = vec![config.models.default.backend.clone()];
+    used.extend(config.models.phases.values().map(|s| s.backend.clone()));
+    let mut backends = Backends::new();
+    for (name, entry) in &config.backends {
+        let (chat, embed): (Option<Arc<dyn ChatModel>>, Option<Arc<dyn EmbeddingModel>>) = if entry.kind == "openai" {
+            let client = Arc::new(openai_client(entry)?);
+            (Some(client.clone()), Some(client))
+        } else if let Some(loader) = loaders.iter().find(|l| l.kind() == entry.kind) {
+            if !used.iter().any(|u| u == name) {
+                continue;
+            }
+            loader.load(name, entry).await?
+        } else {
+            if used.iter().any(|u| u == name) {
+                return Err(format!("backend {name:?} of kind {:?} is not available in this binary", entry.kind));
+            }
+            continue;
+        };
+        if let Some(chat) = chat {
+            let chat: Arc<dyn ChatModel> = match &cache {
+                Some(c) => Arc::new(CachedChat::new(chat, c.clone())),
+                None => chat,
+            };
+            backends.insert_chat(name.clone(), chat);
+        }
+        if let Some(embed) = embed {
+            let embed: Arc<dyn EmbeddingModel> = match &cache {
+                Some(c) => Arc::new(CachedEmbed::new(embed, c.clone())),
+                None => embed,
+            };
+            backends.insert_embedding(name.clone(), embed);
+        }
+    }
+    Ok(ModelHub::new(backends, config.models.clone()))
+}
+
+/// Bind `bind:port` (port 0 = any free port).
+pub async fn bind(config: &AssayConfig, port: u16) -> std::io::Result<TcpListener> {
+    let addr: SocketAddr = format!("{}:{port}", config.bind)
+        .parse()
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("bind address: {e}")))?;
+    TcpListener::bind(addr).await
+}
+
+/// Serving options from configuration.
+pub fn serve_options(config: &AssayConfig) -> ServeOptions {
+    let token =
+        std::env::var("ASSAY_AUTH_TOKEN").ok().filter(|t| !t.is_empty()).or_else(|| Some(config.auth_token.clone()));
+    ServeOptions { auth_token: token.filter(|t| !t.is_empty()), drain: Duration::from_secs(config.drain_seconds) }
+}
+
+/// What a stage binary serves.
+pub struct StageSpec {
+    pub binary: &'static str,
+    pub service_name: &'static str,
+    pub port: fn(&Ports) -> u16,
+}
+
+/// Main of a stage binary: config, telemetry, backends, serve until SIGTERM/SIGINT; exit 0 after a
+/// clean drain.
+pub async fn run_service(
+    spec: StageSpec,
+    loaders: &[&dyn BackendLoader],
+    routes: impl FnOnce(Arc<ModelHub>, &AssayConfig) -> Routes,
+) -> ExitCode {
+    let _telemetry = assay_telemetry::init(spec.binary);
+    let config = match assay_config::load(config_path_from_args().as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot load configuration");
+            return ExitCode::from(2);
+        }
+    };
+    let port = (spec.port)(&config.ports);
+    let listener = match bind(&config, port).await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(port, error = %e, "cannot bind");
+            return ExitCode::from(1);
+        }
+    };
+    let readiness = Readiness::new(&[spec.service_name]).await;
+    let hub = match build_hub(&config, loaders).await {
+        Ok(h) => Arc::new(h),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot build model backends");
+            return ExitCode::from(1);
+        }
+    };
+    let routes = routes(hub, &config);
+    tracing::info!(service = spec.service_name, addr = ?listener.local_addr().ok(), "listening");
+    readiness.set_serving().await;
+    match assay_rpc::serve(listener, routes, readiness, serve_options(&config), assay_rpc::shutdown_signal()).await {
+        Ok(()) => {
+            tracing::info!("stopped");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "server failed");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Address of an upstream stage: the configured one, else loopback at its port.
+pub fn upstream_url(config: &AssayConfig, configured: &str, port: u16) -> String {
+    if configured.is_empty() {
+        let host = if config.bind == "0.0.0.0" { "127.0.0.1" } else { config.bind.as_str() };
+        format!("http://{host}:{port}")
+    } else if configured.contains("://") {
+        configured.to_string()
+    } else {
+        format!("http://{configured}")
+    }
+}

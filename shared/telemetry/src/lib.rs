@@ -1,0 +1,115 @@
+//! One tracing init per binary: lowercase structured logs to stderr, OTLP trace export only when
+//! `OTEL_EXPORTER_OTLP_ENDPOINT` is set, and W3C trace-context propagation helpers for every hop.
+
+use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
+
+/// Keeps the exporter alive; flushes spans on drop.
+pub struct TelemetryGuard {
+    provider: Option<opentelemetry_sdk::trace::SdkTracerProvider>,
+}
+
+impl Drop for TelemetryGuard {
+    fn drop(&mut self) {
+        if let Some(p) = self.provider.take() {
+            let _ = p.shutdown();
+        }
+    }
+}
+
+/// Initialise logging (and OTLP export when configured). `RUST_LOG` filters (default `info`),
+/// `ASSAY_LOG_FORMAT=json` switches to JSON lines. Safe to call more than once (later calls no-op).
+pub fn init(service_name: &str) -> TelemetryGuard {
+    opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let json = std::env::var("ASSAY_LOG_FORMAT").is_ok_and(|v| v.eq_ignore_ascii_case("json"));
+    let fmt = if json {
+        tracing_subscriber::fmt::layer().json().with_writer(std::io::stderr).boxed()
+    } else {
+        tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_target(false).boxed()
+    };
+    let endpoint = std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok().filter(|e| !e.is_empty());
+    let (otel, provider) = match endpoint.and_then(|e| build_provider(service_name, &e)) {
+        Some(provider) => {
+            let tracer = provider.tracer("assay");
+            (Some(tracing_opentelemetry::layer().with_tracer(tracer)), Some(provider))
+        }
+        None => (None, None),
+    };
+    let _ = tracing_subscriber::registry().with(filter).with(fmt).with(otel).try_init();
+    TelemetryGuard { provider }
+}
+
+fn build_provider(service_name: &str, endpoint: &str) -> Option<opentelemetry_sdk::trace::SdkTracerProvider> {
+    use opentelemetry_otlp::WithExportConfig;
+    let exporter = opentelemetry_otlp::SpanExporter::builder().with_tonic().with_endpoint(endpoint).build();
+    match exporter {
+        Ok(exporter) => Some(
+            opentelemetry_sdk::trace::SdkTracerProvider::builder()
+                .with_batch_exporter(exporter)
+                .with_resource(
+                    opentelemetry_sdk::Resource::builder().with_service_name(service_name.to_string()).build(),
+                )
+                .build(),
+        ),
+        Err(e) => {
+            eprintln!("otlp exporter could not be built, tracing export disabled: {e}");
+            None
+        }
+    }
+}
+
+struct MetadataExtractor<'a>(&'a http::HeaderMap);
+
+impl Extractor for MetadataExtractor<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|v| v.to_str().ok())
+    }
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(|k| k.as_str()).collect()
+    }
+}
+
+struct MetadataInjector<'a>(&'a mut tonic::metadata::MetadataMap);
+
+impl Injector for MetadataInjector<'_> {
+    fn set(&mut self, key: &str, value: String) {
+        if let (Ok(k), Ok(v)) = (
+            tonic::metadata::MetadataKey::from_bytes(key.as_bytes()),
+            tonic::metadata::MetadataValue::try_from(value.as_str()),
+        ) {
+            self.0.insert(k, v);
+        }
+    }
+}
+
+/// Make `span` a child of the W3C trace context carried by incoming HTTP headers.
+pub fn set_parent_from_headers(span: &tracing::Span, headers: &http::HeaderMap) {
+    let cx = TraceContextPropagator::new().extract(&MetadataExtractor(headers));
+    let _ = span.set_parent(cx);
+}
+
+/// Write the current span's W3C trace context (`traceparent`, `tracestate`) into outgoing metadata.
+pub fn inject_current(metadata: &mut tonic::metadata::MetadataMap) {
+    let cx = tracing::Span::current().context();
+    TraceContextPropagator::new().inject_context(&cx, &mut MetadataInjector(metadata));
+}
+
+/// Forward the incoming request's raw `traceparent`/`tracestate` when no exporter is active, so the
+/// trace id survives every hop even without OTLP.
+pub fn forward_raw(from: &http::HeaderMap, to: &mut tonic::metadata::MetadataMap) {
+    for key in ["traceparent", "tracestate"] {
+        if to.get(key).is_none() {
+            if let Some(v) = from.get(key).and_then(|v| v.to_str().ok()) {
+                if let Ok(v) = tonic::metadata::MetadataValue::try_from(v) {
+                    to.insert(key, v);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! Whole-mesh and external-client tests for Assay.
