@@ -1,1 +1,86 @@
-//! Whole-mesh and external-client tests for Assay.
+//! MeshSandbox: the whole mesh in-process on port 0, wired to a scripted OpenAI-compatible backend,
+//! for whole-mesh tests, external-client tests and benchmarks.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use assay_cli::Mesh;
+use assay_config::AssayConfig;
+use assay_domain::ModelHub;
+use assay_llm::{Backends, OpenAiClient, OpenAiConfig};
+use assay_testkit::ScriptedLlm;
+use tonic::transport::Channel;
+
+/// The mesh plus its scripted backend.
+pub struct MeshSandbox {
+    pub llm: ScriptedLlm,
+    pub mesh: Option<Mesh>,
+    pub config: AssayConfig,
+}
+
+/// Sandbox options.
+#[derive(Debug, Clone, Default)]
+pub struct SandboxOptions {
+    /// Require this bearer token on every RPC except health.
+    pub auth_token: Option<String>,
+    /// Leave every service NOT_SERVING.
+    pub not_ready: bool,
+    /// Wrap the backend in the response cache.
+    pub cache: bool,
+}
+
+impl MeshSandbox {
+    pub async fn start() -> MeshSandbox {
+        Self::start_with(SandboxOptions::default()).await
+    }
+
+    pub async fn start_with(options: SandboxOptions) -> MeshSandbox {
+        let llm = ScriptedLlm::start().await;
+        let mut config = assay_config::load_from(
+            "bind = \"127.0.0.1\"\ndrain_seconds = 5\n[ports]\ngateway = 0\ngenerator = 0\nrefiners = 0\nscorer = 0\narbiter = 0\ndelta_judge = 0\ndebate = 0\n[models.default]\nbackend = \"openai\"\n",
+        )
+        .expect("sandbox config");
+        config.auth_token = options.auth_token.clone().unwrap_or_default();
+        let mut cfg = OpenAiConfig::new(llm.base_url());
+        cfg.default_model = "scripted-judge".into();
+        cfg.base_backoff = Duration::from_millis(10);
+        cfg.max_backoff = Duration::from_millis(200);
+        let client = Arc::new(OpenAiClient::new(cfg).expect("client"));
+        let (chat, embed): (Arc<dyn assay_llm::ChatModel>, Arc<dyn assay_llm::EmbeddingModel>) = if options.cache {
+            (
+                Arc::new(assay_llm::CachedChat::in_memory(client.clone())),
+                Arc::new(assay_llm::CachedEmbed::in_memory(client)),
+            )
+        } else {
+            (client.clone(), client)
+        };
+        let backends = Backends::new().with_chat("openai", chat).with_embedding("openai", embed);
+        let hub = Arc::new(ModelHub::new(backends, config.models.clone()));
+        let mesh = assay_cli::start_mesh(&config, hub, !options.not_ready).await.expect("mesh starts");
+        MeshSandbox { llm, mesh: Some(mesh), config }
+    }
+
+    pub fn mesh(&self) -> &Mesh {
+        self.mesh.as_ref().expect("mesh running")
+    }
+
+    pub fn gateway_url(&self) -> String {
+        format!("http://{}", self.mesh().addrs.gateway)
+    }
+
+    pub async fn channel(&self, addr: std::net::SocketAddr) -> Channel {
+        Channel::from_shared(format!("http://{addr}")).expect("url").connect().await.expect("connect")
+    }
+
+    pub async fn gateway(&self) -> Channel {
+        self.channel(self.mesh().addrs.gateway).await
+    }
+
+    /// Graceful stop of every service.
+    pub async fn shutdown(mut self) -> Result<(), String> {
+        match self.mesh.take() {
+            Some(m) => m.shutdown().await,
+            None => Ok(()),
+        }
+    }
+}

@@ -1,5 +1,23 @@
 //! Model backends for Assay.
+//!
+//! - [`types`]: backend-neutral traits ([`ChatModel`], [`EmbeddingModel`]) and request/response types.
+//! - [`openai`]: [`OpenAiClient`], an OpenAI-compatible HTTP client with retries, schema fallback,
+//!   concurrency limit, circuit breaker and cancellation.
+//! - [`cache`]: [`CachedChat`] / [`CachedEmbed`] wrappers over a [`ResponseCache`] (memory, optional SQLite).
+//! - [`phases`]: per-phase [`ModelSettings`] ([`PhaseModels`]) and the [`Backends`] registry.
+//! - [`extract_json`]: pull a JSON value out of model text.
 
+pub mod breaker;
+pub mod cache;
+pub mod json;
+pub mod openai;
+pub mod phases;
+pub mod retry;
 pub mod types;
 
+pub use breaker::BreakerState;
+pub use cache::{CacheConfig, CacheError, CachedChat, CachedEmbed, ResponseCache};
+pub use json::extract_json;
+pub use openai::{MaxTokensField, OpenAiClient, OpenAiConfig};
+pub use phases::{Backends, DEFAULT_BACKEND, ModelSettings, PhaseModels};
 pub use types::*;

@@ -22,22 +22,13 @@ pub struct Message {
 
 impl Message {
     pub fn system(content: impl Into<String>) -> Self {
-        Self {
-            role: Role::System,
-            content: content.into(),
-        }
+        Self { role: Role::System, content: content.into() }
     }
     pub fn user(content: impl Into<String>) -> Self {
-        Self {
-            role: Role::User,
-            content: content.into(),
-        }
+        Self { role: Role::User, content: content.into() }
     }
     pub fn assistant(content: impl Into<String>) -> Self {
-        Self {
-            role: Role::Assistant,
-            content: content.into(),
-        }
+        Self { role: Role::Assistant, content: content.into() }
     }
 }
 
@@ -49,10 +40,7 @@ pub enum ResponseFormat {
     Text,
     /// A JSON value matching `schema` (a JSON Schema object). `name` is the schema's name as sent
     /// to OpenAI-compatible backends.
-    JsonSchema {
-        name: String,
-        schema: serde_json::Value,
-    },
+    JsonSchema { name: String, schema: serde_json::Value },
     /// Exactly one of these strings (e.g. `["YES", "NO"]`).
     Choice(Vec<String>),
 }
@@ -90,8 +78,7 @@ pub struct ChatRequest {
 
 impl ChatRequest {
     pub fn remaining(&self) -> Option<Duration> {
-        self.deadline
-            .map(|d| d.saturating_duration_since(Instant::now()))
+        self.deadline.map(|d| d.saturating_duration_since(Instant::now()))
     }
 }
 
@@ -177,8 +164,7 @@ pub struct EmbeddingRequest {
 
 impl EmbeddingRequest {
     pub fn remaining(&self) -> Option<Duration> {
-        self.deadline
-            .map(|d| d.saturating_duration_since(Instant::now()))
+        self.deadline.map(|d| d.saturating_duration_since(Instant::now()))
     }
 }
 

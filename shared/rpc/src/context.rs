@@ -134,7 +134,12 @@ pub async fn run_with<T, F>(ctx: CallContext, fut: F) -> Result<T, assay_domain:
 where
     F: Future<Output = Result<T, assay_domain::StageError>>,
 {
-    let deadline = ctx.deadline;
+    // Answer a little before the caller's own timer fires, so the caller sees our status rather
+    // than its transport's generic cancellation.
+    let deadline = ctx.deadline.map(|d| {
+        let left = d.saturating_duration_since(std::time::Instant::now());
+        d - (left / 10).min(Duration::from_millis(50))
+    });
     ctx.scope(async move {
         match deadline {
             Some(d) => tokio::time::timeout_at(tokio::time::Instant::from_std(d), fut).await.unwrap_or_else(|_| {

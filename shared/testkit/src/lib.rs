@@ -1,1 +1,7 @@
 //! Test harness: scripted OpenAI-compatible server, port-0 servers, whole-mesh sandbox.
+
+pub mod scripted;
+pub mod server;
+
+pub use scripted::{Handler, RecordedRequest, Reply, ScriptedLlm, embedding_handler, eventually, hash_embedding};
+pub use server::TestServer;

@@ -1,0 +1,111 @@
+//! Pulling a JSON value out of model text.
+
+use serde_json::Value;
+
+/// Extract a JSON value from a model reply.
+///
+/// Tried in order: the whole (trimmed) text; the first ```` ``` ```` fenced block (```` ```json ````
+/// or bare); the span from the first `{` to the last `}` or from the first `[` to the last `]`
+/// (whichever opens first is tried first). Returns `None` when nothing parses.
+pub fn extract_json(text: &str) -> Option<Value> {
+    let trimmed = text.trim();
+    if trimmed.is_empty() {
+        return None;
+    }
+    if let Ok(value) = serde_json::from_str::<Value>(trimmed) {
+        return Some(value);
+    }
+    if let Some(block) = first_fenced_block(trimmed)
+        && let Ok(value) = serde_json::from_str::<Value>(block.trim())
+    {
+        return Some(value);
+    }
+    let object = span(trimmed, '{', '}');
+    let array = span(trimmed, '[', ']');
+    let mut candidates: Vec<(usize, &str)> = object.into_iter().chain(array).collect();
+    candidates.sort_by_key(|(start, _)| *start);
+    candidates.into_iter().find_map(|(_, candidate)| serde_json::from_str::<Value>(candidate).ok())
+}
+
+/// Content of the first fenced code block, without the info string (`json`).
+fn first_fenced_block(text: &str) -> Option<&str> {
+    let open = text.find("```")?;
+    let after_fence = &text[open + 3..];
+    // The info string runs to the end of the line; a block may also start on the fence line
+    // when there is no info string (```{"a":1}```).
+    let body_start = match after_fence.find('\n') {
+        Some(newline)
+            if after_fence[..newline].trim().chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') =>
+        {
+            newline + 1
+        }
+        _ => 0,
+    };
+    let body = &after_fence[body_start..];
+    let close = body.find("```")?;
+    Some(&body[..close])
+}
+
+/// `(start, text[first open ..= last close])` when both exist in order.
+fn span(text: &str, open: char, close: char) -> Option<(usize, &str)> {
+    let start = text.find(open)?;
+    let end = text.rfind(close)?;
+    (end > start).then(|| (start, &text[start..=end]))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::extract_json;
+
+    #[test]
+    fn whole_text() {
+        assert_eq!(extract_json(r#"  {"a": 1} "#), Some(json!({"a": 1})));
+        assert_eq!(extract_json("[1, 2]"), Some(json!([1, 2])));
+        assert_eq!(extract_json("true"), Some(json!(true)));
+    }
+
+    #[test]
+    fn fenced_block_with_and_without_tag() {
+        let text = "Here you go:\n```json\n{\"score\": 3}\n```\nanything else?";
+        assert_eq!(extract_json(text), Some(json!({"score": 3})));
+        let text = "```\n[\"x\"]\n```";
+        assert_eq!(extract_json(text), Some(json!(["x"])));
+        let text = "inline ```{\"k\": true}``` fence";
+        assert_eq!(extract_json(text), Some(json!({"k": true})));
+    }
+
+    #[test]
+    fn first_brace_to_last_brace() {
+        let text = "Sure! {\"items\": [{\"id\": 1}, {\"id\": 2}]} Hope this helps.";
+        assert_eq!(extract_json(text), Some(json!({"items": [{"id": 1}, {"id": 2}]})));
+    }
+
+    #[test]
+    fn top_level_array_in_prose() {
+        let text = "The list: [{\"id\": 1}, {\"id\": 2}] done";
+        assert_eq!(extract_json(text), Some(json!([{"id": 1}, {"id": 2}])));
+    }
+
+    #[test]
+    fn object_inside_brackets_of_prose_falls_back() {
+        // '[' opens first but the bracket span is not JSON; the brace span is.
+        let text = "[note] result: {\"ok\": 1} [end]";
+        assert_eq!(extract_json(text), Some(json!({"ok": 1})));
+    }
+
+    #[test]
+    fn broken_fence_falls_back_to_braces() {
+        let text = "```json\n{\"a\": 1}\n(no closing fence)";
+        assert_eq!(extract_json(text), Some(json!({"a": 1})));
+    }
+
+    #[test]
+    fn nothing_parses() {
+        assert_eq!(extract_json(""), None);
+        assert_eq!(extract_json("YES"), None);
+        assert_eq!(extract_json("{not json}"), None);
+        assert_eq!(extract_json("} backwards {"), None);
+    }
+}

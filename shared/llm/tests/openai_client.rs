@@ -1,0 +1,435 @@
+//! The OpenAI-compatible client against the scripted server on a loopback port.
+
+use std::time::{Duration, Instant};
+
+use assay_llm::{
+    BreakerState, ChatModel, ChatRequest, EmbeddingModel, EmbeddingRequest, FinishReason, LlmError, MaxTokensField,
+    Message, OpenAiClient, OpenAiConfig, ResponseFormat, TokenLogprob,
+};
+use assay_testkit::{Reply, ScriptedLlm, embedding_handler, eventually, hash_embedding};
+use serde_json::json;
+
+fn config(server: &ScriptedLlm) -> OpenAiConfig {
+    OpenAiConfig {
+        base_url: server.base_url(),
+        default_model: "test-model".into(),
+        embedding_model: "test-embed".into(),
+        base_backoff: Duration::from_millis(10),
+        max_backoff: Duration::from_millis(50),
+        request_timeout: Duration::from_secs(20),
+        ..OpenAiConfig::default()
+    }
+}
+
+fn client(server: &ScriptedLlm) -> OpenAiClient {
+    OpenAiClient::new(config(server)).unwrap()
+}
+
+fn ask(text: &str) -> ChatRequest {
+    ChatRequest { messages: vec![Message::system("be brief"), Message::user(text)], ..ChatRequest::default() }
+}
+
+fn schema() -> serde_json::Value {
+    json!({"type": "object", "properties": {"score": {"type": "integer"}}, "required": ["score"]})
+}
+
+fn schema_request() -> ChatRequest {
+    ChatRequest {
+        response_format: ResponseFormat::JsonSchema { name: "score".into(), schema: schema() },
+        ..ask("rate it")
+    }
+}
+
+#[tokio::test]
+async fn plain_call_sends_openai_request_and_parses_reply() {
+    let server = ScriptedLlm::start().await;
+    server.push(Reply::text("hello").usage(11, 2));
+    let config = OpenAiConfig {
+        api_key: Some("sk-test".into()),
+        max_tokens_field: MaxTokensField::MaxCompletionTokens,
+        ..config(&server)
+    };
+    let client = OpenAiClient::new(config).unwrap();
+    let response = client.chat(ChatRequest { max_tokens: Some(9), temperature: Some(0.0), ..ask("hi") }).await.unwrap();
+    assert_eq!(response.text, "hello");
+    assert_eq!(response.finish_reason, FinishReason::Stop);
+    assert_eq!(response.model, "test-model");
+    assert_eq!(response.usage.calls, 1);
+    assert_eq!(response.usage.prompt_tokens, 11);
+    assert_eq!(response.usage.completion_tokens, 2);
+    assert_eq!(response.usage.retries, 0);
+    assert!(response.json.is_none() && response.first_token_logprobs.is_none());
+    assert!(!response.cached && !response.schema_fallback);
+
+    let requests = server.requests();
+    assert_eq!(requests.len(), 1);
+    let request = &requests[0];
+    assert_eq!(request.method, "POST");
+    assert_eq!(request.path, "/v1/chat/completions");
+    assert_eq!(request.header("authorization"), Some("Bearer sk-test"));
+    assert_eq!(request.body["model"], "test-model");
+    assert_eq!(request.body["max_completion_tokens"], 9);
+    assert_eq!(request.body["messages"][1], json!({"role": "user", "content": "hi"}));
+    assert!(request.body.get("response_format").is_none());
+    assert!(request.body.get("logprobs").is_none());
+}
+
+#[tokio::test]
+async fn retry_after_429_is_honoured() {
+    let server = ScriptedLlm::start().await;
+    server.push(Reply::status(429).retry_after(1)).push(Reply::text("ok"));
+    let client = client(&server);
+    let started = Instant::now();
+    let response = client.chat(ask("q")).await.unwrap();
+    let elapsed = started.elapsed();
+    assert_eq!(response.text, "ok");
+    assert_eq!(response.usage.retries, 1);
+    assert_eq!(server.request_count(), 2);
+    assert!(elapsed >= Duration::from_secs(1), "waited only {elapsed:?} despite Retry-After: 1");
+}
+
+#[tokio::test]
+async fn deterministic_errors_are_not_retried() {
+    let server = ScriptedLlm::start().await;
+    let client = client(&server);
+
+    server.push(Reply::status(501));
+    let err = client.chat(ask("q")).await.unwrap_err();
+    assert!(matches!(err, LlmError::Unsupported(_)), "{err:?}");
+    assert_eq!(server.request_count(), 1);
+
+    server.push(Reply::status(400).body(r#"{"error":{"message":"bad parameter"}}"#));
+    let err = client.chat(ask("q")).await.unwrap_err();
+    assert!(matches!(&err, LlmError::InvalidRequest(message) if message.contains("bad parameter")), "{err:?}");
+    assert_eq!(server.request_count(), 2);
+
+    server.push(Reply::status(422));
+    assert!(matches!(client.chat(ask("q")).await, Err(LlmError::InvalidRequest(_))));
+    server.push(Reply::status(404));
+    assert!(matches!(client.chat(ask("q")).await, Err(LlmError::InvalidRequest(_))));
+    server.push(Reply::status(401));
+    assert!(matches!(client.chat(ask("q")).await, Err(LlmError::Unauthorized(_))));
+    server.push(Reply::status(403));
+    assert!(matches!(client.chat(ask("q")).await, Err(LlmError::Unauthorized(_))));
+    assert_eq!(server.request_count(), 6);
+    assert_eq!(client.breaker_state(), BreakerState::Closed);
+}
+
+#[tokio::test]
+async fn schema_rejected_with_400_falls_back_to_prompt_once_and_is_remembered() {
+    let server = ScriptedLlm::start().await;
+    server
+        .push(Reply::status(400).body(r#"{"error":{"message":"response_format json_schema is not supported"}}"#))
+        .push(Reply::text("Here it is:\n```json\n{\"score\": 4}\n```"));
+    let client = client(&server);
+    let response = client.chat(schema_request()).await.unwrap();
+    assert_eq!(response.json, Some(json!({"score": 4})));
+    assert!(response.schema_fallback);
+    assert_eq!(response.usage.schema_fallbacks, 1);
+    assert_eq!(response.usage.calls, 2);
+    assert!(client.schema_rejected());
+
+    let requests = server.requests();
+    assert_eq!(requests.len(), 2);
+    let first = &requests[0].body;
+    assert_eq!(first["response_format"]["type"], "json_schema");
+    assert_eq!(first["response_format"]["json_schema"]["name"], "score");
+    assert_eq!(first["response_format"]["json_schema"]["strict"], true);
+    assert_eq!(first["response_format"]["json_schema"]["schema"], schema());
+    let second = &requests[1];
+    assert!(second.body.get("response_format").is_none());
+    let prompt = second.last_user_message().unwrap();
+    assert!(prompt.starts_with("rate it"), "{prompt}");
+    assert!(prompt.contains("JSON schema"), "{prompt}");
+    assert!(prompt.contains(&schema().to_string()), "{prompt}");
+
+    // Later calls go straight to the prompt form.
+    server.push(Reply::json(json!({"score": 2})));
+    let response = client.chat(schema_request()).await.unwrap();
+    assert_eq!(response.json, Some(json!({"score": 2})));
+    assert!(response.schema_fallback);
+    assert_eq!(response.usage.schema_fallbacks, 0);
+    let requests = server.requests();
+    assert_eq!(requests.len(), 3);
+    assert!(requests[2].body.get("response_format").is_none());
+}
+
+#[tokio::test]
+async fn schema_accepted_natively() {
+    let server = ScriptedLlm::start().await;
+    server.push(Reply::json(json!({"score": 5})));
+    let client = client(&server);
+    let response = client.chat(schema_request()).await.unwrap();
+    assert_eq!(response.json, Some(json!({"score": 5})));
+    assert!(!response.schema_fallback);
+    assert_eq!(server.requests()[0].last_user_message().as_deref(), Some("rate it"));
+}
+
+#[tokio::test]
+async fn persistent_503_gives_unavailable_after_max_retries() {
+    let server = ScriptedLlm::start().await;
+    server.set_handler(|_| Reply::status(503));
+    let client = OpenAiClient::new(OpenAiConfig { max_retries: 3, ..config(&server) }).unwrap();
+    let err = client.chat(ask("q")).await.unwrap_err();
+    assert!(matches!(err, LlmError::Unavailable(_)), "{err:?}");
+    assert_eq!(server.request_count(), 4);
+}
+
+#[tokio::test]
+async fn transient_5xx_and_408_are_retried() {
+    let server = ScriptedLlm::start().await;
+    server.push_all([
+        Reply::status(500),
+        Reply::status(502),
+        Reply::status(504),
+        Reply::status(408),
+        Reply::text("ok"),
+    ]);
+    let client = client(&server);
+    let response = client.chat(ask("q")).await.unwrap();
+    assert_eq!(response.text, "ok");
+    assert_eq!(response.usage.retries, 4);
+    assert_eq!(server.request_count(), 5);
+}
+
+#[tokio::test]
+async fn rate_limit_exhausted_is_rate_limited() {
+    let server = ScriptedLlm::start().await;
+    server.set_handler(|_| Reply::status(429));
+    let client = OpenAiClient::new(OpenAiConfig { max_retries: 1, ..config(&server) }).unwrap();
+    assert!(matches!(client.chat(ask("q")).await, Err(LlmError::RateLimited(_))));
+    assert_eq!(server.request_count(), 2);
+}
+
+#[tokio::test]
+async fn deadline_caps_retry_after() {
+    let server = ScriptedLlm::start().await;
+    server.set_handler(|_| Reply::status(429).retry_after(30));
+    let client = client(&server);
+    let started = Instant::now();
+    let request = ChatRequest { deadline: Some(Instant::now() + Duration::from_secs(1)), ..ask("q") };
+    let err = client.chat(request).await.unwrap_err();
+    let elapsed = started.elapsed();
+    assert!(elapsed < Duration::from_secs(2), "took {elapsed:?}");
+    assert!(matches!(err, LlmError::RateLimited(_)), "{err:?}");
+    assert_eq!(server.request_count(), 1);
+}
+
+#[tokio::test]
+async fn deadline_bounds_a_slow_backend() {
+    let server = ScriptedLlm::start().await;
+    server.push(Reply::hang());
+    let client = client(&server);
+    let started = Instant::now();
+    let request = ChatRequest { deadline: Some(Instant::now() + Duration::from_millis(300)), ..ask("q") };
+    let err = client.chat(request).await.unwrap_err();
+    assert_eq!(err, LlmError::DeadlineExceeded);
+    assert!(started.elapsed() < Duration::from_secs(3));
+    assert!(eventually(Duration::from_secs(5), || server.cancelled_count() == 1).await);
+    assert_eq!(server.request_count(), 1, "no retry after the deadline");
+}
+
+#[tokio::test]
+async fn odd_finish_reason_missing_usage_and_null_content_parse() {
+    let server = ScriptedLlm::start().await;
+    server
+        .push(Reply::text("hi").finish_reason("weird").no_usage())
+        .push(Reply::text("x").null_finish_reason())
+        .push(Reply::text("cut").finish_reason("length"))
+        .push(Reply::status(200).body(
+            r#"{"choices":[{"index":0,"message":{"role":"assistant","content":null},"finish_reason":"content_filter"}]}"#,
+        ));
+    let client = client(&server);
+    let response = client.chat(ask("q")).await.unwrap();
+    assert_eq!(response.text, "hi");
+    assert_eq!(response.finish_reason, FinishReason::Other("weird".into()));
+    assert_eq!(response.usage.calls, 1);
+    assert_eq!((response.usage.prompt_tokens, response.usage.completion_tokens), (0, 0));
+    assert_eq!(client.chat(ask("q")).await.unwrap().finish_reason, FinishReason::Stop);
+    assert_eq!(client.chat(ask("q")).await.unwrap().finish_reason, FinishReason::Length);
+    let response = client.chat(ask("q")).await.unwrap();
+    assert_eq!(response.text, "");
+    assert_eq!(response.finish_reason, FinishReason::ContentFilter);
+    assert_eq!(response.model, "test-model");
+}
+
+#[tokio::test]
+async fn malformed_200_is_retried_once() {
+    let server = ScriptedLlm::start().await;
+    server.push(Reply::malformed()).push(Reply::text("ok"));
+    let client = client(&server);
+    let response = client.chat(ask("q")).await.unwrap();
+    assert_eq!(response.text, "ok");
+    assert_eq!(response.usage.retries, 1);
+
+    server.push(Reply::truncated()).push(Reply::truncated()).push(Reply::text("never reached"));
+    let err = client.chat(ask("q")).await.unwrap_err();
+    assert!(matches!(err, LlmError::MalformedReply(_)), "{err:?}");
+    assert_eq!(server.request_count(), 4);
+}
+
+#[tokio::test]
+async fn logprobs_are_requested_and_parsed() {
+    let server = ScriptedLlm::start().await;
+    server.push(Reply::with_logprobs("yes", vec![("YES", -0.1), ("NO", -2.3)])).push(Reply::text("NO"));
+    let client = client(&server);
+    let request = ChatRequest {
+        top_logprobs: Some(2),
+        response_format: ResponseFormat::Choice(vec!["YES".into(), "NO".into()]),
+        max_tokens: Some(1),
+        ..ask("is the sky blue?")
+    };
+    let response = client.chat(request.clone()).await.unwrap();
+    assert_eq!(response.text, "YES", "choice replies are normalised to the option's spelling");
+    assert_eq!(
+        response.first_token_logprobs,
+        Some(vec![
+            TokenLogprob { token: "YES".into(), logprob: -0.1 },
+            TokenLogprob { token: "NO".into(), logprob: -2.3 }
+        ])
+    );
+    let sent = &server.requests()[0];
+    assert_eq!(sent.body["logprobs"], true);
+    assert_eq!(sent.body["top_logprobs"], 2);
+    assert!(sent.last_user_message().unwrap().ends_with("Answer with exactly one of: YES, NO"));
+
+    // A backend that returns no logprobs.
+    let response = client.chat(request).await.unwrap();
+    assert_eq!(response.text, "NO");
+    assert_eq!(response.first_token_logprobs, None);
+}
+
+#[tokio::test]
+async fn logprobs_not_sent_when_unsupported() {
+    let server = ScriptedLlm::start().await;
+    server.push(Reply::with_logprobs("YES", vec![("YES", -0.1)]));
+    let client = OpenAiClient::new(OpenAiConfig { supports_logprobs: false, ..config(&server) }).unwrap();
+    let response = client.chat(ChatRequest { top_logprobs: Some(2), ..ask("q") }).await.unwrap();
+    assert_eq!(response.first_token_logprobs, None);
+    assert!(server.requests()[0].body.get("logprobs").is_none());
+}
+
+#[tokio::test]
+async fn circuit_breaker_opens_fails_fast_and_recovers() {
+    let server = ScriptedLlm::start().await;
+    server.push_all([Reply::status(503), Reply::status(503)]);
+    let client = OpenAiClient::new(OpenAiConfig {
+        max_retries: 0,
+        breaker_failures: 2,
+        breaker_cooldown: Duration::from_millis(300),
+        ..config(&server)
+    })
+    .unwrap();
+    assert!(matches!(client.chat(ask("q")).await, Err(LlmError::Unavailable(_))));
+    assert_eq!(client.breaker_state(), BreakerState::Closed);
+    assert!(matches!(client.chat(ask("q")).await, Err(LlmError::Unavailable(_))));
+    assert_eq!(client.breaker_state(), BreakerState::Open);
+
+    let started = Instant::now();
+    let err = client.chat(ask("q")).await.unwrap_err();
+    assert_eq!(err, LlmError::Unavailable("circuit open".into()));
+    assert!(started.elapsed() < Duration::from_millis(100));
+    assert_eq!(server.request_count(), 2, "an open breaker does not call the server");
+
+    assert!(eventually(Duration::from_secs(5), || client.breaker_state() == BreakerState::HalfOpen).await);
+    server.push(Reply::text("back"));
+    assert_eq!(client.chat(ask("q")).await.unwrap().text, "back");
+    assert_eq!(client.breaker_state(), BreakerState::Closed);
+    assert_eq!(server.request_count(), 3);
+}
+
+#[tokio::test]
+async fn dropping_the_call_cancels_the_backend_request() {
+    let server = ScriptedLlm::start().await;
+    server.push(Reply::hang());
+    let client = client(&server);
+    let outcome = tokio::time::timeout(Duration::from_millis(300), client.chat(ask("q"))).await;
+    assert!(outcome.is_err(), "the hanging call must not finish");
+    assert!(
+        eventually(Duration::from_secs(5), || server.cancelled_count() == 1).await,
+        "server saw {} cancellations",
+        server.cancelled_count()
+    );
+    assert_eq!(server.request_count(), 1);
+    assert_eq!(server.completed_count(), 0);
+    // The client is still usable and the breaker did not count the abandoned call.
+    server.push(Reply::text("ok"));
+    assert_eq!(client.chat(ask("q")).await.unwrap().text, "ok");
+    assert_eq!(client.breaker_state(), BreakerState::Closed);
+}
+
+#[tokio::test]
+async fn concurrency_is_limited_per_client() {
+    let server = ScriptedLlm::start().await;
+    server.set_handler(|_| Reply::text("ok").delay(Duration::from_millis(200)));
+    let client = OpenAiClient::new(OpenAiConfig { max_concurrency: 1, ..config(&server) }).unwrap();
+    let started = Instant::now();
+    let (a, b) = tokio::join!(client.chat(ask("a")), client.chat(ask("b")));
+    a.unwrap();
+    b.unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(400), "calls overlapped: {:?}", started.elapsed());
+}
+
+#[tokio::test]
+async fn embeddings_come_back_in_input_order() {
+    let server = ScriptedLlm::start().await;
+    server.set_handler(embedding_handler(8));
+    let client = client(&server);
+    let texts = vec!["alpha".to_owned(), "beta".to_owned(), "gamma".to_owned()];
+    let response =
+        client.embed(EmbeddingRequest { texts: texts.clone(), ..EmbeddingRequest::default() }).await.unwrap();
+    let expected: Vec<Vec<f32>> = texts.iter().map(|t| hash_embedding(t, 8)).collect();
+    assert_eq!(response.vectors, expected);
+    assert_eq!(response.model, "test-embed");
+    assert_eq!(response.usage.calls, 1);
+    let sent = &server.requests()[0];
+    assert_eq!(sent.path, "/v1/embeddings");
+    assert_eq!(sent.body, json!({"model": "test-embed", "input": texts}));
+
+    // Out-of-order `data` is sorted by index; a 503 is retried on this path too.
+    server.push(Reply::status(503)).push(Reply::embeddings(vec![vec![1.0], vec![2.0]]).reversed_data());
+    let response = client
+        .embed(EmbeddingRequest { texts: vec!["x".into(), "y".into()], ..EmbeddingRequest::default() })
+        .await
+        .unwrap();
+    assert_eq!(response.vectors, vec![vec![1.0], vec![2.0]]);
+    assert_eq!(response.usage.retries, 1);
+
+    // A count mismatch is a malformed reply (retried once, then returned).
+    server.push(Reply::embeddings(vec![vec![1.0]])).push(Reply::embeddings(vec![vec![1.0]]));
+    let err = client
+        .embed(EmbeddingRequest { texts: vec!["x".into(), "y".into()], ..EmbeddingRequest::default() })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LlmError::MalformedReply(_)), "{err:?}");
+}
+
+#[tokio::test]
+async fn connection_refused_is_unavailable_after_retries() {
+    // Bind then drop a listener to get a port nobody listens on.
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let client = OpenAiClient::new(OpenAiConfig {
+        base_url: format!("http://127.0.0.1:{port}/v1"),
+        max_retries: 2,
+        base_backoff: Duration::from_millis(1),
+        max_backoff: Duration::from_millis(5),
+        ..OpenAiConfig::default()
+    })
+    .unwrap();
+    let err = client.chat(ask("q")).await.unwrap_err();
+    assert!(matches!(err, LlmError::Unavailable(_)), "{err:?}");
+}
+
+#[tokio::test]
+async fn a_400_that_is_not_about_the_schema_is_not_remembered() {
+    let server = ScriptedLlm::start().await;
+    server.push(Reply::status(400)).push(Reply::status(400).body("context too long"));
+    let client = client(&server);
+    let err = client.chat(schema_request()).await.unwrap_err();
+    assert!(matches!(&err, LlmError::InvalidRequest(m) if m.contains("context too long")), "{err:?}");
+    assert_eq!(server.request_count(), 2, "one fallback attempt, no more");
+    assert!(!client.schema_rejected());
+}
