@@ -6,6 +6,7 @@ async fn main() -> std::process::ExitCode {
         binary: "assay-arbiter",
         service_name: assay_proto::service_names::ARBITER,
         port: |p| p.arbiter,
+        uses_models: false,
     };
     assay_runtime::run_service(spec, &[], |_hub, _config| assay_arbiter::routes()).await
 }

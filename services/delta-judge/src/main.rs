@@ -6,6 +6,7 @@ async fn main() -> std::process::ExitCode {
         binary: "assay-delta-judge",
         service_name: assay_proto::service_names::DELTA_JUDGE,
         port: |p| p.delta_judge,
+        uses_models: false,
     };
     assay_runtime::run_service(spec, &[], |_hub, _config| assay_delta_judge::routes()).await
 }

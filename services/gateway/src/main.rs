@@ -8,6 +8,7 @@ async fn main() -> std::process::ExitCode {
         binary: "assay-gateway",
         service_name: assay_proto::service_names::GATEWAY,
         port: |p| p.gateway,
+        uses_models: false,
     };
     assay_runtime::run_service(spec, &[], |_hub, config| {
         let upstream = assay_runtime::upstream_url(config, &config.upstreams.scorer, config.ports.scorer);

@@ -6,6 +6,7 @@ async fn main() -> std::process::ExitCode {
         binary: "assay-generator",
         service_name: assay_proto::service_names::GENERATOR,
         port: |p| p.generator,
+        uses_models: false,
     };
     assay_runtime::run_service(spec, &[], |_hub, _config| assay_generator::routes()).await
 }

@@ -8,8 +8,9 @@ async fn main() -> std::process::ExitCode {
         binary: "assay-scorer",
         service_name: assay_proto::service_names::SCORER,
         port: |p| p.scorer,
+        uses_models: true,
     };
-    assay_runtime::run_service(spec, &[], |hub, config| {
+    assay_runtime::run_service(spec, &assay_runtime::default_loaders(), |hub, config| {
         assay_scorer::routes(Arc::new(assay_scorer::ScorerCore::new(hub, config.scorer.concurrency as usize)))
     })
     .await

@@ -19,6 +19,22 @@ use tonic::service::Routes;
 
 pub use assay_config;
 
+pub mod lazy;
+#[cfg(feature = "embedded")]
+pub mod local;
+
+/// Loaders of every backend kind this binary links (the embedded one with feature `embedded`).
+pub fn default_loaders() -> Vec<&'static dyn BackendLoader> {
+    #[cfg(feature = "embedded")]
+    {
+        local::loaders()
+    }
+    #[cfg(not(feature = "embedded"))]
+    {
+        Vec::new()
+    }
+}
+
 /// Loads an extra backend (e.g. the embedded local models) by name; set by binaries that link one.
 #[async_trait::async_trait]
 pub trait BackendLoader: Send + Sync {
@@ -69,9 +85,14 @@ pub fn openai_client(entry: &assay_config::BackendConfig) -> Result<OpenAiClient
     OpenAiClient::new(c).map_err(|e| format!("backend openai: {e}"))
 }
 
+/// Backends still loading; resolves when every one is ready (or one failed).
+pub type Loading = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>;
+
 /// Build every configured backend (wrapped in the response cache when enabled) and the phase map.
-/// Backends of a kind without a loader are skipped with a warning unless a phase uses them.
-pub async fn build_hub(config: &AssayConfig, loaders: &[&dyn BackendLoader]) -> Result<ModelHub, String> {
+/// Backends with a loader (the embedded models) load in the background: the returned hub is usable
+/// at once (calls wait for the load) and `Loading` resolves when they are ready. Backends of a kind
+/// without a loader are skipped unless a phase uses them.
+pub fn build_hub(config: &AssayConfig, loaders: &[&'static dyn BackendLoader]) -> Result<(ModelHub, Loading), String> {
     let cache = if config.cache.enabled {
         let c = CacheConfig {
             capacity: config.cache.capacity,
@@ -84,6 +105,7 @@ pub async fn build_hub(config: &AssayConfig, loaders: &[&dyn BackendLoader]) -> 
     let mut used: Vec<String> = vec![config.models.default.backend.clone()];
     used.extend(config.models.phases.values().map(|s| s.backend.clone()));
     let mut backends = Backends::new();
+    let mut pending = Vec::new();
     for (name, entry) in &config.backends {
         let (chat, embed): (Option<Arc<dyn ChatModel>>, Option<Arc<dyn EmbeddingModel>>) = if entry.kind == "openai" {
             let client = Arc::new(openai_client(entry)?);
@@ -92,7 +114,16 @@ pub async fn build_hub(config: &AssayConfig, loaders: &[&dyn BackendLoader]) -> 
             if !used.iter().any(|u| u == name) {
                 continue;
             }
-            loader.load(name, entry).await?
+            let model = if entry.model.is_empty() { entry.kind.clone() } else { entry.model.clone() };
+            let (lazy, setter) = lazy::LazyBackend::new(name, &entry.kind, &model);
+            let (loader, name, entry) = (*loader, name.clone(), entry.clone());
+            pending.push(tokio::spawn(async move {
+                let r = loader.load(&name, &entry).await;
+                let out = r.as_ref().map(|_| ()).map_err(Clone::clone);
+                setter.set(r);
+                out
+            }));
+            (Some(Arc::new(lazy.clone()) as Arc<dyn ChatModel>), Some(Arc::new(lazy) as Arc<dyn EmbeddingModel>))
         } else {
             if used.iter().any(|u| u == name) {
                 return Err(format!("backend {name:?} of kind {:?} is not available in this binary", entry.kind));
@@ -114,7 +145,13 @@ pub async fn build_hub(config: &AssayConfig, loaders: &[&dyn BackendLoader]) -> 
             backends.insert_embedding(name.clone(), embed);
         }
     }
-    Ok(ModelHub::new(backends, config.models.clone()))
+    let loading: Loading = Box::pin(async move {
+        for p in pending {
+            p.await.map_err(|e| format!("backend loader panicked: {e}"))??;
+        }
+        Ok(())
+    });
+    Ok((ModelHub::new(backends, config.models.clone()), loading))
 }
 
 /// Bind `bind:port` (port 0 = any free port).
@@ -137,13 +174,15 @@ pub struct StageSpec {
     pub binary: &'static str,
     pub service_name: &'static str,
     pub port: fn(&Ports) -> u16,
+    /// Whether the stage calls model backends (the gateway and unbuilt stages do not).
+    pub uses_models: bool,
 }
 
 /// Main of a stage binary: config, telemetry, backends, serve until SIGTERM/SIGINT; exit 0 after a
 /// clean drain.
 pub async fn run_service(
     spec: StageSpec,
-    loaders: &[&dyn BackendLoader],
+    loaders: &[&'static dyn BackendLoader],
     routes: impl FnOnce(Arc<ModelHub>, &AssayConfig) -> Routes,
 ) -> ExitCode {
     let _telemetry = assay_telemetry::init(spec.binary);
@@ -163,16 +202,26 @@ pub async fn run_service(
         }
     };
     let readiness = Readiness::new(&[spec.service_name]).await;
-    let hub = match build_hub(&config, loaders).await {
-        Ok(h) => Arc::new(h),
-        Err(e) => {
-            tracing::error!(error = %e, "cannot build model backends");
-            return ExitCode::from(1);
+    let (hub, loading) = if spec.uses_models {
+        match build_hub(&config, loaders) {
+            Ok((h, l)) => (Arc::new(h), l),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot build model backends");
+                return ExitCode::from(1);
+            }
         }
+    } else {
+        (Arc::new(ModelHub::default()), Box::pin(async { Ok(()) }) as Loading)
     };
     let routes = routes(hub, &config);
-    tracing::info!(service = spec.service_name, addr = ?listener.local_addr().ok(), "listening");
-    readiness.set_serving().await;
+    tracing::info!(service = spec.service_name, addr = ?listener.local_addr().ok(), "listening, not serving until ready");
+    let ready = readiness.clone();
+    tokio::spawn(async move {
+        match loading.await {
+            Ok(()) => ready.set_serving().await,
+            Err(e) => tracing::error!(error = %e, "model backends failed to load; staying NOT_SERVING"),
+        }
+    });
     match assay_rpc::serve(listener, routes, readiness, serve_options(&config), assay_rpc::shutdown_signal()).await {
         Ok(()) => {
             tracing::info!("stopped");

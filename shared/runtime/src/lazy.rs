@@ -1,0 +1,82 @@
+//! Backends that finish loading in the background: services serve (NOT_SERVING) at once, and calls
+//! made before the load completes wait for it.
+
+use std::sync::Arc;
+
+use assay_llm::{ChatModel, ChatRequest, ChatResponse, EmbeddingModel, EmbeddingRequest, EmbeddingResponse, LlmError};
+use tokio::sync::watch;
+
+type Loaded = Option<Result<(Option<Arc<dyn ChatModel>>, Option<Arc<dyn EmbeddingModel>>), String>>;
+
+/// A backend being loaded.
+#[derive(Clone)]
+pub struct LazyBackend {
+    name: String,
+    kind: String,
+    default_model: String,
+    rx: watch::Receiver<Loaded>,
+}
+
+/// Completes a [`LazyBackend`].
+pub struct LazySetter(watch::Sender<Loaded>);
+
+impl LazySetter {
+    pub fn set(self, v: Result<(Option<Arc<dyn ChatModel>>, Option<Arc<dyn EmbeddingModel>>), String>) {
+        let _ = self.0.send(Some(v));
+    }
+}
+
+impl LazyBackend {
+    pub fn new(name: &str, kind: &str, default_model: &str) -> (LazyBackend, LazySetter) {
+        let (tx, rx) = watch::channel(None);
+        (LazyBackend { name: name.into(), kind: kind.into(), default_model: default_model.into(), rx }, LazySetter(tx))
+    }
+
+    async fn loaded(&self) -> Result<(Option<Arc<dyn ChatModel>>, Option<Arc<dyn EmbeddingModel>>), LlmError> {
+        let mut rx = self.rx.clone();
+        let v = rx
+            .wait_for(Option::is_some)
+            .await
+            .map_err(|_| LlmError::Unavailable(format!("backend {} was dropped while loading", self.name)))?;
+        match v.as_ref() {
+            Some(Ok(pair)) => Ok(pair.clone()),
+            Some(Err(e)) => Err(LlmError::Unavailable(format!("backend {} failed to load: {e}", self.name))),
+            None => Err(LlmError::Unavailable(format!("backend {} is not loaded", self.name))),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl ChatModel for LazyBackend {
+    fn backend(&self) -> &str {
+        &self.kind
+    }
+    fn default_model(&self) -> &str {
+        &self.default_model
+    }
+    fn supports_logprobs(&self) -> bool {
+        true
+    }
+    async fn chat(&self, request: ChatRequest) -> Result<ChatResponse, LlmError> {
+        match self.loaded().await?.0 {
+            Some(m) => m.chat(request).await,
+            None => Err(LlmError::Unsupported(format!("backend {} has no chat model", self.name))),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl EmbeddingModel for LazyBackend {
+    fn backend(&self) -> &str {
+        &self.kind
+    }
+    fn default_model(&self) -> &str {
+        &self.default_model
+    }
+    async fn embed(&self, request: EmbeddingRequest) -> Result<EmbeddingResponse, LlmError> {
+        match self.loaded().await?.1 {
+            Some(m) => m.embed(request).await,
+            None => Err(LlmError::Unsupported(format!("backend {} has no embedding model", self.name))),
+        }
+    }
+}
