@@ -27,6 +27,10 @@ pub struct SandboxOptions {
     pub not_ready: bool,
     /// Wrap the backend in the response cache.
     pub cache: bool,
+    /// SQLite file for gateway runs (default: in memory).
+    pub store: Option<String>,
+    /// Records the gateway scores at once (default 16).
+    pub concurrency: Option<u32>,
 }
 
 impl MeshSandbox {
@@ -37,10 +41,16 @@ impl MeshSandbox {
     pub async fn start_with(options: SandboxOptions) -> MeshSandbox {
         let llm = ScriptedLlm::start().await;
         let mut config = assay_config::load_from(
-            "bind = \"127.0.0.1\"\ndrain_seconds = 5\n[ports]\ngateway = 0\ngenerator = 0\nrefiners = 0\nscorer = 0\narbiter = 0\ndelta_judge = 0\ndebate = 0\n[models.default]\nbackend = \"openai\"\n",
+            "bind = \"127.0.0.1\"\ndrain_seconds = 5\n[ports]\ngateway = 0\ngenerator = 0\nrefiners = 0\nscorer = 0\narbiter = 0\ndelta_judge = 0\ndebate = 0\n[gateway]\nstore = \":memory:\"\n[models.default]\nbackend = \"openai\"\n",
         )
         .expect("sandbox config");
         config.auth_token = options.auth_token.clone().unwrap_or_default();
+        if let Some(c) = options.concurrency {
+            config.gateway.concurrency = c;
+        }
+        if let Some(path) = &options.store {
+            config.gateway.store = path.clone();
+        }
         let mut cfg = OpenAiConfig::new(llm.base_url());
         cfg.default_model = "scripted-judge".into();
         cfg.base_backoff = Duration::from_millis(10);
@@ -58,6 +68,23 @@ impl MeshSandbox {
         let hub = Arc::new(ModelHub::new(backends, config.models.clone()));
         let mesh = assay_cli::start_mesh(&config, hub, !options.not_ready).await.expect("mesh starts");
         MeshSandbox { llm, mesh: Some(mesh), config }
+    }
+
+    /// Start a new mesh (fresh ports) on the same scripted backend and configuration: a gateway
+    /// restart. The old mesh must have been shut down.
+    pub async fn restart(&mut self, hub: Arc<ModelHub>) {
+        let mesh = assay_cli::start_mesh(&self.config, hub, true).await.expect("mesh restarts");
+        self.mesh = Some(mesh);
+    }
+
+    /// A hub on this sandbox's scripted backend.
+    pub fn hub(&self) -> Arc<ModelHub> {
+        let mut cfg = OpenAiConfig::new(self.llm.base_url());
+        cfg.default_model = "scripted-judge".into();
+        cfg.base_backoff = Duration::from_millis(10);
+        let client = Arc::new(OpenAiClient::new(cfg).expect("client"));
+        let backends = Backends::new().with_chat("openai", client.clone()).with_embedding("openai", client);
+        Arc::new(ModelHub::new(backends, self.config.models.clone()))
     }
 
     pub fn mesh(&self) -> &Mesh {

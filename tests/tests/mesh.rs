@@ -1,4 +1,6 @@
 //! Whole-mesh tests: every service on its own loopback port, the gateway calling the scorer over
+
+#![allow(clippy::wildcard_enum_match_arm)]
 //! gRPC, the scorer calling the scripted OpenAI-compatible backend over HTTP.
 
 use std::time::{Duration, Instant};
@@ -203,13 +205,24 @@ async fn bad_input_names_the_field_and_limit() {
 #[tokio::test]
 async fn stages_not_built_yet_answer_unimplemented() {
     let sandbox = MeshSandbox::start().await;
-    let mut generator = assay_proto::generator::v1::generator_service_client::GeneratorServiceClient::new(
-        sandbox.channel(sandbox.mesh().addrs.generator).await,
+    let mut refiners = assay_proto::refiners::v1::refiners_service_client::RefinersServiceClient::new(
+        sandbox.channel(sandbox.mesh().addrs.refiners).await,
     );
-    let st = generator.generate(assay_proto::generator::v1::GenerateRequest::default()).await.unwrap_err();
+    let st = refiners.deduplicate(assay_proto::refiners::v1::DeduplicateRequest::default()).await.unwrap_err();
+    assert_eq!(st.code(), Code::Unimplemented);
+    let mut debate = assay_proto::debate::v1::debate_service_client::DebateServiceClient::new(
+        sandbox.channel(sandbox.mesh().addrs.debate).await,
+    );
+    let st = debate.solve(assay_proto::debate::v1::SolveRequest::default()).await.unwrap_err();
     assert_eq!(st.code(), Code::Unimplemented);
     let mut gateway = GatewayServiceClient::new(sandbox.gateway().await);
-    let st = gateway.get_run(gw::GetRunRequest { run_id: "x".into() }).await.unwrap_err();
+    let st = gateway
+        .run_pipeline(gw::RunPipelineRequest {
+            pipeline: Some(gw::run_pipeline_request::Pipeline::Debate(gw::DebatePipeline::default())),
+            label: String::new(),
+        })
+        .await
+        .unwrap_err();
     assert_eq!(st.code(), Code::Unimplemented);
     sandbox.shutdown().await.unwrap();
 }

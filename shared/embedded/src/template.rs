@@ -6,8 +6,10 @@ use assay_llm::{Message, ResponseFormat, Role};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LocalModelChoice {
-    /// SmolLM2-135M-Instruct (Q4_1): instruction tuned, ChatML. The default: it judged better on
-    /// the labeled YES/NO set (see `benches/local.rs`).
+    /// SmolLM2-135M-Instruct (Q4_1): instruction tuned, ChatML. The default: on the labeled
+    /// YES/NO set (`judge::JUDGE_SET`, `benches/local.rs`) both models are near chance, but
+    /// SmolLM2 answers both ways while gemma-3-270m answers YES to nearly everything, and SmolLM2
+    /// is smaller and about 4x faster under grammar constraints (49k vs 262k vocabulary).
     #[default]
     Smollm2,
     /// gemma-3-270m (Q4_K_M): a base (not instruction tuned) model.

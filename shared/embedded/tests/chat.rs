@@ -121,11 +121,14 @@ async fn check_choice_logprobs(chat: &dyn ChatModel, question: &str) {
     let total: f64 = lps.iter().map(|l| l.logprob.exp()).sum();
     assert!(total <= 1.0 + 1e-6, "probabilities sum to {total}");
     assert!(lps.iter().all(|l| l.logprob <= 0.0));
-    // Greedy: the chosen first token is the top alternative, and it starts the answer.
-    assert!(resp.text.starts_with(&lps[0].token), "answer {:?} vs top alternative {:?}", resp.text, lps[0]);
+    // Greedy: the chosen first token is the top alternative, and it starts the answer (options
+    // are accepted in any case, and the reply is mapped back to the option as given).
+    let top = lps[0].token.trim().to_uppercase();
+    assert!(!top.is_empty() && resp.text.starts_with(&top), "answer {:?} vs top alternative {:?}", resp.text, lps[0]);
     // Every alternative is an allowed start of an option.
     for l in &lps {
-        assert!("YES".starts_with(&l.token) || "NO".starts_with(&l.token), "{l:?} is not an allowed token");
+        let t = l.token.trim().to_uppercase();
+        assert!("YES".starts_with(&t) || "NO".starts_with(&t), "{l:?} is not an allowed token");
     }
 }
 
@@ -189,7 +192,8 @@ async fn gemma3_json_schema_parses() {
 
 #[tokio::test]
 async fn dropped_request_does_not_block_the_next() {
-    let chat = common::smollm2();
+    // A model instance of its own, so no other test's requests are queued in front.
+    let chat = &common::load_smollm2();
     let long = ChatRequest {
         messages: vec![Message::user("Write a very long story about a dragon and a knight.")],
         temperature: Some(0.0),
@@ -212,8 +216,8 @@ async fn dropped_request_does_not_block_the_next() {
     };
     let resp = chat.chat(quick).await.unwrap();
     assert!(!resp.text.is_empty());
-    // 2000 tokens at ~40 tok/s would take ~50 s; the quick request must not wait for that.
-    assert!(started.elapsed() < Duration::from_secs(8), "waited {:?}", started.elapsed());
+    // 2000 tokens take 30 s or more even at full speed; the quick request must not wait for that.
+    assert!(started.elapsed() < Duration::from_secs(15), "waited {:?}", started.elapsed());
 }
 
 #[tokio::test]
@@ -227,11 +231,7 @@ async fn deadline_and_bad_requests() {
         ..Default::default()
     };
     assert_eq!(chat.chat(req).await.unwrap_err(), assay_llm::LlmError::DeadlineExceeded);
-    let req = ChatRequest {
-        messages: vec![Message::user("x")],
-        model: Some("gpt-4o".into()),
-        ..Default::default()
-    };
+    let req = ChatRequest { messages: vec![Message::user("x")], model: Some("gpt-4o".into()), ..Default::default() };
     assert!(matches!(chat.chat(req).await, Err(assay_llm::LlmError::InvalidRequest(_))));
     let req = ChatRequest {
         messages: vec![Message::user("x")],

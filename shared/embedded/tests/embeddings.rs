@@ -84,7 +84,7 @@ async fn long_texts_are_truncated_and_empty_batches_work() {
 
 #[tokio::test]
 async fn similar_texts_are_closer() {
-    let v = embed(&["A cat sits on the mat.", "A kitten is sitting on a rug.", "Stock markets fell sharply today."])
-        .await;
+    let v =
+        embed(&["A cat sits on the mat.", "A kitten is sitting on a rug.", "Stock markets fell sharply today."]).await;
     assert!(dot(&v[0], &v[1]) > dot(&v[0], &v[2]) + 0.2);
 }

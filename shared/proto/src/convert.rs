@@ -25,15 +25,11 @@ pub fn model_spec(p: Option<pb::ModelSpec>, field: &str, v: &mut Violations) -> 
     else {
         return d::ModelSpec::default();
     };
-    if let Some(t) = temperature {
-        if !(0.0..=2.0).contains(&t) || t.is_nan() {
-            v.push(format!("{field}.temperature"), "must be between 0 and 2");
-        }
+    if temperature.is_some_and(|t| !(0.0..=2.0).contains(&t)) {
+        v.push(format!("{field}.temperature"), "must be between 0 and 2");
     }
-    if let Some(t) = top_p {
-        if !(0.0..=1.0).contains(&t) || t.is_nan() {
-            v.push(format!("{field}.top_p"), "must be between 0 and 1");
-        }
+    if top_p.is_some_and(|t| !(0.0..=1.0).contains(&t)) {
+        v.push(format!("{field}.top_p"), "must be between 0 and 1");
     }
     if max_tokens == Some(0) {
         v.push(format!("{field}.max_tokens"), "must be at least 1 when set");

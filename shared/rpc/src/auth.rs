@@ -53,18 +53,18 @@ where
     }
 
     fn call(&mut self, req: http::Request<Body>) -> Self::Future {
-        if let Some(token) = &self.token {
-            if !req.uri().path().starts_with(HEALTH_PREFIX) {
-                let ok = req
-                    .headers()
-                    .get(http::header::AUTHORIZATION)
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.strip_prefix("Bearer "))
-                    .is_some_and(|t| constant_time_eq(t.trim().as_bytes(), token.as_bytes()));
-                if !ok {
-                    let status = tonic::Status::unauthenticated("missing or wrong bearer token");
-                    return Box::pin(async move { Ok(status.into_http()) });
-                }
+        if let Some(token) = &self.token
+            && !req.uri().path().starts_with(HEALTH_PREFIX)
+        {
+            let ok = req
+                .headers()
+                .get(http::header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .is_some_and(|t| constant_time_eq(t.trim().as_bytes(), token.as_bytes()));
+            if !ok {
+                let status = tonic::Status::unauthenticated("missing or wrong bearer token");
+                return Box::pin(async move { Ok(status.into_http()) });
             }
         }
         let fut = self.inner.call(req);

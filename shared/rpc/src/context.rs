@@ -78,16 +78,39 @@ pub fn outgoing<T>(message: T) -> tonic::Request<T> {
     }
     assay_telemetry::inject_current(request.metadata_mut());
     for (k, v) in &ctx.trace_headers {
-        if request.metadata().get(k.as_str()).is_none() {
-            if let (Ok(key), Ok(val)) = (
+        if request.metadata().get(k.as_str()).is_none()
+            && let (Ok(key), Ok(val)) = (
                 tonic::metadata::MetadataKey::from_bytes(k.as_bytes()),
                 tonic::metadata::MetadataValue::try_from(v.as_str()),
-            ) {
-                request.metadata_mut().insert(key, val);
-            }
+            )
+        {
+            request.metadata_mut().insert(key, val);
         }
     }
     request
+}
+
+/// Run a handler body with `ctx` current, enforcing the caller's deadline ourselves (tonic reports
+/// an expired grpc-timeout as CANCELLED; callers deserve DEADLINE_EXCEEDED).
+pub async fn run_with<T, F>(ctx: CallContext, fut: F) -> Result<T, assay_domain::StageError>
+where
+    F: Future<Output = Result<T, assay_domain::StageError>>,
+{
+    // Answer a little before the caller's own timer fires, so the caller sees our status rather
+    // than its transport's generic cancellation.
+    let deadline = ctx.deadline.map(|d| {
+        let left = d.saturating_duration_since(std::time::Instant::now());
+        d - (left / 10).min(Duration::from_millis(50))
+    });
+    ctx.scope(async move {
+        match deadline {
+            Some(d) => tokio::time::timeout_at(tokio::time::Instant::from_std(d), fut).await.unwrap_or_else(|_| {
+                Err(assay_domain::StageError::DeadlineExceeded("the call's deadline passed".into()))
+            }),
+            None => fut.await,
+        }
+    })
+    .await
 }
 
 #[cfg(test)]
@@ -126,27 +149,4 @@ mod tests {
         let req = outgoing(());
         assert!(req.metadata().get("grpc-timeout").is_none());
     }
-}
-
-/// Run a handler body with `ctx` current, enforcing the caller's deadline ourselves (tonic reports
-/// an expired grpc-timeout as CANCELLED; callers deserve DEADLINE_EXCEEDED).
-pub async fn run_with<T, F>(ctx: CallContext, fut: F) -> Result<T, assay_domain::StageError>
-where
-    F: Future<Output = Result<T, assay_domain::StageError>>,
-{
-    // Answer a little before the caller's own timer fires, so the caller sees our status rather
-    // than its transport's generic cancellation.
-    let deadline = ctx.deadline.map(|d| {
-        let left = d.saturating_duration_since(std::time::Instant::now());
-        d - (left / 10).min(Duration::from_millis(50))
-    });
-    ctx.scope(async move {
-        match deadline {
-            Some(d) => tokio::time::timeout_at(tokio::time::Instant::from_std(d), fut).await.unwrap_or_else(|_| {
-                Err(assay_domain::StageError::DeadlineExceeded("the call's deadline passed".into()))
-            }),
-            None => fut.await,
-        }
-    })
-    .await
 }

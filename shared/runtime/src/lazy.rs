@@ -6,7 +6,10 @@ use std::sync::Arc;
 use assay_llm::{ChatModel, ChatRequest, ChatResponse, EmbeddingModel, EmbeddingRequest, EmbeddingResponse, LlmError};
 use tokio::sync::watch;
 
-type Loaded = Option<Result<(Option<Arc<dyn ChatModel>>, Option<Arc<dyn EmbeddingModel>>), String>>;
+/// A backend's chat and embedding models (either may be absent).
+pub type BackendPair = (Option<Arc<dyn ChatModel>>, Option<Arc<dyn EmbeddingModel>>);
+
+type Loaded = Option<Result<BackendPair, String>>;
 
 /// A backend being loaded.
 #[derive(Clone)]
@@ -21,7 +24,7 @@ pub struct LazyBackend {
 pub struct LazySetter(watch::Sender<Loaded>);
 
 impl LazySetter {
-    pub fn set(self, v: Result<(Option<Arc<dyn ChatModel>>, Option<Arc<dyn EmbeddingModel>>), String>) {
+    pub fn set(self, v: Result<BackendPair, String>) {
         let _ = self.0.send(Some(v));
     }
 }
@@ -32,7 +35,7 @@ impl LazyBackend {
         (LazyBackend { name: name.into(), kind: kind.into(), default_model: default_model.into(), rx }, LazySetter(tx))
     }
 
-    async fn loaded(&self) -> Result<(Option<Arc<dyn ChatModel>>, Option<Arc<dyn EmbeddingModel>>), LlmError> {
+    async fn loaded(&self) -> Result<BackendPair, LlmError> {
         let mut rx = self.rx.clone();
         let v = rx
             .wait_for(Option::is_some)

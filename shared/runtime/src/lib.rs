@@ -40,11 +40,7 @@ pub fn default_loaders() -> Vec<&'static dyn BackendLoader> {
 pub trait BackendLoader: Send + Sync {
     /// Backend kind this loader builds (e.g. `local`).
     fn kind(&self) -> &str;
-    async fn load(
-        &self,
-        name: &str,
-        config: &assay_config::BackendConfig,
-    ) -> Result<(Option<Arc<dyn ChatModel>>, Option<Arc<dyn EmbeddingModel>>), String>;
+    async fn load(&self, name: &str, config: &assay_config::BackendConfig) -> Result<lazy::BackendPair, String>;
 }
 
 /// Configuration file from `--config <path>` or `ASSAY_CONFIG`.
@@ -107,7 +103,7 @@ pub fn build_hub(config: &AssayConfig, loaders: &[&'static dyn BackendLoader]) -
     let mut backends = Backends::new();
     let mut pending = Vec::new();
     for (name, entry) in &config.backends {
-        let (chat, embed): (Option<Arc<dyn ChatModel>>, Option<Arc<dyn EmbeddingModel>>) = if entry.kind == "openai" {
+        let (chat, embed): lazy::BackendPair = if entry.kind == "openai" {
             let client = Arc::new(openai_client(entry)?);
             (Some(client.clone()), Some(client))
         } else if let Some(loader) = loaders.iter().find(|l| l.kind() == entry.kind) {

@@ -31,11 +31,7 @@ impl BackendLoader for LocalLoader {
         "local"
     }
 
-    async fn load(
-        &self,
-        name: &str,
-        entry: &assay_config::BackendConfig,
-    ) -> Result<(Option<Arc<dyn ChatModel>>, Option<Arc<dyn EmbeddingModel>>), String> {
+    async fn load(&self, name: &str, entry: &assay_config::BackendConfig) -> Result<crate::lazy::BackendPair, String> {
         let dir = models_dir(entry);
         let which = choice(&entry.model)?;
         if !assay_embedded::models_present(&dir) {

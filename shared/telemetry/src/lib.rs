@@ -99,17 +99,3 @@ pub fn inject_current(metadata: &mut tonic::metadata::MetadataMap) {
     let cx = tracing::Span::current().context();
     TraceContextPropagator::new().inject_context(&cx, &mut MetadataInjector(metadata));
 }
-
-/// Forward the incoming request's raw `traceparent`/`tracestate` when no exporter is active, so the
-/// trace id survives every hop even without OTLP.
-pub fn forward_raw(from: &http::HeaderMap, to: &mut tonic::metadata::MetadataMap) {
-    for key in ["traceparent", "tracestate"] {
-        if to.get(key).is_none() {
-            if let Some(v) = from.get(key).and_then(|v| v.to_str().ok()) {
-                if let Ok(v) = tonic::metadata::MetadataValue::try_from(v) {
-                    to.insert(key, v);
-                }
-            }
-        }
-    }
-}

@@ -16,14 +16,21 @@ pub struct EvalRecord {
     pub target: String,
     pub reference: String,
     pub history: String,
+    /// Contrastive candidates (rlcf_candidate, openrubrics_*: chosen first, rejected second).
+    pub candidates: Vec<String>,
 }
 
-/// A checklist evaluation with an explicit checklist.
+/// A checklist evaluation: an explicit checklist, or one generated per distinct input by a preset.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Evaluation {
     pub checklist: Checklist,
+    pub preset: Option<assay_generator::Preset>,
+    pub generator_model: ModelSpec,
+    pub max_items: Option<u32>,
     pub records: Vec<EvalRecord>,
     pub scorer: ScorerConfig,
+    /// The caller set scorer options (else the preset's defaults apply).
+    pub scorer_set: bool,
     pub scorer_model: ModelSpec,
 }
 

@@ -142,12 +142,12 @@ pub fn map_batch_answers(checklist: &Checklist, answers: &[BatchAnswer]) -> Vec<
 
 /// An item reply: JSON `{"answer": "YES", "reasoning": "..."}`, else a bare YES/NO first word.
 pub fn parse_item_reply(item_id: &str, reply: &ChatResponse) -> ItemScore {
-    if let Some(Value::Object(o)) = reply_json(reply) {
-        if let Some(ans) = o.get("answer").and_then(Value::as_str).and_then(Answer::parse) {
-            let mut s = ItemScore::answered(item_id, ans);
-            s.reasoning = o.get("reasoning").and_then(Value::as_str).map(str::to_string);
-            return s;
-        }
+    if let Some(Value::Object(o)) = reply_json(reply)
+        && let Some(ans) = o.get("answer").and_then(Value::as_str).and_then(Answer::parse)
+    {
+        let mut s = ItemScore::answered(item_id, ans);
+        s.reasoning = o.get("reasoning").and_then(Value::as_str).map(str::to_string);
+        return s;
     }
     let first = reply.text.split_whitespace().next().unwrap_or("");
     match Answer::parse(first) {

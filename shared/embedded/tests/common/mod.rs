@@ -28,13 +28,14 @@ pub fn embedder() -> &'static LocalEmbedder {
     E.get_or_init(|| LocalEmbedder::load(&ModelPaths::in_dir(&models_dir()).minilm_dir).expect("load MiniLM"))
 }
 
+pub fn load_smollm2() -> LocalChat {
+    let paths = ModelPaths::in_dir(&models_dir());
+    LocalChat::load(&paths.smollm2_gguf, LocalModelChoice::Smollm2, LocalChatOptions::default()).expect("load SmolLM2")
+}
+
 pub fn smollm2() -> &'static LocalChat {
     static C: OnceLock<LocalChat> = OnceLock::new();
-    C.get_or_init(|| {
-        let paths = ModelPaths::in_dir(&models_dir());
-        LocalChat::load(&paths.smollm2_gguf, LocalModelChoice::Smollm2, LocalChatOptions::default())
-            .expect("load SmolLM2")
-    })
+    C.get_or_init(load_smollm2)
 }
 
 pub fn gemma3() -> &'static LocalChat {

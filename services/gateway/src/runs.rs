@@ -1,0 +1,769 @@
+//! Durable pipeline runs: creation, execution with per-record checkpoints, gap-free event sequences
+//! persisted and broadcast, watch/reattach, pause/resume/cancel, and resume after a restart.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use assay_domain::{AggregateScores, Checklist, ScoreRequest, ScoreTarget, Scorer, StageError, Violations};
+use assay_proto::common::v1 as pb;
+use assay_proto::convert;
+use assay_proto::gateway::v1 as gw;
+use assay_proto::gateway::v1::run_event::Event;
+use futures::StreamExt;
+use tokio::sync::{broadcast, watch};
+
+use crate::core::Evaluation;
+use crate::store::{RunStore, StoredRun};
+
+fn now() -> prost_types::Timestamp {
+    let d = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    prost_types::Timestamp { seconds: d.as_secs() as i64, nanos: d.subsec_nanos() as i32 }
+}
+
+/// A run being executed by this gateway.
+struct LiveRun {
+    events: broadcast::Sender<gw::RunEvent>,
+    /// Serialises sequence assignment + persistence so sequences are gap-free and ordered.
+    seq: tokio::sync::Mutex<u64>,
+    run: Mutex<gw::Run>,
+    paused: watch::Sender<bool>,
+    cancelled: watch::Sender<bool>,
+    /// Models used so far (reproducibility records).
+    models: Mutex<Vec<assay_domain::ModelRecord>>,
+}
+
+/// Run manager.
+#[derive(Clone)]
+pub struct Runs {
+    store: RunStore,
+    scorer: Arc<dyn Scorer>,
+    generator: Option<Arc<dyn assay_generator::ChecklistGenerator>>,
+    live: Arc<Mutex<HashMap<String, Arc<LiveRun>>>>,
+    concurrency: usize,
+    /// Set when this gateway stops: executors quit without touching stored state, so the next
+    /// gateway resumes the runs where they were.
+    halt: Arc<watch::Sender<bool>>,
+}
+
+/// Parse and validate a checklist evaluation pipeline.
+pub fn evaluation(p: gw::ChecklistEvalPipeline) -> Result<Evaluation, StageError> {
+    crate::grpc::evaluation_from(p)
+}
+
+fn is_terminal(state: i32) -> bool {
+    [gw::RunState::Succeeded, gw::RunState::Partial, gw::RunState::Failed, gw::RunState::Cancelled]
+        .iter()
+        .any(|s| *s as i32 == state)
+}
+
+impl Runs {
+    pub fn new(store: RunStore, scorer: Arc<dyn Scorer>, concurrency: usize) -> Self {
+        Self {
+            store,
+            scorer,
+            generator: None,
+            live: Arc::default(),
+            concurrency: concurrency.max(1),
+            halt: Arc::new(watch::channel(false).0),
+        }
+    }
+
+    /// Generate checklists from presets with this generator.
+    pub fn with_generator(mut self, generator: Arc<dyn assay_generator::ChecklistGenerator>) -> Self {
+        self.generator = Some(generator);
+        self
+    }
+
+    /// Stop executing runs (gateway shutdown). Unfinished runs stay RUNNING in the store.
+    pub fn halt(&self) {
+        self.halt.send_replace(true);
+    }
+
+    pub fn store(&self) -> &RunStore {
+        &self.store
+    }
+
+    fn live(&self, run_id: &str) -> Option<Arc<LiveRun>> {
+        self.live.lock().ok().and_then(|m| m.get(run_id).cloned())
+    }
+
+    async fn emit(&self, live: &LiveRun, run_id: &str, event: Event) -> Result<(), StageError> {
+        let mut seq = live.seq.lock().await;
+        let ev = gw::RunEvent { run_id: run_id.to_string(), sequence: *seq + 1, time: Some(now()), event: Some(event) };
+        self.store.append_event(ev.clone()).await?;
+        *seq += 1;
+        let run = {
+            let mut r = live.run.lock().map_err(|_| StageError::Internal("run lock poisoned".into()))?;
+            r.last_sequence = *seq;
+            r.updated_at = ev.time;
+            r.clone()
+        };
+        self.store.update(run).await?;
+        let _ = live.events.send(ev);
+        Ok(())
+    }
+
+    fn snapshot(live: &LiveRun) -> gw::Run {
+        live.run.lock().map(|r| r.clone()).unwrap_or_default()
+    }
+
+    fn set_state(live: &LiveRun, state: gw::RunState) {
+        if let Ok(mut r) = live.run.lock() {
+            r.state = state as i32;
+        }
+    }
+
+    /// Validate, store and start a pipeline. Returns the run id and a receiver subscribed before the
+    /// first event.
+    pub async fn start(
+        &self,
+        request: gw::RunPipelineRequest,
+    ) -> Result<(String, broadcast::Receiver<gw::RunEvent>), StageError> {
+        let (kind, records) = match &request.pipeline {
+            Some(gw::run_pipeline_request::Pipeline::ChecklistEval(p)) => {
+                validate_generation(&evaluation(p.clone())?)?;
+                (gw::PipelineKind::ChecklistEval, p.records.len() as u32)
+            }
+            Some(
+                gw::run_pipeline_request::Pipeline::GenerateChecklist(_)
+                | gw::run_pipeline_request::Pipeline::TargetedRefinement(_)
+                | gw::run_pipeline_request::Pipeline::SelfRefine(_)
+                | gw::run_pipeline_request::Pipeline::Debate(_),
+            ) => {
+                return Err(StageError::Unimplemented("this pipeline is not available yet; checklist_eval is".into()));
+            }
+            None => return Err(StageError::invalid("pipeline", "is required (checklist_eval)")),
+        };
+        let run_id = uuid::Uuid::now_v7().to_string();
+        let t = now();
+        let run = gw::Run {
+            run_id: run_id.clone(),
+            kind: kind as i32,
+            state: gw::RunState::Running as i32,
+            label: request.label.clone(),
+            created_at: Some(t),
+            updated_at: Some(t),
+            last_sequence: 0,
+            records_total: records,
+            records_done: 0,
+            result: None,
+            usage: Some(pb::Usage::default()),
+        };
+        self.store.create(run.clone(), request.clone()).await?;
+        let (live, rx) = self.register(run, 0);
+        self.emit(&live, &run_id, Event::Started(gw::RunStarted { kind: kind as i32, records })).await?;
+        self.spawn(run_id.clone(), request, live);
+        Ok((run_id, rx))
+    }
+
+    fn register(&self, run: gw::Run, seq: u64) -> (Arc<LiveRun>, broadcast::Receiver<gw::RunEvent>) {
+        let (tx, rx) = broadcast::channel(4096);
+        let live = Arc::new(LiveRun {
+            events: tx,
+            seq: tokio::sync::Mutex::new(seq),
+            run: Mutex::new(run.clone()),
+            paused: watch::channel(false).0,
+            cancelled: watch::channel(false).0,
+            models: Mutex::new(Vec::new()),
+        });
+        if let Ok(mut m) = self.live.lock() {
+            m.insert(run.run_id.clone(), live.clone());
+        }
+        (live, rx)
+    }
+
+    fn spawn(&self, run_id: String, request: gw::RunPipelineRequest, live: Arc<LiveRun>) {
+        let this = self.clone();
+        let mut halt = self.halt.subscribe();
+        tokio::spawn(async move {
+            let outcome = tokio::select! {
+                o = this.execute(&run_id, request, &live) => o,
+                () = async { let _ = halt.wait_for(|h| *h).await; } => {
+                    tracing::info!(run_id = %run_id, "gateway stopping; run left to resume");
+                    Ok(())
+                }
+            };
+            if let Err(e) = outcome {
+                tracing::warn!(run_id = %run_id, error = %e, "run failed");
+                Self::set_state(&live, gw::RunState::Failed);
+                let result = gw::RunResult { result: None, error: e.to_string() };
+                if let Ok(mut r) = live.run.lock() {
+                    r.result = Some(result.clone());
+                }
+                let _ = this
+                    .emit(
+                        &live,
+                        &run_id,
+                        Event::Completed(gw::RunCompleted { state: gw::RunState::Failed as i32, result: Some(result) }),
+                    )
+                    .await;
+            }
+            if let Ok(mut m) = this.live.lock() {
+                m.remove(&run_id);
+            }
+        });
+    }
+
+    async fn execute(&self, run_id: &str, request: gw::RunPipelineRequest, live: &LiveRun) -> Result<(), StageError> {
+        let Some(gw::run_pipeline_request::Pipeline::ChecklistEval(p)) = request.pipeline else {
+            return Err(StageError::Internal("stored run has no checklist_eval pipeline".into()));
+        };
+        let eval = evaluation(p)?;
+        // Checklists: stored once so a resumed run scores against exactly the same ones.
+        let (checklists, record_checklist) = self.checklists(run_id, &eval, live).await?;
+        let mut eval = eval;
+        if !eval.scorer_set
+            && let Some(p) = eval.preset
+        {
+            eval.scorer = p.default_scorer();
+        }
+        let eval = eval;
+        let done: std::collections::HashSet<u32> = self.store.records(run_id).await?.iter().map(|r| r.index).collect();
+        if let Ok(mut r) = live.run.lock() {
+            r.records_done = done.len() as u32;
+        }
+        let todo: Vec<usize> = (0..eval.records.len()).filter(|i| !done.contains(&(*i as u32))).collect();
+        let mut cancelled = live.cancelled.subscribe();
+        let paused = live.paused.subscribe();
+        let checklists_ref = &checklists;
+        let record_checklist_ref = &record_checklist;
+        let eval_ref = &eval;
+        let mut work = futures::stream::iter(todo)
+            .map(|i| {
+                let mut paused = paused.clone();
+                async move {
+                    // Paused runs start no new record; in-flight ones finish.
+                    {
+                        let _ = paused.wait_for(|p| !*p).await;
+                    }
+                    let checklist = &checklists_ref[record_checklist_ref[i]];
+                    (i, self.score_one(checklist, eval_ref, i).await)
+                }
+            })
+            .buffer_unordered(self.concurrency);
+        loop {
+            tokio::select! {
+                next = work.next() => {
+                    let Some((i, result)) = next else { break };
+                    let result = match result {
+                        Ok((r, usage, model)) => {
+                            if let Ok(mut run) = live.run.lock() {
+                                let mut total = convert::usage_from(run.usage);
+                                total.add(&usage);
+                                run.usage = Some(convert::usage_to(&total));
+                            }
+                            if let Ok(mut m) = live.models.lock()
+                                && !m.contains(&model)
+                            {
+                                m.push(model);
+                            }
+                            r
+                        }
+                        Err(e @ (StageError::InvalidArgument(_) | StageError::FailedPrecondition(_) | StageError::Unimplemented(_))) => return Err(e),
+                        Err(e) => gw::RecordResult {
+                            index: i as u32,
+                            record_id: record_id(&eval, i),
+                            checklist_id: checklists[record_checklist[i]].id.clone(),
+                            score: None,
+                            error: e.to_string(),
+                        },
+                    };
+                    self.store.put_record(run_id, result.clone()).await?;
+                    if let Ok(mut r) = live.run.lock() {
+                        r.records_done += 1;
+                    }
+                    self.emit(live, run_id, Event::RecordScored(result)).await?;
+                }
+                () = async { let _ = cancelled.wait_for(|c| *c).await; } => {
+                    drop(work);
+                    Self::set_state(live, gw::RunState::Cancelled);
+                    let result = self.result(live, run_id, &checklists).await?;
+                    self.emit(live, run_id, Event::Completed(gw::RunCompleted { state: gw::RunState::Cancelled as i32, result: Some(result) })).await?;
+                    return Ok(());
+                }
+            }
+        }
+        drop(work);
+        let result = self.result(live, run_id, &checklists).await?;
+        let failed = result
+            .result
+            .as_ref()
+            .and_then(|r| match r {
+                gw::run_result::Result::ChecklistEval(e) => {
+                    Some(e.results.iter().filter(|r| r.score.is_none()).count())
+                }
+                gw::run_result::Result::Checklist(_)
+                | gw::run_result::Result::SelfRefine(_)
+                | gw::run_result::Result::Debate(_)
+                | gw::run_result::Result::TargetedRefinement(_) => None,
+            })
+            .unwrap_or(0);
+        if let Some(gw::run_result::Result::ChecklistEval(e)) = &result.result {
+            self.emit(live, run_id, Event::Aggregate(gw::AggregateReady { aggregate: e.aggregate.clone() })).await?;
+        }
+        let state = if failed == 0 {
+            gw::RunState::Succeeded
+        } else if failed == eval.records.len() {
+            gw::RunState::Failed
+        } else {
+            gw::RunState::Partial
+        };
+        Self::set_state(live, state);
+        if let Ok(mut r) = live.run.lock() {
+            r.result = Some(result.clone());
+            if let Some(gw::run_result::Result::ChecklistEval(e)) = &result.result {
+                r.usage = e.usage;
+            }
+        }
+        self.emit(live, run_id, Event::Completed(gw::RunCompleted { state: state as i32, result: Some(result) })).await
+    }
+
+    /// The run's checklists and, per record, the index of the one it is scored against.
+    async fn checklists(
+        &self,
+        run_id: &str,
+        eval: &Evaluation,
+        live: &LiveRun,
+    ) -> Result<(Vec<Checklist>, Vec<usize>), StageError> {
+        let stored = self.store.checklists(run_id).await?;
+        let decode = |c: pb::Checklist| -> Result<Checklist, StageError> {
+            let mut v = Violations::new();
+            let c = convert::checklist(Some(c), "checklist", &mut v);
+            v.into_result().map(|()| c)
+        };
+        let Some(preset) = eval.preset else {
+            let checklist = match stored.into_iter().find(|(k, _)| k == "explicit") {
+                Some((_, c)) => decode(c)?,
+                None => {
+                    let mut c = eval.checklist.clone();
+                    if c.id.is_empty() {
+                        c.id = format!("checklist-{}", uuid::Uuid::now_v7());
+                    }
+                    if c.source_method.is_empty() {
+                        c.source_method = "explicit".into();
+                    }
+                    self.store.put_checklist(run_id, "explicit", convert::checklist_to(&c)).await?;
+                    let n = eval.records.len() as u32;
+                    let ready = gw::ChecklistReady {
+                        checklist: Some(convert::checklist_to(&c)),
+                        record_indices: (0..n).collect(),
+                    };
+                    self.emit(live, run_id, Event::ChecklistReady(ready)).await?;
+                    c
+                }
+            };
+            return Ok((vec![checklist], vec![0; eval.records.len()]));
+        };
+        let generator = self
+            .generator
+            .clone()
+            .ok_or_else(|| StageError::Unimplemented("this gateway has no generator configured".into()))?;
+        // One generation per distinct (input, reference, history, candidates).
+        let mut keys: Vec<String> = Vec::new();
+        let mut record_key = Vec::with_capacity(eval.records.len());
+        for r in &eval.records {
+            let key = serde_key(r);
+            let k = match keys.iter().position(|x| *x == key) {
+                Some(k) => k,
+                None => {
+                    keys.push(key);
+                    keys.len() - 1
+                }
+            };
+            record_key.push(k);
+        }
+        let mut found: Vec<Option<Checklist>> = vec![None; keys.len()];
+        for (k, c) in stored {
+            if let Some(pos) = keys.iter().position(|x| *x == k) {
+                found[pos] = Some(decode(c)?);
+            }
+        }
+        let missing: Vec<usize> = (0..keys.len()).filter(|k| found[*k].is_none()).collect();
+        let mut generating = futures::stream::iter(missing)
+            .map(|k| {
+                let generator = generator.clone();
+                let first = record_key.iter().position(|x| *x == k).unwrap_or(0);
+                let r = &eval.records[first];
+                let req = generate_request(preset, eval, r);
+                async move { (k, generator.generate(req).await) }
+            })
+            .buffer_unordered(self.concurrency);
+        while let Some((k, out)) = generating.next().await {
+            let out = out.map_err(|e| match e {
+                StageError::InvalidArgument(vs) => StageError::InvalidArgument(
+                    vs.into_iter()
+                        .map(|mut f| {
+                            f.field = format!(
+                                "pipeline.records[{}].{}",
+                                record_key.iter().position(|x| *x == k).unwrap_or(0),
+                                f.field
+                            );
+                            f
+                        })
+                        .collect(),
+                ),
+                other @ (StageError::NotFound(_)
+                | StageError::FailedPrecondition(_)
+                | StageError::ResourceExhausted(_)
+                | StageError::Unavailable(_)
+                | StageError::DeadlineExceeded(_)
+                | StageError::Cancelled(_)
+                | StageError::Unimplemented(_)
+                | StageError::Internal(_)) => other,
+            })?;
+            if let Ok(mut run) = live.run.lock() {
+                let mut total = convert::usage_from(run.usage);
+                total.add(&out.usage);
+                run.usage = Some(convert::usage_to(&total));
+            }
+            if let Ok(mut m) = live.models.lock()
+                && !m.contains(&out.model)
+            {
+                m.push(out.model.clone());
+            }
+            self.store.put_checklist(run_id, &keys[k], convert::checklist_to(&out.checklist)).await?;
+            let indices = record_key.iter().enumerate().filter(|(_, x)| **x == k).map(|(i, _)| i as u32).collect();
+            let ready =
+                gw::ChecklistReady { checklist: Some(convert::checklist_to(&out.checklist)), record_indices: indices };
+            self.emit(live, run_id, Event::ChecklistReady(ready)).await?;
+            found[k] = Some(out.checklist);
+        }
+        drop(generating);
+        let checklists = found.into_iter().map(Option::unwrap_or_default).collect();
+        Ok((checklists, record_key))
+    }
+
+    async fn score_one(
+        &self,
+        checklist: &Checklist,
+        eval: &Evaluation,
+        i: usize,
+    ) -> Result<(gw::RecordResult, assay_domain::Usage, assay_domain::ModelRecord), StageError> {
+        let r = &eval.records[i];
+        let target = ScoreTarget {
+            id: record_id(eval, i),
+            input: if r.input.is_empty() { checklist.input.clone() } else { r.input.clone() },
+            target: r.target.clone(),
+            reference: r.reference.clone(),
+            history: r.history.clone(),
+        };
+        let req = ScoreRequest {
+            checklist: checklist.clone(),
+            targets: vec![target],
+            config: eval.scorer.clone(),
+            model: eval.scorer_model.clone(),
+        };
+        let out = self.scorer.score(req, &assay_domain::no_events).await?;
+        let usage = out.usage;
+        let model = out.model;
+        let score =
+            out.scores.into_iter().next().ok_or_else(|| StageError::Internal("scorer returned no score".into()))?;
+        let mut pscore = convert::score_to(&score);
+        pscore.target_id = record_id(eval, i);
+        let result = gw::RecordResult {
+            index: i as u32,
+            record_id: record_id(eval, i),
+            checklist_id: checklist.id.clone(),
+            score: Some(pscore),
+            error: String::new(),
+        };
+        Ok((result, usage, model))
+    }
+
+    /// The evaluation result from every stored record, in record order.
+    async fn result(
+        &self,
+        live: &LiveRun,
+        run_id: &str,
+        checklists: &[Checklist],
+    ) -> Result<gw::RunResult, StageError> {
+        let records = self.store.records(run_id).await?;
+        let scored: Vec<(assay_domain::Score, &Checklist)> = records
+            .iter()
+            .filter_map(|r| {
+                let cl = checklists.iter().find(|c| c.id == r.checklist_id)?;
+                Some((convert::score_from(r.score.clone()?), cl))
+            })
+            .collect();
+        let aggregate = AggregateScores::compute(scored.iter().map(|(s, c)| (s, *c)));
+        let usage = Self::snapshot(live).usage.unwrap_or_default();
+        let models = live.models.lock().map(|m| m.iter().map(convert::model_record_to).collect()).unwrap_or_default();
+        Ok(gw::RunResult {
+            result: Some(gw::run_result::Result::ChecklistEval(gw::EvaluateResponse {
+                run_id: run_id.to_string(),
+                results: records,
+                aggregate: Some(convert::aggregate_to(&aggregate)),
+                checklists: checklists.iter().map(convert::checklist_to).collect(),
+                usage: Some(usage),
+                models,
+            })),
+            error: String::new(),
+        })
+    }
+
+    /// Store an evaluation that already finished (the unary Evaluate path).
+    pub async fn record_finished(
+        &self,
+        pipeline: gw::ChecklistEvalPipeline,
+        response: gw::EvaluateResponse,
+    ) -> Result<(), StageError> {
+        let t = now();
+        let failed = response.results.iter().filter(|r| r.score.is_none()).count();
+        let state = if failed == 0 { gw::RunState::Succeeded } else { gw::RunState::Partial };
+        let result = gw::RunResult {
+            result: Some(gw::run_result::Result::ChecklistEval(response.clone())),
+            error: String::new(),
+        };
+        let run = gw::Run {
+            run_id: response.run_id.clone(),
+            kind: gw::PipelineKind::ChecklistEval as i32,
+            state: state as i32,
+            label: "evaluate".into(),
+            created_at: Some(t),
+            updated_at: Some(t),
+            last_sequence: 1,
+            records_total: response.results.len() as u32,
+            records_done: response.results.len() as u32,
+            result: Some(result.clone()),
+            usage: response.usage,
+        };
+        let request = gw::RunPipelineRequest {
+            pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(pipeline)),
+            label: "evaluate".into(),
+        };
+        self.store.create(run, request).await?;
+        for r in response.results {
+            self.store.put_record(&response.run_id, r).await?;
+        }
+        self.store
+            .append_event(gw::RunEvent {
+                run_id: response.run_id.clone(),
+                sequence: 1,
+                time: Some(t),
+                event: Some(Event::Completed(gw::RunCompleted { state: state as i32, result: Some(result) })),
+            })
+            .await
+    }
+
+    /// A run's summary (with result).
+    pub async fn get(&self, run_id: &str) -> Result<gw::Run, StageError> {
+        if let Some(live) = self.live(run_id) {
+            return Ok(Self::snapshot(&live));
+        }
+        self.store.get(run_id).await?.map(|s| s.run).ok_or_else(|| StageError::NotFound(format!("run {run_id}")))
+    }
+
+    /// Replay events after `after`, then follow live ones until the run completes.
+    pub async fn watch(
+        &self,
+        run_id: &str,
+        after: u64,
+    ) -> Result<impl futures::Stream<Item = Result<gw::RunEvent, StageError>> + Send + 'static, StageError> {
+        let live_rx = self.live(run_id).map(|l| l.events.subscribe());
+        if live_rx.is_none() && self.store.get(run_id).await?.is_none() {
+            return Err(StageError::NotFound(format!("run {run_id}")));
+        }
+        let past = self.store.events_after(run_id, after).await?;
+        let mut last = past.last().map_or(after, |e| e.sequence);
+        let finished = past.iter().any(|e| matches!(e.event, Some(Event::Completed(_))));
+        let stream = async_stream(past, live_rx.filter(|_| !finished), move |ev| {
+            if ev.sequence <= last {
+                return None;
+            }
+            last = ev.sequence;
+            Some(ev)
+        });
+        Ok(stream)
+    }
+
+    /// Pause, resume or cancel.
+    pub async fn control(&self, req: gw::ControlRunRequest) -> Result<gw::Run, StageError> {
+        let gw::ControlRunRequest { run_id, action, actor, reason } = req;
+        let Some(action) = action else {
+            return Err(StageError::invalid("action", "is required (pause, resume, accept, cancel or edit_section)"));
+        };
+        let Some(live) = self.live(&run_id) else {
+            let stored = self.store.get(&run_id).await?.ok_or_else(|| StageError::NotFound(format!("run {run_id}")))?;
+            return Err(StageError::FailedPrecondition(format!(
+                "run {run_id} is not in progress (state {})",
+                gw::RunState::try_from(stored.run.state).map(|s| s.as_str_name()).unwrap_or("unknown")
+            )));
+        };
+        tracing::info!(run_id = %run_id, actor = %actor, reason = %reason, "run control");
+        match action {
+            gw::control_run_request::Action::Pause(_) => {
+                live.paused.send_replace(true);
+                Self::set_state(&live, gw::RunState::Paused);
+                self.emit(
+                    &live,
+                    &run_id,
+                    Event::StateChanged(gw::RunStateChanged { state: gw::RunState::Paused as i32, reason }),
+                )
+                .await?;
+            }
+            gw::control_run_request::Action::Resume(_) => {
+                live.paused.send_replace(false);
+                Self::set_state(&live, gw::RunState::Running);
+                self.emit(
+                    &live,
+                    &run_id,
+                    Event::StateChanged(gw::RunStateChanged { state: gw::RunState::Running as i32, reason }),
+                )
+                .await?;
+            }
+            gw::control_run_request::Action::Cancel(_) => {
+                live.paused.send_replace(false);
+                live.cancelled.send_replace(true);
+            }
+            gw::control_run_request::Action::Accept(_) | gw::control_run_request::Action::EditSection(_) => {
+                return Err(StageError::FailedPrecondition(
+                    "accept and edit_section apply to targeted refinement runs only".into(),
+                ));
+            }
+        }
+        Ok(Self::snapshot(&live))
+    }
+
+    /// Resume every run left unfinished by a previous gateway process.
+    pub async fn resume_unfinished(&self) -> Result<usize, StageError> {
+        let runs = self.store.unfinished().await?;
+        let n = runs.len();
+        for StoredRun { run, request } in runs {
+            if is_terminal(run.state) {
+                continue;
+            }
+            let last = self.store.events_after(&run.run_id, 0).await?.last().map_or(0, |e| e.sequence);
+            let run_id = run.run_id.clone();
+            let (live, _rx) = self.register(run, last);
+            self.emit(
+                &live,
+                &run_id,
+                Event::StateChanged(gw::RunStateChanged {
+                    state: gw::RunState::Running as i32,
+                    reason: "resumed after a gateway restart".into(),
+                }),
+            )
+            .await?;
+            tracing::info!(run_id = %run_id, "resuming run");
+            self.spawn(run_id, request, live);
+        }
+        Ok(n)
+    }
+}
+
+/// The generation request for a record under a preset.
+fn generate_request(
+    preset: assay_generator::Preset,
+    eval: &Evaluation,
+    r: &crate::core::EvalRecord,
+) -> assay_generator::GenerateRequest {
+    let mut req = assay_generator::GenerateRequest::new(preset, r.input.clone());
+    req.reference = r.reference.clone();
+    req.history = r.history.clone();
+    req.max_items = eval.max_items;
+    req.model = eval.generator_model.clone();
+    match preset {
+        assay_generator::Preset::OpenRubricsPairwise => {
+            req.chosen = r.candidates.first().cloned().unwrap_or_default();
+            req.rejected = r.candidates.get(1).cloned().unwrap_or_default();
+        }
+        assay_generator::Preset::Tick
+        | assay_generator::Preset::RocketEval
+        | assay_generator::Preset::RlcfDirect
+        | assay_generator::Preset::RlcfCandidate
+        | assay_generator::Preset::RlcfCandidatesOnly
+        | assay_generator::Preset::OpenRubricsListwise => {
+            req.candidates = r
+                .candidates
+                .iter()
+                .enumerate()
+                .map(|(i, t)| assay_generator::Candidate { id: i.to_string(), text: t.clone(), model: String::new() })
+                .collect();
+        }
+    }
+    req
+}
+
+/// Validate every record's generation request up front (fields named `pipeline.records[i].*`).
+fn validate_generation(eval: &Evaluation) -> Result<(), StageError> {
+    let Some(preset) = eval.preset else { return Ok(()) };
+    let mut v = Violations::new();
+    for (i, r) in eval.records.iter().enumerate() {
+        if let Err(StageError::InvalidArgument(vs)) =
+            assay_generator::Generator::validate(&generate_request(preset, eval, r))
+        {
+            for f in vs {
+                let field = match f.field.as_str() {
+                    "preset" => "pipeline.source.preset".to_string(),
+                    "max_items" => "pipeline.max_items".to_string(),
+                    "model" => "pipeline.generator_model".to_string(),
+                    "chosen" | "rejected" => format!("pipeline.records[{i}].candidates"),
+                    other => format!("pipeline.records[{i}].{other}"),
+                };
+                v.push(field, f.description);
+            }
+        }
+    }
+    v.into_result()
+}
+
+/// Key of what a checklist is generated from.
+fn serde_key(r: &crate::core::EvalRecord) -> String {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    for part in [&r.input, &r.reference, &r.history] {
+        h.update((part.len() as u64).to_le_bytes());
+        h.update(part.as_bytes());
+    }
+    for c in &r.candidates {
+        h.update((c.len() as u64).to_le_bytes());
+        h.update(c.as_bytes());
+    }
+    format!("gen:{}", hex::encode(h.finalize()))
+}
+
+fn record_id(eval: &Evaluation, i: usize) -> String {
+    let id = &eval.records[i].id;
+    if id.is_empty() { i.to_string() } else { id.clone() }
+}
+
+/// Past events, then live ones passed through `keep` (dedup by sequence), ending after RunCompleted.
+fn async_stream(
+    past: Vec<gw::RunEvent>,
+    live: Option<broadcast::Receiver<gw::RunEvent>>,
+    mut keep: impl FnMut(gw::RunEvent) -> Option<gw::RunEvent> + Send + 'static,
+) -> impl futures::Stream<Item = Result<gw::RunEvent, StageError>> + Send + 'static {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<gw::RunEvent, StageError>>(256);
+    tokio::spawn(async move {
+        for ev in past {
+            let done = matches!(ev.event, Some(Event::Completed(_)));
+            if tx.send(Ok(keep(ev.clone()).unwrap_or(ev))).await.is_err() || done {
+                return;
+            }
+        }
+        let Some(mut live) = live else { return };
+        loop {
+            match live.recv().await {
+                Ok(ev) => {
+                    if let Some(ev) = keep(ev) {
+                        let done = matches!(ev.event, Some(Event::Completed(_)));
+                        if tx.send(Ok(ev)).await.is_err() || done {
+                            return;
+                        }
+                    }
+                }
+                Err(broadcast::error::RecvError::Lagged(n)) => {
+                    let _ = tx
+                        .send(Err(StageError::ResourceExhausted(format!(
+                            "watcher fell {n} events behind; reattach with WatchRun from the last sequence seen"
+                        ))))
+                        .await;
+                    return;
+                }
+                Err(broadcast::error::RecvError::Closed) => return,
+            }
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}

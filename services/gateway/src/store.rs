@@ -1,0 +1,299 @@
+//! Persistent run state (SQLite): runs, their event log and per-record results, stored as protobuf
+//! bytes so a restarted gateway can resume a run and replay its events.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use assay_domain::StageError;
+use assay_proto::gateway::v1 as gw;
+use prost::Message;
+use rusqlite::{OptionalExtension, params};
+
+/// Run storage. Cheap to clone; every call runs on a blocking thread.
+#[derive(Clone)]
+pub struct RunStore {
+    conn: Arc<Mutex<rusqlite::Connection>>,
+}
+
+fn db_err(e: rusqlite::Error) -> StageError {
+    StageError::Internal(format!("run store: {e}"))
+}
+
+fn decode_err(e: prost::DecodeError) -> StageError {
+    StageError::Internal(format!("run store: corrupt record: {e}"))
+}
+
+/// A stored run with the request that started it.
+#[derive(Debug, Clone)]
+pub struct StoredRun {
+    pub run: gw::Run,
+    pub request: gw::RunPipelineRequest,
+}
+
+impl RunStore {
+    /// Open (or create) the store; `":memory:"` keeps it in memory.
+    pub fn open(path: &str) -> Result<RunStore, StageError> {
+        let conn = if path == ":memory:" {
+            rusqlite::Connection::open_in_memory()
+        } else {
+            if let Some(parent) = Path::new(path).parent().filter(|p| !p.as_os_str().is_empty()) {
+                std::fs::create_dir_all(parent)
+                    .map_err(|e| StageError::Internal(format!("run store directory {}: {e}", parent.display())))?;
+            }
+            rusqlite::Connection::open(path)
+        }
+        .map_err(db_err)?;
+        conn.execute_batch(
+            "PRAGMA journal_mode = WAL;
+             PRAGMA synchronous = NORMAL;
+             CREATE TABLE IF NOT EXISTS runs (
+                 run_id TEXT PRIMARY KEY,
+                 created_at INTEGER NOT NULL,
+                 state INTEGER NOT NULL,
+                 kind INTEGER NOT NULL,
+                 run BLOB NOT NULL,
+                 request BLOB NOT NULL
+             );
+             CREATE INDEX IF NOT EXISTS runs_created ON runs (created_at DESC, run_id DESC);
+             CREATE TABLE IF NOT EXISTS events (
+                 run_id TEXT NOT NULL,
+                 sequence INTEGER NOT NULL,
+                 event BLOB NOT NULL,
+                 PRIMARY KEY (run_id, sequence)
+             );
+             CREATE TABLE IF NOT EXISTS records (
+                 run_id TEXT NOT NULL,
+                 idx INTEGER NOT NULL,
+                 result BLOB NOT NULL,
+                 PRIMARY KEY (run_id, idx)
+             );
+             CREATE TABLE IF NOT EXISTS checklists (
+                 run_id TEXT NOT NULL,
+                 key TEXT NOT NULL,
+                 checklist BLOB NOT NULL,
+                 PRIMARY KEY (run_id, key)
+             );",
+        )
+        .map_err(db_err)?;
+        Ok(RunStore { conn: Arc::new(Mutex::new(conn)) })
+    }
+
+    async fn with<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut rusqlite::Connection) -> Result<T, StageError> + Send + 'static,
+    ) -> Result<T, StageError> {
+        let conn = self.conn.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut guard = conn.lock().map_err(|_| StageError::Internal("run store lock poisoned".into()))?;
+            f(&mut guard)
+        })
+        .await
+        .map_err(|e| StageError::Internal(format!("run store task: {e}")))?
+    }
+
+    /// Insert a new run.
+    pub async fn create(&self, run: gw::Run, request: gw::RunPipelineRequest) -> Result<(), StageError> {
+        self.with(move |c| {
+            c.execute(
+                "INSERT INTO runs (run_id, created_at, state, kind, run, request) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![
+                    run.run_id,
+                    run.created_at.map_or(0, |t| t.seconds),
+                    run.state,
+                    run.kind,
+                    run.encode_to_vec(),
+                    request.encode_to_vec()
+                ],
+            )
+            .map_err(db_err)?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Replace a run's summary.
+    pub async fn update(&self, run: gw::Run) -> Result<(), StageError> {
+        self.with(move |c| {
+            c.execute(
+                "UPDATE runs SET state = ?2, run = ?3 WHERE run_id = ?1",
+                params![run.run_id, run.state, run.encode_to_vec()],
+            )
+            .map_err(db_err)?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Append one event (sequence numbers are assigned by the caller, gap-free).
+    pub async fn append_event(&self, event: gw::RunEvent) -> Result<(), StageError> {
+        self.with(move |c| {
+            c.execute(
+                "INSERT INTO events (run_id, sequence, event) VALUES (?1, ?2, ?3)",
+                params![event.run_id, event.sequence as i64, event.encode_to_vec()],
+            )
+            .map_err(db_err)?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Events with sequence > `after`, in order.
+    pub async fn events_after(&self, run_id: &str, after: u64) -> Result<Vec<gw::RunEvent>, StageError> {
+        let run_id = run_id.to_string();
+        self.with(move |c| {
+            let mut stmt = c
+                .prepare("SELECT event FROM events WHERE run_id = ?1 AND sequence > ?2 ORDER BY sequence")
+                .map_err(db_err)?;
+            let rows = stmt.query_map(params![run_id, after as i64], |r| r.get::<_, Vec<u8>>(0)).map_err(db_err)?;
+            let mut out = Vec::new();
+            for row in rows {
+                out.push(gw::RunEvent::decode(row.map_err(db_err)?.as_slice()).map_err(decode_err)?);
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    /// Store one record's result.
+    pub async fn put_record(&self, run_id: &str, result: gw::RecordResult) -> Result<(), StageError> {
+        let run_id = run_id.to_string();
+        self.with(move |c| {
+            c.execute(
+                "INSERT OR REPLACE INTO records (run_id, idx, result) VALUES (?1, ?2, ?3)",
+                params![run_id, result.index, result.encode_to_vec()],
+            )
+            .map_err(db_err)?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Every stored record result of a run, by index.
+    pub async fn records(&self, run_id: &str) -> Result<Vec<gw::RecordResult>, StageError> {
+        let run_id = run_id.to_string();
+        self.with(move |c| {
+            let mut stmt = c.prepare("SELECT result FROM records WHERE run_id = ?1 ORDER BY idx").map_err(db_err)?;
+            let rows = stmt.query_map(params![run_id], |r| r.get::<_, Vec<u8>>(0)).map_err(db_err)?;
+            let mut out = Vec::new();
+            for row in rows {
+                out.push(gw::RecordResult::decode(row.map_err(db_err)?.as_slice()).map_err(decode_err)?);
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    /// Store a checklist generated for a run (key: what it was generated for).
+    pub async fn put_checklist(
+        &self,
+        run_id: &str,
+        key: &str,
+        checklist: assay_proto::common::v1::Checklist,
+    ) -> Result<(), StageError> {
+        let (run_id, key) = (run_id.to_string(), key.to_string());
+        self.with(move |c| {
+            c.execute(
+                "INSERT OR REPLACE INTO checklists (run_id, key, checklist) VALUES (?1, ?2, ?3)",
+                params![run_id, key, checklist.encode_to_vec()],
+            )
+            .map_err(db_err)?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Checklists stored for a run, by key.
+    pub async fn checklists(
+        &self,
+        run_id: &str,
+    ) -> Result<Vec<(String, assay_proto::common::v1::Checklist)>, StageError> {
+        let run_id = run_id.to_string();
+        self.with(move |c| {
+            let mut stmt = c.prepare("SELECT key, checklist FROM checklists WHERE run_id = ?1").map_err(db_err)?;
+            let rows = stmt
+                .query_map(params![run_id], |r| Ok((r.get::<_, String>(0)?, r.get::<_, Vec<u8>>(1)?)))
+                .map_err(db_err)?;
+            let mut out = Vec::new();
+            for row in rows {
+                let (k, b) = row.map_err(db_err)?;
+                out.push((k, assay_proto::common::v1::Checklist::decode(b.as_slice()).map_err(decode_err)?));
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    /// One run.
+    pub async fn get(&self, run_id: &str) -> Result<Option<StoredRun>, StageError> {
+        let run_id = run_id.to_string();
+        self.with(move |c| {
+            let row: Option<(Vec<u8>, Vec<u8>)> = c
+                .query_row("SELECT run, request FROM runs WHERE run_id = ?1", params![run_id], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })
+                .optional()
+                .map_err(db_err)?;
+            row.map(|(run, req)| {
+                Ok(StoredRun {
+                    run: gw::Run::decode(run.as_slice()).map_err(decode_err)?,
+                    request: gw::RunPipelineRequest::decode(req.as_slice()).map_err(decode_err)?,
+                })
+            })
+            .transpose()
+        })
+        .await
+    }
+
+    /// Runs newest first, filtered, `limit` at most, starting after the (created_at, run_id) cursor.
+    pub async fn list(
+        &self,
+        kind: i32,
+        state: i32,
+        cursor: Option<(i64, String)>,
+        limit: usize,
+    ) -> Result<Vec<gw::Run>, StageError> {
+        self.with(move |c| {
+            let (cur_t, cur_id) = cursor.unwrap_or((i64::MAX, String::new()));
+            let mut stmt = c
+                .prepare(
+                    "SELECT run FROM runs
+                     WHERE (?1 = 0 OR kind = ?1) AND (?2 = 0 OR state = ?2)
+                       AND (created_at < ?3 OR (created_at = ?3 AND (?4 = '' OR run_id < ?4)))
+                     ORDER BY created_at DESC, run_id DESC LIMIT ?5",
+                )
+                .map_err(db_err)?;
+            let rows = stmt
+                .query_map(params![kind, state, cur_t, cur_id, limit as i64], |r| r.get::<_, Vec<u8>>(0))
+                .map_err(db_err)?;
+            let mut out = Vec::new();
+            for row in rows {
+                out.push(gw::Run::decode(row.map_err(db_err)?.as_slice()).map_err(decode_err)?);
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    /// Runs that were in progress (to resume after a restart).
+    pub async fn unfinished(&self) -> Result<Vec<StoredRun>, StageError> {
+        let running = [gw::RunState::Pending as i32, gw::RunState::Running as i32];
+        self.with(move |c| {
+            let mut stmt = c
+                .prepare("SELECT run, request FROM runs WHERE state IN (?1, ?2) ORDER BY created_at")
+                .map_err(db_err)?;
+            let rows = stmt
+                .query_map(params![running[0], running[1]], |r| Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, Vec<u8>>(1)?)))
+                .map_err(db_err)?;
+            let mut out = Vec::new();
+            for row in rows {
+                let (run, req) = row.map_err(db_err)?;
+                out.push(StoredRun {
+                    run: gw::Run::decode(run.as_slice()).map_err(decode_err)?,
+                    request: gw::RunPipelineRequest::decode(req.as_slice()).map_err(decode_err)?,
+                });
+            }
+            Ok(out)
+        })
+        .await
+    }
+}

@@ -1,0 +1,356 @@
+//! Gateway runs: streamed events, storage, listing, watching, cancel, and resume after a restart.
+
+#![allow(clippy::wildcard_enum_match_arm)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use assay_proto::common::v1 as pb;
+use assay_proto::gateway::v1 as gw;
+use assay_proto::gateway::v1::gateway_service_client::GatewayServiceClient;
+use assay_proto::gateway::v1::run_event::Event;
+use assay_testkit::Reply;
+use assay_tests::{MeshSandbox, SandboxOptions};
+use serde_json::json;
+use tonic::Code;
+use tonic::transport::Channel;
+
+fn pipeline(n: usize) -> gw::ChecklistEvalPipeline {
+    gw::ChecklistEvalPipeline {
+        source: Some(gw::ChecklistSource {
+            source: Some(gw::checklist_source::Source::Checklist(pb::Checklist {
+                items: vec![
+                    pb::ChecklistItem { id: "a".into(), question: "Mentions foliage?".into(), ..Default::default() },
+                    pb::ChecklistItem {
+                        id: "b".into(),
+                        question: "Is it short?".into(),
+                        category: "style".into(),
+                        ..Default::default()
+                    },
+                ],
+                ..Default::default()
+            })),
+        }),
+        records: (0..n)
+            .map(|i| gw::EvalRecord {
+                id: format!("rec-{i}"),
+                target: if i % 2 == 0 { format!("leaves {i}") } else { format!("stones {i}") },
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// YES to "leaves" targets' first question, NO otherwise; always YES to the second.
+fn answer(req: &assay_testkit::RecordedRequest) -> Reply {
+    let prompt = req.last_user_message().unwrap_or_default();
+    let first = if prompt.contains("leaves") { "YES" } else { "NO" };
+    Reply::json(json!({"answers": [{"question_index": 1, "answer": first}, {"question_index": 2, "answer": "YES"}]}))
+        .usage(10, 5)
+}
+
+async fn run_to_end(ch: Channel, p: gw::ChecklistEvalPipeline) -> Vec<gw::RunEvent> {
+    let mut client = GatewayServiceClient::new(ch);
+    let mut stream = client
+        .run_pipeline(gw::RunPipelineRequest {
+            pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(p)),
+            label: "test".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut events = Vec::new();
+    while let Some(m) = stream.message().await.unwrap() {
+        events.push(m.event.unwrap());
+    }
+    events
+}
+
+fn eval_result(ev: &gw::RunEvent) -> Option<gw::EvaluateResponse> {
+    match &ev.event {
+        Some(Event::Completed(c)) => match c.result.as_ref()?.result.as_ref()? {
+            gw::run_result::Result::ChecklistEval(e) => Some(e.clone()),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+#[tokio::test]
+async fn run_pipeline_streams_ordered_events_and_stores_the_run() {
+    let sandbox = MeshSandbox::start().await;
+    sandbox.llm.set_handler(answer);
+    let events = run_to_end(sandbox.gateway().await, pipeline(4)).await;
+    let seqs: Vec<u64> = events.iter().map(|e| e.sequence).collect();
+    assert_eq!(seqs, (1..=events.len() as u64).collect::<Vec<_>>(), "gap-free sequences from 1");
+    let run_id = events[0].run_id.clone();
+    assert!(events.iter().all(|e| e.run_id == run_id));
+    assert!(matches!(events[0].event, Some(Event::Started(gw::RunStarted { records: 4, .. }))));
+    assert!(matches!(events[1].event, Some(Event::ChecklistReady(_))));
+    let scored = events.iter().filter(|e| matches!(e.event, Some(Event::RecordScored(_)))).count();
+    assert_eq!(scored, 4);
+    let n = events.len();
+    assert!(matches!(events[n - 2].event, Some(Event::Aggregate(_))));
+    let result = eval_result(&events[n - 1]).expect("completed with a result");
+    let agg = result.aggregate.unwrap();
+    assert!((agg.macro_pass_rate - 0.75).abs() < 1e-9);
+    assert!((agg.micro_pass_rate - 0.75).abs() < 1e-9);
+    assert_eq!(agg.category_pass_rates.iter().find(|c| c.category == "style").unwrap().pass_rate, 1.0);
+    assert_eq!(
+        result.results.iter().map(|r| r.record_id.clone()).collect::<Vec<_>>(),
+        vec!["rec-0", "rec-1", "rec-2", "rec-3"]
+    );
+    assert_eq!(result.usage.unwrap().calls, 4);
+
+    let mut client = GatewayServiceClient::new(sandbox.gateway().await);
+    let run = client.get_run(gw::GetRunRequest { run_id: run_id.clone() }).await.unwrap().into_inner().run.unwrap();
+    assert_eq!(run.state, gw::RunState::Succeeded as i32);
+    assert_eq!((run.records_done, run.records_total, run.last_sequence), (4, 4, n as u64));
+
+    // Reattach from sequence 2: everything after it, ending with the completion.
+    let mut watch =
+        client.watch_run(gw::WatchRunRequest { run_id: run_id.clone(), after_sequence: 2 }).await.unwrap().into_inner();
+    let mut replay = Vec::new();
+    while let Some(m) = watch.message().await.unwrap() {
+        replay.push(m.event.unwrap().sequence);
+    }
+    assert_eq!(replay, (3..=n as u64).collect::<Vec<_>>());
+
+    let missing = client.get_run(gw::GetRunRequest { run_id: "nope".into() }).await.unwrap_err();
+    assert_eq!(missing.code(), Code::NotFound);
+    sandbox.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn list_runs_pages_newest_first() {
+    let sandbox = MeshSandbox::start().await;
+    sandbox.llm.set_handler(answer);
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let ev = run_to_end(sandbox.gateway().await, pipeline(1)).await;
+        ids.push(ev[0].run_id.clone());
+    }
+    let mut client = GatewayServiceClient::new(sandbox.gateway().await);
+    let mut seen = Vec::new();
+    let mut token = String::new();
+    loop {
+        let page = client
+            .list_runs(gw::ListRunsRequest { page_size: 2, page_token: token.clone(), ..Default::default() })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(page.runs.len() <= 2);
+        seen.extend(page.runs.into_iter().map(|r| r.run_id));
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    ids.reverse();
+    assert_eq!(seen, ids, "uuid v7 ids: newest first, every run once");
+    let bad = client.list_runs(gw::ListRunsRequest { page_size: 501, ..Default::default() }).await.unwrap_err();
+    assert_eq!(bad.code(), Code::InvalidArgument);
+    sandbox.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_cancelled_run_stops_and_says_so() {
+    let sandbox = MeshSandbox::start_with(SandboxOptions { concurrency: Some(1), ..Default::default() }).await;
+    sandbox.llm.set_handler(|_| Reply::hang());
+    let mut client = GatewayServiceClient::new(sandbox.gateway().await);
+    let mut stream = client
+        .run_pipeline(gw::RunPipelineRequest {
+            pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(pipeline(3))),
+            label: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let first = stream.message().await.unwrap().unwrap().event.unwrap();
+    assert!(assay_testkit::eventually(Duration::from_secs(10), || sandbox.llm.request_count() == 1).await);
+    let run = client
+        .control_run(gw::ControlRunRequest {
+            run_id: first.run_id.clone(),
+            action: Some(gw::control_run_request::Action::Cancel(gw::CancelRun {})),
+            actor: "tester".into(),
+            reason: "enough".into(),
+        })
+        .await
+        .unwrap();
+    assert!(run.into_inner().run.is_some());
+    let mut last = None;
+    while let Some(m) = stream.message().await.unwrap() {
+        last = m.event;
+    }
+    match last.and_then(|e| e.event) {
+        Some(Event::Completed(c)) => assert_eq!(c.state, gw::RunState::Cancelled as i32),
+        other => panic!("expected a cancelled completion, got {other:?}"),
+    }
+    assert!(assay_testkit::eventually(Duration::from_secs(10), || sandbox.llm.cancelled_count() == 1).await);
+    let again = client
+        .control_run(gw::ControlRunRequest {
+            run_id: first.run_id,
+            action: Some(gw::control_run_request::Action::Pause(gw::PauseRun {})),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(again.code(), Code::FailedPrecondition);
+    sandbox.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_interrupted_run_resumes_after_a_restart_with_the_same_numbers() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("runs.db").display().to_string();
+    let mut sandbox = MeshSandbox::start_with(SandboxOptions {
+        concurrency: Some(1),
+        store: Some(store.clone()),
+        ..Default::default()
+    })
+    .await;
+    // Reference: the same evaluation, uninterrupted.
+    sandbox.llm.set_handler(answer);
+    let reference = run_to_end(sandbox.gateway().await, pipeline(6)).await;
+    let reference = eval_result(reference.last().unwrap()).unwrap();
+    let calls_before = sandbox.llm.request_count();
+
+    // Interrupted: three records answered, the fourth hangs when the gateway stops.
+    let served = Arc::new(AtomicUsize::new(0));
+    let s2 = served.clone();
+    sandbox.llm.set_handler(move |req| if s2.fetch_add(1, Ordering::SeqCst) < 3 { answer(req) } else { Reply::hang() });
+    let mut client = GatewayServiceClient::new(sandbox.gateway().await);
+    let mut stream = client
+        .run_pipeline(gw::RunPipelineRequest {
+            pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(pipeline(6))),
+            label: "interrupted".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut run_id = String::new();
+    let mut scored = 0;
+    while scored < 3 {
+        let ev = stream.message().await.unwrap().unwrap().event.unwrap();
+        run_id = ev.run_id.clone();
+        if matches!(ev.event, Some(Event::RecordScored(_))) {
+            scored += 1;
+        }
+    }
+    drop(stream);
+    let old = sandbox.mesh.take().unwrap();
+    old.shutdown().await.unwrap();
+
+    // A new gateway on the same store resumes the run and scores only what was left.
+    sandbox.llm.set_handler(answer);
+    let before_resume = sandbox.llm.request_count();
+    sandbox.restart(sandbox.hub()).await;
+    let mut client = GatewayServiceClient::new(sandbox.gateway().await);
+    let mut watch =
+        client.watch_run(gw::WatchRunRequest { run_id: run_id.clone(), after_sequence: 0 }).await.unwrap().into_inner();
+    let mut events = Vec::new();
+    while let Some(m) = watch.message().await.unwrap() {
+        events.push(m.event.unwrap());
+    }
+    let seqs: Vec<u64> = events.iter().map(|e| e.sequence).collect();
+    assert_eq!(seqs, (1..=events.len() as u64).collect::<Vec<_>>(), "one gap-free sequence across the restart");
+    let resumed = eval_result(events.last().unwrap()).expect("completed");
+    assert_eq!(resumed.aggregate, reference.aggregate, "same aggregates as the uninterrupted run");
+    let ids = |r: &gw::EvaluateResponse| {
+        r.results.iter().map(|x| (x.record_id.clone(), x.score.as_ref().map(|s| s.pass_rate))).collect::<Vec<_>>()
+    };
+    assert_eq!(ids(&resumed), ids(&reference));
+    assert_eq!(sandbox.llm.request_count() - before_resume, 3, "only the three unscored records were sent again");
+    assert!(calls_before >= 6);
+    let run = client.get_run(gw::GetRunRequest { run_id }).await.unwrap().into_inner().run.unwrap();
+    assert_eq!(run.state, gw::RunState::Succeeded as i32);
+    sandbox.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn evaluate_is_stored_as_a_run() {
+    let sandbox = MeshSandbox::start().await;
+    sandbox.llm.set_handler(answer);
+    let mut client = GatewayServiceClient::new(sandbox.gateway().await);
+    let r = client.evaluate(gw::EvaluateRequest { pipeline: Some(pipeline(2)) }).await.unwrap().into_inner();
+    // Evaluate stores its run off the response path: poll (bounded) until it is there.
+    let mut run = None;
+    for _ in 0..200 {
+        match client.get_run(gw::GetRunRequest { run_id: r.run_id.clone() }).await {
+            Ok(x) => {
+                run = x.into_inner().run;
+                break;
+            }
+            Err(s) if s.code() == Code::NotFound => tokio::time::sleep(Duration::from_millis(10)).await,
+            Err(s) => panic!("{s:?}"),
+        }
+    }
+    let run = run.expect("evaluate run stored");
+    assert_eq!(run.state, gw::RunState::Succeeded as i32);
+    assert_eq!(run.records_done, 2);
+    sandbox.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn tick_preset_generates_once_per_distinct_input_and_scores_every_record() {
+    let sandbox = MeshSandbox::start().await;
+    sandbox.llm.set_handler(|req| {
+        let prompt = req.last_user_message().unwrap_or_default();
+        if prompt.contains("Q1:") {
+            // Scoring.
+            let first = if prompt.contains("leaves") { "YES" } else { "NO" };
+            Reply::json(
+                json!({"answers": [{"question_index": 1, "answer": first}, {"question_index": 2, "answer": "YES"}]}),
+            )
+        } else {
+            // Generation.
+            Reply::json(json!({"items": [
+                {"question": "Does it mention foliage?"},
+                {"question": "Is it under fifty words?"},
+                {"question": "Is it cheerful?"}
+            ]}))
+        }
+    });
+    let mut p = pipeline(4);
+    p.source = Some(gw::ChecklistSource {
+        source: Some(gw::checklist_source::Source::Preset(assay_proto::generator::v1::Preset::Tick as i32)),
+    });
+    p.max_items = Some(2);
+    for (i, r) in p.records.iter_mut().enumerate() {
+        r.input = if i < 2 { "Write about autumn.".into() } else { "Write about rivers.".into() };
+    }
+    let events = run_to_end(sandbox.gateway().await, p.clone()).await;
+    let ready: Vec<Vec<u32>> = events
+        .iter()
+        .filter_map(|e| match &e.event {
+            Some(Event::ChecklistReady(c)) => Some(c.record_indices.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ready.len(), 2, "one checklist per distinct input");
+    let mut all: Vec<u32> = ready.concat();
+    all.sort();
+    assert_eq!(all, vec![0, 1, 2, 3]);
+    let result = eval_result(events.last().unwrap()).unwrap();
+    assert_eq!(result.checklists.len(), 2);
+    assert!(result.checklists.iter().all(|c| c.items.len() == 2 && c.source_method == "tick"), "max_items override");
+    assert!((result.aggregate.as_ref().unwrap().micro_pass_rate - 0.75).abs() < 1e-9);
+    let usage = result.usage.unwrap();
+    assert_eq!(usage.calls, 2 + 4, "two generations, four scorings");
+    // Unary Evaluate runs the same pipeline.
+    let mut client = GatewayServiceClient::new(sandbox.gateway().await);
+    let r = client.evaluate(gw::EvaluateRequest { pipeline: Some(p) }).await.unwrap().into_inner();
+    assert_eq!(r.aggregate, result.aggregate);
+    // A preset needing a reference names the field.
+    let mut bad = pipeline(1);
+    bad.source = Some(gw::ChecklistSource {
+        source: Some(gw::checklist_source::Source::Preset(assay_proto::generator::v1::Preset::RlcfDirect as i32)),
+    });
+    bad.records[0].input = "x".into();
+    let st = client.evaluate(gw::EvaluateRequest { pipeline: Some(bad) }).await.unwrap_err();
+    assert_eq!(st.code(), Code::InvalidArgument, "{st:?}");
+    assert!(st.message().contains("reference"), "{}", st.message());
+    sandbox.shutdown().await.unwrap();
+}
