@@ -49,6 +49,32 @@ enum Command {
         #[arg(long)]
         ephemeral_ports: bool,
     },
+    /// Evaluate a JSON-lines file of records ({"id","input","target","reference","history"}) with a
+    /// preset, through a running gateway (`--gateway`) or an in-process mesh. Writes one JSON line per
+    /// record. Exit codes: 0 all scored, 3 some records failed, 1 the run failed.
+    Eval {
+        /// Preset: tick, rocketeval, rlcf_direct, rlcf_candidate, rlcf_candidates_only,
+        /// openrubrics_pairwise, openrubrics_listwise.
+        #[arg(long)]
+        preset: String,
+        /// Input records (JSON lines).
+        #[arg(long)]
+        data: PathBuf,
+        /// Output (JSON lines); standard output when absent.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Gateway address (e.g. http://127.0.0.1:50051); absent = start the mesh in this process.
+        #[arg(long)]
+        gateway: Option<String>,
+        /// Override the preset's maximum number of checklist items.
+        #[arg(long)]
+        max_items: Option<u32>,
+        /// Print the final summary as JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        backend: BackendArgs,
+    },
     /// Manage the embedded models.
     Models {
         #[command(subcommand)]
@@ -221,6 +247,175 @@ async fn demo(mut config: AssayConfig, ephemeral: bool) -> Result<(), String> {
     result
 }
 
+fn read_records(path: &std::path::Path) -> Result<Vec<gw::EvalRecord>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let v: serde_json::Value =
+            serde_json::from_str(line).map_err(|e| format!("{}:{}: not JSON: {e}", path.display(), n + 1))?;
+        let field = |k: &str| v.get(k).and_then(|x| x.as_str()).unwrap_or_default().to_string();
+        let candidates = v
+            .get("candidates")
+            .and_then(|c| c.as_array())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|c| c.as_str())
+                    .enumerate()
+                    .map(|(i, t)| assay_proto::generator::v1::Candidate {
+                        id: i.to_string(),
+                        text: t.into(),
+                        model: String::new(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.push(gw::EvalRecord {
+            id: v.get("id").map(|x| x.as_str().map_or_else(|| x.to_string(), str::to_string)).unwrap_or_default(),
+            input: field("input"),
+            target: field("target"),
+            reference: field("reference"),
+            history: field("history"),
+            candidates,
+        });
+    }
+    Ok(out)
+}
+
+fn record_json(r: &gw::RecordResult) -> serde_json::Value {
+    let answers: serde_json::Map<String, serde_json::Value> = r
+        .score
+        .iter()
+        .flat_map(|s| s.item_scores.iter())
+        .map(|i| {
+            let a = match common::Answer::try_from(i.answer) {
+                Ok(common::Answer::Yes) => serde_json::json!("yes"),
+                Ok(common::Answer::No) => serde_json::json!("no"),
+                Ok(common::Answer::Unspecified) | Err(_) => serde_json::Value::Null,
+            };
+            (i.item_id.clone(), a)
+        })
+        .collect();
+    serde_json::json!({
+        "index": r.index,
+        "id": r.record_id,
+        "checklist_id": r.checklist_id,
+        "error": if r.error.is_empty() { serde_json::Value::Null } else { r.error.clone().into() },
+        "pass_rate": r.score.as_ref().map(|s| s.pass_rate),
+        "weighted_score": r.score.as_ref().map(|s| s.weighted_score),
+        "normalized_score": r.score.as_ref().map(|s| s.normalized_score),
+        "primary_score": r.score.as_ref().map(|s| s.primary_score),
+        "unanswered": r.score.as_ref().map(|s| s.unanswered_count),
+        "answers": answers,
+    })
+}
+
+struct EvalArgs {
+    preset: String,
+    data: PathBuf,
+    out: Option<PathBuf>,
+    gateway: Option<String>,
+    max_items: Option<u32>,
+    json: bool,
+}
+
+/// Ok(true) when every record was scored.
+async fn eval(config: AssayConfig, args: EvalArgs) -> Result<bool, String> {
+    use std::io::Write;
+    let preset =
+        assay_proto::generator::v1::Preset::from_str_name(&format!("PRESET_{}", args.preset.to_ascii_uppercase()))
+            .ok_or_else(|| format!("unknown preset {:?}", args.preset))?;
+    let records = read_records(&args.data)?;
+    let total = records.len();
+    let mut local = None;
+    let url = match &args.gateway {
+        Some(g) => g.clone(),
+        None => {
+            let mut config = config.clone();
+            config.ports = assay_config::Ports {
+                gateway: 0,
+                generator: 0,
+                refiners: 0,
+                scorer: 0,
+                arbiter: 0,
+                delta_judge: 0,
+                debate: 0,
+            };
+            let mesh = start(&config).await?;
+            let url = format!("http://{}", mesh.addrs.gateway);
+            local = Some(mesh);
+            url
+        }
+    };
+    let outcome = async {
+        let channel = assay_rpc::remote::channel(&url).map_err(|e| e.to_string())?;
+        let token = assay_runtime::serve_options(&config).auth_token;
+        let mut client = gw::gateway_service_client::GatewayServiceClient::with_interceptor(
+            channel,
+            assay_rpc::auth::BearerInterceptor::new(token.as_deref()),
+        );
+        let request = gw::RunPipelineRequest {
+            pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(gw::ChecklistEvalPipeline {
+                source: Some(gw::ChecklistSource { source: Some(gw::checklist_source::Source::Preset(preset as i32)) }),
+                records,
+                max_items: args.max_items,
+                ..Default::default()
+            })),
+            label: format!("assay eval {}", args.data.display()),
+        };
+        let mut stream = client.run_pipeline(request).await.map_err(|s| format!("{}: {}", s.code(), s.message()))?.into_inner();
+        let mut out: Box<dyn Write> = match &args.out {
+            Some(p) => Box::new(std::io::BufWriter::new(std::fs::File::create(p).map_err(|e| format!("{}: {e}", p.display()))?)),
+            None => Box::new(std::io::stdout()),
+        };
+        let mut done = 0usize;
+        let mut failed = 0usize;
+        let mut run_id = String::new();
+        let mut summary = None;
+        while let Some(msg) = stream.message().await.map_err(|s| format!("{}: {}", s.code(), s.message()))? {
+            let Some(ev) = msg.event else { continue };
+            run_id = ev.run_id.clone();
+            match ev.event {
+                Some(gw::run_event::Event::RecordScored(r)) => {
+                    done += 1;
+                    failed += usize::from(r.score.is_none());
+                    writeln!(out, "{}", record_json(&r)).map_err(|e| e.to_string())?;
+                    eprint!("\rscored {done}/{total}");
+                }
+                Some(gw::run_event::Event::Completed(c)) => summary = Some(c),
+                Some(_) | None => {}
+            }
+        }
+        out.flush().map_err(|e| e.to_string())?;
+        eprintln!();
+        let c = summary.ok_or("the run ended without completing")?;
+        let result = c.result.unwrap_or_default();
+        if !result.error.is_empty() {
+            return Err(format!("run {run_id} failed: {}", result.error));
+        }
+        if let Some(gw::run_result::Result::ChecklistEval(e)) = result.result {
+            let a = e.aggregate.unwrap_or_default();
+            let u = e.usage.unwrap_or_default();
+            if args.json {
+                println!("{}", serde_json::json!({"run_id": run_id, "records": total, "failed": failed,
+                    "mean_primary_score": a.mean_primary_score, "macro_pass_rate": a.macro_pass_rate,
+                    "micro_pass_rate": a.micro_pass_rate, "calls": u.calls, "cache_hits": u.cache_hits}));
+            } else {
+                eprintln!("run {run_id}: {total} records, {failed} failed; mean primary {:.3}, macro pass {:.3}, micro pass {:.3}; {} calls, {} cache hits",
+                    a.mean_primary_score, a.macro_pass_rate, a.micro_pass_rate, u.calls, u.cache_hits);
+            }
+        }
+        Ok::<bool, String>(failed == 0)
+    }
+    .await;
+    if let Some(mesh) = local {
+        mesh.shutdown().await?;
+    }
+    outcome
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -231,6 +426,23 @@ async fn main() -> ExitCode {
             Err(e) => Err(e),
         },
         Command::Models { command: ModelsCommand::Fetch { dir } } => models_fetch(dir).await,
+        Command::Eval { preset, data, out, gateway, max_items, json, backend } => {
+            let args = EvalArgs { preset, data, out, gateway, max_items, json };
+            return match load_config(cli.config.as_deref(), &backend) {
+                Ok(c) => match eval(c, args).await {
+                    Ok(true) => ExitCode::SUCCESS,
+                    Ok(false) => ExitCode::from(3),
+                    Err(e) => {
+                        eprintln!("assay: {e}");
+                        ExitCode::FAILURE
+                    }
+                },
+                Err(e) => {
+                    eprintln!("assay: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
         Command::Demo { backend, ephemeral_ports } => match load_config(cli.config.as_deref(), &backend) {
             Ok(c) => demo(c, ephemeral_ports).await,
             Err(e) => Err(e),

@@ -112,7 +112,11 @@ async fn bench_chat(choice: LocalModelChoice, style: Option<PromptStyle>) {
         .expect("load chat model");
     let load = t.elapsed();
     let (rss_load, _) = rss_mb();
-    let style_name = format!("{:?}", style.unwrap_or(choice.default_prompt_style())).to_lowercase();
+    let style_name = format!(
+        "{} prompt, {} threads",
+        format!("{:?}", style.unwrap_or(choice.default_prompt_style())).to_lowercase(),
+        assay_embedded::chat::default_threads()
+    );
 
     // Prompt throughput: distinct long prompts (no KV reuse beyond the template start).
     let (mut p_tok, mut p_time) = (0u64, Duration::ZERO);
@@ -187,12 +191,13 @@ async fn bench_chat(choice: LocalModelChoice, style: Option<PromptStyle>) {
         hwm,
     );
     println!(
-        "judge  {} ({style_name}): {}/{} correct ({:.0}%), said YES {} times, {:.1}s; wrong: {:?}",
+        "judge  {} ({style_name}): {}/{} correct ({:.0}%), said YES {} times, AUC of P(yes)-P(no) {:.2}, {:.1}s; wrong: {:?}",
         choice.model_name(),
         judge.correct,
         judge.total,
         judge.accuracy() * 100.0,
         judge.said_yes,
+        judge.auc,
         judge_time.as_secs_f64(),
         judge.wrong
     );

@@ -318,7 +318,7 @@ impl Generator {
             temperature: Some(temperature as f32),
             top_p: request.model.top_p.map(|p| p as f32),
             max_tokens: Some(max_tokens),
-            response_format: ResponseFormat::JsonSchema { name: "checklist".into(), schema: schema(shape) },
+            response_format: ResponseFormat::JsonSchema { name: "checklist".into(), schema: schema(shape, max_items) },
             cache: chat.cache,
             ..Default::default()
         };

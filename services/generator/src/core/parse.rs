@@ -10,18 +10,24 @@ pub const HARD_RULE: &str = "hard_rule";
 /// Category of a general quality principle (openrubrics).
 pub const PRINCIPLE: &str = "principle";
 
+/// Longest question the schema allows (characters).
+pub const MAX_QUESTION_CHARS: u32 = 200;
+
 /// The JSON schema a preset's reply must match: `{"items": [{"question": str, ...}]}` with
 /// `weight` (integer 0-100) for weighted presets and `category` (hard_rule | principle) for
 /// categorized ones. Strict-mode compatible (every property required, no extra properties).
-pub fn schema(shape: ItemShape) -> Value {
+/// Questions are capped at [`MAX_QUESTION_CHARS`] and the list at `max_items`, so a constrained
+/// local model always finishes its JSON within the token budget.
+pub fn schema(shape: ItemShape, max_items: u32) -> Value {
+    let question = json!({"type": "string", "minLength": 1, "maxLength": MAX_QUESTION_CHARS});
     let (props, required) = match shape {
-        ItemShape::Plain => (json!({"question": {"type": "string"}}), json!(["question"])),
+        ItemShape::Plain => (json!({"question": question}), json!(["question"])),
         ItemShape::Weighted => (
-            json!({"question": {"type": "string"}, "weight": {"type": "integer", "minimum": 0, "maximum": 100}}),
+            json!({"question": question, "weight": {"type": "integer", "minimum": 0, "maximum": 100}}),
             json!(["question", "weight"]),
         ),
         ItemShape::Categorized => (
-            json!({"question": {"type": "string"}, "category": {"type": "string", "enum": [HARD_RULE, PRINCIPLE]}}),
+            json!({"question": question, "category": {"type": "string", "enum": [HARD_RULE, PRINCIPLE]}}),
             json!(["question", "category"]),
         ),
     };
@@ -30,6 +36,8 @@ pub fn schema(shape: ItemShape) -> Value {
         "properties": {
             "items": {
                 "type": "array",
+                "minItems": 1,
+                "maxItems": max_items,
                 "items": {"type": "object", "properties": props, "required": required, "additionalProperties": false}
             }
         },
@@ -285,7 +293,7 @@ mod tests {
 
     #[test]
     fn schema_is_strict_compatible() {
-        let s = schema(ItemShape::Weighted);
+        let s = schema(ItemShape::Weighted, 7);
         assert_eq!(s["properties"]["items"]["items"]["required"], json!(["question", "weight"]));
         assert_eq!(s["additionalProperties"], false);
     }
