@@ -188,15 +188,7 @@ fn example_request() -> gw::EvaluateRequest {
 
 async fn demo(mut config: AssayConfig, ephemeral: bool) -> Result<(), String> {
     if ephemeral {
-        config.ports = assay_config::Ports {
-            gateway: 0,
-            generator: 0,
-            refiners: 0,
-            scorer: 0,
-            arbiter: 0,
-            delta_judge: 0,
-            debate: 0,
-        };
+        config.ports = assay_config::Ports::ephemeral();
     }
     let mesh = start(&config).await?;
     let url = format!("http://{}", mesh.addrs.gateway);
@@ -334,15 +326,7 @@ async fn eval(config: AssayConfig, args: EvalArgs) -> Result<bool, String> {
         Some(g) => g.clone(),
         None => {
             let mut config = config.clone();
-            config.ports = assay_config::Ports {
-                gateway: 0,
-                generator: 0,
-                refiners: 0,
-                scorer: 0,
-                arbiter: 0,
-                delta_judge: 0,
-                debate: 0,
-            };
+            config.ports = assay_config::Ports::ephemeral();
             let mesh = start(&config).await?;
             let url = format!("http://{}", mesh.addrs.gateway);
             local = Some(mesh);

@@ -390,28 +390,8 @@ impl Runs {
             })
             .buffer_unordered(self.concurrency);
         while let Some((k, out)) = generating.next().await {
-            let out = out.map_err(|e| match e {
-                StageError::InvalidArgument(vs) => StageError::InvalidArgument(
-                    vs.into_iter()
-                        .map(|mut f| {
-                            f.field = format!(
-                                "pipeline.records[{}].{}",
-                                record_key.iter().position(|x| *x == k).unwrap_or(0),
-                                f.field
-                            );
-                            f
-                        })
-                        .collect(),
-                ),
-                other @ (StageError::NotFound(_)
-                | StageError::FailedPrecondition(_)
-                | StageError::ResourceExhausted(_)
-                | StageError::Unavailable(_)
-                | StageError::DeadlineExceeded(_)
-                | StageError::Cancelled(_)
-                | StageError::Unimplemented(_)
-                | StageError::Internal(_)) => other,
-            })?;
+            let first = record_key.iter().position(|x| *x == k).unwrap_or(0);
+            let out = out.map_err(|e| e.map_fields(|f| format!("pipeline.records[{first}].{f}")))?;
             if let Ok(mut run) = live.run.lock() {
                 let mut total = convert::usage_from(run.usage);
                 total.add(&out.usage);

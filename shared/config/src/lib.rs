@@ -38,6 +38,13 @@ pub struct Ports {
     pub debate: u16,
 }
 
+impl Ports {
+    /// Every port 0: each service binds any free port.
+    pub fn ephemeral() -> Ports {
+        Ports { gateway: 0, generator: 0, refiners: 0, scorer: 0, arbiter: 0, delta_judge: 0, debate: 0 }
+    }
+}
+
 /// Upstream addresses of the stages as seen by the gateway.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct Upstreams {

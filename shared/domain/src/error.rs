@@ -45,6 +45,24 @@ fn describe(v: &[FieldViolation]) -> String {
 }
 
 impl StageError {
+    /// Rewrite the field paths of an INVALID_ARGUMENT (e.g. to prefix a stage's fields with where
+    /// they sit in a pipeline request); other errors pass through unchanged.
+    pub fn map_fields(self, mut f: impl FnMut(String) -> String) -> Self {
+        match self {
+            StageError::InvalidArgument(vs) => StageError::InvalidArgument(
+                vs.into_iter().map(|v| FieldViolation { field: f(v.field), description: v.description }).collect(),
+            ),
+            other @ (StageError::NotFound(_)
+            | StageError::FailedPrecondition(_)
+            | StageError::ResourceExhausted(_)
+            | StageError::Unavailable(_)
+            | StageError::DeadlineExceeded(_)
+            | StageError::Cancelled(_)
+            | StageError::Unimplemented(_)
+            | StageError::Internal(_)) => other,
+        }
+    }
+
     /// One invalid field.
     pub fn invalid(field: impl Into<String>, description: impl Into<String>) -> Self {
         StageError::InvalidArgument(vec![FieldViolation::new(field, description)])

@@ -126,32 +126,17 @@ impl GatewayCore {
 /// Map a scorer's field names (`targets[i].target`, `checklist.items`) to the pipeline's
 /// (`pipeline.records[i].target`, `pipeline.source.checklist.items`).
 fn rename_fields(e: StageError, prefix: &str) -> StageError {
-    match e {
-        StageError::InvalidArgument(vs) => StageError::InvalidArgument(
-            vs.into_iter()
-                .map(|mut f| {
-                    f.field = if let Some(rest) = f.field.strip_prefix("targets") {
-                        format!("{prefix}.records{rest}")
-                    } else if let Some(rest) = f.field.strip_prefix("checklist") {
-                        format!("{prefix}.source.checklist{rest}")
-                    } else if let Some(rest) = f.field.strip_prefix("config") {
-                        format!("{prefix}.scorer{rest}")
-                    } else if let Some(rest) = f.field.strip_prefix("model") {
-                        format!("{prefix}.scorer_model{rest}")
-                    } else {
-                        format!("{prefix}.{}", f.field)
-                    };
-                    f
-                })
-                .collect(),
-        ),
-        other @ (StageError::NotFound(_)
-        | StageError::FailedPrecondition(_)
-        | StageError::ResourceExhausted(_)
-        | StageError::Unavailable(_)
-        | StageError::DeadlineExceeded(_)
-        | StageError::Cancelled(_)
-        | StageError::Unimplemented(_)
-        | StageError::Internal(_)) => other,
-    }
+    e.map_fields(|field| {
+        if let Some(rest) = field.strip_prefix("targets") {
+            format!("{prefix}.records{rest}")
+        } else if let Some(rest) = field.strip_prefix("checklist") {
+            format!("{prefix}.source.checklist{rest}")
+        } else if let Some(rest) = field.strip_prefix("config") {
+            format!("{prefix}.scorer{rest}")
+        } else if let Some(rest) = field.strip_prefix("model") {
+            format!("{prefix}.scorer_model{rest}")
+        } else {
+            format!("{prefix}.{field}")
+        }
+    })
 }
