@@ -1,8 +1,9 @@
-//! `assay`: run the mesh, try it, manage models.
+//! `assay`: run the mesh, try it, evaluate, generate, score, manage runs and models.
+
+mod cmd;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use assay_config::AssayConfig;
 use assay_proto::common::v1 as common;
@@ -49,37 +50,233 @@ enum Command {
         #[arg(long)]
         ephemeral_ports: bool,
     },
-    /// Evaluate a JSON-lines file of records ({"id","input","target","reference","history"}) with a
-    /// preset, through a running gateway (`--gateway`) or an in-process mesh. Writes one JSON line per
-    /// record. Exit codes: 0 all scored, 3 some records failed, 1 the run failed.
+    /// Evaluate a JSON-lines file of records ({"id","input","target","reference","history","candidates"})
+    /// with a preset: generate a checklist per distinct input, score every record. Writes one JSON line
+    /// per record. Exit codes: 0 all scored, 3 some records failed, 1 the run failed.
     Eval {
         /// Preset: tick, rocketeval, rlcf_direct, rlcf_candidate, rlcf_candidates_only,
         /// openrubrics_pairwise, openrubrics_listwise.
         #[arg(long)]
         preset: String,
-        /// Input records (JSON lines).
-        #[arg(long)]
-        data: PathBuf,
-        /// Output (JSON lines); standard output when absent.
-        #[arg(long)]
-        out: Option<PathBuf>,
-        /// Gateway address (e.g. http://127.0.0.1:50051); absent = start the mesh in this process.
-        #[arg(long)]
-        gateway: Option<String>,
         /// Override the preset's maximum number of checklist items.
         #[arg(long)]
         max_items: Option<u32>,
-        /// Print the final summary as JSON.
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        scoring: ScoringArgs,
+        #[command(flatten)]
+        run: RunArgs,
         #[command(flatten)]
         backend: BackendArgs,
+    },
+    /// Score a JSON-lines file of records against one checklist (a JSON file: {"id","items":[...]} or a
+    /// list of questions). Same output and exit codes as `eval`.
+    Score {
+        /// Checklist file (JSON).
+        #[arg(long)]
+        checklist: PathBuf,
+        #[command(flatten)]
+        scoring: ScoringArgs,
+        #[command(flatten)]
+        run: RunArgs,
+        #[command(flatten)]
+        backend: BackendArgs,
+    },
+    /// Generate checklists: instance presets from --input (or one per record of --data), corpus presets
+    /// (feedback, checkeval, interacteval) from --observations / --dimensions. One checklist JSON per line.
+    Generate {
+        #[arg(long)]
+        preset: String,
+        /// The instruction to generate a checklist for (instance presets).
+        #[arg(long, default_value = "")]
+        input: String,
+        #[arg(long, default_value = "")]
+        reference: String,
+        #[arg(long, default_value = "")]
+        history: String,
+        /// A candidate response (repeat for several; contrastive presets).
+        #[arg(long)]
+        candidate: Vec<String>,
+        /// Records (JSON lines) to generate one checklist each for, instead of --input.
+        #[arg(long)]
+        data: Option<PathBuf>,
+        /// Corpus observations: one per line (.txt) or JSON strings / {"text"} objects (.jsonl).
+        #[arg(long)]
+        observations: Option<PathBuf>,
+        /// What the corpus is about.
+        #[arg(long, default_value = "")]
+        description: String,
+        /// checkeval dimensions: JSON list of {"name","definition","sub_dimensions":[{"name","definition"}]}.
+        #[arg(long)]
+        dimensions: Option<PathBuf>,
+        /// checkeval augmentation: seed, elaboration, diversification, combined.
+        #[arg(long)]
+        augmentation: Option<String>,
+        /// checkeval: filter questions for alignment and dimension consistency.
+        #[arg(long)]
+        filter: bool,
+        /// feedback: observations per model call.
+        #[arg(long)]
+        batch_size: Option<u32>,
+        /// Corpus presets: skip the built-in deduplicator / tagger / selector, or add the unit tester.
+        #[arg(long)]
+        no_dedup: bool,
+        #[arg(long)]
+        no_tagging: bool,
+        #[arg(long)]
+        no_selection: bool,
+        #[arg(long)]
+        dedup_threshold: Option<f64>,
+        /// Instance presets: maximum items.
+        #[arg(long)]
+        max_items: Option<u32>,
+        /// Selector: maximum questions kept.
+        #[arg(long)]
+        max_questions: Option<u32>,
+        /// Refiners to run on the generated checklist, in order (comma separated): deduplicator,
+        /// tagger, selector.
+        #[arg(long, value_delimiter = ',')]
+        refine: Vec<String>,
+        /// Output (JSON lines); standard output when absent.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Gateway address; absent = start the mesh in this process.
+        #[arg(long)]
+        gateway: Option<String>,
+        #[command(flatten)]
+        backend: BackendArgs,
+    },
+    /// List, inspect, follow and control runs on a running gateway.
+    Runs {
+        #[command(subcommand)]
+        command: RunsCommand,
+        /// Gateway address (default: the configured gateway port on this machine).
+        #[arg(long, global = true)]
+        gateway: Option<String>,
+        /// JSON output.
+        #[arg(long, global = true)]
+        json: bool,
     },
     /// Manage the embedded models.
     Models {
         #[command(subcommand)]
         command: ModelsCommand,
     },
+}
+
+#[derive(Args, Clone)]
+struct ScoringArgs {
+    /// Scoring mode: batch (one call per record) or item (one call per question).
+    #[arg(long)]
+    mode: Option<String>,
+    /// Primary metric: pass, weighted or normalized (normalized turns logprobs on).
+    #[arg(long)]
+    metric: Option<String>,
+    /// Ask the judge for a reason per item.
+    #[arg(long)]
+    reasoning: bool,
+    /// Ask for first-token logprobs (confidence per item).
+    #[arg(long)]
+    logprobs: bool,
+    /// Custom prompt template file ({input} {target} {question} {history} {reference}).
+    #[arg(long)]
+    template: Option<PathBuf>,
+}
+
+#[derive(Args, Clone)]
+struct RunArgs {
+    /// Input records (JSON lines).
+    #[arg(long)]
+    data: PathBuf,
+    /// Output (JSON lines); standard output when absent.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Gateway address (e.g. http://127.0.0.1:50051); absent = start the mesh in this process.
+    #[arg(long)]
+    gateway: Option<String>,
+    /// Print the final summary as one JSON line on standard output.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Subcommand)]
+enum RunsCommand {
+    /// Most recent runs first.
+    List {
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        /// Only runs in this state (running, paused, succeeded, partial, failed, cancelled).
+        #[arg(long)]
+        state: Option<String>,
+    },
+    /// One run with its result summary.
+    Show {
+        run_id: String,
+    },
+    /// Replay a run's events after a sequence number, then follow it until it completes.
+    Watch {
+        run_id: String,
+        #[arg(long, default_value_t = 0)]
+        after: u64,
+    },
+    /// Start no new work until resumed.
+    Pause {
+        run_id: String,
+    },
+    Resume {
+        run_id: String,
+    },
+    Cancel {
+        run_id: String,
+    },
+}
+
+impl ScoringArgs {
+    /// The scorer configuration, or None when nothing was set (the preset's defaults apply).
+    fn config(&self) -> Result<Option<common::ScorerConfig>, String> {
+        if self.mode.is_none() && self.metric.is_none() && !self.reasoning && !self.logprobs && self.template.is_none()
+        {
+            return Ok(None);
+        }
+        let mode = match self.mode.as_deref() {
+            None => common::ScoringMode::Unspecified,
+            Some(m) => common::ScoringMode::from_str_name(&format!("SCORING_MODE_{}", m.to_ascii_uppercase()))
+                .ok_or_else(|| format!("unknown --mode {m:?} (batch, item)"))?,
+        };
+        let metric = match self.metric.as_deref() {
+            None => common::PrimaryMetric::Unspecified,
+            Some(m) => common::PrimaryMetric::from_str_name(&format!("PRIMARY_METRIC_{}", m.to_ascii_uppercase()))
+                .ok_or_else(|| format!("unknown --metric {m:?} (pass, weighted, normalized)"))?,
+        };
+        let prompt_template = match &self.template {
+            Some(p) => std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?,
+            None => String::new(),
+        };
+        Ok(Some(common::ScorerConfig {
+            mode: mode as i32,
+            primary_metric: metric as i32,
+            capture_reasoning: self.reasoning,
+            use_logprobs: self.logprobs,
+            prompt_template,
+            concurrency: 0,
+        }))
+    }
+}
+
+impl RunArgs {
+    fn into_cmd(self) -> cmd::eval::RunArgs {
+        cmd::eval::RunArgs { data: self.data, out: self.out, gateway: self.gateway, json: self.json }
+    }
+}
+
+fn exit_of(outcome: Result<cmd::eval::Outcome, String>) -> ExitCode {
+    match outcome {
+        Ok(cmd::eval::Outcome::Complete) => ExitCode::SUCCESS,
+        Ok(cmd::eval::Outcome::Partial) => ExitCode::from(cmd::EXIT_PARTIAL),
+        Err(e) => {
+            eprintln!("assay: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -132,22 +329,8 @@ fn load_config(path: Option<&std::path::Path>, backend: &BackendArgs) -> Result<
     Ok(config)
 }
 
-async fn start(config: &AssayConfig) -> Result<assay_cli::Mesh, String> {
-    let (hub, loading) = assay_runtime::build_hub(config, &assay_runtime::default_loaders())?;
-    let mesh = assay_cli::start_mesh(config, Arc::new(hub), false).await?;
-    eprintln!("services listening (NOT_SERVING until model backends are ready)");
-    let started = std::time::Instant::now();
-    loading.await?;
-    mesh.set_serving().await;
-    eprintln!("model backends ready in {:.1?}; every service SERVING", started.elapsed());
-    for (name, addr) in mesh.addrs.all() {
-        tracing::info!(service = name, %addr, "serving");
-    }
-    Ok(mesh)
-}
-
 async fn up(config: AssayConfig) -> Result<(), String> {
-    let mesh = start(&config).await?;
+    let mesh = cmd::start(&config).await?;
     eprintln!("assay mesh is up: gateway on {} (ctrl-c or SIGTERM to stop)", mesh.addrs.gateway);
     assay_rpc::shutdown_signal().await;
     eprintln!("stopping: draining in-flight calls");
@@ -190,7 +373,7 @@ async fn demo(mut config: AssayConfig, ephemeral: bool) -> Result<(), String> {
     if ephemeral {
         config.ports = assay_config::Ports::ephemeral();
     }
-    let mesh = start(&config).await?;
+    let mesh = cmd::start(&config).await?;
     let url = format!("http://{}", mesh.addrs.gateway);
     let result = async {
         let channel = assay_rpc::remote::channel(&url).map_err(|e| e.to_string())?;
@@ -239,167 +422,6 @@ async fn demo(mut config: AssayConfig, ephemeral: bool) -> Result<(), String> {
     result
 }
 
-fn read_records(path: &std::path::Path) -> Result<Vec<gw::EvalRecord>, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut out = Vec::new();
-    for (n, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let v: serde_json::Value =
-            serde_json::from_str(line).map_err(|e| format!("{}:{}: not JSON: {e}", path.display(), n + 1))?;
-        let field = |k: &str| v.get(k).and_then(|x| x.as_str()).unwrap_or_default().to_string();
-        let candidates = v
-            .get("candidates")
-            .and_then(|c| c.as_array())
-            .map(|a| {
-                a.iter()
-                    .filter_map(|c| c.as_str())
-                    .enumerate()
-                    .map(|(i, t)| assay_proto::generator::v1::Candidate {
-                        id: i.to_string(),
-                        text: t.into(),
-                        model: String::new(),
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        out.push(gw::EvalRecord {
-            id: v.get("id").map(|x| x.as_str().map_or_else(|| x.to_string(), str::to_string)).unwrap_or_default(),
-            input: field("input"),
-            target: field("target"),
-            reference: field("reference"),
-            history: field("history"),
-            candidates,
-        });
-    }
-    Ok(out)
-}
-
-fn record_json(r: &gw::RecordResult) -> serde_json::Value {
-    let answers: serde_json::Map<String, serde_json::Value> = r
-        .score
-        .iter()
-        .flat_map(|s| s.item_scores.iter())
-        .map(|i| {
-            let a = match common::Answer::try_from(i.answer) {
-                Ok(common::Answer::Yes) => serde_json::json!("yes"),
-                Ok(common::Answer::No) => serde_json::json!("no"),
-                Ok(common::Answer::Unspecified) | Err(_) => serde_json::Value::Null,
-            };
-            (i.item_id.clone(), a)
-        })
-        .collect();
-    serde_json::json!({
-        "index": r.index,
-        "id": r.record_id,
-        "checklist_id": r.checklist_id,
-        "error": if r.error.is_empty() { serde_json::Value::Null } else { r.error.clone().into() },
-        "pass_rate": r.score.as_ref().map(|s| s.pass_rate),
-        "weighted_score": r.score.as_ref().map(|s| s.weighted_score),
-        "normalized_score": r.score.as_ref().map(|s| s.normalized_score),
-        "primary_score": r.score.as_ref().map(|s| s.primary_score),
-        "unanswered": r.score.as_ref().map(|s| s.unanswered_count),
-        "answers": answers,
-    })
-}
-
-struct EvalArgs {
-    preset: String,
-    data: PathBuf,
-    out: Option<PathBuf>,
-    gateway: Option<String>,
-    max_items: Option<u32>,
-    json: bool,
-}
-
-/// Ok(true) when every record was scored.
-async fn eval(config: AssayConfig, args: EvalArgs) -> Result<bool, String> {
-    use std::io::Write;
-    let preset =
-        assay_proto::generator::v1::Preset::from_str_name(&format!("PRESET_{}", args.preset.to_ascii_uppercase()))
-            .ok_or_else(|| format!("unknown preset {:?}", args.preset))?;
-    let records = read_records(&args.data)?;
-    let total = records.len();
-    let mut local = None;
-    let url = match &args.gateway {
-        Some(g) => g.clone(),
-        None => {
-            let mut config = config.clone();
-            config.ports = assay_config::Ports::ephemeral();
-            let mesh = start(&config).await?;
-            let url = format!("http://{}", mesh.addrs.gateway);
-            local = Some(mesh);
-            url
-        }
-    };
-    let outcome = async {
-        let channel = assay_rpc::remote::channel(&url).map_err(|e| e.to_string())?;
-        let token = assay_runtime::serve_options(&config).auth_token;
-        let mut client = gw::gateway_service_client::GatewayServiceClient::with_interceptor(
-            channel,
-            assay_rpc::auth::BearerInterceptor::new(token.as_deref()),
-        );
-        let request = gw::RunPipelineRequest {
-            pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(gw::ChecklistEvalPipeline {
-                source: Some(gw::ChecklistSource { source: Some(gw::checklist_source::Source::Preset(preset as i32)) }),
-                records,
-                max_items: args.max_items,
-                ..Default::default()
-            })),
-            label: format!("assay eval {}", args.data.display()),
-        };
-        let mut stream = client.run_pipeline(request).await.map_err(|s| format!("{}: {}", s.code(), s.message()))?.into_inner();
-        let mut out: Box<dyn Write> = match &args.out {
-            Some(p) => Box::new(std::io::BufWriter::new(std::fs::File::create(p).map_err(|e| format!("{}: {e}", p.display()))?)),
-            None => Box::new(std::io::stdout()),
-        };
-        let mut done = 0usize;
-        let mut failed = 0usize;
-        let mut run_id = String::new();
-        let mut summary = None;
-        while let Some(msg) = stream.message().await.map_err(|s| format!("{}: {}", s.code(), s.message()))? {
-            let Some(ev) = msg.event else { continue };
-            run_id = ev.run_id.clone();
-            match ev.event {
-                Some(gw::run_event::Event::RecordScored(r)) => {
-                    done += 1;
-                    failed += usize::from(r.score.is_none());
-                    writeln!(out, "{}", record_json(&r)).map_err(|e| e.to_string())?;
-                    eprint!("\rscored {done}/{total}");
-                }
-                Some(gw::run_event::Event::Completed(c)) => summary = Some(c),
-                Some(_) | None => {}
-            }
-        }
-        out.flush().map_err(|e| e.to_string())?;
-        eprintln!();
-        let c = summary.ok_or("the run ended without completing")?;
-        let result = c.result.unwrap_or_default();
-        if !result.error.is_empty() {
-            return Err(format!("run {run_id} failed: {}", result.error));
-        }
-        if let Some(gw::run_result::Result::ChecklistEval(e)) = result.result {
-            let a = e.aggregate.unwrap_or_default();
-            let u = e.usage.unwrap_or_default();
-            if args.json {
-                println!("{}", serde_json::json!({"run_id": run_id, "records": total, "failed": failed,
-                    "mean_primary_score": a.mean_primary_score, "macro_pass_rate": a.macro_pass_rate,
-                    "micro_pass_rate": a.micro_pass_rate, "calls": u.calls, "cache_hits": u.cache_hits}));
-            } else {
-                eprintln!("run {run_id}: {total} records, {failed} failed; mean primary {:.3}, macro pass {:.3}, micro pass {:.3}; {} calls, {} cache hits",
-                    a.mean_primary_score, a.macro_pass_rate, a.micro_pass_rate, u.calls, u.cache_hits);
-            }
-        }
-        Ok::<bool, String>(failed == 0)
-    }
-    .await;
-    if let Some(mesh) = local {
-        mesh.shutdown().await?;
-    }
-    outcome
-}
-
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -410,22 +432,114 @@ async fn main() -> ExitCode {
             Err(e) => Err(e),
         },
         Command::Models { command: ModelsCommand::Fetch { dir } } => models_fetch(dir).await,
-        Command::Eval { preset, data, out, gateway, max_items, json, backend } => {
-            let args = EvalArgs { preset, data, out, gateway, max_items, json };
-            return match load_config(cli.config.as_deref(), &backend) {
-                Ok(c) => match eval(c, args).await {
-                    Ok(true) => ExitCode::SUCCESS,
-                    Ok(false) => ExitCode::from(3),
-                    Err(e) => {
-                        eprintln!("assay: {e}");
-                        ExitCode::FAILURE
-                    }
-                },
+        Command::Eval { preset, max_items, scoring, run, backend } => {
+            let outcome = async {
+                let config = load_config(cli.config.as_deref(), &backend)?;
+                cmd::eval::eval(&config, &preset, max_items, scoring.config()?, run.into_cmd()).await
+            };
+            return exit_of(outcome.await);
+        }
+        Command::Score { checklist, scoring, run, backend } => {
+            let outcome = async {
+                let config = load_config(cli.config.as_deref(), &backend)?;
+                let scorer = scoring.config()?.unwrap_or_default();
+                cmd::eval::score(&config, &checklist, scorer, run.into_cmd()).await
+            };
+            return exit_of(outcome.await);
+        }
+        Command::Generate {
+            preset,
+            input,
+            reference,
+            history,
+            candidate,
+            data,
+            observations,
+            description,
+            dimensions,
+            augmentation,
+            filter,
+            batch_size,
+            no_dedup,
+            no_tagging,
+            no_selection,
+            dedup_threshold,
+            max_items,
+            max_questions,
+            refine,
+            out,
+            gateway,
+            backend,
+        } => {
+            let outcome = async {
+                let config = load_config(cli.config.as_deref(), &backend)?;
+                let record = assay_proto::gateway::v1::EvalRecord {
+                    id: String::new(),
+                    input,
+                    target: String::new(),
+                    reference,
+                    history,
+                    candidates: candidate
+                        .into_iter()
+                        .enumerate()
+                        .map(|(i, text)| assay_proto::generator::v1::Candidate {
+                            id: i.to_string(),
+                            text,
+                            model: String::new(),
+                        })
+                        .collect(),
+                };
+                let corpus = cmd::generate::CorpusArgs {
+                    observations,
+                    description,
+                    dimensions,
+                    augmentation,
+                    filter,
+                    batch_size,
+                    no_dedup,
+                    no_tagging,
+                    unit_tester: false,
+                    no_selection,
+                    dedup_threshold,
+                };
+                let args = cmd::generate::GenerateArgs {
+                    preset,
+                    record,
+                    data,
+                    corpus,
+                    max_items,
+                    max_questions,
+                    refine,
+                    out,
+                    gateway,
+                };
+                cmd::generate::generate(&config, args).await
+            };
+            return match outcome.await {
+                Ok(true) => ExitCode::SUCCESS,
+                Ok(false) => ExitCode::from(cmd::EXIT_PARTIAL),
                 Err(e) => {
                     eprintln!("assay: {e}");
                     ExitCode::FAILURE
                 }
             };
+        }
+        Command::Runs { command, gateway, json } => {
+            match load_config(cli.config.as_deref(), &BackendArgs { backend: None, model: None }) {
+                Ok(config) => {
+                    let url = gateway.unwrap_or_else(|| cmd::configured_gateway(&config));
+                    let action = match command {
+                        RunsCommand::List { limit, state } => cmd::runs::Action::List { limit, state },
+                        RunsCommand::Show { run_id } => cmd::runs::Action::Show { run_id },
+                        RunsCommand::Watch { run_id, after } => cmd::runs::Action::Watch { run_id, after },
+                        RunsCommand::Pause { run_id } => cmd::runs::Action::Pause { run_id },
+                        RunsCommand::Resume { run_id } => cmd::runs::Action::Resume { run_id },
+                        RunsCommand::Cancel { run_id } => cmd::runs::Action::Cancel { run_id },
+                    };
+                    cmd::runs::run(&config, &url, action, json).await
+                }
+                Err(e) => Err(e),
+            }
         }
         Command::Demo { backend, ephemeral_ports } => match load_config(cli.config.as_deref(), &backend) {
             Ok(c) => demo(c, ephemeral_ports).await,

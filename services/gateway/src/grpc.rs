@@ -8,11 +8,14 @@ use assay_domain::{StageError, Violations};
 use assay_proto::convert;
 use assay_proto::gateway::v1::checklist_source::Source;
 use assay_proto::gateway::v1::gateway_service_server::{GatewayService, GatewayServiceServer};
+use assay_proto::gateway::v1::{ChecklistSource, GenerateChecklistPipeline};
 use assay_proto::gateway::v1::{
     ControlRunRequest, ControlRunResponse, EvaluateRequest, EvaluateResponse, GetRunRequest, GetRunResponse,
     ListRunsRequest, ListRunsResponse, RecordResult, RunPipelineRequest, RunPipelineResponse, WatchRunRequest,
     WatchRunResponse,
 };
+use assay_proto::generator::v1::{GenerateCorpusRequest, Preset};
+use assay_proto::refiners::v1::RefinerStep;
 use assay_rpc::{CallContext, run_with, to_status};
 use futures::{Stream, StreamExt};
 use tonic::service::Routes;
@@ -59,31 +62,8 @@ pub fn evaluation_from(p: assay_proto::gateway::v1::ChecklistEvalPipeline) -> Re
     } = p;
     let mut v = Violations::new();
     let scorer_set = scorer.is_some();
-    let mut preset = None;
-    let checklist = match source.and_then(|s| s.source) {
-        Some(Source::Checklist(c)) => convert::checklist(Some(c), "pipeline.source.checklist", &mut v),
-        Some(Source::Preset(p)) => {
-            match assay_generator::grpc::preset_from(p, "pipeline.source.preset") {
-                Ok(p) => preset = Some(p),
-                Err(f) => v.push(f.field, f.description),
-            }
-            Default::default()
-        }
-        Some(Source::Corpus(_)) => {
-            return Err(StageError::Unimplemented(
-                "corpus checklist generation is not available yet; pass pipeline.source.checklist".into(),
-            ));
-        }
-        None => {
-            v.push("pipeline.source", "is required (a checklist)");
-            Default::default()
-        }
-    };
-    if !refiners.is_empty() {
-        return Err(StageError::Unimplemented(
-            "checklist refiners are not available yet; leave pipeline.refiners empty".into(),
-        ));
-    }
+    let (checklist, preset, corpus) = checklist_source(source, &mut v);
+    check_refiners(&refiners, &mut v);
     let records = records
         .into_iter()
         .enumerate()
@@ -117,7 +97,118 @@ pub fn evaluation_from(p: assay_proto::gateway::v1::ChecklistEvalPipeline) -> Re
     let scorer = convert::scorer_config(scorer, "pipeline.scorer", &mut v);
     let scorer_model = convert::model_spec(scorer_model, "pipeline.scorer_model", &mut v);
     v.into_result()?;
-    Ok(Evaluation { checklist, preset, generator_model, max_items, records, scorer, scorer_set, scorer_model })
+    Ok(Evaluation {
+        checklist,
+        preset,
+        generator_model,
+        max_items,
+        records,
+        scorer,
+        scorer_set,
+        scorer_model,
+        corpus,
+        refiners,
+    })
+}
+
+type Source3 = (assay_domain::Checklist, Option<assay_generator::Preset>, Option<GenerateCorpusRequest>);
+
+/// The checklist source: an explicit checklist, an instance preset or a corpus request.
+fn checklist_source(source: Option<ChecklistSource>, v: &mut Violations) -> Source3 {
+    match source.and_then(|s| s.source) {
+        Some(Source::Checklist(c)) => (convert::checklist(Some(c), "pipeline.source.checklist", v), None, None),
+        Some(Source::Preset(p)) => match assay_generator::grpc::preset_from(p, "pipeline.source.preset") {
+            Ok(p) => (Default::default(), Some(p), None),
+            Err(f) => {
+                v.push(f.field, f.description);
+                (Default::default(), None, None)
+            }
+        },
+        Some(Source::Corpus(c)) => {
+            check_corpus(&c, v);
+            (Default::default(), None, Some(c))
+        }
+        None => {
+            v.push("pipeline.source", "is required (a preset, a checklist or a corpus)");
+            Default::default()
+        }
+    }
+}
+
+/// What the gateway can check of a corpus request before starting a run (the generator checks the rest).
+fn check_corpus(c: &GenerateCorpusRequest, v: &mut Violations) {
+    let f = "pipeline.source.corpus";
+    match Preset::try_from(c.preset) {
+        Ok(Preset::Feedback | Preset::Interacteval) => {
+            if c.observations.iter().all(|o| o.trim().is_empty()) {
+                v.push(format!("{f}.observations"), "must not be empty: the corpus preset generates from them");
+            }
+        }
+        Ok(Preset::Checkeval) => {
+            if c.dimensions.is_empty() {
+                v.push(format!("{f}.dimensions"), "must not be empty: checkeval generates per dimension");
+            }
+        }
+        Ok(
+            Preset::Unspecified
+            | Preset::Tick
+            | Preset::Rocketeval
+            | Preset::RlcfDirect
+            | Preset::RlcfCandidate
+            | Preset::RlcfCandidatesOnly
+            | Preset::OpenrubricsPairwise
+            | Preset::OpenrubricsListwise,
+        )
+        | Err(_) => v.push(format!("{f}.preset"), "must be a corpus preset (feedback, checkeval or interacteval)"),
+    }
+}
+
+/// Every refiner step names its refiner.
+fn check_refiners(steps: &[RefinerStep], v: &mut Violations) {
+    for (i, s) in steps.iter().enumerate() {
+        if s.step.is_none() {
+            v.push(format!("pipeline.refiners[{i}]"), "must set one of deduplicate, tag, unit_test or select");
+        }
+    }
+}
+
+/// Parse and validate a generate-only pipeline (fields named `pipeline.*`) as an evaluation with one
+/// record and no scoring.
+pub fn generation_from(p: GenerateChecklistPipeline) -> Result<Evaluation, StageError> {
+    let GenerateChecklistPipeline { source, record, generator_model, max_items, refiners } = p;
+    let mut v = Violations::new();
+    let (checklist, preset, corpus) = checklist_source(source, &mut v);
+    check_refiners(&refiners, &mut v);
+    let record = record.unwrap_or_default();
+    if preset.is_some() && record.input.trim().is_empty() {
+        v.push("pipeline.record.input", "must not be empty: the preset generates a checklist from it");
+    }
+    if preset.is_none() && corpus.is_none() && refiners.is_empty() {
+        v.push("pipeline.refiners", "must not be empty when the source is an explicit checklist (nothing to do)");
+    }
+    if max_items.is_some_and(|m| m == 0 || m > 500) {
+        v.push("pipeline.max_items", "must be between 1 and 500");
+    }
+    let generator_model = convert::model_spec(generator_model, "pipeline.generator_model", &mut v);
+    v.into_result()?;
+    let assay_proto::gateway::v1::EvalRecord { id, input, target, reference, history, candidates } = record;
+    Ok(Evaluation {
+        checklist,
+        preset,
+        generator_model,
+        max_items,
+        records: vec![EvalRecord {
+            id,
+            input,
+            target,
+            reference,
+            history,
+            candidates: candidates.into_iter().map(|c| c.text).collect(),
+        }],
+        corpus,
+        refiners,
+        ..Default::default()
+    })
 }
 
 fn evaluate_response(o: &EvaluationOutcome) -> EvaluateResponse {
@@ -166,8 +257,8 @@ impl GatewayService for GatewayGrpc {
         let ctx = CallContext::from_request(&request);
         let inner = request.into_inner();
         let eval = evaluation(inner.clone()).map_err(to_status)?;
-        if eval.preset.is_some() {
-            // Generation + scoring: the full pipeline, waited for.
+        if eval.needs_checklist_stages() {
+            // Generation or refinement + scoring: the full pipeline, waited for.
             let request = RunPipelineRequest {
                 pipeline: inner.pipeline.map(assay_proto::gateway::v1::run_pipeline_request::Pipeline::ChecklistEval),
                 label: "evaluate".into(),

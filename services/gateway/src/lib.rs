@@ -3,6 +3,7 @@
 pub mod core;
 pub mod grpc;
 pub mod runs;
+pub mod stages;
 pub mod store;
 
 pub use core::{EvalRecord, Evaluation, EvaluationOutcome, GatewayCore, RecordOutcome};

@@ -14,6 +14,7 @@ use futures::StreamExt;
 use tokio::sync::{broadcast, watch};
 
 use crate::core::Evaluation;
+use crate::stages::{ChecklistRefiner, CorpusGenerator, StageEvent};
 use crate::store::{RunStore, StoredRun};
 
 fn now() -> prost_types::Timestamp {
@@ -39,6 +40,8 @@ pub struct Runs {
     store: RunStore,
     scorer: Arc<dyn Scorer>,
     generator: Option<Arc<dyn assay_generator::ChecklistGenerator>>,
+    corpus: Option<Arc<dyn CorpusGenerator>>,
+    refiner: Option<Arc<dyn ChecklistRefiner>>,
     live: Arc<Mutex<HashMap<String, Arc<LiveRun>>>>,
     concurrency: usize,
     /// Set when this gateway stops: executors quit without touching stored state, so the next
@@ -63,6 +66,8 @@ impl Runs {
             store,
             scorer,
             generator: None,
+            corpus: None,
+            refiner: None,
             live: Arc::default(),
             concurrency: concurrency.max(1),
             halt: Arc::new(watch::channel(false).0),
@@ -72,6 +77,18 @@ impl Runs {
     /// Generate checklists from presets with this generator.
     pub fn with_generator(mut self, generator: Arc<dyn assay_generator::ChecklistGenerator>) -> Self {
         self.generator = Some(generator);
+        self
+    }
+
+    /// Generate corpus-level checklists with this generator.
+    pub fn with_corpus(mut self, corpus: Arc<dyn CorpusGenerator>) -> Self {
+        self.corpus = Some(corpus);
+        self
+    }
+
+    /// Refine checklists with this refiner chain.
+    pub fn with_refiner(mut self, refiner: Arc<dyn ChecklistRefiner>) -> Self {
+        self.refiner = Some(refiner);
         self
     }
 
@@ -125,15 +142,25 @@ impl Runs {
                 validate_generation(&evaluation(p.clone())?)?;
                 (gw::PipelineKind::ChecklistEval, p.records.len() as u32)
             }
+            Some(gw::run_pipeline_request::Pipeline::GenerateChecklist(p)) => {
+                validate_generation(&crate::grpc::generation_from(p.clone())?).map_err(|e| {
+                    e.map_fields(|f| match f.strip_prefix("pipeline.records[0]") {
+                        Some(rest) => format!("pipeline.record{rest}"),
+                        None => f.to_string(),
+                    })
+                })?;
+                (gw::PipelineKind::GenerateChecklist, 0)
+            }
             Some(
-                gw::run_pipeline_request::Pipeline::GenerateChecklist(_)
-                | gw::run_pipeline_request::Pipeline::TargetedRefinement(_)
+                gw::run_pipeline_request::Pipeline::TargetedRefinement(_)
                 | gw::run_pipeline_request::Pipeline::SelfRefine(_)
                 | gw::run_pipeline_request::Pipeline::Debate(_),
             ) => {
-                return Err(StageError::Unimplemented("this pipeline is not available yet; checklist_eval is".into()));
+                return Err(StageError::Unimplemented(
+                    "this pipeline is not available yet; checklist_eval and generate_checklist are".into(),
+                ));
             }
-            None => return Err(StageError::invalid("pipeline", "is required (checklist_eval)")),
+            None => return Err(StageError::invalid("pipeline", "is required (checklist_eval or generate_checklist)")),
         };
         let run_id = uuid::Uuid::now_v7().to_string();
         let t = now();
@@ -206,8 +233,17 @@ impl Runs {
     }
 
     async fn execute(&self, run_id: &str, request: gw::RunPipelineRequest, live: &LiveRun) -> Result<(), StageError> {
-        let Some(gw::run_pipeline_request::Pipeline::ChecklistEval(p)) = request.pipeline else {
-            return Err(StageError::Internal("stored run has no checklist_eval pipeline".into()));
+        let p = match request.pipeline {
+            Some(gw::run_pipeline_request::Pipeline::ChecklistEval(p)) => p,
+            Some(gw::run_pipeline_request::Pipeline::GenerateChecklist(p)) => {
+                return self.execute_generation(run_id, crate::grpc::generation_from(p)?, live).await;
+            }
+            Some(
+                gw::run_pipeline_request::Pipeline::TargetedRefinement(_)
+                | gw::run_pipeline_request::Pipeline::SelfRefine(_)
+                | gw::run_pipeline_request::Pipeline::Debate(_),
+            )
+            | None => return Err(StageError::Internal("stored run has no pipeline this gateway runs".into())),
         };
         let eval = evaluation(p)?;
         // Checklists: stored once so a resumed run scores against exactly the same ones.
@@ -319,7 +355,134 @@ impl Runs {
         self.emit(live, run_id, Event::Completed(gw::RunCompleted { state: state as i32, result: Some(result) })).await
     }
 
-    /// The run's checklists and, per record, the index of the one it is scored against.
+    /// A generate-only run: the checklist (generated, from a corpus or given), refined, as the result.
+    async fn execute_generation(&self, run_id: &str, eval: Evaluation, live: &LiveRun) -> Result<(), StageError> {
+        let (checklists, _) = self.checklists(run_id, &eval, live).await?;
+        let checklist = checklists.into_iter().next().unwrap_or_default();
+        let result = gw::RunResult {
+            result: Some(gw::run_result::Result::Checklist(convert::checklist_to(&checklist))),
+            error: String::new(),
+        };
+        Self::set_state(live, gw::RunState::Succeeded);
+        if let Ok(mut r) = live.run.lock() {
+            r.result = Some(result.clone());
+        }
+        self.emit(
+            live,
+            run_id,
+            Event::Completed(gw::RunCompleted { state: gw::RunState::Succeeded as i32, result: Some(result) }),
+        )
+        .await
+    }
+
+    fn add_usage(live: &LiveRun, usage: &assay_domain::Usage) {
+        if let Ok(mut run) = live.run.lock() {
+            let mut total = convert::usage_from(run.usage);
+            total.add(usage);
+            run.usage = Some(convert::usage_to(&total));
+        }
+    }
+
+    fn add_model(live: &LiveRun, model: &assay_domain::ModelRecord) {
+        if let Ok(mut m) = live.models.lock()
+            && !m.contains(model)
+        {
+            m.push(model.clone());
+        }
+    }
+
+    async fn progress(&self, live: &LiveRun, run_id: &str, service: &str, p: pb::Progress) -> Result<(), StageError> {
+        self.emit(live, run_id, Event::Progress(gw::StageProgress { service: service.into(), progress: Some(p) })).await
+    }
+
+    /// Produce one checklist: generate (instance preset or corpus) or take the given one, then run the
+    /// refiner chain on it, relaying stage progress as run events.
+    async fn produce(
+        &self,
+        run_id: &str,
+        live: &LiveRun,
+        eval: &Evaluation,
+        record: usize,
+    ) -> Result<Checklist, StageError> {
+        let mut checklist = if let Some(preset) = eval.preset {
+            let generator = self
+                .generator
+                .clone()
+                .ok_or_else(|| StageError::Unimplemented("this gateway has no generator configured".into()))?;
+            let req = generate_request(preset, eval, &eval.records[record]);
+            let out = generator
+                .generate(req)
+                .await
+                .map_err(|e| e.map_fields(|f| format!("pipeline.records[{record}].{f}")))?;
+            Self::add_usage(live, &out.usage);
+            Self::add_model(live, &out.model);
+            out.checklist
+        } else if let Some(corpus) = &eval.corpus {
+            let generator = self
+                .corpus
+                .clone()
+                .ok_or_else(|| StageError::Unimplemented("this gateway has no corpus generator configured".into()))?;
+            let rename = |e: StageError| e.map_fields(|f| format!("pipeline.source.corpus.{f}"));
+            let mut events = generator.generate_corpus(corpus.clone()).await.map_err(rename)?;
+            let mut result = None;
+            while let Some(ev) = events.next().await {
+                match ev.map_err(rename)? {
+                    StageEvent::Progress(p) => self.progress(live, run_id, "generator", p).await?,
+                    StageEvent::Done(r) => result = Some(r),
+                }
+            }
+            let r = result.ok_or_else(|| StageError::Unavailable("corpus generation ended without a result".into()))?;
+            Self::add_usage(live, &convert::usage_from(r.usage));
+            Self::add_model(live, &convert::model_record_from(r.model.clone()));
+            decode_checklist(r.checklist.unwrap_or_default())?
+        } else {
+            let mut c = eval.checklist.clone();
+            if c.id.is_empty() {
+                c.id = format!("checklist-{}", uuid::Uuid::now_v7());
+            }
+            if c.source_method.is_empty() {
+                c.source_method = "explicit".into();
+            }
+            c
+        };
+        if !eval.refiners.is_empty() {
+            let refiner = self
+                .refiner
+                .clone()
+                .ok_or_else(|| StageError::Unimplemented("this gateway has no refiners service configured".into()))?;
+            let request = assay_proto::refiners::v1::RefineChecklistRequest {
+                items: checklist.items.iter().map(convert::checklist_item_to).collect(),
+                steps: eval.refiners.clone(),
+            };
+            let rename = |e: StageError| {
+                e.map_fields(|f| match f.strip_prefix("steps") {
+                    Some(rest) => format!("pipeline.refiners{rest}"),
+                    None => format!("pipeline.refiners.{f}"),
+                })
+            };
+            let mut events = refiner.refine(request).await.map_err(rename)?;
+            let mut result = None;
+            while let Some(ev) = events.next().await {
+                match ev.map_err(rename)? {
+                    StageEvent::Progress(p) => self.progress(live, run_id, "refiners", p).await?,
+                    StageEvent::Done(r) => result = Some(r),
+                }
+            }
+            let r = result.ok_or_else(|| StageError::Unavailable("refinement ended without a result".into()))?;
+            Self::add_usage(live, &convert::usage_from(r.usage));
+            let mut refined = convert::checklist_to(&checklist);
+            refined.items = r.items;
+            checklist.items = decode_checklist(refined)?.items;
+            checklist.metadata.insert(
+                "refiners".into(),
+                eval.refiners.iter().filter_map(|s| s.step.as_ref().map(refiner_name)).collect::<Vec<_>>().join(","),
+            );
+        }
+        Ok(checklist)
+    }
+
+    /// The run's checklists and, per record, the index of the one it is scored against. Each is
+    /// stored once produced, so a resumed run scores against exactly the same ones.
     async fn checklists(
         &self,
         run_id: &str,
@@ -327,43 +490,17 @@ impl Runs {
         live: &LiveRun,
     ) -> Result<(Vec<Checklist>, Vec<usize>), StageError> {
         let stored = self.store.checklists(run_id).await?;
-        let decode = |c: pb::Checklist| -> Result<Checklist, StageError> {
-            let mut v = Violations::new();
-            let c = convert::checklist(Some(c), "checklist", &mut v);
-            v.into_result().map(|()| c)
-        };
-        let Some(preset) = eval.preset else {
-            let checklist = match stored.into_iter().find(|(k, _)| k == "explicit") {
-                Some((_, c)) => decode(c)?,
-                None => {
-                    let mut c = eval.checklist.clone();
-                    if c.id.is_empty() {
-                        c.id = format!("checklist-{}", uuid::Uuid::now_v7());
-                    }
-                    if c.source_method.is_empty() {
-                        c.source_method = "explicit".into();
-                    }
-                    self.store.put_checklist(run_id, "explicit", convert::checklist_to(&c)).await?;
-                    let n = eval.records.len() as u32;
-                    let ready = gw::ChecklistReady {
-                        checklist: Some(convert::checklist_to(&c)),
-                        record_indices: (0..n).collect(),
-                    };
-                    self.emit(live, run_id, Event::ChecklistReady(ready)).await?;
-                    c
-                }
-            };
-            return Ok((vec![checklist], vec![0; eval.records.len()]));
-        };
-        let generator = self
-            .generator
-            .clone()
-            .ok_or_else(|| StageError::Unimplemented("this gateway has no generator configured".into()))?;
-        // One generation per distinct (input, reference, history, candidates).
+        // One checklist per distinct (input, reference, history, candidates) with a preset; else one.
         let mut keys: Vec<String> = Vec::new();
         let mut record_key = Vec::with_capacity(eval.records.len());
         for r in &eval.records {
-            let key = serde_key(r);
+            let key = if eval.preset.is_some() {
+                serde_key(r)
+            } else if eval.corpus.is_some() {
+                "corpus".to_string()
+            } else {
+                "explicit".to_string()
+            };
             let k = match keys.iter().position(|x| *x == key) {
                 Some(k) => k,
                 None => {
@@ -376,40 +513,26 @@ impl Runs {
         let mut found: Vec<Option<Checklist>> = vec![None; keys.len()];
         for (k, c) in stored {
             if let Some(pos) = keys.iter().position(|x| *x == k) {
-                found[pos] = Some(decode(c)?);
+                found[pos] = Some(decode_checklist(c)?);
             }
         }
         let missing: Vec<usize> = (0..keys.len()).filter(|k| found[*k].is_none()).collect();
-        let mut generating = futures::stream::iter(missing)
+        let mut producing = futures::stream::iter(missing)
             .map(|k| {
-                let generator = generator.clone();
                 let first = record_key.iter().position(|x| *x == k).unwrap_or(0);
-                let r = &eval.records[first];
-                let req = generate_request(preset, eval, r);
-                async move { (k, generator.generate(req).await) }
+                async move { (k, self.produce(run_id, live, eval, first).await) }
             })
             .buffer_unordered(self.concurrency);
-        while let Some((k, out)) = generating.next().await {
-            let first = record_key.iter().position(|x| *x == k).unwrap_or(0);
-            let out = out.map_err(|e| e.map_fields(|f| format!("pipeline.records[{first}].{f}")))?;
-            if let Ok(mut run) = live.run.lock() {
-                let mut total = convert::usage_from(run.usage);
-                total.add(&out.usage);
-                run.usage = Some(convert::usage_to(&total));
-            }
-            if let Ok(mut m) = live.models.lock()
-                && !m.contains(&out.model)
-            {
-                m.push(out.model.clone());
-            }
-            self.store.put_checklist(run_id, &keys[k], convert::checklist_to(&out.checklist)).await?;
+        while let Some((k, out)) = producing.next().await {
+            let checklist = out?;
+            self.store.put_checklist(run_id, &keys[k], convert::checklist_to(&checklist)).await?;
             let indices = record_key.iter().enumerate().filter(|(_, x)| **x == k).map(|(i, _)| i as u32).collect();
             let ready =
-                gw::ChecklistReady { checklist: Some(convert::checklist_to(&out.checklist)), record_indices: indices };
+                gw::ChecklistReady { checklist: Some(convert::checklist_to(&checklist)), record_indices: indices };
             self.emit(live, run_id, Event::ChecklistReady(ready)).await?;
-            found[k] = Some(out.checklist);
+            found[k] = Some(checklist);
         }
-        drop(generating);
+        drop(producing);
         let checklists = found.into_iter().map(Option::unwrap_or_default).collect();
         Ok((checklists, record_key))
     }
@@ -663,6 +786,24 @@ fn generate_request(
         }
     }
     req
+}
+
+/// A wire checklist as a domain one (validated).
+fn decode_checklist(c: pb::Checklist) -> Result<Checklist, StageError> {
+    let mut v = Violations::new();
+    let c = convert::checklist(Some(c), "checklist", &mut v);
+    v.into_result().map(|()| c)
+}
+
+fn refiner_name(step: &assay_proto::refiners::v1::refiner_step::Step) -> String {
+    use assay_proto::refiners::v1::refiner_step::Step;
+    match step {
+        Step::Deduplicate(_) => "deduplicator",
+        Step::Tag(_) => "tagger",
+        Step::UnitTest(_) => "unit_tester",
+        Step::Select(_) => "selector",
+    }
+    .to_string()
 }
 
 /// Validate every record's generation request up front (fields named `pipeline.records[i].*`).

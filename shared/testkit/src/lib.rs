@@ -1,7 +1,9 @@
 //! Test harness: scripted OpenAI-compatible server, port-0 servers, whole-mesh sandbox.
 
+pub mod schema_fake;
 pub mod scripted;
 pub mod server;
 
 pub use scripted::{Handler, RecordedRequest, Reply, ScriptedLlm, embedding_handler, eventually, hash_embedding};
+pub use schema_fake::{schema_handler, schema_reply};
 pub use server::TestServer;

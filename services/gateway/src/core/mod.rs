@@ -32,6 +32,17 @@ pub struct Evaluation {
     /// The caller set scorer options (else the preset's defaults apply).
     pub scorer_set: bool,
     pub scorer_model: ModelSpec,
+    /// Generate the checklist once from a corpus (wire form, forwarded to the generator).
+    pub corpus: Option<assay_proto::generator::v1::GenerateCorpusRequest>,
+    /// Refiner chain applied to every checklist before scoring (wire form, forwarded to the refiners).
+    pub refiners: Vec<assay_proto::refiners::v1::RefinerStep>,
+}
+
+impl Evaluation {
+    /// Whether the checklist needs stage calls (generation or refinement) before scoring.
+    pub fn needs_checklist_stages(&self) -> bool {
+        self.preset.is_some() || self.corpus.is_some() || !self.refiners.is_empty()
+    }
 }
 
 /// Result of one record.

@@ -1,0 +1,263 @@
+//! `assay generate`: a checklist from a preset (one per record) or from a corpus, optionally refined,
+//! through the gateway's generate_checklist pipeline. Writes one checklist JSON per line.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use assay_config::AssayConfig;
+use assay_proto::gateway::v1 as gw;
+use assay_proto::generator::v1 as gen_pb;
+use assay_proto::refiners::v1 as ref_pb;
+use serde_json::Value;
+
+use super::{Progress, Session, status_text};
+
+/// Corpus inputs (feedback, checkeval, interacteval).
+#[derive(Default)]
+pub struct CorpusArgs {
+    pub observations: Option<PathBuf>,
+    pub description: String,
+    pub dimensions: Option<PathBuf>,
+    pub augmentation: Option<String>,
+    pub filter: bool,
+    pub batch_size: Option<u32>,
+    pub no_dedup: bool,
+    pub no_tagging: bool,
+    pub unit_tester: bool,
+    pub no_selection: bool,
+    pub dedup_threshold: Option<f64>,
+}
+
+/// Everything `assay generate` takes.
+pub struct GenerateArgs {
+    pub preset: String,
+    /// Instance level: one record from flags, or many from a file.
+    pub record: gw::EvalRecord,
+    pub data: Option<PathBuf>,
+    pub corpus: CorpusArgs,
+    pub max_items: Option<u32>,
+    pub max_questions: Option<u32>,
+    pub refine: Vec<String>,
+    pub out: Option<PathBuf>,
+    pub gateway: Option<String>,
+}
+
+/// Refiner steps by name, with defaults (`max_questions` goes to the selector).
+pub fn refiner_steps(names: &[String], max_questions: Option<u32>) -> Result<Vec<ref_pb::RefinerStep>, String> {
+    names
+        .iter()
+        .flat_map(|n| n.split(','))
+        .filter(|n| !n.trim().is_empty())
+        .map(|n| {
+            let step = match n.trim() {
+                "deduplicator" | "dedup" => {
+                    ref_pb::refiner_step::Step::Deduplicate(ref_pb::DeduplicateRequest::default())
+                }
+                "tagger" => ref_pb::refiner_step::Step::Tag(ref_pb::TagRequest::default()),
+                "selector" => {
+                    ref_pb::refiner_step::Step::Select(ref_pb::SelectRequest { max_questions, ..Default::default() })
+                }
+                "unit_tester" => {
+                    return Err("unit_tester needs scored samples; call the refiners service's UnitTest RPC with them"
+                        .to_string());
+                }
+                other => return Err(format!("unknown refiner {other:?} (deduplicator, tagger, selector)")),
+            };
+            Ok(ref_pb::RefinerStep { step: Some(step) })
+        })
+        .collect()
+}
+
+fn read_observations(path: &Path) -> Result<Vec<String>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let json_lines = path.extension().is_some_and(|e| e == "jsonl");
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(n, l)| {
+            if !json_lines {
+                return Ok(l.trim().to_string());
+            }
+            match serde_json::from_str::<Value>(l) {
+                Ok(Value::String(s)) => Ok(s),
+                Ok(Value::Object(o)) => o
+                    .get("text")
+                    .or_else(|| o.get("observation"))
+                    .and_then(Value::as_str)
+                    .map(str::to_string)
+                    .ok_or_else(|| format!("{}:{}: needs a \"text\" field", path.display(), n + 1)),
+                Ok(_) | Err(_) => Err(format!("{}:{}: not a JSON string or object", path.display(), n + 1)),
+            }
+        })
+        .collect()
+}
+
+fn read_dimensions(path: &Path) -> Result<Vec<gen_pb::Dimension>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let v: Value = serde_json::from_str(&text).map_err(|e| format!("{}: not JSON: {e}", path.display()))?;
+    let list = v.as_array().ok_or_else(|| format!("{}: a list of dimensions", path.display()))?;
+    let s = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
+    Ok(list
+        .iter()
+        .map(|d| gen_pb::Dimension {
+            name: s(d, "name"),
+            definition: s(d, "definition"),
+            sub_dimensions: d
+                .get("sub_dimensions")
+                .and_then(Value::as_array)
+                .map(|a| {
+                    a.iter()
+                        .map(|x| gen_pb::SubDimension { name: s(x, "name"), definition: s(x, "definition") })
+                        .collect()
+                })
+                .unwrap_or_default(),
+        })
+        .collect())
+}
+
+fn corpus_request(
+    preset: gen_pb::Preset,
+    a: &CorpusArgs,
+    max_questions: Option<u32>,
+) -> Result<gen_pb::GenerateCorpusRequest, String> {
+    let augmentation = match a.augmentation.as_deref() {
+        None => gen_pb::AugmentationMode::Unspecified,
+        Some(m) => gen_pb::AugmentationMode::from_str_name(&format!("AUGMENTATION_MODE_{}", m.to_ascii_uppercase()))
+            .ok_or_else(|| format!("unknown augmentation {m:?} (seed, elaboration, diversification, combined)"))?,
+    };
+    Ok(gen_pb::GenerateCorpusRequest {
+        preset: preset as i32,
+        corpus_description: a.description.clone(),
+        observations: a.observations.as_deref().map(read_observations).transpose()?.unwrap_or_default(),
+        batch_size: a.batch_size,
+        dimensions: a.dimensions.as_deref().map(read_dimensions).transpose()?.unwrap_or_default(),
+        augmentation: augmentation as i32,
+        filter: a.filter,
+        refinement: Some(gen_pb::CorpusRefinement {
+            skip_deduplication: a.no_dedup,
+            skip_tagging: a.no_tagging,
+            run_unit_tester: a.unit_tester,
+            skip_selection: a.no_selection,
+            dedup_threshold: a.dedup_threshold,
+            max_questions,
+        }),
+        ..Default::default()
+    })
+}
+
+/// Generate; Ok(false) when some generations failed.
+pub async fn generate(config: &AssayConfig, args: GenerateArgs) -> Result<bool, String> {
+    let preset = super::preset(&args.preset)?;
+    let corpus = matches!(preset, gen_pb::Preset::Feedback | gen_pb::Preset::Checkeval | gen_pb::Preset::Interacteval);
+    let refiners = refiner_steps(&args.refine, args.max_questions)?;
+    let pipelines: Vec<gw::GenerateChecklistPipeline> = if corpus {
+        vec![gw::GenerateChecklistPipeline {
+            source: Some(gw::ChecklistSource {
+                source: Some(gw::checklist_source::Source::Corpus(corpus_request(
+                    preset,
+                    &args.corpus,
+                    args.max_questions,
+                )?)),
+            }),
+            refiners,
+            ..Default::default()
+        }]
+    } else {
+        let records = match &args.data {
+            Some(path) => super::eval::read_records(path)?,
+            None if args.record.input.trim().is_empty() => {
+                return Err("give --input (or --data with records) for an instance-level preset".into());
+            }
+            None => vec![args.record.clone()],
+        };
+        records
+            .into_iter()
+            .map(|record| gw::GenerateChecklistPipeline {
+                source: Some(gw::ChecklistSource { source: Some(gw::checklist_source::Source::Preset(preset as i32)) }),
+                record: Some(record),
+                max_items: args.max_items,
+                refiners: refiners.clone(),
+                ..Default::default()
+            })
+            .collect()
+    };
+    let mut session = Session::open(config, args.gateway.as_deref()).await?;
+    let outcome = run_all(&mut session, pipelines, &args).await;
+    session.close().await?;
+    outcome
+}
+
+async fn run_all(
+    session: &mut Session,
+    pipelines: Vec<gw::GenerateChecklistPipeline>,
+    args: &GenerateArgs,
+) -> Result<bool, String> {
+    let mut out: Box<dyn Write> = match &args.out {
+        Some(p) => {
+            Box::new(std::io::BufWriter::new(std::fs::File::create(p).map_err(|e| format!("{}: {e}", p.display()))?))
+        }
+        None => Box::new(std::io::stdout()),
+    };
+    let total = pipelines.len();
+    let mut progress = Progress::new(total as u64, "checklists");
+    let mut failed = 0u64;
+    let mut last_error = String::new();
+    // Each record is its own run; several run at once.
+    let client = session.client.clone();
+    let mut runs = futures::stream::iter(pipelines.into_iter().enumerate().map(|(i, p)| {
+        let mut client = client.clone();
+        async move {
+            let request = gw::RunPipelineRequest {
+                pipeline: Some(gw::run_pipeline_request::Pipeline::GenerateChecklist(p)),
+                label: format!("assay generate #{i}"),
+            };
+            let mut events = client.run_pipeline(request).await.map_err(|s| status_text(&s))?.into_inner();
+            let mut notes = Vec::new();
+            let mut result = None;
+            while let Some(m) = events.message().await.map_err(|s| status_text(&s))? {
+                let Some(ev) = m.event else { continue };
+                match ev.event {
+                    Some(gw::run_event::Event::Progress(p)) => {
+                        if let Some(p) = p.progress {
+                            notes.push(format!("{}: {}/{} {}", p.stage, p.done, p.total, p.message));
+                        }
+                    }
+                    Some(gw::run_event::Event::Completed(c)) => result = Some((ev.run_id, c)),
+                    Some(_) | None => {}
+                }
+            }
+            Ok::<_, String>((i, notes, result))
+        }
+    }))
+    .buffered(4);
+    use futures::StreamExt;
+    while let Some(r) = runs.next().await {
+        let (i, notes, result) = r?;
+        for n in notes {
+            progress.note(&n);
+        }
+        let (run_id, completed) = result.ok_or("a run ended without completing")?;
+        let result = completed.result.unwrap_or_default();
+        match result.result {
+            Some(gw::run_result::Result::Checklist(c)) if result.error.is_empty() => {
+                let mut v = super::eval::checklist_json(&c);
+                v["run_id"] = run_id.into();
+                v["index"] = i.into();
+                writeln!(out, "{v}").map_err(|e| e.to_string())?;
+            }
+            Some(_) | None => {
+                failed += 1;
+                last_error.clone_from(&result.error);
+                let v = serde_json::json!({"run_id": run_id, "index": i, "error": result.error});
+                writeln!(out, "{v}").map_err(|e| e.to_string())?;
+            }
+        }
+        progress.inc(failed);
+    }
+    out.flush().map_err(|e| e.to_string())?;
+    progress.finish();
+    if total == 1 && failed == 1 {
+        return Err(format!("generation failed: {last_error}"));
+    }
+    Ok(failed == 0)
+}

@@ -1,0 +1,149 @@
+//! Streaming stage calls the gateway relays progress from: corpus generation and the checklist
+//! refiner chain. Wire types in and out (the run manager stores and forwards them as they are);
+//! production implementations are the gRPC clients below.
+
+use assay_domain::StageError;
+use assay_proto::common::v1 as pb;
+use assay_proto::generator::v1 as gen_pb;
+use assay_proto::generator::v1::generator_service_client::GeneratorServiceClient;
+use assay_proto::refiners::v1 as ref_pb;
+use assay_proto::refiners::v1::refiners_service_client::RefinersServiceClient;
+use assay_rpc::auth::BearerInterceptor;
+use assay_rpc::{from_status, outgoing};
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use tonic::codegen::InterceptedService;
+use tonic::transport::Channel;
+
+/// An event of a streaming stage call: progress, then exactly one result.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StageEvent<T> {
+    Progress(pb::Progress),
+    Done(T),
+}
+
+/// Events of one streaming stage call.
+pub type StageStream<T> = BoxStream<'static, Result<StageEvent<T>, StageError>>;
+
+/// Corpus-level checklist generation.
+#[async_trait::async_trait]
+pub trait CorpusGenerator: Send + Sync {
+    async fn generate_corpus(
+        &self,
+        request: gen_pb::GenerateCorpusRequest,
+    ) -> Result<StageStream<gen_pb::GenerateCorpusResponse>, StageError>;
+}
+
+/// An ordered chain of checklist refiners.
+#[async_trait::async_trait]
+pub trait ChecklistRefiner: Send + Sync {
+    async fn refine(
+        &self,
+        request: ref_pb::RefineChecklistRequest,
+    ) -> Result<StageStream<ref_pb::RefineChecklistResponse>, StageError>;
+}
+
+/// The generator's corpus RPC over gRPC (GenerateCorpusStream).
+#[derive(Clone)]
+pub struct RemoteCorpusGenerator {
+    client: GeneratorServiceClient<InterceptedService<Channel, BearerInterceptor>>,
+}
+
+impl RemoteCorpusGenerator {
+    pub fn new(channel: Channel, token: Option<&str>) -> Self {
+        let client = GeneratorServiceClient::with_interceptor(channel, BearerInterceptor::new(token))
+            .max_decoding_message_size(assay_domain::limits::MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(assay_domain::limits::MAX_MESSAGE_BYTES);
+        Self { client }
+    }
+}
+
+#[async_trait::async_trait]
+impl CorpusGenerator for RemoteCorpusGenerator {
+    async fn generate_corpus(
+        &self,
+        request: gen_pb::GenerateCorpusRequest,
+    ) -> Result<StageStream<gen_pb::GenerateCorpusResponse>, StageError> {
+        let mut client = self.client.clone();
+        let stream = client
+            .generate_corpus_stream(outgoing(gen_pb::GenerateCorpusStreamRequest { request: Some(request) }))
+            .await
+            .map_err(from_status)?
+            .into_inner();
+        Ok(stream
+            .filter_map(|m| async move {
+                match m {
+                    Err(s) => Some(Err(from_status(s))),
+                    Ok(m) => match m.event {
+                        Some(gen_pb::generate_corpus_stream_response::Event::Progress(p)) => {
+                            Some(Ok(StageEvent::Progress(p)))
+                        }
+                        Some(gen_pb::generate_corpus_stream_response::Event::Result(r)) => {
+                            Some(Ok(StageEvent::Done(r)))
+                        }
+                        None => None,
+                    },
+                }
+            })
+            .boxed())
+    }
+}
+
+/// The refiners service's chain RPC over gRPC (RefineChecklistStream).
+#[derive(Clone)]
+pub struct RemoteRefiners {
+    client: RefinersServiceClient<InterceptedService<Channel, BearerInterceptor>>,
+}
+
+impl RemoteRefiners {
+    pub fn new(channel: Channel, token: Option<&str>) -> Self {
+        let client = RefinersServiceClient::with_interceptor(channel, BearerInterceptor::new(token))
+            .max_decoding_message_size(assay_domain::limits::MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(assay_domain::limits::MAX_MESSAGE_BYTES);
+        Self { client }
+    }
+}
+
+#[async_trait::async_trait]
+impl ChecklistRefiner for RemoteRefiners {
+    async fn refine(
+        &self,
+        request: ref_pb::RefineChecklistRequest,
+    ) -> Result<StageStream<ref_pb::RefineChecklistResponse>, StageError> {
+        let mut client = self.client.clone();
+        let stream = client
+            .refine_checklist_stream(outgoing(ref_pb::RefineChecklistStreamRequest { request: Some(request) }))
+            .await
+            .map_err(from_status)?
+            .into_inner();
+        Ok(stream
+            .filter_map(|m| async move {
+                match m {
+                    Err(s) => Some(Err(from_status(s))),
+                    Ok(m) => match m.event {
+                        Some(ref_pb::refine_checklist_stream_response::Event::Progress(p)) => {
+                            Some(Ok(StageEvent::Progress(p)))
+                        }
+                        Some(ref_pb::refine_checklist_stream_response::Event::StepCompleted(s)) => {
+                            let removed =
+                                s.actions.iter().filter(|a| a.kind != ref_pb::ActionKind::Kept as i32).count();
+                            Some(Ok(StageEvent::Progress(pb::Progress {
+                                stage: s.refiner.clone(),
+                                message: format!(
+                                    "{} items in, {} out ({removed} removed, merged or failed)",
+                                    s.items_in, s.items_out
+                                ),
+                                done: s.items_out,
+                                total: s.items_in,
+                            })))
+                        }
+                        Some(ref_pb::refine_checklist_stream_response::Event::Result(r)) => {
+                            Some(Ok(StageEvent::Done(r)))
+                        }
+                        None => None,
+                    },
+                }
+            })
+            .boxed())
+    }
+}
