@@ -142,7 +142,14 @@ pub async fn start_mesh(config: &AssayConfig, hub: Arc<ModelHub>, ready: bool) -
             names::GENERATOR,
             assay_generator::routes(Arc::new(assay_generator::core::Generator::new(hub.clone()))),
         ),
-        (refiners_l, names::REFINERS, assay_refiners::routes()),
+        (
+            refiners_l,
+            names::REFINERS,
+            assay_refiners::routes(Arc::new(
+                assay_refiners::ChecklistRefiners::new(hub.clone())
+                    .with_concurrency(config.scorer.concurrency as usize),
+            )),
+        ),
         (scorer_l, names::SCORER, assay_scorer::routes(scorer_core)),
         (arbiter_l, names::ARBITER, assay_arbiter::routes()),
         (delta_l, names::DELTA_JUDGE, assay_delta_judge::routes()),

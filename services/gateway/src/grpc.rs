@@ -14,7 +14,7 @@ use assay_proto::gateway::v1::{
     ListRunsRequest, ListRunsResponse, RecordResult, RunPipelineRequest, RunPipelineResponse, WatchRunRequest,
     WatchRunResponse,
 };
-use assay_proto::generator::v1::{GenerateCorpusRequest, Preset};
+use assay_proto::generator::v1::GenerateCorpusRequest;
 use assay_proto::refiners::v1::RefinerStep;
 use assay_rpc::{CallContext, run_with, to_status};
 use futures::{Stream, StreamExt};
@@ -135,31 +135,15 @@ fn checklist_source(source: Option<ChecklistSource>, v: &mut Violations) -> Sour
     }
 }
 
-/// What the gateway can check of a corpus request before starting a run (the generator checks the rest).
+/// A corpus request checked up front with the generator's own rules (fields named
+/// `pipeline.source.corpus.*`), so a bad request fails before a run is created.
 fn check_corpus(c: &GenerateCorpusRequest, v: &mut Violations) {
-    let f = "pipeline.source.corpus";
-    match Preset::try_from(c.preset) {
-        Ok(Preset::Feedback | Preset::Interacteval) => {
-            if c.observations.iter().all(|o| o.trim().is_empty()) {
-                v.push(format!("{f}.observations"), "must not be empty: the corpus preset generates from them");
-            }
+    let checked =
+        assay_generator::grpc::corpus_request(c.clone()).and_then(|r| assay_generator::core::corpus::validate(&r));
+    if let Err(StageError::InvalidArgument(violations)) = checked {
+        for f in violations {
+            v.push(format!("pipeline.source.corpus.{}", f.field), f.description);
         }
-        Ok(Preset::Checkeval) => {
-            if c.dimensions.is_empty() {
-                v.push(format!("{f}.dimensions"), "must not be empty: checkeval generates per dimension");
-            }
-        }
-        Ok(
-            Preset::Unspecified
-            | Preset::Tick
-            | Preset::Rocketeval
-            | Preset::RlcfDirect
-            | Preset::RlcfCandidate
-            | Preset::RlcfCandidatesOnly
-            | Preset::OpenrubricsPairwise
-            | Preset::OpenrubricsListwise,
-        )
-        | Err(_) => v.push(format!("{f}.preset"), "must be a corpus preset (feedback, checkeval or interacteval)"),
     }
 }
 

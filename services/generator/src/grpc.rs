@@ -4,17 +4,22 @@
 use std::pin::Pin;
 use std::sync::Arc;
 
-use assay_domain::{FieldViolation, GenerationLevel, StageError, Violations};
+use assay_domain::{FieldViolation, GenerationLevel, StageError, Violations, no_events};
 use assay_proto::common::v1 as common;
 use assay_proto::convert;
 use assay_proto::generator::v1 as pb;
+use assay_proto::generator::v1::generate_corpus_stream_response::Event;
 use assay_proto::generator::v1::generator_service_server::{GeneratorService, GeneratorServiceServer};
 use assay_rpc::{CallContext, run_with, to_status};
 use futures::Stream;
 use tonic::service::Routes;
 use tonic::{Request, Response, Status};
 
-use crate::core::{Candidate, ChecklistGenerator, GenerateOutcome, GenerateRequest, Preset, PresetInfo};
+use crate::core::corpus::validate as validate_corpus;
+use crate::core::{
+    AugmentationMode, Candidate, ChecklistGenerator, CorpusOutcome, CorpusPreset, CorpusProgress, CorpusRefinement,
+    CorpusRequest, Dimension, GenerateOutcome, GenerateRequest, Preset, PresetId, PresetInfo, SubDimension,
+};
 
 /// The generator's gRPC face over any [`ChecklistGenerator`].
 #[derive(Clone)]
@@ -74,6 +79,59 @@ pub fn preset_to(p: Preset) -> pb::Preset {
         Preset::RlcfCandidatesOnly => pb::Preset::RlcfCandidatesOnly,
         Preset::OpenRubricsPairwise => pb::Preset::OpenrubricsPairwise,
         Preset::OpenRubricsListwise => pb::Preset::OpenrubricsListwise,
+    }
+}
+
+const CORPUS_PRESETS: &str = "feedback, checkeval, interacteval";
+
+/// The domain corpus preset of a wire value; unknown, unspecified and instance-level values are
+/// violations of `field`.
+pub fn corpus_preset_from(value: i32, field: &str) -> Result<CorpusPreset, FieldViolation> {
+    let p = pb::Preset::try_from(value).map_err(|_| {
+        FieldViolation::new(field, format!("unknown enum value {value} (corpus presets: {CORPUS_PRESETS})"))
+    })?;
+    match p {
+        pb::Preset::Unspecified => {
+            Err(FieldViolation::new(field, format!("is required (corpus presets: {CORPUS_PRESETS})")))
+        }
+        pb::Preset::Tick
+        | pb::Preset::Rocketeval
+        | pb::Preset::RlcfDirect
+        | pb::Preset::RlcfCandidate
+        | pb::Preset::RlcfCandidatesOnly
+        | pb::Preset::OpenrubricsPairwise
+        | pb::Preset::OpenrubricsListwise => Err(FieldViolation::new(
+            field,
+            format!("{} is an instance-level preset: use Generate (corpus presets: {CORPUS_PRESETS})", p.as_str_name()),
+        )),
+        pb::Preset::Feedback => Ok(CorpusPreset::Feedback),
+        pb::Preset::Checkeval => Ok(CorpusPreset::CheckEval),
+        pb::Preset::Interacteval => Ok(CorpusPreset::InteractEval),
+    }
+}
+
+/// The wire value of a domain corpus preset.
+pub fn corpus_preset_to(p: CorpusPreset) -> pb::Preset {
+    match p {
+        CorpusPreset::Feedback => pb::Preset::Feedback,
+        CorpusPreset::CheckEval => pb::Preset::Checkeval,
+        CorpusPreset::InteractEval => pb::Preset::Interacteval,
+    }
+}
+
+/// Any preset of a wire value (instance or corpus level).
+pub fn preset_id_from(value: i32, field: &str) -> Result<PresetId, FieldViolation> {
+    match corpus_preset_from(value, field) {
+        Ok(p) => Ok(PresetId::Corpus(p)),
+        Err(_) => preset_from(value, field).map(PresetId::Instance),
+    }
+}
+
+/// The wire value of any preset.
+pub fn preset_id_to(p: PresetId) -> pb::Preset {
+    match p {
+        PresetId::Instance(p) => preset_to(p),
+        PresetId::Corpus(p) => corpus_preset_to(p),
     }
 }
 
@@ -180,7 +238,7 @@ pub fn generate_response_from(p: pb::GenerateResponse) -> Result<GenerateOutcome
 /// Preset defaults to the wire.
 pub fn preset_info_to(i: &PresetInfo) -> pb::PresetInfo {
     pb::PresetInfo {
-        preset: preset_to(i.preset) as i32,
+        preset: preset_id_to(i.preset) as i32,
         name: i.name.clone(),
         level: match i.level {
             GenerationLevel::Instance => common::GenerationLevel::Instance,
@@ -193,7 +251,7 @@ pub fn preset_info_to(i: &PresetInfo) -> pb::PresetInfo {
     }
 }
 
-/// Preset defaults from the wire; entries whose preset is not instance-level are skipped.
+/// Preset defaults from the wire; entries with an unknown preset are skipped.
 pub fn preset_infos_from(p: pb::ListPresetsResponse) -> Vec<PresetInfo> {
     p.presets
         .into_iter()
@@ -207,7 +265,7 @@ pub fn preset_infos_from(p: pb::ListPresetsResponse) -> Vec<PresetInfo> {
                 default_temperature,
                 default_scorer,
             } = i;
-            let preset = preset_from(preset, "preset").ok()?;
+            let preset = preset_id_from(preset, "preset").ok()?;
             let mut v = Violations::new();
             let default_scorer = convert::scorer_config(default_scorer, "default_scorer", &mut v);
             Some(PresetInfo {
@@ -228,11 +286,189 @@ pub fn preset_infos_from(p: pb::ListPresetsResponse) -> Vec<PresetInfo> {
         .collect()
 }
 
-fn corpus_not_yet(rpc: &str) -> Status {
-    Status::unimplemented(format!(
-        "{rpc} is not available yet: corpus-level generation (feedback, checkeval, interacteval) is not built \
-         in this release; instance-level Generate works"
-    ))
+fn augmentation_from(value: i32, field: &str, v: &mut Violations) -> AugmentationMode {
+    match pb::AugmentationMode::try_from(value) {
+        Ok(pb::AugmentationMode::Unspecified | pb::AugmentationMode::Seed) => AugmentationMode::Seed,
+        Ok(pb::AugmentationMode::Elaboration) => AugmentationMode::Elaboration,
+        Ok(pb::AugmentationMode::Diversification) => AugmentationMode::Diversification,
+        Ok(pb::AugmentationMode::Combined) => AugmentationMode::Combined,
+        Err(_) => {
+            v.push(field, format!("unknown enum value {value} (allowed: 0-4)"));
+            AugmentationMode::Seed
+        }
+    }
+}
+
+/// The wire value of an augmentation mode.
+pub fn augmentation_to(m: AugmentationMode) -> pb::AugmentationMode {
+    match m {
+        AugmentationMode::Seed => pb::AugmentationMode::Seed,
+        AugmentationMode::Elaboration => pb::AugmentationMode::Elaboration,
+        AugmentationMode::Diversification => pb::AugmentationMode::Diversification,
+        AugmentationMode::Combined => pb::AugmentationMode::Combined,
+    }
+}
+
+fn dimension_from(d: pb::Dimension) -> Dimension {
+    let pb::Dimension { name, definition, sub_dimensions } = d;
+    Dimension {
+        name,
+        definition,
+        sub_dimensions: sub_dimensions
+            .into_iter()
+            .map(|s| {
+                let pb::SubDimension { name, definition } = s;
+                SubDimension { name, definition }
+            })
+            .collect(),
+    }
+}
+
+fn dimension_to(d: &Dimension) -> pb::Dimension {
+    pb::Dimension {
+        name: d.name.clone(),
+        definition: d.definition.clone(),
+        sub_dimensions: d
+            .sub_dimensions
+            .iter()
+            .map(|s| pb::SubDimension { name: s.name.clone(), definition: s.definition.clone() })
+            .collect(),
+    }
+}
+
+fn refinement_from(r: Option<pb::CorpusRefinement>) -> CorpusRefinement {
+    let Some(pb::CorpusRefinement {
+        skip_deduplication,
+        skip_tagging,
+        run_unit_tester,
+        skip_selection,
+        dedup_threshold,
+        max_questions,
+    }) = r
+    else {
+        return CorpusRefinement::default();
+    };
+    CorpusRefinement {
+        skip_deduplication,
+        skip_tagging,
+        run_unit_tester,
+        skip_selection,
+        dedup_threshold,
+        max_questions,
+    }
+}
+
+fn refinement_to(r: &CorpusRefinement) -> pb::CorpusRefinement {
+    pb::CorpusRefinement {
+        skip_deduplication: r.skip_deduplication,
+        skip_tagging: r.skip_tagging,
+        run_unit_tester: r.run_unit_tester,
+        skip_selection: r.skip_selection,
+        dedup_threshold: r.dedup_threshold,
+        max_questions: r.max_questions,
+    }
+}
+
+/// Corpus request from the wire. Wire-level checks here (enum values, model specs); the core's
+/// [`validate`](crate::core::corpus::validate) checks required fields, ranges and limits.
+pub fn corpus_request(p: pb::GenerateCorpusRequest) -> Result<CorpusRequest, StageError> {
+    let pb::GenerateCorpusRequest {
+        preset,
+        corpus_description,
+        observations,
+        batch_size,
+        dimensions,
+        augmentation,
+        filter,
+        refinement,
+        model,
+        embedding_model,
+        concurrency,
+    } = p;
+    let mut v = Violations::new();
+    let preset = match corpus_preset_from(preset, "preset") {
+        Ok(p) => Some(p),
+        Err(f) => {
+            v.push(f.field, f.description);
+            None
+        }
+    };
+    let augmentation = augmentation_from(augmentation, "augmentation", &mut v);
+    let model = convert::model_spec(model, "model", &mut v);
+    let embedding_model = convert::model_spec(embedding_model, "embedding_model", &mut v);
+    v.into_result()?;
+    let preset = preset.ok_or_else(|| StageError::Internal("preset missing after validation".into()))?;
+    Ok(CorpusRequest {
+        preset,
+        corpus_description,
+        observations,
+        batch_size,
+        dimensions: dimensions.into_iter().map(dimension_from).collect(),
+        augmentation,
+        filter,
+        refinement: refinement_from(refinement),
+        model,
+        embedding_model,
+        concurrency: (concurrency > 0).then_some(concurrency),
+    })
+}
+
+/// Corpus request to the wire (for remote callers).
+pub fn corpus_request_to(r: &CorpusRequest) -> pb::GenerateCorpusRequest {
+    pb::GenerateCorpusRequest {
+        preset: corpus_preset_to(r.preset) as i32,
+        corpus_description: r.corpus_description.clone(),
+        observations: r.observations.clone(),
+        batch_size: r.batch_size,
+        dimensions: r.dimensions.iter().map(dimension_to).collect(),
+        augmentation: augmentation_to(r.augmentation) as i32,
+        filter: r.filter,
+        refinement: Some(refinement_to(&r.refinement)),
+        model: Some(convert::model_spec_to(&r.model)),
+        embedding_model: Some(convert::model_spec_to(&r.embedding_model)),
+        concurrency: r.concurrency.unwrap_or(0),
+    }
+}
+
+/// Corpus response to the wire.
+pub fn corpus_response_to(o: &CorpusOutcome) -> pb::GenerateCorpusResponse {
+    pb::GenerateCorpusResponse {
+        checklist: Some(convert::checklist_to(&o.checklist)),
+        raw_questions: o.raw_questions,
+        usage: Some(convert::usage_to(&o.usage)),
+        model: Some(convert::model_record_to(&o.model)),
+    }
+}
+
+/// Corpus response from the wire (for remote callers); a response breaking the checklist rules is
+/// an INTERNAL error of the remote stage.
+pub fn corpus_response_from(p: pb::GenerateCorpusResponse) -> Result<CorpusOutcome, StageError> {
+    let pb::GenerateCorpusResponse { checklist, raw_questions, usage, model } = p;
+    let mut v = Violations::new();
+    let checklist = convert::checklist(checklist, "checklist", &mut v);
+    v.into_result().map_err(|e| StageError::Internal(format!("the generator sent an invalid response: {e}")))?;
+    Ok(CorpusOutcome {
+        checklist,
+        raw_questions,
+        usage: convert::usage_from(usage),
+        model: convert::model_record_from(model),
+    })
+}
+
+/// A progress event to the wire.
+pub fn progress_to(e: &CorpusProgress) -> common::Progress {
+    common::Progress { stage: e.stage.clone(), message: e.message.clone(), done: e.done, total: e.total }
+}
+
+/// A progress event from the wire.
+pub fn progress_from(p: common::Progress) -> CorpusProgress {
+    let common::Progress { stage, message, done, total } = p;
+    CorpusProgress { stage, message, done, total }
+}
+
+/// Field paths of the stream's request sit under `request`.
+fn in_stream(e: StageError) -> StageError {
+    e.map_fields(|f| format!("request.{f}"))
 }
 
 type EventStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
@@ -249,18 +485,52 @@ impl GeneratorService for GeneratorGrpc {
 
     async fn generate_corpus(
         &self,
-        _: Request<pb::GenerateCorpusRequest>,
+        request: Request<pb::GenerateCorpusRequest>,
     ) -> Result<Response<pb::GenerateCorpusResponse>, Status> {
-        Err(corpus_not_yet("GenerateCorpus"))
+        let ctx = CallContext::from_request(&request);
+        let req = corpus_request(request.into_inner()).map_err(to_status)?;
+        let core = self.core.clone();
+        let out = run_with(ctx, async move { core.generate_corpus(req, &no_events).await }).await.map_err(to_status)?;
+        Ok(Response::new(corpus_response_to(&out)))
     }
 
     type GenerateCorpusStreamStream = EventStream<pb::GenerateCorpusStreamResponse>;
 
     async fn generate_corpus_stream(
         &self,
-        _: Request<pb::GenerateCorpusStreamRequest>,
+        request: Request<pb::GenerateCorpusStreamRequest>,
     ) -> Result<Response<Self::GenerateCorpusStreamStream>, Status> {
-        Err(corpus_not_yet("GenerateCorpusStream"))
+        let ctx = CallContext::from_request(&request);
+        let pb::GenerateCorpusStreamRequest { request: inner } = request.into_inner();
+        let inner = inner.ok_or_else(|| to_status(StageError::invalid("request", "is required")))?;
+        let req = corpus_request(inner).map_err(|e| to_status(in_stream(e)))?;
+        // Bad input fails the call itself, before the stream starts.
+        validate_corpus(&req).map_err(|e| to_status(in_stream(e)))?;
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Result<pb::GenerateCorpusStreamResponse, Status>>();
+        let core = self.core.clone();
+        // The task ends when the client goes away: the send fails and the generation is dropped.
+        tokio::spawn(async move {
+            let events_tx = tx.clone();
+            let sink = move |e: CorpusProgress| {
+                let _ = events_tx
+                    .send(Ok(pb::GenerateCorpusStreamResponse { event: Some(Event::Progress(progress_to(&e))) }));
+            };
+            let work = run_with(ctx, core.generate_corpus(req, &sink));
+            let closed = tx.clone();
+            tokio::select! {
+                out = work => {
+                    let msg = match out {
+                        Ok(o) => Ok(pb::GenerateCorpusStreamResponse {
+                            event: Some(Event::Result(corpus_response_to(&o))),
+                        }),
+                        Err(e) => Err(to_status(in_stream(e))),
+                    };
+                    let _ = tx.send(msg);
+                }
+                () = closed.closed() => {}
+            }
+        });
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))))
     }
 
     async fn list_presets(
@@ -319,6 +589,57 @@ mod tests {
         })
         .unwrap_err();
         assert_eq!(field_of(e)[0].0, "candidate_models[1].temperature");
+    }
+
+    #[test]
+    fn corpus_presets_are_checked() {
+        for (value, text) in [
+            (0, "is required"),
+            (99, "unknown enum value 99"),
+            (pb::Preset::Tick as i32, "use Generate"),
+            (pb::Preset::OpenrubricsListwise as i32, "use Generate"),
+        ] {
+            let e = corpus_request(pb::GenerateCorpusRequest { preset: value, ..Default::default() }).unwrap_err();
+            let f = field_of(e);
+            assert_eq!(f.len(), 1);
+            assert_eq!(f[0].0, "preset");
+            assert!(f[0].1.contains(text), "{value}: {}", f[0].1);
+        }
+        for p in CorpusPreset::ALL {
+            assert_eq!(corpus_preset_from(corpus_preset_to(p) as i32, "preset").unwrap(), p);
+            assert_eq!(preset_id_from(corpus_preset_to(p) as i32, "preset").unwrap(), PresetId::Corpus(p));
+        }
+        assert_eq!(preset_id_from(pb::Preset::Tick as i32, "preset").unwrap(), PresetId::Instance(Preset::Tick));
+    }
+
+    #[test]
+    fn corpus_request_round_trips() {
+        let mut r = CorpusRequest::new(CorpusPreset::CheckEval);
+        r.corpus_description = "summaries".into();
+        r.dimensions = vec![Dimension {
+            name: "coherence".into(),
+            definition: "d".into(),
+            sub_dimensions: vec![SubDimension { name: "flow".into(), definition: "f".into() }],
+        }];
+        r.augmentation = AugmentationMode::Combined;
+        r.filter = true;
+        r.batch_size = Some(10);
+        r.refinement = CorpusRefinement {
+            skip_deduplication: true,
+            skip_tagging: true,
+            run_unit_tester: false,
+            skip_selection: true,
+            dedup_threshold: Some(0.9),
+            max_questions: Some(12),
+        };
+        r.model.temperature = Some(0.2);
+        r.embedding_model.model = Some("emb".into());
+        r.concurrency = Some(3);
+        assert_eq!(corpus_request(corpus_request_to(&r)).unwrap(), r);
+        // Unset wire values take the domain defaults.
+        let d = corpus_request(pb::GenerateCorpusRequest { preset: pb::Preset::Feedback as i32, ..Default::default() })
+            .unwrap();
+        assert_eq!(d, CorpusRequest::new(CorpusPreset::Feedback));
     }
 
     #[test]

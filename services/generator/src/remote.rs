@@ -1,15 +1,29 @@
 //! The generator reached over gRPC: the [`ChecklistGenerator`] the gateway holds in production.
 
-use assay_domain::StageError;
-use assay_proto::generator::v1::ListPresetsRequest;
+use assay_domain::{EventSink, StageError};
+use assay_proto::generator::v1::generate_corpus_stream_response::Event;
 use assay_proto::generator::v1::generator_service_client::GeneratorServiceClient;
+use assay_proto::generator::v1::{GenerateCorpusStreamRequest, ListPresetsRequest};
 use assay_rpc::auth::BearerInterceptor;
 use assay_rpc::{from_status, outgoing};
 use tonic::codegen::InterceptedService;
 use tonic::transport::Channel;
 
-use crate::core::{ChecklistGenerator, GenerateOutcome, GenerateRequest, PresetInfo};
-use crate::grpc::{generate_request_to, generate_response_from, preset_infos_from};
+use crate::core::{
+    ChecklistGenerator, CorpusOutcome, CorpusProgress, CorpusRequest, GenerateOutcome, GenerateRequest, PresetInfo,
+};
+use crate::grpc::{
+    corpus_request_to, corpus_response_from, generate_request_to, generate_response_from, preset_infos_from,
+    progress_from,
+};
+
+/// Field paths of a GenerateCorpusStream error, back to the domain request's (`request.x` -> `x`).
+fn from_stream(e: StageError) -> StageError {
+    e.map_fields(|f| match f.strip_prefix("request.") {
+        Some(rest) => rest.to_string(),
+        None => f,
+    })
+}
 
 /// The generator stage over gRPC (deadline and trace context forwarded, bearer token attached).
 #[derive(Clone)]
@@ -33,6 +47,26 @@ impl ChecklistGenerator for RemoteGenerator {
         let mut client = self.client.clone();
         let reply = client.generate(outgoing(generate_request_to(&request))).await.map_err(from_status)?;
         generate_response_from(reply.into_inner())
+    }
+
+    /// Over GenerateCorpusStream, so progress events reach `events` as the remote stage reports them.
+    async fn generate_corpus(
+        &self,
+        request: CorpusRequest,
+        events: EventSink<'_, CorpusProgress>,
+    ) -> Result<CorpusOutcome, StageError> {
+        let mut client = self.client.clone();
+        let msg = GenerateCorpusStreamRequest { request: Some(corpus_request_to(&request)) };
+        let mut stream =
+            client.generate_corpus_stream(outgoing(msg)).await.map_err(|s| from_stream(from_status(s)))?.into_inner();
+        while let Some(reply) = stream.message().await.map_err(|s| from_stream(from_status(s)))? {
+            match reply.event {
+                Some(Event::Progress(p)) => events(progress_from(p)),
+                Some(Event::Result(r)) => return corpus_response_from(r),
+                None => {}
+            }
+        }
+        Err(StageError::Unavailable("the generator's corpus stream ended without a result".into()))
     }
 
     async fn list_presets(&self) -> Result<Vec<PresetInfo>, StageError> {

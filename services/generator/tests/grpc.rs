@@ -493,12 +493,40 @@ async fn unparseable_or_empty_replies_are_errors_not_empty_checklists() {
 async fn list_presets_reports_the_table() {
     let h = harness().await;
     let mut client = h.client().await;
-    let presets = client.list_presets(pb::ListPresetsRequest {}).await.unwrap().into_inner().presets;
+    let all = client.list_presets(pb::ListPresetsRequest {}).await.unwrap().into_inner().presets;
+    // Instance presets first, then the corpus presets with their required fields and defaults.
+    let (presets, corpus) = all.split_at(PRESETS.len());
     let got: Vec<(i32, &str, u32, f64)> =
         presets.iter().map(|p| (p.preset, p.name.as_str(), p.default_max_items, p.default_temperature)).collect();
     let want: Vec<(i32, &str, u32, f64)> = PRESETS.iter().map(|(p, n, m, t)| (*p as i32, *n, *m, *t)).collect();
     assert_eq!(got, want);
-    for (p, info) in PRESETS.iter().zip(&presets) {
+    let got: Vec<(i32, &str, i32, Vec<&str>, u32)> = corpus
+        .iter()
+        .map(|p| {
+            (
+                p.preset,
+                p.name.as_str(),
+                p.level,
+                p.required_fields.iter().map(String::as_str).collect(),
+                p.default_max_items,
+            )
+        })
+        .collect();
+    let level = common::GenerationLevel::Corpus as i32;
+    assert_eq!(
+        got,
+        vec![
+            (pb::Preset::Feedback as i32, "feedback", level, vec!["observations"], 20),
+            (pb::Preset::Checkeval as i32, "checkeval", level, vec!["dimensions"], 0),
+            (pb::Preset::Interacteval as i32, "interacteval", level, vec!["observations"], 15),
+        ]
+    );
+    for info in corpus {
+        let s = info.default_scorer.as_ref().unwrap();
+        assert_eq!((s.mode, s.primary_metric), (common::ScoringMode::Batch as i32, common::PrimaryMetric::Pass as i32));
+        assert_eq!(info.default_temperature, 0.7);
+    }
+    for (p, info) in PRESETS.iter().zip(presets) {
         assert_eq!(info.level, common::GenerationLevel::Instance as i32);
         let s = info.default_scorer.as_ref().unwrap();
         assert_eq!((s.mode, s.primary_metric, s.use_logprobs), mode(p.0), "{}", info.name);
@@ -518,17 +546,6 @@ async fn list_presets_reports_the_table() {
         ]
     );
     assert_eq!(h.llm.request_count(), 0);
-}
-
-#[tokio::test]
-async fn corpus_generation_is_not_built_yet() {
-    let h = harness().await;
-    let mut client = h.client().await;
-    let st = client.generate_corpus(pb::GenerateCorpusRequest::default()).await.unwrap_err();
-    assert_eq!(st.code(), Code::Unimplemented);
-    assert!(st.message().contains("GenerateCorpus"), "{}", st.message());
-    let st = client.generate_corpus_stream(pb::GenerateCorpusStreamRequest::default()).await.unwrap_err();
-    assert_eq!(st.code(), Code::Unimplemented);
 }
 
 #[tokio::test]

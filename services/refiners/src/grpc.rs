@@ -1,8 +1,12 @@
-//! gRPC adapter of the refiners service. The checklist and content refiners stage is not built yet: every RPC answers
-//! UNIMPLEMENTED with a message naming it, so clients see the full contract today.
+//! gRPC adapter of the refiners service: convert, call the core, map the result. The checklist
+//! refiners are served by [`ChecklistRefiners`]; the content refiners (SelfRefine, Patch,
+//! ExpandSection) are not built yet and answer UNIMPLEMENTED with a message naming them.
 
 use std::pin::Pin;
+use std::sync::Arc;
 
+use assay_domain::StageError;
+use assay_proto::refiners::v1::refine_checklist_stream_response::Event;
 use assay_proto::refiners::v1::refiners_service_server::{RefinersService, RefinersServiceServer};
 use assay_proto::refiners::v1::{
     DeduplicateRequest, DeduplicateResponse, ExpandSectionRequest, ExpandSectionResponse, PatchRequest, PatchResponse,
@@ -10,18 +14,30 @@ use assay_proto::refiners::v1::{
     SelectRequest, SelectResponse, SelfRefineRequest, SelfRefineResponse, SelfRefineStreamRequest,
     SelfRefineStreamResponse, TagRequest, TagResponse, UnitTestRequest, UnitTestResponse,
 };
+use assay_rpc::{CallContext, run_with, to_status};
 use futures::Stream;
 use tonic::service::Routes;
 use tonic::{Request, Response, Status};
 
+use crate::convert;
+use crate::core::{ChecklistRefiners, StepReport};
+
 /// The refiners service's gRPC face.
-#[derive(Clone, Default)]
-pub struct RefinersGrpc;
+#[derive(Clone)]
+pub struct RefinersGrpc {
+    core: Arc<ChecklistRefiners>,
+}
+
+impl RefinersGrpc {
+    pub fn new(core: Arc<ChecklistRefiners>) -> Self {
+        Self { core }
+    }
+}
 
 /// Routes serving the refiners service, with Assay's message limits.
-pub fn routes() -> Routes {
+pub fn routes(core: Arc<ChecklistRefiners>) -> Routes {
     Routes::new(
-        RefinersServiceServer::new(RefinersGrpc)
+        RefinersServiceServer::new(RefinersGrpc::new(core))
             .max_decoding_message_size(assay_domain::limits::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(assay_domain::limits::MAX_MESSAGE_BYTES),
     )
@@ -37,36 +53,90 @@ type EventStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl RefinersService for RefinersGrpc {
-    async fn deduplicate(&self, _: Request<DeduplicateRequest>) -> Result<Response<DeduplicateResponse>, Status> {
-        Err(not_yet("Deduplicate"))
+    async fn deduplicate(&self, request: Request<DeduplicateRequest>) -> Result<Response<DeduplicateResponse>, Status> {
+        let ctx = CallContext::from_request(&request);
+        let (items, options) = convert::deduplicate_request(request.into_inner()).map_err(to_status)?;
+        let core = self.core.clone();
+        let out = run_with(ctx, async move { core.deduplicate(items, &options).await }).await.map_err(to_status)?;
+        Ok(Response::new(convert::deduplicate_response_to(&out)))
     }
 
-    async fn tag(&self, _: Request<TagRequest>) -> Result<Response<TagResponse>, Status> {
-        Err(not_yet("Tag"))
+    async fn tag(&self, request: Request<TagRequest>) -> Result<Response<TagResponse>, Status> {
+        let ctx = CallContext::from_request(&request);
+        let (items, options) = convert::tag_request(request.into_inner()).map_err(to_status)?;
+        let core = self.core.clone();
+        let out = run_with(ctx, async move { core.tag(items, &options).await }).await.map_err(to_status)?;
+        Ok(Response::new(convert::tag_response_to(&out)))
     }
 
-    async fn unit_test(&self, _: Request<UnitTestRequest>) -> Result<Response<UnitTestResponse>, Status> {
-        Err(not_yet("UnitTest"))
+    async fn unit_test(&self, request: Request<UnitTestRequest>) -> Result<Response<UnitTestResponse>, Status> {
+        let ctx = CallContext::from_request(&request);
+        let (items, options) = convert::unit_test_request(request.into_inner()).map_err(to_status)?;
+        let core = self.core.clone();
+        let out = run_with(ctx, async move { core.unit_test(items, &options).await }).await.map_err(to_status)?;
+        Ok(Response::new(convert::unit_test_response_to(&out)))
     }
 
-    async fn select(&self, _: Request<SelectRequest>) -> Result<Response<SelectResponse>, Status> {
-        Err(not_yet("Select"))
+    async fn select(&self, request: Request<SelectRequest>) -> Result<Response<SelectResponse>, Status> {
+        let ctx = CallContext::from_request(&request);
+        let (items, options) = convert::select_request(request.into_inner()).map_err(to_status)?;
+        let core = self.core.clone();
+        let out = run_with(ctx, async move { core.select(items, &options).await }).await.map_err(to_status)?;
+        Ok(Response::new(convert::select_response_to(&out)))
     }
 
     async fn refine_checklist(
         &self,
-        _: Request<RefineChecklistRequest>,
+        request: Request<RefineChecklistRequest>,
     ) -> Result<Response<RefineChecklistResponse>, Status> {
-        Err(not_yet("RefineChecklist"))
+        let ctx = CallContext::from_request(&request);
+        let (items, steps) = convert::refine_checklist_request(request.into_inner(), "").map_err(to_status)?;
+        let core = self.core.clone();
+        let out = run_with(ctx, async move { core.run_chain(items, &steps, &assay_domain::no_events).await })
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(convert::refine_checklist_response_to(&out)))
     }
 
     type RefineChecklistStreamStream = EventStream<RefineChecklistStreamResponse>;
 
     async fn refine_checklist_stream(
         &self,
-        _: Request<RefineChecklistStreamRequest>,
+        request: Request<RefineChecklistStreamRequest>,
     ) -> Result<Response<Self::RefineChecklistStreamStream>, Status> {
-        Err(not_yet("RefineChecklistStream"))
+        let ctx = CallContext::from_request(&request);
+        let inner =
+            request.into_inner().request.ok_or_else(|| to_status(StageError::invalid("request", "is required")))?;
+        let (items, steps) = convert::refine_checklist_request(inner, "request").map_err(to_status)?;
+        // Bad input fails the call itself, before the stream starts.
+        ChecklistRefiners::validate_chain(&items, &steps)
+            .map_err(|e| to_status(e.map_fields(|f| format!("request.{f}"))))?;
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Result<RefineChecklistStreamResponse, Status>>();
+        let core = self.core.clone();
+        // The task ends when the client goes away: the chain future is dropped.
+        tokio::spawn(async move {
+            let events_tx = tx.clone();
+            let sink = move |r: StepReport| {
+                let _ = events_tx.send(Ok(RefineChecklistStreamResponse {
+                    event: Some(Event::StepCompleted(convert::step_completed_to(&r))),
+                }));
+            };
+            let work = run_with(ctx, core.run_chain(items, &steps, &sink));
+            let closed = tx.clone();
+            tokio::select! {
+                out = work => {
+                    let msg = match out {
+                        Ok(o) => Ok(RefineChecklistStreamResponse {
+                            event: Some(Event::Result(convert::refine_checklist_response_to(&o))),
+                        }),
+                        Err(e) => Err(to_status(e.map_fields(|f| format!("request.{f}")))),
+                    };
+                    let _ = tx.send(msg);
+                }
+                () = closed.closed() => {}
+            }
+        });
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))))
     }
 
     async fn self_refine(&self, _: Request<SelfRefineRequest>) -> Result<Response<SelfRefineResponse>, Status> {

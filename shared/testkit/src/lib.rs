@@ -4,6 +4,6 @@ pub mod schema_fake;
 pub mod scripted;
 pub mod server;
 
-pub use scripted::{Handler, RecordedRequest, Reply, ScriptedLlm, embedding_handler, eventually, hash_embedding};
 pub use schema_fake::{schema_handler, schema_reply};
+pub use scripted::{Handler, RecordedRequest, Reply, ScriptedLlm, embedding_handler, eventually, hash_embedding};
 pub use server::TestServer;

@@ -94,7 +94,9 @@ fn property(root: &Value, name: &str, schema: &Value, position: usize, depth: us
     if is_integer && (lower.contains("index") || lower == "id" || lower == "number") {
         return json!(position + 1);
     }
-    if (lower == "weight" || lower == "importance") && matches!(resolved.get("type").and_then(Value::as_str), Some("integer" | "number")) {
+    if (lower == "weight" || lower == "importance")
+        && matches!(resolved.get("type").and_then(Value::as_str), Some("integer" | "number"))
+    {
         let min = resolved.get("minimum").and_then(Value::as_f64).unwrap_or(0.0);
         let max = resolved.get("maximum").and_then(Value::as_f64).unwrap_or(100.0);
         let w = (50.0f64).clamp(min, max);

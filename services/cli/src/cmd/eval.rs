@@ -343,7 +343,10 @@ mod tests {
         assert_eq!(c.items[0].id, "q1");
         assert_eq!(c.items[1].weight, Some(40.0));
         let back = checklist_from_json(&checklist_json(&c)).unwrap();
-        assert_eq!(back.items, c.items);
+        // An unset weight is written as the default 100.
+        assert_eq!(back.items[0].weight, Some(100.0));
+        assert_eq!(back.items[1], c.items[1]);
+        assert_eq!((back.items[0].id.as_str(), back.items[0].question.as_str()), ("q1", "Is it short?"));
         assert!(checklist_from_json(&json!({"items": [{"id": "a"}]})).unwrap_err().contains("items[0]"));
     }
 

@@ -2,6 +2,7 @@
 //! defaults (max items, temperature, scorer config), weighted and categorized items, contrastive
 //! candidates passed in or produced by candidate models. No transport types here.
 
+pub mod corpus;
 pub mod parse;
 pub mod preset;
 
@@ -11,15 +12,19 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use assay_domain::limits::{MAX_CHECKLIST_ITEMS, MAX_QUESTION_BYTES, MAX_TEXT_BYTES};
 use assay_domain::template::render;
 use assay_domain::{
-    Checklist, ChecklistItem, GenerationLevel, ModelHub, ModelRecord, ModelSpec, ResolvedChat, ScorerConfig,
+    Checklist, ChecklistItem, EventSink, GenerationLevel, ModelHub, ModelRecord, ModelSpec, ResolvedChat, ScorerConfig,
     StageError, Usage, Violations,
 };
 use assay_llm::{ChatRequest, Message, ResponseFormat};
 use futures::StreamExt;
 use sha2::{Digest, Sha256};
 
+pub use corpus::{
+    AugmentationMode, CorpusOutcome, CorpusPreset, CorpusProgress, CorpusRefinement, CorpusRequest, Dimension,
+    SubDimension,
+};
 pub use parse::{HARD_RULE, PRINCIPLE, ParsedItem, ParsedReply, normalize_category, parse_reply, schema};
-pub use preset::{CandidateSource, ItemShape, Preset, PresetInfo, fields, preset_table};
+pub use preset::{CandidateSource, ItemShape, Preset, PresetId, PresetInfo, fields, preset_table};
 
 /// Configuration phase the generator resolves its model for.
 pub const PHASE: &str = "generator";
@@ -120,12 +125,22 @@ pub struct GenerateOutcome {
     pub model: ModelRecord,
 }
 
-/// The generator stage, instance level: what the gateway holds (in-process core or remote client).
+/// The generator stage: what the gateway holds (in-process core or remote client).
 #[async_trait::async_trait]
 pub trait ChecklistGenerator: Send + Sync {
-    /// Generate one checklist.
+    /// Generate one checklist (instance level).
     async fn generate(&self, request: GenerateRequest) -> Result<GenerateOutcome, StageError>;
-    /// The presets and their defaults.
+    /// Generate one corpus-level checklist, reporting progress (per batch, dimension, stage and
+    /// refiner step) to `events`. Implementations without corpus support answer UNIMPLEMENTED.
+    async fn generate_corpus(
+        &self,
+        request: CorpusRequest,
+        events: EventSink<'_, CorpusProgress>,
+    ) -> Result<CorpusOutcome, StageError> {
+        let _ = (request, events);
+        Err(StageError::Unimplemented("this generator does not do corpus-level generation".into()))
+    }
+    /// The presets (instance and corpus level) and their defaults.
     async fn list_presets(&self) -> Result<Vec<PresetInfo>, StageError>;
 }
 
@@ -172,7 +187,7 @@ impl Generator {
         self
     }
 
-    /// The presets and their defaults.
+    /// The presets (instance, then corpus level) and their defaults.
     pub fn presets(&self) -> Vec<PresetInfo> {
         preset_table()
     }
@@ -456,6 +471,14 @@ fn truncate(mut s: String, max: usize) -> String {
 impl ChecklistGenerator for Generator {
     async fn generate(&self, request: GenerateRequest) -> Result<GenerateOutcome, StageError> {
         Generator::generate(self, request).await
+    }
+
+    async fn generate_corpus(
+        &self,
+        request: CorpusRequest,
+        events: EventSink<'_, CorpusProgress>,
+    ) -> Result<CorpusOutcome, StageError> {
+        Generator::generate_corpus(self, request, events).await
     }
 
     async fn list_presets(&self) -> Result<Vec<PresetInfo>, StageError> {

@@ -88,7 +88,7 @@ pub fn parse_reply(reply: &ChatResponse, shape: ItemShape) -> Result<ParsedReply
     Ok(out)
 }
 
-fn preview(text: &str) -> String {
+pub(crate) fn preview(text: &str) -> String {
     let t = text.trim();
     let mut end = t.len().min(80);
     while !t.is_char_boundary(end) {
@@ -160,7 +160,7 @@ fn number_of(v: &Value) -> Option<f64> {
 }
 
 /// Trim, and drop list markers a model may copy from examples ("- ", "1. ", "Q3: ").
-fn clean_question(text: &str) -> String {
+pub(crate) fn clean_question(text: &str) -> String {
     let mut t = text.trim();
     for marker in ["- ", "* ", "• "] {
         if let Some(rest) = t.strip_prefix(marker) {

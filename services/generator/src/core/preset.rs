@@ -2,6 +2,8 @@
 
 use assay_domain::{GenerationLevel, PrimaryMetric, ScorerConfig, ScoringMode};
 
+use super::corpus::CorpusPreset;
+
 /// An instance-level generation preset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Preset {
@@ -47,10 +49,27 @@ pub mod fields {
     pub const REJECTED: &str = "rejected";
 }
 
+/// Any preset: instance level ([`Generate`](super::Generator::generate)) or corpus level
+/// ([`generate_corpus`](super::Generator::generate_corpus)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PresetId {
+    Instance(Preset),
+    Corpus(CorpusPreset),
+}
+
+impl PresetId {
+    pub fn name(self) -> &'static str {
+        match self {
+            PresetId::Instance(p) => p.name(),
+            PresetId::Corpus(p) => p.name(),
+        }
+    }
+}
+
 /// Defaults of one preset, as `ListPresets` reports them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PresetInfo {
-    pub preset: Preset,
+    pub preset: PresetId,
     pub name: String,
     pub level: GenerationLevel,
     /// Request fields the preset requires (`candidates` may instead be produced by
@@ -197,7 +216,7 @@ impl Preset {
     /// The preset's defaults as reported by `ListPresets`.
     pub fn info(self) -> PresetInfo {
         PresetInfo {
-            preset: self,
+            preset: PresetId::Instance(self),
             name: self.name().to_string(),
             level: GenerationLevel::Instance,
             required_fields: self.required_fields().into_iter().map(String::from).collect(),
@@ -214,9 +233,24 @@ impl std::fmt::Display for Preset {
     }
 }
 
-/// The table of every instance-level preset.
+impl CorpusPreset {
+    /// This preset's defaults (`default_max_items` 0 = no limit).
+    pub fn info(self) -> PresetInfo {
+        PresetInfo {
+            preset: PresetId::Corpus(self),
+            name: self.name().to_string(),
+            level: GenerationLevel::Corpus,
+            required_fields: self.required_fields().into_iter().map(String::from).collect(),
+            default_max_items: self.default_max_items(),
+            default_temperature: self.default_temperature(),
+            default_scorer: self.default_scorer(),
+        }
+    }
+}
+
+/// The table of every preset: instance level in contract order, then corpus level.
 pub fn preset_table() -> Vec<PresetInfo> {
-    Preset::ALL.into_iter().map(Preset::info).collect()
+    Preset::ALL.into_iter().map(Preset::info).chain(CorpusPreset::ALL.into_iter().map(CorpusPreset::info)).collect()
 }
 
 #[cfg(test)]

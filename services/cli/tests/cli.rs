@@ -1,0 +1,273 @@
+//! The `assay` binary end to end: eval, score, generate and runs, against a scripted
+//! OpenAI-compatible backend (a real HTTP server on loopback), with the mesh either started by the
+//! command itself or running in this test process.
+#![allow(clippy::wildcard_enum_match_arm)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Arc;
+
+use assay_testkit::{RecordedRequest, Reply, ScriptedLlm, schema_reply};
+use serde_json::Value;
+
+fn config_file(dir: &Path, backend: &ScriptedLlm, store: &str) -> PathBuf {
+    let path = dir.join("assay.toml");
+    let toml = format!(
+        "[backends.openai]\nbase_url = \"{}\"\nmodel = \"scripted\"\n\n[models.default]\nbackend = \"openai\"\n\n\
+         [gateway]\nstore = \"{store}\"\n\n[cache]\nenabled = false\n",
+        backend.base_url()
+    );
+    std::fs::write(&path, toml).unwrap();
+    path
+}
+
+fn assay(config: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_assay"))
+        .arg("--config")
+        .arg(config)
+        .args(args)
+        .env("OPENAI_API_KEY", "test")
+        .env_remove("OPENAI_BASE_URL")
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("assay runs")
+}
+
+fn lines(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+fn write_records(dir: &Path, n: usize, failing: Option<usize>) -> PathBuf {
+    let path = dir.join("records.jsonl");
+    let text: String = (0..n)
+        .map(|i| {
+            let target = if Some(i) == failing { "FAIL-ME please".to_string() } else { format!("answer {i}") };
+            format!(
+                "{}\n",
+                serde_json::json!({"id": format!("r{i}"), "input": format!("Write note {i}."), "target": target})
+            )
+        })
+        .collect();
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Scoring prompts mentioning FAIL-ME get 503 on every attempt (the record fails after the client's
+/// retries; a 4xx rejection would fail the whole run); everything else follows the schema.
+fn handler(req: &RecordedRequest) -> Reply {
+    if req.raw_body.contains("FAIL-ME") { Reply::status(503) } else { schema_reply(req) }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eval_writes_one_line_per_record_and_a_json_summary() {
+    let backend = ScriptedLlm::start().await;
+    backend.set_handler(handler);
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_file(dir.path(), &backend, ":memory:");
+    let data = write_records(dir.path(), 3, None);
+    let out = dir.path().join("out.jsonl");
+    let o = tokio::task::spawn_blocking({
+        let (config, data, out) = (config.clone(), data.clone(), out.clone());
+        move || {
+            assay(
+                &config,
+                &[
+                    "eval",
+                    "--preset",
+                    "tick",
+                    "--data",
+                    data.to_str().unwrap(),
+                    "--out",
+                    out.to_str().unwrap(),
+                    "--json",
+                ],
+            )
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(o.status.code(), Some(0), "stderr: {}", String::from_utf8_lossy(&o.stderr));
+    let results = lines(&out);
+    assert_eq!(results.len(), 3);
+    let mut ids: Vec<&str> = results.iter().map(|r| r["id"].as_str().unwrap()).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, ["r0", "r1", "r2"]);
+    for r in &results {
+        assert!(r["error"].is_null());
+        // The schema-following backend answers YES, NO, YES, ... : a real mix, not a constant.
+        let answers = r["answers"].as_object().unwrap();
+        assert!(answers.values().any(|a| a == "yes") && answers.values().any(|a| a == "no"), "{r}");
+    }
+    let summary: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(summary["records"], 3);
+    assert_eq!(summary["failed"], 0);
+    assert_eq!(summary["state"], "succeeded");
+    // 3 generations + 3 batch scorings.
+    assert_eq!(summary["calls"], 6);
+    assert_eq!(backend.request_count(), 6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn score_with_a_checklist_file_exits_3_when_some_records_fail() {
+    let backend = ScriptedLlm::start().await;
+    backend.set_handler(handler);
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_file(dir.path(), &backend, ":memory:");
+    let data = write_records(dir.path(), 4, Some(2));
+    let checklist = dir.path().join("checklist.json");
+    std::fs::write(
+        &checklist,
+        r#"{"id": "c1", "items": ["Is it short?", {"id": "kind", "question": "Is it kind?", "weight": 30}]}"#,
+    )
+    .unwrap();
+    let out = dir.path().join("out.jsonl");
+    let o = tokio::task::spawn_blocking({
+        let (config, data, out, checklist) = (config.clone(), data.clone(), out.clone(), checklist.clone());
+        move || {
+            assay(
+                &config,
+                &[
+                    "score",
+                    "--checklist",
+                    checklist.to_str().unwrap(),
+                    "--data",
+                    data.to_str().unwrap(),
+                    "--out",
+                    out.to_str().unwrap(),
+                    "--mode",
+                    "batch",
+                    "--metric",
+                    "weighted",
+                    "--json",
+                ],
+            )
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(o.status.code(), Some(3), "stderr: {}", String::from_utf8_lossy(&o.stderr));
+    let results = lines(&out);
+    assert_eq!(results.len(), 4);
+    let failed: Vec<&Value> = results.iter().filter(|r| !r["error"].is_null()).collect();
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0]["id"], "r2");
+    for r in results.iter().filter(|r| r["error"].is_null()) {
+        assert_eq!(r["checklist_id"], "c1");
+        // Batch mode: answers for both items; the weighted score is a real number in [0, 1].
+        assert!(r["answers"].as_object().unwrap().contains_key("kind"));
+        let w = r["weighted_score"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&w));
+    }
+    let summary: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(summary["failed"], 1);
+    assert_eq!(summary["state"], "partial");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_exits_1_naming_the_problem() {
+    let backend = ScriptedLlm::start().await;
+    backend.set_handler(handler);
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_file(dir.path(), &backend, ":memory:");
+    let data = dir.path().join("records.jsonl");
+    std::fs::write(&data, "{\"input\": \"Write.\", \"target\": \"x\"}\n").unwrap();
+    let o = tokio::task::spawn_blocking({
+        let (config, data) = (config.clone(), data.clone());
+        move || assay(&config, &["eval", "--preset", "rlcf_direct", "--data", data.to_str().unwrap()])
+    })
+    .await
+    .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("InvalidArgument") && err.contains("pipeline.records[0].reference"), "{err}");
+    assert_eq!(backend.request_count(), 0);
+    let o = tokio::task::spawn_blocking({
+        let (config, data) = (config.clone(), data.clone());
+        move || assay(&config, &["eval", "--preset", "nonsense", "--data", data.to_str().unwrap()])
+    })
+    .await
+    .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("unknown preset \"nonsense\""));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generate_and_runs_against_a_running_gateway() {
+    let backend = ScriptedLlm::start().await;
+    backend.set_handler(handler);
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("runs.db");
+    let config_path = config_file(dir.path(), &backend, store.to_str().unwrap());
+    let mut config = assay_config::load(Some(&config_path)).unwrap();
+    config.ports = assay_config::Ports::ephemeral();
+    let (hub, loading) = assay_runtime::build_hub(&config, &[]).unwrap();
+    loading.await.unwrap();
+    let mesh = assay_cli::start_mesh(&config, Arc::new(hub), true).await.unwrap();
+    let gateway = format!("http://{}", mesh.addrs.gateway);
+
+    let o = tokio::task::spawn_blocking({
+        let (c, g) = (config_path.clone(), gateway.clone());
+        move || {
+            assay(
+                &c,
+                &["generate", "--preset", "tick", "--input", "Write a haiku.", "--max-items", "4", "--gateway", &g],
+            )
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(o.status.code(), Some(0), "stderr: {}", String::from_utf8_lossy(&o.stderr));
+    let checklist: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(checklist["source_method"], "tick");
+    assert_eq!(checklist["input"], "Write a haiku.");
+    // The backend offers 6 questions; --max-items 4 keeps 4.
+    assert_eq!(checklist["items"].as_array().unwrap().len(), 4);
+    let run_id = checklist["run_id"].as_str().unwrap().to_string();
+
+    let o = tokio::task::spawn_blocking({
+        let (c, g) = (config_path.clone(), gateway.clone());
+        move || assay(&c, &["runs", "list", "--gateway", &g, "--json"])
+    })
+    .await
+    .unwrap();
+    assert_eq!(o.status.code(), Some(0), "stderr: {}", String::from_utf8_lossy(&o.stderr));
+    let listed: Vec<Value> =
+        String::from_utf8_lossy(&o.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0]["run_id"], run_id.as_str());
+    assert_eq!(listed[0]["kind"], "generate_checklist");
+    assert_eq!(listed[0]["state"], "succeeded");
+
+    let o = tokio::task::spawn_blocking({
+        let (c, g, id) = (config_path.clone(), gateway.clone(), run_id.clone());
+        move || assay(&c, &["runs", "show", &id, "--gateway", &g, "--json"])
+    })
+    .await
+    .unwrap();
+    let shown: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(shown["checklist"]["items"].as_array().unwrap().len(), 4);
+    assert_eq!(shown["usage"]["calls"], 1);
+
+    let o = tokio::task::spawn_blocking({
+        let (c, g, id) = (config_path.clone(), gateway.clone(), run_id.clone());
+        move || assay(&c, &["runs", "watch", &id, "--gateway", &g, "--json"])
+    })
+    .await
+    .unwrap();
+    let events: Vec<Value> =
+        String::from_utf8_lossy(&o.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let kinds: Vec<&str> = events.iter().map(|e| e["event"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["started", "checklist_ready", "completed"]);
+    let seqs: Vec<u64> = events.iter().map(|e| e["sequence"].as_u64().unwrap()).collect();
+    assert_eq!(seqs, [1, 2, 3]);
+
+    let o = tokio::task::spawn_blocking({
+        let (c, g) = (config_path.clone(), gateway.clone());
+        move || assay(&c, &["runs", "cancel", "no-such-run", "--gateway", &g])
+    })
+    .await
+    .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("NotFound"));
+    mesh.shutdown().await.unwrap();
+}

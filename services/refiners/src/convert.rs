@@ -1,0 +1,297 @@
+//! Wire <-> domain conversions of the refiners' messages. Wire -> domain collects every invalid
+//! field into [`Violations`] with its full path (range checks on options are the core's, so the
+//! library and the wire give the same errors); domain -> wire is infallible.
+
+use assay_domain::{Answer, ChecklistItem, StageError, Violations};
+use assay_proto::common::v1 as common;
+use assay_proto::convert::{checklist_item, checklist_item_to, model_spec, usage_to};
+use assay_proto::refiners::v1 as pb;
+use assay_proto::refiners::v1::refiner_step::Step;
+
+use crate::core::{
+    ActionKind, ChainOutcome, CoverageEntry, DedupOptions, ItemEnforceability, ItemTag, RefinerAction, RefinerStep,
+    Sample, SelectOptions, StepOutcome, StepReport, TagOptions, UnitTestOptions,
+};
+
+fn join(prefix: &str, field: &str) -> String {
+    if prefix.is_empty() { field.to_string() } else { format!("{prefix}.{field}") }
+}
+
+/// Items from the wire; an empty id becomes its 1-based position (as for checklists).
+pub fn items(p: Vec<common::ChecklistItem>, field: &str, v: &mut Violations) -> Vec<ChecklistItem> {
+    p.into_iter()
+        .enumerate()
+        .map(|(i, it)| {
+            let mut item = checklist_item(it, &format!("{field}[{i}]"), v);
+            if item.id.is_empty() {
+                item.id = (i + 1).to_string();
+            }
+            item
+        })
+        .collect()
+}
+
+fn dedup_options(
+    p: pb::DeduplicateRequest,
+    prefix: &str,
+    v: &mut Violations,
+) -> (Vec<common::ChecklistItem>, DedupOptions) {
+    let pb::DeduplicateRequest { items, threshold, model, embedding_model } = p;
+    let options = DedupOptions {
+        threshold,
+        model: model_spec(model, &join(prefix, "model"), v),
+        embedding_model: model_spec(embedding_model, &join(prefix, "embedding_model"), v),
+    };
+    (items, options)
+}
+
+fn tag_options(p: pb::TagRequest, prefix: &str, v: &mut Violations) -> (Vec<common::ChecklistItem>, TagOptions) {
+    let pb::TagRequest { items, model, concurrency } = p;
+    (items, TagOptions { model: model_spec(model, &join(prefix, "model"), v), concurrency: concurrency as usize })
+}
+
+fn answer(value: i32, field: String, v: &mut Violations) -> Option<Answer> {
+    match common::Answer::try_from(value) {
+        Ok(common::Answer::Yes) => Some(Answer::Yes),
+        Ok(common::Answer::No) => Some(Answer::No),
+        Ok(common::Answer::Unspecified) | Err(_) => {
+            v.push(field, format!("must be ANSWER_YES or ANSWER_NO (got {value})"));
+            None
+        }
+    }
+}
+
+fn unit_test_options(
+    p: pb::UnitTestRequest,
+    prefix: &str,
+    v: &mut Violations,
+) -> (Vec<common::ChecklistItem>, UnitTestOptions) {
+    let pb::UnitTestRequest { items, samples, input, threshold, max_samples, seed, model, concurrency } = p;
+    let samples_field = join(prefix, "samples");
+    let samples = samples
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let pb::Sample { id, text, answers } = s;
+            let mut answers: Vec<(String, i32)> = answers.into_iter().collect();
+            answers.sort();
+            let answers = answers
+                .into_iter()
+                .filter_map(|(item_id, a)| {
+                    let f = format!("{samples_field}[{i}].answers[{item_id:?}]");
+                    answer(a, f, v).map(|a| (item_id, a))
+                })
+                .collect();
+            Sample { id: if id.is_empty() { (i + 1).to_string() } else { id }, text, answers }
+        })
+        .collect();
+    let options = UnitTestOptions {
+        samples,
+        input,
+        threshold,
+        max_samples,
+        seed,
+        model: model_spec(model, &join(prefix, "model"), v),
+        concurrency: concurrency as usize,
+    };
+    (items, options)
+}
+
+fn select_options(
+    p: pb::SelectRequest,
+    prefix: &str,
+    v: &mut Violations,
+) -> (Vec<common::ChecklistItem>, SelectOptions) {
+    let pb::SelectRequest { items, max_questions, beam_width, length_penalty, alpha, coverage, embedding_model } = p;
+    let options = SelectOptions {
+        max_questions,
+        beam_width,
+        length_penalty,
+        alpha,
+        coverage: coverage
+            .into_iter()
+            .map(|c| {
+                let pb::CoverageEntry { observation, item_ids } = c;
+                CoverageEntry { observation, item_ids }
+            })
+            .collect(),
+        embedding_model: model_spec(embedding_model, &join(prefix, "embedding_model"), v),
+    };
+    (items, options)
+}
+
+/// Deduplicate request -> (items, options).
+pub fn deduplicate_request(p: pb::DeduplicateRequest) -> Result<(Vec<ChecklistItem>, DedupOptions), StageError> {
+    let mut v = Violations::new();
+    let (wire_items, options) = dedup_options(p, "", &mut v);
+    let items = items(wire_items, "items", &mut v);
+    v.into_result()?;
+    Ok((items, options))
+}
+
+/// Tag request -> (items, options).
+pub fn tag_request(p: pb::TagRequest) -> Result<(Vec<ChecklistItem>, TagOptions), StageError> {
+    let mut v = Violations::new();
+    let (wire_items, options) = tag_options(p, "", &mut v);
+    let items = items(wire_items, "items", &mut v);
+    v.into_result()?;
+    Ok((items, options))
+}
+
+/// UnitTest request -> (items, options).
+pub fn unit_test_request(p: pb::UnitTestRequest) -> Result<(Vec<ChecklistItem>, UnitTestOptions), StageError> {
+    let mut v = Violations::new();
+    let (wire_items, options) = unit_test_options(p, "", &mut v);
+    let items = items(wire_items, "items", &mut v);
+    v.into_result()?;
+    Ok((items, options))
+}
+
+/// Select request -> (items, options).
+pub fn select_request(p: pb::SelectRequest) -> Result<(Vec<ChecklistItem>, SelectOptions), StageError> {
+    let mut v = Violations::new();
+    let (wire_items, options) = select_options(p, "", &mut v);
+    let items = items(wire_items, "items", &mut v);
+    v.into_result()?;
+    Ok((items, options))
+}
+
+/// Chain request -> (items, steps); field paths relative to `prefix`. Each step's own `items`
+/// field is ignored (the chain feeds it).
+pub fn refine_checklist_request(
+    p: pb::RefineChecklistRequest,
+    prefix: &str,
+) -> Result<(Vec<ChecklistItem>, Vec<RefinerStep>), StageError> {
+    let pb::RefineChecklistRequest { items: wire_items, steps } = p;
+    let mut v = Violations::new();
+    let items = items(wire_items, &join(prefix, "items"), &mut v);
+    let steps = steps
+        .into_iter()
+        .enumerate()
+        .filter_map(|(i, s)| {
+            let field = join(prefix, &format!("steps[{i}]"));
+            match s.step {
+                Some(Step::Deduplicate(r)) => {
+                    Some(RefinerStep::Deduplicate(dedup_options(r, &format!("{field}.deduplicate"), &mut v).1))
+                }
+                Some(Step::Tag(r)) => Some(RefinerStep::Tag(tag_options(r, &format!("{field}.tag"), &mut v).1)),
+                Some(Step::UnitTest(r)) => {
+                    Some(RefinerStep::UnitTest(unit_test_options(r, &format!("{field}.unit_test"), &mut v).1))
+                }
+                Some(Step::Select(r)) => {
+                    Some(RefinerStep::Select(select_options(r, &format!("{field}.select"), &mut v).1))
+                }
+                None => {
+                    v.push(field, "is required: set one of deduplicate, tag, unit_test, select");
+                    None
+                }
+            }
+        })
+        .collect();
+    v.into_result()?;
+    Ok((items, steps))
+}
+
+pub fn action_kind_to(k: ActionKind) -> pb::ActionKind {
+    match k {
+        ActionKind::Kept => pb::ActionKind::Kept,
+        ActionKind::Removed => pb::ActionKind::Removed,
+        ActionKind::Merged => pb::ActionKind::Merged,
+        ActionKind::Error => pb::ActionKind::Error,
+    }
+}
+
+pub fn action_to(a: &RefinerAction) -> pb::RefinerAction {
+    pb::RefinerAction {
+        refiner: a.refiner.clone(),
+        item_id: a.item_id.clone(),
+        kind: action_kind_to(a.kind) as i32,
+        reason: a.reason.clone(),
+        result_item_id: a.result_item_id.clone(),
+    }
+}
+
+fn actions_to(actions: &[RefinerAction]) -> Vec<pb::RefinerAction> {
+    actions.iter().map(action_to).collect()
+}
+
+fn items_to(items: &[ChecklistItem]) -> Vec<common::ChecklistItem> {
+    items.iter().map(checklist_item_to).collect()
+}
+
+pub fn tag_to(t: &ItemTag) -> pb::ItemTag {
+    pb::ItemTag {
+        item_id: t.item_id.clone(),
+        generally_applicable: t.generally_applicable,
+        section_specific: t.section_specific,
+        reasoning: t.reasoning.clone(),
+        error: t.error.clone().unwrap_or_default(),
+    }
+}
+
+pub fn enforceability_to(e: &ItemEnforceability) -> pb::ItemEnforceability {
+    pb::ItemEnforceability {
+        item_id: e.item_id.clone(),
+        samples: e.samples,
+        correct_failures: e.correct_failures,
+        rate: e.rate,
+        kept: e.kept,
+    }
+}
+
+pub fn deduplicate_response_to(o: &StepOutcome) -> pb::DeduplicateResponse {
+    pb::DeduplicateResponse {
+        items: items_to(&o.items),
+        actions: actions_to(&o.actions),
+        clusters_merged: o.clusters_merged,
+        usage: Some(usage_to(&o.usage)),
+    }
+}
+
+pub fn tag_response_to(o: &StepOutcome) -> pb::TagResponse {
+    pb::TagResponse {
+        items: items_to(&o.items),
+        tags: o.tags.iter().map(tag_to).collect(),
+        actions: actions_to(&o.actions),
+        parse_failures: o.parse_failures,
+        usage: Some(usage_to(&o.usage)),
+    }
+}
+
+pub fn unit_test_response_to(o: &StepOutcome) -> pb::UnitTestResponse {
+    pb::UnitTestResponse {
+        items: items_to(&o.items),
+        results: o.enforceability.iter().map(enforceability_to).collect(),
+        actions: actions_to(&o.actions),
+        usage: Some(usage_to(&o.usage)),
+    }
+}
+
+pub fn select_response_to(o: &StepOutcome) -> pb::SelectResponse {
+    pb::SelectResponse {
+        items: items_to(&o.items),
+        diversity: o.diversity,
+        coverage: o.coverage,
+        score: o.score,
+        passthrough: o.passthrough,
+        actions: actions_to(&o.actions),
+        usage: Some(usage_to(&o.usage)),
+    }
+}
+
+pub fn refine_checklist_response_to(o: &ChainOutcome) -> pb::RefineChecklistResponse {
+    pb::RefineChecklistResponse {
+        items: items_to(&o.items),
+        actions: actions_to(&o.actions),
+        usage: Some(usage_to(&o.usage)),
+    }
+}
+
+pub fn step_completed_to(r: &StepReport) -> pb::StepCompleted {
+    pb::StepCompleted {
+        refiner: r.refiner.clone(),
+        items_in: r.items_in,
+        items_out: r.items_out,
+        actions: actions_to(&r.actions),
+    }
+}
