@@ -159,7 +159,21 @@ async fn bad_corpus_and_refiner_input_is_rejected_before_any_model_call() {
     let bad = gw::ChecklistEvalPipeline {
         source: Some(gw::ChecklistSource { source: Some(gw::checklist_source::Source::Corpus(empty)) }),
         records: vec![gw::EvalRecord { target: "t".into(), ..Default::default() }],
-        refiners: vec![ref_pb::RefinerStep { step: None }],
+        refiners: vec![
+            ref_pb::RefinerStep { step: None },
+            ref_pb::RefinerStep {
+                step: Some(ref_pb::refiner_step::Step::Deduplicate(ref_pb::DeduplicateRequest {
+                    threshold: Some(1.5),
+                    ..Default::default()
+                })),
+            },
+            ref_pb::RefinerStep {
+                step: Some(ref_pb::refiner_step::Step::Select(ref_pb::SelectRequest {
+                    max_questions: Some(0),
+                    ..Default::default()
+                })),
+            },
+        ],
         ..Default::default()
     };
     let err = client
@@ -179,6 +193,8 @@ async fn bad_corpus_and_refiner_input_is_rejected_before_any_model_call() {
         .collect();
     assert!(fields.contains(&"pipeline.source.corpus.observations".to_string()), "{fields:?}");
     assert!(fields.contains(&"pipeline.refiners[0]".to_string()), "{fields:?}");
+    assert!(fields.contains(&"pipeline.refiners[1].deduplicate.threshold".to_string()), "{fields:?}");
+    assert!(fields.contains(&"pipeline.refiners[2].select.max_questions".to_string()), "{fields:?}");
     assert_eq!(sandbox.llm.request_count(), 0);
     sandbox.shutdown().await.unwrap();
 }

@@ -55,12 +55,15 @@ enum Command {
     /// per record. Exit codes: 0 all scored, 3 some records failed, 1 the run failed.
     Eval {
         /// Preset: tick, rocketeval, rlcf_direct, rlcf_candidate, rlcf_candidates_only,
-        /// openrubrics_pairwise, openrubrics_listwise.
+        /// openrubrics_pairwise, openrubrics_listwise; or a corpus preset (feedback, checkeval,
+        /// interacteval) with --observations / --dimensions: one checklist for every record.
         #[arg(long)]
         preset: String,
         /// Override the preset's maximum number of checklist items.
         #[arg(long)]
         max_items: Option<u32>,
+        #[command(flatten)]
+        corpus: cmd::generate::CorpusArgs,
         #[command(flatten)]
         scoring: ScoringArgs,
         #[command(flatten)]
@@ -99,43 +102,11 @@ enum Command {
         /// Records (JSON lines) to generate one checklist each for, instead of --input.
         #[arg(long)]
         data: Option<PathBuf>,
-        /// Corpus observations: one per line (.txt) or JSON strings / {"text"} objects (.jsonl).
-        #[arg(long)]
-        observations: Option<PathBuf>,
-        /// What the corpus is about.
-        #[arg(long, default_value = "")]
-        description: String,
-        /// checkeval dimensions: JSON list of {"name","definition","sub_dimensions":[{"name","definition"}]}.
-        #[arg(long)]
-        dimensions: Option<PathBuf>,
-        /// checkeval augmentation: seed, elaboration, diversification, combined.
-        #[arg(long)]
-        augmentation: Option<String>,
-        /// checkeval: filter questions for alignment and dimension consistency.
-        #[arg(long)]
-        filter: bool,
-        /// feedback: observations per model call.
-        #[arg(long)]
-        batch_size: Option<u32>,
-        /// Corpus presets: skip the built-in deduplicator / tagger / selector, or add the unit tester.
-        #[arg(long)]
-        no_dedup: bool,
-        #[arg(long)]
-        no_tagging: bool,
-        #[arg(long)]
-        no_selection: bool,
-        #[arg(long)]
-        dedup_threshold: Option<f64>,
+        #[command(flatten)]
+        corpus: cmd::generate::CorpusArgs,
         /// Instance presets: maximum items.
         #[arg(long)]
         max_items: Option<u32>,
-        /// Selector: maximum questions kept.
-        #[arg(long)]
-        max_questions: Option<u32>,
-        /// Refiners to run on the generated checklist, in order (comma separated): deduplicator,
-        /// tagger, selector.
-        #[arg(long, value_delimiter = ',')]
-        refine: Vec<String>,
         /// Output (JSON lines); standard output when absent.
         #[arg(long)]
         out: Option<PathBuf>,
@@ -432,10 +403,10 @@ async fn main() -> ExitCode {
             Err(e) => Err(e),
         },
         Command::Models { command: ModelsCommand::Fetch { dir } } => models_fetch(dir).await,
-        Command::Eval { preset, max_items, scoring, run, backend } => {
+        Command::Eval { preset, max_items, corpus, scoring, run, backend } => {
             let outcome = async {
                 let config = load_config(cli.config.as_deref(), &backend)?;
-                cmd::eval::eval(&config, &preset, max_items, scoring.config()?, run.into_cmd()).await
+                cmd::eval::eval(&config, &preset, max_items, scoring.config()?, &corpus, run.into_cmd()).await
             };
             return exit_of(outcome.await);
         }
@@ -454,19 +425,8 @@ async fn main() -> ExitCode {
             history,
             candidate,
             data,
-            observations,
-            description,
-            dimensions,
-            augmentation,
-            filter,
-            batch_size,
-            no_dedup,
-            no_tagging,
-            no_selection,
-            dedup_threshold,
+            corpus,
             max_items,
-            max_questions,
-            refine,
             out,
             gateway,
             backend,
@@ -489,30 +449,7 @@ async fn main() -> ExitCode {
                         })
                         .collect(),
                 };
-                let corpus = cmd::generate::CorpusArgs {
-                    observations,
-                    description,
-                    dimensions,
-                    augmentation,
-                    filter,
-                    batch_size,
-                    no_dedup,
-                    no_tagging,
-                    unit_tester: false,
-                    no_selection,
-                    dedup_threshold,
-                };
-                let args = cmd::generate::GenerateArgs {
-                    preset,
-                    record,
-                    data,
-                    corpus,
-                    max_items,
-                    max_questions,
-                    refine,
-                    out,
-                    gateway,
-                };
+                let args = cmd::generate::GenerateArgs { preset, record, data, corpus, max_items, out, gateway };
                 cmd::generate::generate(&config, args).await
             };
             return match outcome.await {

@@ -147,11 +147,24 @@ fn check_corpus(c: &GenerateCorpusRequest, v: &mut Violations) {
     }
 }
 
-/// Every refiner step names its refiner.
+/// The refiner chain checked up front with the refiners' own rules (fields named
+/// `pipeline.refiners[i].*`), so a bad chain fails before a run is created.
 fn check_refiners(steps: &[RefinerStep], v: &mut Violations) {
-    for (i, s) in steps.iter().enumerate() {
-        if s.step.is_none() {
+    for (i, step) in steps.iter().enumerate() {
+        if step.step.is_none() {
             v.push(format!("pipeline.refiners[{i}]"), "must set one of deduplicate, tag, unit_test or select");
+            continue;
+        }
+        let request =
+            assay_proto::refiners::v1::RefineChecklistRequest { items: Vec::new(), steps: vec![step.clone()] };
+        let checked = assay_refiners::convert::refine_checklist_request(request, "")
+            .and_then(|(_, steps)| assay_refiners::ChecklistRefiners::validate_steps(&steps));
+        if let Err(StageError::InvalidArgument(violations)) = checked {
+            for f in violations {
+                if let Some(rest) = f.field.strip_prefix("steps[0]") {
+                    v.push(format!("pipeline.refiners[{i}]{rest}"), f.description);
+                }
+            }
         }
     }
 }

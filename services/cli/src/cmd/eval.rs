@@ -33,15 +33,22 @@ pub async fn eval(
     preset: &str,
     max_items: Option<u32>,
     scorer: Option<common::ScorerConfig>,
+    corpus: &super::generate::CorpusArgs,
     args: RunArgs,
 ) -> Result<Outcome, String> {
     let preset = super::preset(preset)?;
     let records = read_records(&args.data)?;
+    let source = if super::generate::is_corpus(preset) {
+        gw::checklist_source::Source::Corpus(super::generate::corpus_request(preset, corpus)?)
+    } else {
+        gw::checklist_source::Source::Preset(preset as i32)
+    };
     let pipeline = gw::ChecklistEvalPipeline {
-        source: Some(gw::ChecklistSource { source: Some(gw::checklist_source::Source::Preset(preset as i32)) }),
+        source: Some(gw::ChecklistSource { source: Some(source) }),
         records,
         max_items,
         scorer,
+        refiners: corpus.steps()?,
         ..Default::default()
     };
     run(config, pipeline, format!("assay eval {}", args.data.display()), &args).await

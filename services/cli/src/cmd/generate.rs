@@ -12,20 +12,53 @@ use serde_json::Value;
 
 use super::{Progress, Session, status_text};
 
-/// Corpus inputs (feedback, checkeval, interacteval).
-#[derive(Default)]
+/// Corpus inputs (feedback, checkeval, interacteval) and the refiner chain, shared by `generate`
+/// and `eval`.
+#[derive(clap::Args, Clone, Default)]
 pub struct CorpusArgs {
+    /// Corpus observations: one per line (.txt) or JSON strings / {"text"} objects (.jsonl).
+    #[arg(long)]
     pub observations: Option<PathBuf>,
+    /// What the corpus is about.
+    #[arg(long, default_value = "")]
     pub description: String,
+    /// checkeval dimensions: JSON list of {"name","definition","sub_dimensions":[{"name","definition"}]}.
+    #[arg(long)]
     pub dimensions: Option<PathBuf>,
+    /// checkeval augmentation: seed, elaboration, diversification, combined.
+    #[arg(long)]
     pub augmentation: Option<String>,
+    /// checkeval: filter questions for alignment and dimension consistency.
+    #[arg(long)]
     pub filter: bool,
+    /// feedback: observations per model call.
+    #[arg(long)]
     pub batch_size: Option<u32>,
+    /// Corpus presets: skip the built-in deduplicator.
+    #[arg(long)]
     pub no_dedup: bool,
+    /// Corpus presets: skip the built-in tagger.
+    #[arg(long)]
     pub no_tagging: bool,
-    pub unit_tester: bool,
+    /// Corpus presets: skip the built-in selector.
+    #[arg(long)]
     pub no_selection: bool,
+    /// Deduplicator cosine threshold (0, 1].
+    #[arg(long)]
     pub dedup_threshold: Option<f64>,
+    /// Selector: maximum questions kept (corpus presets and --refine selector).
+    #[arg(long)]
+    pub max_questions: Option<u32>,
+    /// Refiners to run on the checklist, in order (comma separated): deduplicator, tagger, selector.
+    #[arg(long, value_delimiter = ',')]
+    pub refine: Vec<String>,
+}
+
+impl CorpusArgs {
+    /// The refiner chain.
+    pub fn steps(&self) -> Result<Vec<ref_pb::RefinerStep>, String> {
+        refiner_steps(&self.refine, self.max_questions)
+    }
 }
 
 /// Everything `assay generate` takes.
@@ -36,8 +69,6 @@ pub struct GenerateArgs {
     pub data: Option<PathBuf>,
     pub corpus: CorpusArgs,
     pub max_items: Option<u32>,
-    pub max_questions: Option<u32>,
-    pub refine: Vec<String>,
     pub out: Option<PathBuf>,
     pub gateway: Option<String>,
 }
@@ -115,11 +146,7 @@ fn read_dimensions(path: &Path) -> Result<Vec<gen_pb::Dimension>, String> {
         .collect())
 }
 
-fn corpus_request(
-    preset: gen_pb::Preset,
-    a: &CorpusArgs,
-    max_questions: Option<u32>,
-) -> Result<gen_pb::GenerateCorpusRequest, String> {
+pub fn corpus_request(preset: gen_pb::Preset, a: &CorpusArgs) -> Result<gen_pb::GenerateCorpusRequest, String> {
     let augmentation = match a.augmentation.as_deref() {
         None => gen_pb::AugmentationMode::Unspecified,
         Some(m) => gen_pb::AugmentationMode::from_str_name(&format!("AUGMENTATION_MODE_{}", m.to_ascii_uppercase()))
@@ -136,28 +163,29 @@ fn corpus_request(
         refinement: Some(gen_pb::CorpusRefinement {
             skip_deduplication: a.no_dedup,
             skip_tagging: a.no_tagging,
-            run_unit_tester: a.unit_tester,
+            run_unit_tester: false,
             skip_selection: a.no_selection,
             dedup_threshold: a.dedup_threshold,
-            max_questions,
+            max_questions: a.max_questions,
         }),
         ..Default::default()
     })
 }
 
+/// Whether a preset generates from a corpus.
+pub fn is_corpus(preset: gen_pb::Preset) -> bool {
+    matches!(preset, gen_pb::Preset::Feedback | gen_pb::Preset::Checkeval | gen_pb::Preset::Interacteval)
+}
+
 /// Generate; Ok(false) when some generations failed.
 pub async fn generate(config: &AssayConfig, args: GenerateArgs) -> Result<bool, String> {
     let preset = super::preset(&args.preset)?;
-    let corpus = matches!(preset, gen_pb::Preset::Feedback | gen_pb::Preset::Checkeval | gen_pb::Preset::Interacteval);
-    let refiners = refiner_steps(&args.refine, args.max_questions)?;
+    let corpus = is_corpus(preset);
+    let refiners = args.corpus.steps()?;
     let pipelines: Vec<gw::GenerateChecklistPipeline> = if corpus {
         vec![gw::GenerateChecklistPipeline {
             source: Some(gw::ChecklistSource {
-                source: Some(gw::checklist_source::Source::Corpus(corpus_request(
-                    preset,
-                    &args.corpus,
-                    args.max_questions,
-                )?)),
+                source: Some(gw::checklist_source::Source::Corpus(corpus_request(preset, &args.corpus)?)),
             }),
             refiners,
             ..Default::default()
