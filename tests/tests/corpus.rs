@@ -198,3 +198,63 @@ async fn bad_corpus_and_refiner_input_is_rejected_before_any_model_call() {
     assert_eq!(sandbox.llm.request_count(), 0);
     sandbox.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unit_tester_in_the_gateway_chain_keeps_only_enforceable_items() {
+    let sandbox = MeshSandbox::start().await;
+    // Rewrites of samples for "Is it kind?" really break it (the judge then says NO); rewrites for
+    // "Is it short?" do not (the judge still says YES).
+    sandbox.llm.set_handler(|req: &assay_testkit::RecordedRequest| {
+        let has_schema = req.body.pointer("/response_format/json_schema/schema").is_some();
+        let prompt = req.last_user_message().unwrap_or_default();
+        if !has_schema {
+            return assay_testkit::Reply::text(if prompt.contains("Is it kind?") {
+                "BROKEN: you are a fool."
+            } else {
+                "A perfectly fine, short and kind reply."
+            });
+        }
+        let answer = if req.raw_body.contains("BROKEN") { "NO" } else { "YES" };
+        assay_testkit::Reply::json(serde_json::json!({"answer": answer}))
+    });
+    let sample = |id: &str, text: &str| ref_pb::Sample {
+        id: id.into(),
+        text: text.into(),
+        answers: [("kind".to_string(), pb::Answer::Yes as i32), ("short".to_string(), pb::Answer::Yes as i32)]
+            .into_iter()
+            .collect(),
+    };
+    let checklist = pb::Checklist {
+        id: "given".into(),
+        items: vec![
+            pb::ChecklistItem { id: "kind".into(), question: "Is it kind?".into(), ..Default::default() },
+            pb::ChecklistItem { id: "short".into(), question: "Is it short?".into(), ..Default::default() },
+        ],
+        ..Default::default()
+    };
+    let pipeline = gw::GenerateChecklistPipeline {
+        source: Some(gw::ChecklistSource { source: Some(gw::checklist_source::Source::Checklist(checklist)) }),
+        refiners: vec![ref_pb::RefinerStep {
+            step: Some(ref_pb::refiner_step::Step::UnitTest(ref_pb::UnitTestRequest {
+                samples: vec![sample("s1", "Thanks so much, happy to help!"), sample("s2", "Glad it worked.")],
+                input: "Reply to a thank-you note.".into(),
+                ..Default::default()
+            })),
+        }],
+        ..Default::default()
+    };
+    let events = run(&sandbox, gw::run_pipeline_request::Pipeline::GenerateChecklist(pipeline)).await;
+    let c = completed(&events);
+    assert_eq!(c.state, gw::RunState::Succeeded as i32, "{c:?}");
+    let checklist = match c.result.unwrap().result.unwrap() {
+        gw::run_result::Result::Checklist(c) => c,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(checklist.items.iter().map(|i| i.id.as_str()).collect::<Vec<_>>(), ["kind"]);
+    let step = progress_from(&events, "refiners");
+    assert!(step.iter().any(|p| p.stage == "unit_tester" && p.total == 2 && p.done == 1), "{step:?}");
+    // Two rewrites and two verdicts per item.
+    let chat = sandbox.llm.requests().iter().filter(|r| r.is_chat()).count();
+    assert_eq!(chat, 8);
+    sandbox.shutdown().await.unwrap();
+}

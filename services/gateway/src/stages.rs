@@ -70,22 +70,11 @@ impl CorpusGenerator for RemoteCorpusGenerator {
             .await
             .map_err(from_status)?
             .into_inner();
-        Ok(stream
-            .filter_map(|m| async move {
-                match m {
-                    Err(s) => Some(Err(from_status(s))),
-                    Ok(m) => match m.event {
-                        Some(gen_pb::generate_corpus_stream_response::Event::Progress(p)) => {
-                            Some(Ok(StageEvent::Progress(p)))
-                        }
-                        Some(gen_pb::generate_corpus_stream_response::Event::Result(r)) => {
-                            Some(Ok(StageEvent::Done(r)))
-                        }
-                        None => None,
-                    },
-                }
-            })
-            .boxed())
+        Ok(relay(stream, |m| match m.event {
+            Some(gen_pb::generate_corpus_stream_response::Event::Progress(p)) => Some(StageEvent::Progress(p)),
+            Some(gen_pb::generate_corpus_stream_response::Event::Result(r)) => Some(StageEvent::Done(r)),
+            None => None,
+        }))
     }
 }
 
@@ -116,34 +105,39 @@ impl ChecklistRefiner for RemoteRefiners {
             .await
             .map_err(from_status)?
             .into_inner();
-        Ok(stream
-            .filter_map(|m| async move {
-                match m {
-                    Err(s) => Some(Err(from_status(s))),
-                    Ok(m) => match m.event {
-                        Some(ref_pb::refine_checklist_stream_response::Event::Progress(p)) => {
-                            Some(Ok(StageEvent::Progress(p)))
-                        }
-                        Some(ref_pb::refine_checklist_stream_response::Event::StepCompleted(s)) => {
-                            let removed =
-                                s.actions.iter().filter(|a| a.kind != ref_pb::ActionKind::Kept as i32).count();
-                            Some(Ok(StageEvent::Progress(pb::Progress {
-                                stage: s.refiner.clone(),
-                                message: format!(
-                                    "{} items in, {} out ({removed} removed, merged or failed)",
-                                    s.items_in, s.items_out
-                                ),
-                                done: s.items_out,
-                                total: s.items_in,
-                            })))
-                        }
-                        Some(ref_pb::refine_checklist_stream_response::Event::Result(r)) => {
-                            Some(Ok(StageEvent::Done(r)))
-                        }
-                        None => None,
-                    },
-                }
-            })
-            .boxed())
+        Ok(relay(stream, |m| match m.event {
+            Some(ref_pb::refine_checklist_stream_response::Event::Progress(p)) => Some(StageEvent::Progress(p)),
+            Some(ref_pb::refine_checklist_stream_response::Event::StepCompleted(s)) => {
+                Some(StageEvent::Progress(step_progress(&s)))
+            }
+            Some(ref_pb::refine_checklist_stream_response::Event::Result(r)) => Some(StageEvent::Done(r)),
+            None => None,
+        }))
     }
+}
+
+/// A finished refiner step as progress: items in (total) and out (done), and what happened.
+fn step_progress(s: &ref_pb::StepCompleted) -> pb::Progress {
+    let changed = s.actions.iter().filter(|a| a.kind != ref_pb::ActionKind::Kept as i32).count();
+    pb::Progress {
+        stage: s.refiner.clone(),
+        message: format!("{} items in, {} out ({changed} removed, merged or failed)", s.items_in, s.items_out),
+        done: s.items_out,
+        total: s.items_in,
+    }
+}
+
+/// A server stream as stage events: `split` maps each message to progress or the result (or nothing).
+fn relay<M: Send + 'static, T: Send + 'static>(
+    stream: tonic::Streaming<M>,
+    split: fn(M) -> Option<StageEvent<T>>,
+) -> StageStream<T> {
+    stream
+        .filter_map(move |m| async move {
+            match m {
+                Err(s) => Some(Err(from_status(s))),
+                Ok(m) => split(m).map(Ok),
+            }
+        })
+        .boxed()
 }
