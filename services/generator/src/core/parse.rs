@@ -127,7 +127,7 @@ fn parse_entry(entry: &Value, shape: ItemShape) -> Option<ParsedItem> {
         ItemShape::Weighted => strip_trailing_weight(question),
         ItemShape::Plain | ItemShape::Categorized => (question, None),
     };
-    if question.is_empty() {
+    if is_fragment(&question) {
         return None;
     }
     let weight = match shape {
@@ -160,6 +160,12 @@ fn number_of(v: &Value) -> Option<f64> {
 }
 
 /// Trim, and drop list markers a model may copy from examples ("- ", "1. ", "Q3: ").
+/// Fewer than three words and no question mark ("Is", "Does it"): a fragment a small model cut
+/// short, not a question. Terse questions ("Tone?") stay.
+pub(crate) fn is_fragment(question: &str) -> bool {
+    !question.trim_end().ends_with('?') && question.split_whitespace().count() < 3
+}
+
 pub(crate) fn clean_question(text: &str) -> String {
     let mut t = text.trim();
     for marker in ["- ", "* ", "• "] {
@@ -283,6 +289,14 @@ mod tests {
         let r = reply_text(r#"{"items": [{"question": "A?", "weight": 10, "category": "x"}]}"#);
         let p = parse_reply(&r, ItemShape::Plain).unwrap();
         assert_eq!(p.items[0], ParsedItem { question: "A?".into(), weight: None, category: None });
+    }
+
+    #[test]
+    fn fragments_are_dropped() {
+        let r = reply_text(r#"{"items": ["Does", "Is it", "Tone?", "Uses metric units throughout"]}"#);
+        let p = parse_reply(&r, ItemShape::Plain).unwrap();
+        let got: Vec<&str> = p.items.iter().map(|i| i.question.as_str()).collect();
+        assert_eq!(got, ["Tone?", "Uses metric units throughout"]);
     }
 
     #[test]

@@ -552,6 +552,10 @@ impl Generator {
             CorpusPreset::InteractEval => interacteval::generate(&run).await?,
         };
         let raw_questions = generated.raw_questions;
+        let mut generated = generated;
+        let before = generated.items.len();
+        generated.items.retain(|i| !crate::core::parse::is_fragment(&i.question));
+        let fragments = before - generated.items.len();
         if generated.items.is_empty() {
             return Err(StageError::Unavailable(format!(
                 "the generator model returned no questions for preset {preset}"
@@ -559,6 +563,9 @@ impl Generator {
         }
         let mut metadata: std::collections::BTreeMap<String, String> = generated.metadata.into_iter().collect();
         metadata.insert("raw_question_count".into(), raw_questions.to_string());
+        if fragments > 0 {
+            metadata.insert("dropped_fragments".into(), fragments.to_string());
+        }
         let refined = refiners.run(&run, generated.items).await?;
         metadata.extend(refined.metadata);
         if refined.items.is_empty() {
