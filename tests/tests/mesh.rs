@@ -208,7 +208,7 @@ async fn stages_not_built_yet_answer_unimplemented() {
     let mut refiners = assay_proto::refiners::v1::refiners_service_client::RefinersServiceClient::new(
         sandbox.channel(sandbox.mesh().addrs.refiners).await,
     );
-    let st = refiners.deduplicate(assay_proto::refiners::v1::DeduplicateRequest::default()).await.unwrap_err();
+    let st = refiners.self_refine(assay_proto::refiners::v1::SelfRefineRequest::default()).await.unwrap_err();
     assert_eq!(st.code(), Code::Unimplemented);
     let mut debate = assay_proto::debate::v1::debate_service_client::DebateServiceClient::new(
         sandbox.channel(sandbox.mesh().addrs.debate).await,
