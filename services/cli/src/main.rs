@@ -85,10 +85,15 @@ enum Command {
         backend: BackendArgs,
     },
     /// Generate checklists: instance presets from --input (or one per record of --data), corpus presets
-    /// (feedback, checkeval, interacteval) from --observations / --dimensions. One checklist JSON per line.
+    /// (feedback, checkeval, interacteval) from --observations / --dimensions; or refine a given
+    /// checklist (--checklist with --refine). One checklist JSON per line.
     Generate {
-        #[arg(long)]
+        /// Preset (ignored with --checklist).
+        #[arg(long, default_value = "tick")]
         preset: String,
+        /// A checklist file (JSON) to refine instead of generating one.
+        #[arg(long)]
+        checklist: Option<PathBuf>,
         /// The instruction to generate a checklist for (instance presets).
         #[arg(long, default_value = "")]
         input: String,
@@ -420,6 +425,7 @@ async fn main() -> ExitCode {
         }
         Command::Generate {
             preset,
+            checklist,
             input,
             reference,
             history,
@@ -449,7 +455,8 @@ async fn main() -> ExitCode {
                         })
                         .collect(),
                 };
-                let args = cmd::generate::GenerateArgs { preset, record, data, corpus, max_items, out, gateway };
+                let args =
+                    cmd::generate::GenerateArgs { preset, record, checklist, data, corpus, max_items, out, gateway };
                 cmd::generate::generate(&config, args).await
             };
             return match outcome.await {

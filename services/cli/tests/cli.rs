@@ -271,3 +271,54 @@ async fn generate_and_runs_against_a_running_gateway() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("NotFound"));
     mesh.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generate_refines_a_given_checklist() {
+    let backend = ScriptedLlm::start().await;
+    backend.set_handler(handler);
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_file(dir.path(), &backend, ":memory:");
+    let checklist = dir.path().join("checklist.json");
+    std::fs::write(
+        &checklist,
+        r#"["Is the reply under 100 words?", "Does it name the order?", "Is the tone polite?", "Does it give a date?"]"#,
+    )
+    .unwrap();
+    let o = tokio::task::spawn_blocking({
+        let (config, checklist) = (config.clone(), checklist.clone());
+        move || {
+            assay(
+                &config,
+                &[
+                    "generate",
+                    "--checklist",
+                    checklist.to_str().unwrap(),
+                    "--refine",
+                    "tagger,selector",
+                    "--max-questions",
+                    "2",
+                ],
+            )
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(o.status.code(), Some(0), "stderr: {}", String::from_utf8_lossy(&o.stderr));
+    let refined: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let ids: Vec<&str> = refined["items"].as_array().unwrap().iter().map(|i| i["id"].as_str().unwrap()).collect();
+    assert_eq!(ids.len(), 2, "{refined}");
+    assert!(ids.iter().all(|id| ["q1", "q2", "q3", "q4"].contains(id)));
+    // Four tagger calls, then one embedding call for the selector.
+    let requests = backend.requests();
+    assert_eq!(requests.iter().filter(|r| r.is_chat()).count(), 4);
+    assert!(requests.iter().any(|r| r.is_embeddings()));
+
+    let o = tokio::task::spawn_blocking({
+        let (config, checklist) = (config.clone(), checklist.clone());
+        move || assay(&config, &["generate", "--checklist", checklist.to_str().unwrap(), "--refine", "unit_tester"])
+    })
+    .await
+    .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("needs --samples"));
+}

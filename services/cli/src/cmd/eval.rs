@@ -48,7 +48,7 @@ pub async fn eval(
         records,
         max_items,
         scorer,
-        refiners: corpus.steps()?,
+        refiners: corpus.steps("")?,
         ..Default::default()
     };
     run(config, pipeline, format!("assay eval {}", args.data.display()), &args).await

@@ -49,16 +49,83 @@ pub struct CorpusArgs {
     /// Selector: maximum questions kept (corpus presets and --refine selector).
     #[arg(long)]
     pub max_questions: Option<u32>,
-    /// Refiners to run on the checklist, in order (comma separated): deduplicator, tagger, selector.
+    /// Refiners to run on the checklist, in order (comma separated): deduplicator, tagger,
+    /// unit_tester (needs --samples), selector.
     #[arg(long, value_delimiter = ',')]
     pub refine: Vec<String>,
+    /// unit_tester: scored sample responses, JSON lines {"id", "text", "answers": {"<item id>": "yes"|"no"}}.
+    #[arg(long)]
+    pub samples: Option<PathBuf>,
 }
 
 impl CorpusArgs {
-    /// The refiner chain.
-    pub fn steps(&self) -> Result<Vec<ref_pb::RefinerStep>, String> {
-        refiner_steps(&self.refine, self.max_questions)
+    /// The refiner chain; `input` is the instruction the unit tester's samples answer.
+    pub fn steps(&self, input: &str) -> Result<Vec<ref_pb::RefinerStep>, String> {
+        let samples = match &self.samples {
+            Some(path) => Some(read_samples(path)?),
+            None => None,
+        };
+        self.refine
+            .iter()
+            .flat_map(|n| n.split(','))
+            .filter(|n| !n.trim().is_empty())
+            .map(|n| {
+                let step = match n.trim() {
+                    "deduplicator" | "dedup" => ref_pb::refiner_step::Step::Deduplicate(ref_pb::DeduplicateRequest {
+                        threshold: self.dedup_threshold,
+                        ..Default::default()
+                    }),
+                    "tagger" => ref_pb::refiner_step::Step::Tag(ref_pb::TagRequest::default()),
+                    "unit_tester" => ref_pb::refiner_step::Step::UnitTest(ref_pb::UnitTestRequest {
+                        samples: samples.clone().ok_or("--refine unit_tester needs --samples (scored responses)")?,
+                        input: input.to_string(),
+                        ..Default::default()
+                    }),
+                    "selector" => ref_pb::refiner_step::Step::Select(ref_pb::SelectRequest {
+                        max_questions: self.max_questions,
+                        ..Default::default()
+                    }),
+                    other => {
+                        return Err(format!("unknown refiner {other:?} (deduplicator, tagger, unit_tester, selector)"));
+                    }
+                };
+                Ok(ref_pb::RefinerStep { step: Some(step) })
+            })
+            .collect()
     }
+}
+
+/// Scored samples for the unit tester (JSON lines).
+fn read_samples(path: &Path) -> Result<Vec<ref_pb::Sample>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(n, l)| {
+            let at = |e: &str| format!("{}:{}: {e}", path.display(), n + 1);
+            let v: Value = serde_json::from_str(l).map_err(|e| at(&format!("not JSON: {e}")))?;
+            let text = v.get("text").and_then(Value::as_str).ok_or_else(|| at("needs a \"text\" string"))?;
+            let answers = v
+                .get("answers")
+                .and_then(Value::as_object)
+                .ok_or_else(|| at("needs \"answers\": {\"<item id>\": \"yes\" | \"no\"}"))?
+                .iter()
+                .map(|(id, a)| {
+                    let answer = match a.as_str().map(str::to_ascii_lowercase).as_deref() {
+                        Some("yes") => assay_proto::common::v1::Answer::Yes,
+                        Some("no") => assay_proto::common::v1::Answer::No,
+                        Some(_) | None => return Err(at(&format!("answers.{id} must be \"yes\" or \"no\""))),
+                    };
+                    Ok((id.clone(), answer as i32))
+                })
+                .collect::<Result<_, String>>()?;
+            Ok(ref_pb::Sample {
+                id: v.get("id").and_then(Value::as_str).map_or_else(|| n.to_string(), str::to_string),
+                text: text.to_string(),
+                answers,
+            })
+        })
+        .collect()
 }
 
 /// Everything `assay generate` takes.
@@ -66,37 +133,13 @@ pub struct GenerateArgs {
     pub preset: String,
     /// Instance level: one record from flags, or many from a file.
     pub record: gw::EvalRecord,
+    /// Refine this checklist instead of generating one.
+    pub checklist: Option<PathBuf>,
     pub data: Option<PathBuf>,
     pub corpus: CorpusArgs,
     pub max_items: Option<u32>,
     pub out: Option<PathBuf>,
     pub gateway: Option<String>,
-}
-
-/// Refiner steps by name, with defaults (`max_questions` goes to the selector).
-pub fn refiner_steps(names: &[String], max_questions: Option<u32>) -> Result<Vec<ref_pb::RefinerStep>, String> {
-    names
-        .iter()
-        .flat_map(|n| n.split(','))
-        .filter(|n| !n.trim().is_empty())
-        .map(|n| {
-            let step = match n.trim() {
-                "deduplicator" | "dedup" => {
-                    ref_pb::refiner_step::Step::Deduplicate(ref_pb::DeduplicateRequest::default())
-                }
-                "tagger" => ref_pb::refiner_step::Step::Tag(ref_pb::TagRequest::default()),
-                "selector" => {
-                    ref_pb::refiner_step::Step::Select(ref_pb::SelectRequest { max_questions, ..Default::default() })
-                }
-                "unit_tester" => {
-                    return Err("unit_tester needs scored samples; call the refiners service's UnitTest RPC with them"
-                        .to_string());
-                }
-                other => return Err(format!("unknown refiner {other:?} (deduplicator, tagger, selector)")),
-            };
-            Ok(ref_pb::RefinerStep { step: Some(step) })
-        })
-        .collect()
 }
 
 fn read_observations(path: &Path) -> Result<Vec<String>, String> {
@@ -181,8 +224,16 @@ pub fn is_corpus(preset: gen_pb::Preset) -> bool {
 pub async fn generate(config: &AssayConfig, args: GenerateArgs) -> Result<bool, String> {
     let preset = super::preset(&args.preset)?;
     let corpus = is_corpus(preset);
-    let refiners = args.corpus.steps()?;
-    let pipelines: Vec<gw::GenerateChecklistPipeline> = if corpus {
+    let refiners = args.corpus.steps(&args.record.input)?;
+    let pipelines: Vec<gw::GenerateChecklistPipeline> = if let Some(path) = &args.checklist {
+        vec![gw::GenerateChecklistPipeline {
+            source: Some(gw::ChecklistSource {
+                source: Some(gw::checklist_source::Source::Checklist(super::eval::read_checklist(path)?)),
+            }),
+            refiners,
+            ..Default::default()
+        }]
+    } else if corpus {
         vec![gw::GenerateChecklistPipeline {
             source: Some(gw::ChecklistSource {
                 source: Some(gw::checklist_source::Source::Corpus(corpus_request(preset, &args.corpus)?)),
