@@ -84,7 +84,7 @@ impl ModelHub {
         spec: &ModelSpec,
         field: &str,
     ) -> Result<(Arc<dyn EmbeddingModel>, ModelSettings), StageError> {
-        let configured = self.phases.resolve(phase);
+        let configured = self.phases.resolve_embedding(phase);
         let requested = ModelSettings {
             backend: spec.backend.clone().unwrap_or_default(),
             model: spec.model.clone(),

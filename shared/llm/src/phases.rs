@@ -82,7 +82,25 @@ impl PhaseModels {
             None => base,
         }
     }
+
+    /// Settings for the embedding calls of `phase`: the [`EMBEDDING_PHASE`] entry over the phase's
+    /// backend. Only that entry names an embedding model, so a chat model name set for a phase or
+    /// as the default never reaches an embeddings endpoint (the backend's own embedding model
+    /// applies). `models.phases.embedding.backend = "local"` keeps embeddings on the embedded model
+    /// while chat goes to a remote server.
+    pub fn resolve_embedding(&self, phase: &str) -> ModelSettings {
+        let base = ModelSettings::backend(self.resolve(phase).backend);
+        match self.phases.get(EMBEDDING_PHASE) {
+            Some(entry) => {
+                ModelSettings { backend: entry.or(&base).backend, model: entry.model.clone(), ..Default::default() }
+            }
+            None => base,
+        }
+    }
 }
+
+/// The phase entry that configures every embedding call.
+pub const EMBEDDING_PHASE: &str = "embedding";
 
 /// Named chat and embedding backends.
 #[derive(Clone, Default)]
@@ -200,6 +218,30 @@ mod tests {
         assert_eq!(patcher.model.as_deref(), Some("gpt-4o-mini"));
         assert_eq!(patcher.temperature, Some(0.7));
         assert_eq!(phases.resolve("unknown"), phases.default);
+    }
+
+    #[test]
+    fn embeddings_never_take_a_chat_model_name() {
+        let phases: PhaseModels = serde_json::from_value(serde_json::json!({
+            "default": {"backend": "openai", "model": "gpt-4o-mini"},
+            "phases": {"refiners": {"backend": "vllm", "model": "llama-3"}}
+        }))
+        .unwrap();
+        assert_eq!(phases.resolve_embedding("refiners"), ModelSettings::backend("vllm"));
+        assert_eq!(phases.resolve_embedding("scorer"), ModelSettings::backend("openai"));
+        let phases: PhaseModels = serde_json::from_value(serde_json::json!({
+            "default": {"backend": "openai", "model": "gpt-4o-mini"},
+            "phases": {"embedding": {"backend": "local"}, "refiners": {"backend": "vllm"}}
+        }))
+        .unwrap();
+        assert_eq!(phases.resolve_embedding("refiners"), ModelSettings::backend("local"));
+        let phases: PhaseModels = serde_json::from_value(serde_json::json!({
+            "default": {"backend": "openai"},
+            "phases": {"embedding": {"model": "text-embedding-3-small"}}
+        }))
+        .unwrap();
+        let e = phases.resolve_embedding("generator");
+        assert_eq!((e.backend.as_str(), e.model.as_deref()), ("openai", Some("text-embedding-3-small")));
     }
 
     #[test]
