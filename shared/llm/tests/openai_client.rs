@@ -155,6 +155,28 @@ async fn schema_rejected_with_400_falls_back_to_prompt_once_and_is_remembered() 
 }
 
 #[tokio::test]
+async fn schema_rejected_with_a_500_naming_response_format_falls_back_without_retrying() {
+    // llama-cpp-python's server answers an unknown response_format type with a 500 validation error.
+    let server = ScriptedLlm::start().await;
+    server
+        .push(Reply::status(500).body(
+            r#"{"error":{"message":"1 validation error: body.response_format.type: Input should be 'text' or 'json_object'"}}"#,
+        ))
+        .push(Reply::json(json!({"score": 3})));
+    let client = client(&server);
+    let response = client.chat(schema_request()).await.unwrap();
+    assert_eq!(response.json, Some(json!({"score": 3})));
+    assert!(response.schema_fallback);
+    assert_eq!(response.usage.retries, 0, "a schema complaint is not retried");
+    assert_eq!(server.request_count(), 2);
+    assert!(client.schema_rejected());
+    // A plain 500 (not about the schema) is still transient and retried.
+    server.push(Reply::status(500)).push(Reply::json(json!({"score": 1})));
+    let response = client.chat(ask("q")).await.unwrap();
+    assert_eq!(response.usage.retries, 1);
+}
+
+#[tokio::test]
 async fn schema_accepted_natively() {
     let server = ScriptedLlm::start().await;
     server.push(Reply::json(json!({"score": 5})));

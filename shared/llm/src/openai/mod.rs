@@ -12,7 +12,8 @@
 //!   returned at once: 400/404/422 and other 4xx as `InvalidRequest`, 401/403 as `Unauthorized`,
 //!   the deterministic 5xx as `Unsupported`.
 //! - **JSON schema**: sent as `response_format: json_schema` (strict). If the backend answers 400
-//!   to a request that carried a schema, the request is re-sent once with the schema written into
+//!   to a request that carried a schema (or any error status whose body names `response_format` or
+//!   `json_schema`, never retried: llama-cpp-python answers 500), the request is re-sent once with the schema written into
 //!   the last user message; when that succeeds the client remembers that this backend rejects
 //!   schemas and later calls send the prompt form directly.
 //! - **Concurrency**: at most `max_concurrency` HTTP requests in flight (slots are held per
@@ -224,6 +225,12 @@ struct CallError {
 }
 
 const BODY_SNIPPET: usize = 300;
+
+/// Whether an error body is about the structured-output request (`response_format` / `json_schema`).
+fn complains_about_schema(body: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(body).to_ascii_lowercase();
+    text.contains("response_format") || text.contains("json_schema")
+}
 
 fn snippet(body: &[u8]) -> String {
     let text = String::from_utf8_lossy(body);
@@ -528,6 +535,16 @@ impl OpenAiClient {
                 retry_after: None,
                 kind: AttemptKind::Malformed,
             }),
+            // Some servers (llama-cpp-python) answer an unsupported response_format with a 500
+            // that names it: not transient, and the caller falls back to the prompt form.
+            StatusClass::Transient if body.get("response_format").is_some() && complains_about_schema(&bytes) => {
+                Err(AttemptError {
+                    error: status_error(status, &bytes),
+                    status: Some(status),
+                    retry_after: None,
+                    kind: AttemptKind::Permanent,
+                })
+            }
             StatusClass::Transient => Err(AttemptError {
                 error: status_error(status, &bytes),
                 status: Some(status),
@@ -640,8 +657,9 @@ impl ChatModel for OpenAiClient {
             Ok((completion, retries)) => {
                 (self.build_response(&request, &model, completion, retries), delivery == SchemaDelivery::Prompt)
             }
-            Err(CallError { status: Some(400), retries: first_retries, error })
-                if delivery == SchemaDelivery::ResponseFormat =>
+            Err(CallError { status: Some(status), retries: first_retries, error })
+                if delivery == SchemaDelivery::ResponseFormat
+                    && (status == 400 || (status >= 400 && complains_about_schema(error.to_string().as_bytes()))) =>
             {
                 warn!(backend = %config.backend_name, model = %model, error = %error,
                       "backend rejected json schema, retrying with the schema in the prompt");
