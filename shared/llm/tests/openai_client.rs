@@ -116,29 +116,34 @@ async fn deterministic_errors_are_not_retried() {
 }
 
 #[tokio::test]
-async fn schema_rejected_with_400_falls_back_to_prompt_once_and_is_remembered() {
+async fn schema_rejected_with_400_falls_back_to_json_object_then_prompt_and_is_remembered() {
     let server = ScriptedLlm::start().await;
     server
         .push(Reply::status(400).body(r#"{"error":{"message":"response_format json_schema is not supported"}}"#))
+        .push(Reply::status(400).body(r#"{"error":{"message":"response_format json_object is not supported"}}"#))
         .push(Reply::text("Here it is:\n```json\n{\"score\": 4}\n```"));
     let client = client(&server);
     let response = client.chat(schema_request()).await.unwrap();
     assert_eq!(response.json, Some(json!({"score": 4})));
     assert!(response.schema_fallback);
-    assert_eq!(response.usage.schema_fallbacks, 1);
-    assert_eq!(response.usage.calls, 2);
+    assert_eq!(response.usage.schema_fallbacks, 2);
+    assert_eq!(response.usage.calls, 3);
     assert!(client.schema_rejected());
+    assert_eq!(client.schema_delivery(), "prompt");
 
     let requests = server.requests();
-    assert_eq!(requests.len(), 2);
+    assert_eq!(requests.len(), 3);
     let first = &requests[0].body;
     assert_eq!(first["response_format"]["type"], "json_schema");
     assert_eq!(first["response_format"]["json_schema"]["name"], "score");
     assert_eq!(first["response_format"]["json_schema"]["strict"], true);
     assert_eq!(first["response_format"]["json_schema"]["schema"], schema());
     let second = &requests[1];
-    assert!(second.body.get("response_format").is_none());
-    let prompt = second.last_user_message().unwrap();
+    assert_eq!(second.body["response_format"], json!({"type": "json_object", "schema": schema()}));
+    assert!(second.last_user_message().unwrap().contains(&schema().to_string()));
+    let third = &requests[2];
+    assert!(third.body.get("response_format").is_none());
+    let prompt = third.last_user_message().unwrap();
     assert!(prompt.starts_with("rate it"), "{prompt}");
     assert!(prompt.contains("JSON schema"), "{prompt}");
     assert!(prompt.contains(&schema().to_string()), "{prompt}");
@@ -150,8 +155,24 @@ async fn schema_rejected_with_400_falls_back_to_prompt_once_and_is_remembered() 
     assert!(response.schema_fallback);
     assert_eq!(response.usage.schema_fallbacks, 0);
     let requests = server.requests();
-    assert_eq!(requests.len(), 3);
-    assert!(requests[2].body.get("response_format").is_none());
+    assert_eq!(requests.len(), 4);
+    assert!(requests[3].body.get("response_format").is_none());
+}
+
+#[tokio::test]
+async fn json_object_with_schema_is_remembered_when_it_works() {
+    let server = ScriptedLlm::start().await;
+    server
+        .push(Reply::status(400).body(r#"{"error":{"message":"response_format type json_schema unknown"}}"#))
+        .push(Reply::json(json!({"score": 5})));
+    let client = client(&server);
+    let response = client.chat(schema_request()).await.unwrap();
+    assert_eq!(response.json, Some(json!({"score": 5})));
+    assert_eq!(client.schema_delivery(), "json_object");
+    server.push(Reply::json(json!({"score": 1})));
+    client.chat(schema_request()).await.unwrap();
+    let requests = server.requests();
+    assert_eq!(requests[2].body["response_format"]["type"], "json_object");
 }
 
 #[tokio::test]
@@ -169,6 +190,7 @@ async fn schema_rejected_with_a_500_naming_response_format_falls_back_without_re
     assert!(response.schema_fallback);
     assert_eq!(response.usage.retries, 0, "a schema complaint is not retried");
     assert_eq!(server.request_count(), 2);
+    assert_eq!(client.schema_delivery(), "json_object");
     assert!(client.schema_rejected());
     // A plain 500 (not about the schema) is still transient and retried.
     server.push(Reply::status(500)).push(Reply::json(json!({"score": 1})));
@@ -448,10 +470,14 @@ async fn connection_refused_is_unavailable_after_retries() {
 #[tokio::test]
 async fn a_400_that_is_not_about_the_schema_is_not_remembered() {
     let server = ScriptedLlm::start().await;
-    server.push(Reply::status(400)).push(Reply::status(400).body("context too long"));
+    server
+        .push(Reply::status(400))
+        .push(Reply::status(400).body("context too long"))
+        .push(Reply::status(400).body("context too long"));
     let client = client(&server);
     let err = client.chat(schema_request()).await.unwrap_err();
     assert!(matches!(&err, LlmError::InvalidRequest(m) if m.contains("context too long")), "{err:?}");
-    assert_eq!(server.request_count(), 2, "one fallback attempt, no more");
+    assert_eq!(server.request_count(), 3, "each weaker form tried once, no more");
     assert!(!client.schema_rejected());
+    assert_eq!(client.schema_delivery(), "json_schema");
 }

@@ -12,10 +12,10 @@
 //!   returned at once: 400/404/422 and other 4xx as `InvalidRequest`, 401/403 as `Unauthorized`,
 //!   the deterministic 5xx as `Unsupported`.
 //! - **JSON schema**: sent as `response_format: json_schema` (strict). If the backend answers 400
-//!   to a request that carried a schema (or any error status whose body names `response_format` or
-//!   `json_schema`, never retried: llama-cpp-python answers 500), the request is re-sent once with the schema written into
-//!   the last user message; when that succeeds the client remembers that this backend rejects
-//!   schemas and later calls send the prompt form directly.
+//!   (or any error status whose body names `response_format` or `json_schema`, never retried:
+//!   llama-cpp-python answers 500), the request is re-sent as `json_object` with the schema (which
+//!   llama-cpp-python enforces with a grammar) and the schema in the prompt, then with the schema in
+//!   the prompt only. The first form that works is remembered for later calls.
 //! - **Concurrency**: at most `max_concurrency` HTTP requests in flight (slots are held per
 //!   attempt, not across backoff sleeps).
 //! - **Circuit breaker**: `breaker_failures` consecutive transient failures (after retries) open
@@ -27,7 +27,7 @@ mod wire;
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -179,7 +179,9 @@ struct Inner {
     embeddings_url: String,
     slots: Semaphore,
     breaker: Arc<CircuitBreaker>,
-    schema_rejected: AtomicBool,
+    /// The first schema delivery this backend accepted after a rejection: 0 native json_schema,
+    /// 1 json_object with the schema, 2 the schema in the prompt.
+    schema_level: AtomicU8,
 }
 
 impl fmt::Debug for OpenAiClient {
@@ -195,8 +197,34 @@ impl fmt::Debug for OpenAiClient {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum SchemaDelivery {
     None,
+    /// `response_format: {"type": "json_schema", ...}` (OpenAI, vLLM, llama.cpp server, Ollama).
     ResponseFormat,
+    /// `response_format: {"type": "json_object", "schema": ...}` plus the schema in the prompt:
+    /// servers that enforce the schema this way (llama-cpp-python) or JSON mode at least.
+    JsonObject,
+    /// The schema written into the last user message only.
     Prompt,
+}
+
+impl SchemaDelivery {
+    const LEVELS: [SchemaDelivery; 3] = [Self::ResponseFormat, Self::JsonObject, Self::Prompt];
+
+    fn level(self) -> u8 {
+        match self {
+            Self::ResponseFormat | Self::None => 0,
+            Self::JsonObject => 1,
+            Self::Prompt => 2,
+        }
+    }
+
+    /// The next, weaker form after a rejection (None after the prompt form).
+    fn weaker(self) -> Option<Self> {
+        match self {
+            Self::ResponseFormat => Some(Self::JsonObject),
+            Self::JsonObject => Some(Self::Prompt),
+            Self::Prompt | Self::None => None,
+        }
+    }
 }
 
 /// One failed attempt.
@@ -315,7 +343,7 @@ impl OpenAiClient {
                 embeddings_url: format!("{base}/embeddings"),
                 slots: Semaphore::new(config.max_concurrency.max(1)),
                 breaker: Arc::new(CircuitBreaker::new(config.breaker_failures, config.breaker_cooldown)),
-                schema_rejected: AtomicBool::new(false),
+                schema_level: AtomicU8::new(0),
                 http,
                 config,
             }),
@@ -331,9 +359,19 @@ impl OpenAiClient {
         self.inner.breaker.state()
     }
 
-    /// Whether this backend has rejected a JSON schema (later calls put the schema in the prompt).
+    /// Whether this backend has rejected the native JSON schema form (later calls use the weaker
+    /// form that worked).
     pub fn schema_rejected(&self) -> bool {
-        self.inner.schema_rejected.load(Ordering::Relaxed)
+        self.inner.schema_level.load(Ordering::Relaxed) > 0
+    }
+
+    /// The schema form later calls use: `json_schema`, `json_object` or `prompt`.
+    pub fn schema_delivery(&self) -> &'static str {
+        match self.inner.schema_level.load(Ordering::Relaxed) {
+            0 => "json_schema",
+            1 => "json_object",
+            _ => "prompt",
+        }
     }
 
     fn resolve_model(&self, requested: Option<&str>, fallback: &str) -> String {
@@ -350,6 +388,10 @@ impl OpenAiClient {
                     "response_format".into(),
                     json!({"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": true}}),
                 );
+            }
+            (ResponseFormat::JsonSchema { schema, .. }, SchemaDelivery::JsonObject) => {
+                body.insert("response_format".into(), json!({"type": "json_object", "schema": schema}));
+                append_to_last_user(&mut messages, &schema_instruction(schema));
             }
             (ResponseFormat::JsonSchema { schema, .. }, SchemaDelivery::Prompt | SchemaDelivery::None) => {
                 append_to_last_user(&mut messages, &schema_instruction(schema));
@@ -642,8 +684,9 @@ impl ChatModel for OpenAiClient {
         let config = &self.inner.config;
         let model = self.resolve_model(request.model.as_deref(), &config.default_model);
         let delivery = match request.response_format {
-            ResponseFormat::JsonSchema { .. } if config.supports_json_schema && !self.schema_rejected() => {
-                SchemaDelivery::ResponseFormat
+            ResponseFormat::JsonSchema { .. } if config.supports_json_schema => {
+                let level = self.inner.schema_level.load(Ordering::Relaxed) as usize;
+                SchemaDelivery::LEVELS[level.min(SchemaDelivery::LEVELS.len() - 1)]
             }
             ResponseFormat::JsonSchema { .. } => SchemaDelivery::Prompt,
             ResponseFormat::Text | ResponseFormat::Choice(_) => SchemaDelivery::None,
@@ -651,34 +694,42 @@ impl ChatModel for OpenAiClient {
         debug!(backend = %config.backend_name, model = %model, messages = request.messages.len(), "chat call");
         let started = Instant::now();
         let url = &self.inner.chat_url;
-        let body = self.chat_body(&request, &model, delivery);
-        let first = self.call(url, &body, request.deadline, Self::parse_chat).await;
-        let (mut response, fell_back) = match first {
-            Ok((completion, retries)) => {
-                (self.build_response(&request, &model, completion, retries), delivery == SchemaDelivery::Prompt)
-            }
-            Err(CallError { status: Some(status), retries: first_retries, error })
-                if delivery == SchemaDelivery::ResponseFormat
-                    && (status == 400 || (status >= 400 && complains_about_schema(error.to_string().as_bytes()))) =>
-            {
-                warn!(backend = %config.backend_name, model = %model, error = %error,
-                      "backend rejected json schema, retrying with the schema in the prompt");
-                let body = self.chat_body(&request, &model, SchemaDelivery::Prompt);
-                let (completion, retries) =
-                    self.call(url, &body, request.deadline, Self::parse_chat).await.map_err(|e| e.error)?;
-                // Remembered only once the prompt form worked: a 400 that the schema-less request
-                // gets too was not about the schema.
-                self.inner.schema_rejected.store(true, Ordering::Relaxed);
-                let mut response = self.build_response(&request, &model, completion, first_retries + retries);
-                response.usage.calls += 1;
-                response.usage.schema_fallbacks = 1;
-                (response, true)
-            }
-            Err(e) => {
-                debug!(backend = %config.backend_name, model = %model, error = %e.error, retries = e.retries, "chat call failed");
-                return Err(e.error);
+        let mut delivery = delivery;
+        let mut fallbacks = 0u32;
+        let mut earlier_retries = 0u32;
+        let mut response = loop {
+            let body = self.chat_body(&request, &model, delivery);
+            match self.call(url, &body, request.deadline, Self::parse_chat).await {
+                Ok((completion, retries)) => {
+                    break self.build_response(&request, &model, completion, earlier_retries + retries);
+                }
+                Err(CallError { status: Some(status), retries, error })
+                    if status == 400 || (status >= 400 && complains_about_schema(error.to_string().as_bytes())) =>
+                {
+                    let Some(weaker) = delivery.weaker().filter(|_| delivery != SchemaDelivery::None) else {
+                        debug!(backend = %config.backend_name, model = %model, error = %error, "chat call failed");
+                        return Err(error);
+                    };
+                    warn!(backend = %config.backend_name, model = %model, error = %error, from = ?delivery, to = ?weaker,
+                          "backend rejected the structured-output form, retrying with a weaker one");
+                    delivery = weaker;
+                    fallbacks += 1;
+                    earlier_retries += retries;
+                }
+                Err(e) => {
+                    debug!(backend = %config.backend_name, model = %model, error = %e.error, retries = e.retries, "chat call failed");
+                    return Err(e.error);
+                }
             }
         };
+        if fallbacks > 0 {
+            // Remembered only once a weaker form worked: a 400 that every form gets was not about
+            // the schema.
+            self.inner.schema_level.fetch_max(delivery.level(), Ordering::Relaxed);
+            response.usage.calls += fallbacks;
+            response.usage.schema_fallbacks = fallbacks;
+        }
+        let fell_back = matches!(delivery, SchemaDelivery::JsonObject | SchemaDelivery::Prompt);
         response.schema_fallback = fell_back;
         debug!(
             backend = %config.backend_name,
