@@ -354,3 +354,42 @@ async fn tick_preset_generates_once_per_distinct_input_and_scores_every_record()
     assert!(st.message().contains("reference"), "{}", st.message());
     sandbox.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_checklist_that_cannot_be_generated_fails_only_its_records() {
+    let sandbox = MeshSandbox::start().await;
+    sandbox.llm.set_handler(|req| {
+        let prompt = req.last_user_message().unwrap_or_default();
+        if prompt.contains("Q1:") {
+            Reply::json(
+                json!({"answers": [{"question_index": 1, "answer": "YES"}, {"question_index": 2, "answer": "NO"}]}),
+            )
+        } else if prompt.contains("rivers") {
+            // The generator's model answers with no JSON at all for this input.
+            Reply::text("I would rather not write questions today.")
+        } else {
+            Reply::json(json!({"items": [{"question": "Does it mention foliage?"}, {"question": "Is it short?"}]}))
+        }
+    });
+    let mut p = pipeline(4);
+    p.source = Some(gw::ChecklistSource {
+        source: Some(gw::checklist_source::Source::Preset(assay_proto::generator::v1::Preset::Tick as i32)),
+    });
+    for (i, r) in p.records.iter_mut().enumerate() {
+        r.input = if i == 1 { "Write about rivers.".into() } else { "Write about autumn.".into() };
+    }
+    let events = run_to_end(sandbox.gateway().await, p).await;
+    let Some(Event::Completed(c)) = &events.last().unwrap().event else { panic!("not completed") };
+    assert_eq!(c.state, gw::RunState::Partial as i32);
+    let result = eval_result(events.last().unwrap()).unwrap();
+    assert_eq!(result.results.len(), 4);
+    let failed: Vec<&gw::RecordResult> = result.results.iter().filter(|r| r.score.is_none()).collect();
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0].record_id, "rec-1");
+    assert!(failed[0].error.contains("checklist generation failed"), "{}", failed[0].error);
+    assert_eq!(result.checklists.len(), 1, "only the checklist that exists is reported");
+    let agg = result.aggregate.unwrap();
+    assert_eq!(agg.targets, 3);
+    assert!((agg.micro_pass_rate - 0.5).abs() < 1e-9);
+    sandbox.shutdown().await.unwrap();
+}

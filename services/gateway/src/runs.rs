@@ -247,7 +247,7 @@ impl Runs {
         };
         let eval = evaluation(p)?;
         // Checklists: stored once so a resumed run scores against exactly the same ones.
-        let (checklists, record_checklist) = self.checklists(run_id, &eval, live).await?;
+        let (checklists, record_checklist, failures) = self.checklists(run_id, &eval, live).await?;
         let mut eval = eval;
         if !eval.scorer_set
             && let Some(p) = eval.preset
@@ -259,7 +259,26 @@ impl Runs {
         if let Ok(mut r) = live.run.lock() {
             r.records_done = done.len() as u32;
         }
-        let todo: Vec<usize> = (0..eval.records.len()).filter(|i| !done.contains(&(*i as u32))).collect();
+        let mut todo: Vec<usize> = (0..eval.records.len()).filter(|i| !done.contains(&(*i as u32))).collect();
+        // Records whose checklist could not be generated fail on their own; the others go on.
+        for i in todo.iter().copied().filter(|i| failures[record_checklist[*i]].is_some()) {
+            let why = failures[record_checklist[i]].clone().unwrap_or_default();
+            let result = gw::RecordResult {
+                index: i as u32,
+                record_id: record_id(&eval, i),
+                checklist_id: String::new(),
+                score: None,
+                error: format!("checklist generation failed: {why}"),
+            };
+            self.store.put_record(run_id, result.clone()).await?;
+            if let Ok(mut r) = live.run.lock() {
+                r.records_done += 1;
+            }
+            self.emit(live, run_id, Event::RecordScored(result)).await?;
+        }
+        todo.retain(|i| failures[record_checklist[*i]].is_none());
+        let checklists_ok: Vec<Checklist> =
+            checklists.iter().zip(&failures).filter(|(_, f)| f.is_none()).map(|(c, _)| c.clone()).collect();
         let mut cancelled = live.cancelled.subscribe();
         let paused = live.paused.subscribe();
         let checklists_ref = &checklists;
@@ -314,14 +333,14 @@ impl Runs {
                 () = async { let _ = cancelled.wait_for(|c| *c).await; } => {
                     drop(work);
                     Self::set_state(live, gw::RunState::Cancelled);
-                    let result = self.result(live, run_id, &checklists).await?;
+                    let result = self.result(live, run_id, &checklists_ok).await?;
                     self.emit(live, run_id, Event::Completed(gw::RunCompleted { state: gw::RunState::Cancelled as i32, result: Some(result) })).await?;
                     return Ok(());
                 }
             }
         }
         drop(work);
-        let result = self.result(live, run_id, &checklists).await?;
+        let result = self.result(live, run_id, &checklists_ok).await?;
         let failed = result
             .result
             .as_ref()
@@ -357,7 +376,10 @@ impl Runs {
 
     /// A generate-only run: the checklist (generated, from a corpus or given), refined, as the result.
     async fn execute_generation(&self, run_id: &str, eval: Evaluation, live: &LiveRun) -> Result<(), StageError> {
-        let (checklists, _) = self.checklists(run_id, &eval, live).await?;
+        let (checklists, _, failures) = self.checklists(run_id, &eval, live).await?;
+        if let Some(why) = failures.into_iter().flatten().next() {
+            return Err(StageError::Unavailable(format!("checklist generation failed: {why}")));
+        }
         let checklist = checklists.into_iter().next().unwrap_or_default();
         let result = gw::RunResult {
             result: Some(gw::run_result::Result::Checklist(convert::checklist_to(&checklist))),
@@ -481,14 +503,16 @@ impl Runs {
         Ok(checklist)
     }
 
-    /// The run's checklists and, per record, the index of the one it is scored against. Each is
-    /// stored once produced, so a resumed run scores against exactly the same ones.
+    /// The run's checklists, per record the index of the one it is scored against, and per
+    /// checklist why it could not be produced (a transient stage failure for one of several
+    /// inputs fails only that input's records; bad input or a rejected request fails the run).
+    /// Each is stored once produced, so a resumed run scores against exactly the same ones.
     async fn checklists(
         &self,
         run_id: &str,
         eval: &Evaluation,
         live: &LiveRun,
-    ) -> Result<(Vec<Checklist>, Vec<usize>), StageError> {
+    ) -> Result<(Vec<Checklist>, Vec<usize>, Vec<Option<String>>), StageError> {
         let stored = self.store.checklists(run_id).await?;
         // One checklist per distinct (input, reference, history, candidates) with a preset; else one.
         let mut keys: Vec<String> = Vec::new();
@@ -523,8 +547,22 @@ impl Runs {
                 async move { (k, self.produce(run_id, live, eval, first).await) }
             })
             .buffer_unordered(self.concurrency);
+        let mut failures: Vec<Option<String>> = vec![None; keys.len()];
         while let Some((k, out)) = producing.next().await {
-            let checklist = out?;
+            let checklist = match out {
+                Ok(c) => c,
+                Err(
+                    e @ (StageError::InvalidArgument(_)
+                    | StageError::FailedPrecondition(_)
+                    | StageError::Unimplemented(_)),
+                ) => return Err(e),
+                Err(e) if keys.len() == 1 => return Err(e),
+                Err(e) => {
+                    tracing::warn!(run_id = %run_id, error = %e, "checklist generation failed for one input");
+                    failures[k] = Some(e.to_string());
+                    continue;
+                }
+            };
             self.store.put_checklist(run_id, &keys[k], convert::checklist_to(&checklist)).await?;
             let indices = record_key.iter().enumerate().filter(|(_, x)| **x == k).map(|(i, _)| i as u32).collect();
             let ready =
@@ -534,7 +572,7 @@ impl Runs {
         }
         drop(producing);
         let checklists = found.into_iter().map(Option::unwrap_or_default).collect();
-        Ok((checklists, record_key))
+        Ok((checklists, record_key, failures))
     }
 
     async fn score_one(

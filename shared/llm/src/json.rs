@@ -6,7 +6,9 @@ use serde_json::Value;
 ///
 /// Tried in order: the whole (trimmed) text; the first ```` ``` ```` fenced block (```` ```json ````
 /// or bare); the span from the first `{` to the last `}` or from the first `[` to the last `]`
-/// (whichever opens first is tried first). Returns `None` when nothing parses.
+/// (whichever opens first is tried first); last, a reply cut short inside a list (the token limit
+/// reached) keeps the list's complete elements (see [`repair_truncated`]). Returns `None` when
+/// nothing parses.
 pub fn extract_json(text: &str) -> Option<Value> {
     let trimmed = text.trim();
     if trimmed.is_empty() {
@@ -24,7 +26,55 @@ pub fn extract_json(text: &str) -> Option<Value> {
     let array = span(trimmed, '[', ']');
     let mut candidates: Vec<(usize, &str)> = object.into_iter().chain(array).collect();
     candidates.sort_by_key(|(start, _)| *start);
-    candidates.into_iter().find_map(|(_, candidate)| serde_json::from_str::<Value>(candidate).ok())
+    candidates
+        .into_iter()
+        .find_map(|(_, candidate)| serde_json::from_str::<Value>(candidate).ok())
+        .or_else(|| repair_truncated(trimmed))
+}
+
+/// A JSON value cut short (`{"items": [{"q": "a"}, {"q": "b"}, {"q": "c`): the text up to the last
+/// element completed inside a list, with the open lists and objects closed
+/// (`{"items": [{"q": "a"}, {"q": "b"}]}`). `None` when no list element was completed. A value
+/// cut outside any list is not guessed at.
+pub fn repair_truncated(text: &str) -> Option<Value> {
+    let start = text.find(['{', '['])?;
+    let body = &text[start..];
+    let mut open: Vec<u8> = Vec::new();
+    let mut in_string = false;
+    let mut escaped = false;
+    let mut cut: Option<(usize, Vec<u8>)> = None;
+    for (i, b) in body.bytes().enumerate() {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                (false, _) => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' | b'[' => open.push(b),
+            b'}' | b']' => {
+                open.pop();
+                if open.is_empty() {
+                    // Complete after all: not a truncation.
+                    return None;
+                }
+                if open.last() == Some(&b'[') {
+                    cut = Some((i + 1, open.clone()));
+                }
+            }
+            _ => {}
+        }
+    }
+    let (end, still_open) = cut?;
+    let mut repaired = body[..end].to_string();
+    for b in still_open.iter().rev() {
+        repaired.push(if *b == b'{' { '}' } else { ']' });
+    }
+    serde_json::from_str(&repaired).ok()
 }
 
 /// Content of the first fenced code block, without the info string (`json`).
@@ -58,6 +108,21 @@ mod tests {
     use serde_json::json;
 
     use super::extract_json;
+
+    #[test]
+    fn truncated_lists_keep_their_complete_elements() {
+        let cut = r#"{"items": [{"question": "Is it short?"}, {"question": "Does it say \"hi\" {ok}?"}, {"question": "Is it po"#;
+        assert_eq!(
+            extract_json(cut),
+            Some(json!({"items": [{"question": "Is it short?"}, {"question": "Does it say \"hi\" {ok}?"}]}))
+        );
+        let cut = r#"{"answers": [{"question_index": 1, "answer": "YES"}, {"question_index": 2, "ans"#;
+        assert_eq!(extract_json(cut), Some(json!({"answers": [{"question_index": 1, "answer": "YES"}]})));
+        // Nothing complete inside a list, or cut outside a list: not guessed at.
+        assert_eq!(extract_json(r#"{"items": [{"question": "Is"#), None);
+        assert_eq!(extract_json(r#"{"reasoning": "because", "generally_applic"#), None);
+        assert_eq!(super::repair_truncated(r#"{"a": [1]}"#), None);
+    }
 
     #[test]
     fn whole_text() {
