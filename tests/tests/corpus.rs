@@ -258,3 +258,33 @@ async fn unit_tester_in_the_gateway_chain_keeps_only_enforceable_items() {
     assert_eq!(chat, 8);
     sandbox.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_chain_that_removes_every_item_fails_the_run_and_says_why() {
+    let sandbox = MeshSandbox::start().await;
+    sandbox.llm.set_handler(|req: &assay_testkit::RecordedRequest| {
+        if req.raw_body.contains("generally_applicable") {
+            assay_testkit::Reply::json(serde_json::json!({
+                "reasoning": "too vague", "generally_applicable": false, "section_specific": false
+            }))
+        } else {
+            assay_testkit::schema_reply(req)
+        }
+    });
+    let pipeline = gw::GenerateChecklistPipeline {
+        source: Some(gw::ChecklistSource {
+            source: Some(gw::checklist_source::Source::Preset(gen_pb::Preset::Tick as i32)),
+        }),
+        record: Some(gw::EvalRecord { input: "Write a limerick about tea.".into(), ..Default::default() }),
+        refiners: vec![ref_pb::RefinerStep {
+            step: Some(ref_pb::refiner_step::Step::Tag(ref_pb::TagRequest::default())),
+        }],
+        ..Default::default()
+    };
+    let events = run(&sandbox, gw::run_pipeline_request::Pipeline::GenerateChecklist(pipeline)).await;
+    let c = completed(&events);
+    assert_eq!(c.state, gw::RunState::Failed as i32);
+    let error = c.result.unwrap().error;
+    assert!(error.contains("removed every one of the 6 items") && error.contains("tagger"), "{error}");
+    sandbox.shutdown().await.unwrap();
+}

@@ -492,6 +492,21 @@ impl Runs {
             }
             let r = result.ok_or_else(|| StageError::Unavailable("refinement ended without a result".into()))?;
             Self::add_usage(live, &convert::usage_from(r.usage));
+            if r.items.is_empty() {
+                let removed: Vec<String> = r
+                    .actions
+                    .iter()
+                    .filter(|a| a.kind != assay_proto::refiners::v1::ActionKind::Kept as i32)
+                    .take(3)
+                    .map(|a| format!("{} {}: {}", a.refiner, a.item_id, a.reason))
+                    .collect();
+                return Err(StageError::Unavailable(format!(
+                    "the refiner chain removed every one of the {} items of checklist {} (first: {})",
+                    checklist.items.len(),
+                    checklist.id,
+                    removed.join("; ")
+                )));
+            }
             let mut refined = convert::checklist_to(&checklist);
             refined.items = r.items;
             checklist.items = decode_checklist(refined)?.items;

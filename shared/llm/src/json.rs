@@ -6,7 +6,8 @@ use serde_json::Value;
 ///
 /// Tried in order: the whole (trimmed) text; the first ```` ``` ```` fenced block (```` ```json ````
 /// or bare); the span from the first `{` to the last `}` or from the first `[` to the last `]`
-/// (whichever opens first is tried first); last, a reply cut short inside a list (the token limit
+/// (whichever opens first is tried first); the first complete object or list followed by other
+/// text; last, a reply cut short inside a list (the token limit
 /// reached) keeps the list's complete elements (see [`repair_truncated`]). Returns `None` when
 /// nothing parses.
 pub fn extract_json(text: &str) -> Option<Value> {
@@ -29,7 +30,14 @@ pub fn extract_json(text: &str) -> Option<Value> {
     candidates
         .into_iter()
         .find_map(|(_, candidate)| serde_json::from_str::<Value>(candidate).ok())
+        .or_else(|| first_value(trimmed))
         .or_else(|| repair_truncated(trimmed))
+}
+
+/// The first complete object or list, ignoring whatever follows it (`{"a": 1}\n{" ]}`).
+fn first_value(text: &str) -> Option<Value> {
+    let start = text.find(['{', '['])?;
+    serde_json::Deserializer::from_str(&text[start..]).into_iter::<Value>().next()?.ok()
 }
 
 /// A JSON value cut short (`{"items": [{"q": "a"}, {"q": "b"}, {"q": "c`): the text up to the last
@@ -108,6 +116,12 @@ mod tests {
     use serde_json::json;
 
     use super::extract_json;
+
+    #[test]
+    fn first_complete_value_before_trailing_text() {
+        let text = "{\"questions\": [\"Is it kind?\", \"yes?\"]}\n{\" ]}";
+        assert_eq!(extract_json(text), Some(json!({"questions": ["Is it kind?", "yes?"]})));
+    }
 
     #[test]
     fn truncated_lists_keep_their_complete_elements() {
