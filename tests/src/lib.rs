@@ -8,8 +8,24 @@ use assay_cli::Mesh;
 use assay_config::AssayConfig;
 use assay_domain::ModelHub;
 use assay_llm::{Backends, OpenAiClient, OpenAiConfig};
+use assay_proto::gateway::v1 as gw;
 use assay_testkit::ScriptedLlm;
 use tonic::transport::Channel;
+
+/// Start a pipeline on the gateway behind `channel` and collect its events until the run completes.
+pub async fn run_to_end(channel: Channel, pipeline: gw::run_pipeline_request::Pipeline) -> Vec<gw::RunEvent> {
+    let mut client = gw::gateway_service_client::GatewayServiceClient::new(channel);
+    let mut stream = client
+        .run_pipeline(gw::RunPipelineRequest { pipeline: Some(pipeline), label: "test".into() })
+        .await
+        .expect("run starts")
+        .into_inner();
+    let mut events = Vec::new();
+    while let Some(m) = stream.message().await.expect("event stream") {
+        events.extend(m.event);
+    }
+    events
+}
 
 /// The mesh plus its scripted backend.
 pub struct MeshSandbox {
@@ -101,6 +117,11 @@ impl MeshSandbox {
 
     pub async fn gateway(&self) -> Channel {
         self.channel(self.mesh().addrs.gateway).await
+    }
+
+    /// Start a pipeline through the gateway and collect its events until the run completes.
+    pub async fn run_pipeline(&self, pipeline: gw::run_pipeline_request::Pipeline) -> Vec<gw::RunEvent> {
+        run_to_end(self.gateway().await, pipeline).await
     }
 
     /// Graceful stop of every service.

@@ -27,20 +27,6 @@ fn feedback(batch_size: u32) -> gen_pb::GenerateCorpusRequest {
     }
 }
 
-async fn run(sandbox: &MeshSandbox, pipeline: gw::run_pipeline_request::Pipeline) -> Vec<gw::RunEvent> {
-    let mut client = GatewayServiceClient::new(sandbox.gateway().await);
-    let mut stream = client
-        .run_pipeline(gw::RunPipelineRequest { pipeline: Some(pipeline), label: "corpus".into() })
-        .await
-        .unwrap()
-        .into_inner();
-    let mut events = Vec::new();
-    while let Some(m) = stream.message().await.unwrap() {
-        events.push(m.event.unwrap());
-    }
-    events
-}
-
 fn progress_from<'a>(events: &'a [gw::RunEvent], service: &str) -> Vec<&'a pb::Progress> {
     events
         .iter()
@@ -49,6 +35,15 @@ fn progress_from<'a>(events: &'a [gw::RunEvent], service: &str) -> Vec<&'a pb::P
             _ => None,
         })
         .collect()
+}
+
+/// The checklist a succeeded generate-only run returned.
+fn result_checklist(c: gw::RunCompleted) -> pb::Checklist {
+    assert_eq!(c.state, gw::RunState::Succeeded as i32, "{c:?}");
+    match c.result.unwrap().result.unwrap() {
+        gw::run_result::Result::Checklist(c) => c,
+        other => panic!("{other:?}"),
+    }
 }
 
 fn completed(events: &[gw::RunEvent]) -> gw::RunCompleted {
@@ -78,7 +73,7 @@ async fn feedback_corpus_then_selector_through_the_gateway_scores_every_record()
         }],
         ..Default::default()
     };
-    let events = run(&sandbox, gw::run_pipeline_request::Pipeline::ChecklistEval(pipeline)).await;
+    let events = sandbox.run_pipeline(gw::run_pipeline_request::Pipeline::ChecklistEval(pipeline)).await;
     let seqs: Vec<u64> = events.iter().map(|e| e.sequence).collect();
     assert_eq!(seqs, (1..=events.len() as u64).collect::<Vec<_>>(), "gap-free sequences");
     let c = completed(&events);
@@ -133,13 +128,8 @@ async fn generate_only_pipeline_returns_the_refined_checklist() {
         }],
         ..Default::default()
     };
-    let events = run(&sandbox, gw::run_pipeline_request::Pipeline::GenerateChecklist(pipeline)).await;
-    let c = completed(&events);
-    assert_eq!(c.state, gw::RunState::Succeeded as i32, "{c:?}");
-    let checklist = match c.result.unwrap().result.unwrap() {
-        gw::run_result::Result::Checklist(c) => c,
-        other => panic!("{other:?}"),
-    };
+    let events = sandbox.run_pipeline(gw::run_pipeline_request::Pipeline::GenerateChecklist(pipeline)).await;
+    let checklist = result_checklist(completed(&events));
     assert_eq!(checklist.source_method, "tick");
     assert_eq!(checklist.input, "Write a limerick about tea.");
     // The schema-following backend marks every item applicable and specific: the tagger keeps all 6.
@@ -243,13 +233,8 @@ async fn unit_tester_in_the_gateway_chain_keeps_only_enforceable_items() {
         }],
         ..Default::default()
     };
-    let events = run(&sandbox, gw::run_pipeline_request::Pipeline::GenerateChecklist(pipeline)).await;
-    let c = completed(&events);
-    assert_eq!(c.state, gw::RunState::Succeeded as i32, "{c:?}");
-    let checklist = match c.result.unwrap().result.unwrap() {
-        gw::run_result::Result::Checklist(c) => c,
-        other => panic!("{other:?}"),
-    };
+    let events = sandbox.run_pipeline(gw::run_pipeline_request::Pipeline::GenerateChecklist(pipeline)).await;
+    let checklist = result_checklist(completed(&events));
     assert_eq!(checklist.items.iter().map(|i| i.id.as_str()).collect::<Vec<_>>(), ["kind"]);
     let step = progress_from(&events, "refiners");
     assert!(step.iter().any(|p| p.stage == "unit_tester" && p.total == 2 && p.done == 1), "{step:?}");
@@ -281,7 +266,7 @@ async fn a_chain_that_removes_every_item_fails_the_run_and_says_why() {
         }],
         ..Default::default()
     };
-    let events = run(&sandbox, gw::run_pipeline_request::Pipeline::GenerateChecklist(pipeline)).await;
+    let events = sandbox.run_pipeline(gw::run_pipeline_request::Pipeline::GenerateChecklist(pipeline)).await;
     let c = completed(&events);
     assert_eq!(c.state, gw::RunState::Failed as i32);
     let error = c.result.unwrap().error;

@@ -52,20 +52,7 @@ fn answer(req: &assay_testkit::RecordedRequest) -> Reply {
 }
 
 async fn run_to_end(ch: Channel, p: gw::ChecklistEvalPipeline) -> Vec<gw::RunEvent> {
-    let mut client = GatewayServiceClient::new(ch);
-    let mut stream = client
-        .run_pipeline(gw::RunPipelineRequest {
-            pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(p)),
-            label: "test".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let mut events = Vec::new();
-    while let Some(m) = stream.message().await.unwrap() {
-        events.push(m.event.unwrap());
-    }
-    events
+    assay_tests::run_to_end(ch, gw::run_pipeline_request::Pipeline::ChecklistEval(p)).await
 }
 
 fn eval_result(ev: &gw::RunEvent) -> Option<gw::EvaluateResponse> {

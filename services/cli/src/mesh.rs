@@ -124,12 +124,11 @@ pub async fn start_mesh(config: &AssayConfig, hub: Arc<ModelHub>, ready: bool) -
         assay_rpc::remote::channel(&generator_url).map_err(|e| e.to_string())?,
         token.as_deref(),
     ));
-    let generator_channel = assay_rpc::remote::channel(&generator_url).map_err(|e| e.to_string())?;
     let refiners_channel =
         assay_rpc::remote::channel(&format!("http://{}", addrs.refiners)).map_err(|e| e.to_string())?;
     let runs = assay_gateway::Runs::new(store, scorer_remote.clone(), config.gateway.concurrency as usize)
-        .with_generator(generator_remote)
-        .with_corpus(Arc::new(assay_gateway::stages::RemoteCorpusGenerator::new(generator_channel, token.as_deref())))
+        .with_generator(generator_remote.clone())
+        .with_corpus(generator_remote)
         .with_refiner(Arc::new(assay_gateway::stages::RemoteRefiners::new(refiners_channel, token.as_deref())));
     let services: Vec<(TcpListener, &'static str, Routes)> = vec![
         (

@@ -18,15 +18,12 @@ async fn main() -> std::process::ExitCode {
         let store = assay_gateway::RunStore::open(&assay_gateway::store_path(config)).expect("run store opens");
         let generator_url = assay_runtime::upstream_url(config, &config.upstreams.generator, config.ports.generator);
         let generator_channel = assay_rpc::remote::channel(&generator_url).expect("generator upstream url is valid");
-        let generator = Arc::new(assay_generator::RemoteGenerator::new(generator_channel.clone(), token.as_deref()));
+        let generator = Arc::new(assay_generator::RemoteGenerator::new(generator_channel, token.as_deref()));
         let refiners_url = assay_runtime::upstream_url(config, &config.upstreams.refiners, config.ports.refiners);
         let refiners_channel = assay_rpc::remote::channel(&refiners_url).expect("refiners upstream url is valid");
         let runs = assay_gateway::Runs::new(store, scorer.clone(), config.gateway.concurrency as usize)
-            .with_generator(generator)
-            .with_corpus(Arc::new(assay_gateway::stages::RemoteCorpusGenerator::new(
-                generator_channel,
-                token.as_deref(),
-            )))
+            .with_generator(generator.clone())
+            .with_corpus(generator)
             .with_refiner(Arc::new(assay_gateway::stages::RemoteRefiners::new(refiners_channel, token.as_deref())));
         let resume = runs.clone();
         tokio::spawn(async move {

@@ -5,7 +5,6 @@
 use assay_domain::StageError;
 use assay_proto::common::v1 as pb;
 use assay_proto::generator::v1 as gen_pb;
-use assay_proto::generator::v1::generator_service_client::GeneratorServiceClient;
 use assay_proto::refiners::v1 as ref_pb;
 use assay_proto::refiners::v1::refiners_service_client::RefinersServiceClient;
 use assay_rpc::auth::BearerInterceptor;
@@ -43,38 +42,21 @@ pub trait ChecklistRefiner: Send + Sync {
     ) -> Result<StageStream<ref_pb::RefineChecklistResponse>, StageError>;
 }
 
-/// The generator's corpus RPC over gRPC (GenerateCorpusStream).
-#[derive(Clone)]
-pub struct RemoteCorpusGenerator {
-    client: GeneratorServiceClient<InterceptedService<Channel, BearerInterceptor>>,
-}
-
-impl RemoteCorpusGenerator {
-    pub fn new(channel: Channel, token: Option<&str>) -> Self {
-        let client = GeneratorServiceClient::with_interceptor(channel, BearerInterceptor::new(token))
-            .max_decoding_message_size(assay_domain::limits::MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(assay_domain::limits::MAX_MESSAGE_BYTES);
-        Self { client }
-    }
-}
-
+/// The generator's corpus RPC over gRPC (GenerateCorpusStream), through the generator's own client.
 #[async_trait::async_trait]
-impl CorpusGenerator for RemoteCorpusGenerator {
+impl CorpusGenerator for assay_generator::RemoteGenerator {
     async fn generate_corpus(
         &self,
         request: gen_pb::GenerateCorpusRequest,
     ) -> Result<StageStream<gen_pb::GenerateCorpusResponse>, StageError> {
-        let mut client = self.client.clone();
-        let stream = client
-            .generate_corpus_stream(outgoing(gen_pb::GenerateCorpusStreamRequest { request: Some(request) }))
-            .await
-            .map_err(from_status)?
-            .into_inner();
+        let stream = self.corpus_stream(request).await?;
         Ok(relay(stream, |m| match m.event {
             Some(gen_pb::generate_corpus_stream_response::Event::Progress(p)) => Some(StageEvent::Progress(p)),
             Some(gen_pb::generate_corpus_stream_response::Event::Result(r)) => Some(StageEvent::Done(r)),
             None => None,
-        }))
+        })
+        .map(|e| e.map_err(assay_generator::remote::from_stream))
+        .boxed())
     }
 }
 

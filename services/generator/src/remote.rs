@@ -18,7 +18,7 @@ use crate::grpc::{
 };
 
 /// Field paths of a GenerateCorpusStream error, back to the domain request's (`request.x` -> `x`).
-fn from_stream(e: StageError) -> StageError {
+pub fn from_stream(e: StageError) -> StageError {
     e.map_fields(|f| match f.strip_prefix("request.") {
         Some(rest) => rest.to_string(),
         None => f,
@@ -39,6 +39,18 @@ impl RemoteGenerator {
             .max_encoding_message_size(assay_domain::limits::MAX_MESSAGE_BYTES);
         Self { client }
     }
+
+    /// GenerateCorpusStream as it comes over the wire (the gateway relays its events as they are).
+    /// A rejected request's field paths are the domain request's (`observations`, not
+    /// `request.observations`).
+    pub async fn corpus_stream(
+        &self,
+        request: assay_proto::generator::v1::GenerateCorpusRequest,
+    ) -> Result<tonic::Streaming<assay_proto::generator::v1::GenerateCorpusStreamResponse>, StageError> {
+        let mut client = self.client.clone();
+        let msg = GenerateCorpusStreamRequest { request: Some(request) };
+        Ok(client.generate_corpus_stream(outgoing(msg)).await.map_err(|s| from_stream(from_status(s)))?.into_inner())
+    }
 }
 
 #[async_trait::async_trait]
@@ -55,10 +67,7 @@ impl ChecklistGenerator for RemoteGenerator {
         request: CorpusRequest,
         events: EventSink<'_, CorpusProgress>,
     ) -> Result<CorpusOutcome, StageError> {
-        let mut client = self.client.clone();
-        let msg = GenerateCorpusStreamRequest { request: Some(corpus_request_to(&request)) };
-        let mut stream =
-            client.generate_corpus_stream(outgoing(msg)).await.map_err(|s| from_stream(from_status(s)))?.into_inner();
+        let mut stream = self.corpus_stream(corpus_request_to(&request)).await?;
         while let Some(reply) = stream.message().await.map_err(|s| from_stream(from_status(s)))? {
             match reply.event {
                 Some(Event::Progress(p)) => events(progress_from(p)),

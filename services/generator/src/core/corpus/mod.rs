@@ -313,6 +313,25 @@ fn text_limit(text: &str, field: &str, max: usize, v: &mut Violations) {
     }
 }
 
+/// A named, defined entry (dimension or sub-dimension) at `field`: name required and unique (case
+/// and surrounding spaces ignored) among `seen`, both texts within their limits.
+fn check_named(
+    name: &str,
+    definition: &str,
+    field: &str,
+    what: &str,
+    seen: &mut std::collections::HashSet<String>,
+    v: &mut Violations,
+) {
+    if name.trim().is_empty() {
+        v.push(format!("{field}.name"), "is required");
+    } else if !seen.insert(name.trim().to_lowercase()) {
+        v.push(format!("{field}.name"), format!("duplicate {what} {:?}", name.trim()));
+    }
+    text_limit(name, &format!("{field}.name"), MAX_NAME_BYTES, v);
+    text_limit(definition, &format!("{field}.definition"), MAX_DEFINITION_BYTES, v);
+}
+
 /// Every domain-level rule of a corpus request: the preset's required fields, counts, limits and
 /// ranges. Pure: callers (the gRPC adapter, the gateway) may run it before any work starts.
 pub fn validate(request: &CorpusRequest) -> Result<(), StageError> {
@@ -376,13 +395,7 @@ pub fn validate(request: &CorpusRequest) -> Result<(), StageError> {
     let mut names = std::collections::HashSet::new();
     for (i, d) in request.dimensions.iter().enumerate() {
         let f = format!("dimensions[{i}]");
-        if d.name.trim().is_empty() {
-            v.push(format!("{f}.name"), "is required");
-        } else if !names.insert(d.name.trim().to_lowercase()) {
-            v.push(format!("{f}.name"), format!("duplicate dimension {:?}", d.name.trim()));
-        }
-        text_limit(&d.name, &format!("{f}.name"), MAX_NAME_BYTES, &mut v);
-        text_limit(&d.definition, &format!("{f}.definition"), MAX_DEFINITION_BYTES, &mut v);
+        check_named(&d.name, &d.definition, &f, "dimension", &mut names, &mut v);
         if d.sub_dimensions.len() > MAX_SUB_DIMENSIONS {
             v.push(
                 format!("{f}.sub_dimensions"),
@@ -392,13 +405,7 @@ pub fn validate(request: &CorpusRequest) -> Result<(), StageError> {
         let mut subs = std::collections::HashSet::new();
         for (j, s) in d.sub_dimensions.iter().enumerate() {
             let g = format!("{f}.sub_dimensions[{j}]");
-            if s.name.trim().is_empty() {
-                v.push(format!("{g}.name"), "is required");
-            } else if !subs.insert(s.name.trim().to_lowercase()) {
-                v.push(format!("{g}.name"), format!("duplicate sub-dimension {:?}", s.name.trim()));
-            }
-            text_limit(&s.name, &format!("{g}.name"), MAX_NAME_BYTES, &mut v);
-            text_limit(&s.definition, &format!("{g}.definition"), MAX_DEFINITION_BYTES, &mut v);
+            check_named(&s.name, &s.definition, &g, "sub-dimension", &mut subs, &mut v);
         }
     }
     if let Some(b) = request.batch_size
