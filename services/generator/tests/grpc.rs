@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use assay_domain::ModelHub;
 use assay_generator::{ChecklistGenerator, Generator, RemoteGenerator};
-use assay_llm::{Backends, OpenAiClient, OpenAiConfig, PhaseModels};
+use assay_llm::OpenAiConfig;
 use assay_proto::common::v1 as common;
 use assay_proto::generator::v1 as pb;
 use assay_proto::generator::v1::generator_service_client::GeneratorServiceClient;
@@ -32,11 +32,7 @@ async fn harness() -> Harness {
     cfg.default_model = "gen-1".into();
     cfg.base_backoff = Duration::from_millis(5);
     cfg.max_retries = 1;
-    let client = Arc::new(OpenAiClient::new(cfg).unwrap());
-    let backends = Backends::new().with_chat("openai", client);
-    let mut phases = PhaseModels::default();
-    phases.default.backend = "openai".into();
-    let hub = Arc::new(ModelHub::new(backends, phases));
+    let hub = Arc::new(ModelHub::single_openai(cfg).unwrap());
     let server = TestServer::start(
         assay_generator::routes(Arc::new(Generator::new(hub))),
         &[assay_proto::service_names::GENERATOR],

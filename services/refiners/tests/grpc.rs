@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use assay_domain::ModelHub;
-use assay_llm::{Backends, OpenAiClient, OpenAiConfig, PhaseModels};
+use assay_llm::OpenAiConfig;
 use assay_proto::common::v1 as common;
 use assay_proto::refiners::v1::refine_checklist_stream_response::Event;
 use assay_proto::refiners::v1::refiner_step::Step;
@@ -44,11 +44,7 @@ async fn harness() -> Harness {
     let mut cfg = OpenAiConfig::new(llm.base_url());
     cfg.default_model = "refiner-1".into();
     cfg.base_backoff = Duration::from_millis(5);
-    let client = Arc::new(OpenAiClient::new(cfg).unwrap());
-    let backends = Backends::new().with_chat("openai", client.clone()).with_embedding("openai", client);
-    let mut phases = PhaseModels::default();
-    phases.default.backend = "openai".into();
-    let hub = Arc::new(ModelHub::new(backends, phases));
+    let hub = Arc::new(ModelHub::single_openai(cfg).unwrap());
     let core = ChecklistRefiners::new(hub).with_concurrency(4);
     let server =
         TestServer::start(assay_refiners::routes(Arc::new(core)), &[assay_proto::service_names::REFINERS]).await;

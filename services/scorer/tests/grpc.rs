@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use assay_domain::ModelHub;
-use assay_llm::{Backends, OpenAiClient, OpenAiConfig, PhaseModels};
+use assay_llm::OpenAiConfig;
 use assay_proto::common::v1 as pb;
 use assay_proto::scorer::v1::scorer_service_client::ScorerServiceClient;
 use assay_proto::scorer::v1::{ScoreRequest, ScoreStreamRequest, ScoreTarget, score_stream_response::Event};
@@ -24,11 +24,7 @@ async fn harness() -> Harness {
     let mut cfg = OpenAiConfig::new(llm.base_url());
     cfg.default_model = "judge-1".into();
     cfg.base_backoff = Duration::from_millis(5);
-    let client = Arc::new(OpenAiClient::new(cfg).unwrap());
-    let backends = Backends::new().with_chat("openai", client.clone()).with_embedding("openai", client);
-    let mut phases = PhaseModels::default();
-    phases.default.backend = "openai".into();
-    let hub = Arc::new(ModelHub::new(backends, phases));
+    let hub = Arc::new(ModelHub::single_openai(cfg).unwrap());
     let server = TestServer::start(
         assay_scorer::routes(Arc::new(ScorerCore::new(hub, 8))),
         &[assay_proto::service_names::SCORER],

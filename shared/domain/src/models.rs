@@ -49,6 +49,14 @@ impl ModelHub {
         Self { backends, phases }
     }
 
+    /// Every phase, chat and embeddings, on one OpenAI-compatible server under the backend name
+    /// `openai`: for tools and tests that talk to a single endpoint.
+    pub fn single_openai(config: assay_llm::OpenAiConfig) -> Result<Self, assay_llm::LlmError> {
+        let client = Arc::new(assay_llm::OpenAiClient::new(config)?);
+        let backends = Backends::new().with_chat("openai", client.clone()).with_embedding("openai", client);
+        Ok(Self::new(backends, PhaseModels { default: ModelSettings::backend("openai"), ..PhaseModels::default() }))
+    }
+
     /// The chat backend for `phase`: the caller's spec over the phase's configured settings.
     /// `field` names the spec in errors (e.g. `model`).
     pub fn chat(&self, phase: &str, spec: &ModelSpec, field: &str) -> Result<ResolvedChat, StageError> {
