@@ -7,6 +7,7 @@ use assay_config::AssayConfig;
 use assay_domain::ModelHub;
 use assay_proto::service_names as names;
 use assay_rpc::Readiness;
+use assay_rpc::remote::{RemoteGenerator, RemoteRefiners, RemoteScorer};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tonic::service::Routes;
@@ -44,7 +45,7 @@ pub struct Mesh {
     readiness: Vec<Readiness>,
     shutdown: tokio::sync::watch::Sender<bool>,
     tasks: Vec<JoinHandle<Result<(), tonic::transport::Error>>>,
-    runs: assay_gateway::Runs,
+    engine: assay_gateway::Engine,
 }
 
 impl Mesh {
@@ -56,21 +57,21 @@ impl Mesh {
         }
         // Registers every unfinished run before returning (their work continues in the background),
         // so a client reattaching right away follows them live.
-        match self.runs.resume_unfinished().await {
+        match self.engine.resume_unfinished().await {
             Ok(0) => {}
             Ok(n) => tracing::info!(runs = n, "resumed unfinished runs"),
             Err(e) => tracing::error!(error = %e, "could not resume unfinished runs"),
         }
     }
 
-    /// The gateway's run manager.
-    pub fn runs(&self) -> &assay_gateway::Runs {
-        &self.runs
+    /// The gateway's run engine.
+    pub fn engine(&self) -> &assay_gateway::Engine {
+        &self.engine
     }
 
     /// Graceful stop: NOT_SERVING, drain in-flight calls, wait for every server.
     pub async fn shutdown(self) -> Result<(), String> {
-        self.runs.halt();
+        self.engine.halt();
         let _ = self.shutdown.send(true);
         let mut err = None;
         for t in self.tasks {
@@ -112,41 +113,34 @@ pub async fn start_mesh(config: &AssayConfig, hub: Arc<ModelHub>, ready: bool) -
     let options = assay_runtime::serve_options(config);
     let token = options.auth_token.clone();
 
-    let scorer_url = format!("http://{}", addrs.scorer);
-    let scorer_remote = Arc::new(assay_rpc::remote::RemoteScorer::new(
-        assay_rpc::remote::channel(&scorer_url).map_err(|e| e.to_string())?,
-        token.as_deref(),
-    ));
+    // Every stage reaches the others over real gRPC on loopback, as in Kubernetes.
+    let channel = |addr: SocketAddr| assay_rpc::remote::channel(&format!("http://{addr}")).map_err(|e| e.to_string());
+    let token = token.as_deref();
+    let scorer_remote = Arc::new(RemoteScorer::new(channel(addrs.scorer)?, token));
+    let refiners_remote = Arc::new(RemoteRefiners::new(channel(addrs.refiners)?, token));
+    let generator_remote = Arc::new(RemoteGenerator::new(channel(addrs.generator)?, token));
     let scorer_core = Arc::new(assay_scorer::ScorerCore::new(hub.clone(), config.scorer.concurrency as usize));
     let store = assay_gateway::RunStore::open(&assay_gateway::store_path(config)).map_err(|e| e.to_string())?;
-    let generator_url = format!("http://{}", addrs.generator);
-    let generator_remote = Arc::new(assay_generator::RemoteGenerator::new(
-        assay_rpc::remote::channel(&generator_url).map_err(|e| e.to_string())?,
-        token.as_deref(),
-    ));
-    let refiners_channel =
-        assay_rpc::remote::channel(&format!("http://{}", addrs.refiners)).map_err(|e| e.to_string())?;
-    let runs = assay_gateway::Runs::new(store, scorer_remote.clone(), config.gateway.concurrency as usize)
-        .with_generator(generator_remote.clone())
-        .with_corpus(generator_remote)
-        .with_refiner(Arc::new(assay_gateway::stages::RemoteRefiners::new(refiners_channel, token.as_deref())));
+    let stages = assay_gateway::Stages::new(scorer_remote.clone(), config.gateway.concurrency as usize)
+        .with_generator(generator_remote)
+        .with_refiners(refiners_remote.clone());
+    let engine = assay_gateway::Engine::new(store, Arc::new(assay_gateway::Pipelines::new(stages)));
     let services: Vec<(TcpListener, &'static str, Routes)> = vec![
-        (
-            gateway_l,
-            names::GATEWAY,
-            assay_gateway::routes(Arc::new(assay_gateway::GatewayCore::new(scorer_remote)), runs.clone()),
-        ),
+        (gateway_l, names::GATEWAY, assay_gateway::routes(engine.clone())),
         (
             generator_l,
             names::GENERATOR,
-            assay_generator::routes(Arc::new(assay_generator::core::Generator::new(hub.clone()))),
+            assay_generator::routes(Arc::new(
+                assay_generator::Generator::new(hub.clone()).with_refiners(refiners_remote),
+            )),
         ),
         (
             refiners_l,
             names::REFINERS,
             assay_refiners::routes(Arc::new(
                 assay_refiners::ChecklistRefiners::new(hub.clone())
-                    .with_concurrency(config.scorer.concurrency as usize),
+                    .with_concurrency(config.scorer.concurrency as usize)
+                    .with_scorer(scorer_remote),
             )),
         ),
         (scorer_l, names::SCORER, assay_scorer::routes(scorer_core)),
@@ -166,7 +160,7 @@ pub async fn start_mesh(config: &AssayConfig, hub: Arc<ModelHub>, ready: bool) -
         };
         tasks.push(tokio::spawn(assay_rpc::serve(l, routes, r, options.clone(), shutdown)));
     }
-    let mesh = Mesh { addrs, readiness, shutdown: tx, tasks, runs };
+    let mesh = Mesh { addrs, readiness, shutdown: tx, tasks, engine };
     if ready {
         mesh.set_serving().await;
     }

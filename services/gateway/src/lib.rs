@@ -1,15 +1,18 @@
-//! The gateway: pipelines composed over the stage services.
+//! The gateway: pipelines composed over the stage services, persisted runs.
+//!
+//! - [`engine`]: the run engine (store, gap-free event sequences, replay-then-follow, pause /
+//!   resume / cancel, checkpoints, restart recovery). It knows no pipeline kinds.
+//! - [`pipelines`]: one module per pipeline, plain async Rust over the stage traits of
+//!   `assay-domain`, and the factory that parses a request into its pipeline.
+//! - [`grpc`]: the gRPC adapter over the engine.
 
-pub mod core;
+pub mod engine;
 pub mod grpc;
-pub mod runs;
-pub mod stages;
-pub mod store;
+pub mod pipelines;
 
-pub use core::{EvalRecord, Evaluation, EvaluationOutcome, GatewayCore, RecordOutcome};
+pub use engine::{Engine, RunStore};
 pub use grpc::{GatewayGrpc, routes};
-pub use runs::Runs;
-pub use store::RunStore;
+pub use pipelines::{Pipelines, Stages};
 
 /// Where the gateway keeps runs: `gateway.store`, else `runs.db` in `gateway.data_dir`, else in
 /// `ASSAY_DATA_DIR`, else `~/.local/share/assay`. `":memory:"` keeps runs in memory only.

@@ -2,6 +2,8 @@
 
 use std::sync::Arc;
 
+use assay_rpc::remote::{RemoteGenerator, RemoteRefiners, RemoteScorer, channel};
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let spec = assay_runtime::StageSpec {
@@ -11,21 +13,25 @@ async fn main() -> std::process::ExitCode {
         uses_models: false,
     };
     assay_runtime::run_service(spec, &[], |_hub, config| {
-        let upstream = assay_runtime::upstream_url(config, &config.upstreams.scorer, config.ports.scorer);
-        let channel = assay_rpc::remote::channel(&upstream).expect("scorer upstream url is valid");
         let token = assay_runtime::serve_options(config).auth_token;
-        let scorer = Arc::new(assay_rpc::remote::RemoteScorer::new(channel, token.as_deref()));
+        let token = token.as_deref();
+        let upstream = |configured: &str, port: u16, what: &str| {
+            channel(&assay_runtime::upstream_url(config, configured, port))
+                .unwrap_or_else(|e| panic!("{what} upstream url is invalid: {e}"))
+        };
+        let u = &config.upstreams;
+        let stages = assay_gateway::Stages::new(
+            Arc::new(RemoteScorer::new(upstream(&u.scorer, config.ports.scorer, "scorer"), token)),
+            config.gateway.concurrency as usize,
+        )
+        .with_generator(Arc::new(RemoteGenerator::new(
+            upstream(&u.generator, config.ports.generator, "generator"),
+            token,
+        )))
+        .with_refiners(Arc::new(RemoteRefiners::new(upstream(&u.refiners, config.ports.refiners, "refiners"), token)));
         let store = assay_gateway::RunStore::open(&assay_gateway::store_path(config)).expect("run store opens");
-        let generator_url = assay_runtime::upstream_url(config, &config.upstreams.generator, config.ports.generator);
-        let generator_channel = assay_rpc::remote::channel(&generator_url).expect("generator upstream url is valid");
-        let generator = Arc::new(assay_generator::RemoteGenerator::new(generator_channel, token.as_deref()));
-        let refiners_url = assay_runtime::upstream_url(config, &config.upstreams.refiners, config.ports.refiners);
-        let refiners_channel = assay_rpc::remote::channel(&refiners_url).expect("refiners upstream url is valid");
-        let runs = assay_gateway::Runs::new(store, scorer.clone(), config.gateway.concurrency as usize)
-            .with_generator(generator.clone())
-            .with_corpus(generator)
-            .with_refiner(Arc::new(assay_gateway::stages::RemoteRefiners::new(refiners_channel, token.as_deref())));
-        let resume = runs.clone();
+        let engine = assay_gateway::Engine::new(store, Arc::new(assay_gateway::Pipelines::new(stages)));
+        let resume = engine.clone();
         tokio::spawn(async move {
             match resume.resume_unfinished().await {
                 Ok(0) => {}
@@ -33,7 +39,7 @@ async fn main() -> std::process::ExitCode {
                 Err(e) => tracing::error!(error = %e, "could not resume unfinished runs"),
             }
         });
-        assay_gateway::routes(Arc::new(assay_gateway::GatewayCore::new(scorer)), runs)
+        assay_gateway::routes(engine)
     })
     .await
 }

@@ -1,19 +1,14 @@
 //! The generator service: checklist generation.
 //!
-//! - [`core`]: the [`Generator`] core and the [`ChecklistGenerator`] stage trait with its domain
-//!   request/outcome types (no transport types); [`core::corpus`]: corpus-level generation
-//!   (feedback, checkeval, interacteval) with built-in refinement through `assay-refiners`.
-//! - [`grpc`]: the gRPC adapter ([`routes`]) and the wire conversions.
-//! - [`remote`]: [`RemoteGenerator`], the stage trait over gRPC.
+//! - [`core`]: the [`Generator`] core (instance presets, and [`core::corpus`] for corpus-level
+//!   generation: feedback, checkeval, interacteval, refined through the refiners stage). The
+//!   requests, presets, their validation and the `ChecklistGenerator` stage trait are the domain's
+//!   (`assay_domain::generator`); the wire conversions are `assay_proto::convert::generator`; the
+//!   remote client is `assay_rpc::remote::RemoteGenerator`.
+//! - [`grpc`]: the gRPC adapter ([`routes`]).
 
 pub mod core;
 pub mod grpc;
-pub mod remote;
 
-pub use core::{
-    AugmentationMode, Candidate, ChecklistGenerator, CorpusOutcome, CorpusPreset, CorpusProgress, CorpusRefinement,
-    CorpusRequest, Dimension, GenerateOutcome, GenerateRequest, Generator, Preset, PresetId, PresetInfo, SubDimension,
-    preset_table,
-};
+pub use core::Generator;
 pub use grpc::{GeneratorGrpc, routes};
-pub use remote::RemoteGenerator;

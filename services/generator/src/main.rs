@@ -1,4 +1,5 @@
-//! `assay-generator`: the generator service on its own.
+//! `assay-generator`: the generator service on its own, refining corpus checklists through the
+//! refiners service at its configured address.
 
 use std::sync::Arc;
 
@@ -10,8 +11,12 @@ async fn main() -> std::process::ExitCode {
         port: |p| p.generator,
         uses_models: true,
     };
-    assay_runtime::run_service(spec, &assay_runtime::default_loaders(), |hub, _config| {
-        assay_generator::routes(Arc::new(assay_generator::Generator::new(hub)))
+    assay_runtime::run_service(spec, &assay_runtime::default_loaders(), |hub, config| {
+        let url = assay_runtime::upstream_url(config, &config.upstreams.refiners, config.ports.refiners);
+        let channel = assay_rpc::remote::channel(&url).expect("refiners upstream url is valid");
+        let token = assay_runtime::serve_options(config).auth_token;
+        let refiners = Arc::new(assay_rpc::remote::RemoteRefiners::new(channel, token.as_deref()));
+        assay_generator::routes(Arc::new(assay_generator::Generator::new(hub).with_refiners(refiners)))
     })
     .await
 }

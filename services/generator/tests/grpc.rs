@@ -4,11 +4,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use assay_domain::ModelHub;
-use assay_generator::{ChecklistGenerator, Generator, RemoteGenerator};
+use assay_domain::generator::ChecklistGenerator;
+use assay_generator::Generator;
 use assay_llm::OpenAiConfig;
 use assay_proto::common::v1 as common;
 use assay_proto::generator::v1 as pb;
 use assay_proto::generator::v1::generator_service_client::GeneratorServiceClient;
+use assay_rpc::remote::RemoteGenerator;
 use assay_testkit::{RecordedRequest, Reply, ScriptedLlm, TestServer};
 use serde_json::{Value, json};
 use tonic::Code;
@@ -549,7 +551,10 @@ async fn remote_generator_matches_the_in_process_core() {
     let h = harness().await;
     h.llm.set_handler(|_| Reply::json(items_json(9)));
     let remote = RemoteGenerator::new(h.server.channel().await, None);
-    let mut req = assay_generator::GenerateRequest::new(assay_generator::Preset::RlcfDirect, "Summarise the film.");
+    let mut req = assay_domain::generator::GenerateRequest::new(
+        assay_domain::generator::Preset::RlcfDirect,
+        "Summarise the film.",
+    );
     req.reference = "A snarky one-liner.".into();
     let out = remote.generate(req.clone()).await.unwrap();
     assert_eq!(out.checklist.items.len(), 7);
@@ -559,7 +564,7 @@ async fn remote_generator_matches_the_in_process_core() {
     assert_eq!(out.model.phase, "generator");
 
     let presets = remote.list_presets().await.unwrap();
-    assert_eq!(presets, assay_generator::preset_table());
+    assert_eq!(presets, assay_domain::generator::preset_table());
 
     // Errors keep their field violations across the hop.
     req.reference.clear();

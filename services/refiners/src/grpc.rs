@@ -6,6 +6,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use assay_domain::StageError;
+use assay_proto::convert::refiners as convert;
 use assay_proto::refiners::v1::refine_checklist_stream_response::Event;
 use assay_proto::refiners::v1::refiners_service_server::{RefinersService, RefinersServiceServer};
 use assay_proto::refiners::v1::{
@@ -19,7 +20,6 @@ use futures::Stream;
 use tonic::service::Routes;
 use tonic::{Request, Response, Status};
 
-use crate::convert;
 use crate::core::{ChecklistRefiners, StepReport};
 
 /// The refiners service's gRPC face.
@@ -109,7 +109,7 @@ impl RefinersService for RefinersGrpc {
             request.into_inner().request.ok_or_else(|| to_status(StageError::invalid("request", "is required")))?;
         let (items, steps) = convert::refine_checklist_request(inner, "request").map_err(to_status)?;
         // Bad input fails the call itself, before the stream starts.
-        ChecklistRefiners::validate_chain(&items, &steps)
+        assay_domain::refiners::validate_chain(&items, &steps)
             .map_err(|e| to_status(e.map_fields(|f| format!("request.{f}"))))?;
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Result<RefineChecklistStreamResponse, Status>>();
         let core = self.core.clone();

@@ -1,4 +1,5 @@
-//! `assay-refiners`: the refiners service on its own.
+//! `assay-refiners`: the refiners service on its own, scoring the UnitTester's rewrites through
+//! the scorer service at its configured address.
 
 use std::sync::Arc;
 
@@ -10,8 +11,12 @@ async fn main() -> std::process::ExitCode {
         port: |p| p.refiners,
         uses_models: true,
     };
-    assay_runtime::run_service(spec, &assay_runtime::default_loaders(), |hub, _config| {
-        assay_refiners::routes(Arc::new(assay_refiners::ChecklistRefiners::new(hub)))
+    assay_runtime::run_service(spec, &assay_runtime::default_loaders(), |hub, config| {
+        let url = assay_runtime::upstream_url(config, &config.upstreams.scorer, config.ports.scorer);
+        let channel = assay_rpc::remote::channel(&url).expect("scorer upstream url is valid");
+        let token = assay_runtime::serve_options(config).auth_token;
+        let scorer = Arc::new(assay_rpc::remote::RemoteScorer::new(channel, token.as_deref()));
+        assay_refiners::routes(Arc::new(assay_refiners::ChecklistRefiners::new(hub).with_scorer(scorer)))
     })
     .await
 }

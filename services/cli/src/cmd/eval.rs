@@ -7,8 +7,10 @@ use std::path::{Path, PathBuf};
 use assay_config::AssayConfig;
 use assay_proto::common::v1 as common;
 use assay_proto::gateway::v1 as gw;
-use serde_json::{Value, json};
+use serde_json::json;
 
+use super::input::{CorpusArgs, corpus_request, is_corpus, read_checklist, read_records};
+use super::render::record_json;
 use super::{Progress, Session, status_text};
 
 /// What a finished evaluation command reports.
@@ -33,13 +35,13 @@ pub async fn eval(
     preset: &str,
     max_items: Option<u32>,
     scorer: Option<common::ScorerConfig>,
-    corpus: &super::generate::CorpusArgs,
+    corpus: &CorpusArgs,
     args: RunArgs,
 ) -> Result<Outcome, String> {
     let preset = super::preset(preset)?;
     let records = read_records(&args.data)?;
-    let source = if super::generate::is_corpus(preset) {
-        gw::checklist_source::Source::Corpus(super::generate::corpus_request(preset, corpus)?)
+    let source = if is_corpus(preset) {
+        gw::checklist_source::Source::Corpus(corpus_request(preset, corpus)?)
     } else {
         gw::checklist_source::Source::Preset(preset as i32)
     };
@@ -167,201 +169,4 @@ async fn stream(
         );
     }
     Ok(if failed == 0 { Outcome::Complete } else { Outcome::Partial })
-}
-
-/// Records from JSON lines: `{"id","input","target","reference","history","candidates":[...]}`.
-pub fn read_records(path: &Path) -> Result<Vec<gw::EvalRecord>, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut out = Vec::new();
-    for (n, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let v: Value =
-            serde_json::from_str(line).map_err(|e| format!("{}:{}: not JSON: {e}", path.display(), n + 1))?;
-        out.push(record_from_json(&v).map_err(|e| format!("{}:{}: {e}", path.display(), n + 1))?);
-    }
-    if out.is_empty() {
-        return Err(format!("{}: no records", path.display()));
-    }
-    Ok(out)
-}
-
-/// One record from a JSON object.
-pub fn record_from_json(v: &Value) -> Result<gw::EvalRecord, String> {
-    if !v.is_object() {
-        return Err("a record must be a JSON object".into());
-    }
-    let text = |k: &str| -> Result<String, String> {
-        match v.get(k) {
-            None | Some(Value::Null) => Ok(String::new()),
-            Some(Value::String(s)) => Ok(s.clone()),
-            Some(_) => Err(format!("field {k:?} must be a string")),
-        }
-    };
-    let candidates = match v.get("candidates") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(a)) => a
-            .iter()
-            .enumerate()
-            .map(|(i, c)| match c {
-                Value::String(t) => Ok(assay_proto::generator::v1::Candidate {
-                    id: i.to_string(),
-                    text: t.clone(),
-                    model: String::new(),
-                }),
-                Value::Null | Value::Bool(_) | Value::Number(_) | Value::Array(_) | Value::Object(_) => {
-                    Err(format!("candidates[{i}] must be a string"))
-                }
-            })
-            .collect::<Result<_, _>>()?,
-        Some(_) => return Err("field \"candidates\" must be a list of strings".into()),
-    };
-    Ok(gw::EvalRecord {
-        id: match v.get("id") {
-            None | Some(Value::Null) => String::new(),
-            Some(Value::String(s)) => s.clone(),
-            Some(other) => other.to_string(),
-        },
-        input: text("input")?,
-        target: text("target")?,
-        reference: text("reference")?,
-        history: text("history")?,
-        candidates,
-    })
-}
-
-/// A checklist from a JSON file: a checklist object (`{"id", "items": [...]}`) or a bare list of
-/// items; an item is a question string or `{"id", "question", "weight", "category"}`.
-pub fn read_checklist(path: &Path) -> Result<common::Checklist, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let v: Value = serde_json::from_str(&text).map_err(|e| format!("{}: not JSON: {e}", path.display()))?;
-    checklist_from_json(&v).map_err(|e| format!("{}: {e}", path.display()))
-}
-
-/// A checklist from JSON (see [`read_checklist`]).
-pub fn checklist_from_json(v: &Value) -> Result<common::Checklist, String> {
-    let (id, items, input) = match v {
-        Value::Array(items) => (String::new(), items.as_slice(), String::new()),
-        Value::Object(o) => (
-            o.get("id").and_then(Value::as_str).unwrap_or_default().to_string(),
-            o.get("items").and_then(Value::as_array).map(Vec::as_slice).ok_or("a checklist needs \"items\"")?,
-            o.get("input").and_then(Value::as_str).unwrap_or_default().to_string(),
-        ),
-        Value::Null | Value::Bool(_) | Value::Number(_) | Value::String(_) => {
-            return Err("a checklist is a JSON object or a list of items".into());
-        }
-    };
-    let items = items
-        .iter()
-        .enumerate()
-        .map(|(i, item)| match item {
-            Value::String(q) => {
-                Ok(common::ChecklistItem { id: format!("q{}", i + 1), question: q.clone(), ..Default::default() })
-            }
-            Value::Object(o) => Ok(common::ChecklistItem {
-                id: o.get("id").and_then(Value::as_str).map_or_else(|| format!("q{}", i + 1), str::to_string),
-                question: o
-                    .get("question")
-                    .and_then(Value::as_str)
-                    .ok_or(format!("items[{i}] needs a \"question\""))?
-                    .to_string(),
-                weight: o.get("weight").and_then(Value::as_f64),
-                category: o.get("category").and_then(Value::as_str).unwrap_or_default().to_string(),
-                ..Default::default()
-            }),
-            Value::Null | Value::Bool(_) | Value::Number(_) | Value::Array(_) => {
-                Err(format!("items[{i}] must be a question string or an object"))
-            }
-        })
-        .collect::<Result<Vec<_>, String>>()?;
-    Ok(common::Checklist { id, items, input, source_method: "explicit".into(), ..Default::default() })
-}
-
-/// A checklist as JSON (the shape [`checklist_from_json`] reads back).
-pub fn checklist_json(c: &common::Checklist) -> Value {
-    let items: Vec<Value> = c
-        .items
-        .iter()
-        .map(|i| {
-            let mut item = json!({"id": i.id, "question": i.question, "weight": i.weight.unwrap_or(100.0)});
-            if !i.category.is_empty() {
-                item["category"] = json!(i.category);
-            }
-            if !i.merged_from.is_empty() {
-                item["merged_from"] = json!(i.merged_from);
-            }
-            if !i.source_indices.is_empty() {
-                item["source_indices"] = json!(i.source_indices);
-            }
-            if !i.metadata.is_empty() {
-                item["metadata"] = json!(i.metadata);
-            }
-            item
-        })
-        .collect();
-    let level = common::GenerationLevel::try_from(c.generation_level)
-        .map_or("unspecified", |l| l.as_str_name())
-        .trim_start_matches("GENERATION_LEVEL_")
-        .to_lowercase();
-    json!({
-        "id": c.id, "source_method": c.source_method, "generation_level": level, "input": c.input,
-        "corpus_description": c.corpus_description, "items": items,
-    })
-}
-
-/// One record's result as a JSON line.
-pub fn record_json(r: &gw::RecordResult) -> Value {
-    let answers: serde_json::Map<String, Value> = r
-        .score
-        .iter()
-        .flat_map(|s| s.item_scores.iter())
-        .map(|i| {
-            let a = match common::Answer::try_from(i.answer) {
-                Ok(common::Answer::Yes) => json!("yes"),
-                Ok(common::Answer::No) => json!("no"),
-                Ok(common::Answer::Unspecified) | Err(_) => Value::Null,
-            };
-            (i.item_id.clone(), a)
-        })
-        .collect();
-    json!({
-        "index": r.index,
-        "id": r.record_id,
-        "checklist_id": r.checklist_id,
-        "error": if r.error.is_empty() { Value::Null } else { r.error.clone().into() },
-        "pass_rate": r.score.as_ref().map(|s| s.pass_rate),
-        "weighted_score": r.score.as_ref().map(|s| s.weighted_score),
-        "normalized_score": r.score.as_ref().map(|s| s.normalized_score),
-        "primary_score": r.score.as_ref().map(|s| s.primary_score),
-        "unanswered": r.score.as_ref().map(|s| s.unanswered_count),
-        "answers": answers,
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn checklist_round_trips_through_json() {
-        let v = json!({"id": "c1", "items": ["Is it short?", {"id": "x", "question": "Is it kind?", "weight": 40, "category": "tone"}]});
-        let c = checklist_from_json(&v).unwrap();
-        assert_eq!(c.items[0].id, "q1");
-        assert_eq!(c.items[1].weight, Some(40.0));
-        let back = checklist_from_json(&checklist_json(&c)).unwrap();
-        // An unset weight is written as the default 100.
-        assert_eq!(back.items[0].weight, Some(100.0));
-        assert_eq!(back.items[1], c.items[1]);
-        assert_eq!((back.items[0].id.as_str(), back.items[0].question.as_str()), ("q1", "Is it short?"));
-        assert!(checklist_from_json(&json!({"items": [{"id": "a"}]})).unwrap_err().contains("items[0]"));
-    }
-
-    #[test]
-    fn records_reject_wrong_types() {
-        assert!(record_from_json(&json!({"target": 3})).unwrap_err().contains("target"));
-        let r = record_from_json(&json!({"id": 7, "target": "t", "candidates": ["a", "b"]})).unwrap();
-        assert_eq!(r.id, "7");
-        assert_eq!(r.candidates.len(), 2);
-    }
 }

@@ -3,6 +3,8 @@
 
 pub mod eval;
 pub mod generate;
+pub mod input;
+pub mod render;
 pub mod runs;
 
 use std::sync::Arc;

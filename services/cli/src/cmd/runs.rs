@@ -4,6 +4,7 @@ use assay_config::AssayConfig;
 use assay_proto::gateway::v1 as gw;
 use serde_json::{Value, json};
 
+use super::render::{checklist_json, record_json};
 use super::{client, status_text};
 
 /// What to do.
@@ -53,7 +54,7 @@ pub fn run_json(r: &gw::Run) -> Value {
                     "unanswered_items": a.unanswered_items});
                 v["failed_records"] = json!(e.results.iter().filter(|r| r.score.is_none()).count());
             }
-            Some(gw::run_result::Result::Checklist(c)) => v["checklist"] = super::eval::checklist_json(c),
+            Some(gw::run_result::Result::Checklist(c)) => v["checklist"] = checklist_json(c),
             Some(
                 gw::run_result::Result::SelfRefine(_)
                 | gw::run_result::Result::Debate(_)
@@ -80,7 +81,7 @@ fn event_json(e: &gw::RunEvent) -> Value {
             "checklist_ready",
             json!({"checklist_id": c.checklist.as_ref().map(|c| c.id.clone()), "items": c.checklist.as_ref().map_or(0, |c| c.items.len()), "records": c.record_indices.len()}),
         ),
-        Some(Event::RecordScored(r)) => ("record_scored", super::eval::record_json(r)),
+        Some(Event::RecordScored(r)) => ("record_scored", record_json(r)),
         Some(Event::Aggregate(a)) => {
             let a = a.aggregate.clone().unwrap_or_default();
             (

@@ -3,7 +3,7 @@
 use assay_llm::ChatResponse;
 use serde_json::{Map, Value, json};
 
-use super::preset::ItemShape;
+use assay_domain::generator::ItemShape;
 
 /// Category of an explicit requirement of the request (openrubrics).
 pub const HARD_RULE: &str = "hard_rule";

@@ -4,6 +4,7 @@ use super::*;
 use crate::core::dedup::{merged_item, parse_merge};
 use crate::core::tagger::parse_tag;
 use assay_llm::ChatResponse;
+use std::collections::BTreeMap;
 
 fn unit(deg: f64) -> Vec<f32> {
     let r = deg.to_radians();
@@ -257,7 +258,7 @@ fn bad_options_name_their_fields() {
         }),
     ];
     assert_eq!(
-        fields_of(ChecklistRefiners::validate_steps(&steps).unwrap_err()),
+        fields_of(validate_steps(&steps).unwrap_err()),
         vec![
             "steps[0].deduplicate.threshold",
             "steps[1].tag.concurrency",
@@ -270,8 +271,8 @@ fn bad_options_name_their_fields() {
             "steps[3].select.alpha",
         ]
     );
-    assert_eq!(fields_of(ChecklistRefiners::validate_steps(&[]).unwrap_err()), vec!["steps"]);
-    ChecklistRefiners::validate_chain(&items, &[RefinerStep::Tag(TagOptions::default())]).unwrap();
+    assert_eq!(fields_of(validate_steps(&[]).unwrap_err()), vec!["steps"]);
+    validate_chain(&items, &[RefinerStep::Tag(TagOptions::default())]).unwrap();
 
     let mut v = Violations::new();
     let mut dup = vec![ChecklistItem::new("a", "q"), ChecklistItem::new("a", " "), ChecklistItem::new("", "q")];

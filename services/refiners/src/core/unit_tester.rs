@@ -1,6 +1,6 @@
 //! UnitTester: for each item, the samples that scored YES on it (drawn down to `max_samples` with a
 //! fixed seed) are rewritten by the model to fail the item, and each rewrite is scored by the
-//! scorer core (item mode, same backend and model); rate = rewrites scored NO / samples tested;
+//! scorer stage (item mode, same backend and model); rate = rewrites scored NO / samples tested;
 //! the item is kept iff rate >= threshold.
 //!
 //! Decisions (documented, checked against the original `unit_tester.py`):
@@ -15,11 +15,10 @@
 
 use assay_domain::template::render;
 use assay_domain::{
-    Answer, Checklist, ChecklistItem, ModelSpec, ResolvedChat, ScoreRequest, ScoreTarget, Scorer, ScorerConfig,
-    ScoringMode, StageError, Usage,
+    Answer, Checklist, ChecklistItem, ModelSpec, ResolvedChat, ScoreRequest, ScoreTarget, ScorerConfig, ScoringMode,
+    StageError, Usage,
 };
 use assay_llm::ResponseFormat;
-use assay_scorer::ScorerCore;
 use futures::StreamExt;
 
 use super::{
@@ -106,7 +105,7 @@ pub(super) async fn run(
     let spec = scorer_spec(&chat, &options.model);
     let concurrency = core.effective_concurrency(options.concurrency);
     // One scorer call per rewrite, each a single model call, so `concurrency` bounds model calls.
-    let scorer = ScorerCore::new(core.hub.clone(), 1);
+    let scorer = core.scorer()?;
 
     // Per item: the samples that passed it, drawn down to max_samples.
     let drawn: Vec<Vec<usize>> = items

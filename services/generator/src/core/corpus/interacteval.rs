@@ -48,7 +48,7 @@ pub const MIN_SUB_QUESTIONS: u32 = 2;
 pub const MAX_SUB_QUESTIONS: u32 = 3;
 /// Bounds of the validated list.
 pub const MIN_FINAL_QUESTIONS: u32 = 10;
-pub const MAX_FINAL_QUESTIONS: u32 = 15;
+pub use assay_domain::generator::corpus::MAX_FINAL_QUESTIONS;
 /// Dimension evaluated when the request names none.
 pub const DEFAULT_DIMENSION: &str = "quality";
 /// Temperature of the validation stage unless the request sets one.

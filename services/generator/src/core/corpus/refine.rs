@@ -1,5 +1,5 @@
-//! Built-in refinement: the refiners library (`assay_refiners::core`) in-process, on the
-//! generator's own chat backend and the request's embedding model.
+//! Built-in refinement: the refiners stage (a [`ChecklistRefiner`], the refiners service over
+//! gRPC in production) on the generator's own chat backend and the request's embedding model.
 //!
 //! - feedback: Deduplicator -> Tagger -> Selector (UnitTester: see [`super::CorpusRefinement`]),
 //!   each skippable. The Selector gets the coverage assignment observation -> questions derived
@@ -13,11 +13,14 @@
 
 use std::sync::Arc;
 
-use assay_domain::{ChecklistItem, ModelSpec, ResolvedChat, StageError};
-use assay_refiners::ChecklistRefiners;
-use assay_refiners::core::{
-    CoverageEntry, DedupOptions, MAX_ITEMS, PHASE as REFINERS_PHASE, RefinerStep, SelectOptions, StepReport, TagOptions,
+use assay_domain::refiners::{
+    ChecklistRefiner, CoverageEntry, DedupOptions, MAX_ITEMS, RefinerStep, SelectOptions, StepReport, TagOptions,
 };
+use assay_domain::{ChecklistItem, ModelSpec, ResolvedChat, StageError};
+
+/// Configuration phase the refiners resolve their models for (the embedding backend is checked
+/// under it before any call).
+const REFINERS_PHASE: &str = "refiners";
 
 use super::{CorpusPreset, CorpusRequest, DEFAULT_DEDUP_THRESHOLD, DEFAULT_MAX_QUESTIONS, Run, stages};
 use crate::core::Generator;
@@ -99,7 +102,7 @@ pub fn covered_fraction(observations: usize, items: &[ChecklistItem]) -> f64 {
 /// The refinement planned for one request, models resolved.
 pub(crate) struct Refinement {
     steps: Vec<Step>,
-    refiners: Option<ChecklistRefiners>,
+    refiners: Option<Arc<dyn ChecklistRefiner>>,
     /// The generator's chat backend and model, for the refiners' chat calls.
     model: ModelSpec,
     embedding_model: ModelSpec,
@@ -134,7 +137,18 @@ impl Refinement {
         if embeds {
             generator.hub.embedding(REFINERS_PHASE, &request.embedding_model, "embedding_model")?;
         }
-        let refiners = (!steps.is_empty()).then(|| ChecklistRefiners::new(Arc::clone(&generator.hub)));
+        let refiners = if steps.is_empty() {
+            None
+        } else {
+            let Some(refiners) = generator.refiners.clone() else {
+                return Err(StageError::FailedPrecondition(format!(
+                    "preset {} refines its questions, and this generator has no refiners service configured \
+                     (set upstreams.refiners, or skip the built-in refinement)",
+                    request.preset
+                )));
+            };
+            Some(refiners)
+        };
         Ok(Self {
             steps,
             refiners,
@@ -155,7 +169,6 @@ impl Refinement {
             metadata.push(("refinement_input_capped".to_string(), format!("{} of {}", MAX_ITEMS, items.len())));
             items.truncate(MAX_ITEMS);
         }
-        let refiners = refiners.with_concurrency(run.concurrency);
         let r = &request.refinement;
         let threshold = Some(r.dedup_threshold.unwrap_or(DEFAULT_DEDUP_THRESHOLD));
         let max_questions = Some(r.max_questions.unwrap_or(DEFAULT_MAX_QUESTIONS));
@@ -190,7 +203,7 @@ impl Refinement {
             );
         };
         let outcome =
-            refiners.run_chain(items, &chain, &sink).await.map_err(|e| e.map_fields(|f| format!("refinement.{f}")))?;
+            refiners.refine(items, chain, &sink).await.map_err(|e| e.map_fields(|f| format!("refinement.{f}")))?;
         run.add_usage(&outcome.usage);
         for step in &outcome.steps {
             metadata.push((format!("{}_items", step.refiner), format!("{} -> {}", step.items_in, step.items_out)));

@@ -1,6 +1,9 @@
 //! Conversions between wire messages and domain types. Proto -> domain collects every invalid field
 //! into [`Violations`] with its full path; domain -> proto is infallible.
 
+pub mod generator;
+pub mod refiners;
+
 use std::collections::BTreeMap;
 
 use assay_domain as d;

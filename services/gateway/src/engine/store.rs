@@ -1,5 +1,6 @@
-//! Persistent run state (SQLite): runs, their event log and per-record results, stored as protobuf
-//! bytes so a restarted gateway can resume a run and replay its events.
+//! Persistent run state (SQLite): runs, their event log and their checkpoints (opaque bytes under
+//! keys a pipeline chooses), so a restarted gateway can resume a run and replay its events. The
+//! store knows no pipeline kinds.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -61,16 +62,10 @@ impl RunStore {
                  event BLOB NOT NULL,
                  PRIMARY KEY (run_id, sequence)
              );
-             CREATE TABLE IF NOT EXISTS records (
-                 run_id TEXT NOT NULL,
-                 idx INTEGER NOT NULL,
-                 result BLOB NOT NULL,
-                 PRIMARY KEY (run_id, idx)
-             );
-             CREATE TABLE IF NOT EXISTS checklists (
+             CREATE TABLE IF NOT EXISTS checkpoints (
                  run_id TEXT NOT NULL,
                  key TEXT NOT NULL,
-                 checklist BLOB NOT NULL,
+                 value BLOB NOT NULL,
                  PRIMARY KEY (run_id, key)
              );",
         )
@@ -154,47 +149,13 @@ impl RunStore {
         .await
     }
 
-    /// Store one record's result.
-    pub async fn put_record(&self, run_id: &str, result: gw::RecordResult) -> Result<(), StageError> {
-        let run_id = run_id.to_string();
-        self.with(move |c| {
-            c.execute(
-                "INSERT OR REPLACE INTO records (run_id, idx, result) VALUES (?1, ?2, ?3)",
-                params![run_id, result.index, result.encode_to_vec()],
-            )
-            .map_err(db_err)?;
-            Ok(())
-        })
-        .await
-    }
-
-    /// Every stored record result of a run, by index.
-    pub async fn records(&self, run_id: &str) -> Result<Vec<gw::RecordResult>, StageError> {
-        let run_id = run_id.to_string();
-        self.with(move |c| {
-            let mut stmt = c.prepare("SELECT result FROM records WHERE run_id = ?1 ORDER BY idx").map_err(db_err)?;
-            let rows = stmt.query_map(params![run_id], |r| r.get::<_, Vec<u8>>(0)).map_err(db_err)?;
-            let mut out = Vec::new();
-            for row in rows {
-                out.push(gw::RecordResult::decode(row.map_err(db_err)?.as_slice()).map_err(decode_err)?);
-            }
-            Ok(out)
-        })
-        .await
-    }
-
-    /// Store a checklist generated for a run (key: what it was generated for).
-    pub async fn put_checklist(
-        &self,
-        run_id: &str,
-        key: &str,
-        checklist: assay_proto::common::v1::Checklist,
-    ) -> Result<(), StageError> {
+    /// Store a checkpoint of a run under `key` (replacing the one stored there).
+    pub async fn put_checkpoint(&self, run_id: &str, key: &str, value: Vec<u8>) -> Result<(), StageError> {
         let (run_id, key) = (run_id.to_string(), key.to_string());
         self.with(move |c| {
             c.execute(
-                "INSERT OR REPLACE INTO checklists (run_id, key, checklist) VALUES (?1, ?2, ?3)",
-                params![run_id, key, checklist.encode_to_vec()],
+                "INSERT OR REPLACE INTO checkpoints (run_id, key, value) VALUES (?1, ?2, ?3)",
+                params![run_id, key, value],
             )
             .map_err(db_err)?;
             Ok(())
@@ -202,23 +163,21 @@ impl RunStore {
         .await
     }
 
-    /// Checklists stored for a run, by key.
-    pub async fn checklists(
-        &self,
-        run_id: &str,
-    ) -> Result<Vec<(String, assay_proto::common::v1::Checklist)>, StageError> {
-        let run_id = run_id.to_string();
+    /// A run's checkpoints whose key starts with `prefix`, by key.
+    pub async fn checkpoints(&self, run_id: &str, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, StageError> {
+        let (run_id, prefix) = (run_id.to_string(), prefix.to_string());
         self.with(move |c| {
-            let mut stmt = c.prepare("SELECT key, checklist FROM checklists WHERE run_id = ?1").map_err(db_err)?;
-            let rows = stmt
-                .query_map(params![run_id], |r| Ok((r.get::<_, String>(0)?, r.get::<_, Vec<u8>>(1)?)))
+            let mut stmt = c
+                .prepare(
+                    "SELECT key, value FROM checkpoints WHERE run_id = ?1 AND substr(key, 1, ?2) = ?3 ORDER BY key",
+                )
                 .map_err(db_err)?;
-            let mut out = Vec::new();
-            for row in rows {
-                let (k, b) = row.map_err(db_err)?;
-                out.push((k, assay_proto::common::v1::Checklist::decode(b.as_slice()).map_err(decode_err)?));
-            }
-            Ok(out)
+            let rows = stmt
+                .query_map(params![run_id, prefix.len() as i64, prefix], |r| {
+                    Ok((r.get::<_, String>(0)?, r.get::<_, Vec<u8>>(1)?))
+                })
+                .map_err(db_err)?;
+            rows.collect::<Result<Vec<_>, _>>().map_err(db_err)
         })
         .await
     }

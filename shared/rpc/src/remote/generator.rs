@@ -1,24 +1,21 @@
-//! The generator reached over gRPC: the [`ChecklistGenerator`] the gateway holds in production.
+//! The generator service over gRPC.
 
+use assay_domain::generator::{
+    ChecklistGenerator, CorpusOutcome, CorpusProgress, CorpusRequest, GenerateOutcome, GenerateRequest, PresetInfo,
+};
 use assay_domain::{EventSink, StageError};
+use assay_proto::convert::generator as convert;
 use assay_proto::generator::v1::generate_corpus_stream_response::Event;
 use assay_proto::generator::v1::generator_service_client::GeneratorServiceClient;
 use assay_proto::generator::v1::{GenerateCorpusStreamRequest, ListPresetsRequest};
-use assay_rpc::auth::BearerInterceptor;
-use assay_rpc::{from_status, outgoing};
 use tonic::codegen::InterceptedService;
 use tonic::transport::Channel;
 
-use crate::core::{
-    ChecklistGenerator, CorpusOutcome, CorpusProgress, CorpusRequest, GenerateOutcome, GenerateRequest, PresetInfo,
-};
-use crate::grpc::{
-    corpus_request_to, corpus_response_from, generate_request_to, generate_response_from, preset_infos_from,
-    progress_from,
-};
+use crate::auth::BearerInterceptor;
+use crate::{from_status, outgoing};
 
 /// Field paths of a GenerateCorpusStream error, back to the domain request's (`request.x` -> `x`).
-pub fn from_stream(e: StageError) -> StageError {
+fn from_stream(e: StageError) -> StageError {
     e.map_fields(|f| match f.strip_prefix("request.") {
         Some(rest) => rest.to_string(),
         None => f,
@@ -32,24 +29,12 @@ pub struct RemoteGenerator {
 }
 
 impl RemoteGenerator {
-    /// A client on `channel` (see `assay_rpc::remote::channel`).
+    /// A client on `channel` (see [`super::channel`]).
     pub fn new(channel: Channel, token: Option<&str>) -> Self {
         let client = GeneratorServiceClient::with_interceptor(channel, BearerInterceptor::new(token))
             .max_decoding_message_size(assay_domain::limits::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(assay_domain::limits::MAX_MESSAGE_BYTES);
         Self { client }
-    }
-
-    /// GenerateCorpusStream as it comes over the wire (the gateway relays its events as they are).
-    /// A rejected request's field paths are the domain request's (`observations`, not
-    /// `request.observations`).
-    pub async fn corpus_stream(
-        &self,
-        request: assay_proto::generator::v1::GenerateCorpusRequest,
-    ) -> Result<tonic::Streaming<assay_proto::generator::v1::GenerateCorpusStreamResponse>, StageError> {
-        let mut client = self.client.clone();
-        let msg = GenerateCorpusStreamRequest { request: Some(request) };
-        Ok(client.generate_corpus_stream(outgoing(msg)).await.map_err(|s| from_stream(from_status(s)))?.into_inner())
     }
 }
 
@@ -57,21 +42,26 @@ impl RemoteGenerator {
 impl ChecklistGenerator for RemoteGenerator {
     async fn generate(&self, request: GenerateRequest) -> Result<GenerateOutcome, StageError> {
         let mut client = self.client.clone();
-        let reply = client.generate(outgoing(generate_request_to(&request))).await.map_err(from_status)?;
-        generate_response_from(reply.into_inner())
+        let reply = client.generate(outgoing(convert::generate_request_to(&request))).await.map_err(from_status)?;
+        convert::generate_response_from(reply.into_inner())
     }
 
-    /// Over GenerateCorpusStream, so progress events reach `events` as the remote stage reports them.
+    /// Over GenerateCorpusStream, so progress reaches `events` as the remote stage reports it. A
+    /// rejected request's field paths are the domain request's (`observations`, not
+    /// `request.observations`).
     async fn generate_corpus(
         &self,
         request: CorpusRequest,
         events: EventSink<'_, CorpusProgress>,
     ) -> Result<CorpusOutcome, StageError> {
-        let mut stream = self.corpus_stream(corpus_request_to(&request)).await?;
+        let mut client = self.client.clone();
+        let msg = GenerateCorpusStreamRequest { request: Some(convert::corpus_request_to(&request)) };
+        let mut stream =
+            client.generate_corpus_stream(outgoing(msg)).await.map_err(|s| from_stream(from_status(s)))?.into_inner();
         while let Some(reply) = stream.message().await.map_err(|s| from_stream(from_status(s)))? {
             match reply.event {
-                Some(Event::Progress(p)) => events(progress_from(p)),
-                Some(Event::Result(r)) => return corpus_response_from(r),
+                Some(Event::Progress(p)) => events(convert::progress_from(p)),
+                Some(Event::Result(r)) => return convert::corpus_response_from(r),
                 None => {}
             }
         }
@@ -81,6 +71,6 @@ impl ChecklistGenerator for RemoteGenerator {
     async fn list_presets(&self) -> Result<Vec<PresetInfo>, StageError> {
         let mut client = self.client.clone();
         let reply = client.list_presets(outgoing(ListPresetsRequest {})).await.map_err(from_status)?;
-        Ok(preset_infos_from(reply.into_inner()))
+        Ok(convert::preset_infos_from(reply.into_inner()))
     }
 }

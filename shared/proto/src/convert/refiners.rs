@@ -2,16 +2,16 @@
 //! field into [`Violations`] with its full path (range checks on options are the core's, so the
 //! library and the wire give the same errors); domain -> wire is infallible.
 
-use assay_domain::{Answer, ChecklistItem, StageError, Violations};
-use assay_proto::common::v1 as common;
-use assay_proto::convert::{checklist_item, checklist_item_to, model_spec, usage_to};
-use assay_proto::refiners::v1 as pb;
-use assay_proto::refiners::v1::refiner_step::Step;
-
-use crate::core::{
+use assay_domain::refiners::{
     ActionKind, ChainOutcome, CoverageEntry, DedupOptions, ItemEnforceability, ItemTag, RefinerAction, RefinerStep,
     Sample, SelectOptions, StepOutcome, StepReport, TagOptions, UnitTestOptions,
 };
+use assay_domain::{Answer, ChecklistItem, StageError, Violations};
+
+use crate::common::v1 as common;
+use crate::convert::{checklist_item, checklist_item_to, model_spec, model_spec_to, usage_from, usage_to};
+use crate::refiners::v1 as pb;
+use crate::refiners::v1::refiner_step::Step;
 
 fn join(prefix: &str, field: &str) -> String {
     if prefix.is_empty() { field.to_string() } else { format!("{prefix}.{field}") }
@@ -294,4 +294,108 @@ pub fn step_completed_to(r: &StepReport) -> pb::StepCompleted {
         items_out: r.items_out,
         actions: actions_to(&r.actions),
     }
+}
+
+fn answer_to(a: Answer) -> common::Answer {
+    match a {
+        Answer::Yes => common::Answer::Yes,
+        Answer::No => common::Answer::No,
+    }
+}
+
+/// A domain step as a wire step (its own `items` empty: the chain feeds it).
+pub fn refiner_step_to(s: &RefinerStep) -> pb::RefinerStep {
+    let step = match s {
+        RefinerStep::Deduplicate(o) => Step::Deduplicate(pb::DeduplicateRequest {
+            items: Vec::new(),
+            threshold: o.threshold,
+            model: Some(model_spec_to(&o.model)),
+            embedding_model: Some(model_spec_to(&o.embedding_model)),
+        }),
+        RefinerStep::Tag(o) => Step::Tag(pb::TagRequest {
+            items: Vec::new(),
+            model: Some(model_spec_to(&o.model)),
+            concurrency: o.concurrency as u32,
+        }),
+        RefinerStep::UnitTest(o) => Step::UnitTest(pb::UnitTestRequest {
+            items: Vec::new(),
+            samples: o
+                .samples
+                .iter()
+                .map(|s| pb::Sample {
+                    id: s.id.clone(),
+                    text: s.text.clone(),
+                    answers: s.answers.iter().map(|(k, a)| (k.clone(), answer_to(*a) as i32)).collect(),
+                })
+                .collect(),
+            input: o.input.clone(),
+            threshold: o.threshold,
+            max_samples: o.max_samples,
+            seed: o.seed,
+            model: Some(model_spec_to(&o.model)),
+            concurrency: o.concurrency as u32,
+        }),
+        RefinerStep::Select(o) => Step::Select(pb::SelectRequest {
+            items: Vec::new(),
+            max_questions: o.max_questions,
+            beam_width: o.beam_width,
+            length_penalty: o.length_penalty,
+            alpha: o.alpha,
+            coverage: o
+                .coverage
+                .iter()
+                .map(|c| pb::CoverageEntry { observation: c.observation.clone(), item_ids: c.item_ids.clone() })
+                .collect(),
+            embedding_model: Some(model_spec_to(&o.embedding_model)),
+        }),
+    };
+    pb::RefinerStep { step: Some(step) }
+}
+
+/// A chain as a wire request.
+pub fn refine_checklist_request_to(items: &[ChecklistItem], steps: &[RefinerStep]) -> pb::RefineChecklistRequest {
+    pb::RefineChecklistRequest { items: items_to(items), steps: steps.iter().map(refiner_step_to).collect() }
+}
+
+fn action_kind_from(value: i32) -> ActionKind {
+    match pb::ActionKind::try_from(value) {
+        Ok(pb::ActionKind::Kept) => ActionKind::Kept,
+        Ok(pb::ActionKind::Removed) => ActionKind::Removed,
+        Ok(pb::ActionKind::Merged) => ActionKind::Merged,
+        Ok(pb::ActionKind::Error | pb::ActionKind::Unspecified) | Err(_) => ActionKind::Error,
+    }
+}
+
+fn actions_from(p: Vec<pb::RefinerAction>) -> Vec<RefinerAction> {
+    p.into_iter()
+        .map(|a| {
+            let pb::RefinerAction { refiner, item_id, kind, reason, result_item_id } = a;
+            RefinerAction { refiner, item_id, kind: action_kind_from(kind), reason, result_item_id }
+        })
+        .collect()
+}
+
+/// Items a stage returned (validated as any wire checklist's items).
+fn items_from(p: Vec<common::ChecklistItem>, field: &str) -> Result<Vec<ChecklistItem>, StageError> {
+    let mut v = Violations::new();
+    let items = items(p, field, &mut v);
+    v.into_result().map_err(|e| StageError::Unavailable(format!("the refiners returned invalid items: {e}")))?;
+    Ok(items)
+}
+
+/// A chain's wire result as the domain outcome (step reports arrive as their own events).
+pub fn refine_checklist_response_from(p: pb::RefineChecklistResponse) -> Result<ChainOutcome, StageError> {
+    let pb::RefineChecklistResponse { items, actions, usage } = p;
+    Ok(ChainOutcome {
+        items: items_from(items, "items")?,
+        actions: actions_from(actions),
+        steps: Vec::new(),
+        usage: usage_from(usage),
+    })
+}
+
+/// A finished step as the domain report (usage is reported once, with the chain's result).
+pub fn step_completed_from(p: pb::StepCompleted) -> StepReport {
+    let pb::StepCompleted { refiner, items_in, items_out, actions } = p;
+    StepReport { refiner, items_in, items_out, actions: actions_from(actions), usage: Default::default() }
 }

@@ -1,4 +1,5 @@
 //! The checklist refiners over real gRPC on port 0, against the scripted OpenAI-compatible backend.
+//! The UnitTester scores its rewrites through a scorer service (also on port 0, same backend).
 #![allow(clippy::wildcard_enum_match_arm)]
 
 use std::collections::HashMap;
@@ -23,6 +24,8 @@ use tonic_types::StatusExt;
 struct Harness {
     llm: ScriptedLlm,
     server: TestServer,
+    /// The scorer the UnitTester calls.
+    _scorer: TestServer,
 }
 
 impl Harness {
@@ -45,10 +48,17 @@ async fn harness() -> Harness {
     cfg.default_model = "refiner-1".into();
     cfg.base_backoff = Duration::from_millis(5);
     let hub = Arc::new(ModelHub::single_openai(cfg).unwrap());
-    let core = ChecklistRefiners::new(hub).with_concurrency(4);
+    // One scorer call per rewrite, each a single model call (as the unit tester expects).
+    let scorer = TestServer::start(
+        assay_scorer::routes(Arc::new(assay_scorer::ScorerCore::new(hub.clone(), 1))),
+        &[assay_proto::service_names::SCORER],
+    )
+    .await;
+    let remote_scorer = Arc::new(assay_rpc::remote::RemoteScorer::new(scorer.channel().await, None));
+    let core = ChecklistRefiners::new(hub).with_concurrency(4).with_scorer(remote_scorer);
     let server =
         TestServer::start(assay_refiners::routes(Arc::new(core)), &[assay_proto::service_names::REFINERS]).await;
-    Harness { llm, server }
+    Harness { llm, server, _scorer: scorer }
 }
 
 fn unit(deg: f64) -> Vec<f32> {

@@ -1,17 +1,19 @@
 //! Corpus-level generation (feedback, checkeval, interacteval) over real gRPC on port 0, against
 //! the scripted OpenAI-compatible backend with scripted (hash) embeddings. The built-in refiners
-//! run in-process through `assay-refiners` on the same backend.
+//! are the refiners service (port 0, same backend), reached over gRPC as in production.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use assay_domain::ModelHub;
-use assay_generator::{ChecklistGenerator, CorpusPreset, CorpusProgress, CorpusRequest, Generator, RemoteGenerator};
+use assay_domain::generator::{ChecklistGenerator, CorpusPreset, CorpusProgress, CorpusRequest};
+use assay_generator::Generator;
 use assay_llm::OpenAiConfig;
 use assay_proto::common::v1 as common;
 use assay_proto::generator::v1 as pb;
 use assay_proto::generator::v1::generate_corpus_stream_response::Event;
 use assay_proto::generator::v1::generator_service_client::GeneratorServiceClient;
+use assay_rpc::remote::{RemoteGenerator, RemoteRefiners};
 use assay_testkit::{RecordedRequest, Reply, ScriptedLlm, TestServer, hash_embedding};
 use serde_json::{Value, json};
 use tonic::Code;
@@ -23,6 +25,8 @@ const DIM: usize = 64;
 struct Harness {
     llm: ScriptedLlm,
     server: TestServer,
+    /// The refiners service the generator refines with.
+    _refiners: TestServer,
 }
 
 impl Harness {
@@ -47,12 +51,18 @@ async fn harness() -> Harness {
     cfg.base_backoff = Duration::from_millis(5);
     cfg.max_retries = 1;
     let hub = Arc::new(ModelHub::single_openai(cfg).unwrap());
+    let refiners = TestServer::start(
+        assay_refiners::routes(Arc::new(assay_refiners::ChecklistRefiners::new(hub.clone()))),
+        &[assay_proto::service_names::REFINERS],
+    )
+    .await;
+    let remote_refiners = Arc::new(RemoteRefiners::new(refiners.channel().await, None));
     let server = TestServer::start(
-        assay_generator::routes(Arc::new(Generator::new(hub))),
+        assay_generator::routes(Arc::new(Generator::new(hub).with_refiners(remote_refiners))),
         &[assay_proto::service_names::GENERATOR],
     )
     .await;
-    Harness { llm, server }
+    Harness { llm, server, _refiners: refiners }
 }
 
 fn schema_name(r: &RecordedRequest) -> String {
@@ -800,5 +810,5 @@ async fn remote_generator_relays_progress_and_errors() {
 
     // The in-process core gives the same result for the same script.
     let presets = remote.list_presets().await.unwrap();
-    assert_eq!(presets, assay_generator::preset_table());
+    assert_eq!(presets, assay_domain::generator::preset_table());
 }

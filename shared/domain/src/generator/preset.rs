@@ -1,6 +1,6 @@
 //! Instance-level presets and their defaults (REFERENCE section 2).
 
-use assay_domain::{GenerationLevel, PrimaryMetric, ScorerConfig, ScoringMode};
+use crate::{GenerationLevel, PrimaryMetric, ScorerConfig, ScoringMode};
 
 use super::corpus::CorpusPreset;
 
@@ -49,8 +49,7 @@ pub mod fields {
     pub const REJECTED: &str = "rejected";
 }
 
-/// Any preset: instance level ([`Generate`](super::Generator::generate)) or corpus level
-/// ([`generate_corpus`](super::Generator::generate_corpus)).
+/// Any preset: instance level (`generate`) or corpus level (`generate_corpus`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PresetId {
     Instance(Preset),
@@ -200,19 +199,6 @@ impl Preset {
         f
     }
 
-    /// The preset's prompt template (Assay's own, under `prompts/`).
-    pub fn template(self) -> &'static str {
-        match self {
-            Preset::Tick => include_str!("../../prompts/tick.txt"),
-            Preset::RocketEval => include_str!("../../prompts/rocketeval.txt"),
-            Preset::RlcfDirect => include_str!("../../prompts/rlcf_direct.txt"),
-            Preset::RlcfCandidate => include_str!("../../prompts/rlcf_candidate.txt"),
-            Preset::RlcfCandidatesOnly => include_str!("../../prompts/rlcf_candidates_only.txt"),
-            Preset::OpenRubricsPairwise => include_str!("../../prompts/openrubrics_pairwise.txt"),
-            Preset::OpenRubricsListwise => include_str!("../../prompts/openrubrics_listwise.txt"),
-        }
-    }
-
     /// The preset's defaults as reported by `ListPresets`.
     pub fn info(self) -> PresetInfo {
         PresetInfo {
@@ -285,15 +271,5 @@ mod tests {
         assert_eq!(Preset::RlcfCandidate.required_fields(), vec!["input", "reference", "candidates"]);
         assert_eq!(Preset::OpenRubricsPairwise.required_fields(), vec!["input", "chosen", "rejected"]);
         assert!(Preset::RocketEval.default_scorer().wants_logprobs());
-    }
-
-    #[test]
-    fn templates_use_only_known_placeholders() {
-        for p in Preset::ALL {
-            let unknown = assay_domain::template::unknown_placeholders(p.template(), super::super::PLACEHOLDERS);
-            assert!(unknown.is_empty(), "{p}: {unknown:?}");
-            assert!(p.template().contains("{input}"), "{p}");
-            assert!(p.template().contains("{max_items}"), "{p}");
-        }
     }
 }

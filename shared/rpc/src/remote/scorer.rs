@@ -1,26 +1,13 @@
-//! Stage traits implemented over gRPC: what the gateway holds in production.
-
-use std::time::Duration;
+//! The scorer service over gRPC.
 
 use assay_domain::{EventSink, ScoreEvent, ScoreOutcome, ScoreRequest, Scorer, StageError};
 use assay_proto::convert;
 use assay_proto::scorer::v1::scorer_service_client::ScorerServiceClient;
 use tonic::codegen::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::auth::BearerInterceptor;
 use crate::{from_status, outgoing};
-
-/// A channel to a stage, connected lazily (the stage may start after the gateway).
-pub fn channel(url: &str) -> Result<Channel, StageError> {
-    let endpoint = Endpoint::from_shared(url.to_string())
-        .map_err(|e| StageError::Internal(format!("bad upstream url {url:?}: {e}")))?
-        .tcp_nodelay(true)
-        .connect_timeout(Duration::from_secs(5))
-        .http2_keep_alive_interval(Duration::from_secs(30))
-        .keep_alive_while_idle(true);
-    Ok(endpoint.connect_lazy())
-}
 
 /// The scorer, reached over gRPC.
 #[derive(Clone)]

@@ -1,0 +1,329 @@
+//! Reading command inputs: evaluation records and checklists from files, and the corpus arguments
+//! (observations, dimensions, samples, refiner chain) shared by `eval` and `generate`.
+
+use std::path::{Path, PathBuf};
+
+use assay_proto::common::v1 as common;
+use assay_proto::gateway::v1 as gw;
+use assay_proto::generator::v1 as gen_pb;
+use assay_proto::refiners::v1 as ref_pb;
+use serde_json::Value;
+
+/// Corpus inputs (feedback, checkeval, interacteval) and the refiner chain, shared by `generate`
+/// and `eval`.
+#[derive(clap::Args, Clone, Default)]
+pub struct CorpusArgs {
+    /// Corpus observations: one per line (.txt) or JSON strings / {"text"} objects (.jsonl).
+    #[arg(long)]
+    pub observations: Option<PathBuf>,
+    /// What the corpus is about.
+    #[arg(long, default_value = "")]
+    pub description: String,
+    /// checkeval dimensions: JSON list of {"name","definition","sub_dimensions":[{"name","definition"}]}.
+    #[arg(long)]
+    pub dimensions: Option<PathBuf>,
+    /// checkeval augmentation: seed, elaboration, diversification, combined.
+    #[arg(long)]
+    pub augmentation: Option<String>,
+    /// checkeval: filter questions for alignment and dimension consistency.
+    #[arg(long)]
+    pub filter: bool,
+    /// feedback: observations per model call.
+    #[arg(long)]
+    pub batch_size: Option<u32>,
+    /// Corpus presets: skip the built-in deduplicator.
+    #[arg(long)]
+    pub no_dedup: bool,
+    /// Corpus presets: skip the built-in tagger.
+    #[arg(long)]
+    pub no_tagging: bool,
+    /// Corpus presets: skip the built-in selector.
+    #[arg(long)]
+    pub no_selection: bool,
+    /// Deduplicator cosine threshold (0, 1].
+    #[arg(long)]
+    pub dedup_threshold: Option<f64>,
+    /// Selector: maximum questions kept (corpus presets and --refine selector).
+    #[arg(long)]
+    pub max_questions: Option<u32>,
+    /// Refiners to run on the checklist, in order (comma separated): deduplicator, tagger,
+    /// unit_tester (needs --samples), selector.
+    #[arg(long, value_delimiter = ',')]
+    pub refine: Vec<String>,
+    /// unit_tester: scored sample responses, JSON lines {"id", "text", "answers": {"<item id>": "yes"|"no"}}.
+    #[arg(long)]
+    pub samples: Option<PathBuf>,
+}
+
+impl CorpusArgs {
+    /// The refiner chain; `input` is the instruction the unit tester's samples answer.
+    pub fn steps(&self, input: &str) -> Result<Vec<ref_pb::RefinerStep>, String> {
+        let samples = match &self.samples {
+            Some(path) => Some(read_samples(path)?),
+            None => None,
+        };
+        self.refine
+            .iter()
+            .flat_map(|n| n.split(','))
+            .filter(|n| !n.trim().is_empty())
+            .map(|n| {
+                let step = match n.trim() {
+                    "deduplicator" | "dedup" => ref_pb::refiner_step::Step::Deduplicate(ref_pb::DeduplicateRequest {
+                        threshold: self.dedup_threshold,
+                        ..Default::default()
+                    }),
+                    "tagger" => ref_pb::refiner_step::Step::Tag(ref_pb::TagRequest::default()),
+                    "unit_tester" => ref_pb::refiner_step::Step::UnitTest(ref_pb::UnitTestRequest {
+                        samples: samples.clone().ok_or("--refine unit_tester needs --samples (scored responses)")?,
+                        input: input.to_string(),
+                        ..Default::default()
+                    }),
+                    "selector" => ref_pb::refiner_step::Step::Select(ref_pb::SelectRequest {
+                        max_questions: self.max_questions,
+                        ..Default::default()
+                    }),
+                    other => {
+                        return Err(format!("unknown refiner {other:?} (deduplicator, tagger, unit_tester, selector)"));
+                    }
+                };
+                Ok(ref_pb::RefinerStep { step: Some(step) })
+            })
+            .collect()
+    }
+}
+
+/// Scored samples for the unit tester (JSON lines).
+fn read_samples(path: &Path) -> Result<Vec<ref_pb::Sample>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(n, l)| {
+            let at = |e: &str| format!("{}:{}: {e}", path.display(), n + 1);
+            let v: Value = serde_json::from_str(l).map_err(|e| at(&format!("not JSON: {e}")))?;
+            let text = v.get("text").and_then(Value::as_str).ok_or_else(|| at("needs a \"text\" string"))?;
+            let answers = v
+                .get("answers")
+                .and_then(Value::as_object)
+                .ok_or_else(|| at("needs \"answers\": {\"<item id>\": \"yes\" | \"no\"}"))?
+                .iter()
+                .map(|(id, a)| {
+                    let answer = match a.as_str().map(str::to_ascii_lowercase).as_deref() {
+                        Some("yes") => assay_proto::common::v1::Answer::Yes,
+                        Some("no") => assay_proto::common::v1::Answer::No,
+                        Some(_) | None => return Err(at(&format!("answers.{id} must be \"yes\" or \"no\""))),
+                    };
+                    Ok((id.clone(), answer as i32))
+                })
+                .collect::<Result<_, String>>()?;
+            Ok(ref_pb::Sample {
+                id: v.get("id").and_then(Value::as_str).map_or_else(|| n.to_string(), str::to_string),
+                text: text.to_string(),
+                answers,
+            })
+        })
+        .collect()
+}
+
+fn read_observations(path: &Path) -> Result<Vec<String>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let json_lines = path.extension().is_some_and(|e| e == "jsonl");
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(n, l)| {
+            if !json_lines {
+                return Ok(l.trim().to_string());
+            }
+            match serde_json::from_str::<Value>(l) {
+                Ok(Value::String(s)) => Ok(s),
+                Ok(Value::Object(o)) => o
+                    .get("text")
+                    .or_else(|| o.get("observation"))
+                    .and_then(Value::as_str)
+                    .map(str::to_string)
+                    .ok_or_else(|| format!("{}:{}: needs a \"text\" field", path.display(), n + 1)),
+                Ok(_) | Err(_) => Err(format!("{}:{}: not a JSON string or object", path.display(), n + 1)),
+            }
+        })
+        .collect()
+}
+
+fn read_dimensions(path: &Path) -> Result<Vec<gen_pb::Dimension>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let v: Value = serde_json::from_str(&text).map_err(|e| format!("{}: not JSON: {e}", path.display()))?;
+    let list = v.as_array().ok_or_else(|| format!("{}: a list of dimensions", path.display()))?;
+    let s = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
+    Ok(list
+        .iter()
+        .map(|d| gen_pb::Dimension {
+            name: s(d, "name"),
+            definition: s(d, "definition"),
+            sub_dimensions: d
+                .get("sub_dimensions")
+                .and_then(Value::as_array)
+                .map(|a| {
+                    a.iter()
+                        .map(|x| gen_pb::SubDimension { name: s(x, "name"), definition: s(x, "definition") })
+                        .collect()
+                })
+                .unwrap_or_default(),
+        })
+        .collect())
+}
+
+/// The corpus generation request of a corpus preset (see [`is_corpus`]).
+pub fn corpus_request(preset: gen_pb::Preset, a: &CorpusArgs) -> Result<gen_pb::GenerateCorpusRequest, String> {
+    let augmentation = match a.augmentation.as_deref() {
+        None => gen_pb::AugmentationMode::Unspecified,
+        Some(m) => gen_pb::AugmentationMode::from_str_name(&format!("AUGMENTATION_MODE_{}", m.to_ascii_uppercase()))
+            .ok_or_else(|| format!("unknown augmentation {m:?} (seed, elaboration, diversification, combined)"))?,
+    };
+    Ok(gen_pb::GenerateCorpusRequest {
+        preset: preset as i32,
+        corpus_description: a.description.clone(),
+        observations: a.observations.as_deref().map(read_observations).transpose()?.unwrap_or_default(),
+        batch_size: a.batch_size,
+        dimensions: a.dimensions.as_deref().map(read_dimensions).transpose()?.unwrap_or_default(),
+        augmentation: augmentation as i32,
+        filter: a.filter,
+        refinement: Some(gen_pb::CorpusRefinement {
+            skip_deduplication: a.no_dedup,
+            skip_tagging: a.no_tagging,
+            run_unit_tester: false,
+            skip_selection: a.no_selection,
+            dedup_threshold: a.dedup_threshold,
+            max_questions: a.max_questions,
+        }),
+        ..Default::default()
+    })
+}
+
+/// Whether a preset generates from a corpus.
+pub fn is_corpus(preset: gen_pb::Preset) -> bool {
+    matches!(preset, gen_pb::Preset::Feedback | gen_pb::Preset::Checkeval | gen_pb::Preset::Interacteval)
+}
+
+/// Records from JSON lines: `{"id","input","target","reference","history","candidates":[...]}`.
+pub fn read_records(path: &Path) -> Result<Vec<gw::EvalRecord>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let v: Value =
+            serde_json::from_str(line).map_err(|e| format!("{}:{}: not JSON: {e}", path.display(), n + 1))?;
+        out.push(record_from_json(&v).map_err(|e| format!("{}:{}: {e}", path.display(), n + 1))?);
+    }
+    if out.is_empty() {
+        return Err(format!("{}: no records", path.display()));
+    }
+    Ok(out)
+}
+
+/// One record from a JSON object.
+pub fn record_from_json(v: &Value) -> Result<gw::EvalRecord, String> {
+    if !v.is_object() {
+        return Err("a record must be a JSON object".into());
+    }
+    let text = |k: &str| -> Result<String, String> {
+        match v.get(k) {
+            None | Some(Value::Null) => Ok(String::new()),
+            Some(Value::String(s)) => Ok(s.clone()),
+            Some(_) => Err(format!("field {k:?} must be a string")),
+        }
+    };
+    let candidates = match v.get("candidates") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .enumerate()
+            .map(|(i, c)| match c {
+                Value::String(t) => Ok(assay_proto::generator::v1::Candidate {
+                    id: i.to_string(),
+                    text: t.clone(),
+                    model: String::new(),
+                }),
+                Value::Null | Value::Bool(_) | Value::Number(_) | Value::Array(_) | Value::Object(_) => {
+                    Err(format!("candidates[{i}] must be a string"))
+                }
+            })
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err("field \"candidates\" must be a list of strings".into()),
+    };
+    Ok(gw::EvalRecord {
+        id: match v.get("id") {
+            None | Some(Value::Null) => String::new(),
+            Some(Value::String(s)) => s.clone(),
+            Some(other) => other.to_string(),
+        },
+        input: text("input")?,
+        target: text("target")?,
+        reference: text("reference")?,
+        history: text("history")?,
+        candidates,
+    })
+}
+
+/// A checklist from a JSON file: a checklist object (`{"id", "items": [...]}`) or a bare list of
+/// items; an item is a question string or `{"id", "question", "weight", "category"}`.
+pub fn read_checklist(path: &Path) -> Result<common::Checklist, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let v: Value = serde_json::from_str(&text).map_err(|e| format!("{}: not JSON: {e}", path.display()))?;
+    checklist_from_json(&v).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// A checklist from JSON (see [`read_checklist`]).
+pub fn checklist_from_json(v: &Value) -> Result<common::Checklist, String> {
+    let (id, items, input) = match v {
+        Value::Array(items) => (String::new(), items.as_slice(), String::new()),
+        Value::Object(o) => (
+            o.get("id").and_then(Value::as_str).unwrap_or_default().to_string(),
+            o.get("items").and_then(Value::as_array).map(Vec::as_slice).ok_or("a checklist needs \"items\"")?,
+            o.get("input").and_then(Value::as_str).unwrap_or_default().to_string(),
+        ),
+        Value::Null | Value::Bool(_) | Value::Number(_) | Value::String(_) => {
+            return Err("a checklist is a JSON object or a list of items".into());
+        }
+    };
+    let items = items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| match item {
+            Value::String(q) => {
+                Ok(common::ChecklistItem { id: format!("q{}", i + 1), question: q.clone(), ..Default::default() })
+            }
+            Value::Object(o) => Ok(common::ChecklistItem {
+                id: o.get("id").and_then(Value::as_str).map_or_else(|| format!("q{}", i + 1), str::to_string),
+                question: o
+                    .get("question")
+                    .and_then(Value::as_str)
+                    .ok_or(format!("items[{i}] needs a \"question\""))?
+                    .to_string(),
+                weight: o.get("weight").and_then(Value::as_f64),
+                category: o.get("category").and_then(Value::as_str).unwrap_or_default().to_string(),
+                ..Default::default()
+            }),
+            Value::Null | Value::Bool(_) | Value::Number(_) | Value::Array(_) => {
+                Err(format!("items[{i}] must be a question string or an object"))
+            }
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    Ok(common::Checklist { id, items, input, source_method: "explicit".into(), ..Default::default() })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn records_reject_wrong_types() {
+        assert!(record_from_json(&json!({"target": 3})).unwrap_err().contains("target"));
+        let r = record_from_json(&json!({"id": 7, "target": "t", "candidates": ["a", "b"]})).unwrap();
+        assert_eq!(r.id, "7");
+        assert_eq!(r.candidates.len(), 2);
+    }
+}

@@ -1,0 +1,300 @@
+//! The run engine: durable runs of any pipeline. It stores the request, gives a run gap-free event
+//! sequences (persisted, then broadcast), replays then follows them for watchers, pauses, resumes and
+//! cancels, keeps checkpoints, and after a restart rebuilds each unfinished pipeline from its stored
+//! request through the [`PipelineFactory`]. It knows no pipeline kinds: a pipeline is a
+//! [`Pipeline`] (see `crate::pipelines`).
+
+mod ctx;
+pub mod store;
+mod stream;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use assay_domain::StageError;
+use assay_proto::common::v1 as pb;
+use assay_proto::gateway::v1 as gw;
+use assay_proto::gateway::v1::control_run_request::Action;
+use assay_proto::gateway::v1::run_event::Event;
+use tokio::sync::watch;
+
+pub use ctx::RunCtx;
+use ctx::now;
+pub use store::{RunStore, StoredRun};
+
+/// How a pipeline ended: its final state (SUCCEEDED, PARTIAL, FAILED or CANCELLED) and result.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunOutcome {
+    pub state: gw::RunState,
+    pub result: Option<gw::run_result::Result>,
+}
+
+/// A pipeline-specific control (accept, edit a section); pause, resume and cancel are the engine's.
+pub type PipelineAction = Action;
+
+/// One pipeline run, parsed from its request.
+#[async_trait::async_trait]
+pub trait Pipeline: Send + Sync {
+    fn kind(&self) -> gw::PipelineKind;
+    /// Units of work the run reports progress in (records), 0 when it has none.
+    fn total(&self) -> u32;
+    /// Run to the end (or until cancelled), resuming from the run's checkpoints. An error fails
+    /// the run; observe [`RunCtx::gate`] before starting new work.
+    async fn run(&self, ctx: &RunCtx) -> Result<RunOutcome, StageError>;
+    /// A pipeline-specific control.
+    async fn control(&self, ctx: &RunCtx, action: PipelineAction) -> Result<(), StageError> {
+        let _ = (ctx, action);
+        Err(StageError::FailedPrecondition("accept and edit_section apply to targeted refinement runs only".into()))
+    }
+}
+
+/// Builds pipelines from requests: at start (the request is parsed once, here) and after a
+/// restart (from the stored request).
+pub trait PipelineFactory: Send + Sync {
+    fn parse(&self, request: &gw::RunPipelineRequest) -> Result<Arc<dyn Pipeline>, StageError>;
+}
+
+fn is_terminal(state: i32) -> bool {
+    [gw::RunState::Succeeded, gw::RunState::Partial, gw::RunState::Failed, gw::RunState::Cancelled]
+        .iter()
+        .any(|s| *s as i32 == state)
+}
+
+/// A run being executed by this gateway.
+struct Live {
+    ctx: Arc<RunCtx>,
+    pipeline: Arc<dyn Pipeline>,
+}
+
+/// The run engine. Cheap to clone.
+#[derive(Clone)]
+pub struct Engine {
+    store: RunStore,
+    factory: Arc<dyn PipelineFactory>,
+    live: Arc<Mutex<HashMap<String, Arc<Live>>>>,
+    /// Set when this gateway stops: executors quit without touching stored state, so the next
+    /// gateway resumes the runs where they were.
+    halt: Arc<watch::Sender<bool>>,
+}
+
+impl Engine {
+    pub fn new(store: RunStore, factory: Arc<dyn PipelineFactory>) -> Self {
+        Self { store, factory, live: Arc::default(), halt: Arc::new(watch::channel(false).0) }
+    }
+
+    /// Stop executing runs (gateway shutdown). Unfinished runs stay RUNNING in the store.
+    pub fn halt(&self) {
+        self.halt.send_replace(true);
+    }
+
+    pub fn store(&self) -> &RunStore {
+        &self.store
+    }
+
+    fn live(&self, run_id: &str) -> Option<Arc<Live>> {
+        self.live.lock().ok().and_then(|m| m.get(run_id).cloned())
+    }
+
+    fn new_run(pipeline: &dyn Pipeline, label: String) -> gw::Run {
+        let t = now();
+        gw::Run {
+            run_id: uuid::Uuid::now_v7().to_string(),
+            kind: pipeline.kind() as i32,
+            state: gw::RunState::Running as i32,
+            label,
+            created_at: Some(t),
+            updated_at: Some(t),
+            last_sequence: 0,
+            records_total: pipeline.total(),
+            records_done: 0,
+            result: None,
+            usage: Some(pb::Usage::default()),
+        }
+    }
+
+    /// Parse, store and start a pipeline; returns the run id (its first event, RunStarted, is stored
+    /// before this returns).
+    pub async fn start(&self, request: gw::RunPipelineRequest) -> Result<String, StageError> {
+        let pipeline = self.factory.parse(&request)?;
+        let run = Self::new_run(pipeline.as_ref(), request.label.clone());
+        let run_id = run.run_id.clone();
+        self.store.create(run.clone(), request).await?;
+        let ctx = Arc::new(RunCtx::new(run, 0, Some(self.store.clone())));
+        ctx.emit(Event::Started(gw::RunStarted { kind: pipeline.kind() as i32, records: pipeline.total() })).await?;
+        self.spawn(Arc::new(Live { ctx, pipeline }));
+        Ok(run_id)
+    }
+
+    /// Run a pipeline to the end without persisting its progress (Evaluate), then store it once,
+    /// finished, so GetRun and ListRuns see it. Bad input, and any error that would fail the run,
+    /// are returned as errors.
+    pub async fn run_unpersisted(&self, request: gw::RunPipelineRequest) -> Result<gw::Run, StageError> {
+        let pipeline = self.factory.parse(&request)?;
+        let run = Self::new_run(pipeline.as_ref(), request.label.clone());
+        let ctx = RunCtx::new(run, 0, None);
+        let outcome = pipeline.run(&ctx).await?;
+        let result = gw::RunResult { result: outcome.result, error: String::new() };
+        ctx.update(|r| {
+            r.state = outcome.state as i32;
+            r.result = Some(result.clone());
+            r.last_sequence = 1;
+            r.updated_at = Some(now());
+        });
+        let run = ctx.snapshot();
+        let (store, stored, request) = (self.store.clone(), run.clone(), request);
+        // Stored off the response path.
+        tokio::spawn(async move {
+            let event = gw::RunEvent {
+                run_id: stored.run_id.clone(),
+                sequence: 1,
+                time: stored.updated_at,
+                event: Some(Event::Completed(gw::RunCompleted { state: stored.state, result: stored.result.clone() })),
+            };
+            let saved = async {
+                store.create(stored, request).await?;
+                store.append_event(event).await
+            };
+            if let Err(e) = saved.await {
+                tracing::warn!(error = %e, "could not store the evaluation run");
+            }
+        });
+        Ok(run)
+    }
+
+    fn spawn(&self, live: Arc<Live>) {
+        let run_id = live.ctx.run_id().to_string();
+        if let Ok(mut m) = self.live.lock() {
+            m.insert(run_id.clone(), live.clone());
+        }
+        let this = self.clone();
+        let mut halt = self.halt.subscribe();
+        tokio::spawn(async move {
+            let ctx = &live.ctx;
+            tokio::select! {
+                outcome = live.pipeline.run(ctx) => {
+                    if let Err(e) = this.finish(ctx, outcome).await {
+                        tracing::error!(run_id = %run_id, error = %e, "could not record the end of a run");
+                    }
+                }
+                () = async { let _ = halt.wait_for(|h| *h).await; } => {
+                    tracing::info!(run_id = %run_id, "gateway stopping; run left to resume");
+                }
+            }
+            if let Ok(mut m) = this.live.lock() {
+                m.remove(&run_id);
+            }
+        });
+    }
+
+    /// Record how a run ended: its state, result and the RunCompleted event.
+    async fn finish(&self, ctx: &RunCtx, outcome: Result<RunOutcome, StageError>) -> Result<(), StageError> {
+        let (state, result) = match outcome {
+            Ok(o) => (o.state, gw::RunResult { result: o.result, error: String::new() }),
+            Err(StageError::Cancelled(_)) if ctx.is_cancelled() => {
+                (gw::RunState::Cancelled, gw::RunResult { result: None, error: String::new() })
+            }
+            Err(e) => {
+                tracing::warn!(run_id = %ctx.run_id(), error = %e, "run failed");
+                (gw::RunState::Failed, gw::RunResult { result: None, error: e.to_string() })
+            }
+        };
+        ctx.update(|r| {
+            r.state = state as i32;
+            r.result = Some(result.clone());
+        });
+        ctx.emit(Event::Completed(gw::RunCompleted { state: state as i32, result: Some(result) })).await
+    }
+
+    /// A run's summary (with result).
+    pub async fn get(&self, run_id: &str) -> Result<gw::Run, StageError> {
+        if let Some(live) = self.live(run_id) {
+            return Ok(live.ctx.snapshot());
+        }
+        self.store.get(run_id).await?.map(|s| s.run).ok_or_else(|| StageError::NotFound(format!("run {run_id}")))
+    }
+
+    /// Replay events after `after`, then follow live ones until the run completes.
+    pub async fn watch(
+        &self,
+        run_id: &str,
+        after: u64,
+    ) -> Result<impl futures::Stream<Item = Result<gw::RunEvent, StageError>> + Send + 'static, StageError> {
+        // Subscribe before reading the past, so nothing falls between the two.
+        let live_rx = self.live(run_id).map(|l| l.ctx.events.subscribe());
+        if live_rx.is_none() && self.store.get(run_id).await?.is_none() {
+            return Err(StageError::NotFound(format!("run {run_id}")));
+        }
+        let past = self.store.events_after(run_id, after).await?;
+        let finished = past.iter().any(|e| matches!(e.event, Some(Event::Completed(_))));
+        Ok(stream::replay_then_follow(past, live_rx.filter(|_| !finished), after))
+    }
+
+    /// Pause, resume or cancel (the engine's), or a pipeline-specific control.
+    pub async fn control(&self, req: gw::ControlRunRequest) -> Result<gw::Run, StageError> {
+        let gw::ControlRunRequest { run_id, action, actor, reason } = req;
+        let Some(action) = action else {
+            return Err(StageError::invalid("action", "is required (pause, resume, accept, cancel or edit_section)"));
+        };
+        let Some(live) = self.live(&run_id) else {
+            let stored = self.store.get(&run_id).await?.ok_or_else(|| StageError::NotFound(format!("run {run_id}")))?;
+            return Err(StageError::FailedPrecondition(format!(
+                "run {run_id} is not in progress (state {})",
+                gw::RunState::try_from(stored.run.state).map(|s| s.as_str_name()).unwrap_or("unknown")
+            )));
+        };
+        tracing::info!(run_id = %run_id, actor = %actor, reason = %reason, "run control");
+        let ctx = &live.ctx;
+        match action {
+            Action::Pause(_) => {
+                ctx.paused.send_replace(true);
+                ctx.update(|r| r.state = gw::RunState::Paused as i32);
+                ctx.emit(Event::StateChanged(gw::RunStateChanged { state: gw::RunState::Paused as i32, reason }))
+                    .await?;
+            }
+            Action::Resume(_) => {
+                ctx.paused.send_replace(false);
+                ctx.update(|r| r.state = gw::RunState::Running as i32);
+                ctx.emit(Event::StateChanged(gw::RunStateChanged { state: gw::RunState::Running as i32, reason }))
+                    .await?;
+            }
+            Action::Cancel(_) => {
+                ctx.paused.send_replace(false);
+                ctx.cancelled.send_replace(true);
+            }
+            other @ (Action::Accept(_) | Action::EditSection(_)) => live.pipeline.control(ctx, other).await?,
+        }
+        Ok(ctx.snapshot())
+    }
+
+    /// Resume every run left unfinished by a previous gateway process: each pipeline is rebuilt
+    /// from its stored request and goes on from its checkpoints.
+    pub async fn resume_unfinished(&self) -> Result<usize, StageError> {
+        let runs = self.store.unfinished().await?;
+        let n = runs.len();
+        for StoredRun { run, request } in runs {
+            if is_terminal(run.state) {
+                continue;
+            }
+            let last = self.store.events_after(&run.run_id, 0).await?.last().map_or(0, |e| e.sequence);
+            let run_id = run.run_id.clone();
+            let ctx = Arc::new(RunCtx::new(run, last, Some(self.store.clone())));
+            let pipeline = match self.factory.parse(&request) {
+                Ok(p) => p,
+                Err(e) => {
+                    // A stored request this gateway cannot run any more fails its run.
+                    self.finish(&ctx, Err(e)).await?;
+                    continue;
+                }
+            };
+            ctx.update(|r| r.state = gw::RunState::Running as i32);
+            ctx.emit(Event::StateChanged(gw::RunStateChanged {
+                state: gw::RunState::Running as i32,
+                reason: "resumed after a gateway restart".into(),
+            }))
+            .await?;
+            tracing::info!(run_id = %run_id, "resuming run");
+            self.spawn(Arc::new(Live { ctx, pipeline }));
+        }
+        Ok(n)
+    }
+}

@@ -1,0 +1,432 @@
+//! Where a checklist pipeline's checklists come from: an explicit checklist, one generated per
+//! distinct input by an instance preset, or one generated from a corpus; then the optional refiner
+//! chain. Parsed once from the pipeline request; produced with stage progress relayed as run
+//! events and each checklist checkpointed, so a resumed run scores against exactly the same ones.
+
+use std::collections::HashMap;
+
+use assay_domain::generator::{Candidate, CorpusRequest, GenerateRequest, Preset};
+use assay_domain::limits::MAX_TEXT_BYTES;
+use assay_domain::refiners::{ActionKind, RefinerStep, StepReport};
+use assay_domain::{Checklist, ModelSpec, StageError, Violations};
+use assay_proto::common::v1 as pb;
+use assay_proto::convert;
+use assay_proto::gateway::v1 as gw;
+use assay_proto::gateway::v1::checklist_source::Source;
+use assay_proto::gateway::v1::run_event::Event;
+use assay_proto::refiners::v1 as ref_pb;
+use futures::StreamExt;
+use sha2::Digest;
+
+use super::Stages;
+use crate::engine::RunCtx;
+
+/// One record of a checklist pipeline.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct EvalRecord {
+    pub id: String,
+    pub input: String,
+    pub target: String,
+    pub reference: String,
+    pub history: String,
+    /// Contrastive candidates (rlcf_candidate, openrubrics_*: chosen first, rejected second).
+    pub candidates: Vec<String>,
+}
+
+impl EvalRecord {
+    /// A wire record, its texts checked (fields named `{field}.*`).
+    pub fn parse(r: gw::EvalRecord, field: &str, v: &mut Violations) -> Self {
+        let gw::EvalRecord { id, input, target, reference, history, candidates } = r;
+        for (name, text) in [("input", &input), ("target", &target), ("reference", &reference), ("history", &history)] {
+            if text.len() > MAX_TEXT_BYTES {
+                v.push(
+                    format!("{field}.{name}"),
+                    format!("is {} bytes; the limit is {MAX_TEXT_BYTES} bytes", text.len()),
+                );
+            }
+        }
+        EvalRecord {
+            id,
+            input,
+            target,
+            reference,
+            history,
+            candidates: candidates.into_iter().map(|c| c.text).collect(),
+        }
+    }
+
+    /// The record's id, else its index.
+    pub fn id_or(&self, index: usize) -> String {
+        if self.id.is_empty() { index.to_string() } else { self.id.clone() }
+    }
+}
+
+/// The checklist source.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ChecklistSource {
+    Explicit(Checklist),
+    Preset(Preset),
+    Corpus(Box<CorpusRequest>),
+}
+
+/// How a pipeline gets its checklists.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChecklistPlan {
+    pub source: ChecklistSource,
+    pub generator_model: ModelSpec,
+    pub max_items: Option<u32>,
+    /// Refiner chain applied to every checklist.
+    pub refiners: Vec<RefinerStep>,
+}
+
+/// The checklists of a run: per record the index of its checklist, and per checklist why it could
+/// not be produced.
+pub struct Produced {
+    pub checklists: Vec<Checklist>,
+    pub record_checklist: Vec<usize>,
+    pub failures: Vec<Option<String>>,
+}
+
+impl ChecklistPlan {
+    /// Parse the source, generation settings and refiner chain of a pipeline, checked with the
+    /// stages' own rules (fields named `pipeline.*`), so a bad request fails before a run exists.
+    pub fn parse(
+        source: Option<gw::ChecklistSource>,
+        generator_model: Option<pb::ModelSpec>,
+        max_items: Option<u32>,
+        refiners: Vec<ref_pb::RefinerStep>,
+        v: &mut Violations,
+    ) -> Option<Self> {
+        let source = match source.and_then(|s| s.source) {
+            Some(Source::Checklist(c)) => {
+                Some(ChecklistSource::Explicit(convert::checklist(Some(c), "pipeline.source.checklist", v)))
+            }
+            Some(Source::Preset(p)) => match convert::generator::preset_from(p, "pipeline.source.preset") {
+                Ok(p) => Some(ChecklistSource::Preset(p)),
+                Err(f) => {
+                    v.push(f.field, f.description);
+                    None
+                }
+            },
+            Some(Source::Corpus(c)) => {
+                match convert::generator::corpus_request(c).and_then(|r| r.validate().map(|()| r)) {
+                    Ok(r) => Some(ChecklistSource::Corpus(Box::new(r))),
+                    Err(e) => {
+                        push_renamed(e, v, |f| format!("pipeline.source.corpus.{f}"));
+                        None
+                    }
+                }
+            }
+            None => {
+                v.push("pipeline.source", "is required (a preset, a checklist or a corpus)");
+                None
+            }
+        };
+        let steps = parse_refiners(refiners, v);
+        if max_items.is_some_and(|m| m == 0 || m > 500) {
+            v.push("pipeline.max_items", "must be between 1 and 500");
+        }
+        let generator_model = convert::model_spec(generator_model, "pipeline.generator_model", v);
+        Some(ChecklistPlan { source: source?, generator_model, max_items, refiners: steps })
+    }
+
+    pub fn preset(&self) -> Option<Preset> {
+        match &self.source {
+            ChecklistSource::Preset(p) => Some(*p),
+            ChecklistSource::Explicit(_) | ChecklistSource::Corpus(_) => None,
+        }
+    }
+
+    /// Whether checklists need stage calls (generation or refinement) before scoring.
+    pub fn needs_stages(&self) -> bool {
+        !matches!(self.source, ChecklistSource::Explicit(_)) || !self.refiners.is_empty()
+    }
+
+    /// The generation request for a record under a preset.
+    pub fn generate_request(&self, preset: Preset, r: &EvalRecord) -> GenerateRequest {
+        let mut req = GenerateRequest::new(preset, r.input.clone());
+        req.reference = r.reference.clone();
+        req.history = r.history.clone();
+        req.max_items = self.max_items;
+        req.model = self.generator_model.clone();
+        match preset {
+            Preset::OpenRubricsPairwise => {
+                req.chosen = r.candidates.first().cloned().unwrap_or_default();
+                req.rejected = r.candidates.get(1).cloned().unwrap_or_default();
+            }
+            Preset::Tick
+            | Preset::RocketEval
+            | Preset::RlcfDirect
+            | Preset::RlcfCandidate
+            | Preset::RlcfCandidatesOnly
+            | Preset::OpenRubricsListwise => {
+                req.candidates = r
+                    .candidates
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| Candidate { id: i.to_string(), text: t.clone(), model: String::new() })
+                    .collect();
+            }
+        }
+        req
+    }
+
+    /// Every record's generation request checked up front (fields named `{records}[i].*`).
+    pub fn validate_generation(
+        &self,
+        records: &[EvalRecord],
+        record_field: impl Fn(usize) -> String,
+    ) -> Vec<(String, String)> {
+        let Some(preset) = self.preset() else { return Vec::new() };
+        let mut out = Vec::new();
+        for (i, r) in records.iter().enumerate() {
+            if let Err(StageError::InvalidArgument(vs)) = self.generate_request(preset, r).validate() {
+                for f in vs {
+                    let field = match f.field.as_str() {
+                        "preset" => "pipeline.source.preset".to_string(),
+                        "max_items" => "pipeline.max_items".to_string(),
+                        "model" => "pipeline.generator_model".to_string(),
+                        "chosen" | "rejected" => format!("{}.candidates", record_field(i)),
+                        other => format!("{}.{other}", record_field(i)),
+                    };
+                    out.push((field, f.description));
+                }
+            }
+        }
+        out
+    }
+
+    /// Key of the checklist a record is scored against.
+    fn key(&self, r: &EvalRecord) -> String {
+        match &self.source {
+            ChecklistSource::Preset(_) => {
+                let mut h = sha2::Sha256::new();
+                for part in [&r.input, &r.reference, &r.history] {
+                    h.update((part.len() as u64).to_le_bytes());
+                    h.update(part.as_bytes());
+                }
+                for c in &r.candidates {
+                    h.update((c.len() as u64).to_le_bytes());
+                    h.update(c.as_bytes());
+                }
+                format!("gen:{}", hex::encode(h.finalize()))
+            }
+            ChecklistSource::Corpus(_) => "corpus".to_string(),
+            ChecklistSource::Explicit(_) => "explicit".to_string(),
+        }
+    }
+
+    /// The run's checklists: one per distinct generation input with a preset, else one. Stored
+    /// ones are reused; missing ones are produced concurrently (`concurrency`). A transient stage
+    /// failure for one of several inputs fails only that input's records; bad input or a rejected
+    /// request fails the run.
+    pub async fn produce_all(
+        &self,
+        ctx: &RunCtx,
+        stages: &Stages,
+        records: &[EvalRecord],
+    ) -> Result<Produced, StageError> {
+        let mut keys: Vec<String> = Vec::new();
+        let mut index: HashMap<String, usize> = HashMap::new();
+        let mut record_checklist = Vec::with_capacity(records.len());
+        for r in records {
+            let key = self.key(r);
+            let k = *index.entry(key.clone()).or_insert_with(|| {
+                keys.push(key);
+                keys.len() - 1
+            });
+            record_checklist.push(k);
+        }
+        let mut found: Vec<Option<Checklist>> = vec![None; keys.len()];
+        for (key, c) in ctx.checkpoints::<pb::Checklist>(CHECKLIST).await? {
+            if let Some(&k) = key.strip_prefix(CHECKLIST).and_then(|key| index.get(key)) {
+                found[k] = Some(decode_checklist(c)?);
+            }
+        }
+        let missing: Vec<usize> = (0..keys.len()).filter(|k| found[*k].is_none()).collect();
+        let record_checklist_ref = &record_checklist;
+        let mut producing = futures::stream::iter(missing)
+            .map(|k| async move {
+                let first = record_checklist_ref.iter().position(|x| *x == k).unwrap_or(0);
+                let out = match ctx.gate().await {
+                    Ok(()) => self.produce(ctx, stages, &records[first], first).await,
+                    Err(e) => Err(e),
+                };
+                (k, out)
+            })
+            .buffer_unordered(stages.concurrency);
+        let mut failures: Vec<Option<String>> = vec![None; keys.len()];
+        while let Some((k, out)) = producing.next().await {
+            let checklist = match out {
+                Ok(c) => c,
+                Err(
+                    e @ (StageError::InvalidArgument(_)
+                    | StageError::FailedPrecondition(_)
+                    | StageError::Unimplemented(_)
+                    | StageError::Cancelled(_)),
+                ) => return Err(e),
+                Err(e) if keys.len() == 1 => return Err(e),
+                Err(e) => {
+                    tracing::warn!(run_id = %ctx.run_id(), error = %e, "checklist generation failed for one input");
+                    failures[k] = Some(e.to_string());
+                    continue;
+                }
+            };
+            let wire = convert::checklist_to(&checklist);
+            ctx.checkpoint(&format!("{CHECKLIST}{}", keys[k]), &wire).await?;
+            let indices =
+                record_checklist.iter().enumerate().filter(|(_, x)| **x == k).map(|(i, _)| i as u32).collect();
+            ctx.emit(Event::ChecklistReady(gw::ChecklistReady { checklist: Some(wire), record_indices: indices }))
+                .await?;
+            found[k] = Some(checklist);
+        }
+        drop(producing);
+        Ok(Produced {
+            checklists: found.into_iter().map(Option::unwrap_or_default).collect(),
+            record_checklist,
+            failures,
+        })
+    }
+
+    /// Produce one checklist (generate or take the given one), then run the refiner chain on it.
+    async fn produce(
+        &self,
+        ctx: &RunCtx,
+        stages: &Stages,
+        record: &EvalRecord,
+        index: usize,
+    ) -> Result<Checklist, StageError> {
+        let mut checklist = match &self.source {
+            ChecklistSource::Preset(preset) => {
+                let out = stages
+                    .generator()?
+                    .generate(self.generate_request(*preset, record))
+                    .await
+                    .map_err(|e| e.map_fields(|f| format!("pipeline.records[{index}].{f}")))?;
+                ctx.add_usage(&out.usage);
+                ctx.add_model(&out.model);
+                out.checklist
+            }
+            ChecklistSource::Corpus(request) => {
+                let generator = stages.generator()?;
+                let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+                let sink = move |p| {
+                    let _ = tx.send(convert::generator::progress_to(&p));
+                };
+                let out = ctx
+                    .relay("generator", &mut rx, generator.generate_corpus((**request).clone(), &sink))
+                    .await?
+                    .map_err(|e| e.map_fields(|f| format!("pipeline.source.corpus.{f}")))?;
+                ctx.add_usage(&out.usage);
+                ctx.add_model(&out.model);
+                out.checklist
+            }
+            ChecklistSource::Explicit(c) => {
+                let mut c = c.clone();
+                if c.id.is_empty() {
+                    c.id = format!("checklist-{}", uuid::Uuid::now_v7());
+                }
+                if c.source_method.is_empty() {
+                    c.source_method = "explicit".into();
+                }
+                c
+            }
+        };
+        if self.refiners.is_empty() {
+            return Ok(checklist);
+        }
+        let refiners = stages.refiners()?;
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let sink = move |s: StepReport| {
+            let _ = tx.send(step_progress(&s));
+        };
+        let out = ctx
+            .relay("refiners", &mut rx, refiners.refine(checklist.items.clone(), self.refiners.clone(), &sink))
+            .await?
+            .map_err(|e| {
+                e.map_fields(|f| match f.strip_prefix("steps") {
+                    Some(rest) => format!("pipeline.refiners{rest}"),
+                    None => format!("pipeline.refiners.{f}"),
+                })
+            })?;
+        ctx.add_usage(&out.usage);
+        if out.items.is_empty() {
+            let removed: Vec<String> = out
+                .actions
+                .iter()
+                .filter(|a| a.kind != ActionKind::Kept)
+                .take(3)
+                .map(|a| format!("{} {}: {}", a.refiner, a.item_id, a.reason))
+                .collect();
+            return Err(StageError::Unavailable(format!(
+                "the refiner chain removed every one of the {} items of checklist {} (first: {})",
+                checklist.items.len(),
+                checklist.id,
+                removed.join("; ")
+            )));
+        }
+        checklist.items = out.items;
+        checklist
+            .metadata
+            .insert("refiners".into(), self.refiners.iter().map(RefinerStep::refiner).collect::<Vec<_>>().join(","));
+        Ok(checklist)
+    }
+}
+
+/// Checkpoint key prefix of the run's checklists.
+const CHECKLIST: &str = "checklist:";
+
+/// A finished refiner step as progress: items in (total) and out (done), and what happened.
+fn step_progress(s: &StepReport) -> pb::Progress {
+    let changed = s.actions.iter().filter(|a| a.kind != ActionKind::Kept).count();
+    pb::Progress {
+        stage: s.refiner.clone(),
+        message: format!("{} items in, {} out ({changed} removed, merged or failed)", s.items_in, s.items_out),
+        done: s.items_out,
+        total: s.items_in,
+    }
+}
+
+/// A stored wire checklist as a domain one (validated).
+fn decode_checklist(c: pb::Checklist) -> Result<Checklist, StageError> {
+    let mut v = Violations::new();
+    let c = convert::checklist(Some(c), "checklist", &mut v);
+    v.into_result().map(|()| c)
+}
+
+fn push_renamed(e: StageError, v: &mut Violations, rename: impl Fn(&str) -> String) {
+    if let StageError::InvalidArgument(vs) = e {
+        for f in vs {
+            v.push(rename(&f.field), f.description);
+        }
+    }
+}
+
+/// The refiner chain, converted and checked with the refiners' own rules (fields named
+/// `pipeline.refiners[i].*`).
+fn parse_refiners(steps: Vec<ref_pb::RefinerStep>, v: &mut Violations) -> Vec<RefinerStep> {
+    let mut ok = true;
+    for (i, s) in steps.iter().enumerate() {
+        if s.step.is_none() {
+            v.push(format!("pipeline.refiners[{i}]"), "must set one of deduplicate, tag, unit_test or select");
+            ok = false;
+        }
+    }
+    if !ok || steps.is_empty() {
+        return Vec::new();
+    }
+    let rename = |f: &str| match f.strip_prefix("steps") {
+        Some(rest) => format!("pipeline.refiners{rest}"),
+        None => format!("pipeline.refiners.{f}"),
+    };
+    let request = ref_pb::RefineChecklistRequest { items: Vec::new(), steps };
+    match convert::refiners::refine_checklist_request(request, "")
+        .and_then(|(_, steps)| assay_domain::refiners::validate_steps(&steps).map(|()| steps))
+    {
+        Ok(steps) => steps,
+        Err(e) => {
+            push_renamed(e, v, rename);
+            Vec::new()
+        }
+    }
+}

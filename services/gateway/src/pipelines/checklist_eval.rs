@@ -1,0 +1,294 @@
+//! The `checklist_eval` pipeline: get the checklists (explicit, per distinct input from a preset, or
+//! from a corpus; refined when asked), then score every record against its checklist, one
+//! checkpoint per record, and aggregate.
+
+use std::collections::HashSet;
+
+use assay_domain::limits::MAX_RECORDS;
+use assay_domain::{
+    AggregateScores, Checklist, ModelRecord, ModelSpec, ScoreRequest, ScoreTarget, ScorerConfig, StageError, Usage,
+    Violations,
+};
+use assay_proto::convert;
+use assay_proto::gateway::v1 as gw;
+use assay_proto::gateway::v1::run_event::Event;
+use futures::StreamExt;
+
+use super::Stages;
+use super::checklist::{ChecklistPlan, EvalRecord, Produced};
+use crate::engine::{Pipeline, RunCtx, RunOutcome};
+
+/// Checkpoint key prefix of the scored records.
+const RECORD: &str = "record:";
+
+/// A parsed checklist evaluation.
+pub struct ChecklistEval {
+    plan: ChecklistPlan,
+    records: Vec<EvalRecord>,
+    scorer: ScorerConfig,
+    /// The caller set scorer options (else the preset's defaults apply).
+    scorer_set: bool,
+    scorer_model: ModelSpec,
+    stages: Stages,
+}
+
+impl ChecklistEval {
+    /// Parse and validate (fields named `pipeline.*`).
+    pub fn parse(p: gw::ChecklistEvalPipeline, stages: Stages) -> Result<Self, StageError> {
+        let gw::ChecklistEvalPipeline {
+            source,
+            records,
+            scorer,
+            generator_model,
+            scorer_model,
+            max_items,
+            refiners,
+            concurrency: _,
+        } = p;
+        let mut v = Violations::new();
+        let scorer_set = scorer.is_some();
+        let plan = ChecklistPlan::parse(source, generator_model, max_items, refiners, &mut v);
+        if records.is_empty() {
+            v.push("pipeline.records", "must not be empty");
+        }
+        if records.len() > MAX_RECORDS {
+            v.push("pipeline.records", format!("has {} records; the limit is {MAX_RECORDS}", records.len()));
+        }
+        let needs_input = plan.as_ref().and_then(ChecklistPlan::preset).is_some();
+        let records: Vec<EvalRecord> = records
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let f = format!("pipeline.records[{i}]");
+                if r.target.trim().is_empty() {
+                    v.push(format!("{f}.target"), "must not be empty");
+                }
+                if needs_input && r.input.trim().is_empty() {
+                    v.push(format!("{f}.input"), "must not be empty: the preset generates a checklist from it");
+                }
+                EvalRecord::parse(r, &f, &mut v)
+            })
+            .collect();
+        let scorer = convert::scorer_config(scorer, "pipeline.scorer", &mut v);
+        let scorer_model = convert::model_spec(scorer_model, "pipeline.scorer_model", &mut v);
+        v.into_result()?;
+        let Some(plan) = plan else { return Err(StageError::invalid("pipeline.source", "is invalid")) };
+        let mut v = Violations::new();
+        for (field, description) in plan.validate_generation(&records, |i| format!("pipeline.records[{i}]")) {
+            v.push(field, description);
+        }
+        v.into_result()?;
+        Ok(Self { plan, records, scorer, scorer_set, scorer_model, stages })
+    }
+
+    /// The scorer configuration: the caller's, else the preset's defaults.
+    fn scorer_config(&self) -> ScorerConfig {
+        match self.plan.preset() {
+            Some(p) if !self.scorer_set => p.default_scorer(),
+            Some(_) | None => self.scorer.clone(),
+        }
+    }
+
+    fn target(&self, checklist: &Checklist, i: usize) -> ScoreTarget {
+        let r = &self.records[i];
+        ScoreTarget {
+            id: r.id_or(i),
+            input: if r.input.is_empty() { checklist.input.clone() } else { r.input.clone() },
+            target: r.target.clone(),
+            reference: r.reference.clone(),
+            history: r.history.clone(),
+        }
+    }
+
+    /// Score one record against its checklist.
+    async fn score_one(
+        &self,
+        checklist: &Checklist,
+        config: &ScorerConfig,
+        i: usize,
+    ) -> Result<(gw::RecordResult, Usage, ModelRecord), StageError> {
+        let request = ScoreRequest {
+            checklist: checklist.clone(),
+            targets: vec![self.target(checklist, i)],
+            config: config.clone(),
+            model: self.scorer_model.clone(),
+        };
+        let out = self.stages.scorer.score(request, &assay_domain::no_events).await?;
+        let score =
+            out.scores.into_iter().next().ok_or_else(|| StageError::Internal("scorer returned no score".into()))?;
+        let mut wire = convert::score_to(&score);
+        wire.target_id = self.records[i].id_or(i);
+        Ok((record_result(i, &self.records[i], &checklist.id, Some(wire), String::new()), out.usage, out.model))
+    }
+
+    /// Without persistence (Evaluate) and with one checklist: every record in one scorer call (the
+    /// scorer runs targets concurrently); its errors are the pipeline's.
+    async fn score_together(
+        &self,
+        ctx: &RunCtx,
+        checklist: &Checklist,
+        config: &ScorerConfig,
+    ) -> Result<(), StageError> {
+        let request = ScoreRequest {
+            checklist: checklist.clone(),
+            targets: (0..self.records.len()).map(|i| self.target(checklist, i)).collect(),
+            config: config.clone(),
+            model: self.scorer_model.clone(),
+        };
+        let out = self.stages.scorer.score(request, &assay_domain::no_events).await.map_err(scorer_fields)?;
+        ctx.add_usage(&out.usage);
+        ctx.add_model(&out.model);
+        for (i, score) in out.scores.iter().enumerate() {
+            let result =
+                record_result(i, &self.records[i], &checklist.id, Some(convert::score_to(score)), String::new());
+            ctx.checkpoint(&record_key(i), &result).await?;
+            ctx.add_done();
+        }
+        Ok(())
+    }
+
+    /// The evaluation result from every stored record, in record order.
+    async fn result(&self, ctx: &RunCtx, checklists: &[Checklist]) -> Result<gw::EvaluateResponse, StageError> {
+        let records: Vec<gw::RecordResult> =
+            ctx.checkpoints::<gw::RecordResult>(RECORD).await?.into_iter().map(|(_, r)| r).collect();
+        let scored: Vec<(assay_domain::Score, &Checklist)> = records
+            .iter()
+            .filter_map(|r| {
+                let cl = checklists.iter().find(|c| c.id == r.checklist_id)?;
+                Some((convert::score_from(r.score.clone()?), cl))
+            })
+            .collect();
+        let aggregate = AggregateScores::compute(scored.iter().map(|(s, c)| (s, *c)));
+        Ok(gw::EvaluateResponse {
+            run_id: ctx.run_id().to_string(),
+            results: records,
+            aggregate: Some(convert::aggregate_to(&aggregate)),
+            checklists: checklists.iter().map(convert::checklist_to).collect(),
+            usage: Some(ctx.usage()),
+            models: ctx.models().iter().map(convert::model_record_to).collect(),
+        })
+    }
+
+    /// The run's end: aggregate event, then the outcome by how many records failed.
+    async fn finish(&self, ctx: &RunCtx, checklists: &[Checklist], cancelled: bool) -> Result<RunOutcome, StageError> {
+        let result = self.result(ctx, checklists).await?;
+        let failed = result.results.iter().filter(|r| r.score.is_none()).count();
+        let state = if cancelled {
+            gw::RunState::Cancelled
+        } else if failed == 0 {
+            gw::RunState::Succeeded
+        } else if failed == self.records.len() {
+            gw::RunState::Failed
+        } else {
+            gw::RunState::Partial
+        };
+        if !cancelled {
+            ctx.emit(Event::Aggregate(gw::AggregateReady { aggregate: result.aggregate.clone() })).await?;
+        }
+        Ok(RunOutcome { state, result: Some(gw::run_result::Result::ChecklistEval(result)) })
+    }
+}
+
+#[async_trait::async_trait]
+impl Pipeline for ChecklistEval {
+    fn kind(&self) -> gw::PipelineKind {
+        gw::PipelineKind::ChecklistEval
+    }
+
+    fn total(&self) -> u32 {
+        self.records.len() as u32
+    }
+
+    async fn run(&self, ctx: &RunCtx) -> Result<RunOutcome, StageError> {
+        let Produced { checklists, record_checklist, failures } =
+            self.plan.produce_all(ctx, &self.stages, &self.records).await?;
+        let config = self.scorer_config();
+        let ok: Vec<Checklist> =
+            checklists.iter().zip(&failures).filter(|(_, f)| f.is_none()).map(|(c, _)| c.clone()).collect();
+        if ctx.is_ephemeral() && checklists.len() == 1 && failures[0].is_none() {
+            self.score_together(ctx, &checklists[0], &config).await?;
+            return self.finish(ctx, &ok, false).await;
+        }
+        let done: HashSet<u32> =
+            ctx.checkpoints::<gw::RecordResult>(RECORD).await?.iter().map(|(_, r)| r.index).collect();
+        ctx.set_done(done.len() as u32);
+        let mut todo: Vec<usize> = (0..self.records.len()).filter(|i| !done.contains(&(*i as u32))).collect();
+        // Records whose checklist could not be produced fail on their own; the others go on.
+        for &i in todo.iter().filter(|i| failures[record_checklist[**i]].is_some()) {
+            let why = failures[record_checklist[i]].clone().unwrap_or_default();
+            let result = record_result(i, &self.records[i], "", None, format!("checklist generation failed: {why}"));
+            ctx.checkpoint(&record_key(i), &result).await?;
+            ctx.add_done();
+            ctx.emit(Event::RecordScored(result)).await?;
+        }
+        todo.retain(|i| failures[record_checklist[*i]].is_none());
+        let (checklists_ref, record_checklist_ref, config_ref) = (&checklists, &record_checklist, &config);
+        let mut work = futures::stream::iter(todo)
+            .map(|i| async move {
+                // Paused runs start no new record; in-flight ones finish.
+                ctx.gate().await?;
+                let checklist = &checklists_ref[record_checklist_ref[i]];
+                Ok::<_, StageError>((i, self.score_one(checklist, config_ref, i).await))
+            })
+            .buffer_unordered(self.stages.concurrency);
+        loop {
+            tokio::select! {
+                next = work.next() => {
+                    let Some(next) = next else { break };
+                    let (i, scored) = match next {
+                        Ok(x) => x,
+                        Err(StageError::Cancelled(_)) if ctx.is_cancelled() => break,
+                        Err(e) => return Err(e),
+                    };
+                    let result = match scored {
+                        Ok((r, usage, model)) => {
+                            ctx.add_usage(&usage);
+                            ctx.add_model(&model);
+                            r
+                        }
+                        Err(e @ (StageError::InvalidArgument(_) | StageError::FailedPrecondition(_) | StageError::Unimplemented(_))) => return Err(e),
+                        Err(e) => record_result(i, &self.records[i], &checklists[record_checklist[i]].id, None, e.to_string()),
+                    };
+                    ctx.checkpoint(&record_key(i), &result).await?;
+                    ctx.add_done();
+                    ctx.emit(Event::RecordScored(result)).await?;
+                }
+                () = ctx.cancelled() => break,
+            }
+        }
+        drop(work);
+        self.finish(ctx, &ok, ctx.is_cancelled()).await
+    }
+}
+
+fn record_key(i: usize) -> String {
+    format!("{RECORD}{i:08}")
+}
+
+fn record_result(
+    i: usize,
+    r: &EvalRecord,
+    checklist_id: &str,
+    score: Option<assay_proto::common::v1::Score>,
+    error: String,
+) -> gw::RecordResult {
+    gw::RecordResult { index: i as u32, record_id: r.id_or(i), checklist_id: checklist_id.to_string(), score, error }
+}
+
+/// A scorer's field names (`targets[i].target`, `checklist.items`) as the pipeline's
+/// (`pipeline.records[i].target`, `pipeline.source.checklist.items`).
+fn scorer_fields(e: StageError) -> StageError {
+    e.map_fields(|field| {
+        if let Some(rest) = field.strip_prefix("targets") {
+            format!("pipeline.records{rest}")
+        } else if let Some(rest) = field.strip_prefix("checklist") {
+            format!("pipeline.source.checklist{rest}")
+        } else if let Some(rest) = field.strip_prefix("config") {
+            format!("pipeline.scorer{rest}")
+        } else if let Some(rest) = field.strip_prefix("model") {
+            format!("pipeline.scorer_model{rest}")
+        } else {
+            format!("pipeline.{field}")
+        }
+    })
+}

@@ -1,0 +1,142 @@
+//! Configuration of one OpenAI-compatible backend.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::retry::Backoff;
+
+/// Name of the request field that carries the token limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MaxTokensField {
+    /// `max_tokens` (most servers: llama.cpp, vLLM, older OpenAI models).
+    #[default]
+    MaxTokens,
+    /// `max_completion_tokens` (newer OpenAI models).
+    MaxCompletionTokens,
+}
+
+impl MaxTokensField {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MaxTokensField::MaxTokens => "max_tokens",
+            MaxTokensField::MaxCompletionTokens => "max_completion_tokens",
+        }
+    }
+}
+
+/// Configuration of one OpenAI-compatible backend.
+#[derive(Clone)]
+pub struct OpenAiConfig {
+    /// Backend name used in [`ChatModel::backend`](crate::types::ChatModel::backend), logs and
+    /// cache keys (default `openai`).
+    pub backend_name: String,
+    /// e.g. `https://api.openai.com/v1` or `http://127.0.0.1:8080/v1` (no trailing path).
+    pub base_url: String,
+    /// Sent as `Authorization: Bearer ...` when set. Never logged.
+    pub api_key: Option<String>,
+    pub default_model: String,
+    pub embedding_model: String,
+    pub max_tokens_field: MaxTokensField,
+    pub max_concurrency: usize,
+    /// Retries after the first attempt.
+    pub max_retries: u32,
+    pub base_backoff: Duration,
+    pub max_backoff: Duration,
+    /// Per-attempt HTTP timeout (also capped by the request deadline).
+    pub request_timeout: Duration,
+    pub connect_timeout: Duration,
+    pub breaker_failures: u32,
+    pub breaker_cooldown: Duration,
+    /// Send `response_format: json_schema`; when false the schema always goes in the prompt.
+    pub supports_json_schema: bool,
+    pub supports_logprobs: bool,
+    /// 5xx statuses that are deterministic and never retried (default 501, 505).
+    pub deterministic_statuses: Vec<u16>,
+}
+
+impl Default for OpenAiConfig {
+    fn default() -> Self {
+        Self {
+            backend_name: "openai".into(),
+            base_url: "https://api.openai.com/v1".into(),
+            api_key: None,
+            default_model: "gpt-4o-mini".into(),
+            embedding_model: "text-embedding-3-small".into(),
+            max_tokens_field: MaxTokensField::MaxTokens,
+            max_concurrency: 16,
+            max_retries: 4,
+            base_backoff: Duration::from_millis(200),
+            max_backoff: Duration::from_secs(8),
+            request_timeout: Duration::from_secs(120),
+            connect_timeout: Duration::from_secs(10),
+            breaker_failures: 5,
+            breaker_cooldown: Duration::from_secs(30),
+            supports_json_schema: true,
+            supports_logprobs: true,
+            deterministic_statuses: vec![501, 505],
+        }
+    }
+}
+
+impl fmt::Debug for OpenAiConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OpenAiConfig")
+            .field("backend_name", &self.backend_name)
+            .field("base_url", &self.base_url)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("default_model", &self.default_model)
+            .field("embedding_model", &self.embedding_model)
+            .field("max_tokens_field", &self.max_tokens_field)
+            .field("max_concurrency", &self.max_concurrency)
+            .field("max_retries", &self.max_retries)
+            .field("base_backoff", &self.base_backoff)
+            .field("max_backoff", &self.max_backoff)
+            .field("request_timeout", &self.request_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("breaker_failures", &self.breaker_failures)
+            .field("breaker_cooldown", &self.breaker_cooldown)
+            .field("supports_json_schema", &self.supports_json_schema)
+            .field("supports_logprobs", &self.supports_logprobs)
+            .field("deterministic_statuses", &self.deterministic_statuses)
+            .finish()
+    }
+}
+
+impl OpenAiConfig {
+    /// Defaults with this base URL.
+    pub fn new(base_url: impl Into<String>) -> Self {
+        Self { base_url: base_url.into(), ..Self::default() }
+    }
+
+    /// Defaults, with `OPENAI_BASE_URL` (default `https://api.openai.com/v1`), `OPENAI_API_KEY`,
+    /// and optionally `OPENAI_MODEL` / `OPENAI_EMBEDDING_MODEL` from the environment.
+    pub fn from_env() -> Self {
+        let var = |name: &str| std::env::var(name).ok().map(|v| v.trim().to_owned()).filter(|v| !v.is_empty());
+        let defaults = Self::default();
+        Self {
+            base_url: var("OPENAI_BASE_URL").unwrap_or(defaults.base_url),
+            api_key: var("OPENAI_API_KEY"),
+            default_model: var("OPENAI_MODEL").unwrap_or(defaults.default_model),
+            embedding_model: var("OPENAI_EMBEDDING_MODEL").unwrap_or(defaults.embedding_model),
+            ..Self::default()
+        }
+    }
+
+    pub(super) fn backoff(&self) -> Backoff {
+        Backoff { base: self.base_backoff, max: self.max_backoff }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_redacts_api_key() {
+        let config = OpenAiConfig { api_key: Some("sk-secret".into()), ..OpenAiConfig::default() };
+        assert!(!format!("{config:?}").contains("sk-secret"));
+    }
+}

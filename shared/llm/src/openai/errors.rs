@@ -1,0 +1,160 @@
+//! Classification of failures: what an HTTP status, a transport error or an unusable body means
+//! for one attempt (retry, retry once, give up), which [`LlmError`] it becomes, and how a failed
+//! call counts for the circuit breaker.
+
+use std::time::{Duration, Instant};
+
+use super::format::complains_about_schema;
+use crate::breaker::Outcome;
+use crate::retry::{StatusClass, classify_status};
+use crate::types::LlmError;
+
+/// One failed attempt.
+#[derive(Debug)]
+pub(super) struct AttemptError {
+    pub(super) error: LlmError,
+    pub(super) status: Option<u16>,
+    pub(super) retry_after: Option<Duration>,
+    pub(super) kind: AttemptKind,
+}
+
+impl AttemptError {
+    /// The request deadline was reached.
+    pub(super) fn deadline() -> Self {
+        Self::permanent(LlmError::DeadlineExceeded)
+    }
+
+    /// A failure without a status that is not worth retrying.
+    pub(super) fn permanent(error: LlmError) -> Self {
+        Self { error, status: None, retry_after: None, kind: AttemptKind::Permanent }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum AttemptKind {
+    Transient,
+    /// A 200 whose body could not be used: retried once.
+    Malformed,
+    Permanent,
+}
+
+/// A failed call (after retries).
+#[derive(Debug)]
+pub(super) struct CallError {
+    pub(super) error: LlmError,
+    pub(super) status: Option<u16>,
+    pub(super) retries: u32,
+}
+
+const BODY_SNIPPET: usize = 300;
+
+fn snippet(body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(body);
+    let one_line: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    match one_line.char_indices().nth(BODY_SNIPPET) {
+        Some((cut, _)) => format!("{}...", &one_line[..cut]),
+        None => one_line,
+    }
+}
+
+/// An error and its sources, `: `-separated.
+pub(super) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        out.push_str(": ");
+        out.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    out
+}
+
+pub(super) fn deadline_passed(deadline: Option<Instant>) -> bool {
+    deadline.is_some_and(|d| Instant::now() >= d)
+}
+
+fn status_error(status: u16, body: &[u8]) -> LlmError {
+    let detail = format!("http {status}: {}", snippet(body));
+    match status {
+        401 | 403 => LlmError::Unauthorized(detail),
+        429 => LlmError::RateLimited(detail),
+        500..=599 => LlmError::Unavailable(detail),
+        _ => LlmError::InvalidRequest(detail),
+    }
+}
+
+/// How a failed call counts for the circuit breaker.
+pub(super) fn breaker_outcome(error: &LlmError) -> Outcome {
+    match error {
+        LlmError::InvalidRequest(_) | LlmError::Unauthorized(_) | LlmError::Unsupported(_) => Outcome::Healthy,
+        LlmError::RateLimited(_) | LlmError::Unavailable(_) | LlmError::MalformedReply(_) => Outcome::Failed,
+        LlmError::DeadlineExceeded => Outcome::Neutral,
+    }
+}
+
+/// A transport error of one attempt whose HTTP timeout was `timeout`. `capped_by_deadline`: the
+/// deadline, not `request_timeout`, set that timeout, so a timeout means the deadline is (about)
+/// reached.
+pub(super) fn transport_error(
+    e: reqwest::Error,
+    deadline: Option<Instant>,
+    capped_by_deadline: bool,
+    timeout: Duration,
+) -> AttemptError {
+    if deadline_passed(deadline) || (e.is_timeout() && capped_by_deadline) {
+        return AttemptError::deadline();
+    }
+    let e = e.without_url();
+    let (error, kind) = if e.is_builder() {
+        (LlmError::InvalidRequest(format!("building request: {}", error_chain(&e))), AttemptKind::Permanent)
+    } else if e.is_timeout() {
+        (LlmError::Unavailable(format!("timed out after {} ms", timeout.as_millis())), AttemptKind::Transient)
+    } else if e.is_connect() {
+        (LlmError::Unavailable(format!("connect error: {}", error_chain(&e))), AttemptKind::Transient)
+    } else {
+        (LlmError::Unavailable(format!("transport error: {}", error_chain(&e))), AttemptKind::Transient)
+    };
+    AttemptError { error, status: None, retry_after: None, kind }
+}
+
+/// The outcome of an attempt that got an HTTP answer: the parsed body on success, else the
+/// classified failure. `sent_response_format`: the request carried a `response_format`.
+pub(super) fn classify_reply<T>(
+    status: u16,
+    bytes: &[u8],
+    retry_after: Option<Duration>,
+    sent_response_format: bool,
+    deterministic_statuses: &[u16],
+    parse: &impl Fn(&[u8]) -> Result<T, String>,
+) -> Result<T, AttemptError> {
+    match classify_status(status, deterministic_statuses) {
+        StatusClass::Success => parse(bytes).map_err(|why| AttemptError {
+            error: LlmError::MalformedReply(format!("{why} (body: {})", snippet(bytes))),
+            status: Some(status),
+            retry_after: None,
+            kind: AttemptKind::Malformed,
+        }),
+        // Some servers (llama-cpp-python) answer an unsupported response_format with a 500
+        // that names it: not transient, and the caller falls back to the prompt form.
+        StatusClass::Transient if sent_response_format && complains_about_schema(bytes) => Err(AttemptError {
+            error: status_error(status, bytes),
+            status: Some(status),
+            retry_after: None,
+            kind: AttemptKind::Permanent,
+        }),
+        StatusClass::Transient => Err(AttemptError {
+            error: status_error(status, bytes),
+            status: Some(status),
+            retry_after,
+            kind: AttemptKind::Transient,
+        }),
+        StatusClass::Permanent => {
+            let error = if deterministic_statuses.contains(&status) {
+                LlmError::Unsupported(format!("http {status}: {}", snippet(bytes)))
+            } else {
+                status_error(status, bytes)
+            };
+            Err(AttemptError { error, status: Some(status), retry_after: None, kind: AttemptKind::Permanent })
+        }
+    }
+}

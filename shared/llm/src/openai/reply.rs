@@ -1,0 +1,117 @@
+//! Reading replies: checking a 200 body is usable, and turning it into a [`ChatResponse`] or an
+//! [`EmbeddingResponse`].
+
+use super::wire;
+use crate::json::extract_json;
+use crate::types::{ChatRequest, ChatResponse, EmbeddingResponse, ResponseFormat, Usage};
+
+/// Map a reply onto one of `options` (trimmed, case-insensitive, surrounding quotes and
+/// punctuation ignored); `None` when it matches none.
+pub fn normalise_choice(text: &str, options: &[String]) -> Option<String> {
+    let cleaned = text.trim().trim_matches(|c: char| c.is_whitespace() || c.is_ascii_punctuation());
+    options.iter().find(|option| option.trim().eq_ignore_ascii_case(cleaned)).cloned()
+}
+
+/// A chat completion body, which must have at least one choice.
+pub(super) fn parse_chat(bytes: &[u8]) -> Result<wire::ChatCompletion, String> {
+    let completion: wire::ChatCompletion =
+        serde_json::from_slice(bytes).map_err(|e| format!("chat completion is not valid json: {e}"))?;
+    if completion.choices.as_ref().is_none_or(Vec::is_empty) {
+        return Err("chat completion has no choices".into());
+    }
+    Ok(completion)
+}
+
+/// An embedding list body, which must have `expected` embeddings.
+pub(super) fn parse_embeddings(bytes: &[u8], expected: usize) -> Result<wire::EmbeddingList, String> {
+    let mut list: wire::EmbeddingList =
+        serde_json::from_slice(bytes).map_err(|e| format!("embedding list is not valid json: {e}"))?;
+    let data = list.data.get_or_insert_with(Vec::new);
+    if data.len() != expected {
+        return Err(format!("expected {expected} embeddings, got {}", data.len()));
+    }
+    Ok(list)
+}
+
+/// The response to `request` from its first choice. `model` is the requested model (used when the
+/// reply names none); `supports_logprobs` is the backend's configuration.
+pub(super) fn chat_response(
+    request: &ChatRequest,
+    model: &str,
+    completion: wire::ChatCompletion,
+    retries: u32,
+    supports_logprobs: bool,
+) -> ChatResponse {
+    let wire_usage = completion.usage.unwrap_or_default();
+    let choice = completion.choices.and_then(|c| c.into_iter().next()).unwrap_or_default();
+    let raw_text = choice.message.and_then(|m| m.content).or(choice.text).unwrap_or_default();
+    let text = match &request.response_format {
+        ResponseFormat::Choice(options) => normalise_choice(&raw_text, options).unwrap_or(raw_text),
+        ResponseFormat::Text | ResponseFormat::JsonSchema { .. } => raw_text,
+    };
+    let json = match &request.response_format {
+        ResponseFormat::JsonSchema { .. } => extract_json(&text),
+        ResponseFormat::Text | ResponseFormat::Choice(_) => None,
+    };
+    let first_token_logprobs = if request.top_logprobs.is_some() && supports_logprobs {
+        wire::first_token_logprobs(choice.logprobs.as_ref())
+    } else {
+        None
+    };
+    ChatResponse {
+        text,
+        json,
+        first_token_logprobs,
+        finish_reason: wire::finish_reason(choice.finish_reason.as_deref()),
+        model: completion.model.filter(|m| !m.is_empty()).unwrap_or_else(|| model.to_owned()),
+        usage: Usage {
+            calls: 1,
+            prompt_tokens: wire_usage.prompt_tokens.unwrap_or(0),
+            completion_tokens: wire_usage.completion_tokens.unwrap_or(0),
+            cache_hits: 0,
+            retries,
+            schema_fallbacks: 0,
+        },
+        schema_fallback: false,
+        cached: false,
+    }
+}
+
+/// The vectors in input order (by each item's `index`, else its position). `model` is the
+/// requested model (used when the reply names none).
+pub(super) fn embedding_response(list: wire::EmbeddingList, model: String, retries: u32) -> EmbeddingResponse {
+    let mut data: Vec<(usize, Vec<f32>)> = list
+        .data
+        .unwrap_or_default()
+        .into_iter()
+        .enumerate()
+        .map(|(position, item)| (item.index.unwrap_or(position), item.embedding))
+        .collect();
+    data.sort_by_key(|(index, _)| *index);
+    let wire_usage = list.usage.unwrap_or_default();
+    EmbeddingResponse {
+        vectors: data.into_iter().map(|(_, v)| v).collect(),
+        model: list.model.filter(|m| !m.is_empty()).unwrap_or(model),
+        usage: Usage {
+            calls: 1,
+            prompt_tokens: wire_usage.prompt_tokens.unwrap_or(0),
+            completion_tokens: 0,
+            cache_hits: 0,
+            retries,
+            schema_fallbacks: 0,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn choice_normalisation() {
+        let options = vec!["YES".to_owned(), "NO".to_owned()];
+        assert_eq!(normalise_choice(" yes.\n", &options), Some("YES".into()));
+        assert_eq!(normalise_choice("\"No\"", &options), Some("NO".into()));
+        assert_eq!(normalise_choice("maybe", &options), None);
+    }
+}

@@ -1,0 +1,122 @@
+//! The chat request body: sampling fields, the token limit under its configured name, and the
+//! response format written in the given schema delivery form.
+
+use serde_json::{Value, json};
+
+use super::config::OpenAiConfig;
+use super::format::SchemaDelivery;
+use crate::types::{ChatRequest, Message, ResponseFormat, Role};
+
+fn append_to_last_user(messages: &mut Vec<Message>, instruction: &str) {
+    match messages.iter_mut().rev().find(|m| m.role == Role::User) {
+        Some(message) => {
+            message.content.push_str("\n\n");
+            message.content.push_str(instruction);
+        }
+        None => messages.push(Message::user(instruction)),
+    }
+}
+
+/// The instruction appended to the prompt when a schema cannot go in `response_format`.
+pub fn schema_instruction(schema: &Value) -> String {
+    format!("Reply with only a JSON value matching this JSON schema: {schema}")
+}
+
+/// The instruction appended to the prompt for [`ResponseFormat::Choice`].
+pub fn choice_instruction(options: &[String]) -> String {
+    format!("Answer with exactly one of: {}", options.join(", "))
+}
+
+/// The `/chat/completions` body for `request`, with its schema delivered as `delivery`.
+pub(super) fn chat_body(config: &OpenAiConfig, request: &ChatRequest, model: &str, delivery: SchemaDelivery) -> Value {
+    let mut messages = request.messages.clone();
+    let mut body = serde_json::Map::new();
+    match (&request.response_format, delivery) {
+        (ResponseFormat::JsonSchema { name, schema }, SchemaDelivery::ResponseFormat) => {
+            body.insert(
+                "response_format".into(),
+                json!({"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": true}}),
+            );
+        }
+        (ResponseFormat::JsonSchema { schema, .. }, SchemaDelivery::JsonObject) => {
+            body.insert("response_format".into(), json!({"type": "json_object", "schema": schema}));
+            append_to_last_user(&mut messages, &schema_instruction(schema));
+        }
+        (ResponseFormat::JsonSchema { schema, .. }, SchemaDelivery::Prompt | SchemaDelivery::None) => {
+            append_to_last_user(&mut messages, &schema_instruction(schema));
+        }
+        (ResponseFormat::Choice(options), _) => append_to_last_user(&mut messages, &choice_instruction(options)),
+        (ResponseFormat::Text, _) => {}
+    }
+    body.insert("model".into(), json!(model));
+    body.insert("messages".into(), json!(messages));
+    if let Some(t) = request.temperature {
+        body.insert("temperature".into(), json!(t));
+    }
+    if let Some(p) = request.top_p {
+        body.insert("top_p".into(), json!(p));
+    }
+    if let Some(seed) = request.seed {
+        body.insert("seed".into(), json!(seed));
+    }
+    if let Some(max) = request.max_tokens {
+        body.insert(config.max_tokens_field.as_str().into(), json!(max));
+    }
+    if !request.stop.is_empty() {
+        body.insert("stop".into(), json!(request.stop));
+    }
+    if let Some(k) = request.top_logprobs
+        && config.supports_logprobs
+    {
+        body.insert("logprobs".into(), json!(true));
+        body.insert("top_logprobs".into(), json!(k.clamp(1, 20)));
+    }
+    Value::Object(body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::openai::config::MaxTokensField;
+
+    #[test]
+    fn body_has_fields_and_configured_max_tokens_name() {
+        let config = OpenAiConfig { max_tokens_field: MaxTokensField::MaxCompletionTokens, ..OpenAiConfig::default() };
+        let request = ChatRequest {
+            messages: vec![Message::system("s"), Message::user("q")],
+            temperature: Some(0.0),
+            seed: Some(7),
+            max_tokens: Some(12),
+            stop: vec!["\n".into()],
+            top_logprobs: Some(50),
+            ..ChatRequest::default()
+        };
+        let body = chat_body(&config, &request, "m", SchemaDelivery::None);
+        assert_eq!(body["max_completion_tokens"], 12);
+        assert!(body.get("max_tokens").is_none());
+        assert_eq!(body["seed"], 7);
+        assert_eq!(body["logprobs"], true);
+        assert_eq!(body["top_logprobs"], 20);
+        assert_eq!(body["stop"], json!(["\n"]));
+        assert!(body.get("response_format").is_none());
+        assert!(body.get("top_p").is_none());
+    }
+
+    #[test]
+    fn schema_delivery_forms() {
+        let config = OpenAiConfig::default();
+        let schema = json!({"type": "object"});
+        let request = ChatRequest {
+            messages: vec![Message::user("q"), Message::assistant("a")],
+            response_format: ResponseFormat::JsonSchema { name: "s".into(), schema: schema.clone() },
+            ..ChatRequest::default()
+        };
+        let native = chat_body(&config, &request, "m", SchemaDelivery::ResponseFormat);
+        assert_eq!(native["response_format"]["json_schema"]["strict"], true);
+        assert_eq!(native["messages"][0]["content"], "q");
+        let prompt = chat_body(&config, &request, "m", SchemaDelivery::Prompt);
+        assert!(prompt.get("response_format").is_none());
+        let content = prompt["messages"][0]["content"].as_str().unwrap();
+        assert!(content.starts_with("q\n\n") && content.contains(&schema.to_string()));
+    }
+}

@@ -1,0 +1,70 @@
+//! The refiners service's checklist chain over gRPC.
+
+use assay_domain::refiners::{ChainOutcome, ChecklistRefiner, RefinerStep, StepReport};
+use assay_domain::{ChecklistItem, EventSink, StageError};
+use assay_proto::convert::refiners as convert;
+use assay_proto::refiners::v1::RefineChecklistStreamRequest;
+use assay_proto::refiners::v1::refine_checklist_stream_response::Event;
+use assay_proto::refiners::v1::refiners_service_client::RefinersServiceClient;
+use tonic::codegen::InterceptedService;
+use tonic::transport::Channel;
+
+use crate::auth::BearerInterceptor;
+use crate::{from_status, outgoing};
+
+/// Field paths of a RefineChecklistStream error, back to the chain's (`request.x` -> `x`).
+fn from_stream(e: StageError) -> StageError {
+    e.map_fields(|f| match f.strip_prefix("request.") {
+        Some(rest) => rest.to_string(),
+        None => f,
+    })
+}
+
+/// The refiners stage over gRPC (RefineChecklistStream: each finished step is reported as it
+/// completes).
+#[derive(Clone)]
+pub struct RemoteRefiners {
+    client: RefinersServiceClient<InterceptedService<Channel, BearerInterceptor>>,
+}
+
+impl RemoteRefiners {
+    /// A client on `channel` (see [`super::channel`]).
+    pub fn new(channel: Channel, token: Option<&str>) -> Self {
+        let client = RefinersServiceClient::with_interceptor(channel, BearerInterceptor::new(token))
+            .max_decoding_message_size(assay_domain::limits::MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(assay_domain::limits::MAX_MESSAGE_BYTES);
+        Self { client }
+    }
+}
+
+#[async_trait::async_trait]
+impl ChecklistRefiner for RemoteRefiners {
+    async fn refine(
+        &self,
+        items: Vec<ChecklistItem>,
+        steps: Vec<RefinerStep>,
+        events: EventSink<'_, StepReport>,
+    ) -> Result<ChainOutcome, StageError> {
+        let mut client = self.client.clone();
+        let msg = RefineChecklistStreamRequest { request: Some(convert::refine_checklist_request_to(&items, &steps)) };
+        let mut stream =
+            client.refine_checklist_stream(outgoing(msg)).await.map_err(|s| from_stream(from_status(s)))?.into_inner();
+        let mut reports = Vec::new();
+        while let Some(reply) = stream.message().await.map_err(|s| from_stream(from_status(s)))? {
+            match reply.event {
+                Some(Event::StepCompleted(s)) => {
+                    let report = convert::step_completed_from(s);
+                    events(report.clone());
+                    reports.push(report);
+                }
+                Some(Event::Result(r)) => {
+                    let mut out = convert::refine_checklist_response_from(r)?;
+                    out.steps = reports;
+                    return Ok(out);
+                }
+                Some(Event::Progress(_)) | None => {}
+            }
+        }
+        Err(StageError::Unavailable("the refiners' chain stream ended without a result".into()))
+    }
+}
