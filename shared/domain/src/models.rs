@@ -5,7 +5,8 @@ use std::sync::Arc;
 use assay_llm::phases::{Backends, ModelSettings, PhaseModels};
 use assay_llm::{CachePolicy, ChatModel, EmbeddingModel};
 
-use crate::{ModelRecord, ModelSpec, StageError};
+use crate::error::StageError;
+use crate::model::{ModelRecord, ModelSpec};
 
 /// Backends plus per-phase settings: what every model-using stage needs.
 #[derive(Clone, Debug, Default)]

@@ -5,7 +5,13 @@
 use std::collections::{BTreeMap, HashSet};
 
 use crate::limits::{MAX_QUESTION_BYTES, MAX_RECORDS, MAX_TEXT_BYTES};
-use crate::{Answer, ChecklistItem, EventSink, ModelSpec, StageError, Usage, Violations};
+use assay_llm::Usage;
+
+use crate::checklist::ChecklistItem;
+use crate::error::{StageError, Violations};
+use crate::model::ModelSpec;
+use crate::score::Answer;
+use crate::stage::EventSink;
 
 /// Refiner names as they appear in actions and step reports.
 pub mod names {

@@ -172,8 +172,9 @@ impl Score {
         let n = item_scores.len();
         let yes = item_scores.iter().filter(|s| s.is_yes()).count();
         let pass_rate = if n == 0 { 0.0 } else { yes as f64 / n as f64 };
-        let weight_of =
-            |id: &str| checklist.items.iter().find(|i| i.id == id).map_or(crate::DEFAULT_WEIGHT, |i| i.weight);
+        let weight_of = |id: &str| {
+            checklist.items.iter().find(|i| i.id == id).map_or(crate::checklist::DEFAULT_WEIGHT, |i| i.weight)
+        };
         let total_weight: f64 = item_scores.iter().map(|s| weight_of(&s.item_id)).sum();
         let yes_weight: f64 = item_scores.iter().filter(|s| s.is_yes()).map(|s| weight_of(&s.item_id)).sum();
         let weighted_score = if total_weight > 0.0 { yes_weight / total_weight } else { 0.0 };

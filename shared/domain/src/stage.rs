@@ -3,7 +3,12 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{AggregateScores, Checklist, ModelRecord, ModelSpec, Score, ScorerConfig, StageError, Usage};
+use assay_llm::Usage;
+
+use crate::checklist::Checklist;
+use crate::error::StageError;
+use crate::model::{ModelRecord, ModelSpec};
+use crate::score::{AggregateScores, Score, ScorerConfig};
 
 /// One response to be judged.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]

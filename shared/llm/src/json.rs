@@ -2,6 +2,19 @@
 
 use serde_json::Value;
 
+/// The list in a reply's JSON: `v` itself when it is an array, else the first of `keys` holding an
+/// array, else the first array value of the object.
+pub fn find_list<'a>(v: &'a Value, keys: &[&str]) -> Option<&'a Vec<Value>> {
+    match v {
+        Value::Array(a) => Some(a),
+        Value::Object(o) => keys
+            .iter()
+            .find_map(|k| o.get(*k).and_then(Value::as_array))
+            .or_else(|| o.values().find_map(Value::as_array)),
+        Value::Null | Value::Bool(_) | Value::Number(_) | Value::String(_) => None,
+    }
+}
+
 /// Extract a JSON value from a model reply.
 ///
 /// Tried in order: the whole (trimmed) text; the first ```` ``` ```` fenced block (```` ```json ````

@@ -83,3 +83,11 @@ impl EmbeddingModel for LazyBackend {
         }
     }
 }
+
+/// Loads an extra backend (e.g. the embedded local models) by name; set by binaries that link one.
+#[async_trait::async_trait]
+pub trait BackendLoader: Send + Sync {
+    /// Backend kind this loader builds (e.g. `local`).
+    fn kind(&self) -> &str;
+    async fn load(&self, name: &str, config: &assay_config::BackendConfig) -> Result<BackendPair, String>;
+}

@@ -20,6 +20,8 @@ use tonic::service::Routes;
 pub use assay_config;
 
 pub mod lazy;
+
+pub use lazy::BackendLoader;
 #[cfg(feature = "embedded")]
 pub mod local;
 
@@ -33,14 +35,6 @@ pub fn default_loaders() -> Vec<&'static dyn BackendLoader> {
     {
         Vec::new()
     }
-}
-
-/// Loads an extra backend (e.g. the embedded local models) by name; set by binaries that link one.
-#[async_trait::async_trait]
-pub trait BackendLoader: Send + Sync {
-    /// Backend kind this loader builds (e.g. `local`).
-    fn kind(&self) -> &str;
-    async fn load(&self, name: &str, config: &assay_config::BackendConfig) -> Result<lazy::BackendPair, String>;
 }
 
 /// Configuration file from `--config <path>` or `ASSAY_CONFIG`.

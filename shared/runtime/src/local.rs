@@ -6,7 +6,7 @@ use std::sync::Arc;
 use assay_embedded::{LocalBackend, LocalModelChoice};
 use assay_llm::{ChatModel, EmbeddingModel};
 
-use crate::BackendLoader;
+use crate::lazy::{BackendLoader, BackendPair};
 
 /// Loads `kind = "local"` backends: models from `models_dir` (default `ASSAY_MODELS_DIR` or
 /// `~/.cache/assay/models`), chat model `model` ("smollm2" default, or "gemma3").
@@ -31,7 +31,7 @@ impl BackendLoader for LocalLoader {
         "local"
     }
 
-    async fn load(&self, name: &str, entry: &assay_config::BackendConfig) -> Result<crate::lazy::BackendPair, String> {
+    async fn load(&self, name: &str, entry: &assay_config::BackendConfig) -> Result<BackendPair, String> {
         let dir = models_dir(entry);
         let which = choice(&entry.model)?;
         if !assay_embedded::models_present(&dir) {

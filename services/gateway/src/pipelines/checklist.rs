@@ -18,7 +18,7 @@ use assay_proto::refiners::v1 as ref_pb;
 use futures::StreamExt;
 use sha2::Digest;
 
-use super::Stages;
+use super::stages::Stages;
 use crate::engine::RunCtx;
 
 /// One record of a checklist pipeline.

@@ -14,8 +14,8 @@ use assay_proto::gateway::v1 as gw;
 use assay_proto::gateway::v1::run_event::Event;
 use futures::StreamExt;
 
-use super::Stages;
 use super::checklist::{ChecklistPlan, EvalRecord, Produced};
+use super::stages::Stages;
 use crate::engine::{Pipeline, RunCtx, RunOutcome};
 
 /// Checkpoint key prefix of the scored records.

@@ -5,8 +5,8 @@ use assay_domain::{StageError, Violations};
 use assay_proto::convert;
 use assay_proto::gateway::v1 as gw;
 
-use super::Stages;
 use super::checklist::{ChecklistPlan, ChecklistSource, EvalRecord, Produced};
+use super::stages::Stages;
 use crate::engine::{Pipeline, RunCtx, RunOutcome};
 
 /// A parsed generate-only pipeline.

@@ -77,7 +77,8 @@ pub fn parse_reply(reply: &ChatResponse, shape: ItemShape) -> Result<ParsedReply
         .clone()
         .or_else(|| assay_llm::extract_json(&reply.text))
         .ok_or_else(|| format!("the reply holds no JSON value (reply starts with {:?})", preview(&reply.text)))?;
-    let list = find_list(&value).ok_or_else(|| "the reply's JSON has no list of questions".to_string())?;
+    let list = assay_llm::json::find_list(&value, LIST_KEYS)
+        .ok_or_else(|| "the reply's JSON has no list of questions".to_string())?;
     let mut out = ParsedReply::default();
     for entry in list {
         match parse_entry(entry, shape) {
@@ -95,17 +96,6 @@ pub(crate) fn preview(text: &str) -> String {
         end -= 1;
     }
     t[..end].to_string()
-}
-
-fn find_list(v: &Value) -> Option<&Vec<Value>> {
-    match v {
-        Value::Array(a) => Some(a),
-        Value::Object(o) => LIST_KEYS
-            .iter()
-            .find_map(|k| o.get(*k).and_then(Value::as_array))
-            .or_else(|| o.values().find_map(Value::as_array)),
-        Value::Null | Value::Bool(_) | Value::Number(_) | Value::String(_) => None,
-    }
 }
 
 fn parse_entry(entry: &Value, shape: ItemShape) -> Option<ParsedItem> {

@@ -3,9 +3,12 @@
 
 use assay_domain::{ChecklistItem, EventSink, StageError};
 
-use super::{
-    ChainOutcome, ChecklistRefiners, RefinerStep, StepOutcome, StepReport, dedup, selector, tagger, unit_tester,
-};
+use super::base::ChecklistRefiners;
+use super::dedup;
+use super::selector;
+use super::tagger;
+use super::unit_tester;
+use assay_domain::refiners::{ChainOutcome, RefinerStep, StepOutcome, StepReport};
 
 pub(super) async fn run(
     core: &ChecklistRefiners,

@@ -10,10 +10,8 @@ use assay_llm::{ChatResponse, ResponseFormat};
 use futures::StreamExt;
 use serde_json::{Value, json};
 
-use super::{
-    ActionKind, ChecklistRefiners, DEFAULT_DEDUP_THRESHOLD, DedupOptions, MERGE_TEMPLATE, RefinerAction, StepOutcome,
-    chat_request, names, preview, reply_json,
-};
+use super::base::{ChecklistRefiners, MERGE_TEMPLATE, chat_request, preview, reply_json};
+use assay_domain::refiners::{ActionKind, DEFAULT_DEDUP_THRESHOLD, DedupOptions, RefinerAction, StepOutcome, names};
 
 /// Max tokens of a merge reply unless configured.
 const MERGE_MAX_TOKENS: u32 = 256;
@@ -224,7 +222,7 @@ pub(super) async fn run(
     }
     // Resolve both models before the first call, so a bad backend name costs nothing.
     let chat = core.chat(&options.model, "model")?;
-    core.hub.embedding(super::PHASE, &options.embedding_model, "embedding_model")?;
+    core.hub.embedding(super::base::PHASE, &options.embedding_model, "embedding_model")?;
     let mut usage = Usage::default();
     let texts = items.iter().map(|i| i.question.clone()).collect();
     let (vectors, u) = core.embed(&options.embedding_model, "embedding_model", texts).await?;

@@ -18,10 +18,11 @@ use std::collections::HashMap;
 
 use assay_domain::{ChecklistItem, StageError, Usage};
 
+use super::base::ChecklistRefiners;
 use super::dedup::{Similarity, cosine_matrix};
-use super::{
-    ActionKind, ChecklistRefiners, CoverageEntry, DEFAULT_ALPHA, DEFAULT_BEAM_WIDTH, DEFAULT_LENGTH_PENALTY,
-    DEFAULT_MAX_QUESTIONS, RefinerAction, SelectOptions, StepOutcome, names,
+use assay_domain::refiners::{
+    ActionKind, CoverageEntry, DEFAULT_ALPHA, DEFAULT_BEAM_WIDTH, DEFAULT_LENGTH_PENALTY, DEFAULT_MAX_QUESTIONS,
+    RefinerAction, SelectOptions, StepOutcome, names,
 };
 
 /// Beam search parameters.

@@ -9,10 +9,8 @@ use assay_llm::{ChatResponse, ResponseFormat};
 use futures::StreamExt;
 use serde_json::{Value, json};
 
-use super::{
-    ActionKind, ChecklistRefiners, ItemTag, RefinerAction, StepOutcome, TAG_TEMPLATE, TagOptions, chat_request, names,
-    preview, reply_json,
-};
+use super::base::{ChecklistRefiners, TAG_TEMPLATE, chat_request, preview, reply_json};
+use assay_domain::refiners::{ActionKind, ItemTag, RefinerAction, StepOutcome, TagOptions, names};
 
 /// Max tokens of a tagging reply unless configured.
 const TAG_MAX_TOKENS: u32 = 512;

@@ -21,9 +21,10 @@ use assay_domain::{
 use assay_llm::ResponseFormat;
 use futures::StreamExt;
 
-use super::{
-    ActionKind, ChecklistRefiners, DEFAULT_ENFORCEABILITY_THRESHOLD, DEFAULT_MAX_SAMPLES, DEFAULT_SEED,
-    ItemEnforceability, REWRITE_TEMPLATE, RefinerAction, StepOutcome, UnitTestOptions, chat_request, names,
+use super::base::{ChecklistRefiners, REWRITE_TEMPLATE, chat_request};
+use assay_domain::refiners::{
+    ActionKind, DEFAULT_ENFORCEABILITY_THRESHOLD, DEFAULT_MAX_SAMPLES, DEFAULT_SEED, ItemEnforceability, RefinerAction,
+    StepOutcome, UnitTestOptions, names,
 };
 
 fn splitmix64(state: &mut u64) -> u64 {

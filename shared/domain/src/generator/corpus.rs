@@ -3,9 +3,12 @@
 //! interacteval (interactive), their defaults, the request and its validation.
 
 use crate::limits::{MAX_CHECKLIST_ITEMS, MAX_TEXT_BYTES};
-use crate::{
-    Checklist, ModelRecord, ModelSpec, PrimaryMetric, ScorerConfig, ScoringMode, StageError, Usage, Violations,
-};
+use assay_llm::Usage;
+
+use crate::checklist::Checklist;
+use crate::error::{StageError, Violations};
+use crate::model::{ModelRecord, ModelSpec};
+use crate::score::{PrimaryMetric, ScorerConfig, ScoringMode};
 
 /// Upper bound of interacteval's validated list unless the request sets `refinement.max_questions`.
 pub const MAX_FINAL_QUESTIONS: u32 = 15;

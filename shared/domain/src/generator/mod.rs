@@ -6,7 +6,13 @@ pub mod corpus;
 pub mod preset;
 
 use crate::limits::{MAX_CHECKLIST_ITEMS, MAX_TEXT_BYTES};
-use crate::{Checklist, EventSink, ModelRecord, ModelSpec, ScorerConfig, StageError, Usage, Violations};
+use assay_llm::Usage;
+
+use crate::checklist::Checklist;
+use crate::error::{StageError, Violations};
+use crate::model::{ModelRecord, ModelSpec};
+use crate::score::ScorerConfig;
+use crate::stage::EventSink;
 
 pub use corpus::{
     AugmentationMode, CorpusOutcome, CorpusPreset, CorpusProgress, CorpusRefinement, CorpusRequest, Dimension,

@@ -1,6 +1,7 @@
 //! Instance-level presets and their defaults (REFERENCE section 2).
 
-use crate::{GenerationLevel, PrimaryMetric, ScorerConfig, ScoringMode};
+use crate::checklist::GenerationLevel;
+use crate::score::{PrimaryMetric, ScorerConfig, ScoringMode};
 
 use super::corpus::CorpusPreset;
 

@@ -17,8 +17,9 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 
 use super::reply::{find_list, same_name, str_field, text_of};
-use super::{AugmentationMode, Dimension, Generated, Run, stages};
+use super::run::{Generated, Run};
 use crate::core::parse::MAX_QUESTION_CHARS;
+use assay_domain::generator::corpus::{AugmentationMode, Dimension, stages};
 
 pub const GENERATE_TEMPLATE: &str = include_str!("../../../prompts/corpus/checkeval_generate.txt");
 pub const AUGMENT_TEMPLATE: &str = include_str!("../../../prompts/corpus/checkeval_augment.txt");

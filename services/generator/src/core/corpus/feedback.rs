@@ -14,8 +14,9 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 
 use super::reply::{find_list, integer_of, text_of};
-use super::{Generated, Run, stages};
+use super::run::{Generated, Run};
 use crate::core::parse::MAX_QUESTION_CHARS;
+use assay_domain::generator::corpus::stages;
 
 pub const TEMPLATE: &str = include_str!("../../../prompts/corpus/feedback.txt");
 /// Placeholders of [`TEMPLATE`].

@@ -17,8 +17,9 @@ use assay_domain::{ChecklistItem, StageError};
 use serde_json::{Value, json};
 
 use super::reply::{find_list, keyed_entries, same_name, strings, text_of};
-use super::{Generated, Run, stages};
+use super::run::{Generated, Run};
 use crate::core::parse::MAX_QUESTION_CHARS;
+use assay_domain::generator::corpus::stages;
 
 pub const COMPONENTS_TEMPLATE: &str = include_str!("../../../prompts/corpus/interacteval_components.txt");
 pub const CLUSTER_TEMPLATE: &str = include_str!("../../../prompts/corpus/interacteval_cluster.txt");

@@ -19,13 +19,10 @@ pub mod feedback;
 pub mod interacteval;
 pub mod refine;
 pub mod reply;
-
-use std::sync::Mutex;
+pub(crate) mod run;
 
 use assay_domain::limits::MAX_CHECKLIST_ITEMS;
-use assay_domain::{Checklist, ChecklistItem, EventSink, GenerationLevel, ResolvedChat, StageError, Usage};
-use assay_llm::{ChatRequest, Message, ResponseFormat};
-use serde_json::Value;
+use assay_domain::{Checklist, EventSink, GenerationLevel, StageError, Usage};
 
 pub use assay_domain::generator::corpus::*;
 
@@ -42,97 +39,6 @@ fn templates(preset: CorpusPreset) -> String {
     }
 }
 
-/// One corpus run: the resolved model, settings and the usage of every call so far.
-pub(crate) struct Run<'a> {
-    pub chat: ResolvedChat,
-    pub request: &'a CorpusRequest,
-    pub concurrency: usize,
-    pub events: EventSink<'a, CorpusProgress>,
-    usage: Mutex<Usage>,
-    /// Bounds the run's concurrent model calls, however the stages nest.
-    permits: tokio::sync::Semaphore,
-}
-
-impl<'a> Run<'a> {
-    pub fn emit(&self, stage: &str, done: u32, total: u32, message: impl Into<String>) {
-        (self.events)(CorpusProgress::new(stage, done, total, message));
-    }
-
-    pub fn add_usage(&self, u: &Usage) {
-        self.usage.lock().unwrap_or_else(|p| p.into_inner()).add(u);
-    }
-
-    pub fn usage(&self) -> Usage {
-        *self.usage.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Generation temperature of this run.
-    pub fn temperature(&self) -> f64 {
-        self.request.effective_temperature()
-    }
-
-    /// One structured call: the prompt as the only user message, a JSON schema, the temperature
-    /// given; returns the reply's JSON value, `None` when the reply holds none.
-    pub async fn call_value(
-        &self,
-        what: &str,
-        prompt: String,
-        schema: Value,
-        temperature: f64,
-        max_tokens: u32,
-    ) -> Result<(Option<Value>, String), StageError> {
-        let _permit = self
-            .permits
-            .acquire()
-            .await
-            .map_err(|_| StageError::Internal("the call limiter of the corpus run was closed".into()))?;
-        let chat = &self.chat;
-        let req = ChatRequest {
-            messages: vec![Message::user(prompt)],
-            temperature: Some(temperature as f32),
-            top_p: self.request.model.top_p.map(|p| p as f32),
-            max_tokens: Some(chat.settings.max_tokens.unwrap_or(max_tokens)),
-            response_format: ResponseFormat::JsonSchema { name: what.replace(' ', "_"), schema },
-            cache: chat.cache,
-            ..Default::default()
-        };
-        let reply = chat.model.chat(chat.settings.apply(req)).await?;
-        self.add_usage(&reply.usage);
-        let value = reply.json.clone().or_else(|| assay_llm::extract_json(&reply.text));
-        Ok((value, reply.text))
-    }
-
-    /// [`Run::call_value`], where a reply without JSON is UNAVAILABLE naming `what`.
-    pub async fn call_json(
-        &self,
-        what: &str,
-        prompt: String,
-        schema: Value,
-        temperature: f64,
-        max_tokens: u32,
-    ) -> Result<Value, StageError> {
-        let (value, text) = self.call_value(what, prompt, schema, temperature, max_tokens).await?;
-        value.ok_or_else(|| {
-            StageError::Unavailable(format!(
-                "the {what} reply of preset {} holds no JSON value (reply starts with {:?})",
-                self.request.preset,
-                super::parse::preview(&text)
-            ))
-        })
-    }
-}
-
-/// What a preset's generation stage produced, before built-in refinement.
-pub(crate) struct Generated {
-    pub items: Vec<ChecklistItem>,
-    /// Questions the model produced before any filtering or refinement.
-    pub raw_questions: u32,
-    /// Checklist metadata the stage reports.
-    pub metadata: Vec<(String, String)>,
-    /// Max tokens of the main generation call (for the model record).
-    pub max_tokens: u32,
-}
-
 impl Generator {
     /// Generate one corpus-level checklist, reporting progress to `events`.
     pub async fn generate_corpus(
@@ -146,12 +52,12 @@ impl Generator {
         let chat = self.hub.chat(PHASE, &request.model, "model")?;
         let refiners = refine::Refinement::plan(self, &request, &chat)?;
         let concurrency = request.concurrency.map_or(self.concurrency, |c| c as usize).max(1);
-        let run = Run {
+        let run = run::Run {
             chat,
             request: &request,
             concurrency,
             events,
-            usage: Mutex::new(Usage::default()),
+            usage: std::sync::Mutex::new(Usage::default()),
             permits: tokio::sync::Semaphore::new(concurrency),
         };
 

@@ -22,8 +22,11 @@ use assay_domain::{ChecklistItem, ModelSpec, ResolvedChat, StageError};
 /// under it before any call).
 const REFINERS_PHASE: &str = "refiners";
 
-use super::{CorpusPreset, CorpusRequest, DEFAULT_DEDUP_THRESHOLD, DEFAULT_MAX_QUESTIONS, Run, stages};
+use super::run::Run;
 use crate::core::Generator;
+use assay_domain::generator::corpus::{
+    CorpusPreset, CorpusRequest, DEFAULT_DEDUP_THRESHOLD, DEFAULT_MAX_QUESTIONS, stages,
+};
 
 /// Which refiners a request runs, in order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,23 +3,12 @@
 
 use serde_json::{Map, Value};
 
+pub use assay_llm::json::find_list;
+
 use crate::core::parse::clean_question;
 
 /// Keys holding the text of one question entry.
 const TEXT_KEYS: &[&str] = &["question", "text", "name", "component", "criterion", "item"];
-
-/// The list in `v`: `v` itself when it is an array, else the first of `keys` holding an array,
-/// else the first array value of the object.
-pub fn find_list<'a>(v: &'a Value, keys: &[&str]) -> Option<&'a Vec<Value>> {
-    match v {
-        Value::Array(a) => Some(a),
-        Value::Object(o) => keys
-            .iter()
-            .find_map(|k| o.get(*k).and_then(Value::as_array))
-            .or_else(|| o.values().find_map(Value::as_array)),
-        Value::Null | Value::Bool(_) | Value::Number(_) | Value::String(_) => None,
-    }
-}
 
 /// The text of an entry: the string itself, or the first of the usual text keys of an object.
 pub fn text_of(entry: &Value) -> Option<String> {

@@ -1,0 +1,45 @@
+//! The stages pipelines call.
+
+use std::sync::Arc;
+
+use assay_domain::{ChecklistGenerator, ChecklistRefiner, Scorer, StageError};
+
+/// The stages pipelines call: remote gRPC clients in production, in-process cores in tests.
+#[derive(Clone)]
+pub struct Stages {
+    pub scorer: Arc<dyn Scorer>,
+    pub generator: Option<Arc<dyn ChecklistGenerator>>,
+    pub refiners: Option<Arc<dyn ChecklistRefiner>>,
+    /// Concurrent stage calls per run (checklists produced, records scored).
+    pub concurrency: usize,
+}
+
+impl Stages {
+    pub fn new(scorer: Arc<dyn Scorer>, concurrency: usize) -> Self {
+        Self { scorer, generator: None, refiners: None, concurrency: concurrency.max(1) }
+    }
+
+    /// Generate checklists (instance presets and corpora) with this generator.
+    pub fn with_generator(mut self, generator: Arc<dyn ChecklistGenerator>) -> Self {
+        self.generator = Some(generator);
+        self
+    }
+
+    /// Refine checklists with this refiners stage.
+    pub fn with_refiners(mut self, refiners: Arc<dyn ChecklistRefiner>) -> Self {
+        self.refiners = Some(refiners);
+        self
+    }
+
+    pub(crate) fn generator(&self) -> Result<&Arc<dyn ChecklistGenerator>, StageError> {
+        self.generator
+            .as_ref()
+            .ok_or_else(|| StageError::Unimplemented("this gateway has no generator configured".into()))
+    }
+
+    pub(crate) fn refiners(&self) -> Result<&Arc<dyn ChecklistRefiner>, StageError> {
+        self.refiners
+            .as_ref()
+            .ok_or_else(|| StageError::Unimplemented("this gateway has no refiners service configured".into()))
+    }
+}
