@@ -43,13 +43,16 @@ pub struct RunCtx {
 
 impl RunCtx {
     pub(super) fn new(run: gw::Run, seq: u64, store: Option<RunStore>) -> Self {
+        // Watchers of a stored run may lag behind by this many events before they must reattach;
+        // a run kept in memory has no watchers.
+        let capacity = if store.is_some() { 4096 } else { 1 };
         Self {
             run_id: run.run_id.clone(),
             persistence: match store {
                 Some(s) => Persistence::Store(s),
                 None => Persistence::Memory(Mutex::default()),
             },
-            events: broadcast::channel(4096).0,
+            events: broadcast::channel(capacity).0,
             seq: tokio::sync::Mutex::new(seq),
             run: Mutex::new(run),
             paused: watch::channel(false).0,
@@ -81,6 +84,14 @@ impl RunCtx {
     /// Append an event: next sequence, persisted (with the run summary), then broadcast.
     pub async fn emit(&self, event: Event) -> Result<(), StageError> {
         let mut seq = self.seq.lock().await;
+        if self.is_ephemeral() {
+            // Nobody can watch a run kept in memory: the sequence still counts its events.
+            *seq += 1;
+            let n = *seq;
+            self.update(|r| r.last_sequence = n);
+            drop(event);
+            return Ok(());
+        }
         let ev =
             gw::RunEvent { run_id: self.run_id.clone(), sequence: *seq + 1, time: Some(now()), event: Some(event) };
         if let Persistence::Store(store) = &self.persistence {

@@ -272,13 +272,17 @@ impl ChecklistPlan {
                     continue;
                 }
             };
-            let wire = convert::checklist_to(&checklist);
+            found[k] = Some(checklist);
+            if ctx.is_ephemeral() {
+                // A run kept in memory is never resumed nor watched.
+                continue;
+            }
+            let wire = found[k].as_ref().map(convert::checklist_to).unwrap_or_default();
             ctx.checkpoint(&format!("{CHECKLIST}{}", keys[k]), &wire).await?;
             let indices =
                 record_checklist.iter().enumerate().filter(|(_, x)| **x == k).map(|(i, _)| i as u32).collect();
             ctx.emit(Event::ChecklistReady(gw::ChecklistReady { checklist: Some(wire), record_indices: indices }))
                 .await?;
-            found[k] = Some(checklist);
         }
         drop(producing);
         Ok(Produced {
@@ -402,31 +406,25 @@ fn push_renamed(e: StageError, v: &mut Violations, rename: impl Fn(&str) -> Stri
     }
 }
 
-/// The refiner chain, converted and checked with the refiners' own rules (fields named
-/// `pipeline.refiners[i].*`).
+/// The refiner chain, converted and checked step by step with the refiners' own rules (fields
+/// named `pipeline.refiners[i].*`), so every bad step is reported at once.
 fn parse_refiners(steps: Vec<ref_pb::RefinerStep>, v: &mut Violations) -> Vec<RefinerStep> {
-    let mut ok = true;
-    for (i, s) in steps.iter().enumerate() {
-        if s.step.is_none() {
+    let mut out = Vec::with_capacity(steps.len());
+    for (i, step) in steps.into_iter().enumerate() {
+        if step.step.is_none() {
             v.push(format!("pipeline.refiners[{i}]"), "must set one of deduplicate, tag, unit_test or select");
-            ok = false;
+            continue;
+        }
+        let request = ref_pb::RefineChecklistRequest { items: Vec::new(), steps: vec![step] };
+        let checked = convert::refiners::refine_checklist_request(request, "")
+            .and_then(|(_, steps)| assay_domain::refiners::validate_steps(&steps).map(|()| steps));
+        match checked {
+            Ok(steps) => out.extend(steps),
+            Err(e) => push_renamed(e, v, |f| match f.strip_prefix("steps[0]") {
+                Some(rest) => format!("pipeline.refiners[{i}]{rest}"),
+                None => format!("pipeline.refiners[{i}].{f}"),
+            }),
         }
     }
-    if !ok || steps.is_empty() {
-        return Vec::new();
-    }
-    let rename = |f: &str| match f.strip_prefix("steps") {
-        Some(rest) => format!("pipeline.refiners{rest}"),
-        None => format!("pipeline.refiners.{f}"),
-    };
-    let request = ref_pb::RefineChecklistRequest { items: Vec::new(), steps };
-    match convert::refiners::refine_checklist_request(request, "")
-        .and_then(|(_, steps)| assay_domain::refiners::validate_steps(&steps).map(|()| steps))
-    {
-        Ok(steps) => steps,
-        Err(e) => {
-            push_renamed(e, v, rename);
-            Vec::new()
-        }
-    }
+    out
 }

@@ -128,7 +128,7 @@ impl ChecklistEval {
         ctx: &RunCtx,
         checklist: &Checklist,
         config: &ScorerConfig,
-    ) -> Result<(), StageError> {
+    ) -> Result<RunOutcome, StageError> {
         let request = ScoreRequest {
             checklist: checklist.clone(),
             targets: (0..self.records.len()).map(|i| self.target(checklist, i)).collect(),
@@ -138,13 +138,24 @@ impl ChecklistEval {
         let out = self.stages.scorer.score(request, &assay_domain::no_events).await.map_err(scorer_fields)?;
         ctx.add_usage(&out.usage);
         ctx.add_model(&out.model);
-        for (i, score) in out.scores.iter().enumerate() {
-            let result =
-                record_result(i, &self.records[i], &checklist.id, Some(convert::score_to(score)), String::new());
-            ctx.checkpoint(&record_key(i), &result).await?;
-            ctx.add_done();
-        }
-        Ok(())
+        ctx.set_done(out.scores.len() as u32);
+        let results: Vec<gw::RecordResult> = out
+            .scores
+            .iter()
+            .enumerate()
+            .map(|(i, s)| record_result(i, &self.records[i], &checklist.id, Some(convert::score_to(s)), String::new()))
+            .collect();
+        let state =
+            if results.iter().all(|r| r.score.is_some()) { gw::RunState::Succeeded } else { gw::RunState::Partial };
+        let response = gw::EvaluateResponse {
+            run_id: ctx.run_id().to_string(),
+            results,
+            aggregate: Some(convert::aggregate_to(&out.aggregate)),
+            checklists: vec![convert::checklist_to(checklist)],
+            usage: Some(ctx.usage()),
+            models: ctx.models().iter().map(convert::model_record_to).collect(),
+        };
+        Ok(RunOutcome { state, result: Some(gw::run_result::Result::ChecklistEval(response)) })
     }
 
     /// The evaluation result from every stored record, in record order.
@@ -206,8 +217,7 @@ impl Pipeline for ChecklistEval {
         let ok: Vec<Checklist> =
             checklists.iter().zip(&failures).filter(|(_, f)| f.is_none()).map(|(c, _)| c.clone()).collect();
         if ctx.is_ephemeral() && checklists.len() == 1 && failures[0].is_none() {
-            self.score_together(ctx, &checklists[0], &config).await?;
-            return self.finish(ctx, &ok, false).await;
+            return self.score_together(ctx, &checklists[0], &config).await;
         }
         let done: HashSet<u32> =
             ctx.checkpoints::<gw::RecordResult>(RECORD).await?.iter().map(|(_, r)| r.index).collect();
