@@ -380,3 +380,34 @@ async fn a_checklist_that_cannot_be_generated_fails_only_its_records() {
     assert!((agg.micro_pass_rate - 0.5).abs() < 1e-9);
     sandbox.shutdown().await.unwrap();
 }
+
+/// A stage's progress relayed while other checklists of the same run are being produced: every
+/// checklist's refiner events, its ChecklistReady and every record arrive, and the run completes
+/// (the event writer is never held by a producer nobody polls).
+#[tokio::test]
+async fn preset_with_a_refiner_over_several_inputs_completes() {
+    let sandbox = MeshSandbox::start().await;
+    sandbox.llm.set_handler(assay_testkit::schema_handler(Duration::from_millis(20)));
+    let mut p = pipeline(3);
+    p.source = Some(gw::ChecklistSource {
+        source: Some(gw::checklist_source::Source::Preset(assay_proto::generator::v1::Preset::Tick as i32)),
+    });
+    p.refiners = vec![assay_proto::refiners::v1::RefinerStep {
+        step: Some(assay_proto::refiners::v1::refiner_step::Step::Tag(Default::default())),
+    }];
+    for (i, r) in p.records.iter_mut().enumerate() {
+        r.input = format!("Write about topic {i}.");
+    }
+    let events = tokio::time::timeout(Duration::from_secs(60), run_to_end(sandbox.gateway().await, p))
+        .await
+        .expect("the run completes instead of hanging");
+    let count = |f: fn(&Event) -> bool| events.iter().filter(|e| e.event.as_ref().is_some_and(f)).count();
+    assert_eq!(count(|e| matches!(e, Event::ChecklistReady(_))), 3);
+    assert_eq!(count(|e| matches!(e, Event::Progress(_))), 3, "one tagger step per checklist");
+    assert_eq!(count(|e| matches!(e, Event::RecordScored(_))), 3);
+    let seqs: Vec<u64> = events.iter().map(|e| e.sequence).collect();
+    assert_eq!(seqs, (1..=events.len() as u64).collect::<Vec<_>>(), "gap-free sequences");
+    let Some(Event::Completed(c)) = &events.last().unwrap().event else { panic!("last event is not RunCompleted") };
+    assert_eq!(c.state, gw::RunState::Succeeded as i32, "{c:?}");
+    sandbox.shutdown().await.unwrap();
+}

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use assay_domain::{ModelRecord, StageError, Usage};
@@ -11,7 +11,7 @@ use assay_proto::common::v1 as pb;
 use assay_proto::convert;
 use assay_proto::gateway::v1 as gw;
 use assay_proto::gateway::v1::run_event::Event;
-use tokio::sync::{broadcast, mpsc, watch};
+use tokio::sync::{broadcast, mpsc, oneshot, watch};
 
 use super::store::RunStore;
 
@@ -28,33 +28,83 @@ enum Persistence {
     Memory(Mutex<BTreeMap<String, Vec<u8>>>),
 }
 
+/// An event to append, and where to say it was.
+type Append = (Event, oneshot::Sender<Result<(), StageError>>);
+
 /// The state of one run being executed by this gateway.
 pub struct RunCtx {
     run_id: String,
     persistence: Persistence,
     pub(super) events: broadcast::Sender<gw::RunEvent>,
-    /// Serialises sequence assignment + persistence so sequences are gap-free and ordered.
-    seq: tokio::sync::Mutex<u64>,
-    pub(super) run: Mutex<gw::Run>,
+    /// The run's event writer: one task per run assigns sequences, persists and broadcasts, in
+    /// the order events were sent. No caller holds a lock while it waits, so a producer that is
+    /// left unpolled (in a buffered stream whose consumer is itself emitting) cannot block the
+    /// others, and a caller dropped mid-emit leaves no sequence half-used.
+    writer: mpsc::UnboundedSender<Append>,
+    pub(super) run: Arc<Mutex<gw::Run>>,
     pub(super) paused: watch::Sender<bool>,
     pub(super) cancelled: watch::Sender<bool>,
     models: Mutex<Vec<ModelRecord>>,
 }
 
+/// The writer task of a run: `seq` is the last sequence already stored.
+async fn write_events(
+    run_id: String,
+    mut seq: u64,
+    store: Option<RunStore>,
+    run: Arc<Mutex<gw::Run>>,
+    events: broadcast::Sender<gw::RunEvent>,
+    mut rx: mpsc::UnboundedReceiver<Append>,
+) {
+    while let Some((event, ack)) = rx.recv().await {
+        let ev = gw::RunEvent { run_id: run_id.clone(), sequence: seq + 1, time: Some(now()), event: Some(event) };
+        let written = async {
+            if let Some(store) = &store {
+                store.append_event(ev.clone()).await?;
+            }
+            let summary = {
+                let mut r = run.lock().map_err(|_| StageError::Internal("run lock poisoned".into()))?;
+                r.last_sequence = ev.sequence;
+                r.updated_at = ev.time;
+                store.is_some().then(|| r.clone())
+            };
+            if let (Some(store), Some(summary)) = (&store, summary) {
+                store.update(summary).await?;
+            }
+            Ok(())
+        }
+        .await;
+        if written.is_ok() {
+            seq += 1;
+            if store.is_some() {
+                let _ = events.send(ev);
+            }
+        }
+        let _ = ack.send(written);
+    }
+}
+
 impl RunCtx {
+    /// A run's context; `seq` is the last sequence already stored. Starts the run's event writer
+    /// (on the current Tokio runtime).
     pub(super) fn new(run: gw::Run, seq: u64, store: Option<RunStore>) -> Self {
         // Watchers of a stored run may lag behind by this many events before they must reattach;
         // a run kept in memory has no watchers.
         let capacity = if store.is_some() { 4096 } else { 1 };
+        let events = broadcast::channel(capacity).0;
+        let run_id = run.run_id.clone();
+        let run = Arc::new(Mutex::new(run));
+        let (writer, rx) = mpsc::unbounded_channel();
+        tokio::spawn(write_events(run_id.clone(), seq, store.clone(), run.clone(), events.clone(), rx));
         Self {
-            run_id: run.run_id.clone(),
+            run_id,
             persistence: match store {
                 Some(s) => Persistence::Store(s),
                 None => Persistence::Memory(Mutex::default()),
             },
-            events: broadcast::channel(capacity).0,
-            seq: tokio::sync::Mutex::new(seq),
-            run: Mutex::new(run),
+            events,
+            writer,
+            run,
             paused: watch::channel(false).0,
             cancelled: watch::channel(false).0,
             models: Mutex::new(Vec::new()),
@@ -81,34 +131,12 @@ impl RunCtx {
         }
     }
 
-    /// Append an event: next sequence, persisted (with the run summary), then broadcast.
+    /// Append an event: next sequence, persisted (with the run summary), then broadcast; returns
+    /// once it is stored. Events of one caller are appended in the order they were emitted.
     pub async fn emit(&self, event: Event) -> Result<(), StageError> {
-        let mut seq = self.seq.lock().await;
-        if self.is_ephemeral() {
-            // Nobody can watch a run kept in memory: the sequence still counts its events.
-            *seq += 1;
-            let n = *seq;
-            self.update(|r| r.last_sequence = n);
-            drop(event);
-            return Ok(());
-        }
-        let ev =
-            gw::RunEvent { run_id: self.run_id.clone(), sequence: *seq + 1, time: Some(now()), event: Some(event) };
-        if let Persistence::Store(store) = &self.persistence {
-            store.append_event(ev.clone()).await?;
-        }
-        *seq += 1;
-        let run = {
-            let mut r = self.run.lock().map_err(|_| StageError::Internal("run lock poisoned".into()))?;
-            r.last_sequence = *seq;
-            r.updated_at = ev.time;
-            r.clone()
-        };
-        if let Persistence::Store(store) = &self.persistence {
-            store.update(run).await?;
-        }
-        let _ = self.events.send(ev);
-        Ok(())
+        let (ack, done) = oneshot::channel();
+        self.writer.send((event, ack)).map_err(|_| StageError::Internal("the run's event writer stopped".into()))?;
+        done.await.map_err(|_| StageError::Internal("the run's event writer stopped".into()))?
     }
 
     /// Relay a stage's progress as a run event.
