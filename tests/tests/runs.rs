@@ -411,3 +411,167 @@ async fn preset_with_a_refiner_over_several_inputs_completes() {
     assert_eq!(c.state, gw::RunState::Succeeded as i32, "{c:?}");
     sandbox.shutdown().await.unwrap();
 }
+
+/// A paused run survives a gateway restart paused, starts no model call until resumed, then
+/// completes with every record once; a second paused run is cancelled after the restart.
+#[tokio::test]
+async fn a_paused_run_stays_paused_across_a_restart_and_can_be_resumed_or_cancelled() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("runs.db").display().to_string();
+    let mut sandbox =
+        MeshSandbox::start_with(SandboxOptions { concurrency: Some(1), store: Some(store), ..Default::default() })
+            .await;
+    // Slow enough that a pause sent on the first scored record finds the run in progress.
+    sandbox.llm.set_handler(|req| answer(req).delay(Duration::from_millis(100)));
+    let mut client = GatewayServiceClient::new(sandbox.gateway().await);
+    let control = |run_id: &str, action: gw::control_run_request::Action| gw::ControlRunRequest {
+        run_id: run_id.to_string(),
+        action: Some(action),
+        actor: "tester".into(),
+        reason: "check".into(),
+    };
+    // Two runs, each paused after its first scored record.
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let mut stream = client
+            .run_pipeline(gw::RunPipelineRequest {
+                pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(pipeline(5))),
+                label: "paused".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        loop {
+            let ev = stream.message().await.unwrap().unwrap().event.unwrap();
+            if matches!(ev.event, Some(Event::RecordScored(_))) {
+                let paused =
+                    client.control_run(control(&ev.run_id, gw::control_run_request::Action::Pause(gw::PauseRun {})));
+                assert_eq!(paused.await.unwrap().into_inner().run.unwrap().state, gw::RunState::Paused as i32);
+                ids.push(ev.run_id);
+                break;
+            }
+        }
+    }
+    let old = sandbox.mesh.take().unwrap();
+    old.shutdown().await.unwrap();
+
+    sandbox.restart(sandbox.hub()).await;
+    let calls = sandbox.llm.request_count();
+    let mut client = GatewayServiceClient::new(sandbox.gateway().await);
+    for id in &ids {
+        let run = client.get_run(gw::GetRunRequest { run_id: id.clone() }).await.unwrap().into_inner().run.unwrap();
+        assert_eq!(run.state, gw::RunState::Paused as i32, "still paused after the restart");
+    }
+    // Cancel the second; resume the first and follow it to the end.
+    let cancelled = client.control_run(control(&ids[1], gw::control_run_request::Action::Cancel(gw::CancelRun {})));
+    cancelled.await.unwrap();
+    let mut watch =
+        client.watch_run(gw::WatchRunRequest { run_id: ids[1].clone(), after_sequence: 0 }).await.unwrap().into_inner();
+    let mut last = None;
+    while let Some(m) = watch.message().await.unwrap() {
+        last = m.event;
+    }
+    let Some(Event::Completed(c)) = last.and_then(|e| e.event) else { panic!("no completion") };
+    assert_eq!(c.state, gw::RunState::Cancelled as i32);
+    assert_eq!(sandbox.llm.request_count(), calls, "no model call while paused, none for the cancelled run");
+    let resumed = client.control_run(control(&ids[0], gw::control_run_request::Action::Resume(gw::ResumeRun {})));
+    assert_eq!(resumed.await.unwrap().into_inner().run.unwrap().state, gw::RunState::Running as i32);
+    let mut watch =
+        client.watch_run(gw::WatchRunRequest { run_id: ids[0].clone(), after_sequence: 0 }).await.unwrap().into_inner();
+    let mut events = Vec::new();
+    while let Some(m) = watch.message().await.unwrap() {
+        events.push(m.event.unwrap());
+    }
+    let seqs: Vec<u64> = events.iter().map(|e| e.sequence).collect();
+    assert_eq!(seqs, (1..=events.len() as u64).collect::<Vec<_>>(), "one gap-free sequence across the restart");
+    let result = eval_result(events.last().unwrap()).expect("completed");
+    let mut indices: Vec<u32> = result.results.iter().map(|r| r.index).collect();
+    indices.sort();
+    assert_eq!(indices, vec![0, 1, 2, 3, 4], "every record once");
+    assert!(result.results.iter().all(|r| r.score.is_some()));
+    sandbox.shutdown().await.unwrap();
+}
+
+/// Evaluate is the waited-for form: when its caller goes away (here its deadline passes), the
+/// pipeline stops: the model calls in flight are dropped and no new one starts.
+#[tokio::test]
+async fn evaluate_with_a_preset_stops_when_its_caller_goes_away() {
+    let sandbox = MeshSandbox::start_with(SandboxOptions { concurrency: Some(4), ..Default::default() }).await;
+    sandbox.llm.set_handler(|_| Reply::hang());
+    let mut p = pipeline(40);
+    p.source = Some(gw::ChecklistSource {
+        source: Some(gw::checklist_source::Source::Preset(assay_proto::generator::v1::Preset::Tick as i32)),
+    });
+    for (i, r) in p.records.iter_mut().enumerate() {
+        r.input = format!("Write about topic {i}.");
+    }
+    let mut client = GatewayServiceClient::new(sandbox.gateway().await);
+    let mut request = tonic::Request::new(gw::EvaluateRequest { pipeline: Some(p) });
+    request.set_timeout(Duration::from_millis(500));
+    let err = client.evaluate(request).await.unwrap_err();
+    assert!(matches!(err.code(), Code::DeadlineExceeded | Code::Cancelled), "{err:?}");
+    // The four generations in flight (concurrency 4) are cancelled at the backend...
+    assert!(
+        assay_testkit::eventually(Duration::from_secs(10), || sandbox.llm.cancelled_count() == 4).await,
+        "cancelled {} of {} requests",
+        sandbox.llm.cancelled_count(),
+        sandbox.llm.request_count()
+    );
+    // ...and none was started in their place.
+    assert_eq!(sandbox.llm.request_count(), 4);
+    sandbox.shutdown().await.unwrap();
+}
+
+/// Evaluate answers with the cause and the code of the stage's failure, as the explicit-checklist
+/// path does: a rate-limited backend is RESOURCE_EXHAUSTED, a failing one UNAVAILABLE.
+#[tokio::test]
+async fn evaluate_with_a_preset_keeps_the_cause_and_code_of_a_backend_failure() {
+    let sandbox = MeshSandbox::start().await;
+    let mut p = pipeline(2);
+    p.source = Some(gw::ChecklistSource {
+        source: Some(gw::checklist_source::Source::Preset(assay_proto::generator::v1::Preset::Tick as i32)),
+    });
+    for r in &mut p.records {
+        r.input = "Write about autumn.".into();
+    }
+    let mut client = GatewayServiceClient::new(sandbox.gateway().await);
+    for (status, code, cause) in [(429, Code::ResourceExhausted, "rate limited"), (503, Code::Unavailable, "503")] {
+        sandbox.llm.set_handler(move |_| Reply::status(status));
+        let err = client.evaluate(gw::EvaluateRequest { pipeline: Some(p.clone()) }).await.unwrap_err();
+        assert_eq!(err.code(), code, "{err:?}");
+        assert!(err.message().contains(cause), "the cause is kept: {}", err.message());
+        // The explicit-checklist path maps the same failure the same way.
+        let explicit = client.evaluate(gw::EvaluateRequest { pipeline: Some(pipeline(1)) }).await.unwrap_err();
+        assert_eq!(explicit.code(), code, "{explicit:?}");
+    }
+    sandbox.shutdown().await.unwrap();
+}
+
+/// RunPipeline rejects what Evaluate rejects (no records); WatchRun past the last sequence, even
+/// beyond 2^63, replays nothing.
+#[tokio::test]
+async fn contract_edges_of_runs() {
+    let sandbox = MeshSandbox::start().await;
+    sandbox.llm.set_handler(answer);
+    let mut client = GatewayServiceClient::new(sandbox.gateway().await);
+    let empty = client
+        .run_pipeline(gw::RunPipelineRequest {
+            pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(pipeline(0))),
+            label: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(empty.code(), Code::InvalidArgument);
+    assert!(empty.message().contains("pipeline.records"), "{}", empty.message());
+    let events = run_to_end(sandbox.gateway().await, pipeline(2)).await;
+    let run_id = events[0].run_id.clone();
+    for after in [events.len() as u64, 1 << 63, u64::MAX] {
+        let mut watch = client
+            .watch_run(gw::WatchRunRequest { run_id: run_id.clone(), after_sequence: after })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(watch.message().await.unwrap().is_none(), "nothing after sequence {after}");
+    }
+    sandbox.shutdown().await.unwrap();
+}

@@ -266,8 +266,9 @@ impl Engine {
         Ok(ctx.snapshot())
     }
 
-    /// Resume every run left unfinished by a previous gateway process: each pipeline is rebuilt
-    /// from its stored request and goes on from its checkpoints.
+    /// Resume every run left unfinished by a previous gateway process (any state but the terminal
+    /// ones): each pipeline is rebuilt from its stored request and goes on from its checkpoints; a
+    /// paused run stays paused until resumed or cancelled.
     pub async fn resume_unfinished(&self) -> Result<usize, StageError> {
         let runs = self.store.unfinished().await?;
         let n = runs.len();
@@ -277,6 +278,7 @@ impl Engine {
             }
             let last = self.store.events_after(&run.run_id, 0).await?.last().map_or(0, |e| e.sequence);
             let run_id = run.run_id.clone();
+            let run_state = run.state;
             let ctx = Arc::new(RunCtx::new(run, last, Some(self.store.clone())));
             let pipeline = match self.factory.parse(&request) {
                 Ok(p) => p,
@@ -286,12 +288,16 @@ impl Engine {
                     continue;
                 }
             };
-            ctx.update(|r| r.state = gw::RunState::Running as i32);
-            ctx.emit(Event::StateChanged(gw::RunStateChanged {
-                state: gw::RunState::Running as i32,
-                reason: "resumed after a gateway restart".into(),
-            }))
-            .await?;
+            // A paused run stays paused (controllable: resume or cancel); any other unfinished
+            // state goes on running.
+            let (state, reason) = if run_state == gw::RunState::Paused as i32 {
+                ctx.paused.send_replace(true);
+                (gw::RunState::Paused, "recovered after a gateway restart; paused until resumed")
+            } else {
+                (gw::RunState::Running, "resumed after a gateway restart")
+            };
+            ctx.update(|r| r.state = state as i32);
+            ctx.emit(Event::StateChanged(gw::RunStateChanged { state: state as i32, reason: reason.into() })).await?;
             tracing::info!(run_id = %run_id, "resuming run");
             self.spawn(Arc::new(Live { ctx, pipeline }));
         }

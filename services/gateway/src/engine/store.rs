@@ -139,7 +139,9 @@ impl RunStore {
             let mut stmt = c
                 .prepare("SELECT event FROM events WHERE run_id = ?1 AND sequence > ?2 ORDER BY sequence")
                 .map_err(db_err)?;
-            let rows = stmt.query_map(params![run_id, after as i64], |r| r.get::<_, Vec<u8>>(0)).map_err(db_err)?;
+            // Sequences fit in i64; anything above is past every event.
+            let after = i64::try_from(after).unwrap_or(i64::MAX);
+            let rows = stmt.query_map(params![run_id, after], |r| r.get::<_, Vec<u8>>(0)).map_err(db_err)?;
             let mut out = Vec::new();
             for row in rows {
                 out.push(gw::RunEvent::decode(row.map_err(db_err)?.as_slice()).map_err(decode_err)?);
@@ -235,13 +237,20 @@ impl RunStore {
 
     /// Runs that were in progress (to resume after a restart).
     pub async fn unfinished(&self) -> Result<Vec<StoredRun>, StageError> {
-        let running = [gw::RunState::Pending as i32, gw::RunState::Running as i32];
+        let ended = [
+            gw::RunState::Succeeded as i32,
+            gw::RunState::Partial as i32,
+            gw::RunState::Failed as i32,
+            gw::RunState::Cancelled as i32,
+        ];
         self.with(move |c| {
             let mut stmt = c
-                .prepare("SELECT run, request FROM runs WHERE state IN (?1, ?2) ORDER BY created_at")
+                .prepare("SELECT run, request FROM runs WHERE state NOT IN (?1, ?2, ?3, ?4) ORDER BY created_at")
                 .map_err(db_err)?;
             let rows = stmt
-                .query_map(params![running[0], running[1]], |r| Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, Vec<u8>>(1)?)))
+                .query_map(params![ended[0], ended[1], ended[2], ended[3]], |r| {
+                    Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, Vec<u8>>(1)?))
+                })
                 .map_err(db_err)?;
             let mut out = Vec::new();
             for row in rows {
