@@ -167,6 +167,14 @@ async fn bearer_auth_guards_everything_but_health() {
         GatewayServiceClient::with_interceptor(ch, assay_rpc::auth::BearerInterceptor::new(Some("s3cret")));
     let r = authed.evaluate(evaluate_request(&["leaves"])).await.expect("gateway forwards the token to the scorer");
     assert_eq!(r.into_inner().results[0].score.as_ref().unwrap().pass_rate, 1.0);
+    // The scheme is case-insensitive (RFC 7235); the token is not.
+    for (header, ok) in [("bearer s3cret", true), ("BEARER s3cret", true), ("Bearer S3CRET", false), ("s3cret", false)]
+    {
+        let mut request = tonic::Request::new(evaluate_request(&["leaves"]));
+        request.metadata_mut().insert("authorization", header.parse().unwrap());
+        let result = anon.evaluate(request).await;
+        assert_eq!(result.is_ok(), ok, "{header}: {result:?}");
+    }
     sandbox.shutdown().await.unwrap();
 }
 

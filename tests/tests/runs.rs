@@ -547,8 +547,8 @@ async fn evaluate_with_a_preset_keeps_the_cause_and_code_of_a_backend_failure() 
     sandbox.shutdown().await.unwrap();
 }
 
-/// RunPipeline rejects what Evaluate rejects (no records); WatchRun past the last sequence, even
-/// beyond 2^63, replays nothing.
+/// RunPipeline rejects what Evaluate rejects (no records), ids and labels beyond their limits and
+/// duplicate record ids; WatchRun past the last sequence, even beyond 2^63, replays nothing.
 #[tokio::test]
 async fn contract_edges_of_runs() {
     let sandbox = MeshSandbox::start().await;
@@ -563,6 +563,46 @@ async fn contract_edges_of_runs() {
         .unwrap_err();
     assert_eq!(empty.code(), Code::InvalidArgument);
     assert!(empty.message().contains("pipeline.records"), "{}", empty.message());
+    // Ids and labels have limits; given record ids are unique, as item ids are.
+    let mut long_ids = pipeline(3);
+    long_ids.records[0].id = "r".repeat(1 << 20);
+    long_ids.records[2].id = long_ids.records[1].id.clone();
+    if let Some(gw::checklist_source::Source::Checklist(c)) = long_ids.source.as_mut().and_then(|s| s.source.as_mut()) {
+        c.items[0].id = "i".repeat(1024);
+        c.items[1].category = "c".repeat(1024);
+    }
+    let err = client
+        .run_pipeline(gw::RunPipelineRequest {
+            pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(long_ids)),
+            label: String::new(),
+        })
+        .await
+        .unwrap_err();
+    let fields: Vec<String> = tonic_types::StatusExt::get_error_details(&err)
+        .bad_request()
+        .unwrap()
+        .field_violations
+        .iter()
+        .map(|v| v.field.clone())
+        .collect();
+    for f in [
+        "pipeline.records[0].id",
+        "pipeline.records[2].id",
+        "pipeline.source.checklist.items[0].id",
+        "pipeline.source.checklist.items[1].category",
+    ] {
+        assert!(fields.contains(&f.to_string()), "{f} in {fields:?}");
+    }
+    assert!(err.message().len() < 4096, "the message does not echo the id back");
+    let err = client
+        .run_pipeline(gw::RunPipelineRequest {
+            pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(pipeline(1))),
+            label: "l".repeat(4 << 20),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("label"), "{}", err.message());
     let events = run_to_end(sandbox.gateway().await, pipeline(2)).await;
     let run_id = events[0].run_id.clone();
     for after in [events.len() as u64, 1 << 63, u64::MAX] {
@@ -573,5 +613,100 @@ async fn contract_edges_of_runs() {
             .into_inner();
         assert!(watch.message().await.unwrap().is_none(), "nothing after sequence {after}");
     }
+    sandbox.shutdown().await.unwrap();
+}
+
+fn preset_pipeline(n: usize) -> gw::ChecklistEvalPipeline {
+    let mut p = pipeline(n);
+    p.source = Some(gw::ChecklistSource {
+        source: Some(gw::checklist_source::Source::Preset(assay_proto::generator::v1::Preset::Tick as i32)),
+    });
+    for (i, r) in p.records.iter_mut().enumerate() {
+        r.input = format!("Write about topic {i}.");
+    }
+    p
+}
+
+/// Cancel while checklists are generated: the generations in flight are dropped at the backend,
+/// none starts after, and the run ends CANCELLED.
+#[tokio::test]
+async fn cancel_while_generating_drops_the_calls_in_flight() {
+    let sandbox = MeshSandbox::start_with(SandboxOptions { concurrency: Some(2), ..Default::default() }).await;
+    sandbox.llm.set_handler(|_| Reply::hang());
+    let mut client = GatewayServiceClient::new(sandbox.gateway().await);
+    let mut stream = client
+        .run_pipeline(gw::RunPipelineRequest {
+            pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(preset_pipeline(20))),
+            label: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let run_id = stream.message().await.unwrap().unwrap().event.unwrap().run_id;
+    assert!(assay_testkit::eventually(Duration::from_secs(10), || sandbox.llm.request_count() == 2).await);
+    client
+        .control_run(gw::ControlRunRequest {
+            run_id,
+            action: Some(gw::control_run_request::Action::Cancel(gw::CancelRun {})),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut last = None;
+    while let Some(m) = stream.message().await.unwrap() {
+        last = m.event;
+    }
+    let Some(Event::Completed(c)) = last.and_then(|e| e.event) else { panic!("no completion") };
+    assert_eq!(c.state, gw::RunState::Cancelled as i32);
+    assert!(assay_testkit::eventually(Duration::from_secs(10), || sandbox.llm.cancelled_count() == 2).await);
+    assert_eq!(sandbox.llm.request_count(), 2, "no generation started after the cancel");
+    sandbox.shutdown().await.unwrap();
+}
+
+/// Pause while checklists are generated: the generations in flight finish, no new one starts
+/// until resume; then every input is generated once and every record scored.
+#[tokio::test]
+async fn pause_while_generating_starts_nothing_until_resumed() {
+    let sandbox = MeshSandbox::start_with(SandboxOptions { concurrency: Some(2), ..Default::default() }).await;
+    sandbox.llm.set_handler(|req| {
+        let prompt = req.last_user_message().unwrap_or_default();
+        if prompt.contains("Q1:") {
+            Reply::json(json!({"answers": [{"question_index": 1, "answer": "YES"}]}))
+        } else {
+            Reply::json(json!({"items": [{"question": "Does it stay on topic?"}]})).delay(Duration::from_millis(200))
+        }
+    });
+    let mut client = GatewayServiceClient::new(sandbox.gateway().await);
+    let mut stream = client
+        .run_pipeline(gw::RunPipelineRequest {
+            pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(preset_pipeline(6))),
+            label: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let run_id = stream.message().await.unwrap().unwrap().event.unwrap().run_id;
+    assert!(assay_testkit::eventually(Duration::from_secs(10), || sandbox.llm.request_count() == 2).await);
+    let control = |action| gw::ControlRunRequest { run_id: run_id.clone(), action: Some(action), ..Default::default() };
+    client.control_run(control(gw::control_run_request::Action::Pause(gw::PauseRun {}))).await.unwrap();
+    // The two generations in flight finish (their checklists arrive); nothing else starts.
+    let mut ready = 0;
+    while ready < 2 {
+        if let Some(Event::ChecklistReady(_)) = stream.message().await.unwrap().unwrap().event.unwrap().event {
+            ready += 1;
+        }
+    }
+    let run = client.get_run(gw::GetRunRequest { run_id: run_id.clone() }).await.unwrap().into_inner().run.unwrap();
+    assert_eq!(run.state, gw::RunState::Paused as i32);
+    assert_eq!(sandbox.llm.request_count(), 2, "no call started while paused");
+    client.control_run(control(gw::control_run_request::Action::Resume(gw::ResumeRun {}))).await.unwrap();
+    let mut last = None;
+    while let Some(m) = stream.message().await.unwrap() {
+        last = m.event;
+    }
+    let result = eval_result(&last.unwrap()).expect("completed");
+    assert_eq!(result.checklists.len(), 6);
+    assert!(result.results.iter().all(|r| r.score.is_some()));
+    assert_eq!(sandbox.llm.request_count(), 6 + 6, "each input generated once, each record scored once");
     sandbox.shutdown().await.unwrap();
 }

@@ -12,5 +12,9 @@ pub const MAX_TARGETS: usize = 1_000;
 pub const MAX_RECORDS: usize = 10_000;
 /// Maximum bytes of a custom prompt template.
 pub const MAX_TEMPLATE_BYTES: usize = 32 * 1024;
+/// Maximum bytes of an id (checklist, item, record) or an item category.
+pub const MAX_ID_BYTES: usize = 256;
+/// Maximum bytes of a run label.
+pub const MAX_LABEL_BYTES: usize = 1024;
 /// Maximum gRPC message size (decode and encode), bytes.
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;

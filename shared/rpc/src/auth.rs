@@ -60,7 +60,9 @@ where
                 .headers()
                 .get(http::header::AUTHORIZATION)
                 .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "))
+                // The scheme is case-insensitive (RFC 7235).
+                .and_then(|v| v.split_once(' ').filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer")))
+                .map(|(_, t)| t)
                 .is_some_and(|t| constant_time_eq(t.trim().as_bytes(), token.as_bytes()));
             if !ok {
                 let status = tonic::Status::unauthenticated("missing or wrong bearer token");

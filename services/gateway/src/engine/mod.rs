@@ -54,6 +54,14 @@ pub trait PipelineFactory: Send + Sync {
     fn parse(&self, request: &gw::RunPipelineRequest) -> Result<Arc<dyn Pipeline>, StageError>;
 }
 
+fn check_label(label: &str) -> Result<(), StageError> {
+    let max = assay_domain::limits::MAX_LABEL_BYTES;
+    if label.len() > max {
+        return Err(StageError::invalid("label", format!("is {} bytes; the limit is {max} bytes", label.len())));
+    }
+    Ok(())
+}
+
 fn is_terminal(state: i32) -> bool {
     [gw::RunState::Succeeded, gw::RunState::Partial, gw::RunState::Failed, gw::RunState::Cancelled]
         .iter()
@@ -115,6 +123,7 @@ impl Engine {
     /// Parse, store and start a pipeline; returns the run id (its first event, RunStarted, is stored
     /// before this returns).
     pub async fn start(&self, request: gw::RunPipelineRequest) -> Result<String, StageError> {
+        check_label(&request.label)?;
         let pipeline = self.factory.parse(&request)?;
         let run = Self::new_run(pipeline.as_ref(), request.label.clone());
         let run_id = run.run_id.clone();

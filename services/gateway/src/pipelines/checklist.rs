@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use assay_domain::generator::{Candidate, CorpusRequest, GenerateRequest, Preset};
-use assay_domain::limits::MAX_TEXT_BYTES;
+use assay_domain::limits::{MAX_ID_BYTES, MAX_TEXT_BYTES};
 use assay_domain::refiners::{ActionKind, RefinerStep, StepReport};
 use assay_domain::{Checklist, ModelSpec, StageError, Violations};
 use assay_proto::common::v1 as pb;
@@ -37,6 +37,9 @@ impl EvalRecord {
     /// A wire record, its texts checked (fields named `{field}.*`).
     pub fn parse(r: gw::EvalRecord, field: &str, v: &mut Violations) -> Self {
         let gw::EvalRecord { id, input, target, reference, history, candidates } = r;
+        if id.len() > MAX_ID_BYTES {
+            v.push(format!("{field}.id"), format!("is {} bytes; the limit is {MAX_ID_BYTES} bytes", id.len()));
+        }
         for (name, text) in [("input", &input), ("target", &target), ("reference", &reference), ("history", &history)] {
             if text.len() > MAX_TEXT_BYTES {
                 v.push(
@@ -256,7 +259,13 @@ impl ChecklistPlan {
             })
             .buffer_unordered(stages.concurrency);
         let mut failures: Vec<Option<String>> = vec![None; keys.len()];
-        while let Some((k, out)) = producing.next().await {
+        loop {
+            // Cancel drops the productions in flight (their stage calls with them).
+            let next = tokio::select! {
+                next = producing.next() => next,
+                () = ctx.cancelled() => return Err(StageError::Cancelled("the run was cancelled".into())),
+            };
+            let Some((k, out)) = next else { break };
             let checklist = match out {
                 Ok(c) => c,
                 Err(

@@ -55,6 +55,13 @@ impl ChecklistEval {
             v.push("pipeline.records", format!("has {} records; the limit is {MAX_RECORDS}", records.len()));
         }
         let needs_input = plan.as_ref().and_then(ChecklistPlan::preset).is_some();
+        // Record ids are optional (the index stands in) and unique when given, as item ids are.
+        let mut ids = HashSet::new();
+        for (i, r) in records.iter().enumerate() {
+            if !r.id.is_empty() && !ids.insert(r.id.as_str()) {
+                v.push(format!("pipeline.records[{i}].id"), format!("duplicate id {:?}", r.id));
+            }
+        }
         let records: Vec<EvalRecord> = records
             .into_iter()
             .enumerate()

@@ -90,6 +90,7 @@ pub fn checklist(p: Option<pb::Checklist>, field: &str, v: &mut Violations) -> d
     if items.len() > MAX_CHECKLIST_ITEMS {
         v.push(format!("{field}.items"), format!("has {} items; the limit is {MAX_CHECKLIST_ITEMS}", items.len()));
     }
+    text_limit(&id, &format!("{field}.id"), MAX_ID_BYTES, v);
     let level = enum_value::<pb::GenerationLevel>(generation_level, &format!("{field}.generation_level"), "0-2", v);
     let mut seen = std::collections::HashSet::new();
     let items = items
@@ -131,6 +132,8 @@ pub fn checklist_item(p: pb::ChecklistItem, field: &str, v: &mut Violations) -> 
         v.push(format!("{field}.question"), "must not be empty");
     }
     text_limit(&question, &format!("{field}.question"), MAX_QUESTION_BYTES, v);
+    text_limit(&id, &format!("{field}.id"), MAX_ID_BYTES, v);
+    text_limit(&category, &format!("{field}.category"), MAX_ID_BYTES, v);
     let weight = weight.unwrap_or(d::DEFAULT_WEIGHT);
     if !(0.0..=100.0).contains(&weight) || weight.is_nan() {
         v.push(format!("{field}.weight"), "must be between 0 and 100");
