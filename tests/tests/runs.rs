@@ -165,8 +165,13 @@ async fn a_cancelled_run_stops_and_says_so() {
             reason: "enough".into(),
         })
         .await
+        .unwrap()
+        .into_inner()
+        .run
         .unwrap();
-    assert!(run.into_inner().run.is_some());
+    // The answer comes once the run has stopped: it is the state the run ends in.
+    assert_eq!(run.state, gw::RunState::Cancelled as i32);
+    assert_eq!(sandbox.llm.request_count(), 1, "no call started after the cancel");
     let mut last = None;
     while let Some(m) = stream.message().await.unwrap() {
         last = m.event;
@@ -644,14 +649,18 @@ async fn cancel_while_generating_drops_the_calls_in_flight() {
         .into_inner();
     let run_id = stream.message().await.unwrap().unwrap().event.unwrap().run_id;
     assert!(assay_testkit::eventually(Duration::from_secs(10), || sandbox.llm.request_count() == 2).await);
-    client
+    let run = client
         .control_run(gw::ControlRunRequest {
             run_id,
             action: Some(gw::control_run_request::Action::Cancel(gw::CancelRun {})),
             ..Default::default()
         })
         .await
+        .unwrap()
+        .into_inner()
+        .run
         .unwrap();
+    assert_eq!(run.state, gw::RunState::Cancelled as i32);
     let mut last = None;
     while let Some(m) = stream.message().await.unwrap() {
         last = m.event;
@@ -708,5 +717,94 @@ async fn pause_while_generating_starts_nothing_until_resumed() {
     assert_eq!(result.checklists.len(), 6);
     assert!(result.results.iter().all(|r| r.score.is_some()));
     assert_eq!(sandbox.llm.request_count(), 6 + 6, "each input generated once, each record scored once");
+    sandbox.shutdown().await.unwrap();
+}
+
+/// Pause while records are scored: the calls in flight finish, none starts until resume; then
+/// every record is scored once.
+#[tokio::test]
+async fn pause_while_scoring_starts_nothing_until_resumed() {
+    let sandbox = MeshSandbox::start_with(SandboxOptions { concurrency: Some(2), ..Default::default() }).await;
+    sandbox.llm.set_handler(|req| answer(req).delay(Duration::from_millis(200)));
+    let mut client = GatewayServiceClient::new(sandbox.gateway().await);
+    let mut stream = client
+        .run_pipeline(gw::RunPipelineRequest {
+            pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(pipeline(8))),
+            label: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let run_id = stream.message().await.unwrap().unwrap().event.unwrap().run_id;
+    assert!(assay_testkit::eventually(Duration::from_secs(10), || sandbox.llm.request_count() >= 1).await);
+    let control = |action| gw::ControlRunRequest { run_id: run_id.clone(), action: Some(action), ..Default::default() };
+    let paused = client.control_run(control(gw::control_run_request::Action::Pause(gw::PauseRun {}))).await.unwrap();
+    assert_eq!(paused.into_inner().run.unwrap().state, gw::RunState::Paused as i32);
+    let started = sandbox.llm.request_count();
+    assert!(started < 8, "the pause came before the last record");
+    // Every call in flight at the pause finishes and its record is scored; nothing else starts.
+    let mut scored = 0;
+    while scored < started {
+        if let Some(Event::RecordScored(_)) = stream.message().await.unwrap().unwrap().event.unwrap().event {
+            scored += 1;
+        }
+    }
+    assert_eq!(sandbox.llm.request_count(), started, "no call started while paused");
+    client.control_run(control(gw::control_run_request::Action::Resume(gw::ResumeRun {}))).await.unwrap();
+    let mut last = None;
+    while let Some(m) = stream.message().await.unwrap() {
+        last = m.event;
+    }
+    let result = eval_result(&last.unwrap()).expect("completed");
+    assert_eq!(result.results.len(), 8);
+    assert!(result.results.iter().all(|r| r.score.is_some()));
+    assert_eq!(sandbox.llm.request_count(), 8, "each record scored once");
+    sandbox.shutdown().await.unwrap();
+}
+
+/// Cancel while records are scored: the answer is CANCELLED, the calls in flight are dropped at
+/// the backend and none starts after.
+#[tokio::test]
+async fn cancel_while_scoring_drops_the_calls_in_flight() {
+    let sandbox = MeshSandbox::start_with(SandboxOptions { concurrency: Some(2), ..Default::default() }).await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let seen = calls.clone();
+    // Two records are scored, then every call hangs.
+    sandbox
+        .llm
+        .set_handler(move |req| if seen.fetch_add(1, Ordering::SeqCst) < 2 { answer(req) } else { Reply::hang() });
+    let mut client = GatewayServiceClient::new(sandbox.gateway().await);
+    let mut stream = client
+        .run_pipeline(gw::RunPipelineRequest {
+            pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(pipeline(10))),
+            label: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let run_id = stream.message().await.unwrap().unwrap().event.unwrap().run_id;
+    assert!(assay_testkit::eventually(Duration::from_secs(10), || sandbox.llm.request_count() == 4).await);
+    let run = client
+        .control_run(gw::ControlRunRequest {
+            run_id: run_id.clone(),
+            action: Some(gw::control_run_request::Action::Cancel(gw::CancelRun {})),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .run
+        .unwrap();
+    assert_eq!(run.state, gw::RunState::Cancelled as i32);
+    assert!(assay_testkit::eventually(Duration::from_secs(10), || sandbox.llm.cancelled_count() == 2).await);
+    assert_eq!(sandbox.llm.request_count(), 4, "no call started after the cancel");
+    let mut last = None;
+    while let Some(m) = stream.message().await.unwrap() {
+        last = m.event;
+    }
+    let Some(Event::Completed(c)) = last.and_then(|e| e.event) else { panic!("no completion") };
+    assert_eq!(c.state, gw::RunState::Cancelled as i32);
+    let stored = client.get_run(gw::GetRunRequest { run_id }).await.unwrap().into_inner().run.unwrap();
+    assert_eq!(stored.records_done, 2, "the records scored before the cancel are kept");
     sandbox.shutdown().await.unwrap();
 }

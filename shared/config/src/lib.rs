@@ -91,6 +91,18 @@ pub struct BackendConfig {
     pub supports_logprobs: bool,
     #[serde(default)]
     pub models_dir: String,
+    /// Ceiling of one HTTP attempt's timeout, seconds (openai backends; 0 = the client's 120 s).
+    #[serde(default)]
+    pub request_timeout_secs: u64,
+    /// Per-attempt timeouts from the backend's observed latency (openai backends).
+    #[serde(default = "yes")]
+    pub adaptive_timeout: bool,
+    /// Least adaptive timeout, milliseconds (0 = the client's 1000 ms).
+    #[serde(default)]
+    pub timeout_floor_ms: u64,
+    /// Adaptive timeout = this x the p95 of recent latencies (0 = the client's 4).
+    #[serde(default)]
+    pub timeout_multiplier: f64,
 }
 
 fn yes() -> bool {

@@ -18,6 +18,6 @@ pub mod types;
 pub use breaker::BreakerState;
 pub use cache::{CacheConfig, CacheError, CachedChat, CachedEmbed, ResponseCache};
 pub use json::extract_json;
-pub use openai::{MaxTokensField, OpenAiClient, OpenAiConfig};
+pub use openai::{AdaptiveTimeout, MaxTokensField, OpenAiClient, OpenAiConfig};
 pub use phases::{Backends, DEFAULT_BACKEND, EMBEDDING_PHASE, ModelSettings, PhaseModels};
 pub use types::*;

@@ -481,3 +481,101 @@ async fn a_400_that_is_not_about_the_schema_is_not_remembered() {
     assert!(!client.schema_rejected());
     assert_eq!(client.schema_delivery(), "json_schema");
 }
+
+/// A handler that answers every chat call with its prompt after `latency`, except that the first
+/// attempt of every prompt in `hang_first` hangs.
+fn hang_first_attempts(
+    latency: Duration,
+    hang_first: Vec<String>,
+) -> impl Fn(&assay_testkit::RecordedRequest) -> Reply + Send + Sync + 'static {
+    let seen = std::sync::Mutex::new(std::collections::HashSet::new());
+    move |request| {
+        let prompt = request.last_user_message().unwrap_or_default();
+        let first = seen.lock().unwrap().insert(prompt.clone());
+        if first && hang_first.contains(&prompt) {
+            Reply::hang()
+        } else {
+            Reply::text(format!("echo {prompt}")).delay(latency)
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_hung_attempt_is_cut_after_a_few_times_the_usual_latency_and_retried() {
+    let server = ScriptedLlm::start().await;
+    let prompts: Vec<String> = (0..50).map(|i| format!("q{i}")).collect();
+    // 5% of calls (every 20th, after the first dozen have set the pace) hang on their first try.
+    let hanging: Vec<String> = prompts.iter().skip(12).step_by(20).cloned().collect();
+    assert_eq!(hanging.len(), 2);
+    server.set_handler(hang_first_attempts(Duration::from_millis(20), hanging.clone()));
+    let client = OpenAiClient::new(OpenAiConfig {
+        max_concurrency: 4,
+        request_timeout: Duration::from_secs(30),
+        adaptive_timeout: assay_llm::AdaptiveTimeout {
+            enabled: true,
+            floor: Duration::from_millis(100),
+            multiplier: 4.0,
+        },
+        ..config(&server)
+    })
+    .unwrap();
+    let started = Instant::now();
+    let mut answers = Vec::new();
+    for chunk in prompts.chunks(4) {
+        let calls = chunk.iter().map(|p| client.chat(ask(p)));
+        for reply in futures::future::join_all(calls).await {
+            answers.push(reply.unwrap().text);
+        }
+    }
+    let elapsed = started.elapsed();
+    let expected: Vec<String> = prompts.iter().map(|p| format!("echo {p}")).collect();
+    assert_eq!(answers, expected, "every call answers exactly as without the hangs");
+    // Each hang costs about the floor (100 ms), not the 30 s ceiling.
+    assert!(elapsed < Duration::from_secs(10), "took {elapsed:?}");
+    assert_eq!(server.request_count(), prompts.len() + hanging.len(), "one retry per hung call");
+    assert!(eventually(Duration::from_secs(5), || server.cancelled_count() == hanging.len()).await);
+}
+
+#[tokio::test]
+async fn a_cold_start_hang_is_cut_once_other_calls_set_the_pace() {
+    let server = ScriptedLlm::start().await;
+    let prompts: Vec<String> = (0..12).map(|i| format!("q{i}")).collect();
+    // The very first call hangs before the client has seen any latency at all.
+    server.set_handler(hang_first_attempts(Duration::from_millis(10), vec!["q0".into()]));
+    let client = OpenAiClient::new(OpenAiConfig {
+        max_concurrency: 4,
+        request_timeout: Duration::from_secs(30),
+        adaptive_timeout: assay_llm::AdaptiveTimeout {
+            enabled: true,
+            floor: Duration::from_millis(100),
+            multiplier: 4.0,
+        },
+        ..config(&server)
+    })
+    .unwrap();
+    let started = Instant::now();
+    let calls = prompts.iter().map(|p| client.chat(ask(p)));
+    let answers: Vec<String> = futures::future::join_all(calls).await.into_iter().map(|r| r.unwrap().text).collect();
+    let expected: Vec<String> = prompts.iter().map(|p| format!("echo {p}")).collect();
+    assert_eq!(answers, expected);
+    assert!(started.elapsed() < Duration::from_secs(10), "took {:?}", started.elapsed());
+    assert_eq!(server.request_count(), prompts.len() + 1);
+}
+
+#[tokio::test]
+async fn without_adaptive_timeouts_a_hang_waits_for_the_ceiling() {
+    let server = ScriptedLlm::start().await;
+    server.set_handler(hang_first_attempts(Duration::from_millis(5), vec!["slow".into()]));
+    let client = OpenAiClient::new(OpenAiConfig {
+        request_timeout: Duration::from_millis(600),
+        adaptive_timeout: assay_llm::AdaptiveTimeout { enabled: false, ..Default::default() },
+        ..config(&server)
+    })
+    .unwrap();
+    for i in 0..10 {
+        client.chat(ask(&format!("warm{i}"))).await.unwrap();
+    }
+    let started = Instant::now();
+    assert_eq!(client.chat(ask("slow")).await.unwrap().text, "echo slow");
+    assert!(started.elapsed() >= Duration::from_millis(600), "cut before the ceiling: {:?}", started.elapsed());
+}

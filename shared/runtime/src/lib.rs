@@ -70,6 +70,28 @@ pub fn openai_client(entry: &assay_config::BackendConfig) -> Result<OpenAiClient
     if entry.max_concurrency > 0 {
         c.max_concurrency = entry.max_concurrency as usize;
     }
+    if entry.request_timeout_secs > 0 {
+        c.request_timeout = std::time::Duration::from_secs(entry.request_timeout_secs);
+    }
+    c.adaptive_timeout.enabled = entry.adaptive_timeout;
+    if entry.timeout_floor_ms > 0 {
+        c.adaptive_timeout.floor = std::time::Duration::from_millis(entry.timeout_floor_ms);
+    }
+    if !entry.timeout_multiplier.is_finite() || entry.timeout_multiplier < 0.0 {
+        return Err(format!(
+            "backend openai: timeout_multiplier must be a finite number >= 1 (or 0 for the default 4), got {}",
+            entry.timeout_multiplier
+        ));
+    }
+    if entry.timeout_multiplier > 0.0 && entry.timeout_multiplier < 1.0 {
+        return Err(format!(
+            "backend openai: timeout_multiplier must be >= 1 (a timeout below the usual latency cuts healthy calls), got {}",
+            entry.timeout_multiplier
+        ));
+    }
+    if entry.timeout_multiplier > 0.0 {
+        c.adaptive_timeout.multiplier = entry.timeout_multiplier;
+    }
     c.supports_json_schema = entry.supports_json_schema;
     c.supports_logprobs = entry.supports_logprobs;
     OpenAiClient::new(c).map_err(|e| format!("backend openai: {e}"))

@@ -72,7 +72,19 @@ fn is_terminal(state: i32) -> bool {
 struct Live {
     ctx: Arc<RunCtx>,
     pipeline: Arc<dyn Pipeline>,
+    /// Set once the run's executor has returned (the run ended, or this gateway is stopping).
+    done: watch::Sender<bool>,
 }
+
+impl Live {
+    fn new(ctx: Arc<RunCtx>, pipeline: Arc<dyn Pipeline>) -> Arc<Self> {
+        Arc::new(Self { ctx, pipeline, done: watch::channel(false).0 })
+    }
+}
+
+/// How long a cancel waits for the run's executor to stop before answering with the state it
+/// has then (every await of a pipeline is a cancellation point, so this is a safety bound only).
+const CANCEL_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The run engine. Cheap to clone.
 #[derive(Clone)]
@@ -130,7 +142,7 @@ impl Engine {
         self.store.create(run.clone(), request).await?;
         let ctx = Arc::new(RunCtx::new(run, 0, Some(self.store.clone())));
         ctx.emit(Event::Started(gw::RunStarted { kind: pipeline.kind() as i32, records: pipeline.total() })).await?;
-        self.spawn(Arc::new(Live { ctx, pipeline }));
+        self.spawn(Live::new(ctx, pipeline));
         Ok(run_id)
     }
 
@@ -192,6 +204,7 @@ impl Engine {
             if let Ok(mut m) = this.live.lock() {
                 m.remove(&run_id);
             }
+            live.done.send_replace(true);
         });
     }
 
@@ -269,6 +282,12 @@ impl Engine {
             Action::Cancel(_) => {
                 ctx.paused.send_replace(false);
                 ctx.cancelled.send_replace(true);
+                // Answer once the run has stopped (in-flight calls dropped, CANCELLED recorded),
+                // so the state returned is the one the run ends in.
+                let mut done = live.done.subscribe();
+                if tokio::time::timeout(CANCEL_WAIT, done.wait_for(|d| *d)).await.is_err() {
+                    tracing::warn!(run_id = %run_id, "cancel: run still stopping after {CANCEL_WAIT:?}");
+                }
             }
             other @ (Action::Accept(_) | Action::EditSection(_)) => live.pipeline.control(ctx, other).await?,
         }
@@ -308,7 +327,7 @@ impl Engine {
             ctx.update(|r| r.state = state as i32);
             ctx.emit(Event::StateChanged(gw::RunStateChanged { state: state as i32, reason: reason.into() })).await?;
             tracing::info!(run_id = %run_id, "resuming run");
-            self.spawn(Arc::new(Live { ctx, pipeline }));
+            self.spawn(Live::new(ctx, pipeline));
         }
         Ok(n)
     }

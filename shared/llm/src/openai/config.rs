@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::latency::AdaptiveTimeout;
 use crate::retry::Backoff;
 
 /// Name of the request field that carries the token limit.
@@ -45,8 +46,11 @@ pub struct OpenAiConfig {
     pub max_retries: u32,
     pub base_backoff: Duration,
     pub max_backoff: Duration,
-    /// Per-attempt HTTP timeout (also capped by the request deadline).
+    /// Per-attempt HTTP timeout, the ceiling of the adaptive one (also capped by the request
+    /// deadline).
     pub request_timeout: Duration,
+    /// Per-attempt timeouts from the backend's observed latency (floor, multiplier, on/off).
+    pub adaptive_timeout: AdaptiveTimeout,
     pub connect_timeout: Duration,
     pub breaker_failures: u32,
     pub breaker_cooldown: Duration,
@@ -71,6 +75,7 @@ impl Default for OpenAiConfig {
             base_backoff: Duration::from_millis(200),
             max_backoff: Duration::from_secs(8),
             request_timeout: Duration::from_secs(120),
+            adaptive_timeout: AdaptiveTimeout::default(),
             connect_timeout: Duration::from_secs(10),
             breaker_failures: 5,
             breaker_cooldown: Duration::from_secs(30),
@@ -95,6 +100,7 @@ impl fmt::Debug for OpenAiConfig {
             .field("base_backoff", &self.base_backoff)
             .field("max_backoff", &self.max_backoff)
             .field("request_timeout", &self.request_timeout)
+            .field("adaptive_timeout", &self.adaptive_timeout)
             .field("connect_timeout", &self.connect_timeout)
             .field("breaker_failures", &self.breaker_failures)
             .field("breaker_cooldown", &self.breaker_cooldown)

@@ -24,6 +24,18 @@ impl AttemptError {
         Self::permanent(LlmError::DeadlineExceeded)
     }
 
+    /// The attempt got no answer within its timeout (`adaptive`: one set from observed latency,
+    /// below the configured ceiling): transient, retried.
+    pub(super) fn timed_out(timeout: Duration, adaptive: bool) -> Self {
+        let how = if adaptive { " (adaptive, from observed latency)" } else { "" };
+        Self {
+            error: LlmError::Unavailable(format!("timed out after {} ms{how}", timeout.as_millis())),
+            status: None,
+            retry_after: None,
+            kind: AttemptKind::Transient,
+        }
+    }
+
     /// A failure without a status that is not worth retrying.
     pub(super) fn permanent(error: LlmError) -> Self {
         Self { error, status: None, retry_after: None, kind: AttemptKind::Permanent }
@@ -92,23 +104,14 @@ pub(super) fn breaker_outcome(error: &LlmError) -> Outcome {
     }
 }
 
-/// A transport error of one attempt whose HTTP timeout was `timeout`. `capped_by_deadline`: the
-/// deadline, not `request_timeout`, set that timeout, so a timeout means the deadline is (about)
-/// reached.
-pub(super) fn transport_error(
-    e: reqwest::Error,
-    deadline: Option<Instant>,
-    capped_by_deadline: bool,
-    timeout: Duration,
-) -> AttemptError {
-    if deadline_passed(deadline) || (e.is_timeout() && capped_by_deadline) {
+/// A transport error of one attempt (timeouts are the caller's: see [`AttemptError::timed_out`]).
+pub(super) fn transport_error(e: reqwest::Error, deadline: Option<Instant>) -> AttemptError {
+    if deadline_passed(deadline) {
         return AttemptError::deadline();
     }
     let e = e.without_url();
     let (error, kind) = if e.is_builder() {
         (LlmError::InvalidRequest(format!("building request: {}", error_chain(&e))), AttemptKind::Permanent)
-    } else if e.is_timeout() {
-        (LlmError::Unavailable(format!("timed out after {} ms", timeout.as_millis())), AttemptKind::Transient)
     } else if e.is_connect() {
         (LlmError::Unavailable(format!("connect error: {}", error_chain(&e))), AttemptKind::Transient)
     } else {

@@ -30,6 +30,7 @@
 mod config;
 mod errors;
 mod format;
+mod latency;
 mod reply;
 mod request;
 mod transport;
@@ -48,6 +49,7 @@ use crate::types::{
 };
 
 pub use config::{MaxTokensField, OpenAiConfig};
+pub use latency::AdaptiveTimeout;
 pub use reply::normalise_choice;
 pub use request::{choice_instruction, schema_instruction};
 

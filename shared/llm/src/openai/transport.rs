@@ -13,6 +13,7 @@ use super::errors::{
     AttemptError, AttemptKind, CallError, breaker_outcome, classify_reply, deadline_passed, error_chain,
     transport_error,
 };
+use super::latency::{LatencyBook, class_of};
 use crate::breaker::{BreakerState, CircuitBreaker, Outcome};
 use crate::retry::{WaitPlan, parse_retry_after, plan_wait};
 use crate::types::LlmError;
@@ -22,6 +23,7 @@ pub(super) struct Transport {
     http: reqwest::Client,
     slots: Semaphore,
     breaker: Arc<CircuitBreaker>,
+    latency: LatencyBook,
 }
 
 impl Transport {
@@ -35,6 +37,7 @@ impl Transport {
             http,
             slots: Semaphore::new(config.max_concurrency.max(1)),
             breaker: Arc::new(CircuitBreaker::new(config.breaker_failures, config.breaker_cooldown)),
+            latency: LatencyBook::default(),
         })
     }
 
@@ -76,13 +79,14 @@ impl Transport {
         parse: &impl Fn(&[u8]) -> Result<T, String>,
     ) -> Result<(T, u32), CallError> {
         let backoff = config.backoff();
+        let class = class_of(url, body);
         let mut retries = 0u32;
         let mut malformed_retried = false;
         loop {
             if deadline_passed(deadline) {
                 return Err(CallError { error: LlmError::DeadlineExceeded, status: None, retries });
             }
-            let failure = match self.attempt(config, url, body, deadline, parse).await {
+            let failure = match self.attempt(config, url, body, deadline, (&class, retries), parse).await {
                 Ok(value) => return Ok((value, retries)),
                 Err(failure) => failure,
             };
@@ -125,12 +129,17 @@ impl Transport {
         }
     }
 
+    /// One HTTP attempt: attempt number `attempt` of a call of class `class`. Its timeout is the
+    /// adaptive one (see [`LatencyBook`]), recomputed whenever another call of the backend
+    /// finishes, so an attempt started before the class had samples is still cut short once it
+    /// has; the request deadline caps it. A success's latency is noted under the class.
     async fn attempt<T>(
         &self,
         config: &OpenAiConfig,
         url: &str,
         body: &Value,
         deadline: Option<Instant>,
+        (class, attempt): (&str, u32),
         parse: &impl Fn(&[u8]) -> Result<T, String>,
     ) -> Result<T, AttemptError> {
         let acquire = self.slots.acquire();
@@ -139,31 +148,55 @@ impl Transport {
             None => acquire.await,
         };
         let _slot = slot.map_err(|_| AttemptError::permanent(LlmError::Unavailable("client closed".into())))?;
-        let timeout = match deadline {
-            Some(d) => d.saturating_duration_since(Instant::now()).min(config.request_timeout),
-            None => config.request_timeout,
-        };
-        if timeout.is_zero() {
+        if deadline_passed(deadline) {
             return Err(AttemptError::deadline());
         }
-        let mut builder = self.http.post(url).json(body).timeout(timeout);
+        let mut builder = self.http.post(url).json(body);
         if let Some(key) = &config.api_key {
             builder = builder.bearer_auth(key);
         }
-        // When the deadline, not `request_timeout`, set this attempt's timeout, a timeout means the
-        // deadline is (about) reached.
-        let capped_by_deadline = deadline.is_some() && timeout < config.request_timeout;
-        let transport = |e: reqwest::Error| transport_error(e, deadline, capped_by_deadline, timeout);
-        let response = builder.send().await.map_err(transport)?;
-        let status = response.status().as_u16();
-        let retry_after = response
-            .headers()
-            .get(reqwest::header::RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(parse_retry_after);
-        let bytes = response.bytes().await.map_err(transport)?;
+        let started = Instant::now();
+        let mut samples = self.latency.subscribe();
+        let exchange = async {
+            let response = builder.send().await?;
+            let status = response.status().as_u16();
+            let retry_after = response
+                .headers()
+                .get(reqwest::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(parse_retry_after);
+            let bytes = response.bytes().await?;
+            Ok::<_, reqwest::Error>((status, retry_after, bytes))
+        };
+        tokio::pin!(exchange);
+        let (status, retry_after, bytes) = loop {
+            let budget = self.latency.attempt_timeout(
+                &config.adaptive_timeout,
+                class,
+                attempt,
+                config.max_retries,
+                config.request_timeout,
+            );
+            let by_budget = started + budget;
+            let limit = deadline.map_or(by_budget, |d| d.min(by_budget));
+            tokio::select! {
+                answered = &mut exchange => break answered.map_err(|e| transport_error(e, deadline))?,
+                () = tokio::time::sleep_until(limit.into()) => {
+                    if deadline.is_some_and(|d| d <= by_budget) {
+                        return Err(AttemptError::deadline());
+                    }
+                    return Err(AttemptError::timed_out(budget, budget < config.request_timeout));
+                }
+                Ok(()) = samples.changed() => continue,
+            }
+        };
         debug!(backend = %config.backend_name, status, bytes = bytes.len(), "model call answered");
         let sent_response_format = body.get("response_format").is_some();
-        classify_reply(status, &bytes, retry_after, sent_response_format, &config.deterministic_statuses, parse)
+        let reply =
+            classify_reply(status, &bytes, retry_after, sent_response_format, &config.deterministic_statuses, parse);
+        if reply.is_ok() {
+            self.latency.record(class, started.elapsed());
+        }
+        reply
     }
 }
