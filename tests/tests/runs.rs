@@ -391,29 +391,38 @@ async fn a_checklist_that_cannot_be_generated_fails_only_its_records() {
 /// (the event writer is never held by a producer nobody polls).
 #[tokio::test]
 async fn preset_with_a_refiner_over_several_inputs_completes() {
+    use assay_proto::refiners::v1::refiner_step::Step;
     let sandbox = MeshSandbox::start().await;
     sandbox.llm.set_handler(assay_testkit::schema_handler(Duration::from_millis(20)));
-    let mut p = pipeline(3);
-    p.source = Some(gw::ChecklistSource {
-        source: Some(gw::checklist_source::Source::Preset(assay_proto::generator::v1::Preset::Tick as i32)),
-    });
-    p.refiners = vec![assay_proto::refiners::v1::RefinerStep {
-        step: Some(assay_proto::refiners::v1::refiner_step::Step::Tag(Default::default())),
-    }];
-    for (i, r) in p.records.iter_mut().enumerate() {
-        r.input = format!("Write about topic {i}.");
+    let steps = [
+        ("tag", Step::Tag(Default::default())),
+        ("deduplicate", Step::Deduplicate(Default::default())),
+        ("select", Step::Select(Default::default())),
+    ];
+    for (name, step) in steps {
+        for inputs in [2usize, 3] {
+            let mut p = pipeline(inputs);
+            p.source = Some(gw::ChecklistSource {
+                source: Some(gw::checklist_source::Source::Preset(assay_proto::generator::v1::Preset::Tick as i32)),
+            });
+            p.refiners = vec![assay_proto::refiners::v1::RefinerStep { step: Some(step.clone()) }];
+            for (i, r) in p.records.iter_mut().enumerate() {
+                r.input = format!("Write about topic {i} ({name}).");
+            }
+            let events = tokio::time::timeout(Duration::from_secs(60), run_to_end(sandbox.gateway().await, p))
+                .await
+                .unwrap_or_else(|_| panic!("{name} over {inputs} inputs completes instead of hanging"));
+            let count = |f: fn(&Event) -> bool| events.iter().filter(|e| e.event.as_ref().is_some_and(f)).count();
+            assert_eq!(count(|e| matches!(e, Event::ChecklistReady(_))), inputs, "{name}");
+            assert_eq!(count(|e| matches!(e, Event::RecordScored(_))), inputs, "{name}");
+            let seqs: Vec<u64> = events.iter().map(|e| e.sequence).collect();
+            assert_eq!(seqs, (1..=events.len() as u64).collect::<Vec<_>>(), "gap-free sequences");
+            let Some(Event::Completed(c)) = &events.last().unwrap().event else {
+                panic!("last event is not RunCompleted")
+            };
+            assert_eq!(c.state, gw::RunState::Succeeded as i32, "{name} over {inputs}: {c:?}");
+        }
     }
-    let events = tokio::time::timeout(Duration::from_secs(60), run_to_end(sandbox.gateway().await, p))
-        .await
-        .expect("the run completes instead of hanging");
-    let count = |f: fn(&Event) -> bool| events.iter().filter(|e| e.event.as_ref().is_some_and(f)).count();
-    assert_eq!(count(|e| matches!(e, Event::ChecklistReady(_))), 3);
-    assert_eq!(count(|e| matches!(e, Event::Progress(_))), 3, "one tagger step per checklist");
-    assert_eq!(count(|e| matches!(e, Event::RecordScored(_))), 3);
-    let seqs: Vec<u64> = events.iter().map(|e| e.sequence).collect();
-    assert_eq!(seqs, (1..=events.len() as u64).collect::<Vec<_>>(), "gap-free sequences");
-    let Some(Event::Completed(c)) = &events.last().unwrap().event else { panic!("last event is not RunCompleted") };
-    assert_eq!(c.state, gw::RunState::Succeeded as i32, "{c:?}");
     sandbox.shutdown().await.unwrap();
 }
 
@@ -524,6 +533,33 @@ async fn evaluate_with_a_preset_stops_when_its_caller_goes_away() {
     );
     // ...and none was started in their place.
     assert_eq!(sandbox.llm.request_count(), 4);
+    sandbox.shutdown().await.unwrap();
+}
+
+/// Evaluate stops when its caller cancels the call (the request future is dropped mid-flight).
+#[tokio::test]
+async fn evaluate_with_a_preset_stops_when_its_caller_cancels() {
+    let sandbox = MeshSandbox::start_with(SandboxOptions { concurrency: Some(4), ..Default::default() }).await;
+    sandbox.llm.set_handler(|_| Reply::hang());
+    let mut p = pipeline(40);
+    p.source = Some(gw::ChecklistSource {
+        source: Some(gw::checklist_source::Source::Preset(assay_proto::generator::v1::Preset::Tick as i32)),
+    });
+    for (i, r) in p.records.iter_mut().enumerate() {
+        r.input = format!("Write about topic {i}.");
+    }
+    let mut client = GatewayServiceClient::new(sandbox.gateway().await);
+    let call = tokio::spawn(async move { client.evaluate(gw::EvaluateRequest { pipeline: Some(p) }).await });
+    assert!(assay_testkit::eventually(Duration::from_secs(10), || sandbox.llm.request_count() == 4).await);
+    call.abort();
+    assert!(call.await.unwrap_err().is_cancelled());
+    assert!(
+        assay_testkit::eventually(Duration::from_secs(10), || sandbox.llm.cancelled_count() == 4).await,
+        "cancelled {} of {} requests",
+        sandbox.llm.cancelled_count(),
+        sandbox.llm.request_count()
+    );
+    assert_eq!(sandbox.llm.request_count(), 4, "no generation starts after the caller left");
     sandbox.shutdown().await.unwrap();
 }
 

@@ -140,6 +140,9 @@ async fn stream(
     out.flush().map_err(|e| e.to_string())?;
     progress.finish();
     let completed = completed.ok_or_else(|| format!("run {run_id} ended without completing"))?;
+    if completed.state == gw::RunState::Cancelled as i32 {
+        return Err(format!("run {run_id} was cancelled; the records scored before are written above"));
+    }
     let result = completed.result.unwrap_or_default();
     if !result.error.is_empty() {
         return Err(format!("run {run_id} failed: {}", result.error));
