@@ -499,9 +499,30 @@ async fn checkeval_filter_and_dedup() {
     assert_eq!(cl.metadata["consistency_filtered"], "1");
     assert_eq!(cl.metadata["filter_unreadable"], "1");
 
-    // Dedup on (the default): embeddings are computed; distinct questions stay.
+    // Filter off, refinement at its defaults: the questions come back as generated (the original
+    // ties redundancy removal to filtering): no embeddings, no refine stage.
     let mut req = checkeval_request(pb::AugmentationMode::Seed);
     req.refinement = None;
+    let (stages, items) = corpus_stream(&mut client, req).await;
+    assert_eq!(stages, vec!["dimension 1/2", "dimension 2/2"]);
+    assert_eq!(items, 6);
+    assert!(!h.llm.requests().iter().any(RecordedRequest::is_embeddings), "nothing deduplicated");
+
+    // Filter on: deduplication follows; embeddings are computed, distinct questions stay.
+    let mut req = checkeval_request(pb::AugmentationMode::Seed);
+    req.refinement = None;
+    req.filter = true;
+    let (stages, items) = corpus_stream(&mut client, req).await;
+    assert_eq!(stages.last().map(String::as_str), Some("refine 1/1"), "{stages:?}");
+    assert_eq!(items, 2);
+    assert!(h.llm.requests().iter().any(RecordedRequest::is_embeddings));
+}
+
+/// Progress stages and the number of items of a streamed corpus generation.
+async fn corpus_stream(
+    client: &mut GeneratorServiceClient<Channel>,
+    req: pb::GenerateCorpusRequest,
+) -> (Vec<String>, usize) {
     let mut stream = client
         .generate_corpus_stream(pb::GenerateCorpusStreamRequest { request: Some(req) })
         .await
@@ -515,9 +536,7 @@ async fn checkeval_filter_and_dedup() {
             Event::Result(r) => items = r.checklist.unwrap().items.len(),
         }
     }
-    assert_eq!(stages, vec!["dimension 1/2", "dimension 2/2", "refine 1/1"]);
-    assert_eq!(items, 6);
-    assert!(h.llm.requests().iter().any(RecordedRequest::is_embeddings));
+    (stages, items)
 }
 
 fn interacteval_handler(final_questions: usize) -> impl Fn(&RecordedRequest) -> Reply + Send + Sync + 'static {
@@ -707,6 +726,30 @@ async fn bad_input_is_invalid_argument_naming_the_field() {
             },
             "refinement.run_unit_tester",
             "UnitTest",
+        ),
+        (
+            pb::GenerateCorpusRequest {
+                refinement: refinement(pb::CorpusRefinement { beam_width: Some(0), ..Default::default() }),
+                ..fb()
+            },
+            "refinement.beam_width",
+            "between 1 and",
+        ),
+        (
+            pb::GenerateCorpusRequest {
+                refinement: refinement(pb::CorpusRefinement { length_penalty: Some(-1.0), ..Default::default() }),
+                ..fb()
+            },
+            "refinement.length_penalty",
+            ">= 0",
+        ),
+        (
+            pb::GenerateCorpusRequest {
+                refinement: refinement(pb::CorpusRefinement { alpha: Some(1.5), ..Default::default() }),
+                ..fb()
+            },
+            "refinement.alpha",
+            "[0, 1]",
         ),
         (pb::GenerateCorpusRequest { preset: pb::Preset::Tick as i32, ..fb() }, "preset", "use Generate"),
         (pb::GenerateCorpusRequest { preset: 0, ..fb() }, "preset", "is required"),

@@ -141,21 +141,30 @@ enum Command {
 
 #[derive(Args, Clone)]
 struct ScoringArgs {
-    /// Scoring mode: batch (one call per record) or item (one call per question).
+    /// Scoring mode: batch (one call per record) or item (one call per question). Unset: the
+    /// preset's.
     #[arg(long)]
     mode: Option<String>,
-    /// Primary metric: pass, weighted or normalized (normalized turns logprobs on).
+    /// Primary metric: pass, weighted or normalized (normalized turns logprobs on). Unset: the
+    /// preset's.
     #[arg(long)]
     metric: Option<String>,
-    /// Ask the judge for a reason per item.
+    /// Ask the judge for a reason per item (`--reasoning=false` to turn it off).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    reasoning: Option<bool>,
+    /// Ask for first-token logprobs, a confidence per item (`--logprobs=false` turns off the
+    /// preset's). Unset: the preset's.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    logprobs: Option<bool>,
+    /// Built-in scoring prompt: default, rlcf or rocketeval. Unset: the preset's.
     #[arg(long)]
-    reasoning: bool,
-    /// Ask for first-token logprobs (confidence per item).
-    #[arg(long)]
-    logprobs: bool,
-    /// Custom prompt template file ({input} {target} {question} {history} {reference}).
+    prompt: Option<String>,
+    /// Custom prompt template file ({input} {target} {question} or {checklist} {history} {reference}).
     #[arg(long)]
     template: Option<PathBuf>,
+    /// Most model calls in flight per scored record (0 = the scorer's default).
+    #[arg(long, default_value_t = 0)]
+    scorer_concurrency: u32,
 }
 
 #[derive(Args, Clone)]
@@ -207,12 +216,8 @@ enum RunsCommand {
 }
 
 impl ScoringArgs {
-    /// The scorer configuration, or None when nothing was set (the preset's defaults apply).
+    /// The scorer settings, or None when nothing was set: unset fields take the preset's defaults.
     fn config(&self) -> Result<Option<common::ScorerConfig>, String> {
-        if self.mode.is_none() && self.metric.is_none() && !self.reasoning && !self.logprobs && self.template.is_none()
-        {
-            return Ok(None);
-        }
         let mode = match self.mode.as_deref() {
             None => common::ScoringMode::Unspecified,
             Some(m) => common::ScoringMode::from_str_name(&format!("SCORING_MODE_{}", m.to_ascii_uppercase()))
@@ -223,18 +228,26 @@ impl ScoringArgs {
             Some(m) => common::PrimaryMetric::from_str_name(&format!("PRIMARY_METRIC_{}", m.to_ascii_uppercase()))
                 .ok_or_else(|| format!("unknown --metric {m:?} (pass, weighted, normalized)"))?,
         };
+        let prompt = match self.prompt.as_deref() {
+            None => common::ScoringPrompt::Unspecified,
+            Some(m) => common::ScoringPrompt::from_str_name(&format!("SCORING_PROMPT_{}", m.to_ascii_uppercase()))
+                .filter(|p| *p != common::ScoringPrompt::Unspecified)
+                .ok_or_else(|| format!("unknown --prompt {m:?} (default, rlcf, rocketeval)"))?,
+        };
         let prompt_template = match &self.template {
             Some(p) => std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?,
             None => String::new(),
         };
-        Ok(Some(common::ScorerConfig {
+        let config = common::ScorerConfig {
             mode: mode as i32,
             primary_metric: metric as i32,
             capture_reasoning: self.reasoning,
             use_logprobs: self.logprobs,
             prompt_template,
-            concurrency: 0,
-        }))
+            concurrency: self.scorer_concurrency,
+            prompt: prompt as i32,
+        };
+        Ok(Some(config).filter(|c| *c != common::ScorerConfig::default()))
     }
 }
 

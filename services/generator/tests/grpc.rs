@@ -78,15 +78,15 @@ fn full_request(preset: pb::Preset) -> pb::GenerateRequest {
     }
 }
 
-fn mode(m: pb::Preset) -> (i32, i32, bool) {
-    use common::{PrimaryMetric as M, ScoringMode as S};
+fn mode(m: pb::Preset) -> (i32, i32, Option<bool>, i32) {
+    use common::{PrimaryMetric as M, ScoringMode as S, ScoringPrompt as P};
     match m {
         pb::Preset::Tick | pb::Preset::OpenrubricsPairwise | pb::Preset::OpenrubricsListwise => {
-            (S::Batch as i32, M::Pass as i32, false)
+            (S::Batch as i32, M::Pass as i32, Some(false), P::Default as i32)
         }
-        pb::Preset::Rocketeval => (S::Item as i32, M::Normalized as i32, true),
+        pb::Preset::Rocketeval => (S::Item as i32, M::Normalized as i32, Some(true), P::Rocketeval as i32),
         pb::Preset::RlcfDirect | pb::Preset::RlcfCandidate | pb::Preset::RlcfCandidatesOnly => {
-            (S::Item as i32, M::Weighted as i32, false)
+            (S::Item as i32, M::Weighted as i32, Some(false), P::Rlcf as i32)
         }
         pb::Preset::Unspecified | pb::Preset::Feedback | pb::Preset::Checkeval | pb::Preset::Interacteval => {
             panic!("not an instance preset: {m:?}")
@@ -123,7 +123,7 @@ async fn every_preset_applies_its_defaults() {
         let expected: Vec<String> = (1..=max).map(|n| n.to_string()).collect();
         assert_eq!(ids, expected, "{name}");
         let scorer = reply.default_scorer.unwrap();
-        assert_eq!((scorer.mode, scorer.primary_metric, scorer.use_logprobs), mode(preset), "{name}");
+        assert_eq!((scorer.mode, scorer.primary_metric, scorer.use_logprobs, scorer.prompt), mode(preset), "{name}");
         let usage = reply.usage.unwrap();
         assert_eq!((usage.calls, usage.prompt_tokens, usage.completion_tokens), (1, 300, 200), "{name}");
         let model = reply.model.unwrap();
@@ -527,7 +527,7 @@ async fn list_presets_reports_the_table() {
     for (p, info) in PRESETS.iter().zip(presets) {
         assert_eq!(info.level, common::GenerationLevel::Instance as i32);
         let s = info.default_scorer.as_ref().unwrap();
-        assert_eq!((s.mode, s.primary_metric, s.use_logprobs), mode(p.0), "{}", info.name);
+        assert_eq!((s.mode, s.primary_metric, s.use_logprobs, s.prompt), mode(p.0), "{}", info.name);
     }
     let required: Vec<Vec<&str>> =
         presets.iter().map(|p| p.required_fields.iter().map(String::as_str).collect()).collect();

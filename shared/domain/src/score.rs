@@ -128,15 +128,33 @@ pub enum ScoringMode {
     Item,
 }
 
-/// Scorer options.
+/// Which built-in prompt a scorer uses when no custom template is given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum ScoringPrompt {
+    /// The generic batch and item prompts.
+    #[default]
+    Default,
+    /// One criterion at a time, judged on the response alone (the rlcf presets).
+    Rlcf,
+    /// The conversation history, query and response, one question at a time (rocketeval).
+    RocketEval,
+}
+
+/// Placeholders a custom scorer template may use. `{checklist}` is another name for
+/// `{question}` (the numbered questions in batch mode), as the original library calls it.
+pub const SCORER_PLACEHOLDERS: &[&str] = &["input", "target", "question", "checklist", "history", "reference"];
+
+/// Scorer options, every field decided.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct ScorerConfig {
     pub mode: ScoringMode,
     pub primary_metric: PrimaryMetric,
     pub capture_reasoning: bool,
     pub use_logprobs: bool,
+    pub prompt: ScoringPrompt,
     pub prompt_template: Option<String>,
-    /// 0 = service default.
+    /// Most model calls of one scoring request in flight at once, over all its targets and items
+    /// (0 = the service's default). The backend's own limit applies under it.
     pub concurrency: u32,
 }
 
@@ -144,6 +162,88 @@ impl ScorerConfig {
     /// Normalized needs logprobs.
     pub fn wants_logprobs(&self) -> bool {
         self.use_logprobs || self.primary_metric == PrimaryMetric::Normalized
+    }
+
+    /// What is wrong with this configuration (fields named `{field}.*`): unknown placeholders, a
+    /// custom template that never shows the response or the questions, logprobs in batch mode.
+    pub fn check(&self, field: &str, v: &mut crate::Violations) {
+        if let Some(t) = &self.prompt_template {
+            let unknown = crate::template::unknown_placeholders(t, SCORER_PLACEHOLDERS);
+            if !unknown.is_empty() {
+                v.push(
+                    format!("{field}.prompt_template"),
+                    format!(
+                        "unknown placeholder(s) {{{}}} (allowed: {{input}} {{target}} {{question}} {{checklist}} {{history}} {{reference}})",
+                        unknown.join("}, {")
+                    ),
+                );
+            }
+            if !crate::template::has_placeholder(t, "target") {
+                v.push(format!("{field}.prompt_template"), "must contain the {target} placeholder");
+            }
+            if !crate::template::has_placeholder(t, "question") && !crate::template::has_placeholder(t, "checklist") {
+                let what = match self.mode {
+                    ScoringMode::Batch => "the numbered questions",
+                    ScoringMode::Item => "the question",
+                };
+                v.push(
+                    format!("{field}.prompt_template"),
+                    format!("must contain the {{question}} (or {{checklist}}) placeholder: it shows the judge {what}"),
+                );
+            }
+        }
+        if self.mode == ScoringMode::Batch && self.wants_logprobs() {
+            v.push(
+                format!("{field}.mode"),
+                "logprob confidence (use_logprobs or the normalized metric) needs item mode: the first token of a batch reply is not an answer",
+            );
+        }
+    }
+}
+
+/// Scorer options as a caller gives them: any field may be left unset, to take the default of the
+/// preset the checklist comes from ([`crate::generator::default_scorer_for`]).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct ScorerSettings {
+    pub mode: Option<ScoringMode>,
+    pub primary_metric: Option<PrimaryMetric>,
+    pub capture_reasoning: Option<bool>,
+    pub use_logprobs: Option<bool>,
+    pub prompt: Option<ScoringPrompt>,
+    pub prompt_template: Option<String>,
+    pub concurrency: Option<u32>,
+}
+
+impl ScorerSettings {
+    /// Every field set, from a whole configuration.
+    pub fn all(c: &ScorerConfig) -> Self {
+        Self {
+            mode: Some(c.mode),
+            primary_metric: Some(c.primary_metric),
+            capture_reasoning: Some(c.capture_reasoning),
+            use_logprobs: Some(c.use_logprobs),
+            prompt: Some(c.prompt),
+            prompt_template: c.prompt_template.clone(),
+            concurrency: Some(c.concurrency),
+        }
+    }
+
+    /// The set fields over `defaults`, field by field. An unset mode becomes item mode when the
+    /// settings ask for logprob confidence (batch mode cannot give it).
+    pub fn resolve(&self, defaults: &ScorerConfig) -> ScorerConfig {
+        let primary_metric = self.primary_metric.unwrap_or(defaults.primary_metric);
+        let use_logprobs = self.use_logprobs.unwrap_or(defaults.use_logprobs);
+        let wants_logprobs = use_logprobs || primary_metric == PrimaryMetric::Normalized;
+        let mode = self.mode.unwrap_or(if wants_logprobs { ScoringMode::Item } else { defaults.mode });
+        ScorerConfig {
+            mode,
+            primary_metric,
+            capture_reasoning: self.capture_reasoning.unwrap_or(defaults.capture_reasoning),
+            use_logprobs,
+            prompt: self.prompt.unwrap_or(defaults.prompt),
+            prompt_template: self.prompt_template.clone().or_else(|| defaults.prompt_template.clone()),
+            concurrency: self.concurrency.unwrap_or(defaults.concurrency),
+        }
     }
 }
 
@@ -352,6 +452,64 @@ mod tests {
         assert_eq!(ConfidenceLevel::of(0.8), ConfidenceLevel::Yes90);
         assert_eq!(ConfidenceLevel::of(1.0), ConfidenceLevel::Yes90);
         assert_eq!(ConfidenceLevel::Unsure.answer(), Answer::No);
+    }
+
+    #[test]
+    fn settings_fill_unset_fields_from_the_defaults_one_by_one() {
+        let rlcf = ScorerConfig {
+            mode: ScoringMode::Item,
+            primary_metric: PrimaryMetric::Weighted,
+            prompt: ScoringPrompt::Rlcf,
+            ..ScorerConfig::default()
+        };
+        let only_reasoning = ScorerSettings { capture_reasoning: Some(true), ..ScorerSettings::default() };
+        let c = only_reasoning.resolve(&rlcf);
+        assert_eq!(
+            (c.mode, c.primary_metric, c.prompt),
+            (ScoringMode::Item, PrimaryMetric::Weighted, ScoringPrompt::Rlcf)
+        );
+        assert!(c.capture_reasoning);
+        let rocket = ScorerConfig {
+            mode: ScoringMode::Item,
+            primary_metric: PrimaryMetric::Normalized,
+            use_logprobs: true,
+            prompt: ScoringPrompt::RocketEval,
+            ..ScorerConfig::default()
+        };
+        let c = ScorerSettings { capture_reasoning: Some(true), ..ScorerSettings::default() }.resolve(&rocket);
+        assert!(c.use_logprobs && c.wants_logprobs());
+        assert_eq!(c.primary_metric, PrimaryMetric::Normalized);
+        // A set field wins, false included.
+        let c = ScorerSettings {
+            use_logprobs: Some(false),
+            primary_metric: Some(PrimaryMetric::Pass),
+            ..ScorerSettings::default()
+        }
+        .resolve(&rocket);
+        assert!(!c.wants_logprobs());
+        // The normalized metric on a batch preset moves to item mode unless the mode is set.
+        let batch = ScorerConfig::default();
+        let normalized =
+            ScorerSettings { primary_metric: Some(PrimaryMetric::Normalized), ..ScorerSettings::default() };
+        assert_eq!(normalized.resolve(&batch).mode, ScoringMode::Item);
+        let forced = ScorerSettings { mode: Some(ScoringMode::Batch), ..normalized };
+        assert_eq!(forced.resolve(&batch).mode, ScoringMode::Batch);
+        assert_eq!(ScorerSettings::all(&rocket).resolve(&batch), rocket);
+    }
+
+    #[test]
+    fn custom_templates_must_show_the_response_and_the_questions() {
+        let check = |mode, t: &str| {
+            let mut v = crate::Violations::new();
+            ScorerConfig { mode, prompt_template: Some(t.into()), ..ScorerConfig::default() }.check("config", &mut v);
+            v.into_result().err().map(|e| e.to_string()).unwrap_or_default()
+        };
+        assert!(check(ScoringMode::Item, "Is {target} good?").contains("{question}"));
+        assert!(check(ScoringMode::Batch, "Rate {target}").contains("numbered questions"));
+        assert!(check(ScoringMode::Batch, "{question}").contains("{target}"));
+        assert_eq!(check(ScoringMode::Batch, "{target}\n{checklist}"), "");
+        assert_eq!(check(ScoringMode::Item, "{target} / {question} / {reference}"), "");
+        assert!(check(ScoringMode::Item, "{target} {question} {refrence}").contains("refrence"));
     }
 
     #[test]

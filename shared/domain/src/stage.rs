@@ -8,7 +8,7 @@ use assay_llm::Usage;
 use crate::checklist::Checklist;
 use crate::error::StageError;
 use crate::model::{ModelRecord, ModelSpec};
-use crate::score::{AggregateScores, Score, ScorerConfig};
+use crate::score::{AggregateScores, Score, ScorerSettings};
 
 /// One response to be judged.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -25,7 +25,8 @@ pub struct ScoreTarget {
 pub struct ScoreRequest {
     pub checklist: Checklist,
     pub targets: Vec<ScoreTarget>,
-    pub config: ScorerConfig,
+    /// Unset fields take the defaults of the preset named by the checklist's `source_method`.
+    pub config: ScorerSettings,
     pub model: ModelSpec,
 }
 

@@ -7,6 +7,11 @@ pub fn unknown_placeholders(template: &str, known: &[&str]) -> Vec<String> {
     placeholders(template).filter(|(name, _)| !known.contains(name)).map(|(n, _)| n.to_string()).collect()
 }
 
+/// Whether `template` uses the placeholder `{name}`.
+pub fn has_placeholder(template: &str, name: &str) -> bool {
+    placeholders(template).any(|(n, _)| n == name)
+}
+
 /// Every `{identifier}` (lowercase letters, digits, underscore; starting with a letter) with its byte range.
 fn placeholders(template: &str) -> impl Iterator<Item = (&str, std::ops::Range<usize>)> {
     let bytes = template.as_bytes();

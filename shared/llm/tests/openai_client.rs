@@ -500,6 +500,21 @@ fn hang_first_attempts(
     }
 }
 
+/// Four calls at once, a 30 s ceiling, adaptive timeouts from a 100 ms floor.
+fn adaptive_client(server: &ScriptedLlm) -> OpenAiClient {
+    OpenAiClient::new(OpenAiConfig {
+        max_concurrency: 4,
+        request_timeout: Duration::from_secs(30),
+        adaptive_timeout: assay_llm::AdaptiveTimeout {
+            enabled: true,
+            floor: Duration::from_millis(100),
+            multiplier: 4.0,
+        },
+        ..config(server)
+    })
+    .unwrap()
+}
+
 #[tokio::test]
 async fn a_hung_attempt_is_cut_after_a_few_times_the_usual_latency_and_retried() {
     let server = ScriptedLlm::start().await;
@@ -508,17 +523,7 @@ async fn a_hung_attempt_is_cut_after_a_few_times_the_usual_latency_and_retried()
     let hanging: Vec<String> = prompts.iter().skip(12).step_by(20).cloned().collect();
     assert_eq!(hanging.len(), 2);
     server.set_handler(hang_first_attempts(Duration::from_millis(20), hanging.clone()));
-    let client = OpenAiClient::new(OpenAiConfig {
-        max_concurrency: 4,
-        request_timeout: Duration::from_secs(30),
-        adaptive_timeout: assay_llm::AdaptiveTimeout {
-            enabled: true,
-            floor: Duration::from_millis(100),
-            multiplier: 4.0,
-        },
-        ..config(&server)
-    })
-    .unwrap();
+    let client = adaptive_client(&server);
     let started = Instant::now();
     let mut answers = Vec::new();
     for chunk in prompts.chunks(4) {
@@ -542,17 +547,7 @@ async fn a_cold_start_hang_is_cut_once_other_calls_set_the_pace() {
     let prompts: Vec<String> = (0..12).map(|i| format!("q{i}")).collect();
     // The very first call hangs before the client has seen any latency at all.
     server.set_handler(hang_first_attempts(Duration::from_millis(10), vec!["q0".into()]));
-    let client = OpenAiClient::new(OpenAiConfig {
-        max_concurrency: 4,
-        request_timeout: Duration::from_secs(30),
-        adaptive_timeout: assay_llm::AdaptiveTimeout {
-            enabled: true,
-            floor: Duration::from_millis(100),
-            multiplier: 4.0,
-        },
-        ..config(&server)
-    })
-    .unwrap();
+    let client = adaptive_client(&server);
     let started = Instant::now();
     let calls = prompts.iter().map(|p| client.chat(ask(p)));
     let answers: Vec<String> = futures::future::join_all(calls).await.into_iter().map(|r| r.unwrap().text).collect();

@@ -51,6 +51,7 @@ pub async fn eval(
         max_items,
         scorer,
         refiners: corpus.steps("")?,
+        candidate_models: corpus.candidate_specs()?,
         ..Default::default()
     };
     run(config, pipeline, format!("assay eval {}", args.data.display()), &args).await

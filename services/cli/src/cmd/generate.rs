@@ -56,6 +56,7 @@ pub async fn generate(config: &AssayConfig, args: GenerateArgs) -> Result<bool, 
             }
             None => vec![args.record.clone()],
         };
+        let candidate_models = args.corpus.candidate_specs()?;
         records
             .into_iter()
             .map(|record| gw::GenerateChecklistPipeline {
@@ -63,6 +64,7 @@ pub async fn generate(config: &AssayConfig, args: GenerateArgs) -> Result<bool, 
                 record: Some(record),
                 max_items: args.max_items,
                 refiners: refiners.clone(),
+                candidate_models: candidate_models.clone(),
                 ..Default::default()
             })
             .collect()

@@ -46,6 +46,15 @@ pub struct CorpusArgs {
     /// Selector: maximum questions kept (corpus presets and --refine selector).
     #[arg(long)]
     pub max_questions: Option<u32>,
+    /// Selector (feedback and --refine selector): beam width (default 5).
+    #[arg(long)]
+    pub beam_width: Option<u32>,
+    /// Selector: penalty per selected question (default 0.0005).
+    #[arg(long)]
+    pub length_penalty: Option<f64>,
+    /// Selector: weight of coverage against diversity, in [0, 1] (default 0.5).
+    #[arg(long)]
+    pub alpha: Option<f64>,
     /// Refiners to run on the checklist, in order (comma separated): deduplicator, tagger,
     /// unit_tester (needs --samples), selector.
     #[arg(long, value_delimiter = ',')]
@@ -53,9 +62,35 @@ pub struct CorpusArgs {
     /// unit_tester: scored sample responses, JSON lines {"id", "text", "answers": {"<item id>": "yes"|"no"}}.
     #[arg(long)]
     pub samples: Option<PathBuf>,
+    /// rlcf_candidate, rlcf_candidates_only: a model that writes candidate responses for records
+    /// that bring none, as MODEL or MODEL@BACKEND (repeat for several: one response each; one
+    /// model: four).
+    #[arg(long = "candidate-model")]
+    pub candidate_models: Vec<String>,
 }
 
 impl CorpusArgs {
+    /// The candidate models as model specs.
+    pub fn candidate_specs(&self) -> Result<Vec<assay_proto::common::v1::ModelSpec>, String> {
+        self.candidate_models
+            .iter()
+            .map(|m| {
+                let (model, backend) = match m.rsplit_once('@') {
+                    Some((model, backend)) => (model, backend),
+                    None => (m.as_str(), ""),
+                };
+                if model.trim().is_empty() {
+                    return Err(format!("--candidate-model {m:?}: give a model name (MODEL or MODEL@BACKEND)"));
+                }
+                Ok(assay_proto::common::v1::ModelSpec {
+                    backend: backend.to_string(),
+                    model: model.to_string(),
+                    ..Default::default()
+                })
+            })
+            .collect()
+    }
+
     /// The refiner chain; `input` is the instruction the unit tester's samples answer.
     pub fn steps(&self, input: &str) -> Result<Vec<ref_pb::RefinerStep>, String> {
         let samples = match &self.samples {
@@ -80,6 +115,9 @@ impl CorpusArgs {
                     }),
                     "selector" => ref_pb::refiner_step::Step::Select(ref_pb::SelectRequest {
                         max_questions: self.max_questions,
+                        beam_width: self.beam_width,
+                        length_penalty: self.length_penalty,
+                        alpha: self.alpha,
                         ..Default::default()
                     }),
                     other => {
@@ -194,6 +232,9 @@ pub fn corpus_request(preset: gen_pb::Preset, a: &CorpusArgs) -> Result<gen_pb::
             skip_selection: a.no_selection,
             dedup_threshold: a.dedup_threshold,
             max_questions: a.max_questions,
+            beam_width: a.beam_width,
+            length_penalty: a.length_penalty,
+            alpha: a.alpha,
         }),
         ..Default::default()
     })

@@ -80,6 +80,13 @@ pub struct ChecklistPlan {
     pub max_items: Option<u32>,
     /// Refiner chain applied to every checklist.
     pub refiners: Vec<RefinerStep>,
+    /// Models that write candidates for the presets that need them, when a record brings none.
+    pub candidate_models: Vec<ModelSpec>,
+}
+
+/// Whether a preset can generate its candidates from candidate models.
+fn req_uses_candidate_models(preset: Preset) -> bool {
+    preset.candidate_source() == assay_domain::generator::CandidateSource::PassedOrGenerated
 }
 
 /// The checklists of a run: per record the index of its checklist, and per checklist why it could
@@ -98,6 +105,7 @@ impl ChecklistPlan {
         generator_model: Option<pb::ModelSpec>,
         max_items: Option<u32>,
         refiners: Vec<ref_pb::RefinerStep>,
+        candidate_models: Vec<pb::ModelSpec>,
         v: &mut Violations,
     ) -> Option<Self> {
         let source = match source.and_then(|s| s.source) {
@@ -130,7 +138,22 @@ impl ChecklistPlan {
             v.push("pipeline.max_items", "must be between 1 and 500");
         }
         let generator_model = convert::model_spec(generator_model, "pipeline.generator_model", v);
-        Some(ChecklistPlan { source: source?, generator_model, max_items, refiners: steps })
+        let candidate_models: Vec<ModelSpec> = candidate_models
+            .into_iter()
+            .enumerate()
+            .map(|(i, m)| convert::model_spec(Some(m), &format!("pipeline.candidate_models[{i}]"), v))
+            .collect();
+        Some(ChecklistPlan { source: source?, generator_model, max_items, refiners: steps, candidate_models })
+    }
+
+    /// The `source_method` the plan's checklists carry (the preset's name; an explicit checklist's
+    /// own), which picks the scorer's defaults.
+    pub fn source_method(&self) -> &str {
+        match &self.source {
+            ChecklistSource::Preset(p) => p.name(),
+            ChecklistSource::Corpus(c) => c.preset.name(),
+            ChecklistSource::Explicit(c) => &c.source_method,
+        }
     }
 
     pub fn preset(&self) -> Option<Preset> {
@@ -152,6 +175,9 @@ impl ChecklistPlan {
         req.history = r.history.clone();
         req.max_items = self.max_items;
         req.model = self.generator_model.clone();
+        if req_uses_candidate_models(preset) {
+            req.candidate_models.clone_from(&self.candidate_models);
+        }
         match preset {
             Preset::OpenRubricsPairwise => {
                 req.chosen = r.candidates.first().cloned().unwrap_or_default();
@@ -190,6 +216,8 @@ impl ChecklistPlan {
                         "max_items" => "pipeline.max_items".to_string(),
                         "model" => "pipeline.generator_model".to_string(),
                         "chosen" | "rejected" => format!("{}.candidates", record_field(i)),
+                        "candidate_models" => "pipeline.candidate_models".to_string(),
+                        f if f.starts_with("candidate_models[") => format!("pipeline.{f}"),
                         other => format!("{}.{other}", record_field(i)),
                     };
                     out.push((field, f.description));

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 
 use assay_domain::limits::MAX_RECORDS;
 use assay_domain::{
-    AggregateScores, Checklist, ModelRecord, ModelSpec, ScoreRequest, ScoreTarget, ScorerConfig, StageError, Usage,
+    AggregateScores, Checklist, ModelRecord, ModelSpec, ScoreRequest, ScoreTarget, ScorerSettings, StageError, Usage,
     Violations,
 };
 use assay_proto::convert;
@@ -25,10 +25,12 @@ const RECORD: &str = "record:";
 pub struct ChecklistEval {
     plan: ChecklistPlan,
     records: Vec<EvalRecord>,
-    scorer: ScorerConfig,
-    /// The caller set scorer options (else the preset's defaults apply).
-    scorer_set: bool,
+    /// The caller's scorer settings; the scorer fills unset fields from the defaults of the preset
+    /// each checklist comes from.
+    scorer: ScorerSettings,
     scorer_model: ModelSpec,
+    /// Records scored at once (the caller's cap, else the gateway's).
+    concurrency: usize,
     stages: Stages,
 }
 
@@ -43,11 +45,14 @@ impl ChecklistEval {
             scorer_model,
             max_items,
             refiners,
-            concurrency: _,
+            concurrency,
+            candidate_models,
         } = p;
         let mut v = Violations::new();
-        let scorer_set = scorer.is_some();
-        let plan = ChecklistPlan::parse(source, generator_model, max_items, refiners, &mut v);
+        if concurrency > 256 {
+            v.push("pipeline.concurrency", format!("is {concurrency}; the limit is 256"));
+        }
+        let plan = ChecklistPlan::parse(source, generator_model, max_items, refiners, candidate_models, &mut v);
         if records.is_empty() {
             v.push("pipeline.records", "must not be empty");
         }
@@ -84,16 +89,13 @@ impl ChecklistEval {
         for (field, description) in plan.validate_generation(&records, |i| format!("pipeline.records[{i}]")) {
             v.push(field, description);
         }
+        // The settings as the scorer will resolve them, checked before any checklist is made.
+        scorer
+            .resolve(&assay_domain::generator::default_scorer_for(plan.source_method()))
+            .check("pipeline.scorer", &mut v);
         v.into_result()?;
-        Ok(Self { plan, records, scorer, scorer_set, scorer_model, stages })
-    }
-
-    /// The scorer configuration: the caller's, else the preset's defaults.
-    fn scorer_config(&self) -> ScorerConfig {
-        match self.plan.preset() {
-            Some(p) if !self.scorer_set => p.default_scorer(),
-            Some(_) | None => self.scorer.clone(),
-        }
+        let concurrency = if concurrency > 0 { concurrency as usize } else { stages.concurrency };
+        Ok(Self { plan, records, scorer, scorer_model, concurrency, stages })
     }
 
     fn target(&self, checklist: &Checklist, i: usize) -> ScoreTarget {
@@ -111,7 +113,7 @@ impl ChecklistEval {
     async fn score_one(
         &self,
         checklist: &Checklist,
-        config: &ScorerConfig,
+        config: &ScorerSettings,
         i: usize,
     ) -> Result<(gw::RecordResult, Usage, ModelRecord), StageError> {
         let request = ScoreRequest {
@@ -134,12 +136,15 @@ impl ChecklistEval {
         &self,
         ctx: &RunCtx,
         checklist: &Checklist,
-        config: &ScorerConfig,
+        config: &ScorerSettings,
     ) -> Result<RunOutcome, StageError> {
+        // One scorer call for every record: the pipeline's cap on records at once is the call's cap.
+        let mut config = config.clone();
+        config.concurrency = config.concurrency.or(Some(self.concurrency as u32));
         let request = ScoreRequest {
             checklist: checklist.clone(),
             targets: (0..self.records.len()).map(|i| self.target(checklist, i)).collect(),
-            config: config.clone(),
+            config,
             model: self.scorer_model.clone(),
         };
         let out = self.stages.scorer.score(request, &assay_domain::no_events).await.map_err(scorer_fields)?;
@@ -220,11 +225,11 @@ impl Pipeline for ChecklistEval {
     async fn run(&self, ctx: &RunCtx) -> Result<RunOutcome, StageError> {
         let Produced { checklists, record_checklist, failures } =
             self.plan.produce_all(ctx, &self.stages, &self.records).await?;
-        let config = self.scorer_config();
+        let config = &self.scorer;
         let ok: Vec<Checklist> =
             checklists.iter().zip(&failures).filter(|(_, f)| f.is_none()).map(|(c, _)| c.clone()).collect();
         if ctx.is_ephemeral() && checklists.len() == 1 && failures[0].is_none() {
-            return self.score_together(ctx, &checklists[0], &config).await;
+            return self.score_together(ctx, &checklists[0], config).await;
         }
         let done: HashSet<u32> =
             ctx.checkpoints::<gw::RecordResult>(RECORD).await?.iter().map(|(_, r)| r.index).collect();
@@ -239,7 +244,7 @@ impl Pipeline for ChecklistEval {
             ctx.emit(Event::RecordScored(result)).await?;
         }
         todo.retain(|i| failures[record_checklist[*i]].is_none());
-        let (checklists_ref, record_checklist_ref, config_ref) = (&checklists, &record_checklist, &config);
+        let (checklists_ref, record_checklist_ref, config_ref) = (&checklists, &record_checklist, config);
         let mut work = futures::stream::iter(todo)
             .map(|i| async move {
                 // Paused runs start no new record; in-flight ones finish.
@@ -247,7 +252,7 @@ impl Pipeline for ChecklistEval {
                 let checklist = &checklists_ref[record_checklist_ref[i]];
                 Ok::<_, StageError>((i, self.score_one(checklist, config_ref, i).await))
             })
-            .buffer_unordered(self.stages.concurrency);
+            .buffer_unordered(self.concurrency);
         loop {
             tokio::select! {
                 next = work.next() => {

@@ -19,10 +19,11 @@ pub struct GenerateChecklist {
 impl GenerateChecklist {
     /// Parse and validate (fields named `pipeline.*`).
     pub fn parse(p: gw::GenerateChecklistPipeline, stages: Stages) -> Result<Self, StageError> {
-        let gw::GenerateChecklistPipeline { source, record, generator_model, max_items, refiners } = p;
+        let gw::GenerateChecklistPipeline { source, record, generator_model, max_items, refiners, candidate_models } =
+            p;
         let mut v = Violations::new();
         let no_refiners = refiners.is_empty();
-        let plan = ChecklistPlan::parse(source, generator_model, max_items, refiners, &mut v);
+        let plan = ChecklistPlan::parse(source, generator_model, max_items, refiners, candidate_models, &mut v);
         let record = EvalRecord::parse(record.unwrap_or_default(), "pipeline.record", &mut v);
         match plan.as_ref().map(|p| &p.source) {
             Some(ChecklistSource::Preset(_)) if record.input.trim().is_empty() => {

@@ -31,7 +31,18 @@ pub const PHASE: &str = "generator";
 pub const CANDIDATES_PHASE: &str = "generator_candidates";
 
 /// Placeholders the generator's prompt templates use.
-pub const PLACEHOLDERS: &[&str] = &["input", "reference", "history", "candidates", "chosen", "rejected", "max_items"];
+pub const PLACEHOLDERS: &[&str] =
+    &["input", "reference", "history", "candidates", "chosen", "rejected", "max_items", "item_count"];
+
+/// How many questions a prompt asks for: "between {least} and {max} questions", or "exactly one
+/// question" when the maximum leaves no range.
+pub fn item_count(least: u32, max: u32) -> String {
+    match max {
+        0 | 1 => "exactly one question".to_string(),
+        m if m <= least => format!("exactly {m} questions"),
+        m => format!("between {least} and {m} questions"),
+    }
+}
 
 /// Responses drawn from a single candidate model.
 pub const SINGLE_MODEL_CANDIDATES: usize = 4;
@@ -144,6 +155,8 @@ impl Generator {
         let temperature = request.effective_temperature();
         let template = prompts::template(preset);
         let max_items_text = max_items.to_string();
+        let least = if preset == assay_domain::generator::Preset::Tick { 2 } else { 1 };
+        let item_count_text = item_count(least, max_items);
         let candidates_text = format_candidates(&candidates);
         let prompt = render(
             template,
@@ -155,6 +168,7 @@ impl Generator {
                 ("chosen", request.chosen.trim()),
                 ("rejected", request.rejected.trim()),
                 ("max_items", &max_items_text),
+                ("item_count", &item_count_text),
             ],
         );
         let max_tokens =

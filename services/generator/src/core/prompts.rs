@@ -25,7 +25,18 @@ mod tests {
             let unknown = assay_domain::template::unknown_placeholders(template(p), super::super::PLACEHOLDERS);
             assert!(unknown.is_empty(), "{p}: {unknown:?}");
             assert!(template(p).contains("{input}"), "{p}");
-            assert!(template(p).contains("{max_items}"), "{p}");
+            let t = template(p);
+            assert!(t.contains("{max_items}") || t.contains("{item_count}"), "{p}");
         }
+    }
+
+    #[test]
+    fn the_item_count_never_asks_for_more_than_the_maximum() {
+        use super::super::item_count;
+        assert_eq!(item_count(2, 1), "exactly one question");
+        assert_eq!(item_count(2, 2), "exactly 2 questions");
+        assert_eq!(item_count(2, 8), "between 2 and 8 questions");
+        assert_eq!(item_count(1, 1), "exactly one question");
+        assert_eq!(item_count(1, 10), "between 1 and 10 questions");
     }
 }

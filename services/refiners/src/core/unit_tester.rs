@@ -15,8 +15,8 @@
 
 use assay_domain::template::render;
 use assay_domain::{
-    Answer, Checklist, ChecklistItem, ModelSpec, ResolvedChat, ScoreRequest, ScoreTarget, ScorerConfig, ScoringMode,
-    StageError, Usage,
+    Answer, Checklist, ChecklistItem, ModelSpec, ResolvedChat, ScoreRequest, ScoreTarget, ScorerConfig, ScorerSettings,
+    ScoringMode, StageError, Usage,
 };
 use assay_llm::ResponseFormat;
 use futures::StreamExt;
@@ -158,7 +158,7 @@ pub(super) async fn run(
                     target: rewrite,
                     ..Default::default()
                 }],
-                config: ScorerConfig { mode: ScoringMode::Item, ..Default::default() },
+                config: ScorerSettings::all(&ScorerConfig { mode: ScoringMode::Item, ..Default::default() }),
                 model: spec.clone(),
             };
             let outcome = scorer.score(request, &assay_domain::no_events).await?;

@@ -5,10 +5,12 @@ mod parse;
 
 use std::sync::Arc;
 
-use assay_domain::template::{render, unknown_placeholders};
+use assay_domain::generator::default_scorer_for;
+use assay_domain::template::render;
 use assay_domain::{
     AggregateScores, Checklist, ConfidenceLevel, EventSink, ItemScore, ItemStatus, ModelHub, ModelRecord, ResolvedChat,
-    Score, ScoreEvent, ScoreOutcome, ScoreRequest, ScoreTarget, Scorer, ScoringMode, StageError, Usage, Violations,
+    Score, ScoreEvent, ScoreOutcome, ScoreRequest, ScoreTarget, Scorer, ScorerConfig, ScoringMode, ScoringPrompt,
+    StageError, Usage, Violations,
 };
 use assay_llm::{ChatRequest, ChatResponse, Message, ResponseFormat};
 use futures::StreamExt;
@@ -20,11 +22,25 @@ pub use parse::{BatchAnswer, map_batch_answers, parse_batch_reply, parse_item_re
 pub const PHASE: &str = "scorer";
 
 /// Placeholders a scorer template may use.
-pub const PLACEHOLDERS: &[&str] = &["input", "target", "question", "history", "reference"];
+pub use assay_domain::SCORER_PLACEHOLDERS as PLACEHOLDERS;
 
 const BATCH_TEMPLATE: &str = include_str!("../../prompts/batch.txt");
 const BATCH_REASONING_TEMPLATE: &str = include_str!("../../prompts/batch_reasoning.txt");
 const ITEM_TEMPLATE: &str = include_str!("../../prompts/item.txt");
+const RLCF_TEMPLATE: &str = include_str!("../../prompts/rlcf.txt");
+const ROCKETEVAL_TEMPLATE: &str = include_str!("../../prompts/rocketeval.txt");
+
+/// The built-in template for a configuration without a custom one. The RLCF and RocketEval
+/// prompts judge one question at a time; in batch mode every preset uses the batch prompt.
+pub fn builtin_template(config: &ScorerConfig) -> &'static str {
+    match (config.mode, config.capture_reasoning, config.prompt) {
+        (ScoringMode::Batch, false, _) => BATCH_TEMPLATE,
+        (ScoringMode::Batch, true, _) => BATCH_REASONING_TEMPLATE,
+        (ScoringMode::Item, _, ScoringPrompt::Rlcf) => RLCF_TEMPLATE,
+        (ScoringMode::Item, _, ScoringPrompt::RocketEval) => ROCKETEVAL_TEMPLATE,
+        (ScoringMode::Item, _, ScoringPrompt::Default) => ITEM_TEMPLATE,
+    }
+}
 
 /// Tokens budgeted per checklist item in a batch reply.
 pub const TOKENS_PER_ITEM: u32 = 100;
@@ -33,7 +49,8 @@ pub const TOKENS_PER_ITEM: u32 = 100;
 #[derive(Clone)]
 pub struct ScorerCore {
     hub: Arc<ModelHub>,
-    /// Concurrent model calls per request (item mode and many targets).
+    /// Model calls of one request in flight at once, over all its targets and items, when the
+    /// request sets no cap of its own.
     concurrency: usize,
 }
 
@@ -42,27 +59,13 @@ impl ScorerCore {
         Self { hub, concurrency: concurrency.max(1) }
     }
 
-    fn validate(request: &ScoreRequest) -> Result<(), StageError> {
+    /// The request's settings over the defaults of the preset its checklist comes from, checked.
+    fn config(request: &ScoreRequest) -> Result<ScorerConfig, StageError> {
+        let config = request.config.resolve(&default_scorer_for(&request.checklist.source_method));
         let mut v = Violations::new();
-        if let Some(t) = &request.config.prompt_template {
-            let unknown = unknown_placeholders(t, PLACEHOLDERS);
-            if !unknown.is_empty() {
-                v.push(
-                    "config.prompt_template",
-                    format!("unknown placeholder(s) {{{}}} (allowed: {{input}} {{target}} {{question}} {{history}} {{reference}})", unknown.join("}, {")),
-                );
-            }
-            if !t.contains("{target}") {
-                v.push("config.prompt_template", "must contain the {target} placeholder");
-            }
-        }
-        if request.config.mode == ScoringMode::Batch && request.config.wants_logprobs() {
-            v.push(
-                "config.mode",
-                "logprob confidence (use_logprobs or the normalized metric) needs item mode: the first token of a batch reply is not an answer",
-            );
-        }
-        v.into_result()
+        config.check("config", &mut v);
+        v.into_result()?;
+        Ok(config)
     }
 }
 
@@ -83,15 +86,9 @@ impl Scorer for ScorerCore {
         request: ScoreRequest,
         events: EventSink<'_, ScoreEvent>,
     ) -> Result<ScoreOutcome, StageError> {
-        Self::validate(&request)?;
+        let config = &Self::config(&request)?;
         let chat = self.hub.chat(PHASE, &request.model, "model")?;
-        let config = &request.config;
-        let template = match (&config.prompt_template, config.mode, config.capture_reasoning) {
-            (Some(t), _, _) => t.as_str(),
-            (None, ScoringMode::Batch, false) => BATCH_TEMPLATE,
-            (None, ScoringMode::Batch, true) => BATCH_REASONING_TEMPLATE,
-            (None, ScoringMode::Item, _) => ITEM_TEMPLATE,
-        };
+        let template = config.prompt_template.as_deref().unwrap_or_else(|| builtin_template(config));
         let n = request.checklist.items.len() as u32;
         let max_tokens = match config.mode {
             ScoringMode::Batch => chat.settings.max_tokens.unwrap_or(0).max(TOKENS_PER_ITEM * n + 64),
@@ -103,21 +100,24 @@ impl Scorer for ScorerCore {
             r.temperature = Some(r.temperature.unwrap_or(0.0));
             r
         };
+        let concurrency = if config.concurrency > 0 { config.concurrency as usize } else { self.concurrency };
         let job = Job {
             chat: &chat,
             checklist: &request.checklist,
             config,
             template,
             max_tokens,
-            concurrency: self.concurrency,
+            concurrency,
+            calls: tokio::sync::Semaphore::new(concurrency),
         };
-        // Targets run concurrently; in item mode each target's items share the same bound.
+        // Targets run concurrently and, in item mode, so do each target's items; every model call
+        // holds a permit of one semaphore, so at most `concurrency` are in flight per request.
         let mut results: Vec<Option<TargetResult>> = (0..request.targets.len()).map(|_| None).collect();
         let targets = &request.targets;
         let job = &job;
         let mut stream = futures::stream::iter(0..targets.len())
             .map(|i| async move { (i, job.score_target(&targets[i]).await) })
-            .buffer_unordered(self.concurrency);
+            .buffer_unordered(concurrency);
         while let Some((i, r)) = stream.next().await {
             let r = r?;
             events(ScoreEvent::TargetScored { index: i as u32, score: r.score.clone() });
@@ -138,10 +138,12 @@ impl Scorer for ScorerCore {
 struct Job<'a> {
     chat: &'a ResolvedChat,
     checklist: &'a Checklist,
-    config: &'a assay_domain::ScorerConfig,
+    config: &'a ScorerConfig,
     template: &'a str,
     max_tokens: u32,
     concurrency: usize,
+    /// One permit per model call in flight.
+    calls: tokio::sync::Semaphore,
 }
 
 impl Job<'_> {
@@ -174,10 +176,18 @@ impl Job<'_> {
                 ("input", &t.input),
                 ("target", &t.target),
                 ("question", question),
+                ("checklist", question),
                 ("history", &t.history),
                 ("reference", &t.reference),
             ],
         )
+    }
+
+    /// One model call, under the request's concurrency cap.
+    async fn call(&self, req: ChatRequest) -> Result<ChatResponse, assay_llm::LlmError> {
+        let _permit =
+            self.calls.acquire().await.map_err(|_| assay_llm::LlmError::Unavailable("scorer closed".into()))?;
+        self.chat.model.chat(req).await
     }
 
     async fn score_target(&self, t: &ScoreTarget) -> Result<TargetResult, StageError> {
@@ -202,7 +212,7 @@ impl Job<'_> {
             self.max_tokens,
             None,
         );
-        let reply: ChatResponse = self.chat.model.chat(req).await?;
+        let reply: ChatResponse = self.call(req).await?;
         let items = match parse_batch_reply(&reply) {
             Ok(answers) => map_batch_answers(self.checklist, &answers),
             Err(why) => self
@@ -235,7 +245,7 @@ impl Job<'_> {
                     )
                 };
                 let req = self.request(prompt, format, self.max_tokens, top);
-                (it, self.chat.model.chat(req).await)
+                (it, self.call(req).await)
             })
             .buffered(self.concurrency);
         let replies: Vec<_> = per_item.collect().await;

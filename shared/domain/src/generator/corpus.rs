@@ -196,6 +196,12 @@ pub struct CorpusRefinement {
     /// feedback: the Selector's budget (default 20); checkeval: keep the first n generated
     /// questions (as the original); interacteval: upper bound of the validated list (default 15).
     pub max_questions: Option<u32>,
+    /// feedback: the Selector's beam width (default 5).
+    pub beam_width: Option<u32>,
+    /// feedback: the Selector's penalty per selected question (default 0.0005).
+    pub length_penalty: Option<f64>,
+    /// feedback: the Selector's weight of coverage against diversity (default 0.5).
+    pub alpha: Option<f64>,
 }
 
 /// Corpus-level generation with a preset.
@@ -405,6 +411,14 @@ pub fn validate(request: &CorpusRequest) -> Result<(), StageError> {
     {
         v.push(fields::MAX_QUESTIONS, format!("must be between 1 and {MAX_CHECKLIST_ITEMS} when set (got {m})"));
     }
+    // The Selector's own rules, under this request's field names.
+    let select = crate::refiners::SelectOptions {
+        beam_width: r.beam_width,
+        length_penalty: r.length_penalty,
+        alpha: r.alpha,
+        ..Default::default()
+    };
+    crate::refiners::validate_select(&select, "refinement", &mut v);
     if r.run_unit_tester {
         v.push(
             fields::RUN_UNIT_TESTER,

@@ -20,6 +20,18 @@ pub use corpus::{
 };
 pub use preset::{CandidateSource, ItemShape, Preset, PresetId, PresetInfo, fields, preset_table};
 
+/// How checklists produced by `source_method` (a preset's name) are meant to be scored: that
+/// preset's defaults, or batch mode with the pass rate for any other source.
+pub fn default_scorer_for(source_method: &str) -> ScorerConfig {
+    if let Some(p) = Preset::from_name(source_method) {
+        p.default_scorer()
+    } else if let Some(p) = CorpusPreset::from_name(source_method) {
+        p.default_scorer()
+    } else {
+        ScorerConfig::default()
+    }
+}
+
 /// Most candidates one request may pass.
 pub const MAX_CANDIDATES: usize = 32;
 /// Most candidate models one request may name.

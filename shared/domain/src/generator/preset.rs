@@ -1,7 +1,7 @@
 //! Instance-level presets and their defaults (REFERENCE section 2).
 
 use crate::checklist::GenerationLevel;
-use crate::score::{PrimaryMetric, ScorerConfig, ScoringMode};
+use crate::score::{PrimaryMetric, ScorerConfig, ScoringMode, ScoringPrompt};
 
 use super::corpus::CorpusPreset;
 
@@ -146,11 +146,13 @@ impl Preset {
                 mode: ScoringMode::Item,
                 primary_metric: PrimaryMetric::Normalized,
                 use_logprobs: true,
+                prompt: ScoringPrompt::RocketEval,
                 ..ScorerConfig::default()
             },
             Preset::RlcfDirect | Preset::RlcfCandidate | Preset::RlcfCandidatesOnly => ScorerConfig {
                 mode: ScoringMode::Item,
                 primary_metric: PrimaryMetric::Weighted,
+                prompt: ScoringPrompt::Rlcf,
                 ..ScorerConfig::default()
             },
         }

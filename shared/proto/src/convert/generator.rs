@@ -191,7 +191,8 @@ pub fn generate_response_from(p: pb::GenerateResponse) -> Result<GenerateOutcome
     let pb::GenerateResponse { checklist, dropped_items, default_scorer, candidates, usage, model } = p;
     let mut v = Violations::new();
     let checklist = convert::checklist(checklist, "checklist", &mut v);
-    let default_scorer = convert::scorer_config(default_scorer, "default_scorer", &mut v);
+    let default_scorer = convert::scorer_config(default_scorer, "default_scorer", &mut v)
+        .resolve(&assay_domain::ScorerConfig::default());
     v.into_result().map_err(|e| StageError::Internal(format!("the generator sent an invalid response: {e}")))?;
     Ok(GenerateOutcome {
         checklist,
@@ -235,7 +236,8 @@ pub fn preset_infos_from(p: pb::ListPresetsResponse) -> Vec<PresetInfo> {
             } = i;
             let preset = preset_id_from(preset, "preset").ok()?;
             let mut v = Violations::new();
-            let default_scorer = convert::scorer_config(default_scorer, "default_scorer", &mut v);
+            let default_scorer = convert::scorer_config(default_scorer, "default_scorer", &mut v)
+                .resolve(&assay_domain::ScorerConfig::default());
             Some(PresetInfo {
                 preset,
                 name,
@@ -312,6 +314,9 @@ fn refinement_from(r: Option<pb::CorpusRefinement>) -> CorpusRefinement {
         skip_selection,
         dedup_threshold,
         max_questions,
+        beam_width,
+        length_penalty,
+        alpha,
     }) = r
     else {
         return CorpusRefinement::default();
@@ -323,6 +328,9 @@ fn refinement_from(r: Option<pb::CorpusRefinement>) -> CorpusRefinement {
         skip_selection,
         dedup_threshold,
         max_questions,
+        beam_width,
+        length_penalty,
+        alpha,
     }
 }
 
@@ -334,6 +342,9 @@ fn refinement_to(r: &CorpusRefinement) -> pb::CorpusRefinement {
         skip_selection: r.skip_selection,
         dedup_threshold: r.dedup_threshold,
         max_questions: r.max_questions,
+        beam_width: r.beam_width,
+        length_penalty: r.length_penalty,
+        alpha: r.alpha,
     }
 }
 
@@ -520,6 +531,9 @@ mod tests {
             skip_selection: true,
             dedup_threshold: Some(0.9),
             max_questions: Some(12),
+            beam_width: Some(3),
+            length_penalty: Some(0.001),
+            alpha: Some(0.25),
         };
         r.model.temperature = Some(0.2);
         r.embedding_model.model = Some("emb".into());

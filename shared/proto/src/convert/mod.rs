@@ -177,11 +177,19 @@ pub fn checklist_item_to(i: &d::ChecklistItem) -> pb::ChecklistItem {
     }
 }
 
-pub fn scorer_config(p: Option<pb::ScorerConfig>, field: &str, v: &mut Violations) -> d::ScorerConfig {
-    let Some(pb::ScorerConfig { mode, primary_metric, capture_reasoning, use_logprobs, prompt_template, concurrency }) =
-        p
+/// Scorer settings from the wire: unset fields stay unset (the preset's defaults fill them).
+pub fn scorer_config(p: Option<pb::ScorerConfig>, field: &str, v: &mut Violations) -> d::ScorerSettings {
+    let Some(pb::ScorerConfig {
+        mode,
+        primary_metric,
+        capture_reasoning,
+        use_logprobs,
+        prompt_template,
+        concurrency,
+        prompt,
+    }) = p
     else {
-        return d::ScorerConfig::default();
+        return d::ScorerSettings::default();
     };
     let mode = enum_value::<pb::ScoringMode>(mode, &format!("{field}.mode"), "0 unspecified, 1 batch, 2 item", v);
     let metric = enum_value::<pb::PrimaryMetric>(
@@ -190,26 +198,37 @@ pub fn scorer_config(p: Option<pb::ScorerConfig>, field: &str, v: &mut Violation
         "0 unspecified, 1 pass, 2 weighted, 3 normalized",
         v,
     );
+    let prompt = enum_value::<pb::ScoringPrompt>(
+        prompt,
+        &format!("{field}.prompt"),
+        "0 unspecified, 1 default, 2 rlcf, 3 rocketeval",
+        v,
+    );
     text_limit(&prompt_template, &format!("{field}.prompt_template"), MAX_TEMPLATE_BYTES, v);
     if concurrency > 256 {
-        v.push(format!("{field}.concurrency"), "the limit is 256");
+        v.push(format!("{field}.concurrency"), format!("is {concurrency}; the limit is 256"));
     }
-    d::ScorerConfig {
+    d::ScorerSettings {
         mode: match mode {
-            Some(pb::ScoringMode::Item) => d::ScoringMode::Item,
-            Some(pb::ScoringMode::Batch | pb::ScoringMode::Unspecified) | None => d::ScoringMode::Batch,
+            Some(pb::ScoringMode::Item) => Some(d::ScoringMode::Item),
+            Some(pb::ScoringMode::Batch) => Some(d::ScoringMode::Batch),
+            Some(pb::ScoringMode::Unspecified) | None => None,
         },
-        primary_metric: metric.map(primary_metric_from).unwrap_or_default(),
+        primary_metric: match metric {
+            Some(pb::PrimaryMetric::Unspecified) | None => None,
+            Some(m) => Some(primary_metric_from(m)),
+        },
         capture_reasoning,
         use_logprobs,
+        prompt: match prompt {
+            Some(pb::ScoringPrompt::Default) => Some(d::ScoringPrompt::Default),
+            Some(pb::ScoringPrompt::Rlcf) => Some(d::ScoringPrompt::Rlcf),
+            Some(pb::ScoringPrompt::Rocketeval) => Some(d::ScoringPrompt::RocketEval),
+            Some(pb::ScoringPrompt::Unspecified) | None => None,
+        },
         prompt_template: Some(prompt_template).filter(|t| !t.is_empty()),
-        concurrency,
+        concurrency: Some(concurrency).filter(|c| *c > 0),
     }
-}
-
-/// Whether the wire config leaves the mode unset (presets fill it).
-pub fn scorer_config_mode_unset(p: &Option<pb::ScorerConfig>) -> bool {
-    p.as_ref().is_none_or(|c| c.mode == 0)
 }
 
 fn primary_metric_from(m: pb::PrimaryMetric) -> d::PrimaryMetric {
@@ -228,17 +247,30 @@ pub fn primary_metric_to(m: d::PrimaryMetric) -> pb::PrimaryMetric {
     }
 }
 
+/// A whole configuration on the wire (every field set).
 pub fn scorer_config_to(c: &d::ScorerConfig) -> pb::ScorerConfig {
+    scorer_settings_to(&d::ScorerSettings::all(c))
+}
+
+/// Settings on the wire; unset fields stay unset.
+pub fn scorer_settings_to(c: &d::ScorerSettings) -> pb::ScorerConfig {
     pb::ScorerConfig {
         mode: match c.mode {
-            d::ScoringMode::Batch => pb::ScoringMode::Batch,
-            d::ScoringMode::Item => pb::ScoringMode::Item,
+            None => pb::ScoringMode::Unspecified,
+            Some(d::ScoringMode::Batch) => pb::ScoringMode::Batch,
+            Some(d::ScoringMode::Item) => pb::ScoringMode::Item,
         } as i32,
-        primary_metric: primary_metric_to(c.primary_metric) as i32,
+        primary_metric: c.primary_metric.map_or(pb::PrimaryMetric::Unspecified, primary_metric_to) as i32,
         capture_reasoning: c.capture_reasoning,
         use_logprobs: c.use_logprobs,
         prompt_template: c.prompt_template.clone().unwrap_or_default(),
-        concurrency: c.concurrency,
+        concurrency: c.concurrency.unwrap_or(0),
+        prompt: match c.prompt {
+            None => pb::ScoringPrompt::Unspecified,
+            Some(d::ScoringPrompt::Default) => pb::ScoringPrompt::Default,
+            Some(d::ScoringPrompt::Rlcf) => pb::ScoringPrompt::Rlcf,
+            Some(d::ScoringPrompt::RocketEval) => pb::ScoringPrompt::Rocketeval,
+        } as i32,
     }
 }
 
@@ -473,7 +505,7 @@ pub fn score_request_to(r: &d::ScoreRequest) -> crate::scorer::v1::ScoreRequest 
                 history: t.history.clone(),
             })
             .collect(),
-        config: Some(scorer_config_to(&r.config)),
+        config: Some(scorer_settings_to(&r.config)),
         model: Some(model_spec_to(&r.model)),
     }
 }

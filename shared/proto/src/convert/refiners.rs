@@ -236,6 +236,7 @@ pub fn enforceability_to(e: &ItemEnforceability) -> pb::ItemEnforceability {
         correct_failures: e.correct_failures,
         rate: e.rate,
         kept: e.kept,
+        unchecked: e.unchecked,
     }
 }
 

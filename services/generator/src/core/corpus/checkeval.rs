@@ -7,7 +7,7 @@
 //! seeds first. Category = dimension name. With `filter`, one call per question keeps those that
 //! pass both alignment ("yes" means better) and dimension consistency; a judgement that cannot be
 //! read keeps the question (as the original) and is counted. Deduplication (0.85) follows in the
-//! built-in refinement.
+//! built-in refinement, with `filter` only (the original ties redundancy removal to filtering).
 
 use std::sync::atomic::{AtomicU32, Ordering};
 

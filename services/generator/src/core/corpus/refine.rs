@@ -6,7 +6,7 @@
 //!   from the questions' `source_indices`; ids are the raw ones, and the Selector matches a merged
 //!   item through the ids it was merged from, so a merged question covers the union of its
 //!   members' observations.
-//! - checkeval: Deduplicator (0.85 unless overridden), skippable.
+//! - checkeval: Deduplicator (0.85 unless overridden) with `filter` only, skippable.
 //! - interacteval: none (its validation stage is its refinement).
 //!
 //! One progress event per step (stage `refine`, the message names the refiner).
@@ -62,8 +62,10 @@ pub fn steps(request: &CorpusRequest) -> Vec<Step> {
                 out.push(Step::Select);
             }
         }
+        // As the original, redundancy removal belongs to filtering: without `filter` the
+        // generated questions come back as generated.
         CorpusPreset::CheckEval => {
-            if !r.skip_deduplication {
+            if request.filter && !r.skip_deduplication {
                 out.push(Step::Deduplicate);
             }
         }
@@ -188,9 +190,11 @@ impl Refinement {
                 Step::Tag => RefinerStep::Tag(TagOptions { model: self.model.clone(), concurrency: run.concurrency }),
                 Step::Select => RefinerStep::Select(SelectOptions {
                     max_questions,
+                    beam_width: r.beam_width,
+                    length_penalty: r.length_penalty,
+                    alpha: r.alpha,
                     coverage: coverage(observations, &items),
                     embedding_model: self.embedding_model.clone(),
-                    ..SelectOptions::default()
                 }),
             })
             .collect();
@@ -240,6 +244,8 @@ mod tests {
         r.refinement.skip_selection = true;
         assert!(steps(&r).is_empty());
         let mut r = CorpusRequest::new(CorpusPreset::CheckEval);
+        assert!(steps(&r).is_empty(), "no deduplication without filtering");
+        r.filter = true;
         r.refinement.skip_tagging = true;
         assert_eq!(steps(&r), vec![Step::Deduplicate]);
         r.refinement.skip_deduplication = true;
