@@ -27,6 +27,8 @@ struct Harness {
     server: TestServer,
     /// The refiners service the generator refines with.
     _refiners: TestServer,
+    /// The scorer the refiners' UnitTester scores with.
+    _scorer: TestServer,
 }
 
 impl Harness {
@@ -51,8 +53,16 @@ async fn harness() -> Harness {
     cfg.base_backoff = Duration::from_millis(5);
     cfg.max_retries = 1;
     let hub = Arc::new(ModelHub::single_openai(cfg).unwrap());
+    let scorer = TestServer::start(
+        assay_scorer::routes(Arc::new(assay_scorer::ScorerCore::new(hub.clone(), 4))),
+        &[assay_proto::service_names::SCORER],
+    )
+    .await;
+    let remote_scorer = Arc::new(assay_rpc::remote::RemoteScorer::new(scorer.channel().await, None));
     let refiners = TestServer::start(
-        assay_refiners::routes(Arc::new(assay_refiners::ChecklistRefiners::new(hub.clone()))),
+        assay_refiners::routes(Arc::new(
+            assay_refiners::ChecklistRefiners::new(hub.clone()).with_scorer(remote_scorer),
+        )),
         &[assay_proto::service_names::REFINERS],
     )
     .await;
@@ -62,7 +72,7 @@ async fn harness() -> Harness {
         &[assay_proto::service_names::GENERATOR],
     )
     .await;
-    Harness { llm, server, _refiners: refiners }
+    Harness { llm, server, _refiners: refiners, _scorer: scorer }
 }
 
 fn schema_name(r: &RecordedRequest) -> String {
@@ -222,6 +232,62 @@ fn refinement_handler(r: &RecordedRequest) -> Reply {
             Reply::json(json!({"reasoning": "r", "generally_applicable": ok, "section_specific": true}))
         }
         other => Reply::status(500).body(format!("unexpected schema {other}")),
+    }
+}
+
+/// feedback with `run_unit_tester`: the samples are scored against the questions, the passing ones
+/// rewritten to fail, and only questions that catch the rewrites are kept.
+#[tokio::test]
+async fn feedback_runs_the_unit_tester_on_its_samples() {
+    let h = harness().await;
+    h.llm.set_handler(with_embeddings(|r| {
+        let p = prompt(r);
+        match schema_name(r).as_str() {
+            "feedback_questions" => Reply::json(json!({"questions": [
+                {"question": "Is it concise?", "source_feedback_indices": [0]},
+                {"question": "Is it polite?", "source_feedback_indices": [1]}
+            ]})),
+            // Both samples pass both questions.
+            "checklist_answers" => Reply::json(json!({"answers": [
+                {"question_index": 1, "answer": "YES"}, {"question_index": 2, "answer": "YES"}
+            ]})),
+            // Rewrites: the conciseness question catches them, the politeness one never does.
+            "checklist_answer" => {
+                Reply::json(json!({"answer": if p.contains("Is it concise?") { "NO" } else { "YES" }}))
+            }
+            "" if p.contains("Response that passes:") => Reply::text("a long, rude rewrite"),
+            other => Reply::status(500).body(format!("unexpected schema {other}")),
+        }
+    }));
+    let mut req = feedback_request(observations(2));
+    req.refinement = Some(pb::CorpusRefinement {
+        skip_deduplication: true,
+        skip_tagging: true,
+        skip_selection: true,
+        run_unit_tester: true,
+        unit_test_samples: vec!["Thanks, done.".into(), "Fixed it for you.".into()],
+        ..Default::default()
+    });
+    let reply = h.client().await.generate_corpus(req).await.unwrap().into_inner();
+    let qs: Vec<String> = reply.checklist.unwrap().items.into_iter().map(|i| i.question).collect();
+    assert_eq!(qs, vec!["Is it concise?"]);
+    assert_eq!(h.calls("checklist_answers").len(), 2, "each sample scored once against the questions");
+    assert_eq!(h.calls("checklist_answer").len(), 4, "2 questions x 2 passing samples, one rewrite each");
+
+    // Samples without the flag, or the flag without samples, are refused naming the field.
+    let mut client = h.client().await;
+    for (refinement, field) in [
+        (
+            pb::CorpusRefinement { unit_test_samples: vec!["x".into()], ..Default::default() },
+            "refinement.unit_test_samples",
+        ),
+        (pb::CorpusRefinement { run_unit_tester: true, ..Default::default() }, "refinement.run_unit_tester"),
+    ] {
+        let mut req = feedback_request(observations(2));
+        req.refinement = Some(refinement);
+        let err = client.generate_corpus(req).await.unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument);
+        assert!(err.message().contains(field), "{}", err.message());
     }
 }
 

@@ -307,6 +307,53 @@ fn unit_test_handler(llm: &ScriptedLlm, missed: &'static [(&'static str, &'stati
     });
 }
 
+/// Samples given without answers are scored first, in one batch-mode scorer call per sample
+/// against every item; then the test runs on the samples that passed.
+#[tokio::test]
+async fn unit_tester_scores_samples_given_without_answers() {
+    let h = harness().await;
+    h.llm.set_handler(|req| {
+        let (kind, p) = prompt_kind(req);
+        match kind {
+            "rewrite" => Reply::text(format!("REWRITTEN {}", line_after(&p, "Response that passes:\n"))),
+            // The batch scoring of a raw sample: "date" passes on "sample one" only, "short" on both.
+            "score" if p.contains("Q1: ") => {
+                let one = p.contains("sample one");
+                Reply::json(json!({"answers": [
+                    {"question_index": 1, "answer": if one { "YES" } else { "NO" }},
+                    {"question_index": 2, "answer": "YES"}
+                ]}))
+            }
+            // Every rewrite is caught.
+            "score" => Reply::json(json!({"answer": "NO"})),
+            _ => Reply::status(400),
+        }
+    });
+    let raw = |id: &str, text: &str| Sample { id: id.into(), text: text.into(), answers: Default::default() };
+    let reply = h
+        .client()
+        .await
+        .unit_test(UnitTestRequest {
+            items: vec![item("date", "Does it mention a date?", 100.0), item("short", "Is it short?", 100.0)],
+            samples: vec![raw("s1", "sample one"), raw("s2", "sample two")],
+            input: "Describe your weekend.".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let results: Vec<(&str, u32, u32, u32, bool)> = reply
+        .results
+        .iter()
+        .map(|r| (r.item_id.as_str(), r.samples, r.correct_failures, r.unchecked, r.kept))
+        .collect();
+    assert_eq!(results, vec![("date", 1, 1, 0, true), ("short", 2, 2, 0, true)]);
+    let chats = h.chats();
+    let batch = chats.iter().filter(|r| prompt_kind(r).0 == "score" && prompt_kind(r).1.contains("Q1: ")).count();
+    assert_eq!(batch, 2, "each raw sample scored once, in batch mode");
+    assert_eq!(chats.iter().filter(|r| prompt_kind(r).0 == "rewrite").count(), 3);
+}
+
 #[tokio::test]
 async fn unit_tester_rates_rewrites_and_applies_the_threshold() {
     use common::Answer::{No, Yes};

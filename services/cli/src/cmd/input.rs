@@ -62,6 +62,10 @@ pub struct CorpusArgs {
     /// unit_tester: scored sample responses, JSON lines {"id", "text", "answers": {"<item id>": "yes"|"no"}}.
     #[arg(long)]
     pub samples: Option<PathBuf>,
+    /// feedback: run the UnitTester on these sample responses (one per line, .txt, or JSON strings /
+    /// {"text"} objects, .jsonl; at most 20), after the Tagger.
+    #[arg(long)]
+    pub unit_test_samples: Option<PathBuf>,
     /// rlcf_candidate, rlcf_candidates_only: a model that writes candidate responses for records
     /// that bring none, as MODEL or MODEL@BACKEND (repeat for several: one response each; one
     /// model: four).
@@ -228,13 +232,14 @@ pub fn corpus_request(preset: gen_pb::Preset, a: &CorpusArgs) -> Result<gen_pb::
         refinement: Some(gen_pb::CorpusRefinement {
             skip_deduplication: a.no_dedup,
             skip_tagging: a.no_tagging,
-            run_unit_tester: false,
             skip_selection: a.no_selection,
             dedup_threshold: a.dedup_threshold,
             max_questions: a.max_questions,
             beam_width: a.beam_width,
             length_penalty: a.length_penalty,
             alpha: a.alpha,
+            run_unit_tester: a.unit_test_samples.is_some(),
+            unit_test_samples: a.unit_test_samples.as_deref().map(read_observations).transpose()?.unwrap_or_default(),
         }),
         ..Default::default()
     })

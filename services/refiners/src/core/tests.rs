@@ -290,12 +290,14 @@ fn bad_options_name_their_fields() {
 }
 
 #[test]
-fn unit_test_samples_need_answers() {
-    let o = UnitTestOptions {
-        samples: vec![Sample { id: "s1".into(), text: "t".into(), answers: BTreeMap::new() }],
-        ..Default::default()
-    };
+fn unit_test_samples_may_come_without_answers_but_not_without_text() {
+    let sample = |text: &str| Sample { id: "s1".into(), text: text.into(), answers: BTreeMap::new() };
+    let o = UnitTestOptions { samples: vec![sample("t")], ..Default::default() };
     let mut v = Violations::new();
     validate_unit_test(&o, "", &mut v);
-    assert_eq!(fields_of(v.into_result().unwrap_err()), vec!["samples"]);
+    assert!(v.into_result().is_ok(), "unanswered samples are scored first");
+    let o = UnitTestOptions { samples: vec![sample(" ")], ..Default::default() };
+    let mut v = Violations::new();
+    validate_unit_test(&o, "", &mut v);
+    assert_eq!(fields_of(v.into_result().unwrap_err()), vec!["samples[0].text"]);
 }

@@ -1,4 +1,5 @@
-//! UnitTester: for each item, the samples that scored YES on it (drawn down to `max_samples` with a
+//! UnitTester: samples given without answers are first scored against every item (batch mode);
+//! then for each item, the samples that scored YES on it (drawn down to `max_samples` with a
 //! fixed seed) are rewritten by the model to fail the item, and each rewrite is scored by the
 //! scorer stage (item mode, same backend and model); rate = rewrites scored NO / samples tested;
 //! the item is kept iff rate >= threshold.
@@ -83,6 +84,50 @@ fn scorer_spec(chat: &ResolvedChat, requested: &ModelSpec) -> ModelSpec {
     }
 }
 
+/// The samples with their answers: a sample given without any is scored first against every
+/// item (one batch-mode scorer call for all of them, same backend and model), as the original
+/// scores raw samples; samples with answers are taken as they are.
+async fn with_answers(
+    scorer: &dyn assay_domain::Scorer,
+    items: &[ChecklistItem],
+    options: &UnitTestOptions,
+    spec: &ModelSpec,
+) -> Result<(Vec<assay_domain::refiners::Sample>, Usage), StageError> {
+    let mut samples = options.samples.clone();
+    let raw: Vec<usize> = (0..samples.len()).filter(|&i| samples[i].answers.is_empty()).collect();
+    if raw.is_empty() {
+        return Ok((samples, Usage::default()));
+    }
+    let mut checklist_items: Vec<ChecklistItem> = items.to_vec();
+    for it in &mut checklist_items {
+        it.metadata.clear();
+    }
+    let request = ScoreRequest {
+        checklist: Checklist {
+            id: "unit-test-samples".into(),
+            items: checklist_items,
+            input: options.input.clone(),
+            ..Default::default()
+        },
+        targets: raw
+            .iter()
+            .map(|&i| ScoreTarget {
+                id: samples[i].id.clone(),
+                input: options.input.clone(),
+                target: samples[i].text.clone(),
+                ..Default::default()
+            })
+            .collect(),
+        config: ScorerSettings::all(&ScorerConfig { mode: ScoringMode::Batch, ..Default::default() }),
+        model: spec.clone(),
+    };
+    let outcome = scorer.score(request, &assay_domain::no_events).await?;
+    for (&i, score) in raw.iter().zip(&outcome.scores) {
+        samples[i].answers = score.item_scores.iter().filter_map(|s| Some((s.item_id.clone(), s.answer?))).collect();
+    }
+    Ok((samples, outcome.usage))
+}
+
 pub(super) async fn run(
     core: &ChecklistRefiners,
     items: Vec<ChecklistItem>,
@@ -91,7 +136,11 @@ pub(super) async fn run(
     let threshold = options.threshold.unwrap_or(DEFAULT_ENFORCEABILITY_THRESHOLD);
     let max_samples = options.max_samples.unwrap_or(DEFAULT_MAX_SAMPLES) as usize;
     let seed = options.seed.unwrap_or(DEFAULT_SEED);
-    let samples = &options.samples;
+    let chat = core.chat(&options.model, "model")?;
+    let spec = scorer_spec(&chat, &options.model);
+    let scorer = core.scorer()?;
+    let (scored, mut usage) = with_answers(scorer.as_ref(), &items, options, &spec).await?;
+    let samples = &scored;
     if !items.iter().any(|it| samples.iter().any(|s| s.answers.contains_key(&it.id))) {
         return Err(StageError::invalid(
             "samples",
@@ -102,11 +151,8 @@ pub(super) async fn run(
             ),
         ));
     }
-    let chat = core.chat(&options.model, "model")?;
-    let spec = scorer_spec(&chat, &options.model);
     let concurrency = core.effective_concurrency(options.concurrency);
     // One scorer call per rewrite, each a single model call, so `concurrency` bounds model calls.
-    let scorer = core.scorer()?;
 
     // Per item: the samples that passed it, drawn down to max_samples.
     let drawn: Vec<Vec<usize>> = items
@@ -175,7 +221,6 @@ pub(super) async fn run(
         .collect()
         .await;
 
-    let mut usage = Usage::default();
     let mut tallies: Vec<ItemEnforceability> = items
         .iter()
         .zip(&drawn)

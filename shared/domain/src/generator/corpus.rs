@@ -187,8 +187,7 @@ pub struct Dimension {
 pub struct CorpusRefinement {
     pub skip_deduplication: bool,
     pub skip_tagging: bool,
-    /// UnitTester is off by default. It needs scored sample responses, which a corpus request does
-    /// not carry: asking for it is INVALID_ARGUMENT (run the refiners' UnitTest on the result).
+    /// UnitTester, off by default; feedback runs it after the Tagger with `unit_test_samples`.
     pub run_unit_tester: bool,
     pub skip_selection: bool,
     /// Deduplicator threshold, in (0, 1] (default 0.85).
@@ -202,7 +201,12 @@ pub struct CorpusRefinement {
     pub length_penalty: Option<f64>,
     /// feedback: the Selector's weight of coverage against diversity (default 0.5).
     pub alpha: Option<f64>,
+    /// feedback: sample responses for the UnitTester, scored against the questions first.
+    pub unit_test_samples: Vec<String>,
 }
+
+/// Most UnitTester samples a corpus request may carry (each is scored against every question).
+pub const MAX_UNIT_TEST_SAMPLES: usize = 20;
 
 /// Corpus-level generation with a preset.
 #[derive(Debug, Clone, PartialEq)]
@@ -419,12 +423,33 @@ pub fn validate(request: &CorpusRequest) -> Result<(), StageError> {
         ..Default::default()
     };
     crate::refiners::validate_select(&select, "refinement", &mut v);
-    if r.run_unit_tester {
+    if r.run_unit_tester && request.preset != CorpusPreset::Feedback {
         v.push(
             fields::RUN_UNIT_TESTER,
-            "the UnitTester needs sample responses scored against the generated questions, which a corpus \
-             request cannot carry; generate first, score samples, then run the refiners' UnitTest",
+            format!("the UnitTester is part of the feedback preset's refinement, not of {}", request.preset),
         );
+    } else if r.run_unit_tester && r.unit_test_samples.is_empty() {
+        v.push(
+            fields::RUN_UNIT_TESTER,
+            "needs refinement.unit_test_samples: sample responses the UnitTester scores, rewrites and re-scores",
+        );
+    } else if !r.run_unit_tester && !r.unit_test_samples.is_empty() {
+        v.push(
+            "refinement.unit_test_samples",
+            "are given but refinement.run_unit_tester is false: set it to run the UnitTester",
+        );
+    }
+    if r.unit_test_samples.len() > MAX_UNIT_TEST_SAMPLES {
+        v.push(
+            "refinement.unit_test_samples",
+            format!("has {} samples; the limit is {MAX_UNIT_TEST_SAMPLES}", r.unit_test_samples.len()),
+        );
+    }
+    for (i, t) in r.unit_test_samples.iter().enumerate() {
+        if t.trim().is_empty() {
+            v.push(format!("refinement.unit_test_samples[{i}]"), "must not be empty");
+        }
+        text_limit(t, &format!("refinement.unit_test_samples[{i}]"), MAX_TEXT_BYTES, &mut v);
     }
     text_limit(&request.corpus_description, fields::CORPUS_DESCRIPTION, MAX_TEXT_BYTES, &mut v);
     v.into_result()

@@ -317,6 +317,7 @@ fn refinement_from(r: Option<pb::CorpusRefinement>) -> CorpusRefinement {
         beam_width,
         length_penalty,
         alpha,
+        unit_test_samples,
     }) = r
     else {
         return CorpusRefinement::default();
@@ -331,6 +332,7 @@ fn refinement_from(r: Option<pb::CorpusRefinement>) -> CorpusRefinement {
         beam_width,
         length_penalty,
         alpha,
+        unit_test_samples,
     }
 }
 
@@ -345,6 +347,7 @@ fn refinement_to(r: &CorpusRefinement) -> pb::CorpusRefinement {
         beam_width: r.beam_width,
         length_penalty: r.length_penalty,
         alpha: r.alpha,
+        unit_test_samples: r.unit_test_samples.clone(),
     }
 }
 
@@ -534,6 +537,7 @@ mod tests {
             beam_width: Some(3),
             length_penalty: Some(0.001),
             alpha: Some(0.25),
+            unit_test_samples: vec!["a sample".into()],
         };
         r.model.temperature = Some(0.2);
         r.embedding_model.model = Some("emb".into());

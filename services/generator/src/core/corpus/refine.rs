@@ -1,8 +1,8 @@
 //! Built-in refinement: the refiners stage (a [`ChecklistRefiner`], the refiners service over
 //! gRPC in production) on the generator's own chat backend and the request's embedding model.
 //!
-//! - feedback: Deduplicator -> Tagger -> Selector (UnitTester: see [`super::CorpusRefinement`]),
-//!   each skippable. The Selector gets the coverage assignment observation -> questions derived
+//! - feedback: Deduplicator -> Tagger -> (UnitTester, with `run_unit_tester` and samples, which
+//!   it scores first) -> Selector, each skippable. The Selector gets the coverage assignment observation -> questions derived
 //!   from the questions' `source_indices`; ids are the raw ones, and the Selector matches a merged
 //!   item through the ids it was merged from, so a merged question covers the union of its
 //!   members' observations.
@@ -14,7 +14,8 @@
 use std::sync::Arc;
 
 use assay_domain::refiners::{
-    ChecklistRefiner, CoverageEntry, DedupOptions, MAX_ITEMS, RefinerStep, SelectOptions, StepReport, TagOptions,
+    ChecklistRefiner, CoverageEntry, DedupOptions, MAX_ITEMS, RefinerStep, Sample, SelectOptions, StepReport,
+    TagOptions, UnitTestOptions,
 };
 use assay_domain::{ChecklistItem, ModelSpec, ResolvedChat, StageError};
 
@@ -33,6 +34,7 @@ use assay_domain::generator::corpus::{
 pub enum Step {
     Deduplicate,
     Tag,
+    UnitTest,
     Select,
 }
 
@@ -41,6 +43,7 @@ impl Step {
         match self {
             Step::Deduplicate => "deduplicator",
             Step::Tag => "tagger",
+            Step::UnitTest => "unit_tester",
             Step::Select => "selector",
         }
     }
@@ -57,6 +60,9 @@ pub fn steps(request: &CorpusRequest) -> Vec<Step> {
             }
             if !r.skip_tagging {
                 out.push(Step::Tag);
+            }
+            if r.run_unit_tester {
+                out.push(Step::UnitTest);
             }
             if !r.skip_selection {
                 out.push(Step::Select);
@@ -188,6 +194,22 @@ impl Refinement {
                     embedding_model: self.embedding_model.clone(),
                 }),
                 Step::Tag => RefinerStep::Tag(TagOptions { model: self.model.clone(), concurrency: run.concurrency }),
+                Step::UnitTest => RefinerStep::UnitTest(UnitTestOptions {
+                    samples: r
+                        .unit_test_samples
+                        .iter()
+                        .enumerate()
+                        .map(|(i, text)| Sample {
+                            id: format!("sample-{i}"),
+                            text: text.clone(),
+                            answers: Default::default(),
+                        })
+                        .collect(),
+                    input: request.corpus_description.clone(),
+                    model: self.model.clone(),
+                    concurrency: run.concurrency,
+                    ..UnitTestOptions::default()
+                }),
                 Step::Select => RefinerStep::Select(SelectOptions {
                     max_questions,
                     beam_width: r.beam_width,
