@@ -307,3 +307,44 @@ async fn backend_failure_is_unavailable_not_a_zero_score() {
         .unwrap_err();
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
 }
+
+/// Unset settings take the defaults of the preset named by the checklist's `source_method`, field
+/// by field: an rlcf_direct checklist with only `capture_reasoning` is scored in item mode with the
+/// weighted score and the RLCF prompt; an explicit one in batch mode with the pass rate.
+#[tokio::test]
+async fn unset_settings_follow_the_checklists_preset() {
+    let h = harness().await;
+    h.llm.set_handler(assay_testkit::schema_handler(Duration::ZERO));
+    let mut client = ScorerServiceClient::new(h.server.channel().await);
+    let only_reasoning = pb::ScorerConfig { capture_reasoning: Some(true), ..Default::default() };
+    let mut cl = checklist(&[70.0, 30.0]);
+    cl.source_method = "rlcf_direct".into();
+    let reply = client
+        .score(ScoreRequest {
+            checklist: Some(cl.clone()),
+            targets: vec![target("a")],
+            config: Some(only_reasoning.clone()),
+            model: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(reply.scores[0].primary_metric, pb::PrimaryMetric::Weighted as i32);
+    assert_eq!(h.llm.request_count(), 2, "item mode: one call per question");
+    let prompt = h.llm.requests()[0].last_user_message().unwrap();
+    assert!(prompt.starts_with("You are checking one response against a single criterion"), "{prompt}");
+
+    cl.source_method = "explicit".into();
+    let reply = client
+        .score(ScoreRequest {
+            checklist: Some(cl),
+            targets: vec![target("a")],
+            config: Some(only_reasoning),
+            model: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(reply.scores[0].primary_metric, pb::PrimaryMetric::Pass as i32);
+    assert_eq!(h.llm.request_count(), 3, "batch mode: one call");
+}
