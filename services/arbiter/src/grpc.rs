@@ -1,11 +1,71 @@
-//! gRPC adapter of the arbiter service. The verdict consolidation, agreement, routing and plans stage is not built yet: every RPC answers
-//! UNIMPLEMENTED with a message naming it, so clients see the full contract today.
+//! gRPC adapter of the arbiter service. ComputeAgreement is served; Consolidate, Route and Plan
+//! are not built yet and answer UNIMPLEMENTED with a message naming them.
 
 use assay_proto::arbiter::v1::arbiter_service_server::{ArbiterService, ArbiterServiceServer};
 use assay_proto::arbiter::v1::{
-    ComputeAgreementRequest, ComputeAgreementResponse, ConsolidateRequest, ConsolidateResponse, PlanRequest,
-    PlanResponse, RouteRequest, RouteResponse,
+    ComputeAgreementRequest, ComputeAgreementResponse, ConsolidateRequest, ConsolidateResponse, LevelOfMeasurement,
+    PlanRequest, PlanResponse, RouteRequest, RouteResponse,
 };
+
+use crate::core::alpha::{self, Level};
+use assay_domain::{StageError, Violations};
+
+/// Most raters of one agreement request.
+pub const MAX_RATERS: usize = 1_000;
+/// Most values (raters x units) of one agreement request.
+pub const MAX_VALUES: usize = 1_000_000;
+
+/// The reliability data and level of a request, checked (fields named as on the wire).
+fn agreement_input(r: ComputeAgreementRequest) -> Result<(alpha::Ratings, Level), StageError> {
+    let mut v = Violations::new();
+    let level = match LevelOfMeasurement::try_from(r.level) {
+        Ok(LevelOfMeasurement::Nominal) => Level::Nominal,
+        Ok(LevelOfMeasurement::Ordinal) => Level::Ordinal,
+        Ok(LevelOfMeasurement::Interval | LevelOfMeasurement::Unspecified) => Level::Interval,
+        Ok(LevelOfMeasurement::Ratio) => Level::Ratio,
+        Err(_) => {
+            v.push(
+                "level",
+                format!(
+                    "unknown value {} (0 unspecified = interval, 1 nominal, 2 ordinal, 3 interval, 4 ratio)",
+                    r.level
+                ),
+            );
+            Level::Interval
+        }
+    };
+    if r.raters.is_empty() {
+        v.push("raters", "must not be empty: one row of values per rater");
+    }
+    if r.raters.len() > MAX_RATERS {
+        v.push("raters", format!("has {} raters; the limit is {MAX_RATERS}", r.raters.len()));
+    }
+    let values: usize = r.raters.iter().map(|row| row.values.len()).sum();
+    if values > MAX_VALUES {
+        v.push("raters", format!("hold {values} values; the limit is {MAX_VALUES}"));
+    }
+    v.into_result()?;
+    let mut v = Violations::new();
+    let data: alpha::Ratings = r
+        .raters
+        .into_iter()
+        .enumerate()
+        .map(|(i, row)| {
+            row.values
+                .into_iter()
+                .enumerate()
+                .map(|(u, x)| {
+                    if let Some(x) = x.value.filter(|x| !x.is_finite()) {
+                        v.push(format!("raters[{i}].values[{u}].value"), format!("must be a finite number (got {x})"));
+                    }
+                    x.value
+                })
+                .collect()
+        })
+        .collect();
+    v.into_result()?;
+    Ok((data, level))
+}
 
 use tonic::service::Routes;
 use tonic::{Request, Response, Status};
@@ -33,9 +93,19 @@ fn not_yet(rpc: &str) -> Status {
 impl ArbiterService for ArbiterGrpc {
     async fn compute_agreement(
         &self,
-        _: Request<ComputeAgreementRequest>,
+        request: Request<ComputeAgreementRequest>,
     ) -> Result<Response<ComputeAgreementResponse>, Status> {
-        Err(not_yet("ComputeAgreement"))
+        let (data, level) = agreement_input(request.into_inner()).map_err(assay_rpc::status::to_status)?;
+        // Up to a million values: off the async workers.
+        let (result, pairable) =
+            tokio::task::spawn_blocking(move || (alpha::alpha(&data, level), alpha::pairable_units(&data)))
+                .await
+                .map_err(|e| Status::internal(format!("agreement computation failed: {e}")))?;
+        Ok(Response::new(ComputeAgreementResponse {
+            alpha: result.ok(),
+            pairable_units: pairable as u32,
+            undefined_reason: result.err().map(|e| e.to_string()).unwrap_or_default(),
+        }))
     }
 
     async fn consolidate(&self, _: Request<ConsolidateRequest>) -> Result<Response<ConsolidateResponse>, Status> {

@@ -1,5 +1,6 @@
 //! The arbiter service: verdict consolidation, agreement, routing and plans.
 
+pub mod core;
 pub mod grpc;
 
 pub use grpc::routes;

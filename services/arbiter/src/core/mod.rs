@@ -1,0 +1,3 @@
+//! The arbiter's pure logic: no transport types here.
+
+pub mod alpha;
