@@ -512,13 +512,7 @@ async fn a_paused_run_stays_paused_across_a_restart_and_can_be_resumed_or_cancel
 async fn evaluate_with_a_preset_stops_when_its_caller_goes_away() {
     let sandbox = MeshSandbox::start_with(SandboxOptions { concurrency: Some(4), ..Default::default() }).await;
     sandbox.llm.set_handler(|_| Reply::hang());
-    let mut p = pipeline(40);
-    p.source = Some(gw::ChecklistSource {
-        source: Some(gw::checklist_source::Source::Preset(assay_proto::generator::v1::Preset::Tick as i32)),
-    });
-    for (i, r) in p.records.iter_mut().enumerate() {
-        r.input = format!("Write about topic {i}.");
-    }
+    let p = preset_pipeline(40);
     let mut client = GatewayServiceClient::new(sandbox.gateway().await);
     let mut request = tonic::Request::new(gw::EvaluateRequest { pipeline: Some(p) });
     request.set_timeout(Duration::from_millis(500));
@@ -541,13 +535,7 @@ async fn evaluate_with_a_preset_stops_when_its_caller_goes_away() {
 async fn evaluate_with_a_preset_stops_when_its_caller_cancels() {
     let sandbox = MeshSandbox::start_with(SandboxOptions { concurrency: Some(4), ..Default::default() }).await;
     sandbox.llm.set_handler(|_| Reply::hang());
-    let mut p = pipeline(40);
-    p.source = Some(gw::ChecklistSource {
-        source: Some(gw::checklist_source::Source::Preset(assay_proto::generator::v1::Preset::Tick as i32)),
-    });
-    for (i, r) in p.records.iter_mut().enumerate() {
-        r.input = format!("Write about topic {i}.");
-    }
+    let p = preset_pipeline(40);
     let mut client = GatewayServiceClient::new(sandbox.gateway().await);
     let call = tokio::spawn(async move { client.evaluate(gw::EvaluateRequest { pipeline: Some(p) }).await });
     assert!(assay_testkit::eventually(Duration::from_secs(10), || sandbox.llm.request_count() == 4).await);
