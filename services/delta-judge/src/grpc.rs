@@ -1,5 +1,5 @@
-//! gRPC adapter of the delta-judge service. The fix verification stage is not built yet: every RPC answers
-//! UNIMPLEMENTED with a message naming it, so clients see the full contract today.
+//! gRPC adapter of the delta-judge service. Readability is served; Verify, CheckQualityLocks and
+//! CheckConvergence are not built yet and answer UNIMPLEMENTED with a message naming them.
 
 use assay_proto::delta_judge::v1::delta_judge_service_server::{DeltaJudgeService, DeltaJudgeServiceServer};
 use assay_proto::delta_judge::v1::{
@@ -7,7 +7,36 @@ use assay_proto::delta_judge::v1::{
     ReadabilityRequest, ReadabilityResponse, VerifyRequest, VerifyResponse,
 };
 
+use assay_domain::limits::MAX_TEXT_BYTES;
+use assay_domain::{StageError, Violations};
 use tonic::service::Routes;
+
+use crate::core::readability::{self, Readability};
+
+/// The wire form of readability figures.
+pub fn readability_to(r: &Readability) -> ReadabilityResponse {
+    ReadabilityResponse {
+        average_sentence_words: r.average_sentence_words,
+        max_sentence_words: r.max_sentence_words as u32,
+        paragraph_break_ratio: r.paragraph_break_ratio,
+        sentences: r.sentences as u32,
+        paragraphs: r.paragraphs as u32,
+        long_sentences: r.long_sentences.clone(),
+        dense_text: r.dense_text,
+        within_targets: r.within_targets,
+    }
+}
+
+fn readability_input(r: &ReadabilityRequest) -> Result<(), StageError> {
+    let mut v = Violations::new();
+    if r.text.trim().is_empty() {
+        v.push("text", "must not be blank: there is nothing to measure");
+    }
+    if r.text.len() > MAX_TEXT_BYTES {
+        v.push("text", format!("is {} bytes; the limit is {MAX_TEXT_BYTES} bytes", r.text.len()));
+    }
+    v.into_result()
+}
 use tonic::{Request, Response, Status};
 
 /// The delta-judge service's gRPC face.
@@ -35,8 +64,10 @@ impl DeltaJudgeService for DeltaJudgeGrpc {
         Err(not_yet("Verify"))
     }
 
-    async fn readability(&self, _: Request<ReadabilityRequest>) -> Result<Response<ReadabilityResponse>, Status> {
-        Err(not_yet("Readability"))
+    async fn readability(&self, request: Request<ReadabilityRequest>) -> Result<Response<ReadabilityResponse>, Status> {
+        let request = request.into_inner();
+        readability_input(&request).map_err(assay_rpc::status::to_status)?;
+        Ok(Response::new(readability_to(&readability::measure(&request.text))))
     }
 
     async fn check_quality_locks(

@@ -1,5 +1,6 @@
 //! The delta-judge service: fix verification.
 
+pub mod core;
 pub mod grpc;
 
 pub use grpc::routes;

@@ -1,0 +1,3 @@
+//! The delta judge's pure logic: no transport types here.
+
+pub mod readability;
