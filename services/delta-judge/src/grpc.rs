@@ -1,5 +1,5 @@
-//! gRPC adapter of the delta-judge service. Readability is served; Verify, CheckQualityLocks and
-//! CheckConvergence are not built yet and answer UNIMPLEMENTED with a message naming them.
+//! gRPC adapter of the delta-judge service. Readability, CheckQualityLocks and CheckConvergence are
+//! served; Verify is not built yet and answers UNIMPLEMENTED with a message naming it.
 
 use assay_proto::delta_judge::v1::delta_judge_service_server::{DeltaJudgeService, DeltaJudgeServiceServer};
 use assay_proto::delta_judge::v1::{
@@ -11,7 +11,70 @@ use assay_domain::limits::MAX_TEXT_BYTES;
 use assay_domain::{StageError, Violations};
 use tonic::service::Routes;
 
+use crate::core::iteration::{self, Lock};
 use crate::core::readability::{self, Readability};
+use assay_domain::limits::MAX_ID_BYTES;
+use assay_proto::delta_judge::v1::LockViolation;
+
+/// Most locks, scores, iterations or sections of one request.
+pub const MAX_ENTRIES: usize = 1_000;
+
+fn unit_interval(x: f64, field: &str, v: &mut Violations) {
+    if !(0.0..=1.0).contains(&x) {
+        v.push(field, format!("must be in [0, 1] (got {x})"));
+    }
+}
+
+fn locks_input(r: &CheckQualityLocksRequest) -> Result<Vec<Lock>, StageError> {
+    let mut v = Violations::new();
+    if r.locks.len() > MAX_ENTRIES || r.criterion_scores.len() > MAX_ENTRIES {
+        v.push("locks", format!("at most {MAX_ENTRIES} locks and {MAX_ENTRIES} scores"));
+    }
+    let mut seen = std::collections::HashSet::new();
+    for (i, l) in r.locks.iter().enumerate() {
+        let f = format!("locks[{i}]");
+        if l.criterion.trim().is_empty() {
+            v.push(format!("{f}.criterion"), "must not be empty");
+        } else if l.criterion.len() > MAX_ID_BYTES {
+            v.push(format!("{f}.criterion"), format!("is {} bytes; the limit is {MAX_ID_BYTES}", l.criterion.len()));
+        } else if !seen.insert(l.criterion.as_str()) {
+            v.push(format!("{f}.criterion"), format!("duplicate criterion {:?}", l.criterion));
+        } else if !r.criterion_scores.contains_key(&l.criterion) {
+            v.push("criterion_scores", format!("has no score for the locked criterion {:?}", l.criterion));
+        }
+        unit_interval(l.baseline, &format!("{f}.baseline"), &mut v);
+        if let Some(d) = l.max_drop {
+            unit_interval(d, &format!("{f}.max_drop"), &mut v);
+        }
+    }
+    for (c, x) in &r.criterion_scores {
+        unit_interval(*x, &format!("criterion_scores[{c:?}]"), &mut v);
+    }
+    v.into_result()?;
+    Ok(r.locks
+        .iter()
+        .map(|l| Lock { criterion: l.criterion.clone(), baseline: l.baseline, max_drop: l.max_drop })
+        .collect())
+}
+
+fn convergence_input(r: &CheckConvergenceRequest) -> Result<(), StageError> {
+    let mut v = Violations::new();
+    if r.scores.is_empty() {
+        v.push("scores", "must not be empty: the score before any edit comes first");
+    }
+    if r.scores.len() > MAX_ENTRIES || r.section_edits.len() > MAX_ENTRIES {
+        v.push("scores", format!("at most {MAX_ENTRIES} scores and {MAX_ENTRIES} sections"));
+    }
+    for (i, x) in r.scores.iter().enumerate() {
+        unit_interval(*x, &format!("scores[{i}]"), &mut v);
+    }
+    for id in r.section_edits.keys() {
+        if id.is_empty() || id.len() > MAX_ID_BYTES {
+            v.push("section_edits", format!("section ids are 1 to {MAX_ID_BYTES} bytes (got {} bytes)", id.len()));
+        }
+    }
+    v.into_result()
+}
 
 /// The wire form of readability figures.
 pub fn readability_to(r: &Readability) -> ReadabilityResponse {
@@ -72,15 +135,36 @@ impl DeltaJudgeService for DeltaJudgeGrpc {
 
     async fn check_quality_locks(
         &self,
-        _: Request<CheckQualityLocksRequest>,
+        request: Request<CheckQualityLocksRequest>,
     ) -> Result<Response<CheckQualityLocksResponse>, Status> {
-        Err(not_yet("CheckQualityLocks"))
+        let request = request.into_inner();
+        let locks = locks_input(&request).map_err(assay_rpc::status::to_status)?;
+        let scores: std::collections::BTreeMap<String, f64> = request.criterion_scores.into_iter().collect();
+        let violations: Vec<LockViolation> = iteration::lock_violations(&locks, &scores)
+            .into_iter()
+            .map(|v| LockViolation {
+                criterion: v.criterion,
+                baseline: v.baseline,
+                current: v.current,
+                max_drop: v.max_drop,
+            })
+            .collect();
+        Ok(Response::new(CheckQualityLocksResponse { ok: violations.is_empty(), violations }))
     }
 
     async fn check_convergence(
         &self,
-        _: Request<CheckConvergenceRequest>,
+        request: Request<CheckConvergenceRequest>,
     ) -> Result<Response<CheckConvergenceResponse>, Status> {
-        Err(not_yet("CheckConvergence"))
+        let request = request.into_inner();
+        convergence_input(&request).map_err(assay_rpc::status::to_status)?;
+        let edits: std::collections::BTreeMap<String, u32> = request.section_edits.into_iter().collect();
+        let c = iteration::convergence(&request.scores, &edits, request.tokens_used, request.elapsed_ms);
+        Ok(Response::new(CheckConvergenceResponse {
+            converged: c.stop.is_some(),
+            reason: c.stop.map(|s| s.name().to_string()).unwrap_or_default(),
+            locked_section_ids: c.locked_sections,
+            best_iteration: c.best_iteration as u32,
+        }))
     }
 }
