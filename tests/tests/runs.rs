@@ -656,6 +656,39 @@ fn preset_pipeline(n: usize) -> gw::ChecklistEvalPipeline {
     p
 }
 
+/// Start a checklist evaluation: its event stream and the run's id (from the first event).
+async fn start(
+    client: &mut GatewayServiceClient<Channel>,
+    p: gw::ChecklistEvalPipeline,
+) -> (tonic::Streaming<gw::RunPipelineResponse>, String) {
+    let request = gw::RunPipelineRequest {
+        pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(p)),
+        label: String::new(),
+    };
+    let mut stream = client.run_pipeline(request).await.unwrap().into_inner();
+    let run_id = stream.message().await.unwrap().unwrap().event.unwrap().run_id;
+    (stream, run_id)
+}
+
+/// Control a run; the run as the answer describes it.
+async fn control(
+    client: &mut GatewayServiceClient<Channel>,
+    run_id: &str,
+    action: gw::control_run_request::Action,
+) -> gw::Run {
+    let request = gw::ControlRunRequest { run_id: run_id.to_string(), action: Some(action), ..Default::default() };
+    client.control_run(request).await.unwrap().into_inner().run.unwrap()
+}
+
+/// Every remaining event of a stream; the last one.
+async fn drain(stream: &mut tonic::Streaming<gw::RunPipelineResponse>) -> gw::RunEvent {
+    let mut last = None;
+    while let Some(m) = stream.message().await.unwrap() {
+        last = m.event;
+    }
+    last.expect("the stream ends with an event")
+}
+
 /// Cancel while checklists are generated: the generations in flight are dropped at the backend,
 /// none starts after, and the run ends CANCELLED.
 #[tokio::test]
@@ -663,33 +696,12 @@ async fn cancel_while_generating_drops_the_calls_in_flight() {
     let sandbox = MeshSandbox::start_with(SandboxOptions { concurrency: Some(2), ..Default::default() }).await;
     sandbox.llm.set_handler(|_| Reply::hang());
     let mut client = GatewayServiceClient::new(sandbox.gateway().await);
-    let mut stream = client
-        .run_pipeline(gw::RunPipelineRequest {
-            pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(preset_pipeline(20))),
-            label: String::new(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let run_id = stream.message().await.unwrap().unwrap().event.unwrap().run_id;
+    let (mut stream, run_id) = start(&mut client, preset_pipeline(20)).await;
     assert!(assay_testkit::eventually(Duration::from_secs(10), || sandbox.llm.request_count() == 2).await);
-    let run = client
-        .control_run(gw::ControlRunRequest {
-            run_id,
-            action: Some(gw::control_run_request::Action::Cancel(gw::CancelRun {})),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .run
-        .unwrap();
+    let run = control(&mut client, &run_id, gw::control_run_request::Action::Cancel(gw::CancelRun {})).await;
     assert_eq!(run.state, gw::RunState::Cancelled as i32);
-    let mut last = None;
-    while let Some(m) = stream.message().await.unwrap() {
-        last = m.event;
-    }
-    let Some(Event::Completed(c)) = last.and_then(|e| e.event) else { panic!("no completion") };
+    let last = drain(&mut stream).await;
+    let Some(Event::Completed(c)) = last.event else { panic!("no completion") };
     assert_eq!(c.state, gw::RunState::Cancelled as i32);
     assert!(assay_testkit::eventually(Duration::from_secs(10), || sandbox.llm.cancelled_count() == 2).await);
     assert_eq!(sandbox.llm.request_count(), 2, "no generation started after the cancel");
@@ -710,18 +722,9 @@ async fn pause_while_generating_starts_nothing_until_resumed() {
         }
     });
     let mut client = GatewayServiceClient::new(sandbox.gateway().await);
-    let mut stream = client
-        .run_pipeline(gw::RunPipelineRequest {
-            pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(preset_pipeline(6))),
-            label: String::new(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let run_id = stream.message().await.unwrap().unwrap().event.unwrap().run_id;
+    let (mut stream, run_id) = start(&mut client, preset_pipeline(6)).await;
     assert!(assay_testkit::eventually(Duration::from_secs(10), || sandbox.llm.request_count() == 2).await);
-    let control = |action| gw::ControlRunRequest { run_id: run_id.clone(), action: Some(action), ..Default::default() };
-    client.control_run(control(gw::control_run_request::Action::Pause(gw::PauseRun {}))).await.unwrap();
+    control(&mut client, &run_id, gw::control_run_request::Action::Pause(gw::PauseRun {})).await;
     // The two generations in flight finish (their checklists arrive); nothing else starts.
     let mut ready = 0;
     while ready < 2 {
@@ -732,12 +735,9 @@ async fn pause_while_generating_starts_nothing_until_resumed() {
     let run = client.get_run(gw::GetRunRequest { run_id: run_id.clone() }).await.unwrap().into_inner().run.unwrap();
     assert_eq!(run.state, gw::RunState::Paused as i32);
     assert_eq!(sandbox.llm.request_count(), 2, "no call started while paused");
-    client.control_run(control(gw::control_run_request::Action::Resume(gw::ResumeRun {}))).await.unwrap();
-    let mut last = None;
-    while let Some(m) = stream.message().await.unwrap() {
-        last = m.event;
-    }
-    let result = eval_result(&last.unwrap()).expect("completed");
+    control(&mut client, &run_id, gw::control_run_request::Action::Resume(gw::ResumeRun {})).await;
+    let last = drain(&mut stream).await;
+    let result = eval_result(&last).expect("completed");
     assert_eq!(result.checklists.len(), 6);
     assert!(result.results.iter().all(|r| r.score.is_some()));
     assert_eq!(sandbox.llm.request_count(), 6 + 6, "each input generated once, each record scored once");
@@ -751,19 +751,10 @@ async fn pause_while_scoring_starts_nothing_until_resumed() {
     let sandbox = MeshSandbox::start_with(SandboxOptions { concurrency: Some(2), ..Default::default() }).await;
     sandbox.llm.set_handler(|req| answer(req).delay(Duration::from_millis(200)));
     let mut client = GatewayServiceClient::new(sandbox.gateway().await);
-    let mut stream = client
-        .run_pipeline(gw::RunPipelineRequest {
-            pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(pipeline(8))),
-            label: String::new(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let run_id = stream.message().await.unwrap().unwrap().event.unwrap().run_id;
+    let (mut stream, run_id) = start(&mut client, pipeline(8)).await;
     assert!(assay_testkit::eventually(Duration::from_secs(10), || sandbox.llm.request_count() >= 1).await);
-    let control = |action| gw::ControlRunRequest { run_id: run_id.clone(), action: Some(action), ..Default::default() };
-    let paused = client.control_run(control(gw::control_run_request::Action::Pause(gw::PauseRun {}))).await.unwrap();
-    assert_eq!(paused.into_inner().run.unwrap().state, gw::RunState::Paused as i32);
+    let paused = control(&mut client, &run_id, gw::control_run_request::Action::Pause(gw::PauseRun {})).await;
+    assert_eq!(paused.state, gw::RunState::Paused as i32);
     let started = sandbox.llm.request_count();
     assert!(started < 8, "the pause came before the last record");
     // Every call in flight at the pause finishes and its record is scored; nothing else starts.
@@ -774,12 +765,9 @@ async fn pause_while_scoring_starts_nothing_until_resumed() {
         }
     }
     assert_eq!(sandbox.llm.request_count(), started, "no call started while paused");
-    client.control_run(control(gw::control_run_request::Action::Resume(gw::ResumeRun {}))).await.unwrap();
-    let mut last = None;
-    while let Some(m) = stream.message().await.unwrap() {
-        last = m.event;
-    }
-    let result = eval_result(&last.unwrap()).expect("completed");
+    control(&mut client, &run_id, gw::control_run_request::Action::Resume(gw::ResumeRun {})).await;
+    let last = drain(&mut stream).await;
+    let result = eval_result(&last).expect("completed");
     assert_eq!(result.results.len(), 8);
     assert!(result.results.iter().all(|r| r.score.is_some()));
     assert_eq!(sandbox.llm.request_count(), 8, "each record scored once");
@@ -798,35 +786,14 @@ async fn cancel_while_scoring_drops_the_calls_in_flight() {
         .llm
         .set_handler(move |req| if seen.fetch_add(1, Ordering::SeqCst) < 2 { answer(req) } else { Reply::hang() });
     let mut client = GatewayServiceClient::new(sandbox.gateway().await);
-    let mut stream = client
-        .run_pipeline(gw::RunPipelineRequest {
-            pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(pipeline(10))),
-            label: String::new(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let run_id = stream.message().await.unwrap().unwrap().event.unwrap().run_id;
+    let (mut stream, run_id) = start(&mut client, pipeline(10)).await;
     assert!(assay_testkit::eventually(Duration::from_secs(10), || sandbox.llm.request_count() == 4).await);
-    let run = client
-        .control_run(gw::ControlRunRequest {
-            run_id: run_id.clone(),
-            action: Some(gw::control_run_request::Action::Cancel(gw::CancelRun {})),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .run
-        .unwrap();
+    let run = control(&mut client, &run_id, gw::control_run_request::Action::Cancel(gw::CancelRun {})).await;
     assert_eq!(run.state, gw::RunState::Cancelled as i32);
     assert!(assay_testkit::eventually(Duration::from_secs(10), || sandbox.llm.cancelled_count() == 2).await);
     assert_eq!(sandbox.llm.request_count(), 4, "no call started after the cancel");
-    let mut last = None;
-    while let Some(m) = stream.message().await.unwrap() {
-        last = m.event;
-    }
-    let Some(Event::Completed(c)) = last.and_then(|e| e.event) else { panic!("no completion") };
+    let last = drain(&mut stream).await;
+    let Some(Event::Completed(c)) = last.event else { panic!("no completion") };
     assert_eq!(c.state, gw::RunState::Cancelled as i32);
     let stored = client.get_run(gw::GetRunRequest { run_id }).await.unwrap().into_inner().run.unwrap();
     assert_eq!(stored.records_done, 2, "the records scored before the cancel are kept");

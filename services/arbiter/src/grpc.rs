@@ -97,14 +97,13 @@ impl ArbiterService for ArbiterGrpc {
     ) -> Result<Response<ComputeAgreementResponse>, Status> {
         let (data, level) = agreement_input(request.into_inner()).map_err(assay_rpc::status::to_status)?;
         // Up to a million values: off the async workers.
-        let (result, pairable) =
-            tokio::task::spawn_blocking(move || (alpha::alpha(&data, level), alpha::pairable_units(&data)))
-                .await
-                .map_err(|e| Status::internal(format!("agreement computation failed: {e}")))?;
+        let agreement = tokio::task::spawn_blocking(move || alpha::agreement(&data, level))
+            .await
+            .map_err(|e| Status::internal(format!("agreement computation failed: {e}")))?;
         Ok(Response::new(ComputeAgreementResponse {
-            alpha: result.ok(),
-            pairable_units: pairable as u32,
-            undefined_reason: result.err().map(|e| e.to_string()).unwrap_or_default(),
+            alpha: agreement.alpha.ok(),
+            pairable_units: agreement.pairable_units as u32,
+            undefined_reason: agreement.alpha.err().map(|e| e.to_string()).unwrap_or_default(),
         }))
     }
 

@@ -57,30 +57,36 @@ fn key(v: f64) -> u64 {
     if bits >> 63 == 1 { !bits } else { bits | (1 << 63) }
 }
 
-/// Units with values from two raters or more.
-pub fn pairable_units(data: &[Vec<Option<f64>>]) -> usize {
-    let units = data.iter().map(Vec::len).max().unwrap_or(0);
-    (0..units).filter(|&u| data.iter().filter(|row| row.get(u).copied().flatten().is_some()).count() >= 2).count()
+/// Alpha with the number of units it could pair.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Agreement {
+    pub alpha: Result<f64, Undefined>,
+    /// Units with values from two raters or more.
+    pub pairable_units: usize,
+}
+
+/// Alpha of `data` (see [`agreement`]).
+pub fn alpha(data: &[Vec<Option<f64>>], level: Level) -> Result<f64, Undefined> {
+    agreement(data, level).alpha
 }
 
 /// Alpha of `data`: one row per rater, one column per unit, `None` for a missing value. Rows may
 /// differ in length (a missing tail is missing). Values must be finite.
-pub fn alpha(data: &[Vec<Option<f64>>], level: Level) -> Result<f64, Undefined> {
+pub fn agreement(data: &[Vec<Option<f64>>], level: Level) -> Agreement {
     let units = data.iter().map(Vec::len).max().unwrap_or(0);
-    // Distinct values of the whole data (the value domain), in order.
-    let mut domain: BTreeMap<u64, f64> = BTreeMap::new();
-    for v in data.iter().flatten().flatten() {
-        domain.insert(key(*v), *v);
-    }
     // The values of each unit with at least two of them.
-    let mut pairable: Vec<Vec<f64>> = Vec::new();
-    for u in 0..units {
-        let values: Vec<f64> = data.iter().filter_map(|row| row.get(u).copied().flatten()).collect();
-        if values.len() >= 2 {
-            pairable.push(values);
-        }
-    }
-    if domain.len() <= 1 {
+    let pairable: Vec<Vec<f64>> = (0..units)
+        .map(|u| data.iter().filter_map(|row| row.get(u).copied().flatten()).collect::<Vec<f64>>())
+        .filter(|values| values.len() >= 2)
+        .collect();
+    Agreement { alpha: alpha_of(data, &pairable, level), pairable_units: pairable.len() }
+}
+
+fn alpha_of(data: &[Vec<Option<f64>>], pairable: &[Vec<f64>], level: Level) -> Result<f64, Undefined> {
+    // Two distinct values anywhere in the data (the value domain) or alpha is undefined.
+    let mut values = data.iter().flatten().flatten().map(|v| key(*v));
+    let first = values.next();
+    if first.is_none_or(|f| values.all(|v| v == f)) {
         return Err(Undefined::SingleValue);
     }
     if pairable.is_empty() {

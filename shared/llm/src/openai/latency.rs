@@ -81,6 +81,11 @@ impl LatencyBook {
         self.samples.send_modify(|n| *n = n.wrapping_add(1));
     }
 
+    /// Whether a class has enough samples for its timeout to adapt.
+    pub(super) fn is_warm(&self, class: &str) -> bool {
+        self.classes.lock().is_ok_and(|c| c.get(class).is_some_and(|w| w.len() >= MIN_SAMPLES))
+    }
+
     /// The p95 of a class's recent latencies, once it has enough samples.
     pub(super) fn p95(&self, class: &str) -> Option<Duration> {
         let classes = self.classes.lock().ok()?;

@@ -130,9 +130,9 @@ impl Transport {
     }
 
     /// One HTTP attempt: attempt number `attempt` of a call of class `class`. Its timeout is the
-    /// adaptive one (see [`LatencyBook`]), recomputed whenever another call of the backend
-    /// finishes, so an attempt started before the class had samples is still cut short once it
-    /// has; the request deadline caps it. A success's latency is noted under the class.
+    /// adaptive one (see [`LatencyBook`]); an attempt started before the class had enough samples
+    /// recomputes it as samples arrive, so it is still cut short once the class has them; the
+    /// request deadline caps it. A success's latency is noted under the class.
     async fn attempt<T>(
         &self,
         config: &OpenAiConfig,
@@ -177,6 +177,9 @@ impl Transport {
                 config.max_retries,
                 config.request_timeout,
             );
+            // While the class is cold its budget is the ceiling: listen for the first samples so
+            // a hang is cut once siblings set the pace. A warm class keeps the budget it started with.
+            let listen = budget == config.request_timeout && !self.latency.is_warm(class);
             let by_budget = started + budget;
             let limit = deadline.map_or(by_budget, |d| d.min(by_budget));
             tokio::select! {
@@ -187,7 +190,7 @@ impl Transport {
                     }
                     return Err(AttemptError::timed_out(budget, budget < config.request_timeout));
                 }
-                Ok(()) = samples.changed() => continue,
+                Ok(()) = samples.changed(), if listen => continue,
             }
         };
         debug!(backend = %config.backend_name, status, bytes = bytes.len(), "model call answered");
