@@ -4,7 +4,7 @@
 use assay_proto::delta_judge::v1::delta_judge_service_server::{DeltaJudgeService, DeltaJudgeServiceServer};
 use assay_proto::delta_judge::v1::{
     CheckConvergenceRequest, CheckConvergenceResponse, CheckQualityLocksRequest, CheckQualityLocksResponse,
-    ReadabilityRequest, ReadabilityResponse, VerifyRequest, VerifyResponse,
+    CompareTextsRequest, CompareTextsResponse, ReadabilityRequest, ReadabilityResponse, VerifyRequest, VerifyResponse,
 };
 
 use assay_domain::limits::MAX_TEXT_BYTES;
@@ -166,5 +166,9 @@ impl DeltaJudgeService for DeltaJudgeGrpc {
             locked_section_ids: c.locked_sections,
             best_iteration: c.best_iteration as u32,
         }))
+    }
+
+    async fn compare_texts(&self, _: Request<CompareTextsRequest>) -> Result<Response<CompareTextsResponse>, Status> {
+        Err(Status::unimplemented("CompareTexts is being built"))
     }
 }

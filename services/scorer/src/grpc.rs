@@ -7,7 +7,10 @@ use assay_domain::{ScoreEvent, Scorer, StageError};
 use assay_proto::convert;
 use assay_proto::scorer::v1::score_stream_response::Event;
 use assay_proto::scorer::v1::scorer_service_server::{ScorerService, ScorerServiceServer};
-use assay_proto::scorer::v1::{ScoreRequest, ScoreResponse, ScoreStreamRequest, ScoreStreamResponse, TargetScored};
+use assay_proto::scorer::v1::{
+    JudgeSectionsRequest, JudgeSectionsResponse, JudgeSectionsStreamRequest, JudgeSectionsStreamResponse, ScoreRequest,
+    ScoreResponse, ScoreStreamRequest, ScoreStreamResponse, TargetScored,
+};
 use assay_rpc::{CallContext, run_with, to_status};
 use futures::Stream;
 use tonic::service::Routes;
@@ -86,5 +89,21 @@ impl ScorerService for ScorerGrpc {
             }
         });
         Ok(Response::new(Box::pin(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))))
+    }
+
+    async fn judge_sections(
+        &self,
+        _: Request<JudgeSectionsRequest>,
+    ) -> Result<Response<JudgeSectionsResponse>, Status> {
+        Err(Status::unimplemented("JudgeSections is being built"))
+    }
+
+    type JudgeSectionsStreamStream = Pin<Box<dyn Stream<Item = Result<JudgeSectionsStreamResponse, Status>> + Send>>;
+
+    async fn judge_sections_stream(
+        &self,
+        _: Request<JudgeSectionsStreamRequest>,
+    ) -> Result<Response<Self::JudgeSectionsStreamStream>, Status> {
+        Err(Status::unimplemented("JudgeSectionsStream is being built"))
     }
 }

@@ -1,18 +1,24 @@
 //! Assay's domain: checklists, scores, model specs, stage traits and the closed error type.
 //! Nothing here knows about gRPC.
 
+pub mod arbiter;
 pub mod checklist;
+pub mod document;
 pub mod error;
 pub mod generator;
+pub mod judge;
 pub mod limits;
 pub mod model;
 pub mod models;
 pub mod refiners;
 pub mod score;
+pub mod similarity;
 pub mod stage;
 pub mod template;
+pub mod verify;
 
 pub use checklist::*;
+pub use document::{Brief, Criterion, JudgeIssue, JudgeVerdict, Section, SectionScore, Severity};
 pub use error::*;
 pub use generator::ChecklistGenerator;
 pub use model::*;

@@ -1,7 +1,11 @@
 //! Conversions between wire messages and domain types. Proto -> domain collects every invalid field
 //! into [`Violations`] with its full path; domain -> proto is infallible.
 
+pub mod arbiter;
+pub mod delta_judge;
+pub mod document;
 pub mod generator;
+pub mod judge;
 pub mod refiners;
 
 use std::collections::BTreeMap;
