@@ -1,5 +1,4 @@
-//! gRPC adapter of the arbiter service. ComputeAgreement is served; Consolidate, Route and Plan
-//! are not built yet and answer UNIMPLEMENTED with a message naming them.
+//! gRPC adapter of the arbiter service: convert, call the core, map the result.
 
 use assay_proto::arbiter::v1::arbiter_service_server::{ArbiterService, ArbiterServiceServer};
 use assay_proto::arbiter::v1::{
@@ -67,26 +66,33 @@ fn agreement_input(r: ComputeAgreementRequest) -> Result<(alpha::Ratings, Level)
     Ok((data, level))
 }
 
+use std::sync::Arc;
+
+use assay_domain::arbiter::Arbiter;
+use assay_proto::convert::arbiter as convert;
+use assay_rpc::{CallContext, run_with, to_status};
 use tonic::service::Routes;
 use tonic::{Request, Response, Status};
 
-/// The arbiter service's gRPC face.
-#[derive(Clone, Default)]
-pub struct ArbiterGrpc;
+/// The arbiter service's gRPC face over any [`Arbiter`].
+#[derive(Clone)]
+pub struct ArbiterGrpc {
+    core: Arc<dyn Arbiter>,
+}
+
+impl ArbiterGrpc {
+    pub fn new(core: Arc<dyn Arbiter>) -> Self {
+        Self { core }
+    }
+}
 
 /// Routes serving the arbiter service, with Assay's message limits.
-pub fn routes() -> Routes {
+pub fn routes(core: Arc<dyn Arbiter>) -> Routes {
     Routes::new(
-        ArbiterServiceServer::new(ArbiterGrpc)
+        ArbiterServiceServer::new(ArbiterGrpc::new(core))
             .max_decoding_message_size(assay_domain::limits::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(assay_domain::limits::MAX_MESSAGE_BYTES),
     )
-}
-
-fn not_yet(rpc: &str) -> Status {
-    Status::unimplemented(format!(
-        "{rpc} is not available yet: the arbiter stage (verdict consolidation, agreement, routing and plans) is not built in this release"
-    ))
 }
 
 #[tonic::async_trait]
@@ -95,7 +101,7 @@ impl ArbiterService for ArbiterGrpc {
         &self,
         request: Request<ComputeAgreementRequest>,
     ) -> Result<Response<ComputeAgreementResponse>, Status> {
-        let (data, level) = agreement_input(request.into_inner()).map_err(assay_rpc::status::to_status)?;
+        let (data, level) = agreement_input(request.into_inner()).map_err(to_status)?;
         // Up to a million values: off the async workers.
         let agreement = tokio::task::spawn_blocking(move || alpha::agreement(&data, level))
             .await
@@ -107,15 +113,27 @@ impl ArbiterService for ArbiterGrpc {
         }))
     }
 
-    async fn consolidate(&self, _: Request<ConsolidateRequest>) -> Result<Response<ConsolidateResponse>, Status> {
-        Err(not_yet("Consolidate"))
+    async fn consolidate(&self, request: Request<ConsolidateRequest>) -> Result<Response<ConsolidateResponse>, Status> {
+        let ctx = CallContext::from_request(&request);
+        let req = convert::consolidate_request(request.into_inner()).map_err(to_status)?;
+        let core = self.core.clone();
+        let out = run_with(ctx, async move { core.consolidate(req).await }).await.map_err(to_status)?;
+        Ok(Response::new(convert::consolidation_to(&out)))
     }
 
-    async fn route(&self, _: Request<RouteRequest>) -> Result<Response<RouteResponse>, Status> {
-        Err(not_yet("Route"))
+    async fn route(&self, request: Request<RouteRequest>) -> Result<Response<RouteResponse>, Status> {
+        let ctx = CallContext::from_request(&request);
+        let req = convert::route_request(request.into_inner()).map_err(to_status)?;
+        let core = self.core.clone();
+        let out = run_with(ctx, async move { core.route(req).await }).await.map_err(to_status)?;
+        Ok(Response::new(convert::routing_to(&out)))
     }
 
-    async fn plan(&self, _: Request<PlanRequest>) -> Result<Response<PlanResponse>, Status> {
-        Err(not_yet("Plan"))
+    async fn plan(&self, request: Request<PlanRequest>) -> Result<Response<PlanResponse>, Status> {
+        let ctx = CallContext::from_request(&request);
+        let req = convert::plan_request(request.into_inner()).map_err(to_status)?;
+        let core = self.core.clone();
+        let out = run_with(ctx, async move { core.plan(req).await }).await.map_err(to_status)?;
+        Ok(Response::new(convert::plan_to(&out)))
     }
 }

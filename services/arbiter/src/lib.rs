@@ -3,4 +3,5 @@
 pub mod core;
 pub mod grpc;
 
+pub use core::ArbiterCore;
 pub use grpc::routes;

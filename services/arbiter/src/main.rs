@@ -6,7 +6,10 @@ async fn main() -> std::process::ExitCode {
         binary: "assay-arbiter",
         service_name: assay_proto::service_names::ARBITER,
         port: |p| p.arbiter,
-        uses_models: false,
+        uses_models: true,
     };
-    assay_runtime::run_service(spec, &[], |_hub, _config| assay_arbiter::routes()).await
+    assay_runtime::run_service(spec, &assay_runtime::default_loaders(), |hub, _config| {
+        assay_arbiter::routes(std::sync::Arc::new(assay_arbiter::ArbiterCore::new(hub)))
+    })
+    .await
 }

@@ -7,7 +7,11 @@ use tonic::Code;
 use tonic_types::StatusExt;
 
 async fn client() -> (TestServer, ArbiterServiceClient<tonic::transport::Channel>) {
-    let server = TestServer::start(assay_arbiter::routes(), &[assay_proto::service_names::ARBITER]).await;
+    // Agreement needs no model: a hub without backends.
+    let core = assay_arbiter::ArbiterCore::new(std::sync::Arc::new(assay_domain::ModelHub::default()));
+    let server =
+        TestServer::start(assay_arbiter::routes(std::sync::Arc::new(core)), &[assay_proto::service_names::ARBITER])
+            .await;
     let client = ArbiterServiceClient::new(server.channel().await);
     (server, client)
 }

@@ -1,1 +1,197 @@
-//! (being built)
+//! The arbiter stage: consolidate judges' verdicts, route fixes, plan execution batches
+//! (REFERENCE section 7, targeted-refinement spec FR-001..FR-010, FR-030, FR-049..FR-051).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::document::{Brief, Criterion, JudgeIssue, JudgeVerdict, Section, Severity};
+use crate::error::StageError;
+use crate::model::{ModelRecord, ModelSpec};
+use assay_llm::Usage;
+
+/// Agreement at or above which every issue is kept.
+pub const HIGH_AGREEMENT: f64 = 0.80;
+/// Agreement at or above which issues raised by two judges or more are kept.
+pub const MODERATE_AGREEMENT: f64 = 0.67;
+/// Default cosine similarity at which two judges' issues are one issue.
+pub const DEFAULT_MATCH_THRESHOLD: f64 = 0.75;
+/// Most patchers of one batch.
+pub const MAX_PARALLEL_PATCHERS: u32 = 3;
+/// pedagogical_structure below this regenerates the whole document.
+pub const STRUCTURE_FLOOR: f64 = 0.6;
+/// More than this share of sections with a CRITICAL issue regenerates the whole document.
+pub const CRITICAL_SECTION_SHARE: f64 = 0.4;
+
+/// Level of measurement of the agreement coefficient.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum MeasurementLevel {
+    Nominal,
+    Ordinal,
+    #[default]
+    Interval,
+    Ratio,
+}
+
+/// Agreement band of a consolidation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AgreementLevel {
+    /// alpha >= 0.80 (or judges in exact agreement): every issue kept.
+    High,
+    /// 0.67 <= alpha < 0.80: issues raised by two judges or more.
+    Moderate,
+    /// alpha < 0.67, or agreement not measurable: CRITICAL issues only, flagged for review.
+    Low,
+}
+
+impl AgreementLevel {
+    /// The band of a defined alpha.
+    pub fn of(alpha: f64) -> Self {
+        if alpha >= HIGH_AGREEMENT {
+            AgreementLevel::High
+        } else if alpha >= MODERATE_AGREEMENT {
+            AgreementLevel::Moderate
+        } else {
+            AgreementLevel::Low
+        }
+    }
+}
+
+/// Consolidate verdicts.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ConsolidateRequest {
+    pub verdicts: Vec<JudgeVerdict>,
+    pub sections: Vec<Section>,
+    pub level: MeasurementLevel,
+    /// Never empty once parsed (the defaults fill it).
+    pub criteria: Vec<Criterion>,
+    pub brief: Brief,
+    pub model: ModelSpec,
+    pub embedding_model: ModelSpec,
+    pub match_threshold: f64,
+    pub skip_synthesis: bool,
+}
+
+/// A resolved conflict between criteria on one section.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ConflictResolution {
+    pub section_id: String,
+    pub winning_criterion: String,
+    pub losing_criterion: String,
+    pub constraint: String,
+}
+
+/// The one instruction for a section.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct SectionInstruction {
+    pub section_id: String,
+    pub instruction: String,
+    pub constraints: Vec<String>,
+    pub issue_ids: Vec<String>,
+    pub primary_criterion: String,
+    pub synthesized: bool,
+    pub error: String,
+}
+
+/// What consolidation produced.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Consolidation {
+    pub alpha: Option<f64>,
+    pub alpha_undefined_reason: String,
+    /// `None` with a single verdict: nothing to agree with, every issue kept.
+    pub agreement: Option<AgreementLevel>,
+    pub issues: Vec<JudgeIssue>,
+    pub conflicts: Vec<ConflictResolution>,
+    pub flagged_for_review: bool,
+    pub criterion_scores: BTreeMap<String, f64>,
+    pub issues_dropped: u32,
+    pub instructions: Vec<SectionInstruction>,
+    pub issues_merged: u32,
+    pub unassigned_issues: u32,
+    pub overall_score: f64,
+    /// "section_criterion" or "criterion".
+    pub agreement_units: String,
+    pub usage: Usage,
+    pub model_record: Option<ModelRecord>,
+}
+
+/// Fix action for a section.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FixAction {
+    SurgicalEdit,
+    RegenerateSection,
+    FullRegenerate,
+}
+
+/// Route consolidated issues.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RouteRequest {
+    pub issues: Vec<JudgeIssue>,
+    pub sections: Vec<Section>,
+    pub criterion_scores: BTreeMap<String, f64>,
+    pub instructions: Vec<SectionInstruction>,
+    pub locked_section_ids: Vec<String>,
+    pub criteria: Vec<Criterion>,
+}
+
+/// One unit of work on one section.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FixTask {
+    pub id: String,
+    pub section_id: String,
+    pub action: FixAction,
+    pub instruction: String,
+    pub constraints: Vec<String>,
+    pub issue_ids: Vec<String>,
+    pub consistency_check: bool,
+    pub priority: u32,
+    pub criterion: String,
+    pub severity: Option<Severity>,
+    pub previous_section_id: String,
+    pub next_section_id: String,
+    pub estimated_tokens: u32,
+}
+
+/// Routing result.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Routing {
+    pub full_regenerate: bool,
+    pub full_regenerate_reason: String,
+    pub tasks: Vec<FixTask>,
+    pub skipped_locked_section_ids: Vec<String>,
+    pub unassigned_issue_ids: Vec<String>,
+    pub critical_section_ratio: f64,
+}
+
+/// Tasks that may run together.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Batch {
+    pub index: u32,
+    pub tasks: Vec<FixTask>,
+    pub estimated_tokens: u32,
+}
+
+/// Consolidate + route + batch.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct PlanRequest {
+    pub consolidate: ConsolidateRequest,
+    pub locked_section_ids: Vec<String>,
+    pub max_parallel_patchers: u32,
+}
+
+/// An execution plan.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Plan {
+    pub consolidation: Consolidation,
+    pub routing: Routing,
+    pub batches: Vec<Batch>,
+    pub estimated_tokens: u64,
+}
+
+/// The arbiter stage.
+#[async_trait::async_trait]
+pub trait Arbiter: Send + Sync {
+    async fn consolidate(&self, request: ConsolidateRequest) -> Result<Consolidation, StageError>;
+    async fn route(&self, request: RouteRequest) -> Result<Routing, StageError>;
+    async fn plan(&self, request: PlanRequest) -> Result<Plan, StageError>;
+}

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use assay_llm::phases::{Backends, ModelSettings, PhaseModels};
-use assay_llm::{CachePolicy, ChatModel, EmbeddingModel};
+use assay_llm::{CachePolicy, ChatModel, EmbeddingModel, EmbeddingRequest, Usage};
 
 use crate::error::StageError;
 use crate::model::{ModelRecord, ModelSpec};
@@ -76,14 +76,7 @@ impl ModelHub {
                 e.to_string().trim_start_matches("invalid request: ").to_string(),
             )
         })?;
-        let cache = if spec.no_cache {
-            CachePolicy::Bypass
-        } else if spec.cache_sampled {
-            CachePolicy::OptIn
-        } else {
-            CachePolicy::Auto
-        };
-        Ok(ResolvedChat { model, backend: settings.backend.clone(), settings, cache })
+        Ok(ResolvedChat { model, backend: settings.backend.clone(), settings, cache: cache_policy(spec) })
     }
 
     /// The embedding backend for `phase`.
@@ -107,5 +100,52 @@ impl ModelHub {
             )
         })?;
         Ok((model, settings))
+    }
+
+    /// Embed `texts` for `phase` in one batched call, vectors in input order, checked (one per
+    /// text, same non-zero dimension, finite).
+    pub async fn embed(
+        &self,
+        phase: &str,
+        spec: &ModelSpec,
+        field: &str,
+        texts: Vec<String>,
+    ) -> Result<(Vec<Vec<f32>>, Usage), StageError> {
+        let (model, settings) = self.embedding(phase, spec, field)?;
+        let n = texts.len();
+        if n == 0 {
+            return Ok((Vec::new(), Usage::default()));
+        }
+        let request = settings.apply_embedding(EmbeddingRequest {
+            texts,
+            model: None,
+            cache: cache_policy(spec),
+            deadline: None,
+        });
+        let reply = model.embed(request).await?;
+        if reply.vectors.len() != n {
+            return Err(StageError::Unavailable(format!(
+                "the embedding backend returned {} vectors for {n} texts",
+                reply.vectors.len()
+            )));
+        }
+        let dim = reply.vectors.first().map_or(0, Vec::len);
+        if dim == 0 || reply.vectors.iter().any(|v| v.len() != dim || v.iter().any(|x| !x.is_finite())) {
+            return Err(StageError::Unavailable(
+                "the embedding backend returned empty, ragged or non-finite vectors".into(),
+            ));
+        }
+        Ok((reply.vectors, reply.usage))
+    }
+}
+
+/// The cache policy a caller's spec asks for.
+pub fn cache_policy(spec: &ModelSpec) -> CachePolicy {
+    if spec.no_cache {
+        CachePolicy::Bypass
+    } else if spec.cache_sampled {
+        CachePolicy::OptIn
+    } else {
+        CachePolicy::Auto
     }
 }

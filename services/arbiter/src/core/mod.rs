@@ -1,3 +1,310 @@
-//! The arbiter's pure logic: no transport types here.
+//! The arbiter's logic: no transport types here. Pure steps live in `alpha`, `consolidate` and
+//! `route`; [`ArbiterCore`] adds the model calls (description embeddings for issue matching, one
+//! synthesis call per section task).
 
 pub mod alpha;
+pub mod consolidate;
+pub mod route;
+
+use std::sync::Arc;
+
+use assay_domain::arbiter::{
+    Arbiter, ConsolidateRequest, Consolidation, Plan, PlanRequest, RouteRequest, Routing, SectionInstruction,
+};
+use assay_domain::document::{Brief, mean_score};
+use assay_domain::template::render;
+use assay_domain::{ModelHub, ModelRecord, ResolvedChat, StageError, Usage};
+use assay_llm::{ChatRequest, Message, ResponseFormat};
+use futures::StreamExt;
+use sha2::{Digest, Sha256};
+
+use consolidate::SectionDemands;
+
+/// Configuration phase of the synthesis calls.
+pub const PHASE: &str = "stage_6_arbiter";
+/// Synthesis calls of one request in flight at once (the backend's own limit applies under it).
+pub const SYNTHESIS_CONCURRENCY: usize = 8;
+/// Most characters of a section shown to the synthesis call.
+pub const SECTION_EXCERPT_CHARS: usize = 6_000;
+
+const SYNTHESIS_TEMPLATE: &str = include_str!("../../prompts/synthesize.txt");
+
+/// The arbiter over a model hub.
+#[derive(Clone)]
+pub struct ArbiterCore {
+    hub: Arc<ModelHub>,
+}
+
+impl ArbiterCore {
+    pub fn new(hub: Arc<ModelHub>) -> Self {
+        Self { hub }
+    }
+}
+
+fn brief_text(b: &Brief) -> String {
+    let mut out = String::new();
+    if !b.description.trim().is_empty() {
+        out.push_str(&format!("Description: {}\n", b.description.trim()));
+    }
+    if !b.objectives.is_empty() {
+        out.push_str("Objectives:\n");
+        for o in &b.objectives {
+            out.push_str(&format!("- {}\n", o.trim()));
+        }
+    }
+    if !b.audience.trim().is_empty() {
+        out.push_str(&format!("Audience: {}\n", b.audience.trim()));
+    }
+    if !b.language.trim().is_empty() {
+        out.push_str(&format!("Language: {}\n", b.language.trim()));
+    }
+    if out.is_empty() { "(no brief given)".into() } else { out.trim_end().to_string() }
+}
+
+fn excerpt(text: &str) -> String {
+    match text.char_indices().nth(SECTION_EXCERPT_CHARS) {
+        Some((cut, _)) => format!("{} [...]", &text[..cut]),
+        None => text.to_string(),
+    }
+}
+
+/// The synthesis prompt of one section.
+pub fn synthesis_prompt(brief: &Brief, d: &SectionDemands<'_>) -> String {
+    let demands: String = d
+        .issues
+        .iter()
+        .enumerate()
+        .map(|(n, i)| {
+            let fix = if i.fix_instruction.trim().is_empty() { &i.description } else { &i.fix_instruction };
+            format!(
+                "{}. [{}, {}] {} (problem: {})\n",
+                n + 1,
+                i.criterion,
+                i.severity.as_str(),
+                fix.trim(),
+                i.description.trim()
+            )
+        })
+        .collect();
+    let constraints = if d.conflicts.is_empty() {
+        "(none)".to_string()
+    } else {
+        d.conflicts
+            .iter()
+            .map(|c| {
+                format!(
+                    "- {} wins over {}: keep \"{}\" as a constraint",
+                    c.winning_criterion, c.losing_criterion, c.constraint
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    render(
+        SYNTHESIS_TEMPLATE,
+        &[
+            ("brief", &brief_text(brief)),
+            ("section_id", &d.section.id),
+            ("title", &d.section.title),
+            ("content", &excerpt(&d.section.content)),
+            ("demands", demands.trim_end()),
+            ("constraints", &constraints),
+        ],
+    )
+}
+
+fn synthesis_schema() -> serde_json::Value {
+    serde_json::json!({
+        "type": "object",
+        "properties": { "instruction": { "type": "string" } },
+        "required": ["instruction"],
+        "additionalProperties": false
+    })
+}
+
+impl ArbiterCore {
+    /// Similarity of the issues that can match across judges: one batched embedding call over
+    /// their descriptions.
+    async fn similarities(
+        &self,
+        request: &ConsolidateRequest,
+        issues: &[consolidate::IssueRef],
+    ) -> Result<(Vec<Option<Vec<f32>>>, Usage), StageError> {
+        let needs = consolidate::needs_similarity(&request.verdicts, issues);
+        let texts: Vec<String> = issues
+            .iter()
+            .zip(&needs)
+            .filter(|(_, n)| **n)
+            .map(|(r, _)| {
+                let i = &request.verdicts[r.judge].issues[r.index];
+                if i.description.trim().is_empty() { i.fix_instruction.clone() } else { i.description.clone() }
+            })
+            .collect();
+        let (vectors, usage) = self
+            .hub
+            .embed(assay_llm::phases::EMBEDDING_PHASE, &request.embedding_model, "embedding_model", texts)
+            .await?;
+        let mut it = vectors.into_iter();
+        Ok((needs.iter().map(|n| if *n { it.next() } else { None }).collect(), usage))
+    }
+
+    /// One synthesis call per section; a failed call or an unusable reply keeps the joined
+    /// instruction and says why.
+    async fn synthesize(
+        &self,
+        chat: &ResolvedChat,
+        brief: &Brief,
+        demands: &[SectionDemands<'_>],
+    ) -> (Vec<SectionInstruction>, Usage) {
+        let jobs: Vec<(String, SectionInstruction)> =
+            demands.iter().map(|d| (synthesis_prompt(brief, d), d.instruction.clone())).collect();
+        let calls = futures::stream::iter(jobs)
+            .map(|(prompt, fallback)| async move {
+                let req = ChatRequest {
+                    messages: vec![Message::user(prompt)],
+                    response_format: ResponseFormat::JsonSchema {
+                        name: "section_instruction".into(),
+                        schema: synthesis_schema(),
+                    },
+                    max_tokens: Some(400),
+                    cache: chat.cache,
+                    ..Default::default()
+                };
+                let mut req = chat.settings.apply(req);
+                req.temperature = Some(req.temperature.unwrap_or(0.0));
+                let mut out = fallback;
+                let usage = match chat.model.chat(req).await {
+                    Ok(reply) => {
+                        let text = reply
+                            .json
+                            .as_ref()
+                            .and_then(|j| j.get("instruction"))
+                            .and_then(|v| v.as_str())
+                            .map(str::trim)
+                            .filter(|s| !s.is_empty());
+                        match text {
+                            Some(t) => {
+                                out.instruction = t.to_string();
+                                out.synthesized = true;
+                            }
+                            None => {
+                                out.error =
+                                    "the synthesis reply had no instruction; the judges' fix instructions are used"
+                                        .into();
+                            }
+                        }
+                        reply.usage
+                    }
+                    Err(e) => {
+                        out.error = format!("synthesis call failed ({e}); the judges' fix instructions are used");
+                        Usage::default()
+                    }
+                };
+                (out, usage)
+            })
+            .buffered(SYNTHESIS_CONCURRENCY);
+        let results: Vec<(SectionInstruction, Usage)> = calls.collect().await;
+        let mut usage = Usage::default();
+        let mut out = Vec::with_capacity(results.len());
+        for (i, u) in results {
+            usage.add(&u);
+            out.push(i);
+        }
+        (out, usage)
+    }
+}
+
+fn sha256_hex(s: &str) -> String {
+    hex::encode(Sha256::digest(s.as_bytes()))
+}
+
+#[async_trait::async_trait]
+impl Arbiter for ArbiterCore {
+    async fn consolidate(&self, request: ConsolidateRequest) -> Result<Consolidation, StageError> {
+        self.consolidate_skipping(request, &[]).await
+    }
+
+    async fn route(&self, request: RouteRequest) -> Result<Routing, StageError> {
+        Ok(route::route(&request))
+    }
+
+    async fn plan(&self, request: PlanRequest) -> Result<Plan, StageError> {
+        let PlanRequest { consolidate, locked_section_ids, max_parallel_patchers } = request;
+        let sections = consolidate.sections.clone();
+        let criteria = consolidate.criteria.clone();
+        // Locked sections will not be edited: no instruction is synthesised for them.
+        let consolidation = self.consolidate_skipping(consolidate, &locked_section_ids).await?;
+        let routing = route::route(&RouteRequest {
+            issues: consolidation.issues.clone(),
+            sections: sections.clone(),
+            criterion_scores: consolidation.criterion_scores.clone(),
+            instructions: consolidation.instructions.clone(),
+            locked_section_ids,
+            criteria,
+        });
+        let batches = route::batches(&routing.tasks, &sections, max_parallel_patchers);
+        let estimated_tokens = routing.tasks.iter().map(|t| u64::from(t.estimated_tokens)).sum();
+        Ok(Plan { consolidation, routing, batches, estimated_tokens })
+    }
+}
+
+impl ArbiterCore {
+    /// Consolidate; sections in `locked` get no synthesised instruction.
+    async fn consolidate_skipping(
+        &self,
+        request: ConsolidateRequest,
+        locked: &[String],
+    ) -> Result<Consolidation, StageError> {
+        // Resolve the synthesis model first: a bad backend name fails before any call.
+        let chat = if request.skip_synthesis { None } else { Some(self.hub.chat(PHASE, &request.model, "model")?) };
+        let measured = consolidate::measure(&request.verdicts, consolidate::level(request.level));
+        let refs = consolidate::all_issues(&request.verdicts);
+        let (vectors, mut usage) = self.similarities(&request, &refs).await?;
+        let clusters = consolidate::cluster(
+            &request.verdicts,
+            &refs,
+            |a, b| match (&vectors[a], &vectors[b]) {
+                (Some(x), Some(y)) => consolidate::cosine(x, y),
+                _ => 0.0,
+            },
+            request.match_threshold,
+        );
+        let merged: Vec<_> = clusters.iter().map(|c| consolidate::merge(&request.verdicts, &refs, c)).collect();
+        let issues_merged = (refs.len() - merged.len()) as u32;
+        let before = merged.len();
+        let known: std::collections::HashSet<&str> = request.sections.iter().map(|s| s.id.as_str()).collect();
+        let issues: Vec<_> = merged.into_iter().filter(|i| consolidate::keep(measured.band, i)).collect();
+        let issues_dropped = (before - issues.len()) as u32;
+        let unassigned_issues = issues.iter().filter(|i| !known.contains(i.section_id.as_str())).count() as u32;
+        let mut demands = consolidate::section_demands(&request.sections, &issues, &request.criteria);
+        demands.retain(|d| !locked.contains(&d.section.id));
+        let conflicts = demands.iter().flat_map(|d| d.conflicts.clone()).collect();
+        let (instructions, model_record) = match &chat {
+            Some(chat) => {
+                let (instructions, u) = self.synthesize(chat, &request.brief, &demands).await;
+                usage.add(&u);
+                let record: ModelRecord = chat.record(PHASE, 400, sha256_hex(SYNTHESIS_TEMPLATE), false);
+                (instructions, Some(record))
+            }
+            None => (demands.iter().map(|d| d.instruction.clone()).collect(), None),
+        };
+        let criterion_scores = consolidate::mean_scores(&request.verdicts);
+        Ok(Consolidation {
+            alpha: measured.alpha,
+            alpha_undefined_reason: measured.undefined_reason,
+            agreement: measured.band,
+            issues,
+            conflicts,
+            flagged_for_review: measured.flagged,
+            overall_score: mean_score(&criterion_scores),
+            criterion_scores,
+            issues_dropped,
+            instructions,
+            issues_merged,
+            unassigned_issues,
+            agreement_units: measured.units.to_string(),
+            usage,
+            model_record,
+        })
+    }
+}

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use assay_domain::refiners::{DEFAULT_CONCURRENCY, MAX_CONCURRENCY};
 use assay_domain::{ModelHub, ModelSpec, ResolvedChat, Scorer, StageError, Usage};
-use assay_llm::{CachePolicy, ChatRequest, ChatResponse, EmbeddingRequest, Message, ResponseFormat};
+use assay_llm::{ChatRequest, ChatResponse, Message, ResponseFormat};
 
 /// Configuration phase the refiners resolve their models for.
 pub const PHASE: &str = "refiners";
@@ -75,38 +75,7 @@ impl ChecklistRefiners {
         field: &str,
         texts: Vec<String>,
     ) -> Result<(Vec<Vec<f32>>, Usage), StageError> {
-        let (model, settings) = self.hub.embedding(PHASE, spec, field)?;
-        let n = texts.len();
-        let request = settings.apply_embedding(EmbeddingRequest {
-            texts,
-            model: None,
-            cache: cache_policy(spec),
-            deadline: None,
-        });
-        let reply = model.embed(request).await?;
-        if reply.vectors.len() != n {
-            return Err(StageError::Unavailable(format!(
-                "the embedding backend returned {} vectors for {n} questions",
-                reply.vectors.len()
-            )));
-        }
-        let dim = reply.vectors.first().map_or(0, Vec::len);
-        if dim == 0 || reply.vectors.iter().any(|v| v.len() != dim || v.iter().any(|x| !x.is_finite())) {
-            return Err(StageError::Unavailable(
-                "the embedding backend returned empty, ragged or non-finite vectors".into(),
-            ));
-        }
-        Ok((reply.vectors, reply.usage))
-    }
-}
-
-fn cache_policy(spec: &ModelSpec) -> CachePolicy {
-    if spec.no_cache {
-        CachePolicy::Bypass
-    } else if spec.cache_sampled {
-        CachePolicy::OptIn
-    } else {
-        CachePolicy::Auto
+        self.hub.embed(PHASE, spec, field, texts).await
     }
 }
 

@@ -17,7 +17,7 @@ use assay_domain::limits::*;
 use crate::common::v1 as pb;
 
 /// Decode an enum value, recording a violation for unknown numbers.
-fn enum_value<E: TryFrom<i32>>(value: i32, field: &str, allowed: &str, v: &mut Violations) -> Option<E> {
+pub(crate) fn enum_value<E: TryFrom<i32>>(value: i32, field: &str, allowed: &str, v: &mut Violations) -> Option<E> {
     match E::try_from(value) {
         Ok(e) => Some(e),
         Err(_) => {
@@ -66,7 +66,7 @@ pub fn model_spec_to(s: &d::ModelSpec) -> pb::ModelSpec {
     }
 }
 
-fn text_limit(text: &str, field: &str, max: usize, v: &mut Violations) {
+pub(crate) fn text_limit(text: &str, field: &str, max: usize, v: &mut Violations) {
     if text.len() > max {
         v.push(field, format!("is {} bytes; the limit is {max} bytes", text.len()));
     }

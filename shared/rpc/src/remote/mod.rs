@@ -1,6 +1,7 @@
 //! Stage traits implemented over gRPC: what a service holds for another stage in production.
 //! One client per service, each implementing that service's stage trait from `assay-domain`.
 
+mod arbiter;
 mod generator;
 mod refiners;
 mod scorer;
@@ -10,6 +11,7 @@ use std::time::Duration;
 use assay_domain::StageError;
 use tonic::transport::{Channel, Endpoint};
 
+pub use arbiter::RemoteArbiter;
 pub use generator::RemoteGenerator;
 pub use refiners::RemoteRefiners;
 pub use scorer::RemoteScorer;
