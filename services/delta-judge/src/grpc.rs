@@ -1,5 +1,6 @@
-//! gRPC adapter of the delta-judge service. Readability, CheckQualityLocks and CheckConvergence are
-//! served; Verify is not built yet and answers UNIMPLEMENTED with a message naming it.
+//! gRPC adapter of the delta-judge service: convert the request, call the core, map the result.
+//! Verify and CompareTexts go through a [`DeltaJudge`] (deadlines and cancellation propagate);
+//! Readability, CheckQualityLocks and CheckConvergence are pure and answered here.
 
 use assay_proto::delta_judge::v1::delta_judge_service_server::{DeltaJudgeService, DeltaJudgeServiceServer};
 use assay_proto::delta_judge::v1::{
@@ -100,31 +101,41 @@ fn readability_input(r: &ReadabilityRequest) -> Result<(), StageError> {
     }
     v.into_result()
 }
+use assay_domain::verify::DeltaJudge;
+use assay_proto::convert::delta_judge as convert;
+use assay_rpc::{CallContext, run_with, to_status};
+use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
-/// The delta-judge service's gRPC face.
-#[derive(Clone, Default)]
-pub struct DeltaJudgeGrpc;
+/// The delta-judge service's gRPC face over any [`DeltaJudge`].
+#[derive(Clone)]
+pub struct DeltaJudgeGrpc {
+    core: Arc<dyn DeltaJudge>,
+}
+
+impl DeltaJudgeGrpc {
+    pub fn new(core: Arc<dyn DeltaJudge>) -> Self {
+        Self { core }
+    }
+}
 
 /// Routes serving the delta-judge service, with Assay's message limits.
-pub fn routes() -> Routes {
+pub fn routes(core: Arc<dyn DeltaJudge>) -> Routes {
     Routes::new(
-        DeltaJudgeServiceServer::new(DeltaJudgeGrpc)
+        DeltaJudgeServiceServer::new(DeltaJudgeGrpc::new(core))
             .max_decoding_message_size(assay_domain::limits::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(assay_domain::limits::MAX_MESSAGE_BYTES),
     )
 }
 
-fn not_yet(rpc: &str) -> Status {
-    Status::unimplemented(format!(
-        "{rpc} is not available yet: the delta-judge stage (fix verification) is not built in this release"
-    ))
-}
-
 #[tonic::async_trait]
 impl DeltaJudgeService for DeltaJudgeGrpc {
-    async fn verify(&self, _: Request<VerifyRequest>) -> Result<Response<VerifyResponse>, Status> {
-        Err(not_yet("Verify"))
+    async fn verify(&self, request: Request<VerifyRequest>) -> Result<Response<VerifyResponse>, Status> {
+        let ctx = CallContext::from_request(&request);
+        let req = convert::verify_request(request.into_inner(), "").map_err(to_status)?;
+        let core = self.core.clone();
+        let out = run_with(ctx, async move { core.verify(req).await }).await.map_err(to_status)?;
+        Ok(Response::new(convert::verify_response_to(&out)))
     }
 
     async fn readability(&self, request: Request<ReadabilityRequest>) -> Result<Response<ReadabilityResponse>, Status> {
@@ -168,7 +179,14 @@ impl DeltaJudgeService for DeltaJudgeGrpc {
         }))
     }
 
-    async fn compare_texts(&self, _: Request<CompareTextsRequest>) -> Result<Response<CompareTextsResponse>, Status> {
-        Err(Status::unimplemented("CompareTexts is being built"))
+    async fn compare_texts(
+        &self,
+        request: Request<CompareTextsRequest>,
+    ) -> Result<Response<CompareTextsResponse>, Status> {
+        let ctx = CallContext::from_request(&request);
+        let req = convert::compare_request(request.into_inner(), "").map_err(to_status)?;
+        let core = self.core.clone();
+        let out = run_with(ctx, async move { core.compare_texts(req).await }).await.map_err(to_status)?;
+        Ok(Response::new(convert::compare_response_to(&out)))
     }
 }

@@ -3,4 +3,5 @@
 pub mod core;
 pub mod grpc;
 
+pub use core::verify::DeltaJudgeCore;
 pub use grpc::routes;

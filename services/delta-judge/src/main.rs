@@ -6,7 +6,10 @@ async fn main() -> std::process::ExitCode {
         binary: "assay-delta-judge",
         service_name: assay_proto::service_names::DELTA_JUDGE,
         port: |p| p.delta_judge,
-        uses_models: false,
+        uses_models: true,
     };
-    assay_runtime::run_service(spec, &[], |_hub, _config| assay_delta_judge::routes()).await
+    assay_runtime::run_service(spec, &assay_runtime::default_loaders(), |hub, _config| {
+        assay_delta_judge::routes(std::sync::Arc::new(assay_delta_judge::DeltaJudgeCore::new(hub)))
+    })
+    .await
 }

@@ -23,7 +23,7 @@ use consolidate::SectionDemands;
 /// Configuration phase of the synthesis calls.
 pub const PHASE: &str = "stage_6_arbiter";
 /// Synthesis calls of one request in flight at once (the backend's own limit applies under it).
-pub const SYNTHESIS_CONCURRENCY: usize = 8;
+pub const SYNTHESIS_CONCURRENCY: usize = 16;
 /// Most characters of a section shown to the synthesis call.
 pub const SECTION_EXCERPT_CHARS: usize = 6_000;
 

@@ -2,3 +2,4 @@
 
 pub mod iteration;
 pub mod readability;
+pub mod verify;

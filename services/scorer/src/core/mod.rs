@@ -1,6 +1,7 @@
 //! Checklist scoring (REFERENCE section 4): batch and item modes, every aggregate, logprob
 //! confidence, reasoning, custom templates. No transport types here.
 
+pub mod judge;
 mod parse;
 
 use std::sync::Arc;

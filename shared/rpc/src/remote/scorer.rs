@@ -1,13 +1,25 @@
 //! The scorer service over gRPC.
 
+use assay_domain::judge::{JudgeEvent, JudgeSectionsRequest, PanelOutcome, SectionJudge};
 use assay_domain::{EventSink, ScoreEvent, ScoreOutcome, ScoreRequest, Scorer, StageError};
 use assay_proto::convert;
+use assay_proto::convert::judge as convert_judge;
+use assay_proto::scorer::v1::JudgeSectionsStreamRequest;
+use assay_proto::scorer::v1::judge_sections_stream_response::Event as JudgeStreamEvent;
 use assay_proto::scorer::v1::scorer_service_client::ScorerServiceClient;
 use tonic::codegen::InterceptedService;
 use tonic::transport::Channel;
 
 use crate::auth::BearerInterceptor;
 use crate::{from_status, outgoing};
+
+/// Field paths of a JudgeSectionsStream error, back to the request's (`request.x` -> `x`).
+fn from_stream(e: StageError) -> StageError {
+    e.map_fields(|f| match f.strip_prefix("request.") {
+        Some(rest) => rest.to_string(),
+        None => f,
+    })
+}
 
 /// The scorer, reached over gRPC.
 #[derive(Clone)]
@@ -39,5 +51,29 @@ impl Scorer for RemoteScorer {
             events(ScoreEvent::TargetScored { index: i as u32, score: s.clone() });
         }
         Ok(out)
+    }
+}
+
+/// The section judge panel over JudgeSectionsStream: each finished judge is relayed to the sink as
+/// it completes, then the result is returned.
+#[async_trait::async_trait]
+impl SectionJudge for RemoteScorer {
+    async fn judge_sections(
+        &self,
+        request: JudgeSectionsRequest,
+        events: EventSink<'_, JudgeEvent>,
+    ) -> Result<PanelOutcome, StageError> {
+        let msg = JudgeSectionsStreamRequest { request: Some(convert_judge::judge_sections_request_to(&request)) };
+        let mut client = self.client.clone();
+        let mut stream =
+            client.judge_sections_stream(outgoing(msg)).await.map_err(|s| from_stream(from_status(s)))?.into_inner();
+        while let Some(reply) = stream.message().await.map_err(|s| from_stream(from_status(s)))? {
+            match reply.event {
+                Some(JudgeStreamEvent::JudgeFinished(f)) => events(convert_judge::judge_finished_from(f)?),
+                Some(JudgeStreamEvent::Result(r)) => return convert_judge::judge_sections_response_from(r),
+                Some(JudgeStreamEvent::Progress(_)) | None => {}
+            }
+        }
+        Err(StageError::Unavailable("the scorer's judge stream ended without a result".into()))
     }
 }
