@@ -14,7 +14,7 @@ pub fn section(p: pb::Section) -> d::Section {
     d::Section { id, index, title, content }
 }
 
-/// Sections from the wire, checked (non-empty, unique ids, limits). Unset indices follow the list.
+/// Sections from the wire, checked (non-empty, unique ids, limits). Document order is list order.
 pub fn sections(p: Vec<pb::Section>, field: &str, v: &mut Violations) -> Vec<d::Section> {
     let out: Vec<d::Section> = p.into_iter().map(section).collect();
     d::document::check_sections(&out, field, v);
