@@ -145,7 +145,11 @@ pub async fn start_mesh(config: &AssayConfig, hub: Arc<ModelHub>, ready: bool) -
         ),
         (scorer_l, names::SCORER, assay_scorer::routes(scorer_core)),
         (arbiter_l, names::ARBITER, assay_arbiter::routes(Arc::new(assay_arbiter::ArbiterCore::new(hub.clone())))),
-        (delta_l, names::DELTA_JUDGE, assay_delta_judge::routes()),
+        (
+            delta_l,
+            names::DELTA_JUDGE,
+            assay_delta_judge::routes(Arc::new(assay_delta_judge::DeltaJudgeCore::new(hub.clone()))),
+        ),
         (debate_l, names::DEBATE, assay_debate::routes()),
     ];
     let (tx, rx) = tokio::sync::watch::channel(false);

@@ -6,9 +6,15 @@ use assay_testkit::TestServer;
 use tonic::Code;
 use tonic_types::StatusExt;
 
+/// The service on a hub with no backends (these RPCs call no model).
+fn routes() -> tonic::service::Routes {
+    let hub = std::sync::Arc::new(assay_domain::ModelHub::default());
+    assay_delta_judge::routes(std::sync::Arc::new(assay_delta_judge::DeltaJudgeCore::new(hub)))
+}
+
 #[tokio::test]
 async fn readability_measures_any_language_and_refuses_blank_text() {
-    let server = TestServer::start(assay_delta_judge::routes(), &[assay_proto::service_names::DELTA_JUDGE]).await;
+    let server = TestServer::start(routes(), &[assay_proto::service_names::DELTA_JUDGE]).await;
     let mut client = DeltaJudgeServiceClient::new(server.channel().await);
     let text = "Кошка сидела на коврике. Было тепло!\n\nПотом она долго спала.";
     let r = client.readability(ReadabilityRequest { text: text.into() }).await.unwrap().into_inner();
@@ -27,7 +33,7 @@ async fn readability_measures_any_language_and_refuses_blank_text() {
 #[tokio::test]
 async fn quality_locks_and_convergence_over_grpc() {
     use assay_proto::delta_judge::v1::{CheckConvergenceRequest, CheckQualityLocksRequest, QualityLock};
-    let server = TestServer::start(assay_delta_judge::routes(), &[assay_proto::service_names::DELTA_JUDGE]).await;
+    let server = TestServer::start(routes(), &[assay_proto::service_names::DELTA_JUDGE]).await;
     let mut client = DeltaJudgeServiceClient::new(server.channel().await);
     let lock = |c: &str, baseline: f64| QualityLock { criterion: c.into(), baseline, max_drop: None };
     let r = client

@@ -298,11 +298,14 @@ impl Breaker {
     }
 }
 
+/// A cached vector with the time it was stored.
+type Entry = (Instant, Arc<Vec<f32>>);
+
 /// Embedding vectors by key, bounded and expiring, on an injected clock.
 pub struct EmbeddingCache {
     clock: Arc<dyn Clock>,
     ttl: Duration,
-    entries: Mutex<LruCache<String, (Instant, Arc<Vec<f32>>)>>,
+    entries: Mutex<LruCache<String, Entry>>,
 }
 
 impl std::fmt::Debug for EmbeddingCache {
@@ -687,10 +690,12 @@ mod tests {
         assert_eq!(EmbeddingCache::key("b", "m", "t").len(), 64);
     }
 
+    type Script = Option<Box<dyn Fn(&str) -> Vec<f32> + Send>>;
+
     /// Embeddings from a script: `None` fails the call.
     struct FakeEmbedder {
         calls: AtomicUsize,
-        vectors: Mutex<Option<Box<dyn Fn(&str) -> Vec<f32> + Send>>>,
+        vectors: Mutex<Script>,
     }
 
     #[async_trait::async_trait]
@@ -713,7 +718,7 @@ mod tests {
         }
     }
 
-    fn fake(f: Option<Box<dyn Fn(&str) -> Vec<f32> + Send>>) -> (Arc<FakeEmbedder>, EmbeddingSource) {
+    fn fake(f: Script) -> (Arc<FakeEmbedder>, EmbeddingSource) {
         let e = Arc::new(FakeEmbedder { calls: AtomicUsize::new(0), vectors: Mutex::new(f) });
         let source = EmbeddingSource { model: e.clone(), model_name: None, deadline: None };
         (e, source)
@@ -785,7 +790,7 @@ mod tests {
     fn embedding_step_caches_and_breaks() {
         let clock = Arc::new(ManualClock::new());
         let c = Cascade::with_clock(clock.clone());
-        let same = || -> Option<Box<dyn Fn(&str) -> Vec<f32> + Send>> { Some(Box::new(|_: &str| vec![1.0, 0.0])) };
+        let same = || -> Script { Some(Box::new(|_: &str| vec![1.0, 0.0])) };
         let (e, src) = fake(same());
         let a = "the cat sat on the mat today";
         let b = "the dog sat on the rug today";

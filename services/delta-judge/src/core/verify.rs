@@ -1,0 +1,489 @@
+//! Verify (FR-018..FR-020) and CompareTexts.
+//!
+//! Verify = heuristics (length ratio, language unchanged, markdown structure preserved, readability
+//! not regressed) + one YES/NO "was issue X fixed?" model call per issue, concurrently, with
+//! first-token logprobs + quality locks. The fix is accepted when every heuristic passes, no lock
+//! is broken and every issue is fixed; every reason it is not is named. A failed call leaves its
+//! issue unverified (a rejection reason), never a silent pass.
+//!
+//! CompareTexts runs the shared convergence cascade ([`assay_domain::similarity`]); the core holds
+//! one cascade (embedding cache and breaker) for its lifetime.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use assay_domain::similarity::{Cascade, EmbeddingSource};
+use assay_domain::template::render;
+use assay_domain::verify::{
+    CompareOutcome, CompareRequest, DeltaJudge, HeuristicCheck, IssueVerification, LockViolation, ReadabilityReport,
+    VerifyOutcome, VerifyRequest,
+};
+use assay_domain::{Answer, ConfidenceLevel, JudgeIssue, ModelHub, ModelRecord, ResolvedChat, StageError, Usage};
+use assay_domain::{Section, Violations};
+use assay_llm::{ChatRequest, ChatResponse, Message, ResponseFormat, TokenLogprob};
+use futures::StreamExt;
+use sha2::{Digest, Sha256};
+
+use super::iteration::{self, Lock};
+use super::readability::{self, Readability};
+
+/// Model phase of the issue checks (and of CompareTexts' embeddings).
+pub const PHASE: &str = "stage_6_delta_judge";
+/// The "was issue X fixed?" prompt.
+pub const VERIFY_TEMPLATE: &str = include_str!("../../prompts/verify_issue.txt");
+/// Issue checks of one request in flight at once.
+pub const DEFAULT_CONCURRENCY: usize = 8;
+/// Completion tokens of one YES/NO answer unless the phase sets its own.
+const ANSWER_TOKENS: u32 = 16;
+
+/// The delta judge's logic over a model hub.
+pub struct DeltaJudgeCore {
+    hub: Arc<ModelHub>,
+    cascade: Cascade,
+    concurrency: usize,
+}
+
+impl DeltaJudgeCore {
+    pub fn new(hub: Arc<ModelHub>) -> Self {
+        Self { hub, cascade: Cascade::new(), concurrency: DEFAULT_CONCURRENCY }
+    }
+
+    /// Use this cascade (e.g. one on a test clock).
+    pub fn with_cascade(mut self, cascade: Cascade) -> Self {
+        self.cascade = cascade;
+        self
+    }
+
+    pub fn with_concurrency(mut self, concurrency: usize) -> Self {
+        self.concurrency = concurrency.max(1);
+        self
+    }
+
+    pub fn cascade(&self) -> &Cascade {
+        &self.cascade
+    }
+}
+
+fn sha256_hex(s: &str) -> String {
+    hex::encode(Sha256::digest(s.as_bytes()))
+}
+
+/// A check with the rejection reason it implies, if any.
+pub struct Checked {
+    pub check: HeuristicCheck,
+    pub reason: Option<String>,
+}
+
+fn checked(name: &str, passed: bool, detail: String, reason: Option<String>) -> Checked {
+    Checked { check: HeuristicCheck { name: name.into(), passed, detail }, reason: if passed { None } else { reason } }
+}
+
+/// len(after) / len(before) in characters within `[lo, hi]`.
+pub fn length_check(before: &str, after: &str, lo: f64, hi: f64) -> Checked {
+    let (b, a) = (before.chars().count(), after.chars().count());
+    let ratio = if b == 0 { f64::INFINITY } else { a as f64 / b as f64 };
+    if ratio < lo {
+        let why = format!("length ratio {ratio:.2} below {lo}");
+        checked("length", false, format!("{why} ({a} / {b} characters)"), Some(why))
+    } else if ratio > hi {
+        let why = format!("length ratio {ratio:.2} above {hi}");
+        checked("length", false, format!("{why} ({a} / {b} characters)"), Some(why))
+    } else {
+        checked("length", true, format!("length ratio {ratio:.2} within [{lo}, {hi}]"), None)
+    }
+}
+
+/// Prose only: fenced code blocks removed (code would confuse language detection).
+fn prose(text: &str) -> String {
+    let mut fence: Option<&str> = None;
+    let mut out = String::with_capacity(text.len());
+    for line in text.lines() {
+        let t = line.trim_start();
+        if let Some(marker) = fence_marker(t) {
+            fence = match fence {
+                None => Some(marker),
+                Some(open) if t.starts_with(open) => None,
+                Some(open) => Some(open),
+            };
+            continue;
+        }
+        if fence.is_none() {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+fn fence_marker(line: &str) -> Option<&'static str> {
+    if line.starts_with("```") {
+        Some("```")
+    } else if line.starts_with("~~~") {
+        Some("~~~")
+    } else {
+        None
+    }
+}
+
+/// The language is unchanged; judged only when detection is reliable on both sides.
+pub fn language_check(before: &str, after: &str) -> Checked {
+    let detect = |t: &str| whatlang::detect(&prose(t)).filter(|i| i.is_reliable()).map(|i| i.lang());
+    match (detect(before), detect(after)) {
+        (Some(b), Some(a)) if a == b => {
+            checked("language", true, format!("language unchanged ({})", a.eng_name()), None)
+        }
+        (Some(b), Some(a)) => {
+            let why = format!("language changed from {} to {}", b.eng_name(), a.eng_name());
+            checked("language", false, why.clone(), Some(why))
+        }
+        (b, a) => {
+            let side = match (b, a) {
+                (None, None) => "either side",
+                (None, Some(_)) => "the text before",
+                (Some(_), None) | (Some(_), Some(_)) => "the text after",
+            };
+            checked("language", true, format!("language undetermined: detection is not reliable on {side}"), None)
+        }
+    }
+}
+
+/// Markdown structure of a text.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Structure {
+    /// Heading texts (markers and surrounding space removed), in order.
+    pub headings: Vec<String>,
+    pub list_items: usize,
+    pub code_blocks: usize,
+}
+
+fn is_list_item(t: &str) -> bool {
+    if let Some(rest) = t.strip_prefix(['-', '*', '+']) {
+        return rest.starts_with(' ') || rest.starts_with('\t');
+    }
+    let digits = t.chars().take_while(char::is_ascii_digit).count();
+    digits > 0
+        && digits <= 9
+        && t[digits..].strip_prefix(['.', ')']).is_some_and(|r| r.starts_with(' ') || r.starts_with('\t'))
+}
+
+/// Headings (ATX `#`..`######`), list items and fenced code blocks; nothing inside a fence counts.
+pub fn structure_of(text: &str) -> Structure {
+    let mut s = Structure::default();
+    let mut fence: Option<&str> = None;
+    for line in text.lines() {
+        let t = line.trim_start();
+        if let Some(marker) = fence_marker(t) {
+            fence = match fence {
+                None => {
+                    s.code_blocks += 1;
+                    Some(marker)
+                }
+                Some(open) if t.starts_with(open) => None,
+                Some(open) => Some(open),
+            };
+            continue;
+        }
+        if fence.is_some() {
+            continue;
+        }
+        let hashes = t.chars().take_while(|c| *c == '#').count();
+        if (1..=6).contains(&hashes) && (t.len() == hashes || t[hashes..].starts_with([' ', '\t'])) {
+            s.headings.push(t[hashes..].trim().trim_end_matches('#').trim().to_string());
+        } else if is_list_item(t) {
+            s.list_items += 1;
+        }
+    }
+    s
+}
+
+/// Headings, list items and code blocks of `before` are still in `after`.
+pub fn structure_check(before: &str, after: &str) -> Checked {
+    let (b, a) = (structure_of(before), structure_of(after));
+    let mut remaining: Vec<String> = a.headings.iter().map(|h| h.to_lowercase()).collect();
+    let mut lost = Vec::new();
+    for h in &b.headings {
+        match remaining.iter().position(|x| *x == h.to_lowercase()) {
+            Some(i) => {
+                remaining.swap_remove(i);
+            }
+            None => lost.push(format!("heading {h:?}")),
+        }
+    }
+    if a.list_items < b.list_items {
+        lost.push(format!("list items {} -> {}", b.list_items, a.list_items));
+    }
+    if a.code_blocks < b.code_blocks {
+        lost.push(format!("code blocks {} -> {}", b.code_blocks, a.code_blocks));
+    }
+    if lost.is_empty() {
+        let detail = format!(
+            "structure preserved: headings {}, list items {}, code blocks {}",
+            b.headings.len(),
+            b.list_items,
+            b.code_blocks
+        );
+        checked("structure", true, detail, None)
+    } else {
+        let why = format!("structure lost: {}", lost.join(", "));
+        checked("structure", false, why.clone(), Some(why))
+    }
+}
+
+/// Readability of `after` does not fall out of the targets `before` met.
+pub fn readability_check(before: &Readability, after: &Readability) -> Checked {
+    let figures = format!(
+        "average {:.1} words a sentence, longest {}, paragraph break ratio {:.2}",
+        after.average_sentence_words, after.max_sentence_words, after.paragraph_break_ratio
+    );
+    match (before.within_targets, after.within_targets) {
+        (true, false) => {
+            let why = format!("readability regressed: the text met the targets before and does not after ({figures})");
+            checked("readability", false, why.clone(), Some(why))
+        }
+        (_, true) => checked("readability", true, format!("within targets ({figures})"), None),
+        (false, false) => checked("readability", true, format!("outside targets, as before ({figures})"), None),
+    }
+}
+
+fn report(r: &Readability) -> ReadabilityReport {
+    ReadabilityReport {
+        average_sentence_words: r.average_sentence_words,
+        max_sentence_words: r.max_sentence_words as u32,
+        paragraph_break_ratio: r.paragraph_break_ratio,
+        sentences: r.sentences as u32,
+        paragraphs: r.paragraphs as u32,
+        long_sentences: r.long_sentences.clone(),
+        dense_text: r.dense_text,
+        within_targets: r.within_targets,
+    }
+}
+
+/// P(yes) / (P(yes) + P(no)) over the first token's alternatives (lower-cased, trimmed); 0.5 when
+/// neither appears.
+pub fn yes_confidence(alts: &[TokenLogprob]) -> f64 {
+    let (mut p_yes, mut p_no) = (0.0f64, 0.0f64);
+    for a in alts {
+        match a.token.trim().to_lowercase().as_str() {
+            "yes" => p_yes += a.logprob.exp(),
+            "no" => p_no += a.logprob.exp(),
+            _ => {}
+        }
+    }
+    if p_yes + p_no < 1e-9 { 0.5 } else { p_yes / (p_yes + p_no) }
+}
+
+/// One issue's check: the verification, its usage, and whether logprobs were missing.
+struct IssueResult {
+    verification: IssueVerification,
+    usage: Usage,
+    logprobs_missing: bool,
+}
+
+fn interpret(issue_id: &str, reply: &ChatResponse) -> IssueResult {
+    let mut v =
+        IssueVerification { issue_id: issue_id.to_string(), fixed: false, confidence: None, error: String::new() };
+    let mut logprobs_missing = false;
+    match reply.first_token_logprobs.as_deref().filter(|l| !l.is_empty()) {
+        Some(alts) => {
+            let c = yes_confidence(alts);
+            v.confidence = Some(c);
+            v.fixed = ConfidenceLevel::of(c).answer() == Answer::Yes;
+        }
+        None => {
+            logprobs_missing = true;
+            match reply.text.split_whitespace().next().and_then(Answer::parse) {
+                Some(answer) => v.fixed = answer == Answer::Yes,
+                None => {
+                    let shown: String = reply.text.chars().take(60).collect();
+                    v.error = format!("the reply holds no yes/no answer: {shown:?}");
+                }
+            }
+        }
+    }
+    IssueResult { verification: v, usage: reply.usage, logprobs_missing }
+}
+
+fn prompt(issue: &JudgeIssue, before: &Section, after: &Section) -> String {
+    render(
+        VERIFY_TEMPLATE,
+        &[
+            ("issue_id", &issue.id),
+            ("criterion", &issue.criterion),
+            ("severity", issue.severity.as_str()),
+            ("description", &issue.description),
+            ("fix_instruction", &issue.fix_instruction),
+            ("location", &issue.location),
+            ("before", &before.content),
+            ("after", &after.content),
+        ],
+    )
+}
+
+async fn check_issue(chat: &ResolvedChat, max_tokens: u32, request: &VerifyRequest, issue: &JudgeIssue) -> IssueResult {
+    let req = ChatRequest {
+        messages: vec![Message::user(prompt(issue, &request.before, &request.after))],
+        // The answer must be the first token for its logprobs to mean anything.
+        response_format: ResponseFormat::Choice(vec!["YES".into(), "NO".into()]),
+        top_logprobs: Some(5),
+        cache: chat.cache,
+        ..Default::default()
+    };
+    let mut req = chat.settings.apply(req);
+    req.max_tokens = Some(max_tokens);
+    req.temperature = Some(req.temperature.unwrap_or(0.0));
+    match chat.model.chat(req).await {
+        Ok(reply) => interpret(&issue.id, &reply),
+        Err(e) => {
+            tracing::warn!(issue = %issue.id, error = %e, "issue check failed");
+            IssueResult {
+                verification: IssueVerification {
+                    issue_id: issue.id.clone(),
+                    fixed: false,
+                    confidence: None,
+                    error: e.to_string(),
+                },
+                usage: Usage::default(),
+                logprobs_missing: false,
+            }
+        }
+    }
+}
+
+fn issue_reason(v: &IssueVerification) -> Option<String> {
+    if !v.error.is_empty() {
+        Some(format!("issue {} not verified: {}", v.issue_id, v.error))
+    } else if v.fixed {
+        None
+    } else {
+        Some(match v.confidence {
+            Some(c) => format!("issue {} not fixed (confidence {c:.2})", v.issue_id),
+            None => format!("issue {} not fixed (the model answered NO)", v.issue_id),
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl DeltaJudge for DeltaJudgeCore {
+    async fn verify(&self, request: VerifyRequest) -> Result<VerifyOutcome, StageError> {
+        let mut v = Violations::new();
+        request.check("", &mut v);
+        v.into_result()?;
+        let (before, after) = (&request.before.content, &request.after.content);
+        let read_before = readability::measure(before);
+        let read_after = readability::measure(after);
+        let checks = [
+            length_check(before, after, request.min_length_ratio, request.max_length_ratio),
+            language_check(before, after),
+            structure_check(before, after),
+            readability_check(&read_before, &read_after),
+        ];
+        let template_sha = sha256_hex(VERIFY_TEMPLATE);
+        let mut usage = Usage::default();
+        let mut logprobs_unavailable = false;
+        let mut issues = Vec::with_capacity(request.issues.len());
+        let model = if request.issues.is_empty() {
+            ModelRecord { phase: PHASE.into(), prompt_template_sha256: template_sha, ..ModelRecord::default() }
+        } else {
+            let chat = self.hub.chat(PHASE, &request.model, "model")?;
+            let max_tokens = chat.settings.max_tokens.unwrap_or(ANSWER_TOKENS);
+            let mut record = chat.record(PHASE, max_tokens, template_sha, true);
+            record.temperature = Some(record.temperature.unwrap_or(0.0));
+            let (chat, req) = (&chat, &request);
+            let results: Vec<IssueResult> = futures::stream::iter(0..request.issues.len())
+                .map(|i| check_issue(chat, max_tokens, req, &req.issues[i]))
+                .buffered(self.concurrency)
+                .collect()
+                .await;
+            for r in results {
+                usage.add(&r.usage);
+                logprobs_unavailable |= r.logprobs_missing;
+                issues.push(r.verification);
+            }
+            record
+        };
+        let locks: Vec<Lock> = request
+            .locks
+            .iter()
+            .map(|l| Lock { criterion: l.criterion.clone(), baseline: l.baseline, max_drop: l.max_drop })
+            .collect();
+        let scores: BTreeMap<String, f64> = request.criterion_scores.clone();
+        let lock_violations: Vec<LockViolation> = iteration::lock_violations(&locks, &scores)
+            .into_iter()
+            .map(|v| LockViolation {
+                criterion: v.criterion,
+                baseline: v.baseline,
+                current: v.current,
+                max_drop: v.max_drop,
+            })
+            .collect();
+
+        let mut rejection_reasons: Vec<String> = checks.iter().filter_map(|c| c.reason.clone()).collect();
+        rejection_reasons.extend(issues.iter().filter_map(issue_reason));
+        rejection_reasons.extend(
+            lock_violations
+                .iter()
+                .map(|l| format!("lock {} dropped {:.2} > {:.2}", l.criterion, l.baseline - l.current, l.max_drop)),
+        );
+        Ok(VerifyOutcome {
+            heuristics: checks.into_iter().map(|c| c.check).collect(),
+            issues,
+            lock_violations,
+            accepted: rejection_reasons.is_empty(),
+            readability: report(&read_after),
+            usage,
+            model,
+            rejection_reasons,
+            logprobs_unavailable,
+        })
+    }
+
+    async fn compare_texts(&self, request: CompareRequest) -> Result<CompareOutcome, StageError> {
+        let mut v = Violations::new();
+        request.check("", &mut v);
+        v.into_result()?;
+        let source = match self.hub.embedding(PHASE, &request.embedding_model, "embedding_model") {
+            Ok((model, settings)) => Ok(EmbeddingSource { model, model_name: settings.model, deadline: None }),
+            // A backend the caller named must exist; a missing configured one only degrades.
+            Err(e) if request.embedding_model.backend.is_some() => return Err(e),
+            Err(e) => Err(format!("no embedding backend: {e}")),
+        };
+        let source = source.as_ref().map_err(String::clone);
+        Ok(self.cascade.compare(&request.previous, &request.current, request.mode, source).await)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn length_bounds_are_inclusive() {
+        assert!(length_check("abcd", "ab", 0.5, 2.0).check.passed);
+        assert!(length_check("abcd", "abcdefgh", 0.5, 2.0).check.passed);
+        let c = length_check("abcdefghij", "abc", 0.5, 2.0);
+        assert_eq!(c.reason.as_deref(), Some("length ratio 0.30 below 0.5"));
+        let c = length_check("ab", "abcde", 0.5, 2.0);
+        assert_eq!(c.reason.as_deref(), Some("length ratio 2.50 above 2"));
+        // Characters, not bytes.
+        assert!(length_check("ääää", "aa", 0.5, 2.0).check.passed);
+    }
+
+    #[test]
+    fn structure_counts_ignore_fenced_content() {
+        let s = structure_of(
+            "# Title\n\nText\n\n## Usage ##\n- a\n* b\n1. c\n10) d\n-not a list\n```sh\n# comment\n- x\n```\n~~~\ny\n~~~\n",
+        );
+        assert_eq!(s.headings, vec!["Title".to_string(), "Usage".to_string()]);
+        assert_eq!((s.list_items, s.code_blocks), (4, 2));
+        let c = structure_check("# A\n## B\n- x\n- y\n```\ncode\n```\n", "# A\n- x\n- y\n- z\n");
+        assert_eq!(c.reason.as_deref(), Some("structure lost: heading \"B\", code blocks 1 -> 0"));
+        assert!(structure_check("# A\n- x\n", "# a\n\n- x\n- y\n").check.passed);
+    }
+
+    #[test]
+    fn confidence_from_alternatives() {
+        let lp = |t: &str, p: f64| TokenLogprob { token: t.into(), logprob: p.ln() };
+        assert!((yes_confidence(&[lp("YES", 0.6), lp(" yes", 0.2), lp("No", 0.2)]) - 0.8).abs() < 1e-12);
+        assert_eq!(yes_confidence(&[lp("maybe", 0.9)]), 0.5);
+    }
+}

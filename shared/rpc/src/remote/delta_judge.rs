@@ -1,0 +1,41 @@
+//! The delta judge service over gRPC.
+
+use assay_domain::StageError;
+use assay_domain::verify::{CompareOutcome, CompareRequest, DeltaJudge, VerifyOutcome, VerifyRequest};
+use assay_proto::convert::delta_judge as convert;
+use assay_proto::delta_judge::v1::delta_judge_service_client::DeltaJudgeServiceClient;
+use tonic::codegen::InterceptedService;
+use tonic::transport::Channel;
+
+use crate::auth::BearerInterceptor;
+use crate::{from_status, outgoing};
+
+/// The delta judge, reached over gRPC.
+#[derive(Clone)]
+pub struct RemoteDeltaJudge {
+    client: DeltaJudgeServiceClient<InterceptedService<Channel, BearerInterceptor>>,
+}
+
+impl RemoteDeltaJudge {
+    pub fn new(channel: Channel, token: Option<&str>) -> Self {
+        let client = DeltaJudgeServiceClient::with_interceptor(channel, BearerInterceptor::new(token))
+            .max_decoding_message_size(assay_domain::limits::MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(assay_domain::limits::MAX_MESSAGE_BYTES);
+        Self { client }
+    }
+}
+
+#[async_trait::async_trait]
+impl DeltaJudge for RemoteDeltaJudge {
+    async fn verify(&self, request: VerifyRequest) -> Result<VerifyOutcome, StageError> {
+        let mut client = self.client.clone();
+        let reply = client.verify(outgoing(convert::verify_request_to(&request))).await.map_err(from_status)?;
+        Ok(convert::verify_response_from(reply.into_inner()))
+    }
+
+    async fn compare_texts(&self, request: CompareRequest) -> Result<CompareOutcome, StageError> {
+        let mut client = self.client.clone();
+        let reply = client.compare_texts(outgoing(convert::compare_request_to(&request))).await.map_err(from_status)?;
+        Ok(convert::compare_response_from(reply.into_inner()))
+    }
+}
