@@ -118,7 +118,7 @@ pub fn all_issues(verdicts: &[JudgeVerdict]) -> Vec<IssueRef> {
         .collect()
 }
 
-fn issue<'a>(verdicts: &'a [JudgeVerdict], r: IssueRef) -> &'a JudgeIssue {
+fn issue(verdicts: &[JudgeVerdict], r: IssueRef) -> &JudgeIssue {
     &verdicts[r.judge].issues[r.index]
 }
 
