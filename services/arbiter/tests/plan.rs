@@ -352,8 +352,9 @@ async fn plan_batches_tasks_skips_locked_sections_and_estimates_tokens() {
     assert_eq!((s3.previous_section_id.as_str(), s3.next_section_id.as_str()), ("s2", "s4"));
     let batches: Vec<Vec<&str>> =
         plan.batches.iter().map(|b| b.tasks.iter().map(|t| t.section_id.as_str()).collect()).collect();
-    // The expander alone first; s2's check after it; non-adjacent patches together (at most 3).
-    assert_eq!(batches, vec![vec!["s1"], vec!["s3", "s5"], vec!["s2", "s6"]]);
+    // The expander alone first; s2's check (with the regeneration's priority) right after it;
+    // non-adjacent patches together (at most 3), adjacent ones apart.
+    assert_eq!(batches, vec![vec!["s1"], vec!["s2", "s5"], vec!["s3", "s6"]]);
     let total: u64 = routing.tasks.iter().map(|t| u64::from(t.estimated_tokens)).sum();
     assert!(total > 0);
     assert_eq!(plan.estimated_tokens, total);

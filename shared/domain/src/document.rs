@@ -137,9 +137,12 @@ pub fn default_criteria() -> Vec<Criterion> {
     .collect()
 }
 
-/// Priority of a criterion name (unknown names rank below every known one).
+/// Priority of a criterion name; an unknown name ranks just below every known one.
 pub fn priority_of(criteria: &[Criterion], name: &str) -> u32 {
-    criteria.iter().find(|c| c.name == name).map_or(u32::MAX, |c| c.priority)
+    criteria
+        .iter()
+        .find(|c| c.name == name)
+        .map_or_else(|| criteria.iter().map(|c| c.priority).max().unwrap_or(0) + 1, |c| c.priority)
 }
 
 /// Check a section list: 1 to [`MAX_SECTIONS`], unique non-empty ids, bounded text.
@@ -228,7 +231,7 @@ mod tests {
         let c = default_criteria();
         assert_eq!(priority_of(&c, "factual_accuracy"), 1);
         assert!(priority_of(&c, "clarity_readability") < priority_of(&c, "completeness"));
-        assert_eq!(priority_of(&c, "tone"), u32::MAX);
+        assert_eq!(priority_of(&c, "tone"), 7);
         assert!(Severity::Critical < Severity::Minor);
     }
 }

@@ -79,7 +79,13 @@ fn instance(root: &Value, schema: &Value, position: usize, depth: usize) -> Valu
             Value::Array((0..len).map(|i| instance(root, &items, i, depth + 1)).collect())
         }
         "integer" => json!(position + 1),
-        "number" => json!(50.0),
+        // Within the schema's bounds (e.g. a score in [0, 1]).
+        "number" => {
+            let min = schema.get("minimum").and_then(Value::as_f64).unwrap_or(f64::NEG_INFINITY);
+            let max = schema.get("maximum").and_then(Value::as_f64).unwrap_or(f64::INFINITY);
+            let low = min.max(0.0);
+            json!(if max < 50.0 { low + (max - low) * 0.75 } else { 50.0f64.max(min) })
+        }
         "boolean" => json!(true),
         "null" => Value::Null,
         _ => json!(format!("Does the response address requirement {}?", position + 1)),

@@ -23,9 +23,10 @@ pub fn level(l: MeasurementLevel) -> Level {
 }
 
 /// The reliability matrix of the verdicts: judges x units, where units are section x criterion
-/// pairs when any judge scored sections, else criteria. Unit order is sorted (deterministic).
+/// pairs when every judge scored sections, else criteria (a judge without section scores would
+/// otherwise count as missing everywhere). Unit order is sorted (deterministic).
 pub fn ratings(verdicts: &[JudgeVerdict]) -> (alpha::Ratings, &'static str) {
-    if verdicts.iter().any(|v| !v.section_scores.is_empty()) {
+    if !verdicts.is_empty() && verdicts.iter().all(|v| !v.section_scores.is_empty()) {
         let units: BTreeSet<(&str, &str)> = verdicts
             .iter()
             .flat_map(|v| v.section_scores.iter().map(|s| (s.section_id.as_str(), s.criterion.as_str())))
@@ -281,7 +282,7 @@ pub fn section_demands<'a>(
             let instruction = SectionInstruction {
                 section_id: section.id.clone(),
                 instruction: demand(&mine),
-                constraints: conflicts.iter().map(|c| c.constraint.clone()).collect(),
+                constraints: conflicts.iter().map(|c| c.constraint.clone()).filter(|c| !c.is_empty()).collect(),
                 issue_ids: mine.iter().map(|i| i.id.clone()).collect(),
                 primary_criterion: winner,
                 synthesized: false,
@@ -341,9 +342,13 @@ mod tests {
         assert_eq!(data, vec![vec![Some(0.5), Some(0.9)], vec![None, Some(0.8)]]);
         let mut c = b;
         c.section_scores = vec![SectionScore { section_id: "s1".into(), criterion: "y".into(), score: 0.7 }];
-        let (data, units) = ratings(&[a, c]);
+        // One judge without section scores: criteria stay the units.
+        assert_eq!(ratings(&[a.clone(), c.clone()]).1, UNITS_CRITERION);
+        let mut d = a;
+        d.section_scores = vec![SectionScore { section_id: "s2".into(), criterion: "y".into(), score: 0.4 }];
+        let (data, units) = ratings(&[d, c]);
         assert_eq!(units, UNITS_SECTION_CRITERION);
-        assert_eq!(data, vec![vec![None], vec![Some(0.7)]]);
+        assert_eq!(data, vec![vec![None, Some(0.4)], vec![Some(0.7), None]]);
     }
 
     #[test]

@@ -116,7 +116,7 @@ pub fn synthesis_prompt(brief: &Brief, d: &SectionDemands<'_>) -> String {
 fn synthesis_schema() -> serde_json::Value {
     serde_json::json!({
         "type": "object",
-        "properties": { "instruction": { "type": "string" } },
+        "properties": { "instruction": { "type": "string", "minLength": 16, "maxLength": 600 } },
         "required": ["instruction"],
         "additionalProperties": false
     })

@@ -146,6 +146,8 @@ pub fn route(request: &RouteRequest) -> Routing {
         if locked.contains(next.id.as_str()) {
             continue;
         }
+        // The check inherits the priority of the regeneration that causes it.
+        let priority = tasks.iter().find(|t| t.section_id == sections[p].id).map_or(1, |t| t.priority);
         if let Some(t) = tasks.iter_mut().find(|t| t.section_id == next.id) {
             t.consistency_check = true;
         } else {
@@ -157,7 +159,7 @@ pub fn route(request: &RouteRequest) -> Routing {
                 constraints: vec![],
                 issue_ids: vec![],
                 consistency_check: true,
-                priority: u32::MAX,
+                priority,
                 criterion: String::new(),
                 severity: None,
                 previous_section_id: String::new(),

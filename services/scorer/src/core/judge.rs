@@ -39,6 +39,11 @@ pub const TEMPLATE: &str = include_str!("../../prompts/judge_sections.txt");
 /// Longest description, fix instruction, location or context window kept per issue (what the
 /// wire accepts back in a verdict).
 const MAX_ISSUE_TEXT: usize = MAX_TEXT_BYTES / 16;
+/// Most characters of an issue's text the reply schema allows.
+pub const SCHEMA_TEXT_CHARS: usize = 400;
+/// Most issues a section the reply schema allows.
+pub const MAX_ISSUES_PER_SECTION: usize = 3;
+
 /// Longest context window taken from a section around a quoted location.
 const MAX_CONTEXT_WINDOW: usize = 1_200;
 
@@ -202,10 +207,15 @@ pub fn render_prompt(brief: &Brief, criteria: &[Criterion], sections: &[Section]
 }
 
 /// The reply schema (strict-mode compatible: every property required, no extra keys). Section ids
-/// are an enum of the document's ids plus "" (the whole document); criteria of issues are free text
-/// so a judge can name a concern outside the list.
+/// are an enum of the document's ids plus "" (the whole document), criteria an enum of the
+/// requested names; lists and texts are bounded ([`MAX_ISSUES_PER_SECTION`] issues a section,
+/// [`SCHEMA_TEXT_CHARS`] characters a text), so a small constrained model cannot run away in a string
+/// or a list and miss the end of its token budget. The parser stays tolerant for backends that
+/// do not enforce the schema.
 pub fn reply_schema(criteria: &[Criterion], sections: &[Section]) -> Value {
     let score = json!({"type": "number", "minimum": 0, "maximum": 1});
+    let text = json!({"type": "string", "maxLength": SCHEMA_TEXT_CHARS});
+    let said = json!({"type": "string", "minLength": 8, "maxLength": SCHEMA_TEXT_CHARS});
     let names: Vec<&str> = criteria.iter().map(|c| c.name.as_str()).collect();
     let scores: Map<String, Value> = names.iter().map(|n| (n.to_string(), score.clone())).collect();
     let mut ids: Vec<&str> = sections.iter().map(|s| s.id.as_str()).collect();
@@ -221,15 +231,16 @@ pub fn reply_schema(criteria: &[Criterion], sections: &[Section]) -> Value {
             },
             "issues": {
                 "type": "array",
+                "maxItems": (MAX_ISSUES_PER_SECTION * sections.len()).min(100),
                 "items": {
                     "type": "object",
                     "properties": {
                         "section_id": {"type": "string", "enum": ids},
-                        "criterion": {"type": "string"},
+                        "criterion": {"type": "string", "enum": names},
                         "severity": {"type": "string", "enum": ["critical", "major", "minor"]},
-                        "description": {"type": "string"},
-                        "fix_instruction": {"type": "string"},
-                        "location": {"type": "string"}
+                        "description": said,
+                        "fix_instruction": said,
+                        "location": text
                     },
                     "required": ["section_id", "criterion", "severity", "description", "fix_instruction", "location"],
                     "additionalProperties": false
@@ -237,6 +248,7 @@ pub fn reply_schema(criteria: &[Criterion], sections: &[Section]) -> Value {
             },
             "section_scores": {
                 "type": "array",
+                "maxItems": sections.len() * names.len(),
                 "items": {
                     "type": "object",
                     "properties": {
@@ -394,6 +406,13 @@ pub fn parse_verdict(
             dropped.push(format!("issues past the first {MAX_ISSUES_PER_VERDICT}"));
             break;
         }
+        let description = capped(text(o, &["description", "issue", "problem"]), MAX_ISSUE_TEXT);
+        let fix_instruction =
+            capped(text(o, &["fix_instruction", "fix_instructions", "fix", "suggestion"]), MAX_ISSUE_TEXT);
+        if description.trim().is_empty() && fix_instruction.trim().is_empty() {
+            dropped.push(format!("issue {} says neither what is wrong nor how to fix it", n + 1));
+            continue;
+        }
         let named = text(o, &["section_id", "section", "target_section_id"]);
         let section = if named.is_empty() { None } else { resolve(&named, ids()) };
         if !named.is_empty() && section.is_none() {
@@ -409,11 +428,8 @@ pub fn parse_verdict(
             criterion: resolve(&criterion, names()).map_or(criterion.clone(), str::to_string),
             severity,
             section_id: section.unwrap_or_default().to_string(),
-            description: capped(text(o, &["description", "issue", "problem"]), MAX_ISSUE_TEXT),
-            fix_instruction: capped(
-                text(o, &["fix_instruction", "fix_instructions", "fix", "suggestion"]),
-                MAX_ISSUE_TEXT,
-            ),
+            description,
+            fix_instruction,
             location,
             raised_by: Vec::new(),
             context_window: context,
