@@ -443,6 +443,7 @@ pub fn parse_verdict(
     let mut section_scores = Vec::new();
     let mut seen = HashSet::new();
     let mut skipped = 0usize;
+    let mut invalid: Vec<String> = Vec::new();
     if let Some(Value::Array(entries)) = field(root, &["section_scores"]) {
         for e in entries {
             let Value::Object(o) = e else {
@@ -458,7 +459,14 @@ pub fn parse_verdict(
                 skipped += 1;
                 continue;
             };
-            let score = unit_score(v, &format!("the score of section {sid:?} on {crit:?}"))?;
+            // Section scores are optional: an unusable one is dropped and noted, never guessed.
+            let score = match unit_score(v, &format!("the score of section {sid:?} on {crit:?}")) {
+                Ok(x) => x,
+                Err(why) => {
+                    invalid.push(why);
+                    continue;
+                }
+            };
             if seen.insert((sid, crit)) {
                 section_scores.push(SectionScore { section_id: sid.to_string(), criterion: crit.to_string(), score });
             } else {
@@ -468,6 +476,9 @@ pub fn parse_verdict(
     }
     if skipped > 0 {
         notes.push(format!("dropped {skipped} section score(s) naming unknown or repeated sections or criteria"));
+    }
+    if let Some(first) = invalid.first() {
+        notes.push(format!("dropped {} unusable section score(s), e.g. {first}", invalid.len()));
     }
     Ok(ParsedVerdict { criterion_scores, issues, section_scores, unknown_section_issues, notes })
 }
@@ -527,6 +538,26 @@ mod tests {
         let notes = p.notes.join("; ");
         assert!(notes.contains("issue 3 has unknown severity \"blocker\""), "{notes}");
         assert!(notes.contains("dropped 1 section score"), "{notes}");
+    }
+
+    #[test]
+    fn unusable_section_scores_and_empty_issues_are_dropped_and_noted() {
+        let v = json!({
+            "criterion_scores": scores(json!(0.5)),
+            "issues": [{"section_id": "s2", "criterion": "completeness", "severity": "minor",
+                        "description": " ", "fix_instruction": "", "location": ""}],
+            "section_scores": [{"section_id": "s2", "criterion": "completeness", "score": 1.1},
+                               {"section_id": "s2", "criterion": "clarity_readability", "score": 0.4}]
+        });
+        let p = parse_verdict(&v, "j", &sections(), &default_criteria()).unwrap();
+        assert!(p.issues.is_empty());
+        assert_eq!(
+            p.section_scores,
+            vec![SectionScore { section_id: "s2".into(), criterion: "clarity_readability".into(), score: 0.4 }]
+        );
+        let notes = p.notes.join("; ");
+        assert!(notes.contains("issue 1 says neither what is wrong nor how to fix it"), "{notes}");
+        assert!(notes.contains("dropped 1 unusable section score(s)") && notes.contains("1.1"), "{notes}");
     }
 
     #[test]
