@@ -6,6 +6,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use assay_domain::StageError;
+use assay_domain::content::ContentRefiner;
 use assay_proto::convert::refiners as convert;
 use assay_proto::refiners::v1::refine_checklist_stream_response::Event;
 use assay_proto::refiners::v1::refiners_service_server::{RefinersService, RefinersServiceServer};
@@ -152,14 +153,23 @@ impl RefinersService for RefinersGrpc {
         Err(not_yet("SelfRefineStream"))
     }
 
-    async fn patch(&self, _: Request<PatchRequest>) -> Result<Response<PatchResponse>, Status> {
-        Err(not_yet("Patch"))
+    async fn patch(&self, request: Request<PatchRequest>) -> Result<Response<PatchResponse>, Status> {
+        let ctx = CallContext::from_request(&request);
+        let req = convert::patch_request(request.into_inner()).map_err(to_status)?;
+        let core = self.core.clone();
+        let out =
+            run_with(ctx, async move { ContentRefiner::patch(core.as_ref(), req).await }).await.map_err(to_status)?;
+        Ok(Response::new(convert::patch_response_to(&out)))
     }
 
     async fn expand_section(
         &self,
-        _: Request<ExpandSectionRequest>,
+        request: Request<ExpandSectionRequest>,
     ) -> Result<Response<ExpandSectionResponse>, Status> {
-        Err(not_yet("ExpandSection"))
+        let ctx = CallContext::from_request(&request);
+        let req = convert::expand_request(request.into_inner()).map_err(to_status)?;
+        let core = self.core.clone();
+        let out = run_with(ctx, async move { core.expand_section(req).await }).await.map_err(to_status)?;
+        Ok(Response::new(convert::expand_response_to(&out)))
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod arbiter;
 pub mod checklist;
+pub mod content;
 pub mod document;
 pub mod error;
 pub mod generator;

@@ -7,6 +7,7 @@
 
 mod base;
 mod chain;
+pub mod content;
 mod dedup;
 mod selector;
 mod tagger;

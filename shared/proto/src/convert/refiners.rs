@@ -400,3 +400,182 @@ pub fn step_completed_from(p: pb::StepCompleted) -> StepReport {
     let pb::StepCompleted { refiner, items_in, items_out, actions } = p;
     StepReport { refiner, items_in, items_out, actions: actions_from(actions), usage: Default::default() }
 }
+
+// ---- Content refiners (Patch, ExpandSection) ----
+
+use assay_domain::content::{MAX_TARGET_WORDS, SectionEdit, SectionEditRequest};
+use assay_domain::limits::{MAX_ID_BYTES, MAX_TEXT_BYTES};
+
+/// Most bytes of an instruction or of one constraint.
+pub const MAX_INSTRUCTION_BYTES: usize = 8 * 1024;
+/// Most constraints of one edit.
+pub const MAX_CONSTRAINTS: usize = 32;
+
+fn edit_section(
+    p: Option<common::Section>,
+    field: &str,
+    required: bool,
+    v: &mut Violations,
+) -> Option<assay_domain::Section> {
+    let Some(p) = p else {
+        if required {
+            v.push(field, "is required");
+        }
+        return None;
+    };
+    let s = crate::convert::document::section(p);
+    if s.id.trim().is_empty() || s.id.len() > MAX_ID_BYTES {
+        v.push(format!("{field}.id"), format!("must be 1 to {MAX_ID_BYTES} bytes"));
+    }
+    if s.content.trim().is_empty() {
+        v.push(format!("{field}.content"), "must not be empty");
+    }
+    if s.content.len() > MAX_TEXT_BYTES {
+        v.push(
+            format!("{field}.content"),
+            format!("is {} bytes; the limit is {MAX_TEXT_BYTES} bytes", s.content.len()),
+        );
+    }
+    Some(s)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn edit_request(
+    section: Option<common::Section>,
+    issues: Vec<common::JudgeIssue>,
+    instruction: String,
+    constraints: Vec<String>,
+    previous: Option<common::Section>,
+    next: Option<common::Section>,
+    brief: Option<common::Brief>,
+    target_words: u32,
+    model: Option<common::ModelSpec>,
+) -> Result<SectionEditRequest, StageError> {
+    let mut v = Violations::new();
+    let section = edit_section(section, "section", true, &mut v).unwrap_or_default();
+    let previous = edit_section(previous, "previous", false, &mut v);
+    let next = edit_section(next, "next", false, &mut v);
+    for (name, anchor) in [("previous", &previous), ("next", &next)] {
+        if anchor.as_ref().is_some_and(|a| !a.id.is_empty() && a.id == section.id) {
+            v.push(format!("{name}.id"), "must differ from the edited section's id");
+        }
+    }
+    if issues.len() > 100 {
+        v.push("issues", format!("has {} issues; the limit is 100", issues.len()));
+    }
+    let issues: Vec<_> = issues
+        .into_iter()
+        .enumerate()
+        .map(|(i, x)| crate::convert::document::issue(x, &format!("issues[{i}]"), &mut v))
+        .collect();
+    if instruction.trim().is_empty() && issues.is_empty() {
+        v.push("instruction", "must not be empty when no issues are given: say what to fix");
+    }
+    if instruction.len() > MAX_INSTRUCTION_BYTES {
+        v.push("instruction", format!("is {} bytes; the limit is {MAX_INSTRUCTION_BYTES} bytes", instruction.len()));
+    }
+    if constraints.len() > MAX_CONSTRAINTS {
+        v.push("constraints", format!("has {} constraints; the limit is {MAX_CONSTRAINTS}", constraints.len()));
+    }
+    for (i, c) in constraints.iter().enumerate() {
+        if c.len() > MAX_INSTRUCTION_BYTES {
+            v.push(
+                format!("constraints[{i}]"),
+                format!("is {} bytes; the limit is {MAX_INSTRUCTION_BYTES} bytes", c.len()),
+            );
+        }
+    }
+    if target_words > MAX_TARGET_WORDS {
+        v.push("target_words", format!("must be at most {MAX_TARGET_WORDS} (got {target_words})"));
+    }
+    let brief = crate::convert::document::brief(brief, "brief", &mut v);
+    let model = model_spec(model, "model", &mut v);
+    v.into_result()?;
+    Ok(SectionEditRequest { section, issues, instruction, constraints, previous, next, brief, target_words, model })
+}
+
+pub fn patch_request(p: pb::PatchRequest) -> Result<SectionEditRequest, StageError> {
+    let pb::PatchRequest { section, issues, instruction, constraints, previous, model, next, brief } = p;
+    edit_request(section, issues, instruction, constraints, previous, next, brief, 0, model)
+}
+
+pub fn expand_request(p: pb::ExpandSectionRequest) -> Result<SectionEditRequest, StageError> {
+    let pb::ExpandSectionRequest {
+        section,
+        issues,
+        instruction,
+        target_words,
+        model,
+        previous,
+        next,
+        brief,
+        constraints,
+    } = p;
+    edit_request(section, issues, instruction, constraints, previous, next, brief, target_words, model)
+}
+
+pub fn patch_request_to(r: &SectionEditRequest) -> pb::PatchRequest {
+    use crate::convert::document::{brief_to, issue_to, section_to};
+    pb::PatchRequest {
+        section: Some(section_to(&r.section)),
+        issues: r.issues.iter().map(issue_to).collect(),
+        instruction: r.instruction.clone(),
+        constraints: r.constraints.clone(),
+        previous: r.previous.as_ref().map(section_to),
+        model: Some(model_spec_to(&r.model)),
+        next: r.next.as_ref().map(section_to),
+        brief: Some(brief_to(&r.brief)),
+    }
+}
+
+pub fn expand_request_to(r: &SectionEditRequest) -> pb::ExpandSectionRequest {
+    let p = patch_request_to(r);
+    pb::ExpandSectionRequest {
+        section: p.section,
+        issues: p.issues,
+        instruction: p.instruction,
+        target_words: r.target_words,
+        model: p.model,
+        previous: p.previous,
+        next: p.next,
+        brief: p.brief,
+        constraints: p.constraints,
+    }
+}
+
+pub fn patch_response_to(e: &SectionEdit) -> pb::PatchResponse {
+    pb::PatchResponse {
+        section: e.section.as_ref().map(crate::convert::document::section_to),
+        diff_summary: e.diff_summary.clone(),
+        usage: Some(usage_to(&e.usage)),
+        model: Some(crate::convert::model_record_to(&e.model)),
+        rejected_reason: e.rejected_reason.clone(),
+    }
+}
+
+pub fn expand_response_to(e: &SectionEdit) -> pb::ExpandSectionResponse {
+    let p = patch_response_to(e);
+    pb::ExpandSectionResponse {
+        section: p.section,
+        diff_summary: p.diff_summary,
+        usage: p.usage,
+        model: p.model,
+        rejected_reason: p.rejected_reason,
+    }
+}
+
+pub fn patch_response_from(p: pb::PatchResponse) -> SectionEdit {
+    let pb::PatchResponse { section, diff_summary, usage, model, rejected_reason } = p;
+    SectionEdit {
+        section: section.map(crate::convert::document::section),
+        diff_summary,
+        rejected_reason,
+        usage: usage_from(usage),
+        model: crate::convert::model_record_from(model),
+    }
+}
+
+pub fn expand_response_from(p: pb::ExpandSectionResponse) -> SectionEdit {
+    let pb::ExpandSectionResponse { section, diff_summary, usage, model, rejected_reason } = p;
+    patch_response_from(pb::PatchResponse { section, diff_summary, usage, model, rejected_reason })
+}

@@ -68,3 +68,28 @@ impl ChecklistRefiner for RemoteRefiners {
         Err(StageError::Unavailable("the refiners' chain stream ended without a result".into()))
     }
 }
+
+#[async_trait::async_trait]
+impl assay_domain::content::ContentRefiner for RemoteRefiners {
+    async fn patch(
+        &self,
+        request: assay_domain::content::SectionEditRequest,
+    ) -> Result<assay_domain::content::SectionEdit, StageError> {
+        let reply =
+            self.client.clone().patch(outgoing(convert::patch_request_to(&request))).await.map_err(from_status)?;
+        Ok(convert::patch_response_from(reply.into_inner()))
+    }
+
+    async fn expand_section(
+        &self,
+        request: assay_domain::content::SectionEditRequest,
+    ) -> Result<assay_domain::content::SectionEdit, StageError> {
+        let reply = self
+            .client
+            .clone()
+            .expand_section(outgoing(convert::expand_request_to(&request)))
+            .await
+            .map_err(from_status)?;
+        Ok(convert::expand_response_from(reply.into_inner()))
+    }
+}

@@ -1,0 +1,275 @@
+//! Content refiners of sectioned documents (FR-011..FR-017): the patcher edits one section
+//! surgically, the section expander regenerates one; both see the neighbouring sections as
+//! read-only anchors and return only the section. A reply that is empty, repeats an anchor or
+//! drops one of the section's headings is refused with the reason, usage reported either way.
+
+use assay_domain::content::{ContentRefiner, EXPANDER_PHASE, PATCHER_PHASE, SectionEdit, SectionEditRequest};
+use assay_domain::document::{Brief, Section};
+use assay_domain::template::render;
+use assay_domain::{ModelRecord, StageError};
+use assay_llm::ResponseFormat;
+use sha2::{Digest, Sha256};
+
+use super::ChecklistRefiners;
+use super::base::chat_request;
+
+const PATCH_TEMPLATE: &str = include_str!("../../prompts/patch.txt");
+const EXPAND_TEMPLATE: &str = include_str!("../../prompts/expand.txt");
+
+/// Most characters of an anchor shown to the model (its start for the previous section's end is
+/// what matters, so the previous anchor keeps its end, the next one its start).
+pub const ANCHOR_CHARS: usize = 1_500;
+/// An anchor this long or longer that reappears in a reply means the model copied it.
+const ECHO_PROBE_CHARS: usize = 60;
+
+fn sha256_hex(s: &str) -> String {
+    hex::encode(Sha256::digest(s.as_bytes()))
+}
+
+fn head(text: &str, n: usize) -> &str {
+    text.char_indices().nth(n).map_or(text, |(i, _)| &text[..i])
+}
+
+fn tail(text: &str, n: usize) -> &str {
+    let count = text.chars().count();
+    if count <= n { text } else { text.char_indices().nth(count - n).map_or(text, |(i, _)| &text[i..]) }
+}
+
+fn anchor_text(anchor: Option<&Section>, keep_end: bool) -> String {
+    match anchor {
+        None => "(none: this is the first or last section)".to_string(),
+        Some(s) => {
+            let body = if keep_end { tail(&s.content, ANCHOR_CHARS) } else { head(&s.content, ANCHOR_CHARS) };
+            let cut = if body.len() < s.content.len() { " [...]" } else { "" };
+            let title = if s.title.is_empty() { String::new() } else { format!("{}\n", s.title) };
+            if keep_end { format!("{title}{cut}{body}") } else { format!("{title}{body}{cut}") }
+        }
+    }
+}
+
+fn brief_text(b: &Brief) -> String {
+    let mut out = Vec::new();
+    if !b.description.trim().is_empty() {
+        out.push(format!("Description: {}", b.description.trim()));
+    }
+    if !b.objectives.is_empty() {
+        out.push(format!("Objectives: {}", b.objectives.join("; ")));
+    }
+    if !b.audience.trim().is_empty() {
+        out.push(format!("Audience: {}", b.audience.trim()));
+    }
+    if !b.language.trim().is_empty() {
+        out.push(format!("Language: {}", b.language.trim()));
+    }
+    if out.is_empty() { "(no brief given)".into() } else { out.join("\n") }
+}
+
+fn issues_text(r: &SectionEditRequest) -> String {
+    if r.issues.is_empty() {
+        return "(see the instruction)".into();
+    }
+    r.issues
+        .iter()
+        .map(|i| {
+            let mut line = format!("- [{}, {}] {}", i.criterion, i.severity.as_str(), i.description.trim());
+            if !i.fix_instruction.trim().is_empty() {
+                line.push_str(&format!(" Fix: {}", i.fix_instruction.trim()));
+            }
+            if !i.location.trim().is_empty() {
+                line.push_str(&format!(" (at: {})", i.location.trim()));
+            }
+            line
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn constraints_text(r: &SectionEditRequest) -> String {
+    if r.constraints.is_empty() {
+        "(none)".into()
+    } else {
+        r.constraints.iter().map(|c| format!("- {}", c.trim())).collect::<Vec<_>>().join("\n")
+    }
+}
+
+/// Markdown headings of a text (ATX `#` lines outside fenced code), trimmed.
+pub fn headings(text: &str) -> Vec<String> {
+    let mut fenced = false;
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let t = line.trim_start();
+        if t.starts_with("```") || t.starts_with("~~~") {
+            fenced = !fenced;
+            continue;
+        }
+        if !fenced && t.starts_with('#') {
+            let level = t.chars().take_while(|c| *c == '#').count();
+            if level <= 6 && t[level..].starts_with([' ', '\t']) {
+                out.push(t.trim_end().to_string());
+            }
+        }
+    }
+    out
+}
+
+/// The section text of a reply: inside `<section>...</section>` when the model used the tags,
+/// else the whole reply without a wrapping code fence.
+pub fn extract_section(reply: &str) -> String {
+    let t = reply.trim();
+    if let Some(start) = t.find("<section>") {
+        let body = &t[start + "<section>".len()..];
+        let body = body.find("</section>").map_or(body, |end| &body[..end]);
+        return body.trim_matches('\n').trim_end().to_string();
+    }
+    if t.starts_with("```") && t.ends_with("```") && t.len() > 6 {
+        let inner = &t[3..t.len() - 3];
+        // Drop the info string of the fence ("```markdown").
+        let inner =
+            inner.split_once('\n').map_or(inner, |(first, rest)| if first.trim().contains(' ') { inner } else { rest });
+        return inner.trim_matches('\n').trim_end().to_string();
+    }
+    t.to_string()
+}
+
+/// Why a reply cannot replace the section, if it cannot.
+pub fn refuse(original: &Section, reply: &str, previous: Option<&Section>, next: Option<&Section>) -> Option<String> {
+    if reply.trim().is_empty() {
+        return Some("the reply is empty".into());
+    }
+    for (name, anchor) in [("previous", previous), ("next", next)] {
+        let Some(a) = anchor else { continue };
+        let body = a.content.trim();
+        if body.chars().count() < ECHO_PROBE_CHARS || original.content.contains(body) {
+            continue;
+        }
+        let probe = if name == "previous" { tail(body, ECHO_PROBE_CHARS) } else { head(body, ECHO_PROBE_CHARS) };
+        if reply.contains(probe) && !original.content.contains(probe) {
+            return Some(format!("the reply repeats the {name} section ({:?})", a.id));
+        }
+    }
+    let kept = headings(reply);
+    let lost: Vec<String> = headings(&original.content).into_iter().filter(|h| !kept.contains(h)).collect();
+    if !lost.is_empty() {
+        return Some(format!("the reply drops the section's heading(s): {}", lost.join(", ")));
+    }
+    None
+}
+
+/// Lines added and removed, and the share of characters changed.
+pub fn diff_summary(before: &str, after: &str) -> String {
+    let lines = similar::TextDiff::from_lines(before, after);
+    let (mut added, mut removed) = (0usize, 0usize);
+    for change in lines.iter_all_changes() {
+        match change.tag() {
+            similar::ChangeTag::Insert => added += 1,
+            similar::ChangeTag::Delete => removed += 1,
+            similar::ChangeTag::Equal => {}
+        }
+    }
+    let ratio = similar::TextDiff::from_chars(before, after).ratio();
+    format!("+{added} -{removed} lines, {:.0}% of characters changed", (1.0 - f64::from(ratio)) * 100.0)
+}
+
+fn words(text: &str) -> usize {
+    text.split_whitespace().count()
+}
+
+impl ChecklistRefiners {
+    async fn edit(&self, r: SectionEditRequest, expand: bool) -> Result<SectionEdit, StageError> {
+        let (phase, template) =
+            if expand { (EXPANDER_PHASE, EXPAND_TEMPLATE) } else { (PATCHER_PHASE, PATCH_TEMPLATE) };
+        let chat = self.hub.chat(phase, &r.model, "model")?;
+        let target = if r.target_words > 0 { r.target_words as usize } else { words(&r.section.content).max(40) };
+        let length = if expand {
+            format!("about {target} words")
+        } else {
+            format!("about {} words, unless the fix needs more", words(&r.section.content))
+        };
+        let prompt = render(
+            template,
+            &[
+                ("brief", &brief_text(&r.brief)),
+                ("previous", &anchor_text(r.previous.as_ref(), true)),
+                ("next", &anchor_text(r.next.as_ref(), false)),
+                ("title", &r.section.title),
+                ("section", &r.section.content),
+                ("issues", &issues_text(&r)),
+                (
+                    "instruction",
+                    if r.instruction.trim().is_empty() { "Fix the issues listed." } else { r.instruction.trim() },
+                ),
+                ("constraints", &constraints_text(&r)),
+                ("length", &length),
+            ],
+        );
+        // Room for the whole section (four characters a token) and a margin.
+        let expected = if expand { target * 2 } else { r.section.content.chars().count() / 4 * 5 / 4 };
+        let max_tokens = (expected + 256).min(8_192) as u32;
+        let req = chat_request(&chat, &r.model, prompt, ResponseFormat::Text, max_tokens);
+        let record: ModelRecord = chat.record(phase, req.max_tokens.unwrap_or(max_tokens), sha256_hex(template), false);
+        let reply = chat.model.chat(req).await?;
+        let text = extract_section(&reply.text);
+        let (section, rejected_reason, diff) = match refuse(&r.section, &text, r.previous.as_ref(), r.next.as_ref()) {
+            Some(why) => (None, why, String::new()),
+            None => {
+                let diff = diff_summary(&r.section.content, &text);
+                (Some(Section { content: text, ..r.section.clone() }), String::new(), diff)
+            }
+        };
+        Ok(SectionEdit { section, diff_summary: diff, rejected_reason, usage: reply.usage, model: record })
+    }
+}
+
+#[async_trait::async_trait]
+impl ContentRefiner for ChecklistRefiners {
+    async fn patch(&self, request: SectionEditRequest) -> Result<SectionEdit, StageError> {
+        self.edit(request, false).await
+    }
+
+    async fn expand_section(&self, request: SectionEditRequest) -> Result<SectionEdit, StageError> {
+        self.edit(request, true).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn section(id: &str, content: &str) -> Section {
+        Section { id: id.into(), content: content.into(), ..Default::default() }
+    }
+
+    #[test]
+    fn the_section_is_taken_from_tags_or_a_fence() {
+        assert_eq!(extract_section("Sure!\n<section>\n## A\nText.\n</section>\nDone."), "## A\nText.");
+        assert_eq!(extract_section("```markdown\n## A\nText.\n```"), "## A\nText.");
+        assert_eq!(extract_section("  plain text  "), "plain text");
+    }
+
+    #[test]
+    fn unusable_replies_are_refused_with_the_reason() {
+        let prev = section("p", &"The previous section ends with a long closing sentence about funnels. ".repeat(2));
+        let next = section("n", &"The next section opens with a long sentence about the four stages. ".repeat(2));
+        let original = section("s", "## Stages\nAwareness comes last.\n\n### Order\nSome order.");
+        assert_eq!(refuse(&original, "  ", None, None).unwrap(), "the reply is empty");
+        let echo = format!("## Stages\n### Order\n{}", next.content);
+        assert!(refuse(&original, &echo, Some(&prev), Some(&next)).unwrap().contains("repeats the next section"));
+        let echo = format!("{}\n## Stages\n### Order\nfixed", prev.content);
+        assert!(refuse(&original, &echo, Some(&prev), Some(&next)).unwrap().contains("repeats the previous section"));
+        let why = refuse(&original, "## Stages\nAwareness comes first.", Some(&prev), Some(&next)).unwrap();
+        assert_eq!(why, "the reply drops the section's heading(s): ### Order");
+        assert_eq!(
+            refuse(&original, "## Stages\nAwareness first.\n\n### Order\nFixed.", Some(&prev), Some(&next)),
+            None
+        );
+        // A heading inside a code block is not a heading.
+        assert!(headings("```\n# not a heading\n```\n# real").eq(&["# real".to_string()]));
+    }
+
+    #[test]
+    fn diff_summary_counts_lines_and_characters() {
+        assert_eq!(diff_summary("a\nb\nc\n", "a\nb\nc\n"), "+0 -0 lines, 0% of characters changed");
+        let s = diff_summary("a\nb\nc\n", "a\nB\nc\nd\n");
+        assert!(s.starts_with("+2 -1 lines"), "{s}");
+    }
+}

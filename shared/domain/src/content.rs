@@ -1,0 +1,50 @@
+//! Content refiners of sectioned documents: the patcher (surgical edit of one section) and the
+//! section expander (regeneration of one section), REFERENCE section 7, FR-011..FR-017.
+
+use crate::document::{Brief, JudgeIssue, Section};
+use crate::error::StageError;
+use crate::model::{ModelRecord, ModelSpec};
+use assay_llm::Usage;
+
+/// Configuration phase of the patcher.
+pub const PATCHER_PHASE: &str = "stage_6_patcher";
+/// Configuration phase of the section expander.
+pub const EXPANDER_PHASE: &str = "stage_6_section_expander";
+/// Most words an expansion may target.
+pub const MAX_TARGET_WORDS: u32 = 5_000;
+
+/// Fix one section (patch) or regenerate it (expand).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct SectionEditRequest {
+    pub section: Section,
+    pub issues: Vec<JudgeIssue>,
+    pub instruction: String,
+    pub constraints: Vec<String>,
+    /// Context anchors, read-only; `None` for the first / last section.
+    pub previous: Option<Section>,
+    pub next: Option<Section>,
+    pub brief: Brief,
+    /// Expansion only: target length in words (0 = about the current length).
+    pub target_words: u32,
+    pub model: ModelSpec,
+}
+
+/// The edited section, or why the model's reply was refused.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct SectionEdit {
+    /// `None` when the reply was refused (see `rejected_reason`).
+    pub section: Option<Section>,
+    pub diff_summary: String,
+    pub rejected_reason: String,
+    pub usage: Usage,
+    pub model: ModelRecord,
+}
+
+/// The content refiners.
+#[async_trait::async_trait]
+pub trait ContentRefiner: Send + Sync {
+    /// Surgical edit: change what the instruction asks and nothing else.
+    async fn patch(&self, request: SectionEditRequest) -> Result<SectionEdit, StageError>;
+    /// Regenerate the section from the brief, the instruction and the anchors.
+    async fn expand_section(&self, request: SectionEditRequest) -> Result<SectionEdit, StageError>;
+}
