@@ -130,6 +130,7 @@ async fn unusable_replies_are_refused_and_still_counted() {
             Reply::text("## The stages\nAwareness comes first.").usage(100, 10),
             "drops the section's heading(s): ### Why order matters",
         ),
+        (Reply::text(FIXED).finish_reason("length").usage(100, 90), "cut at the token limit"),
     ];
     for (reply, why) in cases {
         h.llm.push(reply);

@@ -128,7 +128,10 @@ pub fn extract_section(reply: &str) -> String {
             inner.split_once('\n').map_or(inner, |(first, rest)| if first.trim().contains(' ') { inner } else { rest });
         return inner.trim_matches('\n').trim_end().to_string();
     }
-    t.to_string()
+    // The prompt's own delimiters copied around the section.
+    let t = t.strip_prefix("<<<").unwrap_or(t);
+    let t = t.strip_suffix(">>>").unwrap_or(t);
+    t.trim_matches('\n').trim_end().to_string()
 }
 
 /// Why a reply cannot replace the section, if it cannot.
@@ -209,7 +212,12 @@ impl ChecklistRefiners {
         let record: ModelRecord = chat.record(phase, req.max_tokens.unwrap_or(max_tokens), sha256_hex(template), false);
         let reply = chat.model.chat(req).await?;
         let text = extract_section(&reply.text);
-        let (section, rejected_reason, diff) = match refuse(&r.section, &text, r.previous.as_ref(), r.next.as_ref()) {
+        let refused = if reply.finish_reason == assay_llm::FinishReason::Length {
+            Some(format!("the reply was cut at the token limit ({max_tokens} tokens)"))
+        } else {
+            refuse(&r.section, &text, r.previous.as_ref(), r.next.as_ref())
+        };
+        let (section, rejected_reason, diff) = match refused {
             Some(why) => (None, why, String::new()),
             None => {
                 let diff = diff_summary(&r.section.content, &text);
@@ -244,6 +252,7 @@ mod tests {
         assert_eq!(extract_section("Sure!\n<section>\n## A\nText.\n</section>\nDone."), "## A\nText.");
         assert_eq!(extract_section("```markdown\n## A\nText.\n```"), "## A\nText.");
         assert_eq!(extract_section("  plain text  "), "plain text");
+        assert_eq!(extract_section("<<<\n## A\nText.\n>>>"), "## A\nText.");
     }
 
     #[test]
