@@ -13,7 +13,7 @@ use assay_domain::{StageError, Violations};
 use tonic::service::Routes;
 
 use crate::core::iteration::{self, Lock};
-use crate::core::readability::{self, Readability};
+use crate::core::readability;
 use assay_domain::limits::MAX_ID_BYTES;
 use assay_proto::delta_judge::v1::LockViolation;
 
@@ -77,20 +77,6 @@ fn convergence_input(r: &CheckConvergenceRequest) -> Result<(), StageError> {
     v.into_result()
 }
 
-/// The wire form of readability figures.
-pub fn readability_to(r: &Readability) -> ReadabilityResponse {
-    ReadabilityResponse {
-        average_sentence_words: r.average_sentence_words,
-        max_sentence_words: r.max_sentence_words as u32,
-        paragraph_break_ratio: r.paragraph_break_ratio,
-        sentences: r.sentences as u32,
-        paragraphs: r.paragraphs as u32,
-        long_sentences: r.long_sentences.clone(),
-        dense_text: r.dense_text,
-        within_targets: r.within_targets,
-    }
-}
-
 fn readability_input(r: &ReadabilityRequest) -> Result<(), StageError> {
     let mut v = Violations::new();
     if r.text.trim().is_empty() {
@@ -141,7 +127,9 @@ impl DeltaJudgeService for DeltaJudgeGrpc {
     async fn readability(&self, request: Request<ReadabilityRequest>) -> Result<Response<ReadabilityResponse>, Status> {
         let request = request.into_inner();
         readability_input(&request).map_err(assay_rpc::status::to_status)?;
-        Ok(Response::new(readability_to(&readability::measure(&request.text))))
+        Ok(Response::new(assay_proto::convert::delta_judge::readability_to(&crate::core::verify::report(
+            &readability::measure(&request.text),
+        ))))
     }
 
     async fn check_quality_locks(

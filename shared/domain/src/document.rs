@@ -37,6 +37,27 @@ pub struct Brief {
     pub description: String,
 }
 
+impl Brief {
+    /// The brief as prompt text, one line per field that is set.
+    pub fn prompt_text(&self) -> String {
+        let mut out = Vec::new();
+        if !self.description.trim().is_empty() {
+            out.push(format!("Description: {}", self.description.trim()));
+        }
+        if !self.objectives.is_empty() {
+            let list: Vec<&str> = self.objectives.iter().map(|o| o.trim()).collect();
+            out.push(format!("Objectives: {}", list.join("; ")));
+        }
+        if !self.audience.trim().is_empty() {
+            out.push(format!("Audience: {}", self.audience.trim()));
+        }
+        if !self.language.trim().is_empty() {
+            out.push(format!("Language: {}", self.language.trim()));
+        }
+        if out.is_empty() { "(no brief given)".into() } else { out.join("\n") }
+    }
+}
+
 /// A judging criterion; priority 1 is the highest.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Criterion {

@@ -52,6 +52,12 @@ pub fn render(template: &str, values: &[(&str, &str)]) -> String {
     out
 }
 
+/// sha256 (hex) of a prompt template, for the reproducibility record of a model call.
+pub fn template_sha256(template: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(template.as_bytes()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -116,6 +116,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn numbers_stay_within_their_bounds() {
+        let unit = json!({"type": "number", "minimum": 0, "maximum": 1});
+        assert_eq!(instance(&unit, &unit, 0, 0), json!(0.75));
+        let open = json!({"type": "number"});
+        assert_eq!(instance(&open, &open, 0, 0), json!(50.0));
+    }
+
+    #[test]
     fn follows_refs_enums_and_bounds() {
         let schema = json!({
             "type": "object",

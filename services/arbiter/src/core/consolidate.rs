@@ -293,18 +293,6 @@ pub fn section_demands<'a>(
         .collect()
 }
 
-/// Cosine similarity of two vectors (0 when either is zero).
-pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
-    let (mut dot, mut na, mut nb) = (0f64, 0f64, 0f64);
-    for (x, y) in a.iter().zip(b) {
-        let (x, y) = (f64::from(*x), f64::from(*y));
-        dot += x * y;
-        na += x * x;
-        nb += y * y;
-    }
-    if na == 0.0 || nb == 0.0 { 0.0 } else { dot / (na.sqrt() * nb.sqrt()) }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -437,12 +425,5 @@ mod tests {
         assert_eq!(d[0].instruction.primary_criterion, "clarity_readability");
         assert_eq!(d[0].instruction.instruction, "Simplify the language. Add more details about funnel stages.");
         assert_eq!(d[0].instruction.issue_ids, vec!["b1", "a1"]);
-    }
-
-    #[test]
-    fn cosine_is_scale_free() {
-        assert!((cosine(&[1.0, 0.0], &[2.0, 0.0]) - 1.0).abs() < 1e-12);
-        assert_eq!(cosine(&[1.0, 0.0], &[0.0, 3.0]), 0.0);
-        assert_eq!(cosine(&[0.0, 0.0], &[1.0, 1.0]), 0.0);
     }
 }

@@ -16,7 +16,6 @@ use assay_domain::template::render;
 use assay_domain::{ModelHub, ModelRecord, ResolvedChat, StageError, Usage};
 use assay_llm::{ChatRequest, Message, ResponseFormat};
 use futures::StreamExt;
-use sha2::{Digest, Sha256};
 
 use consolidate::SectionDemands;
 
@@ -39,26 +38,6 @@ impl ArbiterCore {
     pub fn new(hub: Arc<ModelHub>) -> Self {
         Self { hub }
     }
-}
-
-fn brief_text(b: &Brief) -> String {
-    let mut out = String::new();
-    if !b.description.trim().is_empty() {
-        out.push_str(&format!("Description: {}\n", b.description.trim()));
-    }
-    if !b.objectives.is_empty() {
-        out.push_str("Objectives:\n");
-        for o in &b.objectives {
-            out.push_str(&format!("- {}\n", o.trim()));
-        }
-    }
-    if !b.audience.trim().is_empty() {
-        out.push_str(&format!("Audience: {}\n", b.audience.trim()));
-    }
-    if !b.language.trim().is_empty() {
-        out.push_str(&format!("Language: {}\n", b.language.trim()));
-    }
-    if out.is_empty() { "(no brief given)".into() } else { out.trim_end().to_string() }
 }
 
 fn excerpt(text: &str) -> String {
@@ -103,7 +82,7 @@ pub fn synthesis_prompt(brief: &Brief, d: &SectionDemands<'_>) -> String {
     render(
         SYNTHESIS_TEMPLATE,
         &[
-            ("brief", &brief_text(brief)),
+            ("brief", &brief.prompt_text()),
             ("section_id", &d.section.id),
             ("title", &d.section.title),
             ("content", &excerpt(&d.section.content)),
@@ -214,10 +193,6 @@ impl ArbiterCore {
     }
 }
 
-fn sha256_hex(s: &str) -> String {
-    hex::encode(Sha256::digest(s.as_bytes()))
-}
-
 #[async_trait::async_trait]
 impl Arbiter for ArbiterCore {
     async fn consolidate(&self, request: ConsolidateRequest) -> Result<Consolidation, StageError> {
@@ -264,7 +239,7 @@ impl ArbiterCore {
             &request.verdicts,
             &refs,
             |a, b| match (&vectors[a], &vectors[b]) {
-                (Some(x), Some(y)) => consolidate::cosine(x, y),
+                (Some(x), Some(y)) => assay_domain::similarity::cosine(x, y).unwrap_or(0.0),
                 _ => 0.0,
             },
             request.match_threshold,
@@ -283,7 +258,8 @@ impl ArbiterCore {
             Some(chat) => {
                 let (instructions, u) = self.synthesize(chat, &request.brief, &demands).await;
                 usage.add(&u);
-                let record: ModelRecord = chat.record(PHASE, 400, sha256_hex(SYNTHESIS_TEMPLATE), false);
+                let record: ModelRecord =
+                    chat.record(PHASE, 400, assay_domain::template::template_sha256(SYNTHESIS_TEMPLATE), false);
                 (instructions, Some(record))
             }
             None => (demands.iter().map(|d| d.instruction.clone()).collect(), None),

@@ -22,7 +22,6 @@ use assay_domain::{Answer, ConfidenceLevel, JudgeIssue, ModelHub, ModelRecord, R
 use assay_domain::{Section, Violations};
 use assay_llm::{ChatRequest, ChatResponse, Message, ResponseFormat, TokenLogprob};
 use futures::StreamExt;
-use sha2::{Digest, Sha256};
 
 use super::iteration::{self, Lock};
 use super::readability::{self, Readability};
@@ -62,10 +61,6 @@ impl DeltaJudgeCore {
     pub fn cascade(&self) -> &Cascade {
         &self.cascade
     }
-}
-
-fn sha256_hex(s: &str) -> String {
-    hex::encode(Sha256::digest(s.as_bytes()))
 }
 
 /// A check with the rejection reason it implies, if any.
@@ -245,7 +240,7 @@ pub fn readability_check(before: &Readability, after: &Readability) -> Checked {
     }
 }
 
-fn report(r: &Readability) -> ReadabilityReport {
+pub fn report(r: &Readability) -> ReadabilityReport {
     ReadabilityReport {
         average_sentence_words: r.average_sentence_words,
         max_sentence_words: r.max_sentence_words as u32,
@@ -377,7 +372,7 @@ impl DeltaJudge for DeltaJudgeCore {
             structure_check(before, after),
             readability_check(&read_before, &read_after),
         ];
-        let template_sha = sha256_hex(VERIFY_TEMPLATE);
+        let template_sha = assay_domain::template::template_sha256(VERIFY_TEMPLATE);
         let mut usage = Usage::default();
         let mut logprobs_unavailable = false;
         let mut issues = Vec::with_capacity(request.issues.len());

@@ -21,7 +21,6 @@ use assay_domain::{
 };
 use assay_llm::{ChatRequest, Message, ResponseFormat};
 use futures::StreamExt;
-use sha2::{Digest, Sha256};
 
 pub use parse::{HARD_RULE, PRINCIPLE, ParsedItem, ParsedReply, normalize_category, parse_reply, schema};
 
@@ -65,10 +64,6 @@ pub struct Generator {
     concurrency: usize,
     /// The refiners stage corpus presets refine with (feedback, checkeval).
     refiners: Option<Arc<dyn ChecklistRefiner>>,
-}
-
-fn sha256_hex(s: &str) -> String {
-    hex::encode(Sha256::digest(s.as_bytes()))
 }
 
 fn now_seconds() -> i64 {
@@ -229,7 +224,7 @@ impl Generator {
             created_at: Some(now_seconds()),
             metadata,
         };
-        let mut model = chat.record(PHASE, max_tokens, sha256_hex(template), false);
+        let mut model = chat.record(PHASE, max_tokens, assay_domain::template::template_sha256(template), false);
         model.temperature = Some(temperature);
         Ok(GenerateOutcome {
             checklist,

@@ -4,11 +4,10 @@
 //! drops one of the section's headings is refused with the reason, usage reported either way.
 
 use assay_domain::content::{ContentRefiner, EXPANDER_PHASE, PATCHER_PHASE, SectionEdit, SectionEditRequest};
-use assay_domain::document::{Brief, Section};
+use assay_domain::document::Section;
 use assay_domain::template::render;
 use assay_domain::{ModelRecord, StageError};
 use assay_llm::ResponseFormat;
-use sha2::{Digest, Sha256};
 
 use super::ChecklistRefiners;
 use super::base::chat_request;
@@ -21,10 +20,6 @@ const EXPAND_TEMPLATE: &str = include_str!("../../prompts/expand.txt");
 pub const ANCHOR_CHARS: usize = 1_500;
 /// An anchor this long or longer that reappears in a reply means the model copied it.
 const ECHO_PROBE_CHARS: usize = 60;
-
-fn sha256_hex(s: &str) -> String {
-    hex::encode(Sha256::digest(s.as_bytes()))
-}
 
 fn head(text: &str, n: usize) -> &str {
     text.char_indices().nth(n).map_or(text, |(i, _)| &text[..i])
@@ -45,23 +40,6 @@ fn anchor_text(anchor: Option<&Section>, keep_end: bool) -> String {
             if keep_end { format!("{title}{cut}{body}") } else { format!("{title}{body}{cut}") }
         }
     }
-}
-
-fn brief_text(b: &Brief) -> String {
-    let mut out = Vec::new();
-    if !b.description.trim().is_empty() {
-        out.push(format!("Description: {}", b.description.trim()));
-    }
-    if !b.objectives.is_empty() {
-        out.push(format!("Objectives: {}", b.objectives.join("; ")));
-    }
-    if !b.audience.trim().is_empty() {
-        out.push(format!("Audience: {}", b.audience.trim()));
-    }
-    if !b.language.trim().is_empty() {
-        out.push(format!("Language: {}", b.language.trim()));
-    }
-    if out.is_empty() { "(no brief given)".into() } else { out.join("\n") }
 }
 
 fn issues_text(r: &SectionEditRequest) -> String {
@@ -191,7 +169,7 @@ impl ChecklistRefiners {
         let prompt = render(
             template,
             &[
-                ("brief", &brief_text(&r.brief)),
+                ("brief", &r.brief.prompt_text()),
                 ("previous", &anchor_text(r.previous.as_ref(), true)),
                 ("next", &anchor_text(r.next.as_ref(), false)),
                 ("title", &r.section.title),
@@ -209,7 +187,12 @@ impl ChecklistRefiners {
         let expected = if expand { target * 2 } else { r.section.content.chars().count() / 4 * 5 / 4 };
         let max_tokens = (expected + 256).min(8_192) as u32;
         let req = chat_request(&chat, &r.model, prompt, ResponseFormat::Text, max_tokens);
-        let record: ModelRecord = chat.record(phase, req.max_tokens.unwrap_or(max_tokens), sha256_hex(template), false);
+        let record: ModelRecord = chat.record(
+            phase,
+            req.max_tokens.unwrap_or(max_tokens),
+            assay_domain::template::template_sha256(template),
+            false,
+        );
         let reply = chat.model.chat(req).await?;
         let text = extract_section(&reply.text);
         let refused = if reply.finish_reason == assay_llm::FinishReason::Length {

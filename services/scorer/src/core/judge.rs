@@ -28,7 +28,7 @@ use assay_llm::{ChatRequest, ChatResponse, Message, ResponseFormat};
 use futures::StreamExt;
 use serde_json::{Map, Value, json};
 
-use super::{ScorerCore, sha256_hex};
+use super::ScorerCore;
 
 /// Configuration phase the judges resolve their models for.
 pub const PHASE: &str = JUDGE_PHASE;
@@ -73,7 +73,7 @@ impl SectionJudge for ScorerCore {
         let job = Panel {
             prompt,
             schema: reply_schema(&request.criteria, &request.sections),
-            template_sha256: sha256_hex(TEMPLATE),
+            template_sha256: assay_domain::template::template_sha256(TEMPLATE),
             max_tokens: default_max_tokens(request.sections.len(), request.criteria.len()),
             sections: &request.sections,
             criteria: &request.criteria,

@@ -15,7 +15,6 @@ use assay_domain::{
 };
 use assay_llm::{ChatRequest, ChatResponse, Message, ResponseFormat};
 use futures::StreamExt;
-use sha2::{Digest, Sha256};
 
 pub use parse::{BatchAnswer, map_batch_answers, parse_batch_reply, parse_item_reply};
 
@@ -70,10 +69,6 @@ impl ScorerCore {
     }
 }
 
-fn sha256_hex(s: &str) -> String {
-    hex::encode(Sha256::digest(s.as_bytes()))
-}
-
 /// What one target's scoring produced.
 struct TargetResult {
     score: Score,
@@ -97,7 +92,8 @@ impl Scorer for ScorerCore {
         };
         let logprobs = config.wants_logprobs();
         let record = {
-            let mut r: ModelRecord = chat.record(PHASE, max_tokens, sha256_hex(template), logprobs);
+            let mut r: ModelRecord =
+                chat.record(PHASE, max_tokens, assay_domain::template::template_sha256(template), logprobs);
             r.temperature = Some(r.temperature.unwrap_or(0.0));
             r
         };

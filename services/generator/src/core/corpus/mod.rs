@@ -26,7 +26,7 @@ use assay_domain::{Checklist, EventSink, GenerationLevel, StageError, Usage};
 
 pub use assay_domain::generator::corpus::*;
 
-use super::{Generator, PHASE, now_seconds, sha256_hex};
+use super::{Generator, PHASE, now_seconds};
 
 /// The prompt templates a preset uses, concatenated (for the reproducibility hash).
 fn templates(preset: CorpusPreset) -> String {
@@ -93,7 +93,12 @@ impl Generator {
         tracing::debug!(preset = preset.name(), raw_questions, items = items.len(), "corpus checklist generated");
         let usage = run.usage();
         let temperature = run.temperature();
-        let mut model = run.chat.record(PHASE, generated.max_tokens, sha256_hex(&templates(preset)), false);
+        let mut model = run.chat.record(
+            PHASE,
+            generated.max_tokens,
+            assay_domain::template::template_sha256(&templates(preset)),
+            false,
+        );
         model.temperature = Some(temperature);
         let checklist = Checklist {
             id: uuid::Uuid::now_v7().to_string(),
