@@ -7,7 +7,7 @@ use assay_config::AssayConfig;
 use assay_domain::ModelHub;
 use assay_proto::service_names as names;
 use assay_rpc::Readiness;
-use assay_rpc::remote::{RemoteGenerator, RemoteRefiners, RemoteScorer};
+use assay_rpc::remote::{RemoteArbiter, RemoteDeltaJudge, RemoteGenerator, RemoteRefiners, RemoteScorer};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tonic::service::Routes;
@@ -123,7 +123,13 @@ pub async fn start_mesh(config: &AssayConfig, hub: Arc<ModelHub>, ready: bool) -
     let store = assay_gateway::RunStore::open(&assay_gateway::store_path(config)).map_err(|e| e.to_string())?;
     let stages = assay_gateway::Stages::new(scorer_remote.clone(), config.gateway.concurrency as usize)
         .with_generator(generator_remote)
-        .with_refiners(refiners_remote.clone());
+        .with_refiners(refiners_remote.clone())
+        .with_refinement(assay_gateway::RefinementStages {
+            judge: scorer_remote.clone(),
+            arbiter: Arc::new(RemoteArbiter::new(channel(addrs.arbiter)?, token)),
+            editor: refiners_remote.clone(),
+            delta: Arc::new(RemoteDeltaJudge::new(channel(addrs.delta_judge)?, token)),
+        });
     let engine = assay_gateway::Engine::new(store, Arc::new(assay_gateway::Pipelines::new(stages)));
     let services: Vec<(TcpListener, &'static str, Routes)> = vec![
         (gateway_l, names::GATEWAY, assay_gateway::routes(engine.clone())),

@@ -12,8 +12,8 @@ use assay_domain::limits::MAX_TEXT_BYTES;
 use assay_domain::{StageError, Violations};
 use tonic::service::Routes;
 
-use crate::core::iteration::{self, Lock};
 use crate::core::readability;
+use assay_domain::iteration::{self, QualityLock as Lock};
 use assay_domain::limits::MAX_ID_BYTES;
 use assay_proto::delta_judge::v1::LockViolation;
 
@@ -140,13 +140,8 @@ impl DeltaJudgeService for DeltaJudgeGrpc {
         let locks = locks_input(&request).map_err(assay_rpc::status::to_status)?;
         let scores: std::collections::BTreeMap<String, f64> = request.criterion_scores.into_iter().collect();
         let violations: Vec<LockViolation> = iteration::lock_violations(&locks, &scores)
-            .into_iter()
-            .map(|v| LockViolation {
-                criterion: v.criterion,
-                baseline: v.baseline,
-                current: v.current,
-                max_drop: v.max_drop,
-            })
+            .iter()
+            .map(assay_proto::convert::delta_judge::lock_violation_to)
             .collect();
         Ok(Response::new(CheckQualityLocksResponse { ok: violations.is_empty(), violations }))
     }

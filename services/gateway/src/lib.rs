@@ -12,7 +12,7 @@ pub mod pipelines;
 
 pub use engine::{Engine, RunStore};
 pub use grpc::{GatewayGrpc, routes};
-pub use pipelines::{Pipelines, Stages};
+pub use pipelines::{Pipelines, RefinementStages, Stages};
 
 /// Where the gateway keeps runs: `gateway.store`, else `runs.db` in `gateway.data_dir`, else in
 /// `ASSAY_DATA_DIR`, else `~/.local/share/assay`. `":memory:"` keeps runs in memory only.

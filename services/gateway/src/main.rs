@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use assay_rpc::remote::{RemoteGenerator, RemoteRefiners, RemoteScorer, channel};
+use assay_rpc::remote::{RemoteArbiter, RemoteDeltaJudge, RemoteGenerator, RemoteRefiners, RemoteScorer, channel};
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
@@ -20,15 +20,23 @@ async fn main() -> std::process::ExitCode {
                 .unwrap_or_else(|e| panic!("{what} upstream url is invalid: {e}"))
         };
         let u = &config.upstreams;
-        let stages = assay_gateway::Stages::new(
-            Arc::new(RemoteScorer::new(upstream(&u.scorer, config.ports.scorer, "scorer"), token)),
-            config.gateway.concurrency as usize,
-        )
-        .with_generator(Arc::new(RemoteGenerator::new(
-            upstream(&u.generator, config.ports.generator, "generator"),
-            token,
-        )))
-        .with_refiners(Arc::new(RemoteRefiners::new(upstream(&u.refiners, config.ports.refiners, "refiners"), token)));
+        let scorer = Arc::new(RemoteScorer::new(upstream(&u.scorer, config.ports.scorer, "scorer"), token));
+        let refiners = Arc::new(RemoteRefiners::new(upstream(&u.refiners, config.ports.refiners, "refiners"), token));
+        let stages = assay_gateway::Stages::new(scorer.clone(), config.gateway.concurrency as usize)
+            .with_generator(Arc::new(RemoteGenerator::new(
+                upstream(&u.generator, config.ports.generator, "generator"),
+                token,
+            )))
+            .with_refiners(refiners.clone())
+            .with_refinement(assay_gateway::RefinementStages {
+                judge: scorer,
+                arbiter: Arc::new(RemoteArbiter::new(upstream(&u.arbiter, config.ports.arbiter, "arbiter"), token)),
+                editor: refiners,
+                delta: Arc::new(RemoteDeltaJudge::new(
+                    upstream(&u.delta_judge, config.ports.delta_judge, "delta judge"),
+                    token,
+                )),
+            });
         let store = assay_gateway::RunStore::open(&assay_gateway::store_path(config)).expect("run store opens");
         let engine = assay_gateway::Engine::new(store, Arc::new(assay_gateway::Pipelines::new(stages)));
         let resume = engine.clone();

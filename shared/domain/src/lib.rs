@@ -7,6 +7,7 @@ pub mod content;
 pub mod document;
 pub mod error;
 pub mod generator;
+pub mod iteration;
 pub mod judge;
 pub mod limits;
 pub mod model;

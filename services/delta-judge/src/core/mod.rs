@@ -1,5 +1,4 @@
 //! The delta judge's pure logic: no transport types here.
 
-pub mod iteration;
 pub mod readability;
 pub mod verify;

@@ -9,7 +9,6 @@
 //! CompareTexts runs the shared convergence cascade ([`assay_domain::similarity`]); the core holds
 //! one cascade (embedding cache and breaker) for its lifetime.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use assay_domain::similarity::{Cascade, EmbeddingSource};
@@ -23,8 +22,8 @@ use assay_domain::{Section, Violations};
 use assay_llm::{ChatRequest, ChatResponse, Message, ResponseFormat, TokenLogprob};
 use futures::StreamExt;
 
-use super::iteration::{self, Lock};
 use super::readability::{self, Readability};
+use assay_domain::iteration;
 
 /// Model phase of the issue checks (and of CompareTexts' embeddings).
 pub const PHASE: &str = "stage_6_delta_judge";
@@ -396,21 +395,7 @@ impl DeltaJudge for DeltaJudgeCore {
             }
             record
         };
-        let locks: Vec<Lock> = request
-            .locks
-            .iter()
-            .map(|l| Lock { criterion: l.criterion.clone(), baseline: l.baseline, max_drop: l.max_drop })
-            .collect();
-        let scores: BTreeMap<String, f64> = request.criterion_scores.clone();
-        let lock_violations: Vec<LockViolation> = iteration::lock_violations(&locks, &scores)
-            .into_iter()
-            .map(|v| LockViolation {
-                criterion: v.criterion,
-                baseline: v.baseline,
-                current: v.current,
-                max_drop: v.max_drop,
-            })
-            .collect();
+        let lock_violations: Vec<LockViolation> = iteration::lock_violations(&request.locks, &request.criterion_scores);
 
         let mut rejection_reasons: Vec<String> = checks.iter().filter_map(|c| c.reason.clone()).collect();
         rejection_reasons.extend(issues.iter().filter_map(issue_reason));

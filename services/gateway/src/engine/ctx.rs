@@ -1,5 +1,6 @@
 //! What a pipeline sees of its run: events (gap-free sequences, persisted, then broadcast),
-//! checkpoints, the pause gate and cancellation, usage and model records, progress counters.
+//! checkpoints, the pause gate and cancellation, human actions (an inbox of persisted controls a
+//! pipeline consumes in order, and the audit log), usage and model records, progress.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -45,7 +46,16 @@ pub struct RunCtx {
     pub(super) paused: watch::Sender<bool>,
     pub(super) cancelled: watch::Sender<bool>,
     models: Mutex<Vec<ModelRecord>>,
+    /// Pipeline actions posted so far (bumped on every post, to wake waiters).
+    posted: watch::Sender<u32>,
+    /// Serialises posts and audit entries (their keys are counters).
+    journal: tokio::sync::Mutex<()>,
 }
+
+/// Checkpoint key prefix of the posted pipeline actions.
+const ACTION: &str = "engine:action:";
+/// Checkpoint key prefix of the audit log.
+const AUDIT: &str = "engine:audit:";
 
 /// The writer task of a run: `seq` is the last sequence already stored.
 async fn write_events(
@@ -108,6 +118,8 @@ impl RunCtx {
             paused: watch::channel(false).0,
             cancelled: watch::channel(false).0,
             models: Mutex::new(Vec::new()),
+            posted: watch::channel(0).0,
+            journal: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -170,36 +182,174 @@ impl RunCtx {
 
     /// Store a checkpoint under `key` (a resumed run reads it back with [`RunCtx::checkpoints`]).
     pub async fn checkpoint(&self, key: &str, value: &impl prost::Message) -> Result<(), StageError> {
-        match &self.persistence {
-            Persistence::Store(store) => store.put_checkpoint(&self.run_id, key, value.encode_to_vec()).await,
-            Persistence::Memory(m) => {
-                m.lock()
-                    .map_err(|_| StageError::Internal("checkpoint lock poisoned".into()))?
-                    .insert(key.to_string(), value.encode_to_vec());
-                Ok(())
-            }
-        }
+        self.put_raw(key, value.encode_to_vec()).await
     }
 
     /// The checkpoints whose key starts with `prefix`, by key, decoded.
     pub async fn checkpoints<M: prost::Message + Default>(&self, prefix: &str) -> Result<Vec<(String, M)>, StageError> {
-        let raw = match &self.persistence {
-            Persistence::Store(store) => store.checkpoints(&self.run_id, prefix).await?,
-            Persistence::Memory(m) => m
-                .lock()
-                .map_err(|_| StageError::Internal("checkpoint lock poisoned".into()))?
-                .range(prefix.to_string()..)
-                .take_while(|(k, _)| k.starts_with(prefix))
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
-        };
-        raw.into_iter()
+        self.raw(prefix)
+            .await?
+            .into_iter()
             .map(|(k, v)| {
                 M::decode(v.as_slice())
                     .map(|m| (k, m))
                     .map_err(|e| StageError::Internal(format!("run store: corrupt checkpoint: {e}")))
             })
             .collect()
+    }
+
+    /// Store a serde value as a checkpoint under `key` (JSON).
+    pub async fn checkpoint_json(&self, key: &str, value: &impl serde::Serialize) -> Result<(), StageError> {
+        let bytes = serde_json::to_vec(value).map_err(|e| StageError::Internal(format!("checkpoint {key}: {e}")))?;
+        self.put_raw(key, bytes).await
+    }
+
+    /// The serde checkpoint stored under `key`, if any.
+    pub async fn load_json<T: serde::de::DeserializeOwned>(&self, key: &str) -> Result<Option<T>, StageError> {
+        let raw = self.raw(key).await?;
+        let Some((_, bytes)) = raw.into_iter().find(|(k, _)| k == key) else { return Ok(None) };
+        serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| StageError::Internal(format!("run store: corrupt checkpoint {key}: {e}")))
+    }
+
+    async fn put_raw(&self, key: &str, bytes: Vec<u8>) -> Result<(), StageError> {
+        match &self.persistence {
+            Persistence::Store(store) => store.put_checkpoint(&self.run_id, key, bytes).await,
+            Persistence::Memory(m) => {
+                m.lock()
+                    .map_err(|_| StageError::Internal("checkpoint lock poisoned".into()))?
+                    .insert(key.to_string(), bytes);
+                Ok(())
+            }
+        }
+    }
+
+    async fn raw(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, StageError> {
+        match &self.persistence {
+            Persistence::Store(store) => store.checkpoints(&self.run_id, prefix).await,
+            Persistence::Memory(m) => Ok(m
+                .lock()
+                .map_err(|_| StageError::Internal("checkpoint lock poisoned".into()))?
+                .range(prefix.to_string()..)
+                .take_while(|(k, _)| k.starts_with(prefix))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()),
+        }
+    }
+
+    /// Append to the run's audit log (persisted).
+    pub async fn audit(&self, actor: &str, action: &str, detail: &str) -> Result<(), StageError> {
+        let _guard = self.journal.lock().await;
+        self.audit_locked(actor, action, detail).await
+    }
+
+    async fn audit_locked(&self, actor: &str, action: &str, detail: &str) -> Result<(), StageError> {
+        let n = self.raw(AUDIT).await?.len();
+        let entry = gw::AuditEntry {
+            time: Some(now()),
+            actor: if actor.is_empty() { "unknown".into() } else { actor.to_string() },
+            action: action.to_string(),
+            detail: detail.to_string(),
+        };
+        self.checkpoint(&format!("{AUDIT}{n:08}"), &entry).await
+    }
+
+    /// The audit log, oldest first.
+    pub async fn audit_log(&self) -> Result<Vec<gw::AuditEntry>, StageError> {
+        Ok(self.checkpoints::<gw::AuditEntry>(AUDIT).await?.into_iter().map(|(_, e)| e).collect())
+    }
+
+    /// Post a pipeline action (a human decision the pipeline consumes in order with
+    /// [`RunCtx::next_action`] / [`RunCtx::gate_or_action`]): audited, persisted (it survives a
+    /// restart until consumed), then the run is woken. Returns its index.
+    pub async fn post_action(
+        &self,
+        request: &gw::ControlRunRequest,
+        action: &str,
+        detail: &str,
+    ) -> Result<u32, StageError> {
+        let _guard = self.journal.lock().await;
+        let n = self.raw(ACTION).await?.len() as u32;
+        self.audit_locked(&request.actor, action, detail).await?;
+        self.checkpoint(&format!("{ACTION}{n:08}"), request).await?;
+        self.posted.send_replace(n + 1);
+        Ok(n)
+    }
+
+    /// Posted actions with index >= `consumed`, in order.
+    pub async fn actions_from(&self, consumed: u32) -> Result<Vec<gw::ControlRunRequest>, StageError> {
+        Ok(self
+            .checkpoints::<gw::ControlRunRequest>(ACTION)
+            .await?
+            .into_iter()
+            .skip(consumed as usize)
+            .map(|(_, a)| a)
+            .collect())
+    }
+
+    /// The first posted action not yet consumed (`consumed` = how many the pipeline has
+    /// consumed); waits for one. CANCELLED once cancel is asked for.
+    pub async fn next_action(&self, consumed: u32) -> Result<gw::ControlRunRequest, StageError> {
+        let mut posted = self.posted.subscribe();
+        loop {
+            if let Some(a) = self.actions_from(consumed).await?.into_iter().next() {
+                return Ok(a);
+            }
+            tokio::select! {
+                biased;
+                () = self.cancelled() => return Err(StageError::Cancelled("the run was cancelled".into())),
+                r = posted.changed() => { if r.is_err() { return Err(StageError::Internal("run context dropped".into())); } }
+            }
+        }
+    }
+
+    /// Like [`RunCtx::gate`], but a posted action not yet consumed is returned at once (paused or
+    /// not); `None` once the run is not paused and nothing is pending.
+    pub async fn gate_or_action(&self, consumed: u32) -> Result<Option<gw::ControlRunRequest>, StageError> {
+        let mut posted = self.posted.subscribe();
+        let mut paused = self.paused.subscribe();
+        loop {
+            if self.is_cancelled() {
+                return Err(StageError::Cancelled("the run was cancelled".into()));
+            }
+            if let Some(a) = self.actions_from(consumed).await?.into_iter().next() {
+                return Ok(Some(a));
+            }
+            if !*paused.borrow_and_update() {
+                return Ok(None);
+            }
+            tokio::select! {
+                biased;
+                () = self.cancelled() => return Err(StageError::Cancelled("the run was cancelled".into())),
+                _ = posted.changed() => {}
+                _ = paused.changed() => {}
+            }
+        }
+    }
+
+    /// Whether the run is paused.
+    pub fn is_paused(&self) -> bool {
+        *self.paused.borrow()
+    }
+
+    /// The run's state.
+    pub fn state(&self) -> gw::RunState {
+        gw::RunState::try_from(self.snapshot().state).unwrap_or(gw::RunState::Unspecified)
+    }
+
+    /// Move the run to `state` (an event says why) unless it is there already.
+    pub async fn set_state(&self, state: gw::RunState, reason: &str) -> Result<(), StageError> {
+        if self.state() == state {
+            return Ok(());
+        }
+        self.update(|r| r.state = state as i32);
+        self.emit(Event::StateChanged(gw::RunStateChanged { state: state as i32, reason: reason.to_string() })).await
+    }
+
+    /// Set the run's pipeline-specific progress (stored with the next event).
+    pub fn set_progress(&self, progress: gw::run::Progress) {
+        self.update(|r| r.progress = Some(progress));
     }
 
     /// Whether cancel was asked for.

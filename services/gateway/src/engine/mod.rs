@@ -29,8 +29,14 @@ pub struct RunOutcome {
     pub result: Option<gw::run_result::Result>,
 }
 
-/// A pipeline-specific control (accept, edit a section); pause, resume and cancel are the engine's.
-pub type PipelineAction = Action;
+/// What a pipeline-specific control did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ControlEffect {
+    /// Taken; the run goes on.
+    Taken,
+    /// Taken; the run ends because of it (the engine answers once it has).
+    Ends,
+}
 
 /// One pipeline run, parsed from its request.
 #[async_trait::async_trait]
@@ -41,10 +47,14 @@ pub trait Pipeline: Send + Sync {
     /// Run to the end (or until cancelled), resuming from the run's checkpoints. An error fails
     /// the run; observe [`RunCtx::gate`] before starting new work.
     async fn run(&self, ctx: &RunCtx) -> Result<RunOutcome, StageError>;
-    /// A pipeline-specific control.
-    async fn control(&self, ctx: &RunCtx, action: PipelineAction) -> Result<(), StageError> {
-        let _ = (ctx, action);
-        Err(StageError::FailedPrecondition("accept and edit_section apply to targeted refinement runs only".into()))
+    /// A pipeline-specific control: accept, review, edit_section, and resume while the run awaits
+    /// a human. Validate it against the run's state, then post it with [`RunCtx::post_action`]
+    /// (which audits it) for the run to consume.
+    async fn control(&self, ctx: &RunCtx, request: &gw::ControlRunRequest) -> Result<ControlEffect, StageError> {
+        let _ = (ctx, request);
+        Err(StageError::FailedPrecondition(
+            "accept, review and edit_section apply to targeted refinement runs only".into(),
+        ))
     }
 }
 
@@ -129,6 +139,7 @@ impl Engine {
             records_done: 0,
             result: None,
             usage: Some(pb::Usage::default()),
+            progress: None,
         }
     }
 
@@ -251,12 +262,16 @@ impl Engine {
         Ok(stream::replay_then_follow(past, live_rx.filter(|_| !finished), after))
     }
 
-    /// Pause, resume or cancel (the engine's), or a pipeline-specific control.
+    /// Pause, resume or cancel (the engine's), or a pipeline-specific control. Every action taken
+    /// is in the run's audit log with its actor and reason.
     pub async fn control(&self, req: gw::ControlRunRequest) -> Result<gw::Run, StageError> {
-        let gw::ControlRunRequest { run_id, action, actor, reason } = req;
-        let Some(action) = action else {
-            return Err(StageError::invalid("action", "is required (pause, resume, accept, cancel or edit_section)"));
+        let Some(action) = req.action.clone() else {
+            return Err(StageError::invalid(
+                "action",
+                "is required (pause, resume, cancel, accept, review or edit_section)",
+            ));
         };
+        let run_id = req.run_id.clone();
         let Some(live) = self.live(&run_id) else {
             let stored = self.store.get(&run_id).await?.ok_or_else(|| StageError::NotFound(format!("run {run_id}")))?;
             return Err(StageError::FailedPrecondition(format!(
@@ -264,32 +279,44 @@ impl Engine {
                 gw::RunState::try_from(stored.run.state).map(|s| s.as_str_name()).unwrap_or("unknown")
             )));
         };
-        tracing::info!(run_id = %run_id, actor = %actor, reason = %reason, "run control");
+        tracing::info!(run_id = %run_id, actor = %req.actor, reason = %req.reason, "run control");
         let ctx = &live.ctx;
-        match action {
+        let awaiting = ctx.state() == gw::RunState::AwaitingHuman;
+        let effect = match action {
             Action::Pause(_) => {
+                if awaiting {
+                    return Err(StageError::FailedPrecondition(format!(
+                        "run {run_id} is waiting for a human decision: edit_section, resume, accept or review"
+                    )));
+                }
+                ctx.audit(&req.actor, "pause", &req.reason).await?;
                 ctx.paused.send_replace(true);
-                ctx.update(|r| r.state = gw::RunState::Paused as i32);
-                ctx.emit(Event::StateChanged(gw::RunStateChanged { state: gw::RunState::Paused as i32, reason }))
-                    .await?;
+                ctx.set_state(gw::RunState::Paused, &req.reason).await?;
+                ControlEffect::Taken
             }
+            Action::Resume(_) if awaiting => live.pipeline.control(ctx, &req).await?,
             Action::Resume(_) => {
+                ctx.audit(&req.actor, "resume", &req.reason).await?;
                 ctx.paused.send_replace(false);
-                ctx.update(|r| r.state = gw::RunState::Running as i32);
-                ctx.emit(Event::StateChanged(gw::RunStateChanged { state: gw::RunState::Running as i32, reason }))
-                    .await?;
+                ctx.set_state(gw::RunState::Running, &req.reason).await?;
+                ControlEffect::Taken
             }
             Action::Cancel(_) => {
+                ctx.audit(&req.actor, "cancel", &req.reason).await?;
                 ctx.paused.send_replace(false);
                 ctx.cancelled.send_replace(true);
-                // Answer once the run has stopped (in-flight calls dropped, CANCELLED recorded),
-                // so the state returned is the one the run ends in.
-                let mut done = live.done.subscribe();
-                if tokio::time::timeout(CANCEL_WAIT, done.wait_for(|d| *d)).await.is_err() {
-                    tracing::warn!(run_id = %run_id, "cancel: run still stopping after {CANCEL_WAIT:?}");
-                }
+                ControlEffect::Ends
             }
-            other @ (Action::Accept(_) | Action::EditSection(_)) => live.pipeline.control(ctx, other).await?,
+            Action::Accept(_) | Action::EditSection(_) | Action::Review(_) => live.pipeline.control(ctx, &req).await?,
+        };
+        if effect == ControlEffect::Ends {
+            // Answer once the run has stopped (in-flight calls dropped, its end recorded), so the
+            // state returned is the one the run ends in.
+            let mut done = live.done.subscribe();
+            if tokio::time::timeout(CANCEL_WAIT, done.wait_for(|d| *d)).await.is_err() {
+                tracing::warn!(run_id = %run_id, "control: run still stopping after {CANCEL_WAIT:?}");
+            }
+            return self.get(&run_id).await;
         }
         Ok(ctx.snapshot())
     }
@@ -316,11 +343,13 @@ impl Engine {
                     continue;
                 }
             };
-            // A paused run stays paused (controllable: resume or cancel); any other unfinished
-            // state goes on running.
+            // A paused run stays paused (controllable: resume or cancel), a run waiting for a
+            // human keeps waiting; any other unfinished state goes on running.
             let (state, reason) = if run_state == gw::RunState::Paused as i32 {
                 ctx.paused.send_replace(true);
                 (gw::RunState::Paused, "recovered after a gateway restart; paused until resumed")
+            } else if run_state == gw::RunState::AwaitingHuman as i32 {
+                (gw::RunState::AwaitingHuman, "recovered after a gateway restart; waiting for a human decision")
             } else {
                 (gw::RunState::Running, "resumed after a gateway restart")
             };

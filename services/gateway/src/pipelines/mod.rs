@@ -1,11 +1,12 @@
 //! The gateway's pipelines, one module each, over stage traits from `assay-domain`:
 //! [`checklist_eval`] and [`generate_checklist`] (sharing [`checklist`], where checklists come
-//! from). [`Pipelines`] parses a request into the pipeline that runs it.
+//! from), and [`targeted_refinement`]. [`Pipelines`] parses a request into the pipeline that runs it.
 
 pub mod checklist;
 pub mod checklist_eval;
 pub mod generate_checklist;
 mod stages;
+pub mod targeted_refinement;
 
 use std::sync::Arc;
 
@@ -13,7 +14,7 @@ use assay_domain::StageError;
 use assay_proto::gateway::v1 as gw;
 use assay_proto::gateway::v1::run_pipeline_request::Pipeline as Kind;
 
-pub use stages::Stages;
+pub use stages::{RefinementStages, Stages};
 
 use crate::engine::{Pipeline, PipelineFactory};
 
@@ -36,12 +37,17 @@ impl PipelineFactory for Pipelines {
             Some(Kind::GenerateChecklist(p)) => {
                 Ok(Arc::new(generate_checklist::GenerateChecklist::parse(p, self.stages.clone())?))
             }
-            Some(Kind::TargetedRefinement(_) | Kind::SelfRefine(_) | Kind::Debate(_)) => {
-                Err(StageError::Unimplemented(
-                    "this pipeline is not available yet; checklist_eval and generate_checklist are".into(),
-                ))
+            Some(Kind::TargetedRefinement(p)) => {
+                Ok(Arc::new(targeted_refinement::TargetedRefinement::parse(p, self.stages.clone())?))
             }
-            None => Err(StageError::invalid("pipeline", "is required (checklist_eval or generate_checklist)")),
+            Some(Kind::SelfRefine(_) | Kind::Debate(_)) => Err(StageError::Unimplemented(
+                "this pipeline is not available yet; checklist_eval, generate_checklist and targeted_refinement are"
+                    .into(),
+            )),
+            None => Err(StageError::invalid(
+                "pipeline",
+                "is required (checklist_eval, generate_checklist or targeted_refinement)",
+            )),
         }
     }
 }

@@ -2,6 +2,10 @@
 
 use std::sync::Arc;
 
+use assay_domain::arbiter::Arbiter;
+use assay_domain::content::ContentRefiner;
+use assay_domain::judge::SectionJudge;
+use assay_domain::verify::DeltaJudge;
 use assay_domain::{ChecklistGenerator, ChecklistRefiner, Scorer, StageError};
 
 /// The stages pipelines call: remote gRPC clients in production, in-process cores in tests.
@@ -10,13 +14,16 @@ pub struct Stages {
     pub scorer: Arc<dyn Scorer>,
     pub generator: Option<Arc<dyn ChecklistGenerator>>,
     pub refiners: Option<Arc<dyn ChecklistRefiner>>,
+    /// Targeted refinement: the judge panel, the arbiter, the patcher / section expander and the
+    /// delta judge.
+    pub refinement: Option<RefinementStages>,
     /// Concurrent stage calls per run (checklists produced, records scored).
     pub concurrency: usize,
 }
 
 impl Stages {
     pub fn new(scorer: Arc<dyn Scorer>, concurrency: usize) -> Self {
-        Self { scorer, generator: None, refiners: None, concurrency: concurrency.max(1) }
+        Self { scorer, generator: None, refiners: None, refinement: None, concurrency: concurrency.max(1) }
     }
 
     /// Generate checklists (instance presets and corpora) with this generator.
@@ -31,6 +38,20 @@ impl Stages {
         self
     }
 
+    /// Run targeted refinement with these stages.
+    pub fn with_refinement(mut self, stages: RefinementStages) -> Self {
+        self.refinement = Some(stages);
+        self
+    }
+
+    pub(crate) fn refinement(&self) -> Result<&RefinementStages, StageError> {
+        self.refinement.as_ref().ok_or_else(|| {
+            StageError::Unimplemented(
+                "this gateway has no judge / arbiter / delta judge / content refiner stages configured".into(),
+            )
+        })
+    }
+
     pub(crate) fn generator(&self) -> Result<&Arc<dyn ChecklistGenerator>, StageError> {
         self.generator
             .as_ref()
@@ -42,4 +63,13 @@ impl Stages {
             .as_ref()
             .ok_or_else(|| StageError::Unimplemented("this gateway has no refiners service configured".into()))
     }
+}
+
+/// The stages of targeted refinement.
+#[derive(Clone)]
+pub struct RefinementStages {
+    pub judge: Arc<dyn SectionJudge>,
+    pub arbiter: Arc<dyn Arbiter>,
+    pub editor: Arc<dyn ContentRefiner>,
+    pub delta: Arc<dyn DeltaJudge>,
 }

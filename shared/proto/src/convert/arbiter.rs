@@ -254,7 +254,7 @@ pub fn consolidation_from(p: pb::ConsolidateResponse) -> a::Consolidation {
     }
 }
 
-fn action_to(x: a::FixAction) -> pb::FixAction {
+pub fn fix_action_to(x: a::FixAction) -> pb::FixAction {
     match x {
         a::FixAction::SurgicalEdit => pb::FixAction::SurgicalEdit,
         a::FixAction::RegenerateSection => pb::FixAction::RegenerateSection,
@@ -274,7 +274,7 @@ pub fn task_to(t: &a::FixTask) -> pb::FixTask {
     pb::FixTask {
         id: t.id.clone(),
         section_id: t.section_id.clone(),
-        action: action_to(t.action) as i32,
+        action: fix_action_to(t.action) as i32,
         instruction: t.instruction.clone(),
         constraints: t.constraints.clone(),
         issue_ids: t.issue_ids.clone(),

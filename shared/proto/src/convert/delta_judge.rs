@@ -118,6 +118,10 @@ pub fn readability_from(p: Option<pb::ReadabilityResponse>) -> dv::ReadabilityRe
     }
 }
 
+pub fn lock_violation_to(l: &dv::LockViolation) -> pb::LockViolation {
+    pb::LockViolation { criterion: l.criterion.clone(), baseline: l.baseline, current: l.current, max_drop: l.max_drop }
+}
+
 pub fn verify_response_to(o: &dv::VerifyOutcome) -> pb::VerifyResponse {
     pb::VerifyResponse {
         heuristics: o
@@ -135,16 +139,7 @@ pub fn verify_response_to(o: &dv::VerifyOutcome) -> pb::VerifyResponse {
                 error: i.error.clone(),
             })
             .collect(),
-        lock_violations: o
-            .lock_violations
-            .iter()
-            .map(|l| pb::LockViolation {
-                criterion: l.criterion.clone(),
-                baseline: l.baseline,
-                current: l.current,
-                max_drop: l.max_drop,
-            })
-            .collect(),
+        lock_violations: o.lock_violations.iter().map(lock_violation_to).collect(),
         accepted: o.accepted,
         readability: Some(readability_to(&o.readability)),
         usage: Some(usage_to(&o.usage)),

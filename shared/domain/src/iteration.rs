@@ -8,13 +8,14 @@
 
 use std::collections::BTreeMap;
 
-/// Default largest allowed drop of a locked criterion.
-pub const DEFAULT_MAX_DROP: f64 = 0.05;
+use serde::{Deserialize, Serialize};
+
+pub use crate::verify::{DEFAULT_LOCK_MAX_DROP as DEFAULT_MAX_DROP, LockViolation, QualityLock};
 /// A gain under this (on the 0..1 scale) counts as no progress.
 pub const MIN_GAIN: f64 = 0.02;
 /// Iterations in a row without progress that end the refinement.
 pub const STALLED_ITERATIONS: usize = 2;
-/// Hard limits.
+/// Default hard limits.
 pub const MAX_ITERATIONS: usize = 3;
 pub const MAX_TOKENS: u64 = 15_000;
 pub const MAX_ELAPSED_MS: u64 = 300_000;
@@ -23,31 +24,14 @@ pub const EDITS_TO_LOCK: u32 = 2;
 /// Slack for floating-point comparisons of scores (0.80 - 0.75 is 0.05000000000000004).
 const EPSILON: f64 = 1e-9;
 
-/// A criterion that may not drop by more than `max_drop`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Lock {
-    pub criterion: String,
-    pub baseline: f64,
-    pub max_drop: Option<f64>,
-}
-
-/// A lock the current scores break.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Violation {
-    pub criterion: String,
-    pub baseline: f64,
-    pub current: f64,
-    pub max_drop: f64,
-}
-
 /// The locks `scores` break, in lock order. Callers check that every locked criterion has a score.
-pub fn lock_violations(locks: &[Lock], scores: &BTreeMap<String, f64>) -> Vec<Violation> {
+pub fn lock_violations(locks: &[QualityLock], scores: &BTreeMap<String, f64>) -> Vec<LockViolation> {
     locks
         .iter()
         .filter_map(|l| {
             let current = *scores.get(&l.criterion)?;
             let max_drop = l.max_drop.unwrap_or(DEFAULT_MAX_DROP);
-            (l.baseline - current > max_drop + EPSILON).then(|| Violation {
+            (l.baseline - current > max_drop + EPSILON).then(|| LockViolation {
                 criterion: l.criterion.clone(),
                 baseline: l.baseline,
                 current,
@@ -58,7 +42,7 @@ pub fn lock_violations(locks: &[Lock], scores: &BTreeMap<String, f64>) -> Vec<Vi
 }
 
 /// Why a refinement stops.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Stop {
     GainBelowThreshold,
     MaxIterations,
@@ -77,6 +61,21 @@ impl Stop {
     }
 }
 
+/// The hard limits of one refinement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    /// Rounds of edits.
+    pub max_iterations: usize,
+    pub max_tokens: u64,
+    pub max_elapsed_ms: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self { max_iterations: MAX_ITERATIONS, max_tokens: MAX_TOKENS, max_elapsed_ms: MAX_ELAPSED_MS }
+    }
+}
+
 /// The convergence decision.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Convergence {
@@ -88,23 +87,35 @@ pub struct Convergence {
     pub best_iteration: usize,
 }
 
-/// Decide whether a refinement with these `scores` (initial first) should stop.
+/// Decide whether a refinement with these `scores` (initial first) should stop, at the default
+/// limits.
 pub fn convergence(
     scores: &[f64],
     section_edits: &BTreeMap<String, u32>,
     tokens_used: u64,
     elapsed_ms: u64,
 ) -> Convergence {
+    convergence_within(scores, section_edits, tokens_used, elapsed_ms, Limits::default())
+}
+
+/// [`convergence`] at the given limits.
+pub fn convergence_within(
+    scores: &[f64],
+    section_edits: &BTreeMap<String, u32>,
+    tokens_used: u64,
+    elapsed_ms: u64,
+    limits: Limits,
+) -> Convergence {
     let gains: Vec<f64> = scores.windows(2).map(|w| w[1] - w[0]).collect();
     let stalled = gains.len() >= STALLED_ITERATIONS
         && gains[gains.len() - STALLED_ITERATIONS..].iter().all(|g| *g < MIN_GAIN - EPSILON);
     let stop = if stalled {
         Some(Stop::GainBelowThreshold)
-    } else if gains.len() >= MAX_ITERATIONS {
+    } else if gains.len() >= limits.max_iterations {
         Some(Stop::MaxIterations)
-    } else if tokens_used >= MAX_TOKENS {
+    } else if tokens_used >= limits.max_tokens {
         Some(Stop::TokenBudget)
-    } else if elapsed_ms >= MAX_ELAPSED_MS {
+    } else if elapsed_ms >= limits.max_elapsed_ms {
         Some(Stop::TimeBudget)
     } else {
         None
@@ -124,8 +135,8 @@ pub fn convergence(
 mod tests {
     use super::*;
 
-    fn lock(c: &str, baseline: f64, max_drop: Option<f64>) -> Lock {
-        Lock { criterion: c.into(), baseline, max_drop }
+    fn lock(c: &str, baseline: f64, max_drop: Option<f64>) -> QualityLock {
+        QualityLock { criterion: c.into(), baseline, max_drop }
     }
 
     #[test]
