@@ -1,4 +1,4 @@
-//! `assay`: run the mesh, try it, evaluate, generate, score, manage runs and models.
+//! `assay`: run the mesh, try it, evaluate, generate, score, refine documents, manage runs and models.
 
 mod cmd;
 
@@ -121,6 +121,18 @@ enum Command {
         #[command(flatten)]
         backend: BackendArgs,
     },
+    /// Refine a sectioned document (JSON: {"brief", "sections": [{"id", "title", "content"}]}) where the
+    /// judges find issues: judge, plan, patch or regenerate sections, verify, re-judge, until a
+    /// threshold, convergence or a limit. Progress on stderr; the result as JSON on stdout. Exit codes:
+    /// 0 accepted (also with a warning, by a human, or reviewed), 3 best effort, 4 waiting for a human
+    /// (semi-auto escalation; see `assay runs edit|resume|accept|review`), 1 the run failed or was
+    /// cancelled, 2 bad input.
+    Refine {
+        #[command(flatten)]
+        args: cmd::refine::RefineArgs,
+        #[command(flatten)]
+        backend: BackendArgs,
+    },
     /// List, inspect, follow and control runs on a running gateway.
     Runs {
         #[command(subcommand)]
@@ -189,14 +201,13 @@ enum RunsCommand {
     List {
         #[arg(long, default_value_t = 50)]
         limit: u32,
-        /// Only runs in this state (running, paused, succeeded, partial, failed, cancelled).
+        /// Only runs in this state (running, paused, awaiting_human, succeeded, partial, failed,
+        /// cancelled).
         #[arg(long)]
         state: Option<String>,
     },
-    /// One run with its result summary.
-    Show {
-        run_id: String,
-    },
+    /// One run with its result summary (a refinement with its document).
+    Show { run_id: String },
     /// Replay a run's events after a sequence number, then follow it until it completes.
     Watch {
         run_id: String,
@@ -206,13 +217,99 @@ enum RunsCommand {
     /// Start no new work until resumed.
     Pause {
         run_id: String,
+        #[command(flatten)]
+        who: WhoArgs,
     },
+    /// Resume a paused run; an escalated refinement (edited or not) is judged again and goes on.
     Resume {
         run_id: String,
+        #[command(flatten)]
+        who: WhoArgs,
     },
+    /// Stop the run for good: calls in flight are dropped.
     Cancel {
         run_id: String,
+        #[command(flatten)]
+        who: WhoArgs,
     },
+    /// Take over a refinement: pause it after the current task so its sections can be edited.
+    Intervene {
+        run_id: String,
+        #[command(flatten)]
+        who: WhoArgs,
+    },
+    /// Replace one section of a paused (or waiting) refinement; verified before the run goes on.
+    Edit {
+        run_id: String,
+        /// The section's id.
+        #[arg(long)]
+        section: String,
+        /// The new content.
+        #[arg(long, conflicts_with = "file", required_unless_present = "file")]
+        content: Option<String>,
+        /// A file holding the new content.
+        #[arg(long)]
+        file: Option<PathBuf>,
+        #[command(flatten)]
+        who: WhoArgs,
+    },
+    /// Accept a paused or waiting refinement's content as it stands (outcome accepted_manual).
+    Accept {
+        run_id: String,
+        #[command(flatten)]
+        who: WhoArgs,
+    },
+    /// Mark an escalated refinement as reviewed: accepted with human approval (outcome reviewed).
+    Review {
+        run_id: String,
+        #[command(flatten)]
+        who: WhoArgs,
+    },
+}
+
+/// Who acts on a run and why (the refinement's audit log).
+#[derive(Args, Clone)]
+struct WhoArgs {
+    /// Why (default "assay runs <verb>").
+    #[arg(long)]
+    reason: Option<String>,
+    /// Who (default $USER, else "cli").
+    #[arg(long)]
+    actor: Option<String>,
+}
+
+impl WhoArgs {
+    fn into_cmd(self) -> cmd::runs::Who {
+        cmd::runs::Who { actor: self.actor, reason: self.reason }
+    }
+}
+
+impl RunsCommand {
+    fn into_action(self) -> cmd::runs::Action {
+        use cmd::runs::{Action, EditContent, Verb};
+        let control = |run_id: String, verb: Verb, who: WhoArgs| Action::Control { run_id, verb, who: who.into_cmd() };
+        match self {
+            RunsCommand::List { limit, state } => Action::List { limit, state },
+            RunsCommand::Show { run_id } => Action::Show { run_id },
+            RunsCommand::Watch { run_id, after } => Action::Watch { run_id, after },
+            RunsCommand::Pause { run_id, who } | RunsCommand::Intervene { run_id, who } => {
+                control(run_id, Verb::Pause, who)
+            }
+            RunsCommand::Resume { run_id, who } => control(run_id, Verb::Resume, who),
+            RunsCommand::Cancel { run_id, who } => control(run_id, Verb::Cancel, who),
+            RunsCommand::Accept { run_id, who } => control(run_id, Verb::Accept, who),
+            RunsCommand::Review { run_id, who } => control(run_id, Verb::Review, who),
+            RunsCommand::Edit { run_id, section, content, file, who } => {
+                let content = match (content, file) {
+                    (Some(text), _) => EditContent::Text(text),
+                    (None, Some(path)) => EditContent::File(path),
+                    // clap requires one of the two; an empty text is refused with a clear message.
+                    (None, None) => EditContent::Text(String::new()),
+                };
+                control(run_id, Verb::Edit { section_id: section, content }, who)
+            }
+        }
+    }
 }
 
 impl ScoringArgs {
@@ -481,19 +578,18 @@ async fn main() -> ExitCode {
                 }
             };
         }
+        Command::Refine { args, backend } => {
+            let outcome = async {
+                let config = load_config(cli.config.as_deref(), &backend).map_err(cmd::refine::RefineError::Failed)?;
+                cmd::refine::refine(&config, args).await
+            };
+            return cmd::refine::exit(outcome.await);
+        }
         Command::Runs { command, gateway, json } => {
             match load_config(cli.config.as_deref(), &BackendArgs { backend: None, model: None }) {
                 Ok(config) => {
                     let url = gateway.unwrap_or_else(|| cmd::configured_gateway(&config));
-                    let action = match command {
-                        RunsCommand::List { limit, state } => cmd::runs::Action::List { limit, state },
-                        RunsCommand::Show { run_id } => cmd::runs::Action::Show { run_id },
-                        RunsCommand::Watch { run_id, after } => cmd::runs::Action::Watch { run_id, after },
-                        RunsCommand::Pause { run_id } => cmd::runs::Action::Pause { run_id },
-                        RunsCommand::Resume { run_id } => cmd::runs::Action::Resume { run_id },
-                        RunsCommand::Cancel { run_id } => cmd::runs::Action::Cancel { run_id },
-                    };
-                    cmd::runs::run(&config, &url, action, json).await
+                    cmd::runs::run(&config, &url, command.into_action(), json).await
                 }
                 Err(e) => Err(e),
             }

@@ -5,5 +5,8 @@ pub mod scripted;
 pub mod server;
 
 pub use schema_fake::{schema_handler, schema_reply};
-pub use scripted::{Handler, RecordedRequest, Reply, ScriptedLlm, embedding_handler, eventually, hash_embedding};
+pub use scripted::{
+    Exchange, Gate, Handler, RecordedRequest, Reply, ScriptedLlm, embedding_handler, eventually, hash_embedding,
+    max_in_flight,
+};
 pub use server::TestServer;

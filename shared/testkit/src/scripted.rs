@@ -4,7 +4,9 @@
 //! then from an optional handler function, and otherwise with HTTP 500 saying the script is
 //! exhausted. Every request is recorded, including the ones answered with faults, and requests
 //! whose client went away before the reply was sent are counted in
-//! [`ScriptedLlm::cancelled_count`].
+//! [`ScriptedLlm::cancelled_count`]. [`ScriptedLlm::exchanges`] adds when each request arrived and
+//! was answered (for concurrency assertions), and a [`Gate`] holds chosen replies until a test
+//! opens it (to keep a call in flight while the test acts).
 //!
 //! ```no_run
 //! # async fn demo() {
@@ -128,6 +130,7 @@ pub struct Reply {
     no_usage: bool,
     model: Option<String>,
     delay: Option<Duration>,
+    gate: Option<Gate>,
 }
 
 impl Reply {
@@ -142,6 +145,7 @@ impl Reply {
             no_usage: false,
             model: None,
             delay: None,
+            gate: None,
         }
     }
 
@@ -223,6 +227,13 @@ impl Reply {
         self
     }
 
+    /// Hold the reply until `gate` is open (after any [`Reply::delay`]). The request counts as
+    /// received at once; it is answered when the gate opens.
+    pub fn gated(mut self, gate: &Gate) -> Self {
+        self.gate = Some(gate.clone());
+        self
+    }
+
     /// Add a `Retry-After: secs` header.
     pub fn retry_after(self, secs: u64) -> Self {
         self.header("retry-after", secs.to_string())
@@ -252,6 +263,127 @@ impl Reply {
     pub fn status_code(&self) -> u16 {
         self.status
     }
+}
+
+/// A gate that scripted replies can wait on ([`Reply::gated`]): closed when created, open with
+/// [`Gate::open`]. Clones share one gate. Lets a test keep chosen calls in flight (a request is
+/// recorded when it arrives, answered only once the gate opens) and act meanwhile.
+#[derive(Clone)]
+pub struct Gate {
+    inner: Arc<GateInner>,
+}
+
+struct GateInner {
+    open: tokio::sync::watch::Sender<bool>,
+    waiting: AtomicUsize,
+    passed: AtomicUsize,
+}
+
+impl Gate {
+    /// A closed gate.
+    pub fn new() -> Self {
+        let inner = GateInner {
+            open: tokio::sync::watch::channel(false).0,
+            waiting: AtomicUsize::new(0),
+            passed: AtomicUsize::new(0),
+        };
+        Self { inner: Arc::new(inner) }
+    }
+
+    /// Let every held reply go, and every later one through at once.
+    pub fn open(&self) {
+        self.inner.open.send_replace(true);
+    }
+
+    /// Hold later replies again (replies already let through are not affected).
+    pub fn close(&self) {
+        self.inner.open.send_replace(false);
+    }
+
+    pub fn is_open(&self) -> bool {
+        *self.inner.open.borrow()
+    }
+
+    /// Replies held at the gate now.
+    pub fn waiting(&self) -> usize {
+        self.inner.waiting.load(Ordering::SeqCst)
+    }
+
+    /// Replies that went through the gate so far.
+    pub fn passed(&self) -> usize {
+        self.inner.passed.load(Ordering::SeqCst)
+    }
+
+    async fn wait(&self) {
+        struct Waiting<'a>(&'a AtomicUsize);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        let mut open = self.inner.open.subscribe();
+        self.inner.waiting.fetch_add(1, Ordering::SeqCst);
+        let held = Waiting(&self.inner.waiting);
+        // The sender lives in `self`: the channel cannot close while we wait.
+        let _ = open.wait_for(|o| *o).await;
+        drop(held);
+        self.inner.passed.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl Default for Gate {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for Gate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Gate").field("open", &self.is_open()).field("waiting", &self.waiting()).finish()
+    }
+}
+
+impl PartialEq for Gate {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
+/// One request with when it arrived and when its reply was handed to the connection.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Exchange {
+    pub request: RecordedRequest,
+    pub received: Instant,
+    /// `None` while the request is still open, or when its client went away first.
+    pub answered: Option<Instant>,
+}
+
+impl Exchange {
+    /// Whether the two exchanges were open at the same time (an unanswered one is open until
+    /// now).
+    pub fn overlaps(&self, other: &Exchange) -> bool {
+        let now = Instant::now();
+        let (a_end, b_end) = (self.answered.unwrap_or(now), other.answered.unwrap_or(now));
+        self.received < b_end && other.received < a_end
+    }
+}
+
+/// Most exchanges open at one time among `exchanges`.
+pub fn max_in_flight<'a>(exchanges: impl IntoIterator<Item = &'a Exchange>) -> usize {
+    let now = Instant::now();
+    // +1 at arrival, -1 at answer; answers sort before arrivals at the same instant.
+    let mut points: Vec<(Instant, i32)> = Vec::new();
+    for e in exchanges {
+        points.push((e.received, 1));
+        points.push((e.answered.unwrap_or(now), -1));
+    }
+    points.sort();
+    let (mut open, mut most) = (0i32, 0i32);
+    for (_, d) in points {
+        open += d;
+        most = most.max(open);
+    }
+    most as usize
 }
 
 /// A reply function consulted when the queue is empty.
@@ -301,6 +433,8 @@ struct State {
     queue: Mutex<VecDeque<Reply>>,
     handler: Mutex<Option<Handler>>,
     requests: Mutex<Vec<RecordedRequest>>,
+    /// (arrival, answer) of each request, index-aligned with `requests`.
+    times: Mutex<Vec<(Instant, Option<Instant>)>>,
     cancelled: AtomicUsize,
     completed: AtomicUsize,
     next_id: AtomicU64,
@@ -376,6 +510,17 @@ impl ScriptedLlm {
     /// Every request received so far, in arrival order.
     pub fn requests(&self) -> Vec<RecordedRequest> {
         lock(&self.state.requests).clone()
+    }
+
+    /// Every request received so far with its arrival and answer times, in arrival order.
+    pub fn exchanges(&self) -> Vec<Exchange> {
+        let requests = lock(&self.state.requests);
+        let times = lock(&self.state.times);
+        requests
+            .iter()
+            .zip(times.iter())
+            .map(|(r, (received, answered))| Exchange { request: r.clone(), received: *received, answered: *answered })
+            .collect()
     }
 
     /// Number of requests received so far.
@@ -475,17 +620,29 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Result<Respons
         body: serde_json::from_slice(&raw).unwrap_or(Value::Null),
         raw_body,
     };
-    lock(&state.requests).push(recorded.clone());
+    let index = {
+        let mut requests = lock(&state.requests);
+        requests.push(recorded.clone());
+        let mut times = lock(&state.times);
+        times.push((Instant::now(), None));
+        requests.len() - 1
+    };
 
     let reply = next_reply(&state, &recorded);
     if let Some(delay) = reply.delay {
         tokio::time::sleep(delay).await;
+    }
+    if let Some(gate) = &reply.gate {
+        gate.wait().await;
     }
     if reply.kind == Kind::Hang {
         std::future::pending::<()>().await;
     }
     let id = state.next_id.fetch_add(1, Ordering::SeqCst);
     let response = render(&reply, &recorded, id);
+    if let Some(t) = lock(&state.times).get_mut(index) {
+        t.1 = Some(Instant::now());
+    }
     guard.finish();
     Ok(response)
 }
@@ -629,6 +786,50 @@ mod tests {
         assert_ne!(a, hash_embedding("world", 16));
         let norm: f32 = a.iter().map(|x| x * x).sum::<f32>().sqrt();
         assert!((norm - 1.0).abs() < 1e-4);
+    }
+
+    /// One HTTP/1.1 POST over a plain TCP connection; the response text.
+    async fn post(addr: SocketAddr, body: &str) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let request = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut out = String::new();
+        stream.read_to_string(&mut out).await.unwrap();
+        out
+    }
+
+    #[tokio::test]
+    async fn a_gate_holds_replies_until_opened_and_exchanges_record_the_times() {
+        let server = ScriptedLlm::start().await;
+        let gate = Gate::new();
+        let g = gate.clone();
+        server.set_handler(move |r| {
+            if r.body["hold"] == json!(true) { Reply::text("held").gated(&g) } else { Reply::text("free") }
+        });
+        let addr = server.addr();
+        let held = tokio::spawn(async move { post(addr, r#"{"hold": true}"#).await });
+        assert!(eventually(Duration::from_secs(5), || gate.waiting() == 1).await);
+        // Another call goes through while the first one is held.
+        assert!(post(addr, r#"{"hold": false}"#).await.contains("free"));
+        assert!(!held.is_finished());
+        let open = server.exchanges();
+        assert_eq!(open.len(), 2);
+        assert!(open[0].answered.is_none() && open[1].answered.is_some());
+        assert!(open[0].overlaps(&open[1]));
+        gate.open();
+        assert!(held.await.unwrap().contains("held"));
+        assert_eq!((gate.waiting(), gate.passed()), (0, 1));
+        let done = server.exchanges();
+        assert!(done.iter().all(|e| e.answered.is_some_and(|a| a >= e.received)));
+        assert_eq!(max_in_flight(&done), 2);
+        assert_eq!(max_in_flight(&done[1..]), 1);
+        // An open gate lets later replies through at once.
+        server.set_handler(move |_| Reply::text("again").gated(&gate));
+        assert!(post(addr, "{}").await.contains("again"));
     }
 
     #[test]

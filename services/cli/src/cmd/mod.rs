@@ -4,6 +4,7 @@
 pub mod eval;
 pub mod generate;
 pub mod input;
+pub mod refine;
 pub mod render;
 pub mod runs;
 
@@ -67,6 +68,11 @@ impl Session {
                 Ok(Self { client: client(&config, &url)?, mesh: Some(mesh) })
             }
         }
+    }
+
+    /// The gateway address of the in-process mesh, if this session started one.
+    pub fn local_gateway(&self) -> Option<String> {
+        self.mesh.as_ref().map(|m| format!("http://{}", m.addrs.gateway))
     }
 
     /// Stop the in-process mesh, if any.

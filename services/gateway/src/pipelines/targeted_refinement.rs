@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use assay_domain::arbiter::{ConsolidateRequest, FixAction, FixTask, MeasurementLevel, Plan, PlanRequest};
 use assay_domain::content::SectionEditRequest;
-use assay_domain::document::{MAX_JUDGES, check_criteria, check_sections, default_criteria, mean_score};
+use assay_domain::document::{MAX_JUDGES, check_criteria, default_criteria, mean_score};
 use assay_domain::iteration::{self, EDITS_TO_LOCK, Limits, QualityLock};
 use assay_domain::judge::{JudgeSectionsRequest, PanelJudge, check_judges, panel_or_default};
 use assay_domain::limits::MAX_TEXT_BYTES;
@@ -86,6 +86,8 @@ pub struct TargetedRefinement {
     stages: Stages,
     /// One task at a time waits at the gate (so a posted action is consumed once).
     gate: Mutex<()>,
+    /// Set once a human accepted: every task still waiting at the gate stops too.
+    accepted: std::sync::atomic::AtomicBool,
     clock: Clock,
 }
 
@@ -129,6 +131,9 @@ struct Judging {
     /// under an empty section id.
     scores: Vec<(String, String, f64)>,
     plan: Plan,
+    /// The content judged holds edits a human made since the previous judging.
+    #[serde(default)]
+    human_edited: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -217,11 +222,13 @@ impl State {
         self.judged.iter().map(|j| j.score).collect()
     }
 
-    /// Index of the first highest-scoring judging.
+    /// Index of the first highest-scoring judging; on a tie, a judging of human-edited content
+    /// wins over earlier ones (a human's edit is not thrown away for an equal score).
     fn best(&self) -> usize {
         let mut best = 0;
         for (i, j) in self.judged.iter().enumerate() {
-            if j.score > self.judged[best].score {
+            let top = self.judged[best].score;
+            if j.score > top || (j.score == top && j.human_edited) {
                 best = i;
             }
         }
@@ -361,7 +368,6 @@ impl TargetedRefinement {
                 s
             })
             .collect();
-        check_sections(&sections, &field("sections"), &mut v);
         if verdicts.len() > MAX_JUDGES {
             v.push(field("verdicts"), format!("has {} verdicts; the limit is {MAX_JUDGES}", verdicts.len()));
         }
@@ -449,6 +455,7 @@ impl TargetedRefinement {
             models,
             stages,
             gate: Mutex::new(()),
+            accepted: std::sync::atomic::AtomicBool::new(false),
             clock: Clock { start: Instant::now(), waited: StdMutex::new(Duration::ZERO) },
         })
     }
@@ -593,6 +600,11 @@ impl TargetedRefinement {
             issues,
             scores: mean_scores(&verdicts),
             plan,
+            human_edited: st
+                .judged
+                .last()
+                .is_some_and(|j| j.sections.iter().zip(&st.sections).any(|(a, b)| a.content != b.content))
+                && !st.human_edited.is_empty(),
         }))
     }
 
@@ -867,6 +879,9 @@ impl TargetedRefinement {
     async fn checkpoint_gate(&self, ctx: &RunCtx, shared: &Mutex<State>) -> Result<Option<Halt>, StageError> {
         let _one = self.gate.lock().await;
         loop {
+            if self.accepted.load(std::sync::atomic::Ordering::SeqCst) {
+                return Ok(Some(Halt::Accept));
+            }
             let consumed = shared.lock().await.consumed;
             let waited = Instant::now();
             let action = ctx.gate_or_action(consumed).await?;
@@ -877,6 +892,7 @@ impl TargetedRefinement {
             match request.action {
                 Some(Action::EditSection(e)) => self.apply_human_edit(&mut st, &e),
                 Some(Action::Accept(_)) => {
+                    self.accepted.store(true, std::sync::atomic::Ordering::SeqCst);
                     self.save(ctx, &st, "done").await?;
                     return Ok(Some(Halt::Accept));
                 }
@@ -977,6 +993,7 @@ impl TargetedRefinement {
         for batch in batches {
             let (pending, fresh, parallel) = {
                 let mut st = shared.lock().await;
+                let fresh = st.tasks.iter().filter(|t| t.batch == batch).all(|t| t.status == Status::Pending);
                 // A task left running by a stopped gateway runs again.
                 for t in st.tasks.iter_mut().filter(|t| t.batch == batch && t.status == Status::Running) {
                     t.status = Status::Pending;
@@ -989,7 +1006,6 @@ impl TargetedRefinement {
                     .filter(|(_, t)| t.batch == batch && t.status == Status::Pending)
                     .map(|(i, _)| i)
                     .collect();
-                let fresh = ts.iter().all(|t| t.status == Status::Pending);
                 let parallel = ts.iter().all(|t| t.task.action == FixAction::SurgicalEdit);
                 (pending, fresh, parallel)
             };

@@ -1,0 +1,1051 @@
+//! `assay refine`: judge-targeted refinement of a sectioned document through the gateway
+//! (`RunPipeline` with a `targeted_refinement` pipeline). Live progress goes to standard error, one
+//! line per refinement event; the final document and how the run ended go to standard output as
+//! JSON.
+
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::process::ExitCode;
+
+use assay_config::AssayConfig;
+use assay_domain::document::MAX_JUDGES;
+use assay_proto::common::v1 as common;
+use assay_proto::gateway::v1 as gw;
+use assay_proto::scorer::v1 as scorer;
+use futures::{Stream, StreamExt};
+use serde_json::{Map, Value, json};
+
+use super::runs::{
+    action_name, agreement_name, issue_json, mode_name, outcome_name, progress_json, quality_name,
+    refinement_result_json, sections_json, severity_name, state_name,
+};
+use super::{Session, status_text};
+
+/// Exit code of unusable input: the document, an option, or a request the gateway rejected.
+pub const EXIT_BAD_INPUT: u8 = 2;
+/// Exit code of a best-effort result (full-auto below its thresholds).
+pub const EXIT_BEST_EFFORT: u8 = 3;
+/// Exit code of a run left waiting for a human (semi-auto escalation).
+pub const EXIT_AWAITING_HUMAN: u8 = 4;
+
+/// Refinement mode.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Accept automatically at the quality thresholds, else return the best iteration.
+    FullAuto,
+    /// Accept at higher thresholds, else wait for a human.
+    SemiAuto,
+}
+
+impl Mode {
+    fn proto(self) -> gw::RefinementMode {
+        match self {
+            Mode::FullAuto => gw::RefinementMode::FullAuto,
+            Mode::SemiAuto => gw::RefinementMode::SemiAuto,
+        }
+    }
+}
+
+/// Options of `assay refine`.
+#[derive(clap::Args, Clone)]
+pub struct RefineArgs {
+    /// The document (JSON): {"brief": {"objectives": [...], "audience", "language", "description"},
+    /// "sections": [{"id", "title", "content"}, ...]}; the brief and titles are optional.
+    #[arg(long)]
+    pub doc: PathBuf,
+    /// full-auto: accept at the quality thresholds, else return the best iteration; semi-auto:
+    /// higher thresholds, else escalate to a human.
+    #[arg(long, value_enum, default_value_t = Mode::FullAuto)]
+    pub mode: Mode,
+    /// Rounds of edits, 1 to 10 (default 3).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=10))]
+    pub max_iterations: Option<u32>,
+    /// Tokens over every model call of the run, 1000 to 10000000 (default 15000).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1_000..=10_000_000))]
+    pub token_budget: Option<u64>,
+    /// Seconds of work, pauses and waits for a human excluded, 10 to 86400 (default 300).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(10..=86_400))]
+    pub time_budget_seconds: Option<u32>,
+    /// Patchers at once within a batch, 1 to 3 (default 3).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=3))]
+    pub max_parallel_patchers: Option<u32>,
+    /// A criterion a section scored at least this on is locked: no edit may lower it by more than
+    /// 0.05 (default 0.85).
+    #[arg(long)]
+    pub lock_threshold: Option<f64>,
+    /// Judges on the judge model at temperatures spread over 0.0 to 0.6, 1 to 9 (default: the
+    /// gateway's panel, three judges at 0.0, 0.3 and 0.6).
+    #[arg(long)]
+    pub judges: Option<u32>,
+    /// Judge model, MODEL or MODEL@BACKEND (default: the stage_6_judge phase).
+    #[arg(long)]
+    pub judge_model: Option<String>,
+    /// Patcher model, MODEL or MODEL@BACKEND (default: the stage_6_patcher phase).
+    #[arg(long)]
+    pub patcher_model: Option<String>,
+    /// Section regeneration model, MODEL or MODEL@BACKEND (default: stage_6_section_expander).
+    #[arg(long)]
+    pub expander_model: Option<String>,
+    /// Verification model, MODEL or MODEL@BACKEND (default: stage_6_delta_judge).
+    #[arg(long)]
+    pub delta_judge_model: Option<String>,
+    /// Planning model, MODEL or MODEL@BACKEND (default: stage_6_arbiter).
+    #[arg(long)]
+    pub arbiter_model: Option<String>,
+    /// Gateway address (e.g. http://127.0.0.1:50051); absent = start the mesh in this process.
+    #[arg(long)]
+    pub gateway: Option<String>,
+    /// The run's label (default "assay refine <doc>").
+    #[arg(long)]
+    pub label: Option<String>,
+    /// On escalation keep following the run until a human edits and resumes, accepts or reviews it
+    /// (default: exit with code 4 and leave the run waiting).
+    #[arg(long)]
+    pub wait: bool,
+    /// Print the run id and leave the run going on the gateway (needs --gateway).
+    #[arg(long, requires = "gateway", conflicts_with = "wait")]
+    pub detach: bool,
+}
+
+/// Why `assay refine` failed.
+#[derive(Debug, PartialEq, Eq)]
+pub enum RefineError {
+    /// The document, an option, or the request as the gateway judged it (exit 2).
+    BadInput(String),
+    /// The connection, the gateway or the run failed, or the run was cancelled (exit 1).
+    Failed(String),
+}
+
+/// How `assay refine` ended when it did not fail.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Ending {
+    /// Accepted (at a threshold, with a warning, by a human, or reviewed): exit 0.
+    Accepted,
+    /// The best iteration, below the thresholds: exit 3.
+    BestEffort,
+    /// Escalated; the run waits for a human on the gateway: exit 4.
+    AwaitingHuman,
+    /// `--detach`: the run goes on without us: exit 0.
+    Detached,
+}
+
+/// The process exit of `assay refine`, printing the error if any.
+pub fn exit(outcome: Result<Ending, RefineError>) -> ExitCode {
+    match outcome {
+        Ok(Ending::Accepted | Ending::Detached) => ExitCode::SUCCESS,
+        Ok(Ending::BestEffort) => ExitCode::from(EXIT_BEST_EFFORT),
+        Ok(Ending::AwaitingHuman) => ExitCode::from(EXIT_AWAITING_HUMAN),
+        Err(RefineError::BadInput(e)) => {
+            eprintln!("assay: {e}");
+            ExitCode::from(EXIT_BAD_INPUT)
+        }
+        Err(RefineError::Failed(e)) => {
+            eprintln!("assay: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// A sectioned document read from a file.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Doc {
+    pub brief: Option<common::Brief>,
+    pub sections: Vec<common::Section>,
+}
+
+/// Read a document file (see [`doc_from_json`]); errors name the file and the field.
+pub fn read_doc(path: &Path) -> Result<Doc, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let v: Value = serde_json::from_str(&text).map_err(|e| format!("{}: not JSON: {e}", path.display()))?;
+    doc_from_json(&v).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// A document from JSON: `{"brief": {...}, "sections": [{"id", "title", "content"}, ...]}`. The
+/// brief and the titles are optional; every section needs a non-empty id and content; a section's
+/// index is its position. Duplicate ids and size limits are left to the gateway.
+pub fn doc_from_json(v: &Value) -> Result<Doc, String> {
+    let o = v.as_object().ok_or("the document must be a JSON object with \"sections\"")?;
+    known_fields(o, "", &["brief", "sections"])?;
+    let brief = match o.get("brief") {
+        None | Some(Value::Null) => None,
+        Some(b) => Some(brief_from_json(b)?),
+    };
+    let list = match o.get("sections") {
+        None | Some(Value::Null) => return Err("sections is required".into()),
+        Some(Value::Array(list)) => list,
+        Some(_) => return Err("sections must be a list of sections".into()),
+    };
+    if list.is_empty() {
+        return Err("sections must not be empty".into());
+    }
+    let sections = list.iter().enumerate().map(|(i, s)| section_from_json(i, s)).collect::<Result<_, _>>()?;
+    Ok(Doc { brief, sections })
+}
+
+fn known_fields(o: &Map<String, Value>, at: &str, known: &[&str]) -> Result<(), String> {
+    match o.keys().find(|k| !known.contains(&k.as_str())) {
+        Some(k) => {
+            let place = if at.is_empty() { String::new() } else { format!("{at}: ") };
+            Err(format!("{place}unknown field {k:?} (known: {})", known.join(", ")))
+        }
+        None => Ok(()),
+    }
+}
+
+/// An optional string field; `null` is absent.
+fn text(o: &Map<String, Value>, field: &str, at: &str) -> Result<Option<String>, String> {
+    match o.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(format!("{at}.{field} must be a string")),
+    }
+}
+
+/// A required string field that must not be blank.
+fn required_text(o: &Map<String, Value>, field: &str, at: &str) -> Result<String, String> {
+    let s = text(o, field, at)?.ok_or_else(|| format!("{at}.{field} is required"))?;
+    if s.trim().is_empty() {
+        return Err(format!("{at}.{field} must not be empty"));
+    }
+    Ok(s)
+}
+
+fn section_from_json(i: usize, v: &Value) -> Result<common::Section, String> {
+    let at = format!("sections[{i}]");
+    let o = v.as_object().ok_or_else(|| format!("{at} must be an object with \"id\" and \"content\""))?;
+    known_fields(o, &at, &["id", "title", "content"])?;
+    Ok(common::Section {
+        id: required_text(o, "id", &at)?,
+        index: u32::try_from(i).map_err(|_| format!("{at}: too many sections"))?,
+        title: text(o, "title", &at)?.unwrap_or_default(),
+        content: required_text(o, "content", &at)?,
+    })
+}
+
+fn brief_from_json(v: &Value) -> Result<common::Brief, String> {
+    let o = v.as_object().ok_or("brief must be an object")?;
+    known_fields(o, "brief", &["objectives", "audience", "language", "description"])?;
+    let objectives = match o.get("objectives") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(list)) => list
+            .iter()
+            .enumerate()
+            .map(|(i, x)| {
+                x.as_str().map(str::to_string).ok_or_else(|| format!("brief.objectives[{i}] must be a string"))
+            })
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err("brief.objectives must be a list of strings".into()),
+    };
+    Ok(common::Brief {
+        objectives,
+        audience: text(o, "audience", "brief")?.unwrap_or_default(),
+        language: text(o, "language", "brief")?.unwrap_or_default(),
+        description: text(o, "description", "brief")?.unwrap_or_default(),
+    })
+}
+
+/// A model option, `MODEL`, `MODEL@BACKEND` or `@BACKEND` (the backend's default model).
+fn model_spec(flag: &str, value: Option<&str>) -> Result<Option<common::ModelSpec>, String> {
+    let Some(value) = value else { return Ok(None) };
+    let (model, backend) = value.rsplit_once('@').unwrap_or((value, ""));
+    if model.trim().is_empty() && backend.trim().is_empty() {
+        return Err(format!("{flag} {value:?}: give MODEL, MODEL@BACKEND or @BACKEND"));
+    }
+    Ok(Some(common::ModelSpec { backend: backend.trim().into(), model: model.trim().into(), ..Default::default() }))
+}
+
+/// `count` judges (default 3 when only a model is given) at temperatures spread evenly over 0.0 to
+/// 0.6; empty (the gateway's default panel) when neither is given. Ids are left to the gateway.
+pub fn judge_panel(count: Option<u32>, model: Option<common::ModelSpec>) -> Result<Vec<scorer::PanelJudge>, String> {
+    let n = match (count, &model) {
+        (None, None) => return Ok(Vec::new()),
+        (None, Some(_)) => 3,
+        (Some(n), _) => n,
+    };
+    if n == 0 || n as usize > MAX_JUDGES {
+        return Err(format!("--judges {n}: give 1 to {MAX_JUDGES} judges"));
+    }
+    let base = model.unwrap_or_default();
+    Ok((0..n)
+        .map(|i| {
+            let t = if n == 1 { 0.0 } else { 0.6 * f64::from(i) / f64::from(n - 1) };
+            let spec = common::ModelSpec { temperature: Some((t * 100.0).round() / 100.0), ..base.clone() };
+            scorer::PanelJudge { id: String::new(), model: Some(spec) }
+        })
+        .collect())
+}
+
+/// The pipeline of a document and the options.
+pub fn build_pipeline(doc: Doc, a: &RefineArgs) -> Result<gw::TargetedRefinementPipeline, String> {
+    if let Some(t) = a.lock_threshold
+        && !(0.0..=1.0).contains(&t)
+    {
+        return Err(format!("--lock-threshold {t}: must be in [0, 1]"));
+    }
+    Ok(gw::TargetedRefinementPipeline {
+        sections: doc.sections,
+        brief: doc.brief,
+        judges: judge_panel(a.judges, model_spec("--judge-model", a.judge_model.as_deref())?)?,
+        mode: a.mode.proto() as i32,
+        max_iterations: a.max_iterations,
+        token_budget: a.token_budget,
+        time_budget_seconds: a.time_budget_seconds,
+        patcher_model: model_spec("--patcher-model", a.patcher_model.as_deref())?,
+        expander_model: model_spec("--expander-model", a.expander_model.as_deref())?,
+        delta_judge_model: model_spec("--delta-judge-model", a.delta_judge_model.as_deref())?,
+        arbiter_model: model_spec("--arbiter-model", a.arbiter_model.as_deref())?,
+        max_parallel_patchers: a.max_parallel_patchers,
+        lock_threshold: a.lock_threshold,
+        ..Default::default()
+    })
+}
+
+/// `assay refine`: read the document, start the run, follow it to its end (or to a human).
+pub async fn refine(config: &AssayConfig, args: RefineArgs) -> Result<Ending, RefineError> {
+    let doc = read_doc(&args.doc).map_err(RefineError::BadInput)?;
+    let sections = doc.sections.len();
+    let pipeline = build_pipeline(doc, &args).map_err(RefineError::BadInput)?;
+    let label = args.label.clone().unwrap_or_else(|| format!("assay refine {}", args.doc.display()));
+    let request = gw::RunPipelineRequest {
+        pipeline: Some(gw::run_pipeline_request::Pipeline::TargetedRefinement(pipeline)),
+        label,
+    };
+    let mut session = Session::open(config, args.gateway.as_deref()).await.map_err(RefineError::Failed)?;
+    let gateway = args.gateway.clone().or_else(|| session.local_gateway());
+    let mut follower = Follower {
+        wait: args.wait,
+        detach: args.detach,
+        gateway,
+        remote: args.gateway.is_some(),
+        sections,
+        mode: args.mode,
+        run_id: String::new(),
+        last_sequence: 0,
+        escalation: None,
+    };
+    let outcome = follower.start(&mut session.client, request).await;
+    if outcome == Ok(Ending::AwaitingHuman) && args.gateway.is_none() {
+        eprintln!(
+            "note: the mesh of this command stops now; the run stays in the gateway's store (unless it is \
+             :memory:) and waits again under `assay up` with the same configuration (pass --gateway to use \
+             a running mesh, or --wait)"
+        );
+    }
+    session.close().await.map_err(RefineError::Failed)?;
+    outcome
+}
+
+type Events = Pin<Box<dyn Stream<Item = Result<gw::RunEvent, tonic::Status>> + Send>>;
+
+/// The run events of a `RunPipeline` or `WatchRun` stream.
+fn events_of<M: Send + 'static>(stream: tonic::Streaming<M>, event: fn(M) -> Option<gw::RunEvent>) -> Events {
+    Box::pin(stream.filter_map(move |m| futures::future::ready(m.map(event).transpose())))
+}
+
+/// What one event means for the follower.
+enum Step {
+    Continue,
+    AwaitingHuman,
+    Done(Result<Ending, RefineError>),
+}
+
+/// Reattachments in a row that bring no new event before the follower gives up.
+const MAX_QUIET_REATTACH: u32 = 3;
+
+/// Follows one refinement run: prints its progress, reattaches (`WatchRun` from the last sequence
+/// seen) when the stream breaks or ends early, and reports how the run ended.
+struct Follower {
+    wait: bool,
+    detach: bool,
+    /// The gateway's address: the one given, or the in-process mesh's.
+    gateway: Option<String>,
+    /// The gateway was given (it outlives this command).
+    remote: bool,
+    sections: usize,
+    mode: Mode,
+    run_id: String,
+    last_sequence: u64,
+    escalation: Option<gw::EscalationTriggered>,
+}
+
+impl Follower {
+    async fn start(
+        &mut self,
+        client: &mut super::Client,
+        request: gw::RunPipelineRequest,
+    ) -> Result<Ending, RefineError> {
+        let stream = client.run_pipeline(request).await.map_err(|s| {
+            if s.code() == tonic::Code::InvalidArgument {
+                RefineError::BadInput(status_text(&s))
+            } else {
+                RefineError::Failed(status_text(&s))
+            }
+        })?;
+        let events = events_of(stream.into_inner(), |m: gw::RunPipelineResponse| m.event);
+        self.follow(client, events).await
+    }
+
+    async fn follow(&mut self, client: &mut super::Client, mut events: Events) -> Result<Ending, RefineError> {
+        let mut quiet = 0u32;
+        loop {
+            match events.next().await {
+                Some(Ok(ev)) => {
+                    quiet = 0;
+                    match self.on_event(ev) {
+                        Step::Continue => {}
+                        Step::AwaitingHuman => {
+                            let run = self.get_run(client).await.ok();
+                            return Ok(self.awaiting_human(run.as_ref()));
+                        }
+                        Step::Done(outcome) => return outcome,
+                    }
+                }
+                Some(Err(s)) if matches!(s.code(), tonic::Code::ResourceExhausted | tonic::Code::Unavailable) => {
+                    eprintln!("event stream interrupted ({}); reattaching", s.message());
+                    events = self.reattach(client, &mut quiet).await?;
+                }
+                Some(Err(s)) => return Err(RefineError::Failed(status_text(&s))),
+                None => {
+                    let run = self.get_run(client).await?;
+                    match gw::RunState::try_from(run.state) {
+                        Ok(
+                            gw::RunState::Succeeded
+                            | gw::RunState::Partial
+                            | gw::RunState::Failed
+                            | gw::RunState::Cancelled,
+                        ) => return self.completed(run.state, run.result),
+                        Ok(gw::RunState::AwaitingHuman) if !self.wait => return Ok(self.awaiting_human(Some(&run))),
+                        Ok(
+                            gw::RunState::Unspecified
+                            | gw::RunState::Pending
+                            | gw::RunState::Running
+                            | gw::RunState::Paused
+                            | gw::RunState::AwaitingHuman,
+                        )
+                        | Err(_) => events = self.reattach(client, &mut quiet).await?,
+                    }
+                }
+            }
+        }
+    }
+
+    /// Follow the run again from the last sequence seen (after a pause of a second).
+    async fn reattach(&self, client: &mut super::Client, quiet: &mut u32) -> Result<Events, RefineError> {
+        *quiet += 1;
+        if *quiet > MAX_QUIET_REATTACH {
+            return Err(RefineError::Failed(format!(
+                "lost the events of run {id}; follow it with `assay runs watch {id} --after {}`",
+                self.last_sequence,
+                id = self.run_id
+            )));
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        let request = gw::WatchRunRequest { run_id: self.run_id.clone(), after_sequence: self.last_sequence };
+        let stream = client.watch_run(request).await.map_err(|s| RefineError::Failed(status_text(&s)))?;
+        Ok(events_of(stream.into_inner(), |m: gw::WatchRunResponse| m.event))
+    }
+
+    async fn get_run(&self, client: &mut super::Client) -> Result<gw::Run, RefineError> {
+        if self.run_id.is_empty() {
+            return Err(RefineError::Failed("the gateway ended the event stream before the run started".into()));
+        }
+        let reply = client
+            .get_run(gw::GetRunRequest { run_id: self.run_id.clone() })
+            .await
+            .map_err(|s| RefineError::Failed(status_text(&s)))?;
+        reply
+            .into_inner()
+            .run
+            .ok_or_else(|| RefineError::Failed(format!("run {}: the gateway sent no run", self.run_id)))
+    }
+
+    fn on_event(&mut self, ev: gw::RunEvent) -> Step {
+        use gw::run_event::Event;
+        self.last_sequence = self.last_sequence.max(ev.sequence);
+        if self.run_id.is_empty() {
+            self.run_id = ev.run_id;
+            let mode = mode_name(self.mode.proto() as i32);
+            let on = self.gateway.as_deref().map(|g| format!(" on {g}")).unwrap_or_default();
+            eprintln!("run {}{on}: targeted refinement of {} sections, {mode}", self.run_id, self.sections);
+        }
+        match ev.event {
+            Some(Event::Started(_)) if self.detach => {
+                println!("{}", json!({"run_id": self.run_id, "state": "running"}));
+                let flag = self.gateway.as_deref().map(|g| format!(" --gateway {g}")).unwrap_or_default();
+                eprintln!("detached: follow it with `assay runs watch {}{flag}`", self.run_id);
+                Step::Done(Ok(Ending::Detached))
+            }
+            Some(Event::Refinement(r)) => {
+                if let Some(gw::refinement_event::Event::EscalationTriggered(e)) = &r.event {
+                    self.escalation = Some(e.clone());
+                }
+                if let Some(line) = progress_line(&self.run_id, &r) {
+                    eprintln!("{line}");
+                }
+                Step::Continue
+            }
+            Some(Event::StateChanged(s)) => {
+                eprintln!("{}", state_line(&s));
+                if s.state == gw::RunState::AwaitingHuman as i32 && !self.wait {
+                    Step::AwaitingHuman
+                } else {
+                    Step::Continue
+                }
+            }
+            Some(Event::Progress(p)) => {
+                if let Some(p) = p.progress.filter(|p| !p.message.is_empty() || p.total > 0) {
+                    eprintln!("  {}: {}/{} {}", p.stage, p.done, p.total, p.message);
+                }
+                Step::Continue
+            }
+            Some(Event::Completed(c)) => Step::Done(self.completed(c.state, c.result)),
+            Some(
+                Event::Started(_)
+                | Event::ChecklistReady(_)
+                | Event::RecordScored(_)
+                | Event::Aggregate(_)
+                | Event::SelfRefinePass(_)
+                | Event::DebateStage(_),
+            )
+            | None => Step::Continue,
+        }
+    }
+
+    /// The run waits for a human: say how to act, print where it stands on standard output.
+    fn awaiting_human(&self, run: Option<&gw::Run>) -> Ending {
+        let id = &self.run_id;
+        // The mesh of this command stops with it: the run waits again under `assay up`.
+        let flag = if self.remote { self.gateway.as_deref().map(|g| format!(" --gateway {g}")) } else { None };
+        let flag = flag.unwrap_or_default();
+        eprintln!(
+            "run {id} waits for a human: `assay runs edit {id} --section ID --file NEW.md{flag}` then \
+             `assay runs resume {id}{flag}`, or `assay runs accept|review {id}{flag}`"
+        );
+        println!("{}", awaiting_json(id, self.escalation.as_ref(), run));
+        Ending::AwaitingHuman
+    }
+
+    /// The run completed: print the result, map the outcome.
+    fn completed(&self, state: i32, result: Option<gw::RunResult>) -> Result<Ending, RefineError> {
+        let id = &self.run_id;
+        let result = result.unwrap_or_default();
+        match gw::RunState::try_from(state) {
+            Ok(gw::RunState::Failed) => {
+                let why = if result.error.is_empty() { "no reason given" } else { result.error.as_str() };
+                Err(RefineError::Failed(format!("run {id} failed: {why}")))
+            }
+            Ok(gw::RunState::Cancelled) => Err(RefineError::Failed(format!("run {id} was cancelled"))),
+            Ok(gw::RunState::Succeeded | gw::RunState::Partial) => match result.result {
+                Some(gw::run_result::Result::TargetedRefinement(t)) => {
+                    println!("{}", result_json(id, state, &t));
+                    if !t.warning.is_empty() {
+                        eprintln!("warning: {}", t.warning);
+                    }
+                    ending_of(id, t.outcome)
+                }
+                Some(
+                    gw::run_result::Result::ChecklistEval(_)
+                    | gw::run_result::Result::Checklist(_)
+                    | gw::run_result::Result::SelfRefine(_)
+                    | gw::run_result::Result::Debate(_),
+                )
+                | None => Err(RefineError::Failed(format!("run {id} returned no refinement result"))),
+            },
+            Ok(
+                gw::RunState::Unspecified
+                | gw::RunState::Pending
+                | gw::RunState::Running
+                | gw::RunState::Paused
+                | gw::RunState::AwaitingHuman,
+            )
+            | Err(_) => Err(RefineError::Failed(format!("run {id} completed in state {}", state_name(state)))),
+        }
+    }
+}
+
+/// The exit of a refinement outcome.
+fn ending_of(run_id: &str, outcome: i32) -> Result<Ending, RefineError> {
+    match gw::RefinementOutcome::try_from(outcome) {
+        Ok(
+            gw::RefinementOutcome::Accepted
+            | gw::RefinementOutcome::AcceptedWithWarning
+            | gw::RefinementOutcome::AcceptedManual
+            | gw::RefinementOutcome::Reviewed,
+        ) => Ok(Ending::Accepted),
+        Ok(gw::RefinementOutcome::BestEffort) => Ok(Ending::BestEffort),
+        Ok(gw::RefinementOutcome::Unspecified) | Err(_) => {
+            Err(RefineError::Failed(format!("run {run_id} ended without an outcome ({outcome})")))
+        }
+    }
+}
+
+/// The final result as `assay refine` prints it on standard output.
+pub fn result_json(run_id: &str, state: i32, t: &gw::TargetedRefinementResult) -> Value {
+    let mut v = refinement_result_json(t);
+    v["run_id"] = json!(run_id);
+    v["state"] = json!(state_name(state));
+    v["sections"] = sections_json(&t.sections);
+    v
+}
+
+/// What `assay refine` prints on standard output when the run waits for a human: the escalation
+/// and, when the gateway gave it, the progress and the document as it stands.
+pub fn awaiting_json(run_id: &str, escalation: Option<&gw::EscalationTriggered>, run: Option<&gw::Run>) -> Value {
+    let escalation = escalation.map(|e| {
+        json!({"reason": e.reason, "best_score": e.best_score, "best_iteration": e.best_iteration,
+            "unresolved_issues": e.unresolved_issues.iter().map(issue_json).collect::<Vec<_>>()})
+    });
+    let mut v = json!({"run_id": run_id, "state": "awaiting_human", "escalation": escalation});
+    if let Some(gw::run::Progress::Refinement(p)) = run.and_then(|r| r.progress.as_ref()) {
+        v["refinement"] = progress_json(p);
+        v["sections"] = sections_json(&p.sections);
+    }
+    v
+}
+
+/// `1 task`, `2 tasks`; `batch` takes `es`.
+fn plural(n: usize, one: &str) -> String {
+    let many = if one.ends_with("ch") { "es" } else { "s" };
+    if n == 1 { format!("{n} {one}") } else { format!("{n} {one}{many}") }
+}
+
+fn scores(history: &[f64]) -> String {
+    history.iter().map(|s| format!("{s:.2}")).collect::<Vec<_>>().join(" → ")
+}
+
+/// A state change as `assay refine` prints it.
+pub fn state_line(s: &gw::RunStateChanged) -> String {
+    if s.reason.is_empty() {
+        format!("state: {}", state_name(s.state))
+    } else {
+        format!("state: {} ({})", state_name(s.state), s.reason)
+    }
+}
+
+/// The progress line of one refinement event, as `assay refine` prints it on standard error (a few
+/// indented lines more for judges that failed, hints and unresolved issues). None for an event
+/// without a payload.
+pub fn progress_line(run_id: &str, r: &gw::RefinementEvent) -> Option<String> {
+    use gw::refinement_event::Event as E;
+    let i = r.iteration;
+    Some(match r.event.as_ref()? {
+        E::Judged(j) => judged_line(i, j),
+        E::RefinementStart(s) => start_line(i, s),
+        E::BatchStarted(b) => format!(
+            "  batch {}/{}: {}",
+            b.batch_index.saturating_add(1),
+            b.batches_total,
+            if b.task_ids.is_empty() { "no tasks".to_string() } else { b.task_ids.join(", ") }
+        ),
+        E::TaskStarted(t) => task_line(t),
+        E::PatchApplied(p) => {
+            format!("  patch {}: {}", p.section_id, if p.diff_summary.is_empty() { "edited" } else { &p.diff_summary })
+        }
+        E::VerificationResult(v) => verification_line(v),
+        E::BatchComplete(b) => format!(
+            "  batch {} done: {} completed, {} failed, {} skipped",
+            b.batch_index.saturating_add(1),
+            b.tasks_completed,
+            b.tasks_failed,
+            b.tasks_skipped
+        ),
+        E::SectionLocked(s) => format!("  section {} locked ({})", s.section_id, plural(s.edit_count as usize, "edit")),
+        E::IterationComplete(c) => iteration_line(i, c),
+        E::ConvergenceDetected(c) => format!("converged: {}", c.reason),
+        E::BestEffortSelected(b) => best_effort_line(&b.best_effort.clone().unwrap_or_default()),
+        E::EscalationTriggered(e) => escalation_line(run_id, e),
+        E::RefinementComplete(c) => format!(
+            "refinement complete: {}, final score {:.2} after {}",
+            outcome_name(c.outcome),
+            c.final_score,
+            plural(c.iterations as usize, "iteration")
+        ),
+    })
+}
+
+fn judged_line(iteration: u32, j: &gw::Judged) -> String {
+    let ok = j.judges.iter().filter(|r| r.verdict.is_some()).count();
+    let when = if iteration == 0 { "document as given".to_string() } else { format!("iteration {iteration}") };
+    let mut line = format!(
+        "{when}: judged {:.2} by {ok}/{} judges, {} ({} critical)",
+        j.score,
+        j.judges.len(),
+        plural(j.open_issues as usize, "open issue"),
+        j.critical_issues
+    );
+    for r in j.judges.iter().filter(|r| r.verdict.is_none()) {
+        line.push_str(&format!("\n  judge {} failed: {}", r.judge_id, r.error));
+    }
+    line
+}
+
+fn start_line(iteration: u32, s: &gw::RefinementStart) -> String {
+    let plan = s.plan.clone().unwrap_or_default();
+    let in_batches: usize = plan.batches.iter().map(|b| b.tasks.len()).sum();
+    let tasks = if in_batches > 0 { in_batches } else { plan.routing.as_ref().map_or(0, |r| r.tasks.len()) };
+    let c = plan.consolidation.unwrap_or_default();
+    let mut agreement = match c.alpha {
+        Some(a) => format!("agreement {a:.2} {}", agreement_name(c.agreement)),
+        None => format!("agreement {}", agreement_name(c.agreement)),
+    };
+    if c.flagged_for_review {
+        agreement.push_str(", flagged for review");
+    }
+    let what = if s.full_regenerate {
+        format!("full regeneration ({})", s.full_regenerate_reason)
+    } else {
+        "plan".to_string()
+    };
+    let mut line = format!(
+        "iteration {iteration}: {what} {} in {} ({agreement}, ~{} tokens)",
+        plural(tasks, "task"),
+        plural(plan.batches.len(), "batch"),
+        plan.estimated_tokens
+    );
+    if !s.locked_section_ids.is_empty() {
+        line.push_str(&format!("; locked: {}", s.locked_section_ids.join(", ")));
+    }
+    line
+}
+
+fn task_line(t: &gw::TaskStarted) -> String {
+    let task = t.task.clone().unwrap_or_default();
+    let mut line = format!("  task {} {}: {}", task.id, task.section_id, action_name(task.action));
+    if !task.criterion.is_empty() {
+        line.push_str(&format!(" ({}, {})", task.criterion, severity_name(task.severity)));
+    }
+    if task.consistency_check {
+        line.push_str(", consistency check");
+    }
+    line
+}
+
+fn verification_line(v: &gw::VerificationResult) -> String {
+    let who = if v.human_edit { " (human edit)" } else { "" };
+    if v.accepted {
+        return format!("  verified {}{who}: accepted (edits {})", v.section_id, v.edit_count);
+    }
+    let reasons = v.verification.as_ref().map(|c| c.rejection_reasons.join("; ")).unwrap_or_default();
+    let reason = [v.reason.as_str(), reasons.as_str()].into_iter().find(|r| !r.is_empty()).unwrap_or("no reason given");
+    let undo = if v.rolled_back { ", rolled back" } else { "" };
+    format!("  verified {}{who}: rejected: {reason}{undo}", v.section_id)
+}
+
+fn iteration_line(iteration: u32, c: &gw::IterationComplete) -> String {
+    let mut line = format!(
+        "iteration {iteration} complete: score {:.2} (history {}), {} tokens",
+        c.score,
+        scores(&c.score_history),
+        c.tokens_used
+    );
+    if c.tasks_failed > 0 {
+        line.push_str(&format!(", {} tasks completed, {} failed", c.tasks_completed, c.tasks_failed));
+    }
+    if !c.restored_section_ids.is_empty() {
+        line.push_str(&format!("; restored (quality lock): {}", c.restored_section_ids.join(", ")));
+    }
+    line
+}
+
+fn best_effort_line(b: &gw::BestEffort) -> String {
+    let mut line = format!(
+        "best effort: {}, best score {:.2} at iteration {}, {}",
+        quality_name(b.quality),
+        b.best_score,
+        b.best_iteration,
+        plural(b.unresolved_issues_count as usize, "unresolved issue")
+    );
+    if !b.unresolved_categories.is_empty() {
+        line.push_str(&format!(" ({})", b.unresolved_categories.join(", ")));
+    }
+    for h in &b.improvement_hints {
+        line.push_str(&format!("\n  hint: {h}"));
+    }
+    line
+}
+
+/// Unresolved issues listed under an escalation before "and N more".
+const LISTED_ISSUES: usize = 10;
+
+fn escalation_line(run_id: &str, e: &gw::EscalationTriggered) -> String {
+    let mut line = format!(
+        "escalated: awaiting a human (run {run_id}): use assay runs edit/resume/accept/review\n  \
+         reason: {}; best score {:.2} at iteration {}, {}",
+        e.reason,
+        e.best_score,
+        e.best_iteration,
+        plural(e.unresolved_issues.len(), "unresolved issue")
+    );
+    for i in e.unresolved_issues.iter().take(LISTED_ISSUES) {
+        let at = if i.section_id.is_empty() { "(no section)" } else { i.section_id.as_str() };
+        line.push_str(&format!("\n  - [{}] {} in {at}: {}", severity_name(i.severity), i.criterion, i.description));
+    }
+    if e.unresolved_issues.len() > LISTED_ISSUES {
+        line.push_str(&format!("\n  ... and {} more", e.unresolved_issues.len() - LISTED_ISSUES));
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use assay_proto::arbiter::v1 as arb;
+    use clap::Parser;
+
+    use super::*;
+
+    fn doc(v: Value) -> Result<Doc, String> {
+        doc_from_json(&v)
+    }
+
+    #[test]
+    fn a_good_document_keeps_its_order_brief_and_titles() {
+        let d = doc(json!({
+            "brief": {"objectives": ["Name the stages"], "audience": "beginners", "language": "en", "description": "A lesson"},
+            "sections": [{"id": "intro", "title": "Intro", "content": "Funnels."}, {"id": "stages", "content": "Four stages."}]
+        }))
+        .unwrap();
+        assert_eq!(d.sections.len(), 2);
+        assert_eq!((d.sections[1].id.as_str(), d.sections[1].index, d.sections[1].title.as_str()), ("stages", 1, ""));
+        let brief = d.brief.unwrap();
+        assert_eq!(brief.objectives, ["Name the stages"]);
+        assert_eq!((brief.audience.as_str(), brief.language.as_str()), ("beginners", "en"));
+        // The brief is optional.
+        assert_eq!(doc(json!({"sections": [{"id": "a", "content": "x"}]})).unwrap().brief, None);
+    }
+
+    #[test]
+    fn document_errors_name_the_field() {
+        let three = |last: Value| json!({"sections": [{"id": "a", "content": "x"}, {"id": "b", "content": "y"}, last]});
+        assert_eq!(
+            doc(three(json!({"id": "c", "content": " "}))).unwrap_err(),
+            "sections[2].content must not be empty"
+        );
+        assert_eq!(doc(three(json!({"id": "c"}))).unwrap_err(), "sections[2].content is required");
+        assert_eq!(doc(three(json!({"content": "z"}))).unwrap_err(), "sections[2].id is required");
+        assert_eq!(doc(three(json!({"id": 3, "content": "z"}))).unwrap_err(), "sections[2].id must be a string");
+        assert!(
+            doc(three(json!({"id": "c", "contents": "z"})))
+                .unwrap_err()
+                .contains("sections[2]: unknown field \"contents\"")
+        );
+        assert!(doc(three(json!("text"))).unwrap_err().starts_with("sections[2] must be an object"));
+        assert_eq!(doc(json!({"sections": []})).unwrap_err(), "sections must not be empty");
+        assert_eq!(doc(json!({"brief": {}})).unwrap_err(), "sections is required");
+        assert_eq!(
+            doc(json!({"brief": {"objectives": [1]}, "sections": [{"id": "a", "content": "x"}]})).unwrap_err(),
+            "brief.objectives[0] must be a string"
+        );
+        assert!(doc(json!([])).unwrap_err().contains("JSON object"));
+        // Duplicate ids are the gateway's to refuse.
+        assert_eq!(doc(three(json!({"id": "a", "content": "z"}))).unwrap().sections.len(), 3);
+    }
+
+    #[test]
+    fn a_bad_file_is_named_in_the_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lesson.json");
+        std::fs::write(&path, r#"{"sections": [{"id": "a", "content": ""}]}"#).unwrap();
+        let e = read_doc(&path).unwrap_err();
+        assert_eq!(e, format!("{}: sections[0].content must not be empty", path.display()));
+        std::fs::write(&path, "{not json").unwrap();
+        assert!(read_doc(&path).unwrap_err().contains("lesson.json: not JSON"));
+        assert!(read_doc(&dir.path().join("missing.json")).unwrap_err().contains("missing.json"));
+    }
+
+    #[test]
+    fn the_example_lesson_parses() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/lesson.json");
+        if path.exists() {
+            let d = read_doc(&path).unwrap();
+            assert!(!d.sections.is_empty());
+        }
+    }
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: RefineArgs,
+    }
+
+    fn args(extra: &[&str]) -> RefineArgs {
+        Cli::try_parse_from([&["refine", "--doc", "lesson.json"], extra].concat()).unwrap().args
+    }
+
+    #[test]
+    fn options_become_the_pipeline() {
+        let d = doc(json!({"sections": [{"id": "a", "content": "x"}]})).unwrap();
+        let p = build_pipeline(d.clone(), &args(&[])).unwrap();
+        assert_eq!(p.mode, gw::RefinementMode::FullAuto as i32);
+        assert!(p.judges.is_empty());
+        assert_eq!((p.max_iterations, p.patcher_model), (None, None));
+        let a = args(&[
+            "--mode",
+            "semi-auto",
+            "--judges",
+            "4",
+            "--judge-model",
+            "big@openai",
+            "--patcher-model",
+            "small",
+            "--max-iterations",
+            "2",
+        ]);
+        let p = build_pipeline(d.clone(), &a).unwrap();
+        assert_eq!(p.mode, gw::RefinementMode::SemiAuto as i32);
+        assert_eq!(p.max_iterations, Some(2));
+        let temps: Vec<Option<f64>> = p.judges.iter().map(|j| j.model.as_ref().and_then(|m| m.temperature)).collect();
+        assert_eq!(temps, [Some(0.0), Some(0.2), Some(0.4), Some(0.6)]);
+        let m = p.judges[0].model.clone().unwrap();
+        assert_eq!((m.model.as_str(), m.backend.as_str()), ("big", "openai"));
+        assert_eq!(p.patcher_model.unwrap().model, "small");
+        assert_eq!(judge_panel(Some(1), None).unwrap()[0].model.as_ref().and_then(|m| m.temperature), Some(0.0));
+        assert!(build_pipeline(d.clone(), &args(&["--judges", "10"])).unwrap_err().contains("1 to 9"));
+        assert!(build_pipeline(d, &args(&["--patcher-model", "@"])).unwrap_err().contains("--patcher-model"));
+        assert!(Cli::try_parse_from(["refine", "--doc", "x", "--max-iterations", "11"]).is_err());
+        assert!(Cli::try_parse_from(["refine", "--doc", "x", "--mode", "manual"]).is_err());
+        assert!(Cli::try_parse_from(["refine", "--doc", "x", "--detach"]).is_err());
+    }
+
+    fn line(iteration: u32, event: gw::refinement_event::Event) -> String {
+        progress_line("run-1", &gw::RefinementEvent { iteration, event: Some(event) }).unwrap()
+    }
+
+    fn task(id: &str, section: &str) -> arb::FixTask {
+        arb::FixTask {
+            id: id.into(),
+            section_id: section.into(),
+            action: arb::FixAction::SurgicalEdit as i32,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn progress_lines_speak_human() {
+        use gw::refinement_event::Event as E;
+        let plan = arb::PlanResponse {
+            consolidation: Some(arb::ConsolidateResponse {
+                alpha: Some(0.82),
+                agreement: arb::AgreementLevel::High as i32,
+                ..Default::default()
+            }),
+            batches: vec![
+                arb::Batch {
+                    index: 0,
+                    tasks: vec![task("t1", "stages"), task("t2", "summary")],
+                    estimated_tokens: 1600,
+                },
+                arb::Batch { index: 1, tasks: vec![task("t3", "intro")], estimated_tokens: 800 },
+            ],
+            estimated_tokens: 2400,
+            ..Default::default()
+        };
+        let start = E::RefinementStart(gw::RefinementStart { plan: Some(plan), ..Default::default() });
+        assert_eq!(line(1, start), "iteration 1: plan 3 tasks in 2 batches (agreement 0.82 high, ~2400 tokens)");
+        let started = E::TaskStarted(gw::TaskStarted { task: Some(task("t1", "stages")), batch_index: 0 });
+        assert_eq!(line(1, started), "  task t1 stages: surgical_edit");
+        let patch = E::PatchApplied(gw::PatchApplied {
+            section_id: "stages".into(),
+            diff_summary: "+2 -1 lines".into(),
+            ..Default::default()
+        });
+        assert_eq!(line(1, patch), "  patch stages: +2 -1 lines");
+        let ok = E::VerificationResult(gw::VerificationResult {
+            section_id: "stages".into(),
+            accepted: true,
+            edit_count: 1,
+            ..Default::default()
+        });
+        assert_eq!(line(1, ok), "  verified stages: accepted (edits 1)");
+        let rejected = E::VerificationResult(gw::VerificationResult {
+            section_id: "stages".into(),
+            rolled_back: true,
+            verification: Some(assay_proto::delta_judge::v1::VerifyResponse {
+                rejection_reasons: vec!["issue i1 not fixed".into()],
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        assert_eq!(line(1, rejected), "  verified stages: rejected: issue i1 not fixed, rolled back");
+        let locked = E::SectionLocked(gw::SectionLocked { section_id: "stages".into(), edit_count: 2 });
+        assert_eq!(line(1, locked), "  section stages locked (2 edits)");
+        let done = E::IterationComplete(gw::IterationComplete {
+            score: 0.81,
+            score_history: vec![0.62, 0.81],
+            tokens_used: 2300,
+            ..Default::default()
+        });
+        assert_eq!(line(1, done), "iteration 1 complete: score 0.81 (history 0.62 → 0.81), 2300 tokens");
+        let converged = E::ConvergenceDetected(gw::ConvergenceDetected {
+            reason: "gain_below_threshold".into(),
+            ..Default::default()
+        });
+        assert_eq!(line(2, converged), "converged: gain_below_threshold");
+        let best = E::BestEffortSelected(gw::BestEffortSelected {
+            best_effort: Some(gw::BestEffort {
+                best_score: 0.68,
+                best_iteration: 2,
+                quality: gw::QualityStatus::BelowStandard as i32,
+                unresolved_issues_count: 1,
+                improvement_hints: vec!["Name the four stages".into()],
+                ..Default::default()
+            }),
+        });
+        assert_eq!(
+            line(2, best),
+            "best effort: below_standard, best score 0.68 at iteration 2, 1 unresolved issue\n  hint: Name the four stages"
+        );
+        let escalated = E::EscalationTriggered(gw::EscalationTriggered {
+            reason: "below the semi-auto thresholds".into(),
+            best_score: 0.7,
+            best_iteration: 1,
+            unresolved_issues: vec![common::JudgeIssue {
+                criterion: "completeness".into(),
+                severity: common::Severity::Major as i32,
+                section_id: "stages".into(),
+                description: "Stages not named".into(),
+                ..Default::default()
+            }],
+        });
+        let text = line(2, escalated);
+        assert!(
+            text.starts_with("escalated: awaiting a human (run run-1): use assay runs edit/resume/accept/review\n")
+        );
+        assert!(text.ends_with("\n  - [major] completeness in stages: Stages not named"), "{text}");
+        let batch = E::BatchStarted(gw::BatchStarted { batch_index: 0, batches_total: 2, task_ids: vec!["t1".into()] });
+        assert_eq!(line(1, batch), "  batch 1/2: t1");
+        assert_eq!(progress_line("run-1", &gw::RefinementEvent { iteration: 0, event: None }), None);
+    }
+
+    #[test]
+    fn outcomes_map_to_exit_codes() {
+        assert_eq!(ending_of("r", gw::RefinementOutcome::Reviewed as i32), Ok(Ending::Accepted));
+        assert_eq!(ending_of("r", gw::RefinementOutcome::AcceptedManual as i32), Ok(Ending::Accepted));
+        assert_eq!(ending_of("r", gw::RefinementOutcome::BestEffort as i32), Ok(Ending::BestEffort));
+        assert!(ending_of("r", 0).is_err());
+    }
+
+    #[test]
+    fn the_result_json_has_the_document_and_the_audit_log() {
+        let t = gw::TargetedRefinementResult {
+            sections: vec![common::Section { id: "a".into(), title: "A".into(), content: "text".into(), index: 0 }],
+            outcome: gw::RefinementOutcome::AcceptedManual as i32,
+            quality: gw::QualityStatus::Acceptable as i32,
+            final_score: 0.8,
+            score_history: vec![0.7, 0.8],
+            audit_log: vec![gw::AuditEntry {
+                actor: "alice".into(),
+                action: "accept".into(),
+                detail: "good enough".into(),
+                time: None,
+            }],
+            ..Default::default()
+        };
+        let v = result_json("run-1", gw::RunState::Succeeded as i32, &t);
+        assert_eq!(v["outcome"], "accepted_manual");
+        assert_eq!(v["quality"], "acceptable");
+        assert_eq!(v["state"], "succeeded");
+        assert_eq!(v["sections"][0], json!({"id": "a", "title": "A", "content": "text"}));
+        assert_eq!(v["audit_log"][0]["actor"], "alice");
+        assert_eq!(v["unresolved_issues"], 0);
+    }
+}
