@@ -473,6 +473,8 @@ impl TargetedRefinement {
         let mut st = st.clone();
         st.active_ms = self.clock.active_ms(st.active_ms);
         ctx.checkpoint_json(STATE, &st).await?;
+        // A paused run says so, whatever its in-flight work is doing.
+        let phase = if ctx.is_paused() && !matches!(phase, "done" | "awaiting_human") { "paused" } else { phase };
         ctx.set_progress(gw::run::Progress::Refinement(self.progress(ctx, &st, phase)));
         Ok(())
     }
@@ -882,7 +884,13 @@ impl TargetedRefinement {
             if self.accepted.load(std::sync::atomic::Ordering::SeqCst) {
                 return Ok(Some(Halt::Accept));
             }
-            let consumed = shared.lock().await.consumed;
+            let consumed = {
+                let st = shared.lock().await;
+                if ctx.is_paused() {
+                    self.save(ctx, &st, "paused").await?;
+                }
+                st.consumed
+            };
             let waited = Instant::now();
             let action = ctx.gate_or_action(consumed).await?;
             self.clock.add_wait(waited.elapsed());
