@@ -2267,3 +2267,67 @@ async fn a_run_stopped_mid_batch_does_not_redo_applied_tasks() {
     run.assert_gap_free();
     sandbox.shutdown().await.unwrap();
 }
+
+/// Edge case: the time budget runs out while a task is in flight. That task completes, no new task
+/// starts, nothing is re-judged, and the best judged iteration is returned with the reason.
+#[tokio::test]
+async fn time_budget_exhausted_mid_iteration_returns_the_best_judged_iteration() {
+    let lesson = five();
+    let (doc, stages) = garbled(lesson.clone(), "stages", "major", 0.28);
+    let (doc, example) = garbled(doc, "example", "major", 0.28);
+    let (doc, practice) = garbled(doc, "practice", "major", 0.28);
+    let gate = Gate::new();
+    let g = gate.clone();
+    let script =
+        Script::new(&lesson, 0.88).defect(stages).defect(example).defect(practice).tweak(move |call, reply| {
+            if matches!(call, Call::Patch(id) if id == "practice") { reply.gated(&g) } else { reply }
+        });
+    let sandbox = MeshSandbox::start().await;
+    script.install(&sandbox.llm);
+    let mut p = pipeline(&doc.sections, &doc.brief, gw::RefinementMode::FullAuto);
+    p.time_budget_seconds = Some(1);
+    let started = std::time::Instant::now();
+    let mut run = Run::start(&sandbox, p).await;
+    assert!(assay_testkit::eventually(Duration::from_secs(10), || gate.waiting() == 1).await);
+    // The practice patch is held until the run has worked for more than its one second.
+    tokio::time::sleep(Duration::from_millis(1_100).saturating_sub(started.elapsed())).await;
+    gate.open();
+    let result = run.finish().await;
+    assert_eq!(result.outcome(), gw::RefinementOutcome::BestEffort, "{result:#?}");
+    assert_eq!(result.stop_reason, "time_budget");
+    assert_eq!(result.sections, doc.sections, "the best judged iteration is the document as given");
+    assert!(run.patches().iter().any(|(_, p)| p.section_id == "practice"), "the task in flight completed");
+    assert_eq!(script.count(&sandbox.llm, |c| c.is_edit_of("example")), 0, "no task started after the limit");
+    assert_eq!(run.judged().len(), 1, "nothing re-judged");
+    sandbox.shutdown().await.unwrap();
+}
+
+/// Cancel while a patch is in flight: the run ends CANCELLED at once, the call is dropped, and no
+/// verification or judging follows.
+#[tokio::test]
+async fn a_cancelled_refinement_stops_at_once() {
+    let lesson = five();
+    let (doc, stages) = garbled(lesson.clone(), "stages", "major", 0.4);
+    let gate = Gate::new();
+    let g = gate.clone();
+    let script = Script::new(&lesson, 0.88)
+        .defect(stages)
+        .tweak(move |call, reply| if matches!(call, Call::Patch(_)) { reply.gated(&g) } else { reply });
+    let sandbox = MeshSandbox::start().await;
+    script.install(&sandbox.llm);
+    let mut run = Run::start(&sandbox, pipeline(&doc.sections, &doc.brief, gw::RefinementMode::SemiAuto)).await;
+    assert!(assay_testkit::eventually(Duration::from_secs(10), || gate.waiting() == 1).await);
+    let cancelled = run.control(Action::Cancel(gw::CancelRun {}), "ops", "wrong document").await.unwrap();
+    assert_eq!(cancelled.state, gw::RunState::Cancelled as i32, "the answer carries the final state");
+    while run.next().await.is_some() {}
+    let Some(Event::Completed(c)) = run.events.last().and_then(|e| e.event.as_ref()) else {
+        panic!("the stream ends with the completion: {}", trace(&run.events))
+    };
+    assert_eq!(c.state, gw::RunState::Cancelled as i32);
+    gate.open();
+    assert_eq!(script.count(&sandbox.llm, |c| matches!(c, Call::Verify)), 0, "no verification after the cancel");
+    assert_eq!(run.judged().len(), 1);
+    let err = run.control(Action::Resume(gw::ResumeRun {}), "ops", "too late").await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "a finished run takes no control: {err:?}");
+    sandbox.shutdown().await.unwrap();
+}

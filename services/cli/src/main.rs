@@ -267,7 +267,8 @@ enum RunsCommand {
     },
 }
 
-/// Who acts on a run and why (the refinement's audit log).
+// Who acts on a run and why (the refinement's audit log). A plain comment: a doc comment here would
+// replace the help of the last subcommand that flattens it.
 #[derive(Args, Clone)]
 struct WhoArgs {
     /// Why (default "assay runs <verb>").

@@ -63,7 +63,7 @@ pub struct RefineArgs {
     /// Tokens over every model call of the run, 1000 to 10000000 (default 15000).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1_000..=10_000_000))]
     pub token_budget: Option<u64>,
-    /// Seconds of work, pauses and waits for a human excluded, 10 to 86400 (default 300).
+    /// Seconds of work, pauses and waits for a human excluded, 1 to 86400 (default 300).
     #[arg(long, value_parser = clap::value_parser!(u32).range(10..=86_400))]
     pub time_budget_seconds: Option<u32>,
     /// Patchers at once within a batch, 1 to 3 (default 3).

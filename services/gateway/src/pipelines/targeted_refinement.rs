@@ -54,7 +54,7 @@ const DEFAULT_LOCK_THRESHOLD: f64 = 0.85;
 /// Bounds of the per-request limits.
 const MAX_ITERATIONS: u32 = 10;
 const TOKEN_BUDGET: (u64, u64) = (1_000, 10_000_000);
-const TIME_BUDGET_SECONDS: (u32, u32) = (10, 86_400);
+const TIME_BUDGET_SECONDS: (u32, u32) = (1, 86_400);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 enum Mode {
@@ -1450,6 +1450,22 @@ impl Pipeline for TargetedRefinement {
     }
 
     async fn run(&self, ctx: &RunCtx) -> Result<RunOutcome, StageError> {
+        // Cancel drops whatever is in flight (model calls included) at once.
+        tokio::select! {
+            biased;
+            () = ctx.cancelled() => Err(StageError::Cancelled("the run was cancelled".into())),
+            outcome = self.refine(ctx) => outcome,
+        }
+    }
+
+    async fn control(&self, ctx: &RunCtx, request: &gw::ControlRunRequest) -> Result<ControlEffect, StageError> {
+        self.take_control(ctx, request).await
+    }
+}
+
+impl TargetedRefinement {
+    /// The loop (see the module documentation), resumed from the state checkpoint.
+    async fn refine(&self, ctx: &RunCtx) -> Result<RunOutcome, StageError> {
         let mut st = match ctx.load_json::<State>(STATE).await? {
             Some(st) => st,
             None => State::new(self.sections.clone()),
@@ -1555,7 +1571,8 @@ impl Pipeline for TargetedRefinement {
         }
     }
 
-    async fn control(&self, ctx: &RunCtx, request: &gw::ControlRunRequest) -> Result<ControlEffect, StageError> {
+    /// Validate a pipeline control against the run's state and post it for the loop.
+    async fn take_control(&self, ctx: &RunCtx, request: &gw::ControlRunRequest) -> Result<ControlEffect, StageError> {
         let state = ctx.state();
         let held = matches!(state, gw::RunState::Paused | gw::RunState::AwaitingHuman);
         let name = state.as_str_name();
