@@ -123,8 +123,14 @@ impl GatewayService for GatewayGrpc {
         } else {
             String::new()
         };
+        // Pages stay light: results and the refinement's document, tasks and issues are in GetRun.
         for r in &mut runs {
             r.result = None;
+            if let Some(assay_proto::gateway::v1::run::Progress::Refinement(p)) = r.progress.as_mut() {
+                p.sections.clear();
+                p.tasks.clear();
+                p.unresolved_issues.clear();
+            }
         }
         Ok(Response::new(ListRunsResponse { runs, next_page_token: next }))
     }
