@@ -211,31 +211,6 @@ async fn bad_input_names_the_field_and_limit() {
 }
 
 #[tokio::test]
-async fn stages_not_built_yet_answer_unimplemented() {
-    let sandbox = MeshSandbox::start().await;
-    let mut refiners = assay_proto::refiners::v1::refiners_service_client::RefinersServiceClient::new(
-        sandbox.channel(sandbox.mesh().addrs.refiners).await,
-    );
-    let st = refiners.self_refine(assay_proto::refiners::v1::SelfRefineRequest::default()).await.unwrap_err();
-    assert_eq!(st.code(), Code::Unimplemented);
-    let mut debate = assay_proto::debate::v1::debate_service_client::DebateServiceClient::new(
-        sandbox.channel(sandbox.mesh().addrs.debate).await,
-    );
-    let st = debate.solve(assay_proto::debate::v1::SolveRequest::default()).await.unwrap_err();
-    assert_eq!(st.code(), Code::Unimplemented);
-    let mut gateway = GatewayServiceClient::new(sandbox.gateway().await);
-    let st = gateway
-        .run_pipeline(gw::RunPipelineRequest {
-            pipeline: Some(gw::run_pipeline_request::Pipeline::Debate(gw::DebatePipeline::default())),
-            label: String::new(),
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(st.code(), Code::Unimplemented);
-    sandbox.shutdown().await.unwrap();
-}
-
-#[tokio::test]
 async fn rate_limit_is_retried_through_the_mesh() {
     let sandbox = MeshSandbox::start().await;
     sandbox.llm.push(Reply::status(429).retry_after(1));

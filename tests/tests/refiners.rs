@@ -742,8 +742,8 @@ async fn bad_input_is_invalid_argument_naming_the_field() {
         .await
         .unwrap_err();
     assert!(too_many.message().contains("the limit is 2000"), "{}", too_many.message());
-    assert_eq!(h.llm.request_count(), 0, "bad input never reaches the backend");
-
     let s = c.self_refine(SelfRefineRequest::default()).await.unwrap_err();
-    assert_eq!(s.code(), Code::Unimplemented);
+    assert_eq!(s.code(), Code::InvalidArgument);
+    assert_eq!(violations(&s), vec!["draft".to_string()]);
+    assert_eq!(h.llm.request_count(), 0, "bad input never reaches the backend");
 }

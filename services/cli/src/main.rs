@@ -133,6 +133,17 @@ enum Command {
         #[command(flatten)]
         backend: BackendArgs,
     },
+    /// Debate a problem set (JSON lines {"id","problem","reference"}): three solvers solve, review
+    /// each other, refine, and a judge picks the final answer; answers are graded against the
+    /// references after normalisation. One JSON line per problem; progress and a summary (accuracy,
+    /// consensus and changed-answer rates, tokens; baselines with --baselines) on stderr. Exit codes:
+    /// 0 every problem debated, 3 some problems failed, 1 the run failed or was cancelled, 2 bad input.
+    Debate {
+        #[command(flatten)]
+        args: cmd::debate::DebateArgs,
+        #[command(flatten)]
+        backend: BackendArgs,
+    },
     /// List, inspect, follow and control runs on a running gateway.
     Runs {
         #[command(subcommand)]
@@ -585,6 +596,13 @@ async fn main() -> ExitCode {
                 cmd::refine::refine(&config, args).await
             };
             return cmd::refine::exit(outcome.await);
+        }
+        Command::Debate { args, backend } => {
+            let outcome = async {
+                let config = load_config(cli.config.as_deref(), &backend).map_err(cmd::debate::DebateError::Failed)?;
+                cmd::debate::debate(&config, args).await
+            };
+            return cmd::debate::exit(outcome.await);
         }
         Command::Runs { command, gateway, json } => {
             match load_config(cli.config.as_deref(), &BackendArgs { backend: None, model: None }) {

@@ -7,7 +7,7 @@ use assay_config::AssayConfig;
 use assay_domain::ModelHub;
 use assay_proto::service_names as names;
 use assay_rpc::Readiness;
-use assay_rpc::remote::{RemoteArbiter, RemoteDeltaJudge, RemoteGenerator, RemoteRefiners, RemoteScorer};
+use assay_rpc::remote::{RemoteArbiter, RemoteDebate, RemoteDeltaJudge, RemoteGenerator, RemoteRefiners, RemoteScorer};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tonic::service::Routes;
@@ -129,7 +129,9 @@ pub async fn start_mesh(config: &AssayConfig, hub: Arc<ModelHub>, ready: bool) -
             arbiter: Arc::new(RemoteArbiter::new(channel(addrs.arbiter)?, token)),
             editor: refiners_remote.clone(),
             delta: Arc::new(RemoteDeltaJudge::new(channel(addrs.delta_judge)?, token)),
-        });
+        })
+        .with_self_refiner(refiners_remote.clone())
+        .with_debate(Arc::new(RemoteDebate::new(channel(addrs.debate)?, token)));
     let engine = assay_gateway::Engine::new(store, Arc::new(assay_gateway::Pipelines::new(stages)));
     let services: Vec<(TcpListener, &'static str, Routes)> = vec![
         (gateway_l, names::GATEWAY, assay_gateway::routes(engine.clone())),
@@ -156,7 +158,7 @@ pub async fn start_mesh(config: &AssayConfig, hub: Arc<ModelHub>, ready: bool) -
             names::DELTA_JUDGE,
             assay_delta_judge::routes(Arc::new(assay_delta_judge::DeltaJudgeCore::new(hub.clone()))),
         ),
-        (debate_l, names::DEBATE, assay_debate::routes()),
+        (debate_l, names::DEBATE, assay_debate::routes(Arc::new(assay_debate::DebateCore::new(hub.clone())))),
     ];
     let (tx, rx) = tokio::sync::watch::channel(false);
     let mut readiness = Vec::new();

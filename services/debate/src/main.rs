@@ -6,7 +6,10 @@ async fn main() -> std::process::ExitCode {
         binary: "assay-debate",
         service_name: assay_proto::service_names::DEBATE,
         port: |p| p.debate,
-        uses_models: false,
+        uses_models: true,
     };
-    assay_runtime::run_service(spec, &[], |_hub, _config| assay_debate::routes()).await
+    assay_runtime::run_service(spec, &assay_runtime::default_loaders(), |hub, _config| {
+        assay_debate::routes(std::sync::Arc::new(assay_debate::DebateCore::new(hub)))
+    })
+    .await
 }

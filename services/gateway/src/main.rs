@@ -2,7 +2,9 @@
 
 use std::sync::Arc;
 
-use assay_rpc::remote::{RemoteArbiter, RemoteDeltaJudge, RemoteGenerator, RemoteRefiners, RemoteScorer, channel};
+use assay_rpc::remote::{
+    RemoteArbiter, RemoteDebate, RemoteDeltaJudge, RemoteGenerator, RemoteRefiners, RemoteScorer, channel,
+};
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
@@ -28,6 +30,8 @@ async fn main() -> std::process::ExitCode {
                 token,
             )))
             .with_refiners(refiners.clone())
+            .with_self_refiner(refiners.clone())
+            .with_debate(Arc::new(RemoteDebate::new(upstream(&u.debate, config.ports.debate, "debate"), token)))
             .with_refinement(assay_gateway::RefinementStages {
                 judge: scorer,
                 arbiter: Arc::new(RemoteArbiter::new(upstream(&u.arbiter, config.ports.arbiter, "arbiter"), token)),

@@ -1,15 +1,18 @@
-//! gRPC adapter of the refiners service: convert, call the core, map the result. The checklist
-//! refiners are served by [`ChecklistRefiners`]; the content refiners (SelfRefine, Patch,
-//! ExpandSection) are not built yet and answer UNIMPLEMENTED with a message naming them.
+//! gRPC adapter of the refiners service: convert, call the core, map the result. Every RPC is
+//! served by [`ChecklistRefiners`]: the checklist refiners, the content refiners (Patch,
+//! ExpandSection) and self-refine (SelfRefine, SelfRefineStream).
 
 use std::pin::Pin;
 use std::sync::Arc;
 
 use assay_domain::StageError;
 use assay_domain::content::ContentRefiner;
+use assay_domain::self_refine::SelfRefinePassEvent;
 use assay_proto::convert::refiners as convert;
+use assay_proto::convert::self_refine as sr;
 use assay_proto::refiners::v1::refine_checklist_stream_response::Event;
 use assay_proto::refiners::v1::refiners_service_server::{RefinersService, RefinersServiceServer};
+use assay_proto::refiners::v1::self_refine_stream_response::Event as SrEvent;
 use assay_proto::refiners::v1::{
     DeduplicateRequest, DeduplicateResponse, ExpandSectionRequest, ExpandSectionResponse, PatchRequest, PatchResponse,
     RefineChecklistRequest, RefineChecklistResponse, RefineChecklistStreamRequest, RefineChecklistStreamResponse,
@@ -42,12 +45,6 @@ pub fn routes(core: Arc<ChecklistRefiners>) -> Routes {
             .max_decoding_message_size(assay_domain::limits::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(assay_domain::limits::MAX_MESSAGE_BYTES),
     )
-}
-
-fn not_yet(rpc: &str) -> Status {
-    Status::unimplemented(format!(
-        "{rpc} is not available yet: the refiners stage (checklist and content refiners) is not built in this release"
-    ))
 }
 
 type EventStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
@@ -140,17 +137,51 @@ impl RefinersService for RefinersGrpc {
         Ok(Response::new(Box::pin(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))))
     }
 
-    async fn self_refine(&self, _: Request<SelfRefineRequest>) -> Result<Response<SelfRefineResponse>, Status> {
-        Err(not_yet("SelfRefine"))
+    async fn self_refine(&self, request: Request<SelfRefineRequest>) -> Result<Response<SelfRefineResponse>, Status> {
+        let ctx = CallContext::from_request(&request);
+        let req = sr::self_refine_request(request.into_inner(), "").map_err(to_status)?;
+        let core = self.core.clone();
+        let out = run_with(ctx, async move { core.run_self_refine(req, &assay_domain::no_events).await })
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(sr::self_refine_response_to(&out)))
     }
 
     type SelfRefineStreamStream = EventStream<SelfRefineStreamResponse>;
 
     async fn self_refine_stream(
         &self,
-        _: Request<SelfRefineStreamRequest>,
+        request: Request<SelfRefineStreamRequest>,
     ) -> Result<Response<Self::SelfRefineStreamStream>, Status> {
-        Err(not_yet("SelfRefineStream"))
+        let ctx = CallContext::from_request(&request);
+        let req = sr::self_refine_stream_request(request.into_inner()).map_err(to_status)?;
+        // Bad input (an unknown backend included) fails the call itself, before the stream starts.
+        self.core.check_self_refine(&req).map_err(|e| to_status(e.map_fields(|f| format!("request.{f}"))))?;
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Result<SelfRefineStreamResponse, Status>>();
+        let core = self.core.clone();
+        // The task ends when the client goes away: the loop's future is dropped.
+        tokio::spawn(async move {
+            let events_tx = tx.clone();
+            let sink = move |e: SelfRefinePassEvent| match e {
+                SelfRefinePassEvent::PassFinished(p) => {
+                    let _ =
+                        events_tx.send(Ok(SelfRefineStreamResponse { event: Some(SrEvent::Pass(sr::pass_to(&p))) }));
+                }
+            };
+            let work = run_with(ctx, core.run_self_refine(req, &sink));
+            let closed = tx.clone();
+            tokio::select! {
+                out = work => {
+                    let msg = match out {
+                        Ok(o) => Ok(SelfRefineStreamResponse { event: Some(SrEvent::Result(sr::self_refine_response_to(&o))) }),
+                        Err(e) => Err(to_status(e.map_fields(|f| format!("request.{f}")))),
+                    };
+                    let _ = tx.send(msg);
+                }
+                () = closed.closed() => {}
+            }
+        });
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))))
     }
 
     async fn patch(&self, request: Request<PatchRequest>) -> Result<Response<PatchResponse>, Status> {

@@ -4,6 +4,7 @@
 pub mod arbiter;
 pub mod checklist;
 pub mod content;
+pub mod debate;
 pub mod document;
 pub mod error;
 pub mod generator;
@@ -14,6 +15,7 @@ pub mod model;
 pub mod models;
 pub mod refiners;
 pub mod score;
+pub mod self_refine;
 pub mod similarity;
 pub mod stage;
 pub mod template;
@@ -27,6 +29,7 @@ pub use model::*;
 pub use models::*;
 pub use refiners::ChecklistRefiner;
 pub use score::*;
+pub use self_refine::SelfRefiner;
 pub use stage::*;
 
 pub use assay_llm::Usage;

@@ -489,15 +489,7 @@ impl Cascade {
             out.converged = true;
             return out;
         }
-        let vectors = match embeddings {
-            Ok(source) => self.vectors(source, previous, current).await,
-            Err(reason) => Err(reason),
-        };
-        match vectors.and_then(|(a, b, cached)| {
-            cosine(&a, &b)
-                .map(|c| (c, cached))
-                .ok_or_else(|| format!("embedding vectors are not comparable ({} and {} dims)", a.len(), b.len()))
-        }) {
+        match self.embedding_cosine(previous, current, embeddings).await {
             Ok((c, cached)) => {
                 out.decided_by = DecidedBy::Embedding;
                 out.embedding_cosine = Some(c);
@@ -514,6 +506,22 @@ impl Cascade {
             }
         }
         out
+    }
+
+    /// Embedding cosine of two texts through this cascade's cache and breaker, and whether both
+    /// vectors came from the cache; `Err(reason)` when embeddings are unavailable (no backend,
+    /// failed call, open breaker, incomparable vectors). The cascade's last step, and what
+    /// self-refine's regression guard measures drift from the original with.
+    pub async fn embedding_cosine(
+        &self,
+        a: &str,
+        b: &str,
+        embeddings: Result<&EmbeddingSource, String>,
+    ) -> Result<(f64, bool), String> {
+        let (x, y, cached) = self.vectors(embeddings?, a, b).await?;
+        cosine(&x, &y)
+            .map(|c| (c, cached))
+            .ok_or_else(|| format!("embedding vectors are not comparable ({} and {} dims)", x.len(), y.len()))
     }
 
     /// Vectors of both texts (cache first, then one batch call behind the breaker), and whether both

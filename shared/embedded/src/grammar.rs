@@ -252,6 +252,17 @@ impl<'a> Builder<'a> {
             "boolean" => Ok(self.add(name, r#""true" | "false""#.into())),
             "null" => Ok(self.add(name, r#""null""#.into())),
             "integer" | "number" => {
+                // A number in the unit interval (a score, a confidence): "0", "0.x", "1", "1.0".
+                let unit_max = obj.get("maximum").and_then(Value::as_f64) == Some(1.0);
+                let unit_min = obj.get("minimum").and_then(Value::as_f64).is_some_and(|m| (0.0..=1.0).contains(&m));
+                if t == "number" && unit_min && unit_max {
+                    return Ok(self.add(
+                        name,
+                        format!(
+                            r#"( "0" ( "." [0-9]{{1,{MAX_FRAC_DIGITS}}} )? | "1" ( "." "0"{{1,{MAX_FRAC_DIGITS}}} )? )"#
+                        ),
+                    ));
+                }
                 let non_negative = obj.get("minimum").and_then(Value::as_f64).is_some_and(|m| m >= 0.0)
                     || obj.get("exclusiveMinimum").and_then(Value::as_f64).is_some_and(|m| m >= 0.0);
                 let sign = if non_negative { "" } else { r#""-"? "# };
@@ -418,6 +429,14 @@ mod tests {
         assert!(g.contains("ref-v ::="), "{g}");
         assert!(g.contains("json-value ::="), "{g}");
         assert!(g.contains(")?"), "{g}");
+    }
+
+    #[test]
+    fn unit_interval_numbers_stay_in_range() {
+        let g = json_schema_grammar(&json!({"type": "number", "minimum": 0, "maximum": 1})).unwrap();
+        assert!(g.contains(r#"root ::= ( "0" ( "." [0-9]{1,8} )? | "1" ( "." "0"{1,8} )? )"#), "{g}");
+        let g = json_schema_grammar(&json!({"type": "number", "minimum": 0, "maximum": 100})).unwrap();
+        assert!(g.contains("[1-9] [0-9]{1,14}"), "{g}");
     }
 
     #[test]

@@ -133,7 +133,8 @@ async fn stream(
                 | gw::run_event::Event::StateChanged(_)
                 | gw::run_event::Event::Refinement(_)
                 | gw::run_event::Event::SelfRefinePass(_)
-                | gw::run_event::Event::DebateStage(_),
+                | gw::run_event::Event::DebateStage(_)
+                | gw::run_event::Event::DebateProblemDone(_),
             )
             | None => {}
         }

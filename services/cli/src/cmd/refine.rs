@@ -505,7 +505,8 @@ impl Follower {
                 | Event::RecordScored(_)
                 | Event::Aggregate(_)
                 | Event::SelfRefinePass(_)
-                | Event::DebateStage(_),
+                | Event::DebateStage(_)
+                | Event::DebateProblemDone(_),
             )
             | None => Step::Continue,
         }

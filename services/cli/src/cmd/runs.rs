@@ -225,7 +225,8 @@ pub fn run_json(r: &gw::Run) -> Value {
             }
             Some(gw::run_result::Result::Checklist(c)) => v["checklist"] = checklist_json(c),
             Some(gw::run_result::Result::TargetedRefinement(t)) => v["targeted_refinement"] = refinement_result_json(t),
-            Some(gw::run_result::Result::SelfRefine(_) | gw::run_result::Result::Debate(_)) | None => {}
+            Some(gw::run_result::Result::Debate(d)) => v["debate"] = super::debate::result_json(d),
+            Some(gw::run_result::Result::SelfRefine(_)) | None => {}
         }
     }
     v
@@ -375,7 +376,15 @@ pub fn event_json(e: &gw::RunEvent) -> Value {
         }
         Some(Event::Refinement(r)) => refinement_event_json(r),
         Some(Event::SelfRefinePass(p)) => ("self_refine_pass", json!({"pass": p.pass, "converged": p.converged})),
-        Some(Event::DebateStage(_)) => ("debate_stage", Value::Null),
+        Some(Event::DebateStage(d)) => {
+            let stage = d.stage.clone().unwrap_or_default();
+            (
+                "debate_stage",
+                json!({"index": d.index, "problem_id": d.problem_id, "stage": stage.stage, "round": stage.round,
+                       "consensus": stage.consensus}),
+            )
+        }
+        Some(Event::DebateProblemDone(p)) => ("debate_problem_done", super::debate::problem_json(p)),
         None => ("unknown", Value::Null),
     };
     json!({"sequence": e.sequence, "time": time(e.time), "event": kind, "detail": detail})

@@ -1,10 +1,12 @@
 //! The gateway's pipelines, one module each, over stage traits from `assay-domain`:
 //! [`checklist_eval`] and [`generate_checklist`] (sharing [`checklist`], where checklists come
-//! from), and [`targeted_refinement`]. [`Pipelines`] parses a request into the pipeline that runs it.
+//! from), [`targeted_refinement`], [`self_refine`] and [`debate`]. [`Pipelines`] parses a request into the pipeline that runs it.
 
 pub mod checklist;
 pub mod checklist_eval;
+pub mod debate;
 pub mod generate_checklist;
+pub mod self_refine;
 mod stages;
 pub mod targeted_refinement;
 
@@ -40,13 +42,11 @@ impl PipelineFactory for Pipelines {
             Some(Kind::TargetedRefinement(p)) => {
                 Ok(Arc::new(targeted_refinement::TargetedRefinement::parse(p, self.stages.clone())?))
             }
-            Some(Kind::SelfRefine(_) | Kind::Debate(_)) => Err(StageError::Unimplemented(
-                "this pipeline is not available yet; checklist_eval, generate_checklist and targeted_refinement are"
-                    .into(),
-            )),
+            Some(Kind::SelfRefine(p)) => Ok(Arc::new(self_refine::SelfRefine::parse(p, self.stages.clone())?)),
+            Some(Kind::Debate(p)) => Ok(Arc::new(debate::DebatePipeline::parse(p, self.stages.clone())?)),
             None => Err(StageError::invalid(
                 "pipeline",
-                "is required (checklist_eval, generate_checklist or targeted_refinement)",
+                "is required (checklist_eval, generate_checklist, targeted_refinement, self_refine or debate)",
             )),
         }
     }

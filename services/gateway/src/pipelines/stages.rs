@@ -4,7 +4,9 @@ use std::sync::Arc;
 
 use assay_domain::arbiter::Arbiter;
 use assay_domain::content::ContentRefiner;
+use assay_domain::debate::Debate;
 use assay_domain::judge::SectionJudge;
+use assay_domain::self_refine::SelfRefiner;
 use assay_domain::verify::DeltaJudge;
 use assay_domain::{ChecklistGenerator, ChecklistRefiner, Scorer, StageError};
 
@@ -17,13 +19,25 @@ pub struct Stages {
     /// Targeted refinement: the judge panel, the arbiter, the patcher / section expander and the
     /// delta judge.
     pub refinement: Option<RefinementStages>,
+    /// Self-refine (the refiners service).
+    pub self_refiner: Option<Arc<dyn SelfRefiner>>,
+    /// Debate (the debate service).
+    pub debate: Option<Arc<dyn Debate>>,
     /// Concurrent stage calls per run (checklists produced, records scored).
     pub concurrency: usize,
 }
 
 impl Stages {
     pub fn new(scorer: Arc<dyn Scorer>, concurrency: usize) -> Self {
-        Self { scorer, generator: None, refiners: None, refinement: None, concurrency: concurrency.max(1) }
+        Self {
+            scorer,
+            generator: None,
+            refiners: None,
+            refinement: None,
+            self_refiner: None,
+            debate: None,
+            concurrency: concurrency.max(1),
+        }
     }
 
     /// Generate checklists (instance presets and corpora) with this generator.
@@ -42,6 +56,30 @@ impl Stages {
     pub fn with_refinement(mut self, stages: RefinementStages) -> Self {
         self.refinement = Some(stages);
         self
+    }
+
+    /// Self-refine drafts with this stage.
+    pub fn with_self_refiner(mut self, stage: Arc<dyn SelfRefiner>) -> Self {
+        self.self_refiner = Some(stage);
+        self
+    }
+
+    /// Run debates with this stage.
+    pub fn with_debate(mut self, stage: Arc<dyn Debate>) -> Self {
+        self.debate = Some(stage);
+        self
+    }
+
+    pub(crate) fn debate(&self) -> Result<&Arc<dyn Debate>, StageError> {
+        self.debate
+            .as_ref()
+            .ok_or_else(|| StageError::Unimplemented("this gateway has no debate stage configured".into()))
+    }
+
+    pub(crate) fn self_refiner(&self) -> Result<&Arc<dyn SelfRefiner>, StageError> {
+        self.self_refiner
+            .as_ref()
+            .ok_or_else(|| StageError::Unimplemented("this gateway has no self-refine stage configured".into()))
     }
 
     pub(crate) fn refinement(&self) -> Result<&RefinementStages, StageError> {

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use assay_domain::refiners::{DEFAULT_CONCURRENCY, MAX_CONCURRENCY};
+use assay_domain::similarity::Cascade;
 use assay_domain::{ModelHub, ModelSpec, ResolvedChat, Scorer, StageError, Usage};
 use assay_llm::{ChatRequest, ChatResponse, Message, ResponseFormat};
 
@@ -23,11 +24,25 @@ pub struct ChecklistRefiners {
     pub(crate) concurrency: usize,
     /// Scores the UnitTester's rewrites (the scorer service over gRPC in production).
     pub(crate) scorer: Option<Arc<dyn Scorer>>,
+    /// Self-refine's convergence cascade: its embedding cache and breaker live as long as the
+    /// service.
+    pub(crate) cascade: Arc<Cascade>,
 }
 
 impl ChecklistRefiners {
     pub fn new(hub: Arc<ModelHub>) -> Self {
-        Self { hub, concurrency: DEFAULT_CONCURRENCY, scorer: None }
+        Self { hub, concurrency: DEFAULT_CONCURRENCY, scorer: None, cascade: Arc::new(Cascade::new()) }
+    }
+
+    /// Use this convergence cascade for self-refine (e.g. one on a test clock).
+    pub fn with_cascade(mut self, cascade: Cascade) -> Self {
+        self.cascade = Arc::new(cascade);
+        self
+    }
+
+    /// Self-refine's convergence cascade (its breaker state and cache size are observable).
+    pub fn cascade(&self) -> &Cascade {
+        &self.cascade
     }
 
     /// Score the UnitTester's rewrites with this scorer. Without one, UnitTest answers

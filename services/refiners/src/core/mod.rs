@@ -10,6 +10,7 @@ mod chain;
 pub mod content;
 mod dedup;
 mod selector;
+pub mod self_refine;
 mod tagger;
 mod unit_tester;
 

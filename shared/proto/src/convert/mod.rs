@@ -2,11 +2,13 @@
 //! into [`Violations`] with its full path; domain -> proto is infallible.
 
 pub mod arbiter;
+pub mod debate;
 pub mod delta_judge;
 pub mod document;
 pub mod generator;
 pub mod judge;
 pub mod refiners;
+pub mod self_refine;
 
 use std::collections::BTreeMap;
 

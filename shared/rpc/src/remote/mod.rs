@@ -2,6 +2,7 @@
 //! One client per service, each implementing that service's stage trait from `assay-domain`.
 
 mod arbiter;
+mod debate;
 mod delta_judge;
 mod generator;
 mod refiners;
@@ -13,6 +14,7 @@ use assay_domain::StageError;
 use tonic::transport::{Channel, Endpoint};
 
 pub use arbiter::RemoteArbiter;
+pub use debate::RemoteDebate;
 pub use delta_judge::RemoteDeltaJudge;
 pub use generator::RemoteGenerator;
 pub use refiners::RemoteRefiners;

@@ -1,4 +1,5 @@
-//! The refiners service's checklist chain over gRPC.
+//! The refiners service over gRPC: the checklist chain, the content refiners (patch, expand) and
+//! self-refine.
 
 use assay_domain::refiners::{ChainOutcome, ChecklistRefiner, RefinerStep, StepReport};
 use assay_domain::{ChecklistItem, EventSink, StageError};
@@ -91,5 +92,35 @@ impl assay_domain::content::ContentRefiner for RemoteRefiners {
             .await
             .map_err(from_status)?;
         Ok(convert::expand_response_from(reply.into_inner()))
+    }
+}
+
+/// Self-refine over SelfRefineStream: each finished pass goes to the sink as it arrives, then the
+/// result. Field paths of an INVALID_ARGUMENT come back relative to the request (`draft`, not
+/// `request.draft`).
+#[async_trait::async_trait]
+impl assay_domain::self_refine::SelfRefiner for RemoteRefiners {
+    async fn self_refine(
+        &self,
+        request: assay_domain::self_refine::SelfRefineRequest,
+        events: EventSink<'_, assay_domain::self_refine::SelfRefinePassEvent>,
+    ) -> Result<assay_domain::self_refine::SelfRefineOutcome, StageError> {
+        use assay_domain::self_refine::SelfRefinePassEvent;
+        use assay_proto::convert::self_refine as sr;
+        use assay_proto::refiners::v1::SelfRefineStreamRequest;
+        use assay_proto::refiners::v1::self_refine_stream_response::Event as SelfRefineEvent;
+
+        let mut client = self.client.clone();
+        let msg = SelfRefineStreamRequest { request: Some(sr::self_refine_request_to(&request)) };
+        let mut stream =
+            client.self_refine_stream(outgoing(msg)).await.map_err(|s| from_stream(from_status(s)))?.into_inner();
+        while let Some(reply) = stream.message().await.map_err(|s| from_stream(from_status(s)))? {
+            match reply.event {
+                Some(SelfRefineEvent::Pass(p)) => events(SelfRefinePassEvent::PassFinished(sr::pass_from(p))),
+                Some(SelfRefineEvent::Result(r)) => return Ok(sr::self_refine_response_from(r)),
+                None => {}
+            }
+        }
+        Err(StageError::Unavailable("the refiners' self-refine stream ended without a result".into()))
     }
 }

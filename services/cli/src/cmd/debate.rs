@@ -1,0 +1,423 @@
+//! `assay debate`: a problem set (JSON lines `{"id", "problem", "reference"}`) debated through the
+//! gateway (`RunPipeline` with a `debate` pipeline): three solvers solve, review each other, refine
+//! and a judge picks the final answer. Progress goes to standard error, one line per problem; one
+//! JSON line per problem (in input order) to `--out` or standard output; then a summary on standard
+//! error (accuracy against the references, consensus and changed-answer rates, tokens; the
+//! single-model and self-consistency baselines with `--baselines`).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use assay_config::AssayConfig;
+use assay_proto::debate::v1 as dpb;
+use assay_proto::gateway::v1 as gw;
+use serde_json::{Map, Value, json};
+
+use super::{EXIT_PARTIAL, Progress, Session, status_text};
+
+/// Exit code of unusable input: the problem file, an option, or a request the gateway rejected.
+pub const EXIT_BAD_INPUT: u8 = 2;
+
+/// Options of `assay debate`.
+#[derive(clap::Args, Clone)]
+pub struct DebateArgs {
+    /// Problems (JSON lines): {"id", "problem", "reference"}; id and reference are optional.
+    #[arg(long)]
+    pub data: PathBuf,
+    /// Results (JSON lines, one per problem); standard output when absent.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Review/refine rounds, 1 to 5 (default 1).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=5))]
+    pub rounds: Option<u32>,
+    /// Also answer every problem with one model alone and by self-consistency (a majority vote
+    /// over as many samples as the debate made calls).
+    #[arg(long)]
+    pub baselines: bool,
+    /// Stop a debate as soon as the three solvers agree (no review when they agree at once).
+    #[arg(long)]
+    pub early_stop: bool,
+    /// Problems debated at once, 1 to 64 (default: the gateway's).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub concurrency: Option<u32>,
+    /// Gateway address (e.g. http://127.0.0.1:50051); absent = start the mesh in this process.
+    #[arg(long)]
+    pub gateway: Option<String>,
+    /// The run's label (default "assay debate <data>").
+    #[arg(long)]
+    pub label: Option<String>,
+}
+
+/// Why `assay debate` failed.
+#[derive(Debug, PartialEq, Eq)]
+pub enum DebateError {
+    /// The problem file, an option, or the request as the gateway judged it (exit 2).
+    BadInput(String),
+    /// The connection, the gateway or the run failed, or the run was cancelled (exit 1).
+    Failed(String),
+}
+
+/// How a finished `assay debate` went.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Ending {
+    /// Every problem debated: exit 0.
+    Complete,
+    /// Some problems failed; the others were written: exit 3.
+    Partial,
+}
+
+/// The process exit of `assay debate`, printing the error if any.
+pub fn exit(outcome: Result<Ending, DebateError>) -> ExitCode {
+    match outcome {
+        Ok(Ending::Complete) => ExitCode::SUCCESS,
+        Ok(Ending::Partial) => ExitCode::from(EXIT_PARTIAL),
+        Err(DebateError::BadInput(e)) => {
+            eprintln!("assay: {e}");
+            ExitCode::from(EXIT_BAD_INPUT)
+        }
+        Err(DebateError::Failed(e)) => {
+            eprintln!("assay: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Problems from a JSON-lines file; an error names the file, the line and the field.
+pub fn read_problems(path: &Path) -> Result<Vec<gw::DebateProblem>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let at = format!("{}:{}", path.display(), n + 1);
+        let v: Value = serde_json::from_str(line).map_err(|e| format!("{at}: not JSON: {e}"))?;
+        out.push(problem_from_json(&v).map_err(|e| format!("{at}: {e}"))?);
+    }
+    if out.is_empty() {
+        return Err(format!("{}: no problems", path.display()));
+    }
+    Ok(out)
+}
+
+/// One problem from a JSON object: `{"id", "problem", "reference"}`; the id and the reference may
+/// be strings or numbers; the problem is required and must not be blank.
+pub fn problem_from_json(v: &Value) -> Result<gw::DebateProblem, String> {
+    const KNOWN: [&str; 3] = ["id", "problem", "reference"];
+    let o = v.as_object().ok_or("a problem must be a JSON object {\"id\", \"problem\", \"reference\"}")?;
+    if let Some(k) = o.keys().find(|k| !KNOWN.contains(&k.as_str())) {
+        return Err(format!("unknown field {k:?} (known: {})", KNOWN.join(", ")));
+    }
+    let scalar = |o: &Map<String, Value>, k: &str| -> Result<Option<String>, String> {
+        match o.get(k) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(Value::Number(n)) => Ok(Some(n.to_string())),
+            Some(Value::Bool(_) | Value::Array(_) | Value::Object(_)) => {
+                Err(format!("field {k:?} must be a string or a number"))
+            }
+        }
+    };
+    let problem = match o.get("problem") {
+        None | Some(Value::Null) => return Err("field \"problem\" is required".into()),
+        Some(Value::String(s)) if s.trim().is_empty() => return Err("field \"problem\" must not be empty".into()),
+        Some(Value::String(s)) => s.clone(),
+        Some(_) => return Err("field \"problem\" must be a string".into()),
+    };
+    let reference = scalar(o, "reference")?;
+    if reference.as_deref().is_some_and(|r| r.trim().is_empty()) {
+        return Err("field \"reference\" must not be empty (leave it out for an ungraded problem)".into());
+    }
+    Ok(gw::DebateProblem { id: scalar(o, "id")?.unwrap_or_default(), problem, reference })
+}
+
+/// The pipeline of a problem set with the command's options.
+pub fn build_pipeline(problems: Vec<gw::DebateProblem>, a: &DebateArgs) -> gw::DebatePipeline {
+    gw::DebatePipeline {
+        problems,
+        rounds: a.rounds,
+        early_stop_on_agreement: a.early_stop,
+        baselines: a.baselines,
+        concurrency: a.concurrency.unwrap_or(0),
+        ..Default::default()
+    }
+}
+
+/// `assay debate`.
+pub async fn debate(config: &AssayConfig, args: DebateArgs) -> Result<Ending, DebateError> {
+    let problems = read_problems(&args.data).map_err(DebateError::BadInput)?;
+    let total = problems.len();
+    let pipeline = build_pipeline(problems, &args);
+    let label = args.label.clone().unwrap_or_else(|| format!("assay debate {}", args.data.display()));
+    let request =
+        gw::RunPipelineRequest { pipeline: Some(gw::run_pipeline_request::Pipeline::Debate(pipeline)), label };
+    let mut session = Session::open(config, args.gateway.as_deref()).await.map_err(DebateError::Failed)?;
+    let outcome = follow(&mut session, request, total, &args).await;
+    session.close().await.map_err(DebateError::Failed)?;
+    outcome
+}
+
+async fn follow(
+    session: &mut Session,
+    request: gw::RunPipelineRequest,
+    total: usize,
+    args: &DebateArgs,
+) -> Result<Ending, DebateError> {
+    let mut events = session
+        .client
+        .run_pipeline(request)
+        .await
+        .map_err(|s| {
+            if s.code() == tonic::Code::InvalidArgument {
+                DebateError::BadInput(status_text(&s))
+            } else {
+                DebateError::Failed(status_text(&s))
+            }
+        })?
+        .into_inner();
+    let failed_io = |e: std::io::Error| DebateError::Failed(e.to_string());
+    let mut out: Box<dyn Write> = match &args.out {
+        Some(p) => Box::new(std::io::BufWriter::new(
+            std::fs::File::create(p).map_err(|e| DebateError::Failed(format!("{}: {e}", p.display())))?,
+        )),
+        None => Box::new(std::io::stdout()),
+    };
+    let mut progress = Progress::new(total as u64, "problems");
+    let mut failed = 0u64;
+    let mut run_id = String::new();
+    let mut completed = None;
+    while let Some(msg) = events.message().await.map_err(|s| DebateError::Failed(status_text(&s)))? {
+        let Some(ev) = msg.event else { continue };
+        run_id.clone_from(&ev.run_id);
+        use gw::run_event::Event;
+        match ev.event {
+            Some(Event::Started(_)) => progress.note(&format!("run {run_id} started: {total} problems")),
+            Some(Event::DebateProblemDone(p)) => {
+                failed += u64::from(!p.error.is_empty());
+                progress.note(&problem_line(&p));
+                progress.inc(failed);
+            }
+            Some(Event::StateChanged(s)) => progress.note(&format!(
+                "run {run_id}: {}{}",
+                super::runs::state_name(s.state),
+                if s.reason.is_empty() { String::new() } else { format!(" ({})", s.reason) }
+            )),
+            Some(Event::Completed(c)) => completed = Some(c),
+            Some(
+                Event::DebateStage(_)
+                | Event::Progress(_)
+                | Event::ChecklistReady(_)
+                | Event::RecordScored(_)
+                | Event::Aggregate(_)
+                | Event::Refinement(_)
+                | Event::SelfRefinePass(_),
+            )
+            | None => {}
+        }
+    }
+    progress.finish();
+    let completed = completed.ok_or_else(|| DebateError::Failed(format!("run {run_id} ended without completing")))?;
+    let result = completed.result.unwrap_or_default();
+    let debate = match result.result {
+        Some(gw::run_result::Result::Debate(d)) => Some(d),
+        Some(
+            gw::run_result::Result::ChecklistEval(_)
+            | gw::run_result::Result::Checklist(_)
+            | gw::run_result::Result::SelfRefine(_)
+            | gw::run_result::Result::TargetedRefinement(_),
+        )
+        | None => None,
+    };
+    // What was debated is written even when the run was cancelled or failed part-way.
+    if let Some(d) = &debate {
+        for p in &d.problems {
+            writeln!(out, "{}", problem_json(p)).map_err(failed_io)?;
+        }
+    }
+    out.flush().map_err(failed_io)?;
+    match gw::RunState::try_from(completed.state) {
+        Ok(gw::RunState::Cancelled) => {
+            return Err(DebateError::Failed(format!("run {run_id} was cancelled; the problems debated are written")));
+        }
+        Ok(gw::RunState::Failed) if debate.as_ref().is_none_or(|d| d.problems.is_empty()) => {
+            let why = if result.error.is_empty() { "no reason given" } else { result.error.as_str() };
+            return Err(DebateError::Failed(format!("run {run_id} failed: {why}")));
+        }
+        _ => {}
+    }
+    let Some(d) = debate else { return Err(DebateError::Failed(format!("run {run_id} returned no debate result"))) };
+    eprintln!("{}", summary_text(&run_id, &d, args.baselines));
+    Ok(if d.problems_failed == 0 { Ending::Complete } else { Ending::Partial })
+}
+
+fn pct(x: f64) -> String {
+    format!("{:.1}%", x * 100.0)
+}
+
+fn grade(c: Option<bool>) -> &'static str {
+    match c {
+        Some(true) => "correct",
+        Some(false) => "wrong",
+        None => "ungraded",
+    }
+}
+
+/// One progress line for a finished problem.
+pub fn problem_line(p: &gw::DebateProblemResult) -> String {
+    if !p.error.is_empty() {
+        return format!("{}: failed: {}", p.id, p.error);
+    }
+    let calls = p.debate.as_ref().and_then(|d| d.usage).map_or(0, |u| u.calls);
+    let mut line = format!(
+        "{}: {:?} ({}, {}, {calls} calls)",
+        p.id,
+        p.final_answer,
+        grade(p.correct),
+        decision_name(p.decided_by)
+    );
+    if let Some(b) = &p.baselines {
+        line.push_str(&format!(
+            "; single {:?} ({}), self-consistency {:?} ({}, {}/{} votes)",
+            b.single_model_answer,
+            grade(b.single_model_correct),
+            b.self_consistency_answer,
+            grade(b.self_consistency_correct),
+            b.votes,
+            b.samples
+        ));
+    }
+    line
+}
+
+/// A debate decision's name: judge, majority_vote, consensus.
+pub fn decision_name(d: i32) -> String {
+    super::runs::lower(dpb::DebateDecision::try_from(d).map_or("unknown", |d| d.as_str_name()), "DEBATE_DECISION_")
+}
+
+/// One problem's output line.
+pub fn problem_json(p: &gw::DebateProblemResult) -> Value {
+    let mut v = json!({"id": p.id, "final_answer": p.final_answer});
+    if !p.reference.is_empty() {
+        v["reference"] = json!(p.reference);
+    }
+    if let Some(c) = p.correct {
+        v["correct"] = json!(c);
+    }
+    if !p.error.is_empty() {
+        v["error"] = json!(p.error);
+        return v;
+    }
+    v["consensus"] = json!(p.consensus);
+    v["answers_changed"] = json!(p.answers_changed);
+    v["decided_by"] = json!(decision_name(p.decided_by));
+    if let Some(d) = &p.debate {
+        v["winner_solver_id"] = json!(d.winner_solver_id);
+        v["stopped_early"] = json!(d.stopped_early);
+        v["rounds"] = json!(d.rounds.len());
+        v["solutions"] = d
+            .solutions
+            .iter()
+            .map(|s| json!({"solver_id": s.solver_id, "final_answer": s.final_answer, "confidence": s.confidence}))
+            .collect();
+        v["refined"] = d
+            .refined
+            .iter()
+            .map(|r| {
+                json!({"solver_id": r.solver_id, "final_answer": r.final_answer, "confidence": r.confidence,
+                       "changed": r.changed})
+            })
+            .collect();
+        if let Some(j) = &d.judgment {
+            v["judgment"] = json!({"winner_solver_id": j.winner_solver_id, "confidence": j.confidence,
+                                   "reasoning": j.reasoning, "majority_vote_fallback": j.majority_vote_fallback});
+        }
+        v["usage"] = super::runs::usage_json(d.usage.as_ref());
+    }
+    if let Some(b) = &p.baselines {
+        v["baselines"] = json!({
+            "single_model_answer": b.single_model_answer, "single_model_correct": b.single_model_correct,
+            "self_consistency_answer": b.self_consistency_answer,
+            "self_consistency_correct": b.self_consistency_correct,
+            "samples": b.samples, "votes": b.votes, "sample_answers": b.sample_answers,
+            "usage": super::runs::usage_json(b.usage.as_ref()),
+        });
+    }
+    v
+}
+
+/// The run's aggregates as JSON (`assay runs show`).
+pub fn result_json(d: &gw::DebateRunResult) -> Value {
+    json!({
+        "problems": d.problems_total, "failed": d.problems_failed, "graded": d.graded, "correct": d.correct,
+        "accuracy": d.accuracy, "consensus_rate": d.consensus_rate, "changed_rate": d.changed_rate,
+        "tokens": d.tokens, "calls": d.calls,
+        "single_model_accuracy": d.single_model_accuracy, "self_consistency_accuracy": d.self_consistency_accuracy,
+        "baseline_usage": super::runs::usage_json(d.baseline_usage.as_ref()),
+    })
+}
+
+/// The summary printed on standard error.
+pub fn summary_text(run_id: &str, d: &gw::DebateRunResult, baselines: bool) -> String {
+    let mut s = format!("run {run_id}: {} problems, {} failed\n", d.problems_total, d.problems_failed);
+    match d.accuracy {
+        Some(a) => s.push_str(&format!("  debate accuracy      {} ({}/{})\n", pct(a), d.correct, d.graded)),
+        None => s.push_str("  debate accuracy      - (no references)\n"),
+    }
+    s.push_str(&format!("  consensus rate       {}\n", pct(d.consensus_rate)));
+    s.push_str(&format!("  changed-answer rate  {}\n", pct(d.changed_rate)));
+    let du = d.debate_usage.unwrap_or_default();
+    s.push_str(&format!(
+        "  debate usage         {} calls, {} tokens ({} prompt + {} completion), {} cache hits",
+        d.calls, d.tokens, du.prompt_tokens, du.completion_tokens, du.cache_hits
+    ));
+    if baselines {
+        let bu = d.baseline_usage.unwrap_or_default();
+        let acc = |a: Option<f64>| a.map_or_else(|| "- (no references)".to_string(), pct);
+        s.push_str(&format!("\n  single model         {}", acc(d.single_model_accuracy)));
+        s.push_str(&format!("\n  self-consistency     {}", acc(d.self_consistency_accuracy)));
+        s.push_str(&format!(
+            "\n  baseline usage       {} calls, {} tokens",
+            bu.calls,
+            bu.prompt_tokens + bu.completion_tokens
+        ));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn problems_parse_with_numbers_and_name_bad_fields() {
+        let p = problem_from_json(&json!({"id": 7, "problem": "What is 2+2?", "reference": 4})).unwrap();
+        assert_eq!((p.id.as_str(), p.reference.as_deref()), ("7", Some("4")));
+        let p = problem_from_json(&json!({"problem": "Who?"})).unwrap();
+        assert_eq!((p.id.as_str(), p.reference), ("", None));
+        for (v, text) in [
+            (json!({"id": "a"}), "field \"problem\" is required"),
+            (json!({"problem": "  "}), "field \"problem\" must not be empty"),
+            (json!({"problem": 3}), "field \"problem\" must be a string"),
+            (json!({"problem": "x", "answer": "1"}), "unknown field \"answer\""),
+            (json!({"problem": "x", "reference": [1]}), "field \"reference\" must be a string or a number"),
+            (json!(["x"]), "must be a JSON object"),
+        ] {
+            let e = problem_from_json(&v).unwrap_err();
+            assert!(e.contains(text), "{v}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_bad_line_is_named_with_its_file_and_line() {
+        let dir = std::env::temp_dir().join(format!("assay-debate-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("p.jsonl");
+        std::fs::write(&path, "{\"problem\": \"1+1?\", \"reference\": \"2\"}\n\n{\"id\": \"b\"}\n").unwrap();
+        let e = read_problems(&path).unwrap_err();
+        assert!(e.ends_with("p.jsonl:3: field \"problem\" is required"), "{e}");
+        std::fs::write(&path, "{\"problem\": \"1+1?\"\n").unwrap();
+        assert!(read_problems(&path).unwrap_err().contains("p.jsonl:1: not JSON"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

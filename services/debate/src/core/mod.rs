@@ -1,0 +1,542 @@
+//! The debate's logic, no transport types: [`DebateCore`] runs the four stages over a model hub
+//! (REFERENCE section 6).
+//!
+//! - Solve: the three solvers concurrently, each its own model, persona and temperature.
+//! - Review: every solver reviews the other two (six calls at once).
+//! - Refine: every solver refines with exactly the two reviews about it (three calls at once).
+//! - Judge: one call over the problem, the three originals, the six reviews and the three refined
+//!   solutions; the final answer is the winner's refined answer. A reply that cannot be used gets
+//!   one retry (the reply and the reason shown to the model); a judge still unusable falls back to
+//!   a majority vote over the normalised refined answers, flagged with the reason. A solver,
+//!   reviewer or refiner still unusable after its retry fails the stage (UNAVAILABLE naming it).
+//! - RunDebate: solve, then `rounds` review/refine rounds, then the judge; with
+//!   `early_stop_on_agreement`, agreement of the solvers' answers (normalised) before a round's
+//!   reviews or after its refinement ends the rounds; agreement before the first review ends the
+//!   debate with the agreed answer and no judge.
+//!
+//! Every model is resolved before the first call, so an unknown backend costs nothing.
+
+pub mod prompt;
+pub mod reply;
+
+use std::sync::Arc;
+
+use assay_domain::debate::{
+    DEFAULT_JUDGE_TEMPERATURE, Debate, DebateEvent, DebateOutcome, DebateRequest, DebateRound, DebateStage, Decision,
+    JUDGE_PHASE, JudgeRequest, Judgment, REFINER_PHASE, REVIEWER_PHASE, RefineOutcome, RefineRequest, RefinedSolution,
+    Review, ReviewOutcome, ReviewRequest, SOLVER_PHASE, Solution, SolveOutcome, SolveRequest, Solver, StageArtifacts,
+    answers_agree, majority_vote, normalize_answer, solver_temperature,
+};
+use assay_domain::template::template_sha256;
+use assay_domain::{EventSink, ModelHub, ModelRecord, ModelSpec, ResolvedChat, StageError, Usage};
+use assay_llm::{ChatRequest, ChatResponse, FinishReason, Message, ResponseFormat};
+use serde_json::Value;
+
+/// The debate over a model hub.
+#[derive(Clone)]
+pub struct DebateCore {
+    hub: Arc<ModelHub>,
+}
+
+impl DebateCore {
+    pub fn new(hub: Arc<ModelHub>) -> Self {
+        Self { hub }
+    }
+}
+
+/// A configured temperature (f32 in the settings) as the f64 it was written as.
+fn configured_temperature(chat: &ResolvedChat) -> Option<f64> {
+    chat.settings.temperature.map(|t| (f64::from(t) * 1e6).round() / 1e6)
+}
+
+/// One model call with a JSON-schema reply.
+struct Job<'a> {
+    phase: &'static str,
+    template: &'static str,
+    schema_name: &'static str,
+    schema: Value,
+    prompt: String,
+    chat: &'a ResolvedChat,
+    spec: &'a ModelSpec,
+    temperature: f64,
+}
+
+/// What a job produced: the parsed value or why the replies could not be used, with the usage of
+/// every call and the record of what made them.
+struct Called<T> {
+    value: Result<T, String>,
+    usage: Usage,
+    record: ModelRecord,
+}
+
+impl Job<'_> {
+    fn request(&self, messages: Vec<Message>, max_tokens: u32) -> ChatRequest {
+        let mut req = self.chat.settings.apply(ChatRequest {
+            messages,
+            response_format: ResponseFormat::JsonSchema { name: self.schema_name.into(), schema: self.schema.clone() },
+            temperature: Some(self.temperature as f32),
+            top_p: self.spec.top_p.map(|p| p as f32),
+            max_tokens: Some(max_tokens),
+            cache: self.chat.cache,
+            ..Default::default()
+        });
+        req.max_tokens = Some(max_tokens);
+        req
+    }
+
+    /// Why `reply` cannot be used, if it cannot.
+    fn read<T>(
+        reply: &ChatResponse,
+        max_tokens: u32,
+        parse: &impl Fn(&Value) -> Result<T, String>,
+    ) -> Result<T, String> {
+        let cut = reply.finish_reason == FinishReason::Length;
+        let value = reply.json.clone().or_else(|| assay_llm::extract_json(&reply.text));
+        let parsed = match value {
+            Some(v) => parse(&v),
+            None => Err("the reply holds no JSON object".into()),
+        };
+        parsed.map_err(|why| if cut { format!("{why} (the reply was cut at {max_tokens} tokens)") } else { why })
+    }
+
+    /// The call, and one retry showing the model its unusable reply and why.
+    async fn ask<T>(&self, parse: impl Fn(&Value) -> Result<T, String>) -> Result<Called<T>, StageError> {
+        // The configuration's limit, else room for the longest reply the schema allows.
+        let max_tokens = self.chat.settings.max_tokens.unwrap_or_else(|| reply::reply_tokens(&self.schema));
+        let mut record = self.chat.record(self.phase, max_tokens, template_sha256(self.template), false);
+        record.temperature = Some(self.temperature);
+        let mut usage = Usage::default();
+        let first = self.chat.model.chat(self.request(vec![Message::user(self.prompt.clone())], max_tokens)).await?;
+        usage.add(&first.usage);
+        let why = match Self::read(&first, max_tokens, &parse) {
+            Ok(value) => return Ok(Called { value: Ok(value), usage, record }),
+            Err(why) => why,
+        };
+        tracing::info!(phase = self.phase, reason = %why, "unusable reply, retrying once");
+        let messages = vec![
+            Message::user(self.prompt.clone()),
+            Message::assistant(first.text.clone()),
+            Message::user(prompt::retry(&why)),
+        ];
+        let second = self.chat.model.chat(self.request(messages, max_tokens)).await?;
+        usage.add(&second.usage);
+        let value = Self::read(&second, max_tokens, &parse)
+            .map_err(|again| if again == why { why } else { format!("{why}; after the retry: {again}") });
+        Ok(Called { value, usage, record })
+    }
+}
+
+/// The chats of one solver for the three phases it works in.
+struct SolverChats {
+    solve: ResolvedChat,
+    review: ResolvedChat,
+    refine: ResolvedChat,
+}
+
+impl DebateCore {
+    /// Resolve `phase` for every solver (fields `solvers[i].model`).
+    fn chats(&self, phase: &str, solvers: &[Solver]) -> Result<Vec<ResolvedChat>, StageError> {
+        solvers
+            .iter()
+            .enumerate()
+            .map(|(i, s)| self.hub.chat(phase, &s.model, &format!("solvers[{i}].model")))
+            .collect()
+    }
+
+    fn solver_chats(&self, solvers: &[Solver]) -> Result<Vec<SolverChats>, StageError> {
+        let solve = self.chats(SOLVER_PHASE, solvers)?;
+        let review = self.chats(REVIEWER_PHASE, solvers)?;
+        let refine = self.chats(REFINER_PHASE, solvers)?;
+        Ok(solve
+            .into_iter()
+            .zip(review)
+            .zip(refine)
+            .map(|((solve, review), refine)| SolverChats { solve, review, refine })
+            .collect())
+    }
+
+    fn judge_chat(&self, spec: &ModelSpec) -> Result<ResolvedChat, StageError> {
+        self.hub.chat(JUDGE_PHASE, spec, "judge_model")
+    }
+
+    /// Stage 1 over checked solvers.
+    async fn run_solve(
+        &self,
+        problem: &str,
+        solvers: &[Solver],
+        chats: &[&ResolvedChat],
+    ) -> Result<SolveOutcome, StageError> {
+        let calls = solvers.iter().zip(chats).enumerate().map(|(i, (solver, chat))| async move {
+            let job = Job {
+                phase: SOLVER_PHASE,
+                template: prompt::SOLVE_TEMPLATE,
+                schema_name: "debate_solution",
+                schema: reply::solution_schema(),
+                prompt: prompt::solve(problem, solver),
+                chat,
+                spec: &solver.model,
+                temperature: solver_temperature(&solver.model, configured_temperature(chat), i),
+            };
+            let called = job.ask(|v| reply::parse_solution(v, &solver.id)).await?;
+            match called.value {
+                Ok(solution) => Ok((Solution { model: Some(called.record), ..solution }, called.usage)),
+                Err(why) => Err(StageError::Unavailable(format!(
+                    "solver {:?} gave no usable solution after one retry: {why}",
+                    solver.id
+                ))),
+            }
+        });
+        let done = futures::future::try_join_all(calls).await?;
+        let mut usage = Usage::default();
+        let solutions = done
+            .into_iter()
+            .map(|(s, u)| {
+                usage.add(&u);
+                s
+            })
+            .collect();
+        Ok(SolveOutcome { solutions, usage })
+    }
+
+    /// Stage 2 over checked input: `solutions[i]` is the solution of `solvers[i]`.
+    async fn run_review(
+        &self,
+        problem: &str,
+        solvers: &[Solver],
+        chats: &[&ResolvedChat],
+        solutions: &[Solution],
+    ) -> Result<ReviewOutcome, StageError> {
+        let pairs: Vec<(usize, usize)> =
+            (0..solvers.len()).flat_map(|r| (0..solvers.len()).filter(move |t| *t != r).map(move |t| (r, t))).collect();
+        let calls = pairs.into_iter().map(|(r, t)| async move {
+            let (reviewer, target, chat) = (&solvers[r], &solutions[t], chats[r]);
+            let job = Job {
+                phase: REVIEWER_PHASE,
+                template: prompt::REVIEW_TEMPLATE,
+                schema_name: "debate_review",
+                schema: reply::review_schema(),
+                prompt: prompt::review(problem, reviewer, target),
+                chat,
+                spec: &reviewer.model,
+                temperature: solver_temperature(&reviewer.model, configured_temperature(chat), r),
+            };
+            let called = job.ask(|v| reply::parse_review(v, &reviewer.id, &target.solver_id)).await?;
+            match called.value {
+                Ok(review) => Ok((Review { model: Some(called.record), ..review }, called.usage)),
+                Err(why) => Err(StageError::Unavailable(format!(
+                    "solver {:?} gave no usable review of {:?} after one retry: {why}",
+                    reviewer.id, target.solver_id
+                ))),
+            }
+        });
+        let done = futures::future::try_join_all(calls).await?;
+        let mut usage = Usage::default();
+        let reviews = done
+            .into_iter()
+            .map(|(r, u)| {
+                usage.add(&u);
+                r
+            })
+            .collect();
+        Ok(ReviewOutcome { reviews, usage })
+    }
+
+    /// Stage 3 over checked input: `solutions[i]` is the solution of `solvers[i]`; each solver gets
+    /// exactly the reviews whose target it is, in solver order.
+    async fn run_refine(
+        &self,
+        problem: &str,
+        solvers: &[Solver],
+        chats: &[&ResolvedChat],
+        solutions: &[Solution],
+        reviews: &[Review],
+    ) -> Result<RefineOutcome, StageError> {
+        let calls = solvers.iter().zip(solutions).zip(chats).enumerate().map(|(i, ((solver, own), chat))| {
+            let mine: Vec<&Review> = solvers
+                .iter()
+                .filter_map(|by| reviews.iter().find(|r| r.reviewer_id == by.id && r.target_solver_id == solver.id))
+                .collect();
+            async move {
+                let job = Job {
+                    phase: REFINER_PHASE,
+                    template: prompt::REFINE_TEMPLATE,
+                    schema_name: "debate_refinement",
+                    schema: reply::refinement_schema(),
+                    prompt: prompt::refine(problem, solver, own, &mine),
+                    chat,
+                    spec: &solver.model,
+                    temperature: solver_temperature(&solver.model, configured_temperature(chat), i),
+                };
+                let called = job.ask(|v| reply::parse_refinement(v, &solver.id, &own.final_answer)).await?;
+                match called.value {
+                    Ok(r) => Ok((RefinedSolution { model: Some(called.record), ..r }, called.usage)),
+                    Err(why) => Err(StageError::Unavailable(format!(
+                        "solver {:?} gave no usable refinement after one retry: {why}",
+                        solver.id
+                    ))),
+                }
+            }
+        });
+        let done = futures::future::try_join_all(calls).await?;
+        let mut usage = Usage::default();
+        let refined = done
+            .into_iter()
+            .map(|(r, u)| {
+                usage.add(&u);
+                r
+            })
+            .collect();
+        Ok(RefineOutcome { refined, usage })
+    }
+
+    /// Stage 4 over checked input. The judge's unusable replies fall back to a majority vote.
+    async fn run_judge(
+        &self,
+        problem: &str,
+        solutions: &[Solution],
+        reviews: &[Review],
+        refined: &[RefinedSolution],
+        spec: &ModelSpec,
+        chat: &ResolvedChat,
+    ) -> Result<Judgment, StageError> {
+        let ids: Vec<String> = solutions.iter().map(|s| s.solver_id.clone()).collect();
+        let job = Job {
+            phase: JUDGE_PHASE,
+            template: prompt::JUDGE_TEMPLATE,
+            schema_name: "debate_judgment",
+            schema: reply::judgment_schema(&ids),
+            prompt: prompt::judge(problem, solutions, reviews, refined),
+            chat,
+            spec,
+            temperature: spec.temperature.or(configured_temperature(chat)).unwrap_or(DEFAULT_JUDGE_TEMPERATURE),
+        };
+        let called = job.ask(|v| reply::parse_judgment(v, &ids)).await?;
+        let Called { value, usage, record } = called;
+        match value {
+            Ok(j) => {
+                let final_answer = refined
+                    .iter()
+                    .find(|r| r.solver_id == j.winner_solver_id)
+                    .map(|r| r.final_answer.clone())
+                    .ok_or_else(|| {
+                        StageError::Internal(format!("no refined solution of the winner {:?}", j.winner_solver_id))
+                    })?;
+                Ok(Judgment {
+                    winner_solver_id: j.winner_solver_id,
+                    confidence: j.confidence,
+                    reasoning: j.reasoning,
+                    final_answer,
+                    majority_vote_fallback: false,
+                    fallback_reason: String::new(),
+                    usage,
+                    model: Some(record),
+                })
+            }
+            Err(why) => {
+                tracing::warn!(reason = %why, "the judge's replies could not be used; majority vote");
+                let vote = majority_vote(refined)
+                    .ok_or_else(|| StageError::Internal("no refined solutions to vote over".into()))?;
+                Ok(Judgment {
+                    reasoning: format!(
+                        "majority vote over the refined answers (normalised): {} of {} solvers answer {:?}; the judge's replies could not be used",
+                        vote.votes, vote.total, vote.answer
+                    ),
+                    confidence: vote.votes as f64 / vote.total.max(1) as f64,
+                    winner_solver_id: vote.winner_solver_id,
+                    final_answer: vote.answer,
+                    majority_vote_fallback: true,
+                    fallback_reason: why,
+                    usage,
+                    model: Some(record),
+                })
+            }
+        }
+    }
+}
+
+/// `solutions` in solver order (the checks guarantee one per solver).
+fn in_solver_order(solvers: &[Solver], solutions: &[Solution]) -> Result<Vec<Solution>, StageError> {
+    solvers
+        .iter()
+        .map(|s| {
+            solutions
+                .iter()
+                .find(|x| x.solver_id == s.id)
+                .cloned()
+                .ok_or_else(|| StageError::invalid("solutions", format!("has no solution of solver {:?}", s.id)))
+        })
+        .collect()
+}
+
+/// A refined solution as the solution the next round reviews (the original approach kept).
+fn as_solution(r: &RefinedSolution, previous: &Solution) -> Solution {
+    Solution {
+        solver_id: r.solver_id.clone(),
+        reasoning_steps: r.reasoning_steps.clone(),
+        final_answer: r.final_answer.clone(),
+        approach: previous.approach.clone(),
+        confidence: r.confidence,
+        model: r.model.clone(),
+    }
+}
+
+/// The most confident solver (earlier on a tie).
+fn most_confident(solutions: &[Solution]) -> Option<&Solution> {
+    solutions
+        .iter()
+        .enumerate()
+        .max_by(|(i, a), (j, b)| a.confidence.total_cmp(&b.confidence).then(j.cmp(i)))
+        .map(|(_, s)| s)
+}
+
+fn completed(stage: DebateStage, round: u32, artifacts: StageArtifacts) -> DebateEvent {
+    DebateEvent::StageCompleted { stage, round, artifacts }
+}
+
+#[async_trait::async_trait]
+impl Debate for DebateCore {
+    async fn solve(&self, request: SolveRequest) -> Result<SolveOutcome, StageError> {
+        let request = request.checked("")?;
+        let chats = self.chats(SOLVER_PHASE, &request.solvers)?;
+        let chats: Vec<&ResolvedChat> = chats.iter().collect();
+        self.run_solve(&request.problem, &request.solvers, &chats).await
+    }
+
+    async fn review(&self, request: ReviewRequest) -> Result<ReviewOutcome, StageError> {
+        let request = request.checked("")?;
+        let chats = self.chats(REVIEWER_PHASE, &request.solvers)?;
+        let chats: Vec<&ResolvedChat> = chats.iter().collect();
+        let solutions = in_solver_order(&request.solvers, &request.solutions)?;
+        self.run_review(&request.problem, &request.solvers, &chats, &solutions).await
+    }
+
+    async fn refine(&self, request: RefineRequest) -> Result<RefineOutcome, StageError> {
+        let request = request.checked("")?;
+        let chats = self.chats(REFINER_PHASE, &request.solvers)?;
+        let chats: Vec<&ResolvedChat> = chats.iter().collect();
+        let solutions = in_solver_order(&request.solvers, &request.solutions)?;
+        self.run_refine(&request.problem, &request.solvers, &chats, &solutions, &request.reviews).await
+    }
+
+    async fn judge(&self, request: JudgeRequest) -> Result<Judgment, StageError> {
+        let request = request.checked("")?;
+        let chat = self.judge_chat(&request.judge_model)?;
+        let r = &request;
+        self.run_judge(&r.problem, &r.solutions, &r.reviews, &r.refined, &r.judge_model, &chat).await
+    }
+
+    async fn run_debate(
+        &self,
+        request: DebateRequest,
+        events: EventSink<'_, DebateEvent>,
+    ) -> Result<DebateOutcome, StageError> {
+        let request = request.checked("")?;
+        let (problem, solvers) = (&request.problem, &request.solvers);
+        let chats = self.solver_chats(solvers)?;
+        let judge_chat = self.judge_chat(&request.judge_model)?;
+        let pick = |f: fn(&SolverChats) -> &ResolvedChat| chats.iter().map(f).collect::<Vec<_>>();
+        let mut usage = Usage::default();
+
+        let solved = self.run_solve(problem, solvers, &pick(|c| &c.solve)).await?;
+        usage.add(&solved.usage);
+        let originals = solved.solutions;
+        let agree = |s: &[Solution]| answers_agree(s.iter().map(|x| x.final_answer.as_str()));
+        events(completed(
+            DebateStage::Solve,
+            0,
+            StageArtifacts {
+                solutions: originals.clone(),
+                consensus: agree(&originals),
+                usage: solved.usage,
+                ..StageArtifacts::default()
+            },
+        ));
+
+        let mut rounds: Vec<DebateRound> = Vec::new();
+        let mut current = originals.clone();
+        let mut stopped_early = false;
+        for round in 1..=request.rounds {
+            if request.early_stop_on_agreement && agree(&current) {
+                tracing::info!(round, "the solvers agree; no more rounds");
+                stopped_early = true;
+                break;
+            }
+            let reviewed = self.run_review(problem, solvers, &pick(|c| &c.review), &current).await?;
+            usage.add(&reviewed.usage);
+            events(completed(
+                DebateStage::Review,
+                round,
+                StageArtifacts {
+                    reviews: reviewed.reviews.clone(),
+                    usage: reviewed.usage,
+                    ..StageArtifacts::default()
+                },
+            ));
+            let refined = self.run_refine(problem, solvers, &pick(|c| &c.refine), &current, &reviewed.reviews).await?;
+            usage.add(&refined.usage);
+            let consensus = answers_agree(refined.refined.iter().map(|r| r.final_answer.as_str()));
+            events(completed(
+                DebateStage::Refine,
+                round,
+                StageArtifacts {
+                    refined: refined.refined.clone(),
+                    consensus,
+                    usage: refined.usage,
+                    ..StageArtifacts::default()
+                },
+            ));
+            current = refined.refined.iter().zip(&current).map(|(r, prev)| as_solution(r, prev)).collect();
+            rounds.push(DebateRound { round, reviews: reviewed.reviews, refined: refined.refined, consensus });
+            if request.early_stop_on_agreement && consensus && round < request.rounds {
+                tracing::info!(round, "the solvers agree after refinement; no more rounds");
+                stopped_early = true;
+                break;
+            }
+        }
+
+        let consensus = agree(&current);
+        let answers_changed = current
+            .iter()
+            .zip(&originals)
+            .any(|(now, before)| normalize_answer(&now.final_answer) != normalize_answer(&before.final_answer));
+        let (judgment, final_answer, winner_solver_id, decided_by) = match rounds.last() {
+            None => {
+                // Agreement before any review: the agreed answer, in the words of the most
+                // confident solver.
+                let winner = most_confident(&current)
+                    .ok_or_else(|| StageError::Internal("a debate without solutions".into()))?;
+                (None, winner.final_answer.clone(), winner.solver_id.clone(), Decision::Consensus)
+            }
+            Some(last) => {
+                let judgment = self
+                    .run_judge(problem, &originals, &last.reviews, &last.refined, &request.judge_model, &judge_chat)
+                    .await?;
+                usage.add(&judgment.usage);
+                events(completed(
+                    DebateStage::Judge,
+                    rounds.len() as u32,
+                    StageArtifacts {
+                        judgment: Some(judgment.clone()),
+                        usage: judgment.usage,
+                        ..StageArtifacts::default()
+                    },
+                ));
+                let decided_by = if judgment.majority_vote_fallback { Decision::MajorityVote } else { Decision::Judge };
+                let (answer, winner) = (judgment.final_answer.clone(), judgment.winner_solver_id.clone());
+                (Some(judgment), answer, winner, decided_by)
+            }
+        };
+        Ok(DebateOutcome {
+            solutions: originals,
+            rounds,
+            judgment,
+            final_answer,
+            winner_solver_id,
+            decided_by,
+            consensus,
+            answers_changed,
+            stopped_early,
+            usage,
+        })
+    }
+}

@@ -1,0 +1,201 @@
+//! Prompt templates (`prompts/*.txt`, `{name}` placeholders, see `assay_domain::template`) and the
+//! text of the artifacts shown in them.
+
+use assay_domain::debate::{RefinedSolution, Review, Solution, Solver};
+use assay_domain::template::render;
+
+/// Stage 1: placeholders {solver_id}, {persona}, {problem}.
+pub const SOLVE_TEMPLATE: &str = include_str!("../../prompts/solve.txt");
+/// Stage 2: placeholders {solver_id}, {persona}, {problem}, {target_id}, {solution}.
+pub const REVIEW_TEMPLATE: &str = include_str!("../../prompts/review.txt");
+/// Stage 3: placeholders {solver_id}, {persona}, {problem}, {solution}, {reviews}.
+pub const REFINE_TEMPLATE: &str = include_str!("../../prompts/refine.txt");
+/// Stage 4: placeholders {solver_ids}, {problem}, {solutions}, {reviews}, {refined}.
+pub const JUDGE_TEMPLATE: &str = include_str!("../../prompts/judge.txt");
+/// The follow-up after an unusable reply: placeholder {reason}.
+pub const RETRY_TEMPLATE: &str = include_str!("../../prompts/retry.txt");
+
+/// Every template with the placeholders it must use (and may only use).
+pub const TEMPLATES: [(&str, &str, &[&str]); 5] = [
+    ("solve", SOLVE_TEMPLATE, &["solver_id", "persona", "problem"]),
+    ("review", REVIEW_TEMPLATE, &["solver_id", "persona", "problem", "target_id", "solution"]),
+    ("refine", REFINE_TEMPLATE, &["solver_id", "persona", "problem", "solution", "reviews"]),
+    ("judge", JUDGE_TEMPLATE, &["solver_ids", "problem", "solutions", "reviews", "refined"]),
+    ("retry", RETRY_TEMPLATE, &["reason"]),
+];
+
+fn numbered(steps: &[String]) -> String {
+    if steps.is_empty() {
+        return "  (none given)".into();
+    }
+    steps.iter().enumerate().map(|(i, s)| format!("  {}. {}", i + 1, s.trim())).collect::<Vec<_>>().join("\n")
+}
+
+fn bullets(items: &[String]) -> String {
+    if items.is_empty() {
+        return "  - (none)".into();
+    }
+    items.iter().map(|s| format!("  - {}", s.trim())).collect::<Vec<_>>().join("\n")
+}
+
+fn or_none(s: &str) -> &str {
+    if s.trim().is_empty() { "(not given)" } else { s.trim() }
+}
+
+/// A solution as the reviewers, the refiner and the judge read it.
+pub fn solution_text(s: &Solution) -> String {
+    format!(
+        "Approach: {}\nReasoning steps:\n{}\nFinal answer: {}\nStated confidence: {:.2}",
+        or_none(&s.approach),
+        numbered(&s.reasoning_steps),
+        s.final_answer.trim(),
+        s.confidence
+    )
+}
+
+/// A review as the refiner and the judge read it.
+pub fn review_text(r: &Review) -> String {
+    let errors = if r.errors.is_empty() {
+        "  - (none)".to_string()
+    } else {
+        r.errors
+            .iter()
+            .map(|e| {
+                let severity = e.severity.map_or("unrated", |s| s.as_str());
+                let kind = if e.error_type.trim().is_empty() { "error" } else { e.error_type.trim() };
+                let at =
+                    if e.location.trim().is_empty() { String::new() } else { format!(" at {}", e.location.trim()) };
+                format!("  - [{severity}, {kind}]{at}: {}", e.description.trim())
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    format!(
+        "Strengths:\n{}\nWeaknesses:\n{}\nErrors:\n{errors}\nSuggested changes:\n{}",
+        bullets(&r.strengths),
+        bullets(&r.weaknesses),
+        bullets(&r.suggested_changes)
+    )
+}
+
+/// A refined solution as the judge reads it.
+pub fn refined_text(r: &RefinedSolution) -> String {
+    let rejected: Vec<String> = r
+        .critiques_rejected
+        .iter()
+        .map(|c| {
+            if c.reason.trim().is_empty() {
+                c.critique.trim().to_string()
+            } else {
+                format!("{} (reason: {})", c.critique.trim(), c.reason.trim())
+            }
+        })
+        .collect();
+    format!(
+        "Critiques accepted:\n{}\nCritiques rejected:\n{}\nRefinement reasoning: {}\nReasoning steps:\n{}\nFinal answer: {}\nStated confidence: {:.2}\nChanged from the original: {}\nImprovement: {}",
+        bullets(&r.critiques_accepted),
+        bullets(&rejected),
+        or_none(&r.refinement_reasoning),
+        numbered(&r.reasoning_steps),
+        r.final_answer.trim(),
+        r.confidence,
+        if r.changed { "yes" } else { "no" },
+        or_none(&r.improvement_explanation),
+    )
+}
+
+pub fn solve(problem: &str, solver: &Solver) -> String {
+    render(
+        SOLVE_TEMPLATE,
+        &[("solver_id", &solver.id), ("persona", solver.persona.trim()), ("problem", problem.trim())],
+    )
+}
+
+pub fn review(problem: &str, reviewer: &Solver, target: &Solution) -> String {
+    render(
+        REVIEW_TEMPLATE,
+        &[
+            ("solver_id", &reviewer.id),
+            ("persona", reviewer.persona.trim()),
+            ("problem", problem.trim()),
+            ("target_id", &target.solver_id),
+            ("solution", &solution_text(target)),
+        ],
+    )
+}
+
+/// `reviews`: exactly the reviews about `own`.
+pub fn refine(problem: &str, solver: &Solver, own: &Solution, reviews: &[&Review]) -> String {
+    let reviews: Vec<String> =
+        reviews.iter().map(|r| format!("Review by {}:\n{}", r.reviewer_id, review_text(r))).collect();
+    render(
+        REFINE_TEMPLATE,
+        &[
+            ("solver_id", &solver.id),
+            ("persona", solver.persona.trim()),
+            ("problem", problem.trim()),
+            ("solution", &solution_text(own)),
+            ("reviews", &reviews.join("\n\n")),
+        ],
+    )
+}
+
+pub fn judge(problem: &str, solutions: &[Solution], reviews: &[Review], refined: &[RefinedSolution]) -> String {
+    let ids: Vec<&str> = solutions.iter().map(|s| s.solver_id.as_str()).collect();
+    let solutions: Vec<String> =
+        solutions.iter().map(|s| format!("## {}\n{}", s.solver_id, solution_text(s))).collect();
+    let reviews: Vec<String> = reviews
+        .iter()
+        .map(|r| format!("## Review of {} by {}\n{}", r.target_solver_id, r.reviewer_id, review_text(r)))
+        .collect();
+    let refined: Vec<String> = refined.iter().map(|r| format!("## {}\n{}", r.solver_id, refined_text(r))).collect();
+    render(
+        JUDGE_TEMPLATE,
+        &[
+            ("solver_ids", &ids.join(", ")),
+            ("problem", problem.trim()),
+            ("solutions", &solutions.join("\n\n")),
+            ("reviews", &reviews.join("\n\n")),
+            ("refined", &refined.join("\n\n")),
+        ],
+    )
+}
+
+pub fn retry(reason: &str) -> String {
+    render(RETRY_TEMPLATE, &[("reason", reason)])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use assay_domain::template::{has_placeholder, unknown_placeholders};
+
+    #[test]
+    fn templates_use_exactly_their_placeholders() {
+        for (name, template, known) in TEMPLATES {
+            assert!(
+                unknown_placeholders(template, known).is_empty(),
+                "{name}: {:?}",
+                unknown_placeholders(template, known)
+            );
+            for p in known {
+                assert!(has_placeholder(template, p), "{name} does not use {{{p}}}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_refiner_sees_its_reviews_with_their_authors() {
+        let solver = Solver { id: "s1".into(), persona: "a tester".into(), ..Default::default() };
+        let own = Solution { solver_id: "s1".into(), final_answer: "42".into(), ..Default::default() };
+        let review = Review {
+            reviewer_id: "s2".into(),
+            target_solver_id: "s1".into(),
+            strengths: vec!["neat".into()],
+            ..Default::default()
+        };
+        let p = refine("What is 6 x 7?", &solver, &own, &[&review]);
+        assert!(p.contains("Review by s2:\nStrengths:\n  - neat"), "{p}");
+        assert!(p.contains("What is 6 x 7?") && p.contains("Final answer: 42") && p.contains("You are s1, a tester."));
+    }
+}

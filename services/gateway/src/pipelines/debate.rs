@@ -1,0 +1,389 @@
+//! The `debate` pipeline: a problem set, every problem debated by the debate service (solve, peer
+//! review, refine, judge; RunDebateStream), its stage events relayed as `debate_stage` events with
+//! the problem's id, one checkpoint per problem (a restarted gateway never redoes a finished
+//! problem), then the aggregates: accuracy against the references, consensus and changed-answer
+//! rates, tokens and calls.
+//!
+//! With `baselines`, every problem is also answered without debate by the first solver's model:
+//! single model (its first sample) and self-consistency (the majority answer, after normalisation,
+//! over as many samples as the debate made model calls for the problem). Samples come from Solve
+//! calls whose three solvers are all the first solver (the debate service's Solve takes exactly
+//! three solvers), so a problem's baselines cost `3 * ceil(samples / 3)` model calls.
+
+use std::collections::HashSet;
+
+use assay_domain::debate::{
+    self as dd, Debate, DebateEvent, DebateOutcome, DebateRequest, RefinedSolution, SolveRequest, Solver,
+};
+use assay_domain::limits::{MAX_ID_BYTES, MAX_RECORDS};
+use assay_domain::{ModelSpec, StageError, Usage, Violations};
+use assay_proto::convert;
+use assay_proto::gateway::v1 as gw;
+use assay_proto::gateway::v1::run_event::Event;
+use futures::StreamExt;
+use tokio::sync::mpsc;
+
+use super::stages::Stages;
+use crate::engine::{Pipeline, RunCtx, RunOutcome};
+
+/// Checkpoint key prefix of the finished problems.
+const PROBLEM: &str = "debate:problem:";
+/// Most problems debated at once.
+pub const MAX_CONCURRENCY: u32 = 64;
+/// Longest reference answer, bytes.
+const MAX_REFERENCE_BYTES: usize = dd::MAX_ARTIFACT_TEXT_BYTES;
+
+/// One problem of the set.
+#[derive(Debug, Clone)]
+struct Problem {
+    id: String,
+    problem: String,
+    reference: Option<String>,
+}
+
+/// A parsed debate run.
+pub struct DebatePipeline {
+    problems: Vec<Problem>,
+    /// Filled: three solvers (the defaults when none were given).
+    solvers: Vec<Solver>,
+    judge_model: ModelSpec,
+    rounds: u32,
+    early_stop: bool,
+    baselines: bool,
+    /// Problems at once (the caller's, else the gateway's, at most [`MAX_CONCURRENCY`]).
+    concurrency: usize,
+    stages: Stages,
+}
+
+impl DebatePipeline {
+    /// Parse and validate (fields named `pipeline.*`).
+    pub fn parse(p: gw::DebatePipeline, stages: Stages) -> Result<Self, StageError> {
+        let gw::DebatePipeline {
+            problems,
+            solvers,
+            judge_model,
+            rounds,
+            early_stop_on_agreement,
+            baselines,
+            concurrency,
+        } = p;
+        let mut v = Violations::new();
+        if concurrency > MAX_CONCURRENCY {
+            v.push("pipeline.concurrency", format!("is {concurrency}; the limit is {MAX_CONCURRENCY}"));
+        }
+        if problems.is_empty() {
+            v.push("pipeline.problems", "must not be empty");
+        }
+        if problems.len() > MAX_RECORDS {
+            v.push("pipeline.problems", format!("has {} problems; the limit is {MAX_RECORDS}", problems.len()));
+        }
+        let solvers: Vec<Solver> = solvers
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| convert::debate::solver(s, &format!("pipeline.solvers[{i}]"), &mut v))
+            .collect();
+        dd::check_solvers(&solvers, "pipeline", &mut v);
+        let judge_model = convert::model_spec(judge_model, "pipeline.judge_model", &mut v);
+        let rounds = rounds.unwrap_or(dd::DEFAULT_ROUNDS);
+        if rounds == 0 || rounds > dd::MAX_ROUNDS {
+            v.push("pipeline.rounds", format!("must be between 1 and {} (got {rounds})", dd::MAX_ROUNDS));
+        }
+        let mut ids = HashSet::new();
+        let problems: Vec<Problem> = problems
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let f = format!("pipeline.problems[{i}]");
+                let gw::DebateProblem { id, problem, reference } = p;
+                let id = if id.trim().is_empty() { format!("p{}", i + 1) } else { id };
+                if id.len() > MAX_ID_BYTES {
+                    v.push(format!("{f}.id"), format!("is {} bytes; the limit is {MAX_ID_BYTES}", id.len()));
+                } else if !ids.insert(id.clone()) {
+                    v.push(format!("{f}.id"), format!("duplicate id {id:?}"));
+                }
+                dd::check_problem(&problem, &f, &mut v);
+                if let Some(r) = &reference {
+                    if dd::normalize_answer(r).is_empty() {
+                        v.push(format!("{f}.reference"), "has no letter or digit to compare answers with");
+                    } else if r.len() > MAX_REFERENCE_BYTES {
+                        v.push(
+                            format!("{f}.reference"),
+                            format!("is {} bytes; the limit is {MAX_REFERENCE_BYTES}", r.len()),
+                        );
+                    }
+                }
+                Problem { id, problem, reference }
+            })
+            .collect();
+        v.into_result()?;
+        stages.debate()?;
+        let concurrency = if concurrency > 0 { concurrency as usize } else { stages.concurrency };
+        Ok(Self {
+            problems,
+            solvers: dd::solvers_or_default(solvers, &[]),
+            judge_model,
+            rounds,
+            early_stop: early_stop_on_agreement,
+            baselines,
+            concurrency: concurrency.clamp(1, MAX_CONCURRENCY as usize),
+            stages,
+        })
+    }
+
+    /// Debate problem `i` (then its baselines), relaying the debate's stage events.
+    async fn solve_one(&self, ctx: &RunCtx, i: usize) -> Result<gw::DebateProblemResult, StageError> {
+        let p = &self.problems[i];
+        let debate = self.stages.debate()?;
+        let request = DebateRequest {
+            problem: p.problem.clone(),
+            solvers: self.solvers.clone(),
+            judge_model: self.judge_model.clone(),
+            rounds: self.rounds,
+            early_stop_on_agreement: self.early_stop,
+        };
+        let (tx, mut rx) = mpsc::unbounded_channel::<DebateEvent>();
+        let sink = move |e: DebateEvent| {
+            let _ = tx.send(e);
+        };
+        let call = debate.run_debate(request, &sink);
+        tokio::pin!(call);
+        let outcome: DebateOutcome = loop {
+            tokio::select! {
+                biased;
+                out = &mut call => {
+                    while let Ok(e) = rx.try_recv() {
+                        self.relay(ctx, i, &e).await?;
+                    }
+                    break out?;
+                }
+                Some(e) = rx.recv() => self.relay(ctx, i, &e).await?,
+            }
+        };
+        ctx.add_usage(&outcome.usage);
+        for m in outcome.solutions.iter().filter_map(|s| s.model.as_ref()) {
+            ctx.add_model(m);
+        }
+        if let Some(m) = outcome.judgment.as_ref().and_then(|j| j.model.as_ref()) {
+            ctx.add_model(m);
+        }
+        let baselines = if self.baselines {
+            let samples = (outcome.usage.calls + outcome.usage.cache_hits).max(1) as usize;
+            let b = self.baselines_of(debate.as_ref(), p, samples).await?;
+            ctx.add_usage(&convert::usage_from(b.usage));
+            Some(b)
+        } else {
+            None
+        };
+        let reference = p.reference.clone().unwrap_or_default();
+        let debate = convert::debate::run_debate_response_to(&outcome);
+        Ok(gw::DebateProblemResult {
+            index: i as u32,
+            id: p.id.clone(),
+            final_answer: outcome.final_answer.clone(),
+            correct: p.reference.as_deref().map(|r| is_correct(&outcome.final_answer, r)),
+            consensus: outcome.consensus,
+            answers_changed: outcome.answers_changed,
+            decided_by: debate.decided_by,
+            debate: Some(debate),
+            baselines,
+            error: String::new(),
+            reference,
+        })
+    }
+
+    /// Single-model and self-consistency answers from `samples` samples of the first solver.
+    async fn baselines_of(
+        &self,
+        debate: &dyn Debate,
+        p: &Problem,
+        samples: usize,
+    ) -> Result<gw::DebateBaselines, StageError> {
+        let first = &self.solvers[0];
+        let calls = samples.div_ceil(dd::SOLVERS);
+        let requests: Vec<SolveRequest> = (0..calls)
+            .map(|c| SolveRequest {
+                problem: p.problem.clone(),
+                solvers: (0..dd::SOLVERS)
+                    .map(|k| {
+                        let n = c * dd::SOLVERS + k;
+                        let mut model = first.model.clone();
+                        // A seeded model would give every sample the same answer (and one cache entry).
+                        model.seed = model.seed.map(|s| s.wrapping_add(n as u64));
+                        Solver { id: format!("baseline_{}", n + 1), persona: first.persona.clone(), model }
+                    })
+                    .collect(),
+            })
+            .collect();
+        let outcomes = futures::future::try_join_all(requests.into_iter().map(|r| debate.solve(r))).await?;
+        let mut usage = Usage::default();
+        let mut answers: Vec<RefinedSolution> = Vec::new();
+        for o in outcomes {
+            usage.add(&o.usage);
+            answers.extend(o.solutions.into_iter().map(|s| RefinedSolution {
+                solver_id: s.solver_id,
+                final_answer: s.final_answer,
+                confidence: s.confidence,
+                ..RefinedSolution::default()
+            }));
+        }
+        answers.truncate(samples);
+        let single = answers.first().map(|a| a.final_answer.clone()).unwrap_or_default();
+        let vote = dd::majority_vote(&answers);
+        let (majority, votes) = vote.map(|v| (v.answer, v.votes as u32)).unwrap_or_default();
+        let grade = |a: &str| p.reference.as_deref().map(|r| is_correct(a, r));
+        Ok(gw::DebateBaselines {
+            single_model_correct: grade(&single),
+            single_model_answer: single,
+            self_consistency_correct: grade(&majority),
+            self_consistency_answer: majority,
+            samples: answers.len() as u32,
+            votes,
+            sample_answers: answers.into_iter().map(|a| a.final_answer).collect(),
+            usage: Some(convert::usage_to(&usage)),
+        })
+    }
+
+    async fn relay(&self, ctx: &RunCtx, i: usize, e: &DebateEvent) -> Result<(), StageError> {
+        ctx.emit(Event::DebateStage(gw::DebateStageEvent {
+            index: i as u32,
+            problem_id: self.problems[i].id.clone(),
+            stage: Some(convert::debate::stage_completed_to(e)),
+        }))
+        .await
+    }
+
+    fn failed(&self, i: usize, error: String) -> gw::DebateProblemResult {
+        let p = &self.problems[i];
+        gw::DebateProblemResult {
+            index: i as u32,
+            id: p.id.clone(),
+            reference: p.reference.clone().unwrap_or_default(),
+            error,
+            ..Default::default()
+        }
+    }
+
+    /// The run's end: the stored problems in order, aggregated.
+    async fn finish(&self, ctx: &RunCtx, cancelled: bool) -> Result<RunOutcome, StageError> {
+        let problems: Vec<gw::DebateProblemResult> =
+            ctx.checkpoints::<gw::DebateProblemResult>(PROBLEM).await?.into_iter().map(|(_, r)| r).collect();
+        let failed = problems.iter().filter(|r| !r.error.is_empty()).count();
+        let state = if cancelled {
+            gw::RunState::Cancelled
+        } else if failed == 0 {
+            gw::RunState::Succeeded
+        } else if failed == self.problems.len() {
+            gw::RunState::Failed
+        } else {
+            gw::RunState::Partial
+        };
+        let result = aggregate(problems, self.problems.len());
+        Ok(RunOutcome { state, result: Some(gw::run_result::Result::Debate(result)) })
+    }
+}
+
+/// Whether `answer` equals `reference` after normalisation.
+fn is_correct(answer: &str, reference: &str) -> bool {
+    let r = dd::normalize_answer(reference);
+    !r.is_empty() && dd::normalize_answer(answer) == r
+}
+
+fn rate(n: usize, of: usize) -> f64 {
+    if of == 0 { 0.0 } else { n as f64 / of as f64 }
+}
+
+/// The run's result from its problems' results (any order; sorted by index).
+pub fn aggregate(mut problems: Vec<gw::DebateProblemResult>, total: usize) -> gw::DebateRunResult {
+    problems.sort_by_key(|p| p.index);
+    let ok: Vec<&gw::DebateProblemResult> = problems.iter().filter(|p| p.error.is_empty()).collect();
+    let graded: Vec<&&gw::DebateProblemResult> = ok.iter().filter(|p| p.correct.is_some()).collect();
+    let correct = graded.iter().filter(|p| p.correct == Some(true)).count();
+    let mut debate_usage = Usage::default();
+    let mut baseline_usage = Usage::default();
+    for p in &ok {
+        debate_usage.add(&convert::usage_from(p.debate.as_ref().and_then(|d| d.usage)));
+        baseline_usage.add(&convert::usage_from(p.baselines.as_ref().and_then(|b| b.usage)));
+    }
+    let with_baselines: Vec<&gw::DebateBaselines> = graded.iter().filter_map(|p| p.baselines.as_ref()).collect();
+    let baseline_rate = |hit: fn(&gw::DebateBaselines) -> bool| {
+        (!with_baselines.is_empty())
+            .then(|| rate(with_baselines.iter().filter(|b| hit(b)).count(), with_baselines.len()))
+    };
+    gw::DebateRunResult {
+        problems_total: total as u32,
+        problems_failed: (problems.len() - ok.len()) as u32,
+        graded: graded.len() as u32,
+        correct: correct as u32,
+        accuracy: (!graded.is_empty()).then(|| rate(correct, graded.len())),
+        consensus_rate: rate(ok.iter().filter(|p| p.consensus).count(), ok.len()),
+        changed_rate: rate(ok.iter().filter(|p| p.answers_changed).count(), ok.len()),
+        tokens: debate_usage.prompt_tokens + debate_usage.completion_tokens,
+        calls: debate_usage.calls,
+        single_model_accuracy: baseline_rate(|b| b.single_model_correct == Some(true)),
+        self_consistency_accuracy: baseline_rate(|b| b.self_consistency_correct == Some(true)),
+        debate_usage: Some(convert::usage_to(&debate_usage)),
+        baseline_usage: Some(convert::usage_to(&baseline_usage)),
+        problems,
+    }
+}
+
+#[async_trait::async_trait]
+impl Pipeline for DebatePipeline {
+    fn kind(&self) -> gw::PipelineKind {
+        gw::PipelineKind::Debate
+    }
+
+    fn total(&self) -> u32 {
+        self.problems.len() as u32
+    }
+
+    async fn run(&self, ctx: &RunCtx) -> Result<RunOutcome, StageError> {
+        let done: HashSet<u32> =
+            ctx.checkpoints::<gw::DebateProblemResult>(PROBLEM).await?.iter().map(|(_, r)| r.index).collect();
+        ctx.set_done(done.len() as u32);
+        let todo: Vec<usize> = (0..self.problems.len()).filter(|i| !done.contains(&(*i as u32))).collect();
+        let mut work = futures::stream::iter(todo)
+            .map(|i| async move {
+                // Paused runs start no new problem; problems in flight finish.
+                ctx.gate().await?;
+                Ok::<_, StageError>((i, self.solve_one(ctx, i).await))
+            })
+            .buffer_unordered(self.concurrency);
+        loop {
+            tokio::select! {
+                next = work.next() => {
+                    let Some(next) = next else { break };
+                    let (i, solved) = match next {
+                        Ok(x) => x,
+                        Err(StageError::Cancelled(_)) if ctx.is_cancelled() => break,
+                        Err(e) => return Err(e),
+                    };
+                    let result = match solved {
+                        Ok(r) => r,
+                        Err(StageError::Cancelled(_)) if ctx.is_cancelled() => break,
+                        Err(e @ (StageError::InvalidArgument(_) | StageError::FailedPrecondition(_) | StageError::Unimplemented(_))) => {
+                            return Err(e.map_fields(|f| {
+                                if f.starts_with("problem") {
+                                    format!("pipeline.problems[{i}].{f}")
+                                } else {
+                                    format!("pipeline.{f}")
+                                }
+                            }));
+                        }
+                        Err(e) => self.failed(i, e.to_string()),
+                    };
+                    ctx.checkpoint(&problem_key(i), &result).await?;
+                    ctx.add_done();
+                    ctx.emit(Event::DebateProblemDone(result)).await?;
+                }
+                () = ctx.cancelled() => break,
+            }
+        }
+        drop(work);
+        self.finish(ctx, ctx.is_cancelled()).await
+    }
+}
+
+fn problem_key(i: usize) -> String {
+    format!("{PROBLEM}{i:08}")
+}

@@ -1,0 +1,404 @@
+//! Self-refine (REFERENCE section 5; the loop, guard and error rules are documented on
+//! [`assay_domain::self_refine`]). The refiner model answers with a `<critique>` block and a
+//! `<revised>` block; parsing is tolerant: without a `<revised>` block the whole reply (minus a
+//! critique block) is the revision, and the pass says so (`revised_block_missing`).
+//!
+//! Convergence is the shared cascade of [`assay_domain::similarity`] (char -> Jaccard ->
+//! embedding), held by the core for the service's lifetime so its embedding cache and breaker
+//! carry across requests, exactly as the delta judge's CompareTexts uses it.
+
+use assay_domain::self_refine::{
+    OriginalSimilarity, ROLLBACK_RATIO, SELF_REFINE_PHASE, SelfRefineOutcome, SelfRefinePass, SelfRefinePassEvent,
+    SelfRefineRequest, SelfRefiner, StopReason,
+};
+use assay_domain::similarity::{DecidedBy, EmbeddingSource, jaccard};
+use assay_domain::template::{render, template_sha256};
+use assay_domain::{EventSink, ResolvedChat, StageError, Usage};
+use assay_llm::{FinishReason, Message, ResponseFormat};
+
+use super::ChecklistRefiners;
+use super::base::chat_request;
+
+/// The refiner's rules (system message).
+pub const SYSTEM_TEMPLATE: &str = include_str!("../../prompts/self_refine_system.txt");
+/// The task and the draft (user message).
+pub const USER_TEMPLATE: &str = include_str!("../../prompts/self_refine.txt");
+/// Completion tokens a reply may use at most unless the phase or the caller sets its own.
+const MAX_REPLY_TOKENS: usize = 16_384;
+/// Room for the critique on top of the revision.
+const CRITIQUE_TOKENS: usize = 512;
+/// Slack for threshold comparisons.
+const EPS: f64 = 1e-9;
+
+/// sha256 of the prompt (system template, a NUL, user template) for the model record.
+pub fn prompt_sha256() -> String {
+    template_sha256(&format!("{SYSTEM_TEMPLATE}\u{0}{USER_TEMPLATE}"))
+}
+
+/// A reply split into its parts.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ParsedReply {
+    pub critique: Vec<String>,
+    pub revised: String,
+    /// No `<revised>` block: `revised` is the whole reply without its critique block.
+    pub revised_block_missing: bool,
+}
+
+/// Byte range of the body of the first `<tag>` block: from after `<tag>` to `</tag>`, or to
+/// `stop` (another block opening) or the end when the block is not closed; and the end of the
+/// whole block. Tags match case-insensitively.
+fn block(text: &str, tag: &str, stop: Option<&str>) -> Option<(usize, usize, usize, usize)> {
+    let lower = text.to_ascii_lowercase();
+    let open = format!("<{tag}>");
+    let close = format!("</{tag}>");
+    let start = lower.find(&open)?;
+    let body = start + open.len();
+    let rest = &lower[body..];
+    let (end, block_end) = match rest.find(&close) {
+        Some(i) => (body + i, body + i + close.len()),
+        None => {
+            let i = stop.and_then(|s| rest.find(&format!("<{s}>"))).unwrap_or(rest.len());
+            (body + i, body + i)
+        }
+    };
+    Some((start, body, end, block_end))
+}
+
+/// Blank lines around a block body removed (indentation of the first line kept).
+fn trim_block(s: &str) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    let first = lines.iter().position(|l| !l.trim().is_empty());
+    let last = lines.iter().rposition(|l| !l.trim().is_empty());
+    match (first, last) {
+        (Some(a), Some(b)) => lines[a..=b].join("\n").trim_end().to_string(),
+        _ => String::new(),
+    }
+}
+
+/// Whether a line starts a new critique item, and the line without its bullet marker.
+fn bullet(line: &str) -> (bool, &str) {
+    for marker in ["- ", "* ", "+ ", "• ", "– "] {
+        if let Some(rest) = line.strip_prefix(marker) {
+            return (true, rest.trim());
+        }
+    }
+    let digits = line.chars().take_while(char::is_ascii_digit).count();
+    if digits > 0 && digits <= 3 {
+        let rest = &line[digits..];
+        if let Some(r) = rest.strip_prefix(". ").or_else(|| rest.strip_prefix(") ")) {
+            return (true, r.trim());
+        }
+    }
+    (false, line)
+}
+
+/// Critique items: one per bullet (`-`, `*`, `+`, `•`, `1.`, `1)`); a line without a bullet
+/// continues the item before it (or starts one when there is none).
+pub fn critique_items(body: &str) -> Vec<String> {
+    let mut items: Vec<String> = Vec::new();
+    for line in body.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        let (new_item, text) = bullet(line);
+        if text.is_empty() {
+            continue;
+        }
+        match items.last_mut() {
+            Some(last) if !new_item => {
+                last.push(' ');
+                last.push_str(text);
+            }
+            _ => items.push(text.to_string()),
+        }
+    }
+    items
+}
+
+/// A revision without the prompt's own draft delimiters, when the model copied them around it.
+fn strip_delimiters(revised: String) -> String {
+    let t = revised.strip_prefix("<<<").unwrap_or(&revised);
+    let t = t.strip_suffix(">>>").unwrap_or(t);
+    if t.len() == revised.len() { revised } else { trim_block(t) }
+}
+
+/// Split a refiner reply. Tolerant: a missing `</revised>` runs to the end of the reply, a missing
+/// `<revised>` makes the whole reply (without its critique block) the revision, and the prompt's
+/// `<<<` / `>>>` draft delimiters copied around the revision are dropped.
+pub fn parse_reply(reply: &str) -> ParsedReply {
+    let critique_block = block(reply, "critique", Some("revised"));
+    let critique = critique_block.map(|(_, b, e, _)| critique_items(&reply[b..e])).unwrap_or_default();
+    match block(reply, "revised", None) {
+        Some((_, b, e, _)) => {
+            ParsedReply { critique, revised: strip_delimiters(trim_block(&reply[b..e])), revised_block_missing: false }
+        }
+        None => {
+            let without = match critique_block {
+                Some((s, _, _, end)) => format!("{}{}", &reply[..s], &reply[end..]),
+                None => reply.to_string(),
+            };
+            ParsedReply { critique, revised: strip_delimiters(trim_block(&without)), revised_block_missing: true }
+        }
+    }
+}
+
+/// One kept revision's similarity to the original, by both measures the guard may use.
+#[derive(Debug, Clone, Copy)]
+struct GuardPoint {
+    jaccard: f64,
+    cosine: Option<f64>,
+}
+
+/// The regression guard's measurement of `revised` against `original`, given the revisions kept so
+/// far. Cosine when both this revision and every kept one have it (the same measure throughout),
+/// else Jaccard; the threshold is [`ROLLBACK_RATIO`] x the best kept similarity in that measure.
+fn guard(point: GuardPoint, embedding_error: &str, kept: &[GuardPoint]) -> OriginalSimilarity {
+    let by_cosine = point.cosine.filter(|_| kept.iter().all(|k| k.cosine.is_some()));
+    let (similarity, measure, best, degraded_reason) = match by_cosine {
+        Some(c) => (c, DecidedBy::Embedding, kept.iter().filter_map(|k| k.cosine).reduce(f64::max), String::new()),
+        None => {
+            let reason = if point.cosine.is_none() {
+                embedding_error.to_string()
+            } else {
+                "embeddings were unavailable for an earlier revision".to_string()
+            };
+            (point.jaccard, DecidedBy::Jaccard, kept.iter().map(|k| k.jaccard).reduce(f64::max), reason)
+        }
+    };
+    OriginalSimilarity { similarity, measure, threshold: best.map(|b| ROLLBACK_RATIO * b), degraded_reason }
+}
+
+/// Completion tokens for one reply: the draft again with room to grow, plus the critique.
+fn reply_tokens(draft: &str) -> u32 {
+    (draft.chars().count() / 4 * 3 / 2 + CRITIQUE_TOKENS).min(MAX_REPLY_TOKENS) as u32
+}
+
+/// What the loop needs, resolved before any model call.
+struct Prepared {
+    chat: ResolvedChat,
+    embeddings: Result<EmbeddingSource, String>,
+}
+
+impl ChecklistRefiners {
+    /// Validate a self-refine request and resolve its models, with no model call: everything that
+    /// makes it INVALID_ARGUMENT fails here.
+    fn prepare_self_refine(&self, r: &SelfRefineRequest) -> Result<Prepared, StageError> {
+        r.validate()?;
+        let chat = self.hub.chat(SELF_REFINE_PHASE, &r.model, "model")?;
+        let embeddings = match self.hub.embedding(SELF_REFINE_PHASE, &r.embedding_model, "embedding_model") {
+            Ok((model, settings)) => Ok(EmbeddingSource { model, model_name: settings.model, deadline: None }),
+            // A backend the caller named must exist; a missing configured one only degrades.
+            Err(e) if r.embedding_model.backend.is_some() => return Err(e),
+            Err(e) => Err(format!("no embedding backend: {e}")),
+        };
+        Ok(Prepared { chat, embeddings })
+    }
+
+    /// Check a self-refine request as the service would, with no model call (the streaming
+    /// handler fails the call itself, before the stream starts).
+    pub fn check_self_refine(&self, r: &SelfRefineRequest) -> Result<(), StageError> {
+        self.prepare_self_refine(r).map(|_| ())
+    }
+
+    /// Run self-refine; `events` hears of each pass as it finishes.
+    pub async fn run_self_refine(
+        &self,
+        r: SelfRefineRequest,
+        events: EventSink<'_, SelfRefinePassEvent>,
+    ) -> Result<SelfRefineOutcome, StageError> {
+        let Prepared { chat, embeddings } = self.prepare_self_refine(&r)?;
+        if r.too_short() {
+            tracing::debug!(bytes = r.draft.len(), min_bytes = r.min_bytes, "self-refine skipped a short draft");
+            return Ok(SelfRefineOutcome {
+                final_text: r.draft,
+                skipped_too_short: true,
+                stop_reason: StopReason::TooShort,
+                ..Default::default()
+            });
+        }
+        let embeddings = embeddings.as_ref().map_err(String::clone);
+        let max_tokens = reply_tokens(&r.draft);
+        let probe = chat_request(&chat, &r.model, String::new(), ResponseFormat::Text, max_tokens);
+        let model = chat.record(SELF_REFINE_PHASE, probe.max_tokens.unwrap_or(max_tokens), prompt_sha256(), false);
+        let instruction = if r.instruction.trim().is_empty() {
+            "(not given: improve the draft on its own terms)"
+        } else {
+            r.instruction.trim()
+        };
+        // The regression guard runs only when more than one pass may run.
+        let guarded = r.max_passes > 1;
+        let mut current = r.draft.clone();
+        let mut kept: Vec<GuardPoint> = Vec::new();
+        let mut passes: Vec<SelfRefinePass> = Vec::new();
+        let mut usage = Usage::default();
+        let mut stop_reason = StopReason::MaxPasses;
+        for n in 1..=r.max_passes {
+            let prompt = render(USER_TEMPLATE, &[("instruction", instruction), ("draft", &current)]);
+            let mut req = chat_request(&chat, &r.model, prompt, ResponseFormat::Text, max_tokens);
+            req.messages.insert(0, Message::system(SYSTEM_TEMPLATE));
+            let mut pass = SelfRefinePass { pass: n, ..Default::default() };
+            let reply = match chat.model.chat(req).await {
+                Ok(reply) => reply,
+                // Nothing refined and nothing to report but the backend's failure: the caller
+                // gets that failure (UNAVAILABLE, RESOURCE_EXHAUSTED, ...), not its draft back.
+                Err(e) if passes.is_empty() => return Err(e.into()),
+                Err(e) => {
+                    pass.error = StageError::from(e).to_string();
+                    stop_reason = StopReason::RefinerError;
+                    events(SelfRefinePassEvent::PassFinished(pass.clone()));
+                    passes.push(pass);
+                    break;
+                }
+            };
+            usage.add(&reply.usage);
+            pass.usage = reply.usage;
+            let parsed = parse_reply(&reply.text);
+            pass.critique = parsed.critique;
+            pass.revised_block_missing = parsed.revised_block_missing;
+            let unusable = if reply.finish_reason == FinishReason::Length {
+                Some(format!("the reply was cut at the token limit ({} tokens)", model.max_tokens))
+            } else if parsed.revised.trim().is_empty() {
+                Some("the reply has no revision (empty <revised> block or empty reply)".to_string())
+            } else {
+                None
+            };
+            pass.revised = parsed.revised;
+            if let Some(why) = unusable {
+                pass.error = why;
+                stop_reason = StopReason::RefinerError;
+                events(SelfRefinePassEvent::PassFinished(pass.clone()));
+                passes.push(pass);
+                break;
+            }
+            let mut comparison = self.cascade.compare(&current, &pass.revised, r.mode, embeddings.clone()).await;
+            // The guard needs pass 1's figures only when a pass 2 may follow.
+            let point = if guarded && !(n == 1 && comparison.converged) {
+                let cosine = self.cascade.embedding_cosine(&r.draft, &pass.revised, embeddings.clone()).await;
+                let (cosine, embedding_error) = match cosine {
+                    Ok((c, _)) => (Some(c), String::new()),
+                    Err(reason) => (None, reason),
+                };
+                let point = GuardPoint { jaccard: jaccard(&r.draft, &pass.revised).similarity, cosine };
+                pass.original_similarity = Some(guard(point, &embedding_error, &kept));
+                Some(point)
+            } else {
+                None
+            };
+            pass.rolled_back =
+                pass.original_similarity.as_ref().is_some_and(|g| g.threshold.is_some_and(|t| g.similarity < t - EPS));
+            if pass.rolled_back {
+                // A discarded revision never counts as converged.
+                comparison.converged = false;
+                stop_reason = StopReason::RolledBack;
+            } else {
+                current = pass.revised.clone();
+                kept.extend(point);
+                pass.converged = comparison.converged;
+                if pass.converged {
+                    stop_reason = StopReason::Converged;
+                }
+            }
+            pass.comparison = Some(comparison);
+            events(SelfRefinePassEvent::PassFinished(pass.clone()));
+            let stop = pass.rolled_back || pass.converged;
+            passes.push(pass);
+            if stop {
+                break;
+            }
+        }
+        let degraded_from = passes.iter().find_map(|p| p.degraded_from().map(str::to_string));
+        let outcome = SelfRefineOutcome {
+            changed: current != r.draft,
+            final_text: current,
+            converged: stop_reason == StopReason::Converged,
+            skipped_too_short: false,
+            rolled_back: passes.iter().any(|p| p.rolled_back),
+            degraded_from,
+            stop_reason,
+            passes,
+            usage,
+            model,
+        };
+        tracing::info!(
+            passes = outcome.passes.len(),
+            converged = outcome.converged,
+            rolled_back = outcome.rolled_back,
+            degraded = outcome.degraded_from.is_some(),
+            stop = ?outcome.stop_reason,
+            "self-refine finished"
+        );
+        Ok(outcome)
+    }
+}
+
+#[async_trait::async_trait]
+impl SelfRefiner for ChecklistRefiners {
+    async fn self_refine(
+        &self,
+        request: SelfRefineRequest,
+        events: EventSink<'_, SelfRefinePassEvent>,
+    ) -> Result<SelfRefineOutcome, StageError> {
+        self.run_self_refine(request, events).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_protocol_is_parsed() {
+        let p = parse_reply(
+            "<critique>\n- Vague: no example.\n- Unsupported claim\n  about speed.\n1. Third\n</critique>\n\n<revised>\n\n# Title\n\n  code line\nEnd.  \n</revised>",
+        );
+        assert_eq!(p.critique, vec!["Vague: no example.", "Unsupported claim about speed.", "Third"]);
+        assert_eq!(p.revised, "# Title\n\n  code line\nEnd.");
+        assert!(!p.revised_block_missing);
+        let p = parse_reply("<CRITIQUE>no material issues</CRITIQUE><Revised>Same text.</Revised>");
+        assert_eq!((p.critique, p.revised.as_str()), (vec!["no material issues".to_string()], "Same text."));
+    }
+
+    #[test]
+    fn parsing_is_tolerant() {
+        // No <revised>: the whole reply is the revision, without the critique block.
+        let p = parse_reply("<critique>\n- too long\n</critique>\nA shorter text.");
+        assert_eq!((p.revised.as_str(), p.revised_block_missing), ("A shorter text.", true));
+        assert_eq!(p.critique, vec!["too long"]);
+        let p = parse_reply("Just the new text.\nTwo lines.");
+        assert_eq!(
+            (p.revised.as_str(), p.critique.len(), p.revised_block_missing),
+            ("Just the new text.\nTwo lines.", 0, true)
+        );
+        // Unclosed blocks run to the next block or the end.
+        let p = parse_reply("<critique>\n* one\n<revised>\nNew text");
+        assert_eq!((p.critique, p.revised.as_str()), (vec!["one".to_string()], "New text"));
+        assert_eq!(parse_reply("<critique>x</critique><revised>\n \n</revised>").revised, "");
+        // The prompt's delimiters copied around the revision.
+        assert_eq!(parse_reply("<revised>\n<<<\nNew text\n>>>\n</revised>").revised, "New text");
+        assert_eq!(parse_reply("<<<\nNew text\n>>>").revised, "New text");
+    }
+
+    #[test]
+    fn the_guard_uses_one_measure_throughout() {
+        let kept = [GuardPoint { jaccard: 0.8, cosine: Some(0.95) }];
+        let g = guard(GuardPoint { jaccard: 0.2, cosine: Some(0.5) }, "", &kept);
+        assert_eq!((g.measure, g.similarity), (DecidedBy::Embedding, 0.5));
+        assert!((g.threshold.unwrap() - 0.85 * 0.95).abs() < 1e-12);
+        // No cosine for this revision: Jaccard against the kept revisions' Jaccard.
+        let g = guard(GuardPoint { jaccard: 0.7, cosine: None }, "embedding circuit breaker is open", &kept);
+        assert_eq!((g.measure, g.similarity), (DecidedBy::Jaccard, 0.7));
+        assert!((g.threshold.unwrap() - 0.85 * 0.8).abs() < 1e-12);
+        assert_eq!(g.degraded_reason, "embedding circuit breaker is open");
+        // A kept revision without a cosine forces Jaccard too.
+        let mixed = [GuardPoint { jaccard: 0.9, cosine: None }, GuardPoint { jaccard: 0.6, cosine: Some(0.9) }];
+        let g = guard(GuardPoint { jaccard: 0.8, cosine: Some(0.99) }, "", &mixed);
+        assert_eq!((g.measure, g.similarity), (DecidedBy::Jaccard, 0.8));
+        assert!(g.degraded_reason.contains("earlier revision"));
+        // Pass 1: nothing kept, no threshold.
+        assert_eq!(guard(GuardPoint { jaccard: 0.5, cosine: Some(0.9) }, "", &[]).threshold, None);
+    }
+
+    #[test]
+    fn reply_tokens_grow_with_the_draft_and_are_capped() {
+        assert_eq!(reply_tokens(""), 512);
+        assert_eq!(reply_tokens(&"x".repeat(4_000)), 1_500 + 512);
+        assert_eq!(reply_tokens(&"x".repeat(200_000)), 16_384);
+    }
+}

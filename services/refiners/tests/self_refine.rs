@@ -1,0 +1,598 @@
+//! SelfRefine and SelfRefineStream over real gRPC on port 0, against the scripted OpenAI-compatible
+//! backend: chat replies come from a per-test script, embeddings from a table of vectors chosen per
+//! text (so every cascade level and the regression guard are driven exactly), and the cascade runs
+//! on a manual clock (the breaker's cooldown passes without sleeping).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use assay_domain::ModelHub;
+use assay_domain::self_refine::{SelfRefinePassEvent, SelfRefiner};
+use assay_domain::similarity::{BREAKER_COOLDOWN, BreakerState, Cascade, ManualClock, char_similarity, jaccard};
+use assay_llm::OpenAiConfig;
+use assay_proto::common::v1 as pb;
+use assay_proto::refiners::v1::refiners_service_client::RefinersServiceClient;
+use assay_proto::refiners::v1::self_refine_stream_response::Event;
+use assay_proto::refiners::v1::{
+    ConvergenceMode, SelfRefineRequest, SelfRefineResponse, SelfRefineStopReason, SelfRefineStreamRequest,
+};
+use assay_refiners::ChecklistRefiners;
+use assay_testkit::{Gate, RecordedRequest, Reply, ScriptedLlm, TestServer};
+use tonic::Code;
+use tonic::transport::Channel;
+use tonic_types::StatusExt;
+
+/// What the scripted backend answers: chat replies in order, embeddings by exact text.
+#[derive(Default)]
+struct Script {
+    chat: Mutex<VecDeque<Reply>>,
+    vectors: Mutex<HashMap<String, Vec<f32>>>,
+    embeddings_down: AtomicBool,
+}
+
+impl Script {
+    fn reply(&self, r: &RecordedRequest) -> Reply {
+        if r.is_embeddings() {
+            if self.embeddings_down.load(Ordering::SeqCst) {
+                return Reply::status(503);
+            }
+            let table = self.vectors.lock().unwrap();
+            let mut out = Vec::new();
+            for text in r.embedding_inputs() {
+                match table.get(&text) {
+                    Some(v) => out.push(v.clone()),
+                    // A text the test did not plan for: a loud, deterministic refusal.
+                    None => return Reply::status(400).body(format!("no vector scripted for {text:?}")),
+                }
+            }
+            return Reply::embeddings(out);
+        }
+        self.chat.lock().unwrap().pop_front().unwrap_or_else(|| Reply::status(500).body("chat script exhausted"))
+    }
+}
+
+struct Harness {
+    llm: ScriptedLlm,
+    script: Arc<Script>,
+    clock: Arc<ManualClock>,
+    core: Arc<ChecklistRefiners>,
+    server: TestServer,
+}
+
+impl Harness {
+    async fn start() -> Self {
+        let llm = ScriptedLlm::start().await;
+        let script = Arc::new(Script::default());
+        let s = script.clone();
+        llm.set_handler(move |r: &RecordedRequest| s.reply(r));
+        let mut cfg = OpenAiConfig::new(llm.base_url());
+        cfg.default_model = "editor".into();
+        cfg.embedding_model = "embedder".into();
+        // One HTTP request per call, and the client's own breaker out of the way: the cascade's
+        // breaker is what is under test.
+        cfg.max_retries = 0;
+        cfg.breaker_failures = 1_000;
+        cfg.base_backoff = Duration::from_millis(5);
+        let hub = Arc::new(ModelHub::single_openai(cfg).unwrap());
+        let clock = Arc::new(ManualClock::new());
+        let core = Arc::new(ChecklistRefiners::new(hub).with_cascade(Cascade::with_clock(clock.clone())));
+        let server =
+            TestServer::start(assay_refiners::routes(core.clone()), &[assay_proto::service_names::REFINERS]).await;
+        Harness { llm, script, clock, core, server }
+    }
+
+    fn chat(&self, replies: impl IntoIterator<Item = Reply>) {
+        self.script.chat.lock().unwrap().extend(replies);
+    }
+
+    fn vector(&self, text: &str, v: [f32; 3]) {
+        self.script.vectors.lock().unwrap().insert(text.to_string(), v.to_vec());
+    }
+
+    fn embeddings_down(&self, down: bool) {
+        self.script.embeddings_down.store(down, Ordering::SeqCst);
+    }
+
+    async fn client(&self) -> RefinersServiceClient<Channel> {
+        RefinersServiceClient::new(self.server.channel().await)
+    }
+
+    fn chat_calls(&self) -> usize {
+        self.llm.requests().iter().filter(|r| r.is_chat()).count()
+    }
+
+    fn embedding_calls(&self) -> usize {
+        self.llm.requests().iter().filter(|r| r.is_embeddings()).count()
+    }
+
+    async fn refine(&self, request: SelfRefineRequest) -> SelfRefineResponse {
+        self.client().await.self_refine(request).await.unwrap().into_inner()
+    }
+}
+
+/// A unit vector at `cos` from [1, 0, 0] (in the x-y plane).
+fn at(cos: f32) -> [f32; 3] {
+    [cos, (1.0 - cos * cos).sqrt(), 0.0]
+}
+
+/// A unit vector at `cos` from [1, 0, 0], on the other side of the x axis from [`at`]: far from
+/// `at(c)` vectors while as close to [1, 0, 0].
+fn below(cos: f32) -> [f32; 3] {
+    [cos, -(1.0 - cos * cos).sqrt(), 0.0]
+}
+
+/// The next message of a stream, failing the test if none comes within 20 s.
+async fn next_event<T>(s: &mut tonic::Streaming<T>) -> Option<T> {
+    tokio::time::timeout(Duration::from_secs(20), s.message()).await.expect("an event in time").unwrap()
+}
+
+/// A reply in the protocol.
+fn reply(critique: &[&str], revised: &str) -> Reply {
+    let bullets: Vec<String> = critique.iter().map(|c| format!("- {c}")).collect();
+    Reply::text(format!("<critique>\n{}\n</critique>\n<revised>\n{revised}\n</revised>", bullets.join("\n")))
+        .usage(400, 120)
+}
+
+fn title_case(text: &str) -> String {
+    text.split(' ')
+        .map(|w| {
+            let mut c = w.chars();
+            c.next().map(|f| f.to_uppercase().chain(c).collect::<String>()).unwrap_or_default()
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// 300+ bytes, more than 30 distinct content words.
+const DRAFT: &str = "The HTTP client sends requests to remote services and returns their responses. \
+Create one client per process, reuse it across threads, and configure timeouts before sending anything. \
+Connection pooling keeps sockets open between calls, which saves handshakes; retries cover transient \
+failures such as resets or overloaded gateways.";
+
+/// A light rewrite of DRAFT: a few words changed.
+const EDIT: &str = "The HTTP client sends requests to remote servers and returns their replies. \
+Create one client per process, share it across threads, and configure timeouts before sending anything. \
+Connection pooling keeps sockets open between calls, which saves handshakes; retries cover transient \
+errors such as resets or overloaded gateways.";
+
+/// A second light rewrite, of EDIT.
+const EDIT2: &str = "The HTTP client sends requests to remote servers and returns their replies. \
+Build one client per process, share it across threads, and set timeouts before sending anything. \
+Connection pooling keeps sockets open between calls, which saves handshakes; retries cover transient \
+errors such as resets or overloaded gateways.";
+
+/// A revision that drifted to another subject.
+const DRIFT: &str = "Sourdough bread needs a lively starter, flour, water and salt. Mix, rest, fold \
+several times, shape the loaf, proof it overnight in the fridge, then bake it hot in a covered pot.";
+
+/// Under 30 distinct content words: Jaccard confidence stays under 0.6.
+const SHORT: &str = "Reuse one HTTP client per process, set timeouts before the first request, and let the \
+pool keep sockets open between calls.";
+
+fn request(draft: &str) -> SelfRefineRequest {
+    SelfRefineRequest {
+        draft: draft.into(),
+        instruction: "Explain how to use the HTTP client well.".into(),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn the_fixtures_sit_where_the_tests_need_them() {
+    let titled = title_case(DRAFT);
+    let c = char_similarity(DRAFT, &titled);
+    let j = jaccard(DRAFT, &titled);
+    assert!((0.3..0.99).contains(&c) && j.similarity == 1.0 && j.confidence >= 0.6, "{c} {j:?}");
+    for (a, b) in [(DRAFT, EDIT), (EDIT, EDIT2), (DRAFT, EDIT2)] {
+        let (c, j) = (char_similarity(a, b), jaccard(a, b));
+        assert!((0.3..0.99).contains(&c) && j.similarity < 0.95, "{c} {j:?}");
+    }
+    let j = jaccard(SHORT, &title_case(SHORT));
+    assert!(
+        j.similarity == 1.0 && j.confidence < 0.6 && (0.3..0.99).contains(&char_similarity(SHORT, &title_case(SHORT)))
+    );
+    assert!(DRAFT.len() >= 200 && SHORT.len() < 200);
+}
+
+#[tokio::test]
+async fn an_unchanged_revision_converges_by_characters_in_one_pass() {
+    let h = Harness::start().await;
+    h.chat([reply(&["no material issues"], DRAFT)]);
+    let out = h.refine(SelfRefineRequest { max_passes: Some(3), ..request(DRAFT) }).await;
+    assert_eq!(out.final_text, DRAFT);
+    assert!(out.converged && !out.changed && !out.rolled_back);
+    assert_eq!(out.stop_reason, SelfRefineStopReason::Converged as i32);
+    assert_eq!(out.passes.len(), 1);
+    let p = &out.passes[0];
+    assert_eq!((p.pass, p.decided_by.as_str(), p.char_similarity), (1, "char", 1.0));
+    assert_eq!(p.critique, vec!["no material issues"]);
+    assert!(p.converged && p.jaccard.is_none() && p.cosine.is_none() && !p.revised_block_missing);
+    // Converged on pass 1: no pass 2 to guard, so no guard figures and no embedding call.
+    assert_eq!((p.similarity_to_original, p.rollback_threshold), (None, None));
+    assert_eq!((h.chat_calls(), h.embedding_calls()), (1, 0));
+    let usage = out.usage.unwrap();
+    assert_eq!((usage.calls, usage.prompt_tokens, usage.completion_tokens), (1, 400, 120));
+}
+
+#[tokio::test]
+async fn the_same_words_reworded_converge_by_jaccard() {
+    let h = Harness::start().await;
+    let titled = title_case(DRAFT);
+    h.chat([reply(&["capitalise the words"], &titled)]);
+    let out = h.refine(request(DRAFT)).await;
+    assert!(out.converged && out.changed);
+    assert_eq!(out.final_text, titled);
+    let p = &out.passes[0];
+    assert_eq!((p.decided_by.as_str(), p.jaccard), ("jaccard", Some(1.0)));
+    assert!(p.jaccard_confidence.unwrap() >= 0.6 && p.cosine.is_none() && p.degraded_from.is_empty());
+    assert_eq!(p.similarity_to_original, None, "one pass: no guard, no embedding call");
+    assert_eq!(h.embedding_calls(), 0);
+}
+
+#[tokio::test]
+async fn a_paraphrase_converges_by_embedding_and_a_distant_one_does_not() {
+    let h = Harness::start().await;
+    h.vector(DRAFT, at(1.0));
+    h.vector(EDIT, at(0.95));
+    h.chat([reply(&["name the servers"], EDIT)]);
+    let out = h.refine(request(DRAFT)).await;
+    let p = &out.passes[0];
+    assert!(out.converged && p.converged, "{p:?}");
+    assert_eq!(p.decided_by, "embedding");
+    assert!((p.cosine.unwrap() - 0.95).abs() < 1e-6 && p.jaccard.unwrap() < 0.95);
+    assert!(!p.embedding_cached);
+    assert_eq!(out.final_text, EDIT);
+
+    // Same pair again: the vectors come from the cascade's cache, no embedding call.
+    let calls = h.embedding_calls();
+    h.chat([reply(&["name the servers"], EDIT)]);
+    let again = h.refine(request(DRAFT)).await;
+    assert!(again.passes[0].embedding_cached && again.converged);
+    assert_eq!(h.embedding_calls(), calls);
+
+    // Cosine under 0.92: not converged; with one pass the loop ends at max_passes, revision kept.
+    h.vector(EDIT2, at(0.80));
+    h.chat([reply(&["tighten"], EDIT2)]);
+    let out = h.refine(request(DRAFT)).await;
+    let p = &out.passes[0];
+    assert!(!out.converged && !p.converged && p.decided_by == "embedding", "{p:?}");
+    assert_eq!(out.stop_reason, SelfRefineStopReason::MaxPasses as i32);
+    assert_eq!(out.final_text, EDIT2, "an unconverged revision is still the refined text");
+}
+
+#[tokio::test]
+async fn without_embeddings_permissive_converges_by_jaccard_and_strict_refuses() {
+    let h = Harness::start().await;
+    h.embeddings_down(true);
+    let titled = title_case(SHORT);
+    let short = |mode: ConvergenceMode| SelfRefineRequest {
+        min_bytes: Some(0),
+        convergence_mode: mode as i32,
+        ..request(SHORT)
+    };
+    h.chat([reply(&["capitalise"], &titled)]);
+    let out = h.refine(short(ConvergenceMode::Unspecified)).await;
+    let p = &out.passes[0];
+    assert!(out.converged && p.converged && p.decided_by == "jaccard", "{p:?}");
+    assert_eq!(p.degraded_from, "embedding");
+    assert!(p.degraded_reason.contains("embedding call failed"), "{}", p.degraded_reason);
+    assert_eq!(out.degraded_from, "embedding");
+
+    h.chat([reply(&["capitalise"], &titled)]);
+    let out = h.refine(short(ConvergenceMode::Strict)).await;
+    let p = &out.passes[0];
+    assert!(!out.converged && !p.converged && p.degraded_from == "embedding", "{p:?}");
+    assert_eq!(out.stop_reason, SelfRefineStopReason::MaxPasses as i32);
+    assert_eq!(out.final_text, titled);
+}
+
+#[tokio::test]
+async fn the_breaker_opens_degrades_both_modes_and_closes_after_a_trial() {
+    let h = Harness::start().await;
+    h.embeddings_down(true);
+    let titled = title_case(SHORT);
+    // Strict, three passes alternating two spellings of the same words: never converges without
+    // embeddings. Pass 1's comparison and guard fail (2 calls), pass 2's comparison fails (3rd
+    // call: the breaker opens), nothing after that reaches the backend.
+    h.chat([reply(&["a"], &titled), reply(&["b"], SHORT), reply(&["c"], &titled)]);
+    let strict = SelfRefineRequest {
+        min_bytes: Some(0),
+        max_passes: Some(3),
+        convergence_mode: ConvergenceMode::Strict as i32,
+        ..request(SHORT)
+    };
+    let out = h.refine(strict.clone()).await;
+    assert_eq!(out.passes.len(), 3);
+    assert!(!out.converged && out.passes.iter().all(|p| p.degraded_from == "embedding" && !p.converged));
+    assert_eq!(h.embedding_calls(), 3);
+    assert_eq!(h.core.cascade().breaker_state(), BreakerState::Open);
+    let last = &out.passes[2];
+    assert!(last.degraded_reason.contains("breaker is open"), "{}", last.degraded_reason);
+    assert_eq!(last.similarity_measure, "jaccard", "the guard falls back to Jaccard");
+    assert!(last.similarity_degraded_reason.contains("breaker is open"));
+    assert!(out.passes.iter().all(|p| !p.rolled_back), "same words: the Jaccard guard holds");
+    assert_eq!(out.stop_reason, SelfRefineStopReason::MaxPasses as i32);
+
+    // Permissive while the breaker is open: no embedding call at all, converged by Jaccard.
+    h.chat([reply(&["a"], &titled)]);
+    let out = h.refine(SelfRefineRequest { min_bytes: Some(0), ..request(SHORT) }).await;
+    let p = &out.passes[0];
+    assert!(out.converged && p.decided_by == "jaccard" && p.degraded_reason.contains("breaker is open"), "{p:?}");
+    assert_eq!(h.embedding_calls(), 3);
+
+    // The backend recovers; once the cooldown has passed, one trial call closes the breaker.
+    h.embeddings_down(false);
+    h.vector(SHORT, at(1.0));
+    h.vector(&titled, at(0.99));
+    h.chat([reply(&["a"], &titled)]);
+    let still_open = h.refine(SelfRefineRequest { max_passes: Some(1), ..strict.clone() }).await;
+    assert!(!still_open.converged && h.embedding_calls() == 3, "still open before the cooldown");
+    h.clock.advance(BREAKER_COOLDOWN);
+    h.chat([reply(&["a"], &titled)]);
+    let out = h.refine(SelfRefineRequest { max_passes: Some(1), ..strict }).await;
+    let p = &out.passes[0];
+    assert!(out.converged && p.decided_by == "embedding" && p.degraded_from.is_empty(), "{p:?}");
+    assert_eq!(h.embedding_calls(), 4);
+    assert_eq!(h.core.cascade().breaker_state(), BreakerState::Closed);
+}
+
+#[tokio::test]
+async fn a_revision_that_drifts_from_the_original_is_rolled_back() {
+    let h = Harness::start().await;
+    h.vector(DRAFT, at(1.0));
+    h.vector(EDIT, at(0.90));
+    h.vector(DRIFT, [0.3, 0.0, 0.91_f32.sqrt()]);
+    h.chat([reply(&["name the servers"], EDIT), reply(&["talk about bread"], DRIFT)]);
+    let out = h.refine(SelfRefineRequest { max_passes: Some(3), ..request(DRAFT) }).await;
+    assert_eq!(out.final_text, EDIT, "the best draft is kept");
+    assert!(out.rolled_back && !out.converged && out.changed);
+    assert_eq!(out.stop_reason, SelfRefineStopReason::RolledBack as i32);
+    assert_eq!(out.passes.len(), 2);
+    assert_eq!(h.chat_calls(), 2, "the loop stops at the rollback");
+    let (p1, p2) = (&out.passes[0], &out.passes[1]);
+    assert!(!p1.rolled_back && !p1.converged);
+    assert!((p1.similarity_to_original.unwrap() - 0.90).abs() < 1e-6 && p1.rollback_threshold.is_none());
+    assert!(p2.rolled_back && !p2.converged && p2.revised == DRIFT);
+    assert_eq!(p2.similarity_measure, "embedding");
+    assert!((p2.similarity_to_original.unwrap() - 0.3).abs() < 1e-6);
+    assert!((p2.rollback_threshold.unwrap() - 0.85 * 0.90).abs() < 1e-6);
+
+    // Within the band (0.80 >= 0.85 x 0.90 = 0.765): kept, and the loop runs to max_passes (EDIT2
+    // is far from EDIT, so pass 2 does not converge).
+    h.vector(EDIT2, below(0.80));
+    h.chat([reply(&["name the servers"], EDIT), reply(&["shorter verbs"], EDIT2)]);
+    let out = h.refine(SelfRefineRequest { max_passes: Some(2), ..request(DRAFT) }).await;
+    assert_eq!(out.final_text, EDIT2);
+    assert!(!out.rolled_back && !out.passes[1].rolled_back);
+    assert_eq!(out.stop_reason, SelfRefineStopReason::MaxPasses as i32);
+}
+
+#[tokio::test]
+async fn a_refiner_error_keeps_the_previous_draft_and_is_reported() {
+    let h = Harness::start().await;
+    h.vector(DRAFT, at(1.0));
+    h.vector(EDIT, at(0.80));
+    // Pass 2's call fails: the RPC succeeds with pass 1's revision and the error in pass 2.
+    h.chat([reply(&["name the servers"], EDIT), Reply::status(503)]);
+    let out = h.refine(SelfRefineRequest { max_passes: Some(3), ..request(DRAFT) }).await;
+    assert_eq!(out.final_text, EDIT);
+    assert_eq!(out.stop_reason, SelfRefineStopReason::RefinerError as i32);
+    assert_eq!(out.passes.len(), 2);
+    let p2 = &out.passes[1];
+    assert!(p2.error.contains("unavailable"), "{}", p2.error);
+    assert!(p2.revised.is_empty() && p2.decided_by.is_empty() && !p2.converged);
+    assert_eq!(h.chat_calls(), 2, "no pass after the failure");
+    assert_eq!(out.usage.unwrap().calls, 1);
+
+    // Unusable replies on the first pass: reported, the draft returned unchanged.
+    for (bad, why) in [
+        (reply(&["cut"], EDIT).finish_reason("length"), "cut at the token limit"),
+        (Reply::text("<critique>\n- nothing to say\n</critique>\n<revised>\n</revised>"), "has no revision"),
+    ] {
+        h.chat([bad]);
+        let out = h.refine(request(DRAFT)).await;
+        assert_eq!((out.final_text.as_str(), out.changed), (DRAFT, false));
+        assert_eq!(out.stop_reason, SelfRefineStopReason::RefinerError as i32);
+        assert!(out.passes[0].error.contains(why), "{why}: {}", out.passes[0].error);
+    }
+
+    // The first call failing outright: nothing was refined, the RPC carries the backend's failure.
+    h.chat([Reply::status(503)]);
+    let status = h.client().await.self_refine(request(DRAFT)).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+}
+
+#[tokio::test]
+async fn the_prompt_carries_the_rules_the_task_and_the_draft_and_parsing_is_tolerant() {
+    let h = Harness::start().await;
+    // No <revised> block: the whole reply minus the critique is the revision.
+    h.chat([Reply::text(format!("<critique>\n- Vague.\n- No example.\n</critique>\n{EDIT}"))]);
+    let out = h.refine(request(DRAFT)).await;
+    let p = &out.passes[0];
+    assert_eq!(p.revised, EDIT);
+    assert!(p.revised_block_missing);
+    assert_eq!(p.critique, vec!["Vague.", "No example."]);
+    assert_eq!(out.final_text, EDIT);
+    let model = out.model.unwrap();
+    assert_eq!((model.phase.as_str(), model.model.as_str()), ("self_refine", "editor"));
+    assert_eq!(model.prompt_template_sha256, assay_refiners::core::self_refine::prompt_sha256());
+    let messages = h.llm.requests()[0].messages();
+    assert_eq!(messages[0].0, "system");
+    for rule in ["Output ONLY the two blocks", "no material issues", "Never invent new requirements", "format"] {
+        assert!(messages[0].1.contains(rule), "{rule}");
+    }
+    let user = h.llm.requests()[0].last_user_message().unwrap();
+    assert!(user.contains(DRAFT) && user.contains("Explain how to use the HTTP client well."));
+}
+
+#[tokio::test]
+async fn short_drafts_are_returned_unchanged_without_a_model_call() {
+    let h = Harness::start().await;
+    let out = h.refine(request(SHORT)).await;
+    assert!(out.skipped_too_short && !out.changed && out.passes.is_empty() && out.model.is_none());
+    assert_eq!(out.final_text, SHORT);
+    assert_eq!(out.stop_reason, SelfRefineStopReason::TooShort as i32);
+    let out = h.refine(SelfRefineRequest { min_bytes: Some(SHORT.len() as u32 + 1), ..request(SHORT) }).await;
+    assert!(out.skipped_too_short);
+    assert_eq!(h.llm.request_count(), 0);
+    // At exactly min_bytes the draft is refined.
+    h.chat([reply(&["no material issues"], SHORT)]);
+    let out = h.refine(SelfRefineRequest { min_bytes: Some(SHORT.len() as u32), ..request(SHORT) }).await;
+    assert!(!out.skipped_too_short && out.converged);
+    assert_eq!(h.llm.request_count(), 1);
+}
+
+#[tokio::test]
+async fn the_stream_sends_each_pass_as_it_finishes_then_the_result() {
+    let h = Harness::start().await;
+    h.vector(DRAFT, at(1.0));
+    h.vector(EDIT, at(0.90));
+    h.vector(EDIT2, below(0.85));
+    let gate = Gate::new();
+    // Pass 2's reply is held until the test has seen pass 1's event.
+    h.chat([
+        reply(&["name the servers"], EDIT),
+        reply(&["shorter verbs"], EDIT2).gated(&gate),
+        reply(&["no material issues"], EDIT2),
+    ]);
+    let mut client = h.client().await;
+    let mut stream = client
+        .self_refine_stream(SelfRefineStreamRequest {
+            request: Some(SelfRefineRequest { max_passes: Some(3), ..request(DRAFT) }),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut events = Vec::new();
+    let first = next_event(&mut stream).await.unwrap();
+    let Some(Event::Pass(p1)) = first.event else { panic!("{first:?}") };
+    assert_eq!((p1.pass, p1.revised.as_str()), (1, EDIT));
+    assert_eq!(gate.passed(), 0, "pass 1 arrived while pass 2 was still waiting for its reply");
+    events.push(p1);
+    gate.open();
+    let result = loop {
+        match next_event(&mut stream).await.unwrap().event {
+            Some(Event::Pass(p)) => events.push(p),
+            Some(Event::Result(r)) => break r,
+            None => panic!("empty event"),
+        }
+    };
+    assert!(next_event(&mut stream).await.is_none(), "the result is the last message");
+    assert_eq!(events.iter().map(|p| p.pass).collect::<Vec<_>>(), vec![1, 2, 3]);
+    assert_eq!(result.passes, events, "the result repeats the passes streamed");
+    assert!(result.converged && result.passes[2].decided_by == "char");
+    assert_eq!(result.final_text, EDIT2);
+}
+
+#[tokio::test]
+async fn a_client_going_away_cancels_the_pass_in_flight_and_stops_the_loop() {
+    let h = Harness::start().await;
+    h.vector(DRAFT, at(1.0));
+    h.vector(EDIT, at(0.90));
+    h.chat([reply(&["name the servers"], EDIT), Reply::hang()]);
+    let mut stream = h
+        .client()
+        .await
+        .self_refine_stream(SelfRefineStreamRequest {
+            request: Some(SelfRefineRequest { max_passes: Some(3), ..request(DRAFT) }),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let first = next_event(&mut stream).await.unwrap();
+    assert!(matches!(first.event, Some(Event::Pass(ref p)) if p.pass == 1), "{first:?}");
+    assert!(assay_testkit::eventually(Duration::from_secs(5), || h.chat_calls() == 2).await);
+    drop(stream);
+    assert!(
+        assay_testkit::eventually(Duration::from_secs(5), || h.llm.cancelled_count() == 1).await,
+        "the hanging pass 2 call was not cancelled"
+    );
+    assert_eq!(h.chat_calls(), 2, "no pass after the client left");
+}
+
+#[tokio::test]
+async fn bad_input_names_the_field_and_calls_no_model() {
+    let h = Harness::start().await;
+    let mut client = h.client().await;
+    let big = "x".repeat(256 * 1024 + 1);
+    let cases: Vec<(SelfRefineRequest, &str)> = vec![
+        (SelfRefineRequest { draft: String::new(), ..request(DRAFT) }, "draft"),
+        (SelfRefineRequest { draft: " \n\t".into(), ..request(DRAFT) }, "draft"),
+        (SelfRefineRequest { draft: big.clone(), ..request(DRAFT) }, "draft"),
+        (SelfRefineRequest { instruction: big, ..request(DRAFT) }, "instruction"),
+        (SelfRefineRequest { max_passes: Some(0), ..request(DRAFT) }, "max_passes"),
+        (SelfRefineRequest { max_passes: Some(6), ..request(DRAFT) }, "max_passes"),
+        // Short drafts are skipped, but only once the request is valid.
+        (SelfRefineRequest { max_passes: Some(0), ..request("hi") }, "max_passes"),
+        (SelfRefineRequest { convergence_mode: 9, ..request(DRAFT) }, "convergence_mode"),
+        (
+            SelfRefineRequest {
+                model: Some(pb::ModelSpec { temperature: Some(3.0), ..Default::default() }),
+                ..request(DRAFT)
+            },
+            "model.temperature",
+        ),
+        (
+            SelfRefineRequest {
+                model: Some(pb::ModelSpec { backend: "nowhere".into(), ..Default::default() }),
+                ..request(DRAFT)
+            },
+            "model.backend",
+        ),
+        (
+            SelfRefineRequest {
+                embedding_model: Some(pb::ModelSpec { backend: "nowhere".into(), ..Default::default() }),
+                ..request(DRAFT)
+            },
+            "embedding_model.backend",
+        ),
+    ];
+    let fields = |status: &tonic::Status| -> Vec<String> {
+        status.get_details_bad_request().unwrap().field_violations.into_iter().map(|v| v.field).collect()
+    };
+    for (req, field) in cases {
+        let status = client.self_refine(req.clone()).await.unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument, "{field}: {status:?}");
+        assert!(fields(&status).iter().any(|f| f == field), "{field} not in {:?}", fields(&status));
+        // The streaming form fails the call itself, before any event, with the path under `request`.
+        let status = client.self_refine_stream(SelfRefineStreamRequest { request: Some(req) }).await.unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument, "stream {field}: {status:?}");
+        let want = format!("request.{field}");
+        assert!(fields(&status).contains(&want), "{want} not in {:?}", fields(&status));
+    }
+    let status = client.self_refine_stream(SelfRefineStreamRequest { request: None }).await.unwrap_err();
+    assert_eq!((status.code(), fields(&status)), (Code::InvalidArgument, vec!["request".to_string()]));
+    assert_eq!(h.llm.request_count(), 0, "bad input never reaches a model");
+}
+
+#[tokio::test]
+async fn the_remote_client_streams_passes_to_the_sink() {
+    let h = Harness::start().await;
+    h.vector(DRAFT, at(1.0));
+    h.vector(EDIT, at(0.90));
+    h.chat([reply(&["name the servers"], EDIT), reply(&["no material issues"], EDIT)]);
+    let remote = assay_rpc::remote::RemoteRefiners::new(h.server.channel().await, None);
+    let request = assay_proto::convert::self_refine::self_refine_request(
+        SelfRefineRequest { max_passes: Some(2), ..request(DRAFT) },
+        "",
+    )
+    .unwrap();
+    let seen = Mutex::new(Vec::new());
+    let sink = |e: SelfRefinePassEvent| match e {
+        SelfRefinePassEvent::PassFinished(p) => seen.lock().unwrap().push(p),
+    };
+    let out = remote.self_refine(request.clone(), &sink).await.unwrap();
+    assert_eq!(out.final_text, EDIT);
+    assert!(out.converged);
+    assert_eq!(*seen.lock().unwrap(), out.passes);
+    assert_eq!(out.passes.len(), 2);
+    assert_eq!(out.usage.calls, 2);
+    assert_eq!(out.model.phase, "self_refine");
+    // Errors come back with the request's own field paths.
+    let bad = assay_domain::self_refine::SelfRefineRequest { max_passes: 0, ..request };
+    let e = remote.self_refine(bad, &assay_domain::no_events).await.unwrap_err();
+    let assay_domain::StageError::InvalidArgument(vs) = e else { panic!("{e:?}") };
+    assert_eq!(vs[0].field, "max_passes");
+}

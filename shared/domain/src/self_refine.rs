@@ -1,0 +1,254 @@
+//! Self-refine (REFERENCE section 5): a critique -> revise loop over one draft, stopped by the
+//! convergence cascade ([`crate::similarity`]) and guarded against drifting away from the original.
+//!
+//! A pass asks the refiner model for a `<critique>` and a `<revised>` text, then:
+//! 1. the cascade compares the revision with the draft the pass started from;
+//! 2. when more than one pass may run, the regression guard measures the revision's similarity to
+//!    the original (embedding cosine through the cascade's cache and breaker; Jaccard when
+//!    embeddings are unavailable for it or for an earlier revision). From pass 2 on, below
+//!    [`ROLLBACK_RATIO`] x the best similarity of the revisions kept so far, the revision is
+//!    discarded (`rolled_back`): the previous draft, the best one, is kept and the loop stops;
+//! 3. otherwise the revision becomes the draft; converged stops the loop, anything else (diverged
+//!    included) goes on to the next pass.
+//!
+//! A refiner error (failed call, empty revision, reply cut at the token limit) keeps the previous
+//! draft, is reported in its pass, and stops the loop. Only when the very first call fails outright
+//! (nothing was produced and nothing can be reported but the backend's failure) does the stage
+//! return the error itself.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{StageError, Violations};
+use crate::judge::check_model_spec;
+use crate::limits::MAX_TEXT_BYTES;
+use crate::model::{ModelRecord, ModelSpec};
+use crate::similarity::{CompareOutcome, ConvergenceMode, DecidedBy};
+use crate::stage::EventSink;
+use assay_llm::Usage;
+
+/// Configuration phase of the refiner model (`models.phases.self_refine`).
+pub const SELF_REFINE_PHASE: &str = "self_refine";
+/// Passes when the caller sets none.
+pub const DEFAULT_MAX_PASSES: u32 = 1;
+/// Most passes one request may ask for (the reference recommends at most 2; beyond 3 a loop
+/// rarely converges and only costs).
+pub const MAX_PASSES: u32 = 5;
+/// Drafts shorter than this (bytes) are returned unchanged when the caller sets no minimum.
+pub const DEFAULT_MIN_BYTES: u32 = 200;
+/// A revision whose similarity to the original falls below this share of the best so far is
+/// rolled back.
+pub const ROLLBACK_RATIO: f64 = 0.85;
+
+/// Critique-and-revise one draft.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SelfRefineRequest {
+    pub draft: String,
+    /// What the draft is meant to do; may be empty.
+    pub instruction: String,
+    /// 1 to [`MAX_PASSES`].
+    pub max_passes: u32,
+    /// Drafts shorter than this many bytes are returned unchanged (0: never skip).
+    pub min_bytes: u32,
+    pub mode: ConvergenceMode,
+    pub model: ModelSpec,
+    /// Unset fields: the configured embedding backend.
+    pub embedding_model: ModelSpec,
+}
+
+impl Default for SelfRefineRequest {
+    fn default() -> Self {
+        Self {
+            draft: String::new(),
+            instruction: String::new(),
+            max_passes: DEFAULT_MAX_PASSES,
+            min_bytes: DEFAULT_MIN_BYTES,
+            mode: ConvergenceMode::default(),
+            model: ModelSpec::default(),
+            embedding_model: ModelSpec::default(),
+        }
+    }
+}
+
+impl SelfRefineRequest {
+    /// Every check the domain requires; field paths are relative to `prefix` (may be empty).
+    pub fn check(&self, prefix: &str, v: &mut Violations) {
+        let f = |name: &str| if prefix.is_empty() { name.to_string() } else { format!("{prefix}.{name}") };
+        if self.draft.trim().is_empty() {
+            v.push(f("draft"), "must not be empty");
+        }
+        for (name, text) in [("draft", &self.draft), ("instruction", &self.instruction)] {
+            if text.len() > MAX_TEXT_BYTES {
+                v.push(f(name), format!("is {} bytes; the limit is {MAX_TEXT_BYTES} bytes", text.len()));
+            }
+        }
+        if !(1..=MAX_PASSES).contains(&self.max_passes) {
+            v.push(f("max_passes"), format!("is {}; it must be between 1 and {MAX_PASSES}", self.max_passes));
+        }
+        check_model_spec(&self.model, &f("model"), v);
+        check_model_spec(&self.embedding_model, &f("embedding_model"), v);
+    }
+
+    /// [`Self::check`] as a result.
+    pub fn validate(&self) -> Result<(), StageError> {
+        let mut v = Violations::new();
+        self.check("", &mut v);
+        v.into_result()
+    }
+
+    /// Whether the draft is too short to refine.
+    pub fn too_short(&self) -> bool {
+        self.draft.len() < self.min_bytes as usize
+    }
+}
+
+/// What the regression guard measured for one revision.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct OriginalSimilarity {
+    /// Similarity of the revision to the original draft.
+    pub similarity: f64,
+    /// [`DecidedBy::Embedding`] (cosine) or [`DecidedBy::Jaccard`].
+    pub measure: DecidedBy,
+    /// [`ROLLBACK_RATIO`] x the best similarity so far; `None` on pass 1 (no guard yet).
+    pub threshold: Option<f64>,
+    /// Why the guard measured by Jaccard, when it did.
+    pub degraded_reason: String,
+}
+
+/// One critique/revise pass.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct SelfRefinePass {
+    /// 1-based.
+    pub pass: u32,
+    pub critique: Vec<String>,
+    /// The model's revision (empty when the call failed).
+    pub revised: String,
+    /// No `<revised>` block: the whole reply (without its critique block) was the revision.
+    pub revised_block_missing: bool,
+    /// The cascade between the draft this pass started from and the revision; `None` when the
+    /// call failed or its reply was unusable.
+    pub comparison: Option<CompareOutcome>,
+    /// The regression guard's figures; `None` when no guard ran (one pass, a first pass that
+    /// converged) or no usable revision came.
+    pub original_similarity: Option<OriginalSimilarity>,
+    pub converged: bool,
+    pub rolled_back: bool,
+    /// Why the pass produced no usable revision (the previous draft is kept); empty otherwise.
+    pub error: String,
+    /// The refiner call of this pass.
+    pub usage: Usage,
+}
+
+impl SelfRefinePass {
+    /// The revision became the draft.
+    pub fn kept(&self) -> bool {
+        self.error.is_empty() && !self.rolled_back
+    }
+
+    /// `"embedding"` when this pass's cascade decided without embeddings.
+    pub fn degraded_from(&self) -> Option<&str> {
+        self.comparison.as_ref().and_then(|c| c.degraded_from.as_deref())
+    }
+}
+
+/// Why the loop stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum StopReason {
+    Converged,
+    #[default]
+    MaxPasses,
+    RolledBack,
+    RefinerError,
+    TooShort,
+}
+
+/// The refined text and how it came about.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct SelfRefineOutcome {
+    pub final_text: String,
+    pub passes: Vec<SelfRefinePass>,
+    pub converged: bool,
+    pub skipped_too_short: bool,
+    pub rolled_back: bool,
+    /// `"embedding"` when any pass's cascade decided without embeddings.
+    pub degraded_from: Option<String>,
+    pub stop_reason: StopReason,
+    /// `final_text` differs from the draft.
+    pub changed: bool,
+    /// Every refiner call.
+    pub usage: Usage,
+    /// The refiner model's record (default when skipped).
+    pub model: ModelRecord,
+}
+
+/// Progress of a self-refine call.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SelfRefinePassEvent {
+    /// A pass finished (whatever its result).
+    PassFinished(SelfRefinePass),
+}
+
+/// The self-refine stage (the refiners service).
+#[async_trait::async_trait]
+pub trait SelfRefiner: Send + Sync {
+    /// Refine `request.draft`; calls `events` after each pass.
+    async fn self_refine(
+        &self,
+        request: SelfRefineRequest,
+        events: EventSink<'_, SelfRefinePassEvent>,
+    ) -> Result<SelfRefineOutcome, StageError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(draft: &str) -> SelfRefineRequest {
+        SelfRefineRequest { draft: draft.into(), ..Default::default() }
+    }
+
+    #[test]
+    fn defaults_follow_the_reference() {
+        let r = SelfRefineRequest::default();
+        assert_eq!((r.max_passes, r.min_bytes, r.mode), (1, 200, ConvergenceMode::Permissive));
+        assert!(request("x").validate().is_ok());
+        assert!(request("x").too_short());
+        assert!(!SelfRefineRequest { min_bytes: 0, ..request("x") }.too_short());
+        assert!(!request(&"x".repeat(200)).too_short(), "exactly min_bytes is refined");
+    }
+
+    #[test]
+    fn checks_name_every_field() {
+        let r = SelfRefineRequest {
+            draft: " \n".into(),
+            instruction: "i".repeat(MAX_TEXT_BYTES + 1),
+            max_passes: 0,
+            model: ModelSpec { temperature: Some(2.5), ..Default::default() },
+            embedding_model: ModelSpec { max_tokens: Some(0), ..Default::default() },
+            ..Default::default()
+        };
+        let mut v = Violations::new();
+        r.check("request", &mut v);
+        let e = v.into_result().unwrap_err().to_string();
+        for field in [
+            "request.draft: must not be empty",
+            "request.instruction: is 262145 bytes; the limit is 262144 bytes",
+            "request.max_passes: is 0; it must be between 1 and 5",
+            "request.model.temperature",
+            "request.embedding_model.max_tokens",
+        ] {
+            assert!(e.contains(field), "{field} missing from {e}");
+        }
+        let e = SelfRefineRequest { max_passes: MAX_PASSES + 1, ..request("x".repeat(MAX_TEXT_BYTES + 1).as_str()) }
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("draft: is 262145 bytes") && e.contains("max_passes: is 6"), "{e}");
+    }
+
+    #[test]
+    fn a_pass_is_kept_unless_it_failed_or_was_rolled_back() {
+        assert!(SelfRefinePass::default().kept());
+        assert!(!SelfRefinePass { rolled_back: true, ..Default::default() }.kept());
+        assert!(!SelfRefinePass { error: "down".into(), ..Default::default() }.kept());
+    }
+}

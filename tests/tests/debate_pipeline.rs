@@ -1,0 +1,372 @@
+//! The gateway's `debate` pipeline across the whole mesh: gateway -> debate service
+//! (RunDebateStream, Solve for the baselines) -> scripted backend. The backend answers every call
+//! from what the request says: the reply schema names the stage, the prompt names the speaker
+//! ("You are solver_2, ..." or "You are baseline_4, ...") and holds the problem.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use assay_proto::debate::v1 as dpb;
+use assay_proto::gateway::v1 as gw;
+use assay_proto::gateway::v1::gateway_service_client::GatewayServiceClient;
+use assay_proto::gateway::v1::run_event::Event;
+use assay_testkit::{RecordedRequest, Reply};
+use assay_tests::{MeshSandbox, SandboxOptions, run_to_end};
+use serde_json::{Value, json};
+use tonic_types::StatusExt;
+
+/// A scripted problem: what the three solvers answer first and after refinement, and what the
+/// baseline sample `n` (1-based) answers.
+struct Scripted {
+    id: &'static str,
+    problem: &'static str,
+    reference: &'static str,
+    original: [&'static str; 3],
+    refined: [&'static str; 3],
+    baseline: fn(usize) -> &'static str,
+}
+
+/// 17 * 23: one solver corrects itself after review; the judge's pick is right; the single-model
+/// sample is wrong and self-consistency right.
+/// 2 + 2: two solvers keep a wrong answer and the judge picks one of them; both baselines right.
+/// Capital of France: everybody agrees from the start.
+const SET: [Scripted; 3] = [
+    Scripted {
+        id: "mul",
+        problem: "What is 17 * 23?",
+        reference: "391",
+        original: ["391", "391", "390"],
+        refined: ["391", "391", "391"],
+        baseline: |n| if n == 1 { "390" } else { "391" },
+    },
+    Scripted {
+        id: "add",
+        problem: "What is 2 + 2?",
+        reference: "4",
+        original: ["5", "5", "4"],
+        refined: ["5", "5", "4"],
+        baseline: |_| "4",
+    },
+    Scripted {
+        id: "capital",
+        problem: "What is the capital of France?",
+        reference: "Paris",
+        original: ["Paris", "paris", "Paris."],
+        refined: ["Paris", "Paris", "Paris"],
+        baseline: |_| "Paris",
+    },
+];
+
+fn stage(r: &RecordedRequest) -> String {
+    r.body.pointer("/response_format/json_schema/name").and_then(Value::as_str).unwrap_or("?").to_string()
+}
+
+fn prompt(r: &RecordedRequest) -> String {
+    r.messages().into_iter().find(|(role, _)| role == "user").map(|(_, c)| c).unwrap_or_default()
+}
+
+/// "solver_2", "baseline_4", or "judge".
+fn speaker(r: &RecordedRequest) -> String {
+    let p = prompt(r);
+    match p.strip_prefix("You are ").and_then(|p| p.split(',').next()) {
+        Some(s) if !s.contains(' ') => s.to_string(),
+        _ => "judge".into(),
+    }
+}
+
+fn problem_of(r: &RecordedRequest) -> &'static Scripted {
+    let p = prompt(r);
+    SET.iter().find(|s| p.contains(s.problem)).unwrap_or_else(|| panic!("no known problem in {p}"))
+}
+
+fn answer(r: &RecordedRequest) -> Reply {
+    let s = problem_of(r);
+    let who = speaker(r);
+    let reply = match stage(r).as_str() {
+        "debate_solution" => {
+            let answer = match who.strip_prefix("baseline_") {
+                Some(n) => (s.baseline)(n.parse().unwrap()),
+                None => s.original[solver_index(&who)],
+            };
+            json!({"approach": "direct", "reasoning_steps": [format!("step of {who}")], "final_answer": answer,
+                   "confidence": 0.7})
+        }
+        "debate_review" => json!({"strengths": ["clear"], "weaknesses": [], "errors": [],
+                                  "suggested_changes": ["double-check"]}),
+        "debate_refinement" => {
+            let i = solver_index(&who);
+            json!({"critiques_accepted": ["double-check"], "critiques_rejected": [],
+                   "refinement_reasoning": "checked again", "reasoning_steps": ["checked"],
+                   "final_answer": s.refined[i], "confidence": 0.8,
+                   "changed_from_original": s.refined[i] != s.original[i], "improvement_explanation": "checked"})
+        }
+        "debate_judgment" => {
+            return Reply::text(
+                json!({"reasoning": "solver_1 is careful", "winner": "solver_1", "confidence": 0.9}).to_string(),
+            )
+            .usage(100, 20);
+        }
+        other => panic!("unexpected stage {other}"),
+    };
+    Reply::json(reply).usage(50, 10)
+}
+
+fn solver_index(id: &str) -> usize {
+    ["solver_1", "solver_2", "solver_3"].iter().position(|i| *i == id).unwrap_or_else(|| panic!("solver {id}"))
+}
+
+fn pipeline(problems: &[&Scripted], baselines: bool, early_stop: bool) -> gw::DebatePipeline {
+    gw::DebatePipeline {
+        problems: problems
+            .iter()
+            .map(|s| gw::DebateProblem {
+                id: s.id.into(),
+                problem: s.problem.into(),
+                reference: Some(s.reference.into()),
+            })
+            .collect(),
+        baselines,
+        early_stop_on_agreement: early_stop,
+        concurrency: 1,
+        ..Default::default()
+    }
+}
+
+fn debate_result(events: &[gw::RunEvent]) -> (i32, gw::DebateRunResult) {
+    let Some(Event::Completed(done)) = events.last().and_then(|e| e.event.as_ref()) else {
+        panic!("the run completes: {events:?}")
+    };
+    let Some(gw::run_result::Result::Debate(d)) = done.result.as_ref().and_then(|r| r.result.clone()) else {
+        panic!("a debate result: {done:?}")
+    };
+    (done.state, d)
+}
+
+/// Requests per (problem id, stage, speaker kind).
+fn requests_of(requests: &[RecordedRequest], id: &str, stage_name: &str, baseline: bool) -> usize {
+    requests
+        .iter()
+        .filter(|r| problem_of(r).id == id && stage(r) == stage_name && speaker(r).starts_with("baseline_") == baseline)
+        .count()
+}
+
+#[tokio::test]
+async fn three_problems_are_debated_graded_and_compared_with_the_baselines() {
+    let sandbox = MeshSandbox::start().await;
+    sandbox.llm.set_handler(answer);
+    let set: Vec<&Scripted> = SET.iter().collect();
+    let events =
+        run_to_end(sandbox.gateway().await, gw::run_pipeline_request::Pipeline::Debate(pipeline(&set, true, false)))
+            .await;
+    let (state, d) = debate_result(&events);
+    assert_eq!(state, gw::RunState::Succeeded as i32, "{d:?}");
+
+    // Per problem: the judge's pick (solver_1's refined answer), graded against the reference.
+    let got: Vec<(&str, &str, Option<bool>, bool, bool)> = d
+        .problems
+        .iter()
+        .map(|p| (p.id.as_str(), p.final_answer.as_str(), p.correct, p.consensus, p.answers_changed))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("mul", "391", Some(true), true, true),
+            ("add", "5", Some(false), false, false),
+            ("capital", "Paris", Some(true), true, false),
+        ]
+    );
+    assert!(d.problems.iter().all(|p| p.decided_by == dpb::DebateDecision::Judge as i32 && p.error.is_empty()));
+    let artifacts = d.problems[0].debate.as_ref().unwrap();
+    assert_eq!((artifacts.solutions.len(), artifacts.reviews.len(), artifacts.refined.len()), (3, 6, 3));
+    assert_eq!(artifacts.usage.unwrap().calls, 13);
+
+    // Aggregates.
+    assert_eq!((d.problems_total, d.problems_failed, d.graded, d.correct), (3, 0, 3, 2));
+    assert!((d.accuracy.unwrap() - 2.0 / 3.0).abs() < 1e-9);
+    assert!((d.consensus_rate - 2.0 / 3.0).abs() < 1e-9);
+    assert!((d.changed_rate - 1.0 / 3.0).abs() < 1e-9);
+    assert_eq!(d.calls, 3 * 13);
+    assert_eq!(d.tokens, 3 * (12 * 60 + 120));
+
+    // Baselines: 13 samples (the debate's 13 calls) from 5 Solve calls of 3 samples each.
+    let requests = sandbox.llm.requests();
+    for s in &SET {
+        assert_eq!(requests_of(&requests, s.id, "debate_solution", false), 3, "{}", s.id);
+        assert_eq!(requests_of(&requests, s.id, "debate_review", false), 6, "{}", s.id);
+        assert_eq!(requests_of(&requests, s.id, "debate_solution", true), 15, "{}: 5 Solve calls", s.id);
+    }
+    let b: Vec<&gw::DebateBaselines> = d.problems.iter().map(|p| p.baselines.as_ref().unwrap()).collect();
+    assert!(b.iter().all(|b| b.samples == 13 && b.sample_answers.len() == 13 && b.usage.unwrap().calls == 15));
+    assert_eq!((b[0].single_model_answer.as_str(), b[0].single_model_correct), ("390", Some(false)));
+    assert_eq!((b[0].self_consistency_answer.as_str(), b[0].self_consistency_correct), ("391", Some(true)));
+    assert_eq!(b[0].votes, 12);
+    assert!((d.single_model_accuracy.unwrap() - 2.0 / 3.0).abs() < 1e-9);
+    assert_eq!(d.self_consistency_accuracy, Some(1.0));
+    assert_eq!(d.baseline_usage.unwrap().calls, 45);
+    assert_eq!(requests.len(), 3 * 13 + 45);
+    // The baseline samples use the first solver's model (temperature 0.2 by default).
+    let temps: Vec<f64> = requests
+        .iter()
+        .filter(|r| speaker(r).starts_with("baseline_"))
+        .map(|r| r.body["temperature"].as_f64().unwrap())
+        .collect();
+    assert!(temps.iter().all(|t| (t - 0.2).abs() < 1e-6), "{temps:?}");
+
+    // Events: the four stages of every problem with its id, one problem-done event each.
+    let mut stages: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut done = Vec::new();
+    for e in &events {
+        match &e.event {
+            Some(Event::DebateStage(s)) => {
+                stages.entry(s.problem_id.clone()).or_default().push(s.stage.as_ref().unwrap().stage.clone());
+            }
+            Some(Event::DebateProblemDone(p)) => done.push(p.id.clone()),
+            _ => {}
+        }
+    }
+    for s in &SET {
+        assert_eq!(stages[s.id], ["solve", "review", "refine", "judge"], "{}", s.id);
+    }
+    assert_eq!(done, ["mul", "add", "capital"]);
+
+    // The stored run: progress in problems, usage of debates and baselines.
+    let mut client = GatewayServiceClient::new(sandbox.gateway().await);
+    let run_id = events[0].run_id.clone();
+    let run = client.get_run(gw::GetRunRequest { run_id }).await.unwrap().into_inner().run.unwrap();
+    assert_eq!((run.kind, run.records_total, run.records_done), (gw::PipelineKind::Debate as i32, 3, 3));
+    assert_eq!(run.usage.unwrap().calls, 3 * 13 + 45);
+    sandbox.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn agreeing_solvers_stop_early_without_reviews_and_the_baselines_follow_the_call_count() {
+    let sandbox = MeshSandbox::start().await;
+    sandbox.llm.set_handler(answer);
+    let events = sandbox
+        .run_pipeline(gw::run_pipeline_request::Pipeline::Debate(pipeline(&[&SET[2], &SET[0]], true, true)))
+        .await;
+    let (state, d) = debate_result(&events);
+    assert_eq!(state, gw::RunState::Succeeded as i32);
+    let capital = &d.problems[0];
+    assert_eq!(capital.decided_by, dpb::DebateDecision::Consensus as i32);
+    assert_eq!((capital.final_answer.as_str(), capital.correct, capital.consensus), ("Paris", Some(true), true));
+    let artifacts = capital.debate.as_ref().unwrap();
+    assert!(artifacts.stopped_early && artifacts.reviews.is_empty() && artifacts.judgment.is_none());
+    assert_eq!(artifacts.usage.unwrap().calls, 3);
+    let requests = sandbox.llm.requests();
+    for stage_name in ["debate_review", "debate_refinement", "debate_judgment"] {
+        assert_eq!(requests_of(&requests, "capital", stage_name, false), 0, "{stage_name}");
+    }
+    // Three debate calls: three samples, one Solve call.
+    let b = capital.baselines.as_ref().unwrap();
+    assert_eq!((b.samples, b.usage.unwrap().calls), (3, 3));
+    assert_eq!(requests_of(&requests, "capital", "debate_solution", true), 3);
+    // The other problem disagrees at first: one full round (its refined answers then agree).
+    let mul = &d.problems[1];
+    assert_eq!(mul.debate.as_ref().unwrap().usage.unwrap().calls, 13);
+    assert_eq!(mul.baselines.as_ref().unwrap().samples, 13);
+    assert_eq!(d.calls, 16);
+    assert_eq!(d.consensus_rate, 1.0);
+    sandbox.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_restarted_gateway_resumes_without_redoing_finished_problems() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("runs.db").display().to_string();
+    let mut sandbox = MeshSandbox::start_with(SandboxOptions { store: Some(store), ..Default::default() }).await;
+    // The third problem hangs until the gateway stops.
+    let hang = Arc::new(AtomicBool::new(true));
+    let h = hang.clone();
+    sandbox.llm.set_handler(move |r| {
+        if h.load(Ordering::SeqCst) && problem_of(r).id == "capital" { Reply::hang() } else { answer(r) }
+    });
+    let set: Vec<&Scripted> = SET.iter().collect();
+    let mut client = GatewayServiceClient::new(sandbox.gateway().await);
+    let mut stream = client
+        .run_pipeline(gw::RunPipelineRequest {
+            pipeline: Some(gw::run_pipeline_request::Pipeline::Debate(pipeline(&set, false, false))),
+            label: "interrupted".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut run_id = String::new();
+    let mut before = Vec::new();
+    while before.len() < 2 {
+        let ev = stream.message().await.unwrap().unwrap().event.unwrap();
+        run_id.clone_from(&ev.run_id);
+        if let Some(Event::DebateProblemDone(p)) = ev.event {
+            before.push(p);
+        }
+    }
+    drop(stream);
+    sandbox.mesh.take().unwrap().shutdown().await.unwrap();
+
+    hang.store(false, Ordering::SeqCst);
+    let sent_before = sandbox.llm.requests().len();
+    sandbox.restart(sandbox.hub()).await;
+    let mut client = GatewayServiceClient::new(sandbox.gateway().await);
+    let mut watch =
+        client.watch_run(gw::WatchRunRequest { run_id: run_id.clone(), after_sequence: 0 }).await.unwrap().into_inner();
+    let mut events = Vec::new();
+    while let Some(m) = watch.message().await.unwrap() {
+        events.push(m.event.unwrap());
+    }
+    let seqs: Vec<u64> = events.iter().map(|e| e.sequence).collect();
+    assert_eq!(seqs, (1..=events.len() as u64).collect::<Vec<_>>(), "one gap-free sequence across the restart");
+    let (state, d) = debate_result(&events);
+    assert_eq!(state, gw::RunState::Succeeded as i32);
+    assert_eq!(d.problems.iter().map(|p| p.id.as_str()).collect::<Vec<_>>(), ["mul", "add", "capital"]);
+    assert_eq!(d.problems[..2], before[..], "finished problems are kept as they were");
+    assert_eq!(d.correct, 2);
+    // After the restart only the unfinished problem reached the backend: one whole debate; the
+    // finished ones were debated once in all.
+    let requests = sandbox.llm.requests();
+    assert!(requests[sent_before..].iter().all(|r| problem_of(r).id == "capital"));
+    for id in ["mul", "add"] {
+        assert_eq!(requests.iter().filter(|r| problem_of(r).id == id).count(), 13, "{id}");
+    }
+    assert_eq!(requests_of(&requests, "capital", "debate_judgment", false), 1);
+    let done_events = events.iter().filter(|e| matches!(e.event, Some(Event::DebateProblemDone(_)))).count();
+    assert_eq!(done_events, 3, "each problem finished once");
+    sandbox.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_bad_problem_is_named_and_no_model_is_called() {
+    let sandbox = MeshSandbox::start().await;
+    sandbox.llm.set_handler(answer);
+    let mut client = GatewayServiceClient::new(sandbox.gateway().await);
+    let mut blank = pipeline(&SET.iter().collect::<Vec<_>>(), true, false);
+    blank.problems[1].problem = "   ".into();
+    let mut duplicate = pipeline(&[&SET[0], &SET[0]], false, false);
+    duplicate.concurrency = 65;
+    let cases = [
+        (blank, "pipeline.problems[1].problem", "must not be empty"),
+        (duplicate.clone(), "pipeline.problems[1].id", "duplicate id"),
+        (duplicate, "pipeline.concurrency", "the limit is 64"),
+        (
+            gw::DebatePipeline { rounds: Some(6), ..pipeline(&[&SET[0]], false, false) },
+            "pipeline.rounds",
+            "between 1 and 5",
+        ),
+        (gw::DebatePipeline::default(), "pipeline.problems", "must not be empty"),
+    ];
+    for (p, field, text) in cases {
+        let st = client
+            .run_pipeline(gw::RunPipelineRequest {
+                pipeline: Some(gw::run_pipeline_request::Pipeline::Debate(p)),
+                label: String::new(),
+            })
+            .await
+            .expect_err("refused");
+        assert_eq!(st.code(), tonic::Code::InvalidArgument, "{field}: {st:?}");
+        let bad = st.get_details_bad_request().expect("field violations");
+        let v = bad.field_violations.iter().find(|v| v.field == field).unwrap_or_else(|| panic!("{field}: {bad:?}"));
+        assert!(v.description.contains(text), "{field}: {}", v.description);
+    }
+    assert_eq!(sandbox.llm.request_count(), 0, "no model call");
+    sandbox.shutdown().await.unwrap();
+}
