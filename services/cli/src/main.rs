@@ -133,6 +133,18 @@ enum Command {
         #[command(flatten)]
         backend: BackendArgs,
     },
+    /// Critique and revise one text (self-refine): up to --max-passes critique/revise passes, stopped
+    /// when a revision converges, rolled back when it drifts from the original. One progress line
+    /// per pass on stderr; the final text on stdout (the whole result as JSON with --json). Exit
+    /// codes: 0 done, 1 the run failed or was cancelled, 2 bad input.
+    RefineText {
+        #[command(flatten)]
+        args: cmd::refine_text::RefineTextArgs,
+        /// Model backend for every phase: `local` (embedded, offline) or `openai` (any
+        /// OpenAI-compatible server from OPENAI_BASE_URL / OPENAI_API_KEY); the refiner model: --model.
+        #[arg(long)]
+        backend: Option<String>,
+    },
     /// Debate a problem set (JSON lines {"id","problem","reference"}): three solvers solve, review
     /// each other, refine, and a judge picks the final answer; answers are graded against the
     /// references after normalisation. One JSON line per problem; progress and a summary (accuracy,
@@ -596,6 +608,15 @@ async fn main() -> ExitCode {
                 cmd::refine::refine(&config, args).await
             };
             return cmd::refine::exit(outcome.await);
+        }
+        Command::RefineText { args, backend } => {
+            let outcome = async {
+                // --model is the refiner's (MODEL@BACKEND), not the backend's default model.
+                let backend = BackendArgs { backend, model: None };
+                let config = load_config(cli.config.as_deref(), &backend).map_err(cmd::refine::RefineError::Failed)?;
+                cmd::refine_text::refine_text(&config, args).await
+            };
+            return cmd::refine_text::exit(outcome.await);
         }
         Command::Debate { args, backend } => {
             let outcome = async {

@@ -6,6 +6,7 @@ pub mod eval;
 pub mod generate;
 pub mod input;
 pub mod refine;
+pub mod refine_text;
 pub mod render;
 pub mod runs;
 

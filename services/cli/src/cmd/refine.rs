@@ -245,7 +245,7 @@ fn brief_from_json(v: &Value) -> Result<common::Brief, String> {
 }
 
 /// A model option, `MODEL`, `MODEL@BACKEND` or `@BACKEND` (the backend's default model).
-fn model_spec(flag: &str, value: Option<&str>) -> Result<Option<common::ModelSpec>, String> {
+pub fn model_spec(flag: &str, value: Option<&str>) -> Result<Option<common::ModelSpec>, String> {
     let Some(value) = value else { return Ok(None) };
     let (model, backend) = value.rsplit_once('@').unwrap_or((value, ""));
     if model.trim().is_empty() && backend.trim().is_empty() {
@@ -335,10 +335,10 @@ pub async fn refine(config: &AssayConfig, args: RefineArgs) -> Result<Ending, Re
     outcome
 }
 
-type Events = Pin<Box<dyn Stream<Item = Result<gw::RunEvent, tonic::Status>> + Send>>;
+pub type Events = Pin<Box<dyn Stream<Item = Result<gw::RunEvent, tonic::Status>> + Send>>;
 
 /// The run events of a `RunPipeline` or `WatchRun` stream.
-fn events_of<M: Send + 'static>(stream: tonic::Streaming<M>, event: fn(M) -> Option<gw::RunEvent>) -> Events {
+pub fn events_of<M: Send + 'static>(stream: tonic::Streaming<M>, event: fn(M) -> Option<gw::RunEvent>) -> Events {
     Box::pin(stream.filter_map(move |m| futures::future::ready(m.map(event).transpose())))
 }
 
@@ -350,7 +350,7 @@ enum Step {
 }
 
 /// Reattachments in a row that bring no new event before the follower gives up.
-const MAX_QUIET_REATTACH: u32 = 3;
+pub const MAX_QUIET_REATTACH: u32 = 3;
 
 /// Follows one refinement run: prints its progress, reattaches (`WatchRun` from the last sequence
 /// seen) when the stream breaks or ends early, and reports how the run ended.

@@ -7,6 +7,7 @@ use assay_config::AssayConfig;
 use assay_proto::arbiter::v1 as arb;
 use assay_proto::common::v1 as common;
 use assay_proto::gateway::v1 as gw;
+use assay_proto::refiners::v1 as ref_pb;
 use serde_json::{Value, json};
 
 use super::render::{checklist_json, record_json};
@@ -114,6 +115,8 @@ enum_names! {
     agreement_name: arb::AgreementLevel, "AGREEMENT_LEVEL_";
     /// An issue severity (`critical`).
     severity_name: common::Severity, "SEVERITY_";
+    /// Why self-refine stopped (`max_passes`).
+    stop_reason_name: ref_pb::SelfRefineStopReason, "SELF_REFINE_STOP_REASON_";
 }
 
 fn time(t: Option<prost_types::Timestamp>) -> String {
@@ -226,14 +229,17 @@ pub fn run_json(r: &gw::Run) -> Value {
             Some(gw::run_result::Result::Checklist(c)) => v["checklist"] = checklist_json(c),
             Some(gw::run_result::Result::TargetedRefinement(t)) => v["targeted_refinement"] = refinement_result_json(t),
             Some(gw::run_result::Result::Debate(d)) => v["debate"] = super::debate::result_json(d),
-            Some(gw::run_result::Result::SelfRefine(_)) | None => {}
+            Some(gw::run_result::Result::SelfRefine(r)) => {
+                v["self_refine"] = super::refine_text::self_refine_result_json(r)
+            }
+            None => {}
         }
     }
     v
 }
 
 /// A run as `runs show` prints it: [`run_json`] plus the document (the refinement's current
-/// sections, or its result's).
+/// sections, or its result's) or a self-refine's final text.
 fn run_detail_json(r: &gw::Run) -> Value {
     let mut v = run_json(r);
     if let Some(gw::run::Progress::Refinement(p)) = &r.progress {
@@ -241,6 +247,9 @@ fn run_detail_json(r: &gw::Run) -> Value {
     }
     if let Some(gw::run_result::Result::TargetedRefinement(t)) = r.result.as_ref().and_then(|r| r.result.as_ref()) {
         v["targeted_refinement"]["sections"] = sections_json(&t.sections);
+    }
+    if let Some(gw::run_result::Result::SelfRefine(s)) = r.result.as_ref().and_then(|r| r.result.as_ref()) {
+        v["self_refine"]["final_text"] = json!(s.final_text);
     }
     v
 }
@@ -375,7 +384,7 @@ pub fn event_json(e: &gw::RunEvent) -> Value {
             ("completed", json!({"state": state_name(c.state), "error": c.result.as_ref().map(|r| r.error.clone())}))
         }
         Some(Event::Refinement(r)) => refinement_event_json(r),
-        Some(Event::SelfRefinePass(p)) => ("self_refine_pass", json!({"pass": p.pass, "converged": p.converged})),
+        Some(Event::SelfRefinePass(p)) => ("self_refine_pass", super::refine_text::pass_json(p)),
         Some(Event::DebateStage(d)) => {
             let stage = d.stage.clone().unwrap_or_default();
             (
@@ -525,7 +534,7 @@ pub async fn run(config: &AssayConfig, url: &str, action: Action, as_json: bool)
 }
 
 /// One watched event: its JSON, or `#<sequence> <kind> <fields>` (refinement events in the words
-/// of `assay refine`).
+/// of `assay refine`, self-refine passes in those of `assay refine-text`).
 fn watch_line(e: &gw::RunEvent, as_json: bool) -> String {
     let v = event_json(e);
     if as_json {
@@ -535,6 +544,9 @@ fn watch_line(e: &gw::RunEvent, as_json: bool) -> String {
         && let Some(line) = super::refine::progress_line(&e.run_id, r)
     {
         return format!("#{} {}", e.sequence, line.trim_start());
+    }
+    if let Some(gw::run_event::Event::SelfRefinePass(p)) = &e.event {
+        return format!("#{} {}", e.sequence, super::refine_text::pass_line(p));
     }
     format!("#{} {} {}", e.sequence, v["event"].as_str().unwrap_or_default(), v["detail"])
 }
@@ -618,6 +630,50 @@ mod tests {
         assert_eq!(v["targeted_refinement"]["outcome"], "reviewed");
         assert_eq!(v["targeted_refinement"]["audit_log"][0]["actor"], "alice");
         assert_eq!(run_detail_json(&run)["refinement"]["sections"][0]["content"], "text");
+    }
+
+    #[test]
+    fn self_refine_runs_and_passes_render() {
+        let pass = ref_pb::SelfRefinePass {
+            pass: 2,
+            critique: vec!["Too vague".into()],
+            char_similarity: 0.994,
+            decided_by: "char".into(),
+            converged: true,
+            ..Default::default()
+        };
+        let event = gw::RunEvent {
+            run_id: "r1".into(),
+            sequence: 4,
+            event: Some(gw::run_event::Event::SelfRefinePass(pass.clone())),
+            ..Default::default()
+        };
+        let v = event_json(&event);
+        assert_eq!(v["event"], "self_refine_pass");
+        assert_eq!((v["detail"]["pass"].as_u64(), v["detail"]["decided_by"].as_str()), (Some(2), Some("char")));
+        assert_eq!(v["detail"]["critique"], json!(["Too vague"]));
+        assert_eq!(watch_line(&event, false), "#4 pass 2: 1 critique point; similarity 0.99 (char); converged");
+        let run = gw::Run {
+            run_id: "r1".into(),
+            kind: gw::PipelineKind::SelfRefine as i32,
+            state: gw::RunState::Succeeded as i32,
+            result: Some(gw::RunResult {
+                result: Some(gw::run_result::Result::SelfRefine(ref_pb::SelfRefineResponse {
+                    final_text: "Final.".into(),
+                    passes: vec![pass],
+                    converged: true,
+                    stop_reason: ref_pb::SelfRefineStopReason::Converged as i32,
+                    ..Default::default()
+                })),
+                error: String::new(),
+            }),
+            ..Default::default()
+        };
+        let v = run_json(&run);
+        assert_eq!(v["self_refine"]["stop_reason"], "converged");
+        assert_eq!(v["self_refine"]["passes"][0]["converged"], true);
+        assert!(v["self_refine"].get("final_text").is_none());
+        assert_eq!(run_detail_json(&run)["self_refine"]["final_text"], "Final.");
     }
 
     #[test]
