@@ -11,6 +11,7 @@ use assay_proto::debate::v1 as dpb;
 use assay_proto::gateway::v1 as gw;
 use assay_proto::gateway::v1::gateway_service_client::GatewayServiceClient;
 use assay_proto::gateway::v1::run_event::Event;
+use assay_proto::refiners::v1 as rf;
 use assay_testkit::{RecordedRequest, Reply};
 use assay_tests::{MeshSandbox, SandboxOptions, run_to_end};
 use serde_json::{Value, json};
@@ -334,6 +335,67 @@ async fn a_restarted_gateway_resumes_without_redoing_finished_problems() {
     sandbox.shutdown().await.unwrap();
 }
 
+/// With the self-refine hook, every final answer not excluded is polished after its debate (the
+/// problem as the instruction); grading uses the debate's answer; "too_short" answers cost no call.
+#[tokio::test]
+async fn the_self_refine_hook_polishes_final_answers_and_grading_uses_the_debate_answer() {
+    let sandbox = MeshSandbox::start().await;
+    sandbox.llm.set_handler(|r| {
+        let p = prompt(r);
+        if p.starts_with("TASK:") {
+            let draft = p.split("DRAFT:\n<<<\n").nth(1).and_then(|d| d.split("\n>>>").next()).unwrap_or("");
+            return Reply::text(format!(
+                "<critique>\n- Say it plainly.\n</critique>\n<revised>\n{draft}, checked\n</revised>"
+            ))
+            .usage(40, 8);
+        }
+        answer(r)
+    });
+    let set: Vec<&Scripted> = SET.iter().collect();
+    let mut p = pipeline(&set, false, false);
+    p.self_refine = Some(rf::SelfRefineHook { min_bytes: Some(0), exclude: vec!["add".into()], ..Default::default() });
+    let events = run_to_end(sandbox.gateway().await, gw::run_pipeline_request::Pipeline::Debate(p)).await;
+    let (state, d) = debate_result(&events);
+    assert_eq!(state, gw::RunState::Succeeded as i32);
+    assert_eq!(d.correct, 2, "graded on the debate's answers: {d:?}");
+    for pr in &d.problems {
+        let hook = pr.self_refined.as_ref().expect("the hook's entry");
+        assert_eq!((hook.target.as_str(), hook.producer.as_str()), (pr.id.as_str(), "debate"));
+        let debated = pr.debate.as_ref().unwrap().final_answer.clone();
+        assert_eq!(hook.before, debated);
+        if pr.id == "add" {
+            assert_eq!(hook.skipped, "excluded");
+            assert_eq!(pr.final_answer, debated);
+        } else {
+            assert_eq!(pr.final_answer, format!("{debated}, checked"), "{pr:?}");
+            assert_eq!(hook.refine.as_ref().map(|r| r.passes.len()), Some(1));
+        }
+    }
+    let hooked: Vec<&gw::SelfRefined> = events
+        .iter()
+        .filter_map(|e| match &e.event {
+            Some(Event::SelfRefined(x)) => Some(x),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(hooked.len(), 3, "one event per problem");
+    let polish: Vec<String> = sandbox.llm.requests().iter().map(prompt).filter(|p| p.starts_with("TASK:")).collect();
+    assert_eq!(polish.len(), 2, "the excluded problem cost no call");
+    assert!(polish.iter().any(|p| p.contains("What is 17 * 23?")), "the problem is the instruction");
+    sandbox.shutdown().await.unwrap();
+
+    // The default min_bytes (200) leaves short answers alone: no self-refine call at all.
+    let sandbox = MeshSandbox::start().await;
+    sandbox.llm.set_handler(answer);
+    let mut p = pipeline(&[&SET[0]], false, false);
+    p.self_refine = Some(rf::SelfRefineHook::default());
+    let events = run_to_end(sandbox.gateway().await, gw::run_pipeline_request::Pipeline::Debate(p)).await;
+    let (_, d) = debate_result(&events);
+    assert_eq!(d.problems[0].self_refined.as_ref().map(|h| h.skipped.as_str()), Some("too_short"));
+    assert_eq!(d.problems[0].final_answer, "391");
+    sandbox.shutdown().await.unwrap();
+}
+
 #[tokio::test]
 async fn a_bad_problem_is_named_and_no_model_is_called() {
     let sandbox = MeshSandbox::start().await;
@@ -353,6 +415,14 @@ async fn a_bad_problem_is_named_and_no_model_is_called() {
             "between 1 and 5",
         ),
         (gw::DebatePipeline::default(), "pipeline.problems", "must not be empty"),
+        (
+            gw::DebatePipeline {
+                self_refine: Some(rf::SelfRefineHook { convergence_mode: 7, ..Default::default() }),
+                ..pipeline(&[&SET[0]], false, false)
+            },
+            "pipeline.self_refine.convergence_mode",
+            "unknown",
+        ),
     ];
     for (p, field, text) in cases {
         let st = client

@@ -33,6 +33,7 @@ use assay_proto::gateway::v1::control_run_request::Action;
 use assay_proto::gateway::v1::gateway_service_client::GatewayServiceClient;
 use assay_proto::gateway::v1::refinement_event::Event as Rev;
 use assay_proto::gateway::v1::run_event::Event;
+use assay_proto::refiners::v1 as rf;
 use assay_proto::scorer::v1::PanelJudge;
 use assay_testkit::{Exchange, Gate, RecordedRequest, Reply, ScriptedLlm, hash_embedding, max_in_flight};
 use assay_tests::{MeshSandbox, SandboxOptions};
@@ -2126,6 +2127,20 @@ async fn invalid_requests_name_the_field() {
         (gw::TargetedRefinementPipeline { max_iterations: Some(0), ..base.clone() }, "pipeline.max_iterations"),
         (gw::TargetedRefinementPipeline { max_iterations: Some(11), ..base.clone() }, "pipeline.max_iterations"),
         (gw::TargetedRefinementPipeline { lock_threshold: Some(1.5), ..base.clone() }, "pipeline.lock_threshold"),
+        (
+            gw::TargetedRefinementPipeline {
+                self_refine: Some(rf::SelfRefineHook { max_passes: Some(6), ..Default::default() }),
+                ..base.clone()
+            },
+            "pipeline.self_refine.max_passes",
+        ),
+        (
+            gw::TargetedRefinementPipeline {
+                self_refine: Some(rf::SelfRefineHook { exclude: vec![" ".into()], ..Default::default() }),
+                ..base.clone()
+            },
+            "pipeline.self_refine.exclude[0]",
+        ),
     ];
     for (p, field) in cases {
         let err = client.run_pipeline(request(p)).await.unwrap_err();
@@ -2133,6 +2148,192 @@ async fn invalid_requests_name_the_field() {
         assert!(err.message().contains(field), "{field}: {}", err.message());
     }
     assert_eq!(sandbox.llm.request_count(), 0, "no model call for a bad request");
+    sandbox.shutdown().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The self-refine hook on the final document
+// ---------------------------------------------------------------------------------------------
+
+/// The script, plus a self-refine model that appends a marker sentence to every draft it gets.
+fn with_polisher(script: &Script, llm: &ScriptedLlm) {
+    let me = script.clone();
+    llm.set_handler(move |r| {
+        let prompt = r.last_user_message().unwrap_or_default();
+        match between(&prompt, "DRAFT:\n<<<\n", "\n>>>") {
+            Some(draft) if prompt.starts_with("TASK:") => Reply::text(format!(
+                "<critique>\n- End with a recap.\n</critique>\n<revised>\n{draft} {POLISHED}\n</revised>"
+            ))
+            .usage(120, 60),
+            _ => me.reply(r),
+        }
+    });
+}
+
+const POLISHED: &str = "Polished.";
+
+fn self_refined(events: &[gw::RunEvent]) -> Vec<gw::SelfRefined> {
+    events
+        .iter()
+        .filter_map(|e| match &e.event {
+            Some(Event::SelfRefined(x)) => Some(x.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// With the hook on, every section of the accepted document that is not excluded is polished
+/// after the loop, in document order, with its producer and its passes in the result; the
+/// judged score is the loop's. An excluded section is left alone and costs no call.
+#[tokio::test]
+async fn the_self_refine_hook_polishes_the_final_document_except_what_is_excluded() {
+    let lesson = five();
+    let doc = lesson.clone().with("stages", STAGES_RIGHT, STAGES_WRONG);
+    let script = Script::new(&lesson, 0.92).defect(wrong_first_stage(0.5));
+    let sandbox = MeshSandbox::start().await;
+    with_polisher(&script, &sandbox.llm);
+    let mut p = pipeline(&doc.sections, &doc.brief, gw::RefinementMode::FullAuto);
+    p.self_refine =
+        Some(rf::SelfRefineHook { min_bytes: Some(0), exclude: vec!["summary".into()], ..Default::default() });
+    let mut run = Run::start(&sandbox, p).await;
+    let result = run.finish().await;
+    assert_eq!(result.outcome(), gw::RefinementOutcome::Accepted, "{result:#?}");
+    assert!(close(result.final_score, script.score(&lesson.sections)), "the judged score stands");
+
+    let entries = result.self_refined.clone();
+    // Sections are polished a few at once: events come as each finishes, the result in order.
+    let mut relayed = self_refined(&run.events);
+    relayed.sort_by_key(|e| doc.sections.iter().position(|s| s.id == e.target));
+    assert_eq!(entries, relayed, "one event per section, as in the result");
+    let ids: Vec<&str> = entries.iter().map(|e| e.target.as_str()).collect();
+    assert_eq!(ids, ["intro", "stages", "example", "practice", "summary"], "document order");
+    for (e, out) in entries.iter().zip(&result.sections) {
+        let judged = lesson.content(&e.target);
+        assert_eq!(e.before, judged, "{}: the text the loop ended with", e.target);
+        assert_eq!(out.content, e.after, "{}: the result holds the hook's output", e.target);
+        let producer = if e.target == "stages" { "model" } else { "original" };
+        assert_eq!(e.producer, producer, "{}", e.target);
+        if e.target == "summary" {
+            assert_eq!((e.skipped.as_str(), e.after.as_str()), ("excluded", judged));
+            assert!(e.refine.is_none());
+        } else {
+            assert_eq!(e.skipped, "", "{}", e.target);
+            assert_eq!(e.after, format!("{judged} {POLISHED}"));
+            let refine = e.refine.as_ref().expect("the loop's trail");
+            assert_eq!(refine.passes.len(), 1);
+            assert_eq!(refine.passes[0].critique, ["End with a recap."]);
+            assert!(refine.changed);
+        }
+    }
+    assert!(result.changed_section_ids.contains(&"intro".to_string()), "{:?}", result.changed_section_ids);
+    let polish_calls =
+        sandbox.llm.requests().iter().filter(|r| r.last_user_message().is_some_and(|m| m.starts_with("TASK:"))).count();
+    assert_eq!(polish_calls, 4, "one call per section not excluded");
+    // The hook ran after the last judging, before refinement_complete.
+    let at = |pred: &dyn Fn(&gw::RunEvent) -> bool| run.events.iter().rposition(pred).expect("the event");
+    let last_judged = at(&|e| matches!(rev(e), Some((_, Rev::Judged(_)))));
+    let complete = at(&|e| matches!(rev(e), Some((_, Rev::RefinementComplete(_)))));
+    for (i, e) in run.events.iter().enumerate() {
+        if matches!(e.event, Some(Event::SelfRefined(_))) {
+            assert!(last_judged < i && i < complete, "{}", trace(&run.events));
+        }
+    }
+    sandbox.shutdown().await.unwrap();
+}
+
+/// The hook's entries are checkpointed one by one: a gateway restarted while one section is still
+/// being polished polishes only that section again.
+#[tokio::test]
+async fn a_restart_during_the_hook_polishes_only_the_unfinished_section() {
+    let dir = tempfile::tempdir().unwrap();
+    let lesson = five();
+    let doc = lesson.clone().with("stages", STAGES_RIGHT, STAGES_WRONG);
+    let script = Script::new(&lesson, 0.92).defect(wrong_first_stage(0.5));
+    let mut sandbox = stored_sandbox(&dir).await;
+    // Every section is polished at once; the summary's first polish waits for a gate that opens
+    // after the restart.
+    let gate = Gate::new();
+    let g = gate.clone();
+    let first = Arc::new(AtomicBool::new(true));
+    let h = first.clone();
+    let me = script.clone();
+    sandbox.llm.set_handler(move |r| {
+        let prompt = r.last_user_message().unwrap_or_default();
+        match between(&prompt, "DRAFT:\n<<<\n", "\n>>>") {
+            Some(draft) if prompt.starts_with("TASK:") => {
+                if draft.starts_with("A sales funnel shows the path") && h.swap(false, Ordering::SeqCst) {
+                    return Reply::text("<critique>\n- Late.\n</critique>\n<revised>\nlate\n</revised>").gated(&g);
+                }
+                Reply::text(format!("<critique>\n- Recap.\n</critique>\n<revised>\n{draft} {POLISHED}\n</revised>"))
+            }
+            _ => me.reply(r),
+        }
+    });
+    let mut p = pipeline(&doc.sections, &doc.brief, gw::RefinementMode::FullAuto);
+    p.self_refine = Some(rf::SelfRefineHook { min_bytes: Some(0), ..Default::default() });
+    let mut run = Run::start(&sandbox, p).await;
+    let mut polished = 0;
+    while polished < 4 {
+        if matches!(run.next().await.and_then(|e| e.event), Some(Event::SelfRefined(_))) {
+            polished += 1;
+        }
+    }
+    let polish_calls = |llm: &ScriptedLlm| -> Vec<String> {
+        llm.requests().iter().filter_map(|r| r.last_user_message()).filter(|m| m.starts_with("TASK:")).collect()
+    };
+    assert_eq!(polish_calls(&sandbox.llm).len(), 5, "every section was sent");
+    restart(&mut sandbox, &mut run).await;
+    gate.open();
+    let result = run.finish().await;
+    assert_eq!(result.outcome(), gw::RefinementOutcome::Accepted);
+    let calls = polish_calls(&sandbox.llm);
+    assert_eq!(calls.len(), 6, "only the unfinished section was polished again");
+    assert!(calls[5].contains("A sales funnel shows the path"));
+    assert_eq!(result.self_refined.len(), 5);
+    for (judged, out) in lesson.sections.iter().zip(&result.sections) {
+        assert_eq!(out.content, format!("{} {POLISHED}", judged.content), "{}", judged.id);
+    }
+    sandbox.shutdown().await.unwrap();
+}
+
+/// A section a human edited is the producer "human", which the exclude list can name; a hook
+/// whose model fails keeps the text and says why.
+#[tokio::test]
+async fn the_hook_leaves_human_edits_alone_and_keeps_the_text_when_the_model_fails() {
+    let (lesson, doc, script, _) = stubborn_world();
+    let sandbox = MeshSandbox::start().await;
+    script.install(&sandbox.llm);
+    let mut p = pipeline(&doc.sections, &doc.brief, gw::RefinementMode::SemiAuto);
+    p.self_refine =
+        Some(rf::SelfRefineHook { min_bytes: Some(0), exclude: vec!["human".into()], ..Default::default() });
+    let mut run = Run::start(&sandbox, p).await;
+    run.until_state(gw::RunState::AwaitingHuman).await;
+    let edited = lesson.content("practice").replace("lose the most people", "lose the most people by far");
+    run.control(
+        Action::EditSection(gw::EditSection { section_id: "practice".into(), content: edited.clone() }),
+        "editor",
+        "Fixed by hand.",
+    )
+    .await
+    .expect("edit");
+    run.control(Action::Accept(gw::AcceptRun {}), "editor", "Ship it.").await.expect("accept");
+    // The script knows no self-refine call: the backend answers 500 to each.
+    let result = run.finish().await;
+    assert_eq!(result.outcome(), gw::RefinementOutcome::AcceptedManual);
+    for e in &result.self_refined {
+        if e.target == "practice" {
+            assert_eq!((e.producer.as_str(), e.skipped.as_str()), ("human", "excluded"));
+            assert_eq!(e.after, edited);
+        } else {
+            assert_eq!((e.producer.as_str(), e.skipped.as_str()), ("original", ""), "{}", e.target);
+            assert!(!e.error.is_empty(), "{}: the failure is reported", e.target);
+            assert_eq!(e.after, e.before, "{}: the text is kept", e.target);
+        }
+    }
+    for (given, out) in doc.sections.iter().zip(&result.sections) {
+        let want = if given.id == "practice" { edited.as_str() } else { given.content.as_str() };
+        assert_eq!(out.content, want, "{}", given.id);
+    }
     sandbox.shutdown().await.unwrap();
 }
 

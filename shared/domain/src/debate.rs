@@ -394,8 +394,9 @@ pub trait Debate: Send + Sync {
 // Answers: normalisation, consensus, majority vote.
 
 /// An answer in comparable form: lower case, numbers in canonical form (`1,000.50` -> `1000.5`,
-/// `42.0` -> `42`, `+3` -> `3`), every other character that is not a letter or a digit removed
-/// (punctuation, whitespace, symbols).
+/// `42.0` -> `42`, `+3` -> `3`), fractions of whole numbers reduced and written as decimals when
+/// they terminate (`1/2` -> `0.5`, `6/4` -> `1.5`, `2/6` -> `1/3`), every other character that is
+/// not a letter or a digit removed (punctuation, whitespace, symbols).
 pub fn normalize_answer(answer: &str) -> String {
     let lower = answer.trim().to_lowercase();
     let chars: Vec<char> = lower.chars().collect();
@@ -408,8 +409,14 @@ pub fn normalize_answer(answer: &str) -> String {
                 && chars.get(i + 1).is_some_and(char::is_ascii_digit)
                 && !chars.get(i.wrapping_sub(1)).is_some_and(|p| p.is_alphanumeric()));
         if starts_number {
-            let (number, next) = read_number(&chars, i);
-            out.push_str(&number);
+            let (number, mut next) = read_number(&chars, i);
+            if chars.get(next) == Some(&'/') && chars.get(next + 1).is_some_and(char::is_ascii_digit) {
+                let (denominator, after) = read_number(&chars, next + 1);
+                out.push_str(&fraction(&number, &denominator));
+                next = after;
+            } else {
+                out.push_str(&number);
+            }
             i = next;
             continue;
         }
@@ -461,6 +468,55 @@ fn canonical_number(raw: &str) -> String {
     let frac = frac.trim_end_matches('0');
     let body = if frac.is_empty() { int.to_string() } else { format!("{int}.{frac}") };
     if negative && body != "0" { format!("-{body}") } else { body }
+}
+
+/// `numerator/denominator` (canonical numbers) reduced: a terminating decimal in canonical form,
+/// else `p/q` in lowest terms; kept as written when not both whole numbers that fit in 128 bits.
+fn fraction(numerator: &str, denominator: &str) -> String {
+    let as_written = || format!("{numerator}/{denominator}");
+    let (Ok(n), Ok(d)) = (numerator.parse::<i128>(), denominator.parse::<i128>()) else {
+        return as_written();
+    };
+    if d <= 0 {
+        return as_written();
+    }
+    let g = gcd(n.unsigned_abs(), d.unsigned_abs());
+    let (n, d) = (n / g as i128, d / g as i128);
+    if d == 1 {
+        return n.to_string();
+    }
+    // A terminating decimal: d = 2^a 5^b, n / d = n * 2^(k-a) 5^(k-b) / 10^k with k = max(a, b).
+    let (mut rest, mut twos, mut fives) = (d, 0u32, 0u32);
+    while rest % 2 == 0 {
+        rest /= 2;
+        twos += 1;
+    }
+    while rest % 5 == 0 {
+        rest /= 5;
+        fives += 1;
+    }
+    if rest != 1 {
+        return format!("{n}/{d}");
+    }
+    let k = twos.max(fives);
+    let scaled = 2i128
+        .checked_pow(k - twos)
+        .and_then(|f| f.checked_mul(5i128.checked_pow(k - fives)?))
+        .and_then(|f| f.checked_mul(n));
+    let Some(scaled) = scaled else { return format!("{n}/{d}") };
+    let digits = scaled.unsigned_abs().to_string();
+    let k = k as usize;
+    let padded = format!("{digits:0>width$}", width = k + 1);
+    let (int, frac) = padded.split_at(padded.len() - k);
+    let sign = if scaled < 0 { "-" } else { "" };
+    canonical_number(&format!("{sign}{int}.{frac}"))
+}
+
+fn gcd(mut a: u128, mut b: u128) -> u128 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a.max(1)
 }
 
 /// Whether every answer is non-empty and all are equal after [`normalize_answer`].
@@ -855,6 +911,19 @@ mod tests {
         assert_eq!(normalize_answer(".5"), "0.5");
         assert_eq!(normalize_answer("1, 2, 3"), "123");
         assert_eq!(normalize_answer("007"), "7");
+        // Fractions: reduced, decimal when they terminate, never run together with their digits.
+        assert_eq!(normalize_answer("1/2"), "0.5");
+        assert_eq!(normalize_answer("1/2"), normalize_answer("0.5"));
+        assert_ne!(normalize_answer("1/2"), normalize_answer("12"));
+        assert_eq!(normalize_answer("6/4"), "1.5");
+        assert_eq!(normalize_answer("-3/8"), "-0.375");
+        assert_eq!(normalize_answer("2/6"), "1/3");
+        assert_eq!(normalize_answer("2/6"), normalize_answer("1/3"));
+        assert_eq!(normalize_answer("10/5"), "2");
+        assert_eq!(normalize_answer("x = 3/4 cup"), "x0.75cup");
+        assert_eq!(normalize_answer("1/0"), "1/0");
+        assert_eq!(normalize_answer("1.5/3"), "1.5/3");
+        assert_eq!(normalize_answer("7/1024"), "0.0068359375");
         assert_ne!(normalize_answer("12345678901234567890"), normalize_answer("12345678901234567891"));
     }
 

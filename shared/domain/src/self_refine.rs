@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{StageError, Violations};
 use crate::judge::check_model_spec;
-use crate::limits::MAX_TEXT_BYTES;
+use crate::limits::{MAX_ID_BYTES, MAX_TEXT_BYTES};
 use crate::model::{ModelRecord, ModelSpec};
 use crate::similarity::{CompareOutcome, ConvergenceMode, DecidedBy};
 use crate::stage::EventSink;
@@ -159,6 +159,80 @@ pub enum StopReason {
     RolledBack,
     RefinerError,
     TooShort,
+}
+
+/// Most entries of a hook's exclude list.
+pub const MAX_HOOK_EXCLUDES: usize = 64;
+
+/// Self-refine as post-processing of a pipeline's text outputs: every output that is not excluded
+/// (by its name or its producer) and is at least `min_bytes` long goes through one loop.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SelfRefineHook {
+    pub max_passes: u32,
+    pub min_bytes: u32,
+    /// Output names (section or problem ids) and producers left alone.
+    pub exclude: Vec<String>,
+    pub mode: ConvergenceMode,
+    pub model: ModelSpec,
+    pub embedding_model: ModelSpec,
+}
+
+impl Default for SelfRefineHook {
+    fn default() -> Self {
+        Self {
+            max_passes: DEFAULT_MAX_PASSES,
+            min_bytes: DEFAULT_MIN_BYTES,
+            exclude: Vec::new(),
+            mode: ConvergenceMode::default(),
+            model: ModelSpec::default(),
+            embedding_model: ModelSpec::default(),
+        }
+    }
+}
+
+impl SelfRefineHook {
+    /// The checks of the hook's own fields (not its model specs), named under `prefix`.
+    pub fn check_fields(&self, prefix: &str, v: &mut Violations) {
+        let f = |name: &str| if prefix.is_empty() { name.to_string() } else { format!("{prefix}.{name}") };
+        if !(1..=MAX_PASSES).contains(&self.max_passes) {
+            v.push(f("max_passes"), format!("is {}; it must be between 1 and {MAX_PASSES}", self.max_passes));
+        }
+        if self.exclude.len() > MAX_HOOK_EXCLUDES {
+            v.push(f("exclude"), format!("has {} entries; the limit is {MAX_HOOK_EXCLUDES}", self.exclude.len()));
+        }
+        for (i, e) in self.exclude.iter().enumerate() {
+            if e.trim().is_empty() {
+                v.push(f(&format!("exclude[{i}]")), "must not be empty");
+            } else if e.len() > MAX_ID_BYTES {
+                v.push(f(&format!("exclude[{i}]")), format!("is {} bytes; the limit is {MAX_ID_BYTES}", e.len()));
+            }
+        }
+    }
+
+    pub fn check(&self, prefix: &str, v: &mut Violations) {
+        self.check_fields(prefix, v);
+        let f = |name: &str| if prefix.is_empty() { name.to_string() } else { format!("{prefix}.{name}") };
+        check_model_spec(&self.model, &f("model"), v);
+        check_model_spec(&self.embedding_model, &f("embedding_model"), v);
+    }
+
+    /// Whether the output `target`, written by `producer`, is left alone.
+    pub fn excludes(&self, target: &str, producer: &str) -> bool {
+        self.exclude.iter().any(|e| e.trim() == target || e.trim() == producer)
+    }
+
+    /// The loop's request for one output.
+    pub fn request(&self, draft: String, instruction: String) -> SelfRefineRequest {
+        SelfRefineRequest {
+            draft,
+            instruction,
+            max_passes: self.max_passes,
+            min_bytes: self.min_bytes,
+            mode: self.mode,
+            model: self.model.clone(),
+            embedding_model: self.embedding_model.clone(),
+        }
+    }
 }
 
 /// The refined text and how it came about.

@@ -3,7 +3,9 @@
 //! and a judge picks the final answer. Progress goes to standard error, one line per problem; one
 //! JSON line per problem (in input order) to `--out` or standard output; then a summary on standard
 //! error (accuracy against the references, consensus and changed-answer rates, tokens; the
-//! single-model and self-consistency baselines with `--baselines`).
+//! single-model and self-consistency baselines with `--baselines`). With `--self-refine`, every final
+//! answer is then polished by the self-refine hook (one progress line each; the entry in the
+//! problem's line).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -14,7 +16,10 @@ use assay_proto::debate::v1 as dpb;
 use assay_proto::gateway::v1 as gw;
 use serde_json::{Map, Value, json};
 
-use super::{EXIT_PARTIAL, Progress, Session, status_text};
+use super::refine_text::{HookArgs, self_refined_line};
+use super::render::self_refined_json;
+use super::runs::{FollowError, RunFollower, Step, follow_run, is_final, start_run, state_name};
+use super::{EXIT_PARTIAL, Progress, Session};
 
 /// Exit code of unusable input: the problem file, an option, or a request the gateway rejected.
 pub const EXIT_BAD_INPUT: u8 = 2;
@@ -47,6 +52,10 @@ pub struct DebateArgs {
     /// The run's label (default "assay debate <data>").
     #[arg(long)]
     pub label: Option<String>,
+    /// Self-refine every final answer (the problem as its instruction; grading keeps the debate's
+    /// answer).
+    #[command(flatten)]
+    pub hook: HookArgs,
 }
 
 /// Why `assay debate` failed.
@@ -56,6 +65,15 @@ pub enum DebateError {
     BadInput(String),
     /// The connection, the gateway or the run failed, or the run was cancelled (exit 1).
     Failed(String),
+}
+
+impl From<FollowError> for DebateError {
+    fn from(e: FollowError) -> Self {
+        match e {
+            FollowError::BadInput(e) => DebateError::BadInput(e),
+            FollowError::Failed(e) => DebateError::Failed(e),
+        }
+    }
 }
 
 /// How a finished `assay debate` went.
@@ -140,6 +158,7 @@ pub fn build_pipeline(problems: Vec<gw::DebateProblem>, a: &DebateArgs) -> gw::D
         early_stop_on_agreement: a.early_stop,
         baselines: a.baselines,
         concurrency: a.concurrency.unwrap_or(0),
+        self_refine: a.hook.hook(),
         ..Default::default()
     }
 }
@@ -164,46 +183,59 @@ async fn follow(
     total: usize,
     args: &DebateArgs,
 ) -> Result<Ending, DebateError> {
-    let mut events = session
-        .client
-        .run_pipeline(request)
-        .await
-        .map_err(|s| {
-            if s.code() == tonic::Code::InvalidArgument {
-                DebateError::BadInput(status_text(&s))
-            } else {
-                DebateError::Failed(status_text(&s))
-            }
-        })?
-        .into_inner();
-    let failed_io = |e: std::io::Error| DebateError::Failed(e.to_string());
-    let mut out: Box<dyn Write> = match &args.out {
+    let events = start_run(&mut session.client, request).await?;
+    let out: Box<dyn Write> = match &args.out {
         Some(p) => Box::new(std::io::BufWriter::new(
             std::fs::File::create(p).map_err(|e| DebateError::Failed(format!("{}: {e}", p.display())))?,
         )),
         None => Box::new(std::io::stdout()),
     };
-    let mut progress = Progress::new(total as u64, "problems");
-    let mut failed = 0u64;
-    let mut run_id = String::new();
-    let mut completed = None;
-    while let Some(msg) = events.message().await.map_err(|s| DebateError::Failed(status_text(&s)))? {
-        let Some(ev) = msg.event else { continue };
-        run_id.clone_from(&ev.run_id);
+    let mut follower = Follower {
+        total,
+        baselines: args.baselines,
+        out,
+        progress: Progress::new(total as u64, "problems"),
+        failed: 0,
+        run_id: String::new(),
+    };
+    follow_run(&mut session.client, events, &mut follower).await
+}
+
+/// Follows one debate run ([`follow_run`]): a progress line per problem, then the problems' lines
+/// and the summary.
+struct Follower {
+    total: usize,
+    baselines: bool,
+    /// Where the problems' lines go.
+    out: Box<dyn Write>,
+    progress: Progress,
+    /// Problems failed so far.
+    failed: u64,
+    run_id: String,
+}
+
+impl RunFollower for Follower {
+    type Ending = Ending;
+    type Error = DebateError;
+
+    fn on_event(&mut self, ev: gw::RunEvent) -> Step<Result<Ending, DebateError>> {
         use gw::run_event::Event;
+        self.run_id.clone_from(&ev.run_id);
+        let run_id = &self.run_id;
         match ev.event {
-            Some(Event::Started(_)) => progress.note(&format!("run {run_id} started: {total} problems")),
+            Some(Event::Started(_)) => self.progress.note(&format!("run {run_id} started: {} problems", self.total)),
             Some(Event::DebateProblemDone(p)) => {
-                failed += u64::from(!p.error.is_empty());
-                progress.note(&problem_line(&p));
-                progress.inc(failed);
+                self.failed += u64::from(!p.error.is_empty());
+                self.progress.note(&problem_line(&p));
+                self.progress.inc(self.failed);
             }
-            Some(Event::StateChanged(s)) => progress.note(&format!(
+            Some(Event::SelfRefined(e)) => self.progress.note(&self_refined_line(&e)),
+            Some(Event::StateChanged(s)) => self.progress.note(&format!(
                 "run {run_id}: {}{}",
-                super::runs::state_name(s.state),
+                state_name(s.state),
                 if s.reason.is_empty() { String::new() } else { format!(" ({})", s.reason) }
             )),
-            Some(Event::Completed(c)) => completed = Some(c),
+            Some(Event::Completed(c)) => return Step::Done(self.completed(c.state, c.result)),
             Some(
                 Event::DebateStage(_)
                 | Event::Progress(_)
@@ -215,40 +247,56 @@ async fn follow(
             )
             | None => {}
         }
+        Step::Continue
     }
-    progress.finish();
-    let completed = completed.ok_or_else(|| DebateError::Failed(format!("run {run_id} ended without completing")))?;
-    let result = completed.result.unwrap_or_default();
-    let debate = match result.result {
-        Some(gw::run_result::Result::Debate(d)) => Some(d),
-        Some(
-            gw::run_result::Result::ChecklistEval(_)
-            | gw::run_result::Result::Checklist(_)
-            | gw::run_result::Result::SelfRefine(_)
-            | gw::run_result::Result::TargetedRefinement(_),
-        )
-        | None => None,
-    };
-    // What was debated is written even when the run was cancelled or failed part-way.
-    if let Some(d) = &debate {
-        for p in &d.problems {
-            writeln!(out, "{}", problem_json(p)).map_err(failed_io)?;
-        }
+
+    fn on_stream_end(&mut self, run: gw::Run) -> Option<Result<Ending, DebateError>> {
+        is_final(run.state).then(|| self.completed(run.state, run.result))
     }
-    out.flush().map_err(failed_io)?;
-    match gw::RunState::try_from(completed.state) {
-        Ok(gw::RunState::Cancelled) => {
-            return Err(DebateError::Failed(format!("run {run_id} was cancelled; the problems debated are written")));
+}
+
+impl Follower {
+    /// The run completed: write the problems' lines (also of a run cancelled or failed part-way),
+    /// print the summary, map the outcome.
+    fn completed(&mut self, state: i32, result: Option<gw::RunResult>) -> Result<Ending, DebateError> {
+        self.progress.finish();
+        let run_id = &self.run_id;
+        let result = result.unwrap_or_default();
+        let debate = match result.result {
+            Some(gw::run_result::Result::Debate(d)) => Some(d),
+            Some(
+                gw::run_result::Result::ChecklistEval(_)
+                | gw::run_result::Result::Checklist(_)
+                | gw::run_result::Result::SelfRefine(_)
+                | gw::run_result::Result::TargetedRefinement(_),
+            )
+            | None => None,
+        };
+        let failed_io = |e: std::io::Error| DebateError::Failed(e.to_string());
+        if let Some(d) = &debate {
+            for p in &d.problems {
+                writeln!(self.out, "{}", problem_json(p)).map_err(failed_io)?;
+            }
         }
-        Ok(gw::RunState::Failed) if debate.as_ref().is_none_or(|d| d.problems.is_empty()) => {
-            let why = if result.error.is_empty() { "no reason given" } else { result.error.as_str() };
-            return Err(DebateError::Failed(format!("run {run_id} failed: {why}")));
+        self.out.flush().map_err(failed_io)?;
+        match gw::RunState::try_from(state) {
+            Ok(gw::RunState::Cancelled) => {
+                return Err(DebateError::Failed(format!(
+                    "run {run_id} was cancelled; the problems debated are written"
+                )));
+            }
+            Ok(gw::RunState::Failed) if debate.as_ref().is_none_or(|d| d.problems.is_empty()) => {
+                let why = if result.error.is_empty() { "no reason given" } else { result.error.as_str() };
+                return Err(DebateError::Failed(format!("run {run_id} failed: {why}")));
+            }
+            _ => {}
         }
-        _ => {}
+        let Some(d) = debate else {
+            return Err(DebateError::Failed(format!("run {run_id} returned no debate result")));
+        };
+        eprintln!("{}", summary_text(run_id, &d, self.baselines));
+        Ok(if d.problems_failed == 0 { Ending::Complete } else { Ending::Partial })
     }
-    let Some(d) = debate else { return Err(DebateError::Failed(format!("run {run_id} returned no debate result"))) };
-    eprintln!("{}", summary_text(&run_id, &d, args.baselines));
-    Ok(if d.problems_failed == 0 { Ending::Complete } else { Ending::Partial })
 }
 
 fn pct(x: f64) -> String {
@@ -343,18 +391,27 @@ pub fn problem_json(p: &gw::DebateProblemResult) -> Value {
             "usage": super::runs::usage_json(b.usage.as_ref()),
         });
     }
+    if let Some(e) = &p.self_refined {
+        v["self_refined"] = self_refined_json(e);
+    }
     v
 }
 
-/// The run's aggregates as JSON (`assay runs show`).
+/// The run's aggregates as JSON (`assay runs show`), with the self-refine hook's entries when the
+/// run had the hook.
 pub fn result_json(d: &gw::DebateRunResult) -> Value {
-    json!({
+    let mut v = json!({
         "problems": d.problems_total, "failed": d.problems_failed, "graded": d.graded, "correct": d.correct,
         "accuracy": d.accuracy, "consensus_rate": d.consensus_rate, "changed_rate": d.changed_rate,
         "tokens": d.tokens, "calls": d.calls,
         "single_model_accuracy": d.single_model_accuracy, "self_consistency_accuracy": d.self_consistency_accuracy,
         "baseline_usage": super::runs::usage_json(d.baseline_usage.as_ref()),
-    })
+    });
+    let hooked: Vec<Value> = d.problems.iter().filter_map(|p| p.self_refined.as_ref()).map(self_refined_json).collect();
+    if !hooked.is_empty() {
+        v["self_refined"] = json!(hooked);
+    }
+    v
 }
 
 /// The summary printed on standard error.

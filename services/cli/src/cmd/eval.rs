@@ -134,7 +134,8 @@ async fn stream(
                 | gw::run_event::Event::Refinement(_)
                 | gw::run_event::Event::SelfRefinePass(_)
                 | gw::run_event::Event::DebateStage(_)
-                | gw::run_event::Event::DebateProblemDone(_),
+                | gw::run_event::Event::DebateProblemDone(_)
+                | gw::run_event::Event::SelfRefined(_),
             )
             | None => {}
         }

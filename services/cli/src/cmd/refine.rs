@@ -4,7 +4,6 @@
 //! JSON.
 
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::process::ExitCode;
 
 use assay_config::AssayConfig;
@@ -12,14 +11,14 @@ use assay_domain::document::MAX_JUDGES;
 use assay_proto::common::v1 as common;
 use assay_proto::gateway::v1 as gw;
 use assay_proto::scorer::v1 as scorer;
-use futures::{Stream, StreamExt};
 use serde_json::{Map, Value, json};
 
+use super::Session;
+use super::refine_text::{HookArgs, self_refined_line};
 use super::runs::{
-    action_name, agreement_name, issue_json, mode_name, outcome_name, progress_json, quality_name,
-    refinement_result_json, sections_json, severity_name, state_name,
+    FollowError, RunFollower, Step, action_name, agreement_name, is_final, issue_json, mode_name, outcome_name,
+    progress_json, quality_name, refinement_result_json, run_and_follow, sections_json, severity_name, state_name,
 };
-use super::{Session, status_text};
 
 /// Exit code of unusable input: the document, an option, or a request the gateway rejected.
 pub const EXIT_BAD_INPUT: u8 = 2;
@@ -105,6 +104,9 @@ pub struct RefineArgs {
     /// Print the run id and leave the run going on the gateway (needs --gateway).
     #[arg(long, requires = "gateway", conflicts_with = "wait")]
     pub detach: bool,
+    /// Self-refine the final document's sections.
+    #[command(flatten)]
+    pub hook: HookArgs,
 }
 
 /// Why `assay refine` failed.
@@ -127,6 +129,15 @@ pub enum Ending {
     AwaitingHuman,
     /// `--detach`: the run goes on without us: exit 0.
     Detached,
+}
+
+impl From<FollowError> for RefineError {
+    fn from(e: FollowError) -> Self {
+        match e {
+            FollowError::BadInput(e) => RefineError::BadInput(e),
+            FollowError::Failed(e) => RefineError::Failed(e),
+        }
+    }
 }
 
 /// The process exit of `assay refine`, printing the error if any.
@@ -296,6 +307,7 @@ pub fn build_pipeline(doc: Doc, a: &RefineArgs) -> Result<gw::TargetedRefinement
         arbiter_model: model_spec("--arbiter-model", a.arbiter_model.as_deref())?,
         max_parallel_patchers: a.max_parallel_patchers,
         lock_threshold: a.lock_threshold,
+        self_refine: a.hook.hook(),
         ..Default::default()
     })
 }
@@ -320,10 +332,9 @@ pub async fn refine(config: &AssayConfig, args: RefineArgs) -> Result<Ending, Re
         sections,
         mode: args.mode,
         run_id: String::new(),
-        last_sequence: 0,
         escalation: None,
     };
-    let outcome = follower.start(&mut session.client, request).await;
+    let outcome = run_and_follow(&mut session.client, request, &mut follower).await;
     if outcome == Ok(Ending::AwaitingHuman) && args.gateway.is_none() {
         eprintln!(
             "note: the mesh of this command stops now; the run stays in the gateway's store (unless it is \
@@ -335,25 +346,8 @@ pub async fn refine(config: &AssayConfig, args: RefineArgs) -> Result<Ending, Re
     outcome
 }
 
-pub type Events = Pin<Box<dyn Stream<Item = Result<gw::RunEvent, tonic::Status>> + Send>>;
-
-/// The run events of a `RunPipeline` or `WatchRun` stream.
-pub fn events_of<M: Send + 'static>(stream: tonic::Streaming<M>, event: fn(M) -> Option<gw::RunEvent>) -> Events {
-    Box::pin(stream.filter_map(move |m| futures::future::ready(m.map(event).transpose())))
-}
-
-/// What one event means for the follower.
-enum Step {
-    Continue,
-    AwaitingHuman,
-    Done(Result<Ending, RefineError>),
-}
-
-/// Reattachments in a row that bring no new event before the follower gives up.
-pub const MAX_QUIET_REATTACH: u32 = 3;
-
-/// Follows one refinement run: prints its progress, reattaches (`WatchRun` from the last sequence
-/// seen) when the stream breaks or ends early, and reports how the run ended.
+/// Follows one refinement run ([`run_and_follow`]): prints its progress and reports how the run
+/// ended.
 struct Follower {
     wait: bool,
     detach: bool,
@@ -364,104 +358,15 @@ struct Follower {
     sections: usize,
     mode: Mode,
     run_id: String,
-    last_sequence: u64,
     escalation: Option<gw::EscalationTriggered>,
 }
 
-impl Follower {
-    async fn start(
-        &mut self,
-        client: &mut super::Client,
-        request: gw::RunPipelineRequest,
-    ) -> Result<Ending, RefineError> {
-        let stream = client.run_pipeline(request).await.map_err(|s| {
-            if s.code() == tonic::Code::InvalidArgument {
-                RefineError::BadInput(status_text(&s))
-            } else {
-                RefineError::Failed(status_text(&s))
-            }
-        })?;
-        let events = events_of(stream.into_inner(), |m: gw::RunPipelineResponse| m.event);
-        self.follow(client, events).await
-    }
+impl RunFollower for Follower {
+    type Ending = Ending;
+    type Error = RefineError;
 
-    async fn follow(&mut self, client: &mut super::Client, mut events: Events) -> Result<Ending, RefineError> {
-        let mut quiet = 0u32;
-        loop {
-            match events.next().await {
-                Some(Ok(ev)) => {
-                    quiet = 0;
-                    match self.on_event(ev) {
-                        Step::Continue => {}
-                        Step::AwaitingHuman => {
-                            let run = self.get_run(client).await.ok();
-                            return Ok(self.awaiting_human(run.as_ref()));
-                        }
-                        Step::Done(outcome) => return outcome,
-                    }
-                }
-                Some(Err(s)) if matches!(s.code(), tonic::Code::ResourceExhausted | tonic::Code::Unavailable) => {
-                    eprintln!("event stream interrupted ({}); reattaching", s.message());
-                    events = self.reattach(client, &mut quiet).await?;
-                }
-                Some(Err(s)) => return Err(RefineError::Failed(status_text(&s))),
-                None => {
-                    let run = self.get_run(client).await?;
-                    match gw::RunState::try_from(run.state) {
-                        Ok(
-                            gw::RunState::Succeeded
-                            | gw::RunState::Partial
-                            | gw::RunState::Failed
-                            | gw::RunState::Cancelled,
-                        ) => return self.completed(run.state, run.result),
-                        Ok(gw::RunState::AwaitingHuman) if !self.wait => return Ok(self.awaiting_human(Some(&run))),
-                        Ok(
-                            gw::RunState::Unspecified
-                            | gw::RunState::Pending
-                            | gw::RunState::Running
-                            | gw::RunState::Paused
-                            | gw::RunState::AwaitingHuman,
-                        )
-                        | Err(_) => events = self.reattach(client, &mut quiet).await?,
-                    }
-                }
-            }
-        }
-    }
-
-    /// Follow the run again from the last sequence seen (after a pause of a second).
-    async fn reattach(&self, client: &mut super::Client, quiet: &mut u32) -> Result<Events, RefineError> {
-        *quiet += 1;
-        if *quiet > MAX_QUIET_REATTACH {
-            return Err(RefineError::Failed(format!(
-                "lost the events of run {id}; follow it with `assay runs watch {id} --after {}`",
-                self.last_sequence,
-                id = self.run_id
-            )));
-        }
-        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-        let request = gw::WatchRunRequest { run_id: self.run_id.clone(), after_sequence: self.last_sequence };
-        let stream = client.watch_run(request).await.map_err(|s| RefineError::Failed(status_text(&s)))?;
-        Ok(events_of(stream.into_inner(), |m: gw::WatchRunResponse| m.event))
-    }
-
-    async fn get_run(&self, client: &mut super::Client) -> Result<gw::Run, RefineError> {
-        if self.run_id.is_empty() {
-            return Err(RefineError::Failed("the gateway ended the event stream before the run started".into()));
-        }
-        let reply = client
-            .get_run(gw::GetRunRequest { run_id: self.run_id.clone() })
-            .await
-            .map_err(|s| RefineError::Failed(status_text(&s)))?;
-        reply
-            .into_inner()
-            .run
-            .ok_or_else(|| RefineError::Failed(format!("run {}: the gateway sent no run", self.run_id)))
-    }
-
-    fn on_event(&mut self, ev: gw::RunEvent) -> Step {
+    fn on_event(&mut self, ev: gw::RunEvent) -> Step<Result<Ending, RefineError>> {
         use gw::run_event::Event;
-        self.last_sequence = self.last_sequence.max(ev.sequence);
         if self.run_id.is_empty() {
             self.run_id = ev.run_id;
             let mode = mode_name(self.mode.proto() as i32);
@@ -498,6 +403,10 @@ impl Follower {
                 }
                 Step::Continue
             }
+            Some(Event::SelfRefined(e)) => {
+                eprintln!("{}", self_refined_line(&e));
+                Step::Continue
+            }
             Some(Event::Completed(c)) => Step::Done(self.completed(c.state, c.result)),
             Some(
                 Event::Started(_)
@@ -512,8 +421,18 @@ impl Follower {
         }
     }
 
+    fn on_stream_end(&mut self, run: gw::Run) -> Option<Result<Ending, RefineError>> {
+        if is_final(run.state) {
+            return Some(self.completed(run.state, run.result));
+        }
+        if run.state == gw::RunState::AwaitingHuman as i32 && !self.wait {
+            return Some(self.awaiting_human(Some(&run)));
+        }
+        None
+    }
+
     /// The run waits for a human: say how to act, print where it stands on standard output.
-    fn awaiting_human(&self, run: Option<&gw::Run>) -> Ending {
+    fn awaiting_human(&mut self, run: Option<&gw::Run>) -> Result<Ending, RefineError> {
         let id = &self.run_id;
         // The mesh of this command stops with it: the run waits again under `assay up`.
         let flag = if self.remote { self.gateway.as_deref().map(|g| format!(" --gateway {g}")) } else { None };
@@ -523,9 +442,11 @@ impl Follower {
              `assay runs resume {id}{flag}`, or `assay runs accept|review {id}{flag}`"
         );
         println!("{}", awaiting_json(id, self.escalation.as_ref(), run));
-        Ending::AwaitingHuman
+        Ok(Ending::AwaitingHuman)
     }
+}
 
+impl Follower {
     /// The run completed: print the result, map the outcome.
     fn completed(&self, state: i32, result: Option<gw::RunResult>) -> Result<Ending, RefineError> {
         let id = &self.run_id;
@@ -905,6 +826,24 @@ mod tests {
         assert!(Cli::try_parse_from(["refine", "--doc", "x", "--max-iterations", "11"]).is_err());
         assert!(Cli::try_parse_from(["refine", "--doc", "x", "--mode", "manual"]).is_err());
         assert!(Cli::try_parse_from(["refine", "--doc", "x", "--detach"]).is_err());
+    }
+
+    #[test]
+    fn self_refine_options_turn_the_hook_on() {
+        let d = doc(json!({"sections": [{"id": "a", "content": "x"}]})).unwrap();
+        assert_eq!(build_pipeline(d.clone(), &args(&[])).unwrap().self_refine, None);
+        let on = build_pipeline(d.clone(), &args(&["--self-refine"])).unwrap().self_refine.unwrap();
+        assert_eq!((on.max_passes, on.min_bytes, on.exclude.len()), (None, None, 0));
+        // Each of the other options implies --self-refine.
+        let h = build_pipeline(d.clone(), &args(&["--self-refine-min-bytes", "0"])).unwrap().self_refine.unwrap();
+        assert_eq!(h.min_bytes, Some(0));
+        let h = build_pipeline(d.clone(), &args(&["--self-refine-passes", "2"])).unwrap().self_refine.unwrap();
+        assert_eq!(h.max_passes, Some(2));
+        let a = args(&["--self-refine-exclude", "intro, human", "--self-refine-exclude", "summary"]);
+        let h = build_pipeline(d, &a).unwrap().self_refine.unwrap();
+        assert_eq!(h.exclude, ["intro", "human", "summary"]);
+        assert!(Cli::try_parse_from(["refine", "--doc", "x", "--self-refine-passes", "6"]).is_err());
+        assert!(Cli::try_parse_from(["refine", "--doc", "x", "--self-refine-passes", "0"]).is_err());
     }
 
     fn line(iteration: u32, event: gw::refinement_event::Event) -> String {

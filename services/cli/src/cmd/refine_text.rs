@@ -11,12 +11,11 @@ use assay_domain::limits::MAX_TEXT_BYTES;
 use assay_domain::self_refine::{DEFAULT_MAX_PASSES, DEFAULT_MIN_BYTES};
 use assay_proto::gateway::v1 as gw;
 use assay_proto::refiners::v1 as rpb;
-use futures::StreamExt;
 use serde_json::{Value, json};
 
-use super::refine::{Events, MAX_QUIET_REATTACH, RefineError, events_of, model_spec, state_line};
-use super::runs::{state_name, stop_reason_name, usage_json};
-use super::{Session, status_text};
+use super::Session;
+use super::refine::{RefineError, model_spec, state_line};
+use super::runs::{RunFollower, Step, is_final, run_and_follow, state_name, stop_reason_name, usage_json};
 
 /// Exit code of unusable input: the draft, an option, or a request the gateway rejected.
 pub const EXIT_BAD_INPUT: u8 = 2;
@@ -75,6 +74,45 @@ pub struct RefineTextArgs {
     /// Print the whole result as JSON (final text, passes, stop reason, usage) instead of the text.
     #[arg(long)]
     pub json: bool,
+}
+
+/// The options of the self-refine hook on a pipeline's outputs (`assay refine`, `assay debate`).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct HookArgs {
+    /// Self-refine (critique and revise) every output once the pipeline is done; implied by the
+    /// other --self-refine-* options.
+    #[arg(long)]
+    pub self_refine: bool,
+    /// Critique/revise passes per output, 1 to 5 (default 1).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=5))]
+    pub self_refine_passes: Option<u32>,
+    /// Outputs shorter than this many bytes are kept as they are, no model call (default 200; 0
+    /// refines every output).
+    #[arg(long, value_name = "N")]
+    pub self_refine_min_bytes: Option<u32>,
+    /// An output to leave alone: a section or problem id, or a producer (original, human or model
+    /// for sections no stage changed, a human edited or a model wrote; debate for every answer).
+    /// Repeat it or separate ids with commas.
+    #[arg(long, value_name = "ID", value_delimiter = ',')]
+    pub self_refine_exclude: Vec<String>,
+}
+
+impl HookArgs {
+    /// The hook, when any option turned it on.
+    pub fn hook(&self) -> Option<rpb::SelfRefineHook> {
+        let on = self.self_refine
+            || self.self_refine_passes.is_some()
+            || self.self_refine_min_bytes.is_some()
+            || !self.self_refine_exclude.is_empty();
+        let exclude =
+            self.self_refine_exclude.iter().map(|e| e.trim()).filter(|e| !e.is_empty()).map(String::from).collect();
+        on.then(|| rpb::SelfRefineHook {
+            max_passes: self.self_refine_passes,
+            min_bytes: self.self_refine_min_bytes,
+            exclude,
+            ..Default::default()
+        })
+    }
 }
 
 /// The process exit of `assay refine-text`, printing the error if any: 0 done, 1 the run failed, 2
@@ -165,9 +203,8 @@ pub async fn refine_text(config: &AssayConfig, args: RefineTextArgs) -> Result<(
         draft_bytes,
         max_passes: args.max_passes.unwrap_or(DEFAULT_MAX_PASSES),
         run_id: String::new(),
-        last_sequence: 0,
     };
-    let outcome = follower.start(&mut session.client, request).await;
+    let outcome = run_and_follow(&mut session.client, request, &mut follower).await;
     let printed = outcome.and_then(|(state, r)| {
         eprintln!("{}", summary_line(&r, args.min_bytes.unwrap_or(DEFAULT_MIN_BYTES)));
         if args.json {
@@ -191,105 +228,25 @@ fn write_text(text: &str) -> Result<(), RefineError> {
         .map_err(|e| RefineError::Failed(format!("standard output: {e}")))
 }
 
-/// Follows one self-refine run: prints its passes, reattaches (`WatchRun` from the last sequence
-/// seen) when the stream breaks or ends early, and returns the result.
+/// Follows one self-refine run ([`run_and_follow`]): prints its passes and returns the result.
 struct Follower {
     /// The gateway's address: the one given, or the in-process mesh's.
     gateway: Option<String>,
     draft_bytes: usize,
     max_passes: u32,
     run_id: String,
-    last_sequence: u64,
 }
 
 /// The run's final state and its result.
 type Finished = (i32, rpb::SelfRefineResponse);
 
-impl Follower {
-    async fn start(
-        &mut self,
-        client: &mut super::Client,
-        request: gw::RunPipelineRequest,
-    ) -> Result<Finished, RefineError> {
-        let stream = client.run_pipeline(request).await.map_err(|s| {
-            if s.code() == tonic::Code::InvalidArgument {
-                RefineError::BadInput(status_text(&s))
-            } else {
-                RefineError::Failed(status_text(&s))
-            }
-        })?;
-        let mut events = events_of(stream.into_inner(), |m: gw::RunPipelineResponse| m.event);
-        let mut quiet = 0u32;
-        loop {
-            match events.next().await {
-                Some(Ok(ev)) => {
-                    quiet = 0;
-                    if let Some(done) = self.on_event(ev) {
-                        return done;
-                    }
-                }
-                Some(Err(s)) if matches!(s.code(), tonic::Code::ResourceExhausted | tonic::Code::Unavailable) => {
-                    eprintln!("event stream interrupted ({}); reattaching", s.message());
-                    events = self.reattach(client, &mut quiet).await?;
-                }
-                Some(Err(s)) => return Err(RefineError::Failed(status_text(&s))),
-                None => {
-                    let run = self.get_run(client).await?;
-                    match gw::RunState::try_from(run.state) {
-                        Ok(
-                            gw::RunState::Succeeded
-                            | gw::RunState::Partial
-                            | gw::RunState::Failed
-                            | gw::RunState::Cancelled,
-                        ) => return self.completed(run.state, run.result),
-                        Ok(
-                            gw::RunState::Unspecified
-                            | gw::RunState::Pending
-                            | gw::RunState::Running
-                            | gw::RunState::Paused
-                            | gw::RunState::AwaitingHuman,
-                        )
-                        | Err(_) => events = self.reattach(client, &mut quiet).await?,
-                    }
-                }
-            }
-        }
-    }
+impl RunFollower for Follower {
+    type Ending = Finished;
+    type Error = RefineError;
 
-    /// Follow the run again from the last sequence seen (after a pause of a second).
-    async fn reattach(&self, client: &mut super::Client, quiet: &mut u32) -> Result<Events, RefineError> {
-        *quiet += 1;
-        if *quiet > MAX_QUIET_REATTACH {
-            return Err(RefineError::Failed(format!(
-                "lost the events of run {id}; follow it with `assay runs watch {id} --after {}`",
-                self.last_sequence,
-                id = self.run_id
-            )));
-        }
-        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-        let request = gw::WatchRunRequest { run_id: self.run_id.clone(), after_sequence: self.last_sequence };
-        let stream = client.watch_run(request).await.map_err(|s| RefineError::Failed(status_text(&s)))?;
-        Ok(events_of(stream.into_inner(), |m: gw::WatchRunResponse| m.event))
-    }
-
-    async fn get_run(&self, client: &mut super::Client) -> Result<gw::Run, RefineError> {
-        if self.run_id.is_empty() {
-            return Err(RefineError::Failed("the gateway ended the event stream before the run started".into()));
-        }
-        let reply = client
-            .get_run(gw::GetRunRequest { run_id: self.run_id.clone() })
-            .await
-            .map_err(|s| RefineError::Failed(status_text(&s)))?;
-        reply
-            .into_inner()
-            .run
-            .ok_or_else(|| RefineError::Failed(format!("run {}: the gateway sent no run", self.run_id)))
-    }
-
-    /// Print what the event says; `Some` once the run completed.
-    fn on_event(&mut self, ev: gw::RunEvent) -> Option<Result<Finished, RefineError>> {
+    /// Print what the event says; done once the run completed.
+    fn on_event(&mut self, ev: gw::RunEvent) -> Step<Result<Finished, RefineError>> {
         use gw::run_event::Event;
-        self.last_sequence = self.last_sequence.max(ev.sequence);
         if self.run_id.is_empty() {
             self.run_id = ev.run_id;
             let on = self.gateway.as_deref().map(|g| format!(" on {g}")).unwrap_or_default();
@@ -303,7 +260,7 @@ impl Follower {
         match ev.event {
             Some(Event::SelfRefinePass(p)) => eprintln!("{}", pass_line(&p)),
             Some(Event::StateChanged(s)) => eprintln!("{}", state_line(&s)),
-            Some(Event::Completed(c)) => return Some(self.completed(c.state, c.result)),
+            Some(Event::Completed(c)) => return Step::Done(self.completed(c.state, c.result)),
             Some(
                 Event::Started(_)
                 | Event::Progress(_)
@@ -312,13 +269,20 @@ impl Follower {
                 | Event::Aggregate(_)
                 | Event::Refinement(_)
                 | Event::DebateStage(_)
-                | Event::DebateProblemDone(_),
+                | Event::DebateProblemDone(_)
+                | Event::SelfRefined(_),
             )
             | None => {}
         }
-        None
+        Step::Continue
     }
 
+    fn on_stream_end(&mut self, run: gw::Run) -> Option<Result<Finished, RefineError>> {
+        is_final(run.state).then(|| self.completed(run.state, run.result))
+    }
+}
+
+impl Follower {
     /// The run completed: its self-refine result, or why there is none.
     fn completed(&self, state: i32, result: Option<gw::RunResult>) -> Result<Finished, RefineError> {
         let id = &self.run_id;
@@ -417,6 +381,28 @@ pub fn pass_line(p: &rpb::SelfRefinePass) -> String {
     };
     parts.push(verdict);
     format!("pass {}: {}", p.pass, parts.join("; "))
+}
+
+/// The progress line of one output through the self-refine hook, as `assay refine` and `assay
+/// debate` print it on standard error.
+pub fn self_refined_line(e: &gw::SelfRefined) -> String {
+    let what = format!("self-refine {} ({})", e.target, e.producer);
+    if !e.skipped.is_empty() {
+        return format!("{what}: skipped: {}", e.skipped);
+    }
+    if !e.error.is_empty() {
+        return format!("{what}: error: {}; kept the text", e.error);
+    }
+    let r = e.refine.clone().unwrap_or_default();
+    if r.skipped_too_short {
+        return format!("{what}: skipped: too_short");
+    }
+    format!(
+        "{what}: {} after {}, text {}",
+        stop_reason_name(r.stop_reason),
+        plural(r.passes.len(), "pass"),
+        if e.before == e.after { "unchanged" } else { "changed" }
+    )
 }
 
 /// How the run ended, one line on standard error.
@@ -625,6 +611,34 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(pass_line(&diverged), "pass 1: 2 critique points; similarity 0.50 (embedding); revised (diverged)");
+    }
+
+    #[test]
+    fn self_refined_lines_say_what_the_hook_did() {
+        let entry = |skipped: &str, error: &str, refine: Option<rpb::SelfRefineResponse>| gw::SelfRefined {
+            target: "stages".into(),
+            producer: "model".into(),
+            skipped: skipped.into(),
+            before: "Old.".into(),
+            after: if refine.is_some() { "New." } else { "Old." }.into(),
+            refine,
+            error: error.into(),
+        };
+        let refined = rpb::SelfRefineResponse {
+            passes: vec![rpb::SelfRefinePass::default(), rpb::SelfRefinePass::default()],
+            stop_reason: rpb::SelfRefineStopReason::Converged as i32,
+            changed: true,
+            ..Default::default()
+        };
+        assert_eq!(
+            self_refined_line(&entry("", "", Some(refined))),
+            "self-refine stages (model): converged after 2 passes, text changed"
+        );
+        assert_eq!(self_refined_line(&entry("excluded", "", None)), "self-refine stages (model): skipped: excluded");
+        assert_eq!(
+            self_refined_line(&entry("", "refiner unavailable", None)),
+            "self-refine stages (model): error: refiner unavailable; kept the text"
+        );
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! JSON renderings of checklists and record results, as the commands print them.
+//! JSON renderings of checklists, record results and self-refine hook entries, as the commands
+//! print them.
 
 use assay_proto::common::v1 as common;
 use assay_proto::gateway::v1 as gw;
@@ -65,6 +66,25 @@ pub fn record_json(r: &gw::RecordResult) -> Value {
     })
 }
 
+/// One output through the self-refine hook as JSON: what it was, who wrote it, the text before and
+/// after, and why it was skipped, how the loop went (its passes) or why it failed.
+pub fn self_refined_json(e: &gw::SelfRefined) -> Value {
+    let mut v = json!({
+        "target": e.target, "producer": e.producer, "changed": e.before != e.after,
+        "before": e.before, "after": e.after,
+    });
+    if !e.skipped.is_empty() {
+        v["skipped"] = json!(e.skipped);
+    }
+    if let Some(r) = &e.refine {
+        v["refine"] = super::refine_text::self_refine_result_json(r);
+    }
+    if !e.error.is_empty() {
+        v["error"] = json!(e.error);
+    }
+    v
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::input::checklist_from_json;
@@ -82,5 +102,45 @@ mod tests {
         assert_eq!(back.items[1], c.items[1]);
         assert_eq!((back.items[0].id.as_str(), back.items[0].question.as_str()), ("q1", "Is it short?"));
         assert!(checklist_from_json(&json!({"items": [{"id": "a"}]})).unwrap_err().contains("items[0]"));
+    }
+
+    #[test]
+    fn self_refined_entries_say_what_the_hook_did() {
+        let refined = gw::SelfRefined {
+            target: "intro".into(),
+            producer: "model".into(),
+            before: "Old.".into(),
+            after: "New.".into(),
+            refine: Some(assay_proto::refiners::v1::SelfRefineResponse {
+                final_text: "New.".into(),
+                passes: vec![assay_proto::refiners::v1::SelfRefinePass { pass: 1, ..Default::default() }],
+                changed: true,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let v = self_refined_json(&refined);
+        assert_eq!((v["target"].as_str(), v["producer"].as_str()), (Some("intro"), Some("model")));
+        assert_eq!(
+            (v["before"].as_str(), v["after"].as_str(), v["changed"].as_bool()),
+            (Some("Old."), Some("New."), Some(true))
+        );
+        assert_eq!(v["refine"]["passes"][0]["pass"], 1);
+        assert!(v.get("skipped").is_none() && v.get("error").is_none());
+        let skipped = gw::SelfRefined {
+            target: "a".into(),
+            producer: "debate".into(),
+            skipped: "too_short".into(),
+            before: "4".into(),
+            after: "4".into(),
+            ..Default::default()
+        };
+        let v = self_refined_json(&skipped);
+        assert_eq!((v["skipped"].as_str(), v["changed"].as_bool()), (Some("too_short"), Some(false)));
+        assert!(v.get("refine").is_none());
+        let failed = gw::SelfRefined { skipped: String::new(), error: "refiner down".into(), ..skipped };
+        let v = self_refined_json(&failed);
+        assert_eq!(v["error"], "refiner down");
+        assert!(v.get("skipped").is_none());
     }
 }

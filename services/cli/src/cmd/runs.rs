@@ -1,17 +1,198 @@
 //! `assay runs`: list, show, watch and control runs on a running gateway; the human-in-the-loop
-//! verbs of targeted refinement (intervene, edit, resume, accept, review).
+//! verbs of targeted refinement (intervene, edit, resume, accept, review). Also how the verbs that
+//! start a run follow it ([`follow_run`]).
 
 use std::path::PathBuf;
+use std::pin::Pin;
 
 use assay_config::AssayConfig;
 use assay_proto::arbiter::v1 as arb;
 use assay_proto::common::v1 as common;
 use assay_proto::gateway::v1 as gw;
 use assay_proto::refiners::v1 as ref_pb;
+use futures::{Stream, StreamExt};
 use serde_json::{Value, json};
 
-use super::render::{checklist_json, record_json};
-use super::{client, status_text};
+use super::render::{checklist_json, record_json, self_refined_json};
+use super::{Client, client, status_text};
+
+/// Why following a run failed: the gateway refused the request (bad input), or the connection, the
+/// gateway or the event stream failed.
+#[derive(Debug, PartialEq, Eq)]
+pub enum FollowError {
+    BadInput(String),
+    Failed(String),
+}
+
+/// The run events of a `RunPipeline` or `WatchRun` stream.
+pub type Events = Pin<Box<dyn Stream<Item = Result<gw::RunEvent, tonic::Status>> + Send>>;
+
+/// The run events of a stream of `M`s.
+pub fn events_of<M: Send + 'static>(stream: tonic::Streaming<M>, event: fn(M) -> Option<gw::RunEvent>) -> Events {
+    Box::pin(stream.filter_map(move |m| futures::future::ready(m.map(event).transpose())))
+}
+
+/// Reattachments in a row that bring no new event before the follower gives up.
+pub const MAX_QUIET_REATTACH: u32 = 3;
+
+/// Start a run: the events of its `RunPipeline` stream. A request the gateway refuses as invalid
+/// is bad input.
+pub async fn start_run(client: &mut Client, request: gw::RunPipelineRequest) -> Result<Events, FollowError> {
+    let stream = client.run_pipeline(request).await.map_err(|s| {
+        if s.code() == tonic::Code::InvalidArgument {
+            FollowError::BadInput(status_text(&s))
+        } else {
+            FollowError::Failed(status_text(&s))
+        }
+    })?;
+    Ok(events_of(stream.into_inner(), |m: gw::RunPipelineResponse| m.event))
+}
+
+/// Start a run and follow it until the verb is done ([`start_run`], [`follow_run`]).
+pub async fn run_and_follow<F: RunFollower>(
+    client: &mut Client,
+    request: gw::RunPipelineRequest,
+    follower: &mut F,
+) -> Result<F::Ending, F::Error> {
+    let events = start_run(client, request).await?;
+    follow_run(client, events, follower).await
+}
+
+/// What one event means to the verb following the run.
+pub enum Step<T> {
+    /// Keep following.
+    Continue,
+    /// Stop following: the verb ends so.
+    Done(T),
+    /// Stop following: the run waits for a human ([`RunFollower::awaiting_human`]).
+    AwaitingHuman,
+}
+
+/// A verb that follows the events of the run it started ([`follow_run`]).
+pub trait RunFollower {
+    /// How the verb ends when it does not fail.
+    type Ending;
+    /// Why the verb fails; the errors of following itself convert into it.
+    type Error: From<FollowError>;
+
+    /// One event of the run.
+    fn on_event(&mut self, event: gw::RunEvent) -> Step<Result<Self::Ending, Self::Error>>;
+
+    /// The event stream ended before the verb was done; `run` is the run as the gateway stores it.
+    /// `None` follows the run again from the last event seen.
+    fn on_stream_end(&mut self, run: gw::Run) -> Option<Result<Self::Ending, Self::Error>>;
+
+    /// After [`Step::AwaitingHuman`]: how the verb ends, given the stored run when the gateway gave
+    /// it.
+    fn awaiting_human(&mut self, run: Option<&gw::Run>) -> Result<Self::Ending, Self::Error> {
+        let id = run.map_or("", |r| r.run_id.as_str());
+        Err(FollowError::Failed(format!("run {id} waits for a human")).into())
+    }
+}
+
+/// Whether a run in this state is over (succeeded, partial, failed or cancelled).
+pub fn is_final(state: i32) -> bool {
+    match gw::RunState::try_from(state) {
+        Ok(gw::RunState::Succeeded | gw::RunState::Partial | gw::RunState::Failed | gw::RunState::Cancelled) => true,
+        Ok(
+            gw::RunState::Unspecified
+            | gw::RunState::Pending
+            | gw::RunState::Running
+            | gw::RunState::Paused
+            | gw::RunState::AwaitingHuman,
+        )
+        | Err(_) => false,
+    }
+}
+
+/// Follow a run's `events` until the verb is done. When the stream breaks (resource exhausted,
+/// unavailable) or ends early, the run is followed again (`WatchRun` from the last sequence seen,
+/// after a pause of a second); after [`MAX_QUIET_REATTACH`] reattachments in a row without a new
+/// event, following fails.
+pub async fn follow_run<F: RunFollower>(
+    client: &mut Client,
+    mut events: Events,
+    follower: &mut F,
+) -> Result<F::Ending, F::Error> {
+    let mut run = Followed::default();
+    loop {
+        match events.next().await {
+            Some(Ok(ev)) => {
+                run.seen(&ev);
+                match follower.on_event(ev) {
+                    Step::Continue => {}
+                    Step::Done(outcome) => return outcome,
+                    Step::AwaitingHuman => {
+                        let stored = run.get(client).await.ok();
+                        return follower.awaiting_human(stored.as_ref());
+                    }
+                }
+            }
+            Some(Err(s)) if matches!(s.code(), tonic::Code::ResourceExhausted | tonic::Code::Unavailable) => {
+                eprintln!("event stream interrupted ({}); reattaching", s.message());
+                events = run.reattach(client).await?;
+            }
+            Some(Err(s)) => return Err(FollowError::Failed(status_text(&s)).into()),
+            None => {
+                let stored = run.get(client).await?;
+                match follower.on_stream_end(stored) {
+                    Some(outcome) => return outcome,
+                    None => events = run.reattach(client).await?,
+                }
+            }
+        }
+    }
+}
+
+/// Where following a run stands.
+#[derive(Default)]
+struct Followed {
+    run_id: String,
+    last_sequence: u64,
+    /// Reattachments since the last event.
+    quiet: u32,
+}
+
+impl Followed {
+    fn seen(&mut self, ev: &gw::RunEvent) {
+        if self.run_id.is_empty() {
+            self.run_id.clone_from(&ev.run_id);
+        }
+        self.last_sequence = self.last_sequence.max(ev.sequence);
+        self.quiet = 0;
+    }
+
+    /// Follow the run again from the last sequence seen (after a pause of a second).
+    async fn reattach(&mut self, client: &mut Client) -> Result<Events, FollowError> {
+        self.quiet += 1;
+        if self.quiet > MAX_QUIET_REATTACH {
+            return Err(FollowError::Failed(format!(
+                "lost the events of run {id}; follow it with `assay runs watch {id} --after {}`",
+                self.last_sequence,
+                id = self.run_id
+            )));
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        let request = gw::WatchRunRequest { run_id: self.run_id.clone(), after_sequence: self.last_sequence };
+        let stream = client.watch_run(request).await.map_err(|s| FollowError::Failed(status_text(&s)))?;
+        Ok(events_of(stream.into_inner(), |m: gw::WatchRunResponse| m.event))
+    }
+
+    /// The run as the gateway stores it.
+    async fn get(&self, client: &mut Client) -> Result<gw::Run, FollowError> {
+        if self.run_id.is_empty() {
+            return Err(FollowError::Failed("the gateway ended the event stream before the run started".into()));
+        }
+        let reply = client
+            .get_run(gw::GetRunRequest { run_id: self.run_id.clone() })
+            .await
+            .map_err(|s| FollowError::Failed(status_text(&s)))?;
+        reply
+            .into_inner()
+            .run
+            .ok_or_else(|| FollowError::Failed(format!("run {}: the gateway sent no run", self.run_id)))
+    }
+}
 
 /// What to do.
 pub enum Action {
@@ -171,6 +352,9 @@ pub fn refinement_result_json(r: &gw::TargetedRefinementResult) -> Value {
     }
     if !r.warning.is_empty() {
         v["warning"] = json!(r.warning);
+    }
+    if !r.self_refined.is_empty() {
+        v["self_refined"] = r.self_refined.iter().map(self_refined_json).collect();
     }
     v
 }
@@ -394,6 +578,7 @@ pub fn event_json(e: &gw::RunEvent) -> Value {
             )
         }
         Some(Event::DebateProblemDone(p)) => ("debate_problem_done", super::debate::problem_json(p)),
+        Some(Event::SelfRefined(r)) => ("self_refined", self_refined_json(r)),
         None => ("unknown", Value::Null),
     };
     json!({"sequence": e.sequence, "time": time(e.time), "event": kind, "detail": detail})
@@ -534,7 +719,8 @@ pub async fn run(config: &AssayConfig, url: &str, action: Action, as_json: bool)
 }
 
 /// One watched event: its JSON, or `#<sequence> <kind> <fields>` (refinement events in the words
-/// of `assay refine`, self-refine passes in those of `assay refine-text`).
+/// of `assay refine`, self-refine passes in those of `assay refine-text`, self-refine hook entries
+/// in those of `assay refine` and `assay debate`).
 fn watch_line(e: &gw::RunEvent, as_json: bool) -> String {
     let v = event_json(e);
     if as_json {
@@ -547,6 +733,9 @@ fn watch_line(e: &gw::RunEvent, as_json: bool) -> String {
     }
     if let Some(gw::run_event::Event::SelfRefinePass(p)) = &e.event {
         return format!("#{} {}", e.sequence, super::refine_text::pass_line(p));
+    }
+    if let Some(gw::run_event::Event::SelfRefined(r)) = &e.event {
+        return format!("#{} {}", e.sequence, super::refine_text::self_refined_line(r));
     }
     format!("#{} {} {}", e.sequence, v["event"].as_str().unwrap_or_default(), v["detail"])
 }
@@ -674,6 +863,74 @@ mod tests {
         assert_eq!(v["self_refine"]["passes"][0]["converged"], true);
         assert!(v["self_refine"].get("final_text").is_none());
         assert_eq!(run_detail_json(&run)["self_refine"]["final_text"], "Final.");
+    }
+
+    #[test]
+    fn only_finished_runs_are_final() {
+        for s in [gw::RunState::Succeeded, gw::RunState::Partial, gw::RunState::Failed, gw::RunState::Cancelled] {
+            assert!(is_final(s as i32), "{s:?}");
+        }
+        for s in [gw::RunState::Pending, gw::RunState::Running, gw::RunState::Paused, gw::RunState::AwaitingHuman] {
+            assert!(!is_final(s as i32), "{s:?}");
+        }
+        assert!(!is_final(99));
+    }
+
+    #[test]
+    fn self_refine_hook_entries_render_in_results_and_events() {
+        let entry = gw::SelfRefined {
+            target: "intro".into(),
+            producer: "original".into(),
+            skipped: "too_short".into(),
+            before: "Hi.".into(),
+            after: "Hi.".into(),
+            ..Default::default()
+        };
+        let run = gw::Run {
+            run_id: "r1".into(),
+            kind: gw::PipelineKind::TargetedRefinement as i32,
+            state: gw::RunState::Succeeded as i32,
+            result: Some(gw::RunResult {
+                result: Some(gw::run_result::Result::TargetedRefinement(gw::TargetedRefinementResult {
+                    self_refined: vec![entry.clone()],
+                    ..Default::default()
+                })),
+                error: String::new(),
+            }),
+            ..Default::default()
+        };
+        let v = run_detail_json(&run);
+        assert_eq!(v["targeted_refinement"]["self_refined"][0]["target"], "intro");
+        assert_eq!(v["targeted_refinement"]["self_refined"][0]["skipped"], "too_short");
+        let debate = gw::Run {
+            kind: gw::PipelineKind::Debate as i32,
+            result: Some(gw::RunResult {
+                result: Some(gw::run_result::Result::Debate(gw::DebateRunResult {
+                    problems: vec![
+                        gw::DebateProblemResult { id: "p1".into(), ..Default::default() },
+                        gw::DebateProblemResult {
+                            id: "p2".into(),
+                            self_refined: Some(gw::SelfRefined { target: "p2".into(), ..entry.clone() }),
+                            ..Default::default()
+                        },
+                    ],
+                    ..Default::default()
+                })),
+                error: String::new(),
+            }),
+            ..run
+        };
+        let v = run_detail_json(&debate);
+        assert_eq!(v["debate"]["self_refined"].as_array().map(Vec::len), Some(1));
+        assert_eq!(v["debate"]["self_refined"][0]["target"], "p2");
+        let event = gw::RunEvent {
+            run_id: "r1".into(),
+            sequence: 9,
+            event: Some(gw::run_event::Event::SelfRefined(entry)),
+            ..Default::default()
+        };
+        assert_eq!(event_json(&event)["event"], "self_refined");
+        assert_eq!(watch_line(&event, false), "#9 self-refine intro (original): skipped: too_short");
     }
 
     #[test]

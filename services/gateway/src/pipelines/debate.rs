@@ -9,6 +9,9 @@
 //! over as many samples as the debate made model calls for the problem). Samples come from Solve
 //! calls whose three solvers are all the first solver (the debate service's Solve takes exactly
 //! three solvers), so a problem's baselines cost `3 * ceil(samples / 3)` model calls.
+//!
+//! With `self_refine`, every final answer then goes through the self-refine hook (the problem as
+//! its instruction) before the problem's checkpoint; grading uses the debate's own answer.
 
 use std::collections::HashSet;
 
@@ -16,6 +19,7 @@ use assay_domain::debate::{
     self as dd, Debate, DebateEvent, DebateOutcome, DebateRequest, RefinedSolution, SolveRequest, Solver,
 };
 use assay_domain::limits::{MAX_ID_BYTES, MAX_RECORDS};
+use assay_domain::self_refine::SelfRefineHook;
 use assay_domain::{ModelSpec, StageError, Usage, Violations};
 use assay_proto::convert;
 use assay_proto::gateway::v1 as gw;
@@ -23,6 +27,7 @@ use assay_proto::gateway::v1::run_event::Event;
 use futures::StreamExt;
 use tokio::sync::mpsc;
 
+use super::self_refine_hook::{self, Output};
 use super::stages::Stages;
 use crate::engine::{Pipeline, RunCtx, RunOutcome};
 
@@ -50,6 +55,8 @@ pub struct DebatePipeline {
     rounds: u32,
     early_stop: bool,
     baselines: bool,
+    /// The self-refine hook on the final answers.
+    hook: Option<SelfRefineHook>,
     /// Problems at once (the caller's, else the gateway's, at most [`MAX_CONCURRENCY`]).
     concurrency: usize,
     stages: Stages,
@@ -66,6 +73,7 @@ impl DebatePipeline {
             early_stop_on_agreement,
             baselines,
             concurrency,
+            self_refine,
         } = p;
         let mut v = Violations::new();
         if concurrency > MAX_CONCURRENCY {
@@ -115,8 +123,12 @@ impl DebatePipeline {
                 Problem { id, problem, reference }
             })
             .collect();
+        let hook = self_refine.map(|h| convert::self_refine::self_refine_hook(h, "pipeline.self_refine", &mut v));
         v.into_result()?;
         stages.debate()?;
+        if hook.is_some() {
+            stages.self_refiner()?;
+        }
         let concurrency = if concurrency > 0 { concurrency as usize } else { stages.concurrency };
         Ok(Self {
             problems,
@@ -125,6 +137,7 @@ impl DebatePipeline {
             rounds,
             early_stop: early_stop_on_agreement,
             baselines,
+            hook,
             concurrency: concurrency.clamp(1, MAX_CONCURRENCY as usize),
             stages,
         })
@@ -174,12 +187,28 @@ impl DebatePipeline {
         } else {
             None
         };
+        let self_refined = match &self.hook {
+            Some(hook) => {
+                let output = Output {
+                    target: p.id.clone(),
+                    producer: "debate",
+                    text: outcome.final_answer.clone(),
+                    instruction: format!(
+                        "The text is the final answer to this problem. Keep the answer itself (its value or \
+                         conclusion) unchanged.\nProblem:\n{}",
+                        p.problem
+                    ),
+                };
+                Some(self_refine_hook::refine(&self.stages, ctx, hook, output).await?)
+            }
+            None => None,
+        };
         let reference = p.reference.clone().unwrap_or_default();
         let debate = convert::debate::run_debate_response_to(&outcome);
         Ok(gw::DebateProblemResult {
             index: i as u32,
             id: p.id.clone(),
-            final_answer: outcome.final_answer.clone(),
+            final_answer: self_refined.as_ref().map_or_else(|| outcome.final_answer.clone(), |e| e.after.clone()),
             correct: p.reference.as_deref().map(|r| is_correct(&outcome.final_answer, r)),
             consensus: outcome.consensus,
             answers_changed: outcome.answers_changed,
@@ -188,6 +217,7 @@ impl DebatePipeline {
             baselines,
             error: String::new(),
             reference,
+            self_refined,
         })
     }
 

@@ -1,12 +1,14 @@
 //! The gateway's pipelines, one module each, over stage traits from `assay-domain`:
 //! [`checklist_eval`] and [`generate_checklist`] (sharing [`checklist`], where checklists come
-//! from), [`targeted_refinement`], [`self_refine`] and [`debate`]. [`Pipelines`] parses a request into the pipeline that runs it.
+//! from), [`targeted_refinement`], [`self_refine`] and [`debate`]; [`self_refine_hook`] post-processes
+//! the text outputs of the last two. [`Pipelines`] parses a request into the pipeline that runs it.
 
 pub mod checklist;
 pub mod checklist_eval;
 pub mod debate;
 pub mod generate_checklist;
 pub mod self_refine;
+pub mod self_refine_hook;
 mod stages;
 pub mod targeted_refinement;
 

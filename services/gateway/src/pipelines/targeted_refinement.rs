@@ -14,7 +14,8 @@
 //! judging, a human action consumed), so a restarted gateway goes on where it was and never
 //! redoes an applied task. Human actions (edit a section, accept, mark reviewed, resume after an
 //! escalation) arrive through the engine's action inbox; pause is the engine's gate, observed
-//! before every task and every judging.
+//! before every task and every judging. With `self_refine` set, the final document's sections go
+//! through the self-refine hook before the result (each section's entry checkpointed).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex as StdMutex;
@@ -26,6 +27,7 @@ use assay_domain::document::{MAX_JUDGES, check_criteria, default_criteria, mean_
 use assay_domain::iteration::{self, EDITS_TO_LOCK, Limits, QualityLock};
 use assay_domain::judge::{JudgeSectionsRequest, PanelJudge, check_judges, panel_or_default};
 use assay_domain::limits::MAX_TEXT_BYTES;
+use assay_domain::self_refine::SelfRefineHook;
 use assay_domain::verify::{DEFAULT_LOCK_MAX_DROP, VerifyRequest};
 use assay_domain::{Brief, Criterion, JudgeIssue, JudgeVerdict, ModelSpec, Section, Severity, StageError, Violations};
 use assay_proto::convert;
@@ -33,15 +35,18 @@ use assay_proto::gateway::v1 as gw;
 use assay_proto::gateway::v1::control_run_request::Action;
 use assay_proto::gateway::v1::refinement_event::Event as Ev;
 use assay_proto::gateway::v1::run_event::Event;
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
+use super::self_refine_hook::{self, Output};
 use super::stages::{RefinementStages, Stages};
 use crate::engine::{ControlEffect, Pipeline, RunCtx, RunOutcome};
 
 /// Checkpoint key of the loop's state.
 const STATE: &str = "refinement:state";
+/// Checkpoint key prefix of the self-refine hook's entries (by section id).
+const SELF_REFINED: &str = "refinement:self_refined:";
 
 /// Full-auto accepts at this score, or at [`WARN_SCORE`] with no critical issue (with a warning).
 const FULL_AUTO_ACCEPT: f64 = 0.85;
@@ -83,6 +88,8 @@ pub struct TargetedRefinement {
     max_parallel_patchers: u32,
     lock_threshold: f64,
     models: Models,
+    /// The self-refine hook on the final document.
+    hook: Option<SelfRefineHook>,
     stages: Stages,
     /// One task at a time waits at the gate (so a posted action is consumed once).
     gate: Mutex<()>,
@@ -185,6 +192,13 @@ struct State {
     unverified_edits: Vec<String>,
     /// Sections a human edited during the current iteration (their tasks are skipped).
     human_edited: BTreeSet<String>,
+    /// Every section a human ever edited (the self-refine hook's producer "human").
+    #[serde(default)]
+    human_sections: BTreeSet<String>,
+    /// The loop has decided and the run is finishing (the self-refine hook may be under way): a
+    /// restarted gateway finishes it the same way.
+    #[serde(default)]
+    finishing: Option<Finishing>,
     /// Posted actions consumed.
     consumed: u32,
     /// Active milliseconds before this process took the run over.
@@ -210,6 +224,8 @@ impl State {
             quality_locks: Vec::new(),
             unverified_edits: Vec::new(),
             human_edited: BTreeSet::new(),
+            human_sections: BTreeSet::new(),
+            finishing: None,
             consumed: 0,
             active_ms: 0,
             stop_reason: String::new(),
@@ -247,6 +263,18 @@ impl State {
             }
         }
     }
+}
+
+/// A decided run's ending, kept in the state until the result is stored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Finishing {
+    /// A `gw::RefinementOutcome`.
+    outcome: i32,
+    /// The judging the result reports.
+    judging: usize,
+    warning: String,
+    /// A best-effort result (its summary is recomputed from the judging).
+    best_effort: bool,
 }
 
 /// How a step of the loop ends when it does not simply go on.
@@ -358,6 +386,7 @@ impl TargetedRefinement {
             criteria,
             max_parallel_patchers,
             lock_threshold,
+            self_refine,
         } = p;
         let mut v = Violations::new();
         let sections: Vec<Section> = convert::document::sections(sections, &field("sections"), &mut v)
@@ -436,8 +465,12 @@ impl TargetedRefinement {
             delta: convert::model_spec(delta_judge_model, &field("delta_judge_model"), &mut v),
             arbiter: convert::model_spec(arbiter_model, &field("arbiter_model"), &mut v),
         };
+        let hook = self_refine.map(|h| convert::self_refine::self_refine_hook(h, &field("self_refine"), &mut v));
         v.into_result()?;
         stages.refinement()?;
+        if hook.is_some() {
+            stages.self_refiner()?;
+        }
         Ok(Self {
             sections,
             verdicts,
@@ -453,6 +486,7 @@ impl TargetedRefinement {
             max_parallel_patchers,
             lock_threshold,
             models,
+            hook,
             stages,
             gate: Mutex::new(()),
             accepted: std::sync::atomic::AtomicBool::new(false),
@@ -931,6 +965,7 @@ impl TargetedRefinement {
             st.unverified_edits.push(e.section_id.clone());
         }
         st.human_edited.insert(e.section_id.clone());
+        st.human_sections.insert(e.section_id.clone());
     }
 
     /// Verify sections a human edited (FR-048d): the delta judge checks each against the open
@@ -1365,6 +1400,16 @@ impl TargetedRefinement {
         warning: String,
         best_effort: Option<gw::BestEffort>,
     ) -> Result<RunOutcome, StageError> {
+        st.finishing = Some(Finishing {
+            outcome: outcome as i32,
+            judging,
+            warning: warning.clone(),
+            best_effort: best_effort.is_some(),
+        });
+        let self_refined = match &self.hook {
+            Some(hook) => self.self_refine_sections(ctx, st, hook).await?,
+            None => Vec::new(),
+        };
         let j = st.judged.get(judging);
         let final_score = j.map_or(0.0, |j| j.score);
         let quality = j.map_or(gw::QualityStatus::Unspecified, |j| quality_of(j.score, j.critical));
@@ -1405,11 +1450,80 @@ impl TargetedRefinement {
             tasks_completed: st.tasks_completed,
             tasks_failed: st.tasks_failed,
             models: ctx.models().iter().map(convert::model_record_to).collect(),
+            self_refined,
         };
         Ok(RunOutcome {
             state: gw::RunState::Succeeded,
             result: Some(gw::run_result::Result::TargetedRefinement(result)),
         })
+    }
+}
+
+impl TargetedRefinement {
+    /// The self-refine hook over the final document, sections in document order (a few at once);
+    /// an entry already checkpointed for the same text is not redone.
+    async fn self_refine_sections(
+        &self,
+        ctx: &RunCtx,
+        st: &mut State,
+        hook: &SelfRefineHook,
+    ) -> Result<Vec<gw::SelfRefined>, StageError> {
+        self.save(ctx, st, "self_refining").await?;
+        let done: BTreeMap<String, gw::SelfRefined> = ctx
+            .checkpoints::<gw::SelfRefined>(SELF_REFINED)
+            .await?
+            .into_iter()
+            .map(|(_, e)| (e.target.clone(), e))
+            .collect();
+        let brief = self.brief.prompt_text();
+        let outputs: Vec<Output> = st
+            .sections
+            .iter()
+            .map(|s| {
+                let original = self.sections.iter().find(|o| o.id == s.id);
+                let producer = if st.human_sections.contains(&s.id) {
+                    "human"
+                } else if original.is_some_and(|o| o.content == s.content) {
+                    "original"
+                } else {
+                    "model"
+                };
+                let mut instruction = format!(
+                    "Polish section {:?} (\"{}\") of a sectioned document. Return only this section's text, in its \
+                     own format and language; keep its headings, facts and place in the document.",
+                    s.id, s.title
+                );
+                if !brief.trim().is_empty() {
+                    instruction.push_str("\nThe document's brief:\n");
+                    instruction.push_str(&brief);
+                }
+                Output { target: s.id.clone(), producer, text: s.content.clone(), instruction }
+            })
+            .collect();
+        let entries: Vec<gw::SelfRefined> = futures::stream::iter(outputs)
+            .map(|o| {
+                let done = done.get(&o.target).filter(|e| e.before == o.text).cloned();
+                async move {
+                    if let Some(e) = done {
+                        return Ok(e);
+                    }
+                    let e = self_refine_hook::refine(&self.stages, ctx, hook, o).await?;
+                    // A failed loop is tried again by a restarted gateway.
+                    if e.error.is_empty() {
+                        ctx.checkpoint(&format!("{SELF_REFINED}{}", e.target), &e).await?;
+                    }
+                    Ok::<_, StageError>(e)
+                }
+            })
+            .buffered(self.stages.concurrency)
+            .try_collect()
+            .await?;
+        for e in &entries {
+            if let Some(s) = st.sections.iter_mut().find(|s| s.id == e.target) {
+                s.content.clone_from(&e.after);
+            }
+        }
+        Ok(entries)
     }
 }
 
@@ -1470,6 +1584,11 @@ impl TargetedRefinement {
             Some(st) => st,
             None => State::new(self.sections.clone()),
         };
+        if let Some(f) = st.finishing.clone() {
+            let outcome = gw::RefinementOutcome::try_from(f.outcome).unwrap_or(gw::RefinementOutcome::BestEffort);
+            let best_effort = f.best_effort.then(|| self.best_effort(&st, f.judging));
+            return self.finish(ctx, &mut st, outcome, f.judging, f.warning, best_effort).await;
+        }
         loop {
             match st.phase {
                 Phase::Judge => {

@@ -4,8 +4,8 @@
 //! response back (unknown enum values fall back to defaults).
 
 use assay_domain::self_refine::{
-    DEFAULT_MAX_PASSES, DEFAULT_MIN_BYTES, OriginalSimilarity, SelfRefineOutcome, SelfRefinePass, SelfRefineRequest,
-    StopReason,
+    DEFAULT_MAX_PASSES, DEFAULT_MIN_BYTES, OriginalSimilarity, SelfRefineHook, SelfRefineOutcome, SelfRefinePass,
+    SelfRefineRequest, StopReason,
 };
 use assay_domain::similarity::{CompareOutcome, ConvergenceMode, DecidedBy, JaccardScore};
 use assay_domain::{StageError, Violations};
@@ -24,15 +24,7 @@ pub fn self_refine_request(p: pb::SelfRefineRequest, prefix: &str) -> Result<Sel
     let pb::SelfRefineRequest { draft, instruction, max_passes, min_bytes, convergence_mode, model, embedding_model } =
         p;
     let mut v = Violations::new();
-    let mode = match enum_value::<pb::ConvergenceMode>(
-        convergence_mode,
-        &join(prefix, "convergence_mode"),
-        "0 unspecified, 1 permissive, 2 strict",
-        &mut v,
-    ) {
-        Some(pb::ConvergenceMode::Strict) => ConvergenceMode::Strict,
-        Some(pb::ConvergenceMode::Permissive | pb::ConvergenceMode::Unspecified) | None => ConvergenceMode::Permissive,
-    };
+    let mode = convergence_mode_from(convergence_mode, &join(prefix, "convergence_mode"), &mut v);
     let request = SelfRefineRequest {
         draft,
         instruction,
@@ -56,6 +48,29 @@ pub fn self_refine_request(p: pb::SelfRefineRequest, prefix: &str) -> Result<Sel
     }
     v.into_result()?;
     Ok(request)
+}
+
+/// A self-refine hook from the wire; invalid fields are added to `v` with their paths under
+/// `prefix`. Unset `max_passes` / `min_bytes` take the loop's defaults (1 / 200).
+pub fn self_refine_hook(p: pb::SelfRefineHook, prefix: &str, v: &mut Violations) -> SelfRefineHook {
+    let pb::SelfRefineHook { max_passes, min_bytes, exclude, convergence_mode, model, embedding_model } = p;
+    let hook = SelfRefineHook {
+        max_passes: max_passes.unwrap_or(DEFAULT_MAX_PASSES),
+        min_bytes: min_bytes.unwrap_or(DEFAULT_MIN_BYTES),
+        exclude,
+        mode: convergence_mode_from(convergence_mode, &join(prefix, "convergence_mode"), v),
+        model: model_spec(model, &join(prefix, "model"), v),
+        embedding_model: model_spec(embedding_model, &join(prefix, "embedding_model"), v),
+    };
+    hook.check_fields(prefix, v);
+    hook
+}
+
+fn convergence_mode_from(value: i32, field: &str, v: &mut Violations) -> ConvergenceMode {
+    match enum_value::<pb::ConvergenceMode>(value, field, "0 unspecified, 1 permissive, 2 strict", v) {
+        Some(pb::ConvergenceMode::Strict) => ConvergenceMode::Strict,
+        Some(pb::ConvergenceMode::Permissive | pb::ConvergenceMode::Unspecified) | None => ConvergenceMode::Permissive,
+    }
 }
 
 /// The streaming form's request (`request` is required; fields are under `request.`).

@@ -1,0 +1,69 @@
+//! The self-refine hook: post-processing of a pipeline's text outputs (targeted refinement's final
+//! sections, the debate's final answers). Every output that is neither excluded (by its name or its
+//! producer) nor shorter than `min_bytes` goes through one self-refine loop whose instruction is
+//! what the output is for; a failed loop keeps the text. Each output leaves a `self_refined` entry:
+//! what it was, who wrote it, the text before and after, and the loop's passes (which pass changed
+//! what), relayed as an event as it finishes.
+
+use assay_domain::StageError;
+use assay_domain::self_refine::SelfRefineHook;
+use assay_proto::convert;
+use assay_proto::gateway::v1 as gw;
+use assay_proto::gateway::v1::run_event::Event;
+
+use super::stages::Stages;
+use crate::engine::RunCtx;
+
+/// Why an output was not refined.
+pub const SKIPPED_EXCLUDED: &str = "excluded";
+pub const SKIPPED_TOO_SHORT: &str = "too_short";
+
+/// One output offered to the hook.
+pub struct Output {
+    /// Its name: a section id or a problem id.
+    pub target: String,
+    /// Who wrote it ("original", "human", "model", "debate").
+    pub producer: &'static str,
+    pub text: String,
+    /// What the text is for: the loop's instruction.
+    pub instruction: String,
+}
+
+/// Run the hook over one output: the loop's usage and model land on the run, the entry is emitted.
+/// Only cancellation fails; any other error of the loop is reported in the entry, text kept.
+pub async fn refine(
+    stages: &Stages,
+    ctx: &RunCtx,
+    hook: &SelfRefineHook,
+    output: Output,
+) -> Result<gw::SelfRefined, StageError> {
+    let Output { target, producer, text, instruction } = output;
+    let mut entry = gw::SelfRefined {
+        target,
+        producer: producer.to_string(),
+        before: text.clone(),
+        after: text.clone(),
+        ..Default::default()
+    };
+    if hook.excludes(&entry.target, producer) {
+        entry.skipped = SKIPPED_EXCLUDED.into();
+    } else if text.trim().is_empty() || text.len() < hook.min_bytes as usize {
+        entry.skipped = SKIPPED_TOO_SHORT.into();
+    } else {
+        let refined = stages.self_refiner()?.self_refine(hook.request(text, instruction), &|_| {}).await;
+        match refined {
+            Ok(outcome) => {
+                ctx.add_usage(&outcome.usage);
+                if !outcome.skipped_too_short {
+                    ctx.add_model(&outcome.model);
+                }
+                entry.after.clone_from(&outcome.final_text);
+                entry.refine = Some(convert::self_refine::self_refine_response_to(&outcome));
+            }
+            Err(e @ StageError::Cancelled(_)) => return Err(e),
+            Err(e) => entry.error = e.to_string(),
+        }
+    }
+    ctx.emit(Event::SelfRefined(entry.clone())).await?;
+    Ok(entry)
+}
