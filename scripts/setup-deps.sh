@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # Installs what building and testing Assay needs on a fresh Debian/Ubuntu machine, when missing:
-# cmake + clang + libclang-dev (llama.cpp for the embedded model), Python gRPC packages (external
-# client tests, grpcurl), and buf (contract lint). Safe to run repeatedly.
+# cmake + clang + libclang-dev (llama.cpp for the embedded model), chromium + chromium-driver and
+# Python selenium (the admin page's browser tests), Python gRPC packages (external client tests,
+# grpcurl), and buf (contract lint). Safe to run repeatedly.
 set -euo pipefail
 
 need_apt=()
 command -v cmake >/dev/null 2>&1 || need_apt+=(cmake)
 command -v clang >/dev/null 2>&1 || need_apt+=(clang)
 ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || need_apt+=(libclang-dev)
+if [ "${ASSAY_SKIP_BROWSER:-0}" != "1" ]; then
+  command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
+  command -v chromedriver >/dev/null 2>&1 || need_apt+=(chromium-driver)
+fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "installing build dependencies: ${need_apt[*]}"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
@@ -18,4 +23,7 @@ fi
 if [ "${ASSAY_SKIP_PY:-0}" != "1" ]; then
   python3 -c 'import grpc, grpc_reflection, grpc_health' 2>/dev/null \
     || python3 -m pip install -q grpcio grpcio-reflection grpcio-health-checking
+  if [ "${ASSAY_SKIP_BROWSER:-0}" != "1" ]; then
+    python3 -c 'import selenium' 2>/dev/null || python3 -m pip install -q selenium
+  fi
 fi

@@ -47,6 +47,8 @@ pub struct SandboxOptions {
     pub store: Option<String>,
     /// Records the gateway scores at once (default 16).
     pub concurrency: Option<u32>,
+    /// Serve the admin page on a free port.
+    pub admin: bool,
 }
 
 impl MeshSandbox {
@@ -63,6 +65,9 @@ impl MeshSandbox {
         config.auth_token = options.auth_token.clone().unwrap_or_default();
         if let Some(c) = options.concurrency {
             config.gateway.concurrency = c;
+        }
+        if options.admin {
+            config.ports.admin = Some(0);
         }
         if let Some(path) = &options.store {
             config.gateway.store = path.clone();
@@ -107,6 +112,11 @@ impl MeshSandbox {
         self.mesh.as_ref().expect("mesh running")
     }
 
+    /// The admin page's base URL (the sandbox must have been started with `admin`).
+    pub fn admin_url(&self) -> String {
+        format!("http://{}", self.mesh().addrs.admin.expect("the sandbox serves the admin page"))
+    }
+
     pub fn gateway_url(&self) -> String {
         format!("http://{}", self.mesh().addrs.gateway)
     }
@@ -131,4 +141,40 @@ impl MeshSandbox {
             None => Ok(()),
         }
     }
+}
+
+/// Run the admin page's browser checks (`tests/python/admin_page.py`, headless Chromium) in `mode`
+/// with `args`; `on_line` sees every line the script prints as it comes (`READY` where the mode
+/// waits for the test to release the backend). Panics with the script's output when it fails.
+pub async fn admin_browser(mode: &str, args: &serde_json::Value, mut on_line: impl FnMut(&str)) {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt};
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/admin_page.py");
+    let mut child = tokio::process::Command::new("python3")
+        .arg(script)
+        .arg(mode)
+        .arg(args.to_string())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("python3 runs (scripts/setup-deps.sh installs selenium, chromium and chromium-driver)");
+    let mut stderr = child.stderr.take().expect("stderr");
+    let errors = tokio::spawn(async move {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s).await;
+        s
+    });
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut out = Vec::new();
+    while let Ok(Some(line)) = lines.next_line().await {
+        on_line(&line);
+        out.push(line);
+    }
+    let status = child.wait().await.expect("the browser script ends");
+    let errors = errors.await.unwrap_or_default();
+    assert!(
+        status.success() && out.last().map(String::as_str) == Some("OK"),
+        "admin page checks ({mode}) failed:\n{}\n{errors}",
+        out.join("\n")
+    );
 }

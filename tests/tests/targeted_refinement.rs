@@ -1450,12 +1450,49 @@ async fn us2_resume_after_escalation_verifies_the_edit_and_decides_again() {
     sandbox.shutdown().await.unwrap();
 }
 
-/// US2-4, US2-5, FR-048a-d: pause after the first task started (it finishes, nothing new
-/// starts), edit section 3 while paused, resume: the edit is verified by the delta judge first,
-/// the pending task on that section is skipped, and the run completes with the edit. Controls
-/// that do not fit the state are FAILED_PRECONDITION.
+/// A human edit that leaves the score where it was is not thrown away: on a tie the judging of
+/// the human-edited content is the best one, so a second escalation, and the review that closes
+/// it, keep the edit.
 #[tokio::test]
-async fn us2_4_pause_edit_and_resume() {
+async fn a_human_edit_with_an_equal_score_is_kept_as_the_best_content() {
+    let (_, doc, script, _) = stubborn_world();
+    let sandbox = MeshSandbox::start().await;
+    let mut run = escalated_run(&sandbox, &script, &doc).await;
+    let s0 = script.score(&doc.sections);
+    // The edit keeps the stubborn defect sentence: the panel scores it exactly as before.
+    let edited = format!("{}\n\nTake your time with each stage.", doc.content("practice"));
+    run.control(
+        Action::EditSection(gw::EditSection { section_id: "practice".into(), content: edited.clone() }),
+        "editor",
+        "Added a closing line.",
+    )
+    .await
+    .expect("edit");
+    let escalations = |run: &Run| run.revs().iter().filter(|(_, r)| matches!(r, Rev::EscalationTriggered(_))).count();
+    assert_eq!(escalations(&run), 1);
+    run.control(Action::Resume(gw::ResumeRun {}), "editor", "Go on with my line.").await.expect("resume");
+    run.until_rev("a second escalation", |_, r| matches!(r, Rev::EscalationTriggered(_))).await;
+    run.until_state(gw::RunState::AwaitingHuman).await;
+    let got = run.get().await;
+    let progress = progress_of(&got).expect("progress");
+    assert!(progress.score_history.iter().all(|s| close(*s, s0)), "{:?}", progress.score_history);
+    assert_eq!(
+        progress.sections.iter().find(|s| s.id == "practice").map(|s| s.content.as_str()),
+        Some(edited.as_str()),
+        "the escalation offers the edited content"
+    );
+    run.control(Action::Review(gw::ReviewRun {}), "lead", "Fine with the added line.").await.expect("review");
+    let result = run.finish().await;
+    assert_eq!(result.outcome(), gw::RefinementOutcome::Reviewed);
+    for (given, out) in doc.sections.iter().zip(&result.sections) {
+        let want = if given.id == "practice" { edited.as_str() } else { given.content.as_str() };
+        assert_eq!(out.content, want, "{}", given.id);
+    }
+    sandbox.shutdown().await.unwrap();
+}
+
+/// Stages and example garbled (major); the patch of stages (batch 0) waits at the gate.
+fn gated_stages_world() -> (Lesson, Lesson, Script, Gate) {
     let lesson = five();
     let (doc, stages) = garbled(lesson.clone(), "stages", "major", 0.3);
     let (doc, example) = garbled(doc, "example", "major", 0.3);
@@ -1465,6 +1502,16 @@ async fn us2_4_pause_edit_and_resume() {
         .defect(stages)
         .defect(example)
         .tweak(move |call, reply| if *call == Call::Patch("stages".into()) { reply.gated(&g) } else { reply });
+    (lesson, doc, script, gate)
+}
+
+/// US2-4, US2-5, FR-048a-d: pause after the first task started (it finishes, nothing new
+/// starts), edit section 3 while paused, resume: the edit is verified by the delta judge first,
+/// the pending task on that section is skipped, and the run completes with the edit. Controls
+/// that do not fit the state are FAILED_PRECONDITION.
+#[tokio::test]
+async fn us2_4_pause_edit_and_resume() {
+    let (lesson, doc, script, gate) = gated_stages_world();
     let s0 = script.score(&doc.sections);
     let sandbox = MeshSandbox::start().await;
     script.install(&sandbox.llm);
@@ -2334,6 +2381,100 @@ async fn the_hook_leaves_human_edits_alone_and_keeps_the_text_when_the_model_fai
         let want = if given.id == "practice" { edited.as_str() } else { given.content.as_str() };
         assert_eq!(out.content, want, "{}", given.id);
     }
+    sandbox.shutdown().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The admin page, in headless Chromium
+// ---------------------------------------------------------------------------------------------
+
+/// The admin page drives the human loop: a best-effort run shows its banner and one sparkline
+/// point per iteration; an escalated run shows its plan by batch and Mark as reviewed closes it;
+/// a running run is paused (Intervene), section 3 edited and resumed from the browser, and the
+/// delta judge's verification of the edit appears. GetRun over gRPC then has the edit in the
+/// audit log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_page_drives_the_human_loop_in_chromium() {
+    let sandbox = MeshSandbox::start_with(SandboxOptions { admin: true, ..Default::default() }).await;
+
+    // A best-effort run (two iterations, never good enough).
+    let lesson = five();
+    let muddled_intro = garble(INTRO_RIGHT);
+    let doc =
+        lesson.clone().with("intro", INTRO_RIGHT, &muddled_intro).with("practice", PRACTICE_RIGHT, PRACTICE_WRONG);
+    let garbled_intro = Defect::new("intro", muddled_intro.clone(), CLARITY, "major", 0.3).fixed_to(INTRO_VAGUE);
+    let vague = Defect::new("intro", INTRO_VAGUE, CLARITY, "minor", 0.12).fixed_to(INTRO_MUDDLED).texts(
+        "Improve next is vague about which stage to work on.",
+        "Say that teams improve the stage with the largest drop first.",
+    );
+    let muddled = Defect::new("intro", INTRO_MUDDLED, CLARITY, "major", 0.36);
+    let script = Script::new(&lesson, 0.95)
+        .defect(stubborn_practice_error(0.6))
+        .defect(garbled_intro)
+        .defect(vague)
+        .defect(muddled);
+    script.install(&sandbox.llm);
+    let mut p = pipeline(&doc.sections, &doc.brief, gw::RefinementMode::FullAuto);
+    p.max_iterations = Some(2);
+    let mut best_effort = Run::start(&sandbox, p).await;
+    let result = best_effort.finish().await;
+    assert_eq!(result.outcome(), gw::RefinementOutcome::BestEffort);
+
+    // An escalated run.
+    let (_, doc, script, _) = stubborn_world();
+    let mut escalated = escalated_run(&sandbox, &script, &doc).await;
+
+    // A running run whose first patch waits at a gate; the gate opens once the page paused it.
+    let (_, doc, script, gate) = gated_stages_world();
+    script.install(&sandbox.llm);
+    let mut running = Run::start(&sandbox, pipeline(&doc.sections, &doc.brief, gw::RefinementMode::SemiAuto)).await;
+    running.until_rev("the first task_started", |_, r| matches!(r, Rev::TaskStarted(_))).await;
+    assert!(assay_testkit::eventually(Duration::from_secs(10), || gate.waiting() == 1).await);
+    let opener = {
+        let gate = gate.clone();
+        let mut client = GatewayServiceClient::new(sandbox.gateway().await);
+        let run_id = running.run_id.clone();
+        tokio::spawn(async move {
+            let mut events =
+                client.watch_run(gw::WatchRunRequest { run_id, after_sequence: 0 }).await.expect("watch").into_inner();
+            while let Ok(Some(m)) = events.message().await {
+                if matches!(m.event.and_then(|e| e.event), Some(Event::StateChanged(s)) if s.state == gw::RunState::Paused as i32)
+                {
+                    gate.open();
+                }
+            }
+        })
+    };
+    let human = "Think of a small bakery that opened last month in a busy neighbourhood. ".to_string()
+        + &doc.content("example")[doc.first_sentence("example").len() + 1..];
+    let args = json!({
+        "url": sandbox.admin_url(),
+        "best_effort": best_effort.run_id,
+        "escalated": escalated.run_id,
+        "running": running.run_id,
+        "edit_section": "example",
+        "edit_content": human,
+        "shots": format!("{}/admin-screenshots", env!("CARGO_TARGET_TMPDIR")),
+    });
+    assay_tests::admin_browser("refinement", &args, |_| {}).await;
+    opener.abort();
+
+    // Over gRPC: the escalated run was reviewed, the browser's edit is in the running run's log.
+    let reviewed = escalated.get().await;
+    let Some(gw::run_result::Result::TargetedRefinement(r)) = reviewed.result.and_then(|r| r.result) else {
+        panic!("the reviewed run has its result")
+    };
+    assert_eq!(r.outcome(), gw::RefinementOutcome::Reviewed);
+    assert_audit(&r.audit_log, &[("review", "admin", "Reviewed in the browser")]);
+    let edited = running.get().await;
+    assert_audit(
+        &edited.audit_log,
+        &[
+            ("pause", "admin", "Intervene on the example"),
+            ("edit_section", "admin", "Rewrote the opening sentence"),
+            ("resume", "admin", "Go on"),
+        ],
+    );
     sandbox.shutdown().await.unwrap();
 }
 

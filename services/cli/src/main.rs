@@ -439,9 +439,14 @@ fn load_config(path: Option<&std::path::Path>, backend: &BackendArgs) -> Result<
     Ok(config)
 }
 
-async fn up(config: AssayConfig) -> Result<(), String> {
+async fn up(mut config: AssayConfig) -> Result<(), String> {
+    config.ports.admin = Some(config.ports.admin.unwrap_or(assay_config::DEFAULT_ADMIN_PORT));
     let mesh = cmd::start(&config).await?;
     eprintln!("assay mesh is up: gateway on {} (ctrl-c or SIGTERM to stop)", mesh.addrs.gateway);
+    if let Some(admin) = mesh.addrs.admin {
+        let host = if admin.ip().is_unspecified() { "127.0.0.1".to_string() } else { admin.ip().to_string() };
+        eprintln!("admin page: http://{host}:{}/", admin.port());
+    }
     assay_rpc::shutdown_signal().await;
     eprintln!("stopping: draining in-flight calls");
     mesh.shutdown().await

@@ -22,6 +22,8 @@ pub struct MeshAddrs {
     pub arbiter: SocketAddr,
     pub delta_judge: SocketAddr,
     pub debate: SocketAddr,
+    /// The admin page (HTTP), when `ports.admin` is set.
+    pub admin: Option<SocketAddr>,
 }
 
 impl MeshAddrs {
@@ -45,6 +47,7 @@ pub struct Mesh {
     readiness: Vec<Readiness>,
     shutdown: tokio::sync::watch::Sender<bool>,
     tasks: Vec<JoinHandle<Result<(), tonic::transport::Error>>>,
+    admin: Option<JoinHandle<std::io::Result<()>>>,
     engine: assay_gateway::Engine,
 }
 
@@ -74,6 +77,13 @@ impl Mesh {
         self.engine.halt();
         let _ = self.shutdown.send(true);
         let mut err = None;
+        if let Some(t) = self.admin {
+            match t.await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => err = Some(format!("admin page failed: {e}")),
+                Err(e) => err = Some(format!("admin page task failed: {e}")),
+            }
+        }
         for t in self.tasks {
             match t.await {
                 Ok(Ok(())) => {}
@@ -100,6 +110,10 @@ pub async fn start_mesh(config: &AssayConfig, hub: Arc<ModelHub>, ready: bool) -
     let arbiter_l = listener(config, p.arbiter).await?;
     let delta_l = listener(config, p.delta_judge).await?;
     let debate_l = listener(config, p.debate).await?;
+    let admin_l = match p.admin {
+        Some(port) => Some(listener(config, port).await?),
+        None => None,
+    };
     let addr = |l: &TcpListener| l.local_addr().map_err(|e| e.to_string());
     let addrs = MeshAddrs {
         gateway: addr(&gateway_l)?,
@@ -109,6 +123,7 @@ pub async fn start_mesh(config: &AssayConfig, hub: Arc<ModelHub>, ready: bool) -
         arbiter: addr(&arbiter_l)?,
         delta_judge: addr(&delta_l)?,
         debate: addr(&debate_l)?,
+        admin: admin_l.as_ref().map(addr).transpose()?,
     };
     let options = assay_runtime::serve_options(config);
     let token = options.auth_token.clone();
@@ -161,6 +176,13 @@ pub async fn start_mesh(config: &AssayConfig, hub: Arc<ModelHub>, ready: bool) -
         (debate_l, names::DEBATE, assay_debate::routes(Arc::new(assay_debate::DebateCore::new(hub.clone())))),
     ];
     let (tx, rx) = tokio::sync::watch::channel(false);
+    let admin = admin_l.map(|l| {
+        let router = assay_gateway::admin::router(engine.clone(), options.auth_token.clone());
+        let mut rx = rx.clone();
+        tokio::spawn(assay_gateway::admin::serve(l, router, async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }))
+    });
     let mut readiness = Vec::new();
     let mut tasks = Vec::new();
     for (l, name, routes) in services {
@@ -172,7 +194,7 @@ pub async fn start_mesh(config: &AssayConfig, hub: Arc<ModelHub>, ready: bool) -
         };
         tasks.push(tokio::spawn(assay_rpc::serve(l, routes, r, options.clone(), shutdown)));
     }
-    let mesh = Mesh { addrs, readiness, shutdown: tx, tasks, engine };
+    let mesh = Mesh { addrs, readiness, shutdown: tx, tasks, admin, engine };
     if ready {
         mesh.set_serving().await;
     }

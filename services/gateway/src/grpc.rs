@@ -24,6 +24,12 @@ pub struct GatewayGrpc {
 }
 
 /// Routes serving the gateway, with Assay's message limits.
+impl GatewayGrpc {
+    pub fn new(engine: Engine) -> Self {
+        Self { engine }
+    }
+}
+
 pub fn routes(engine: Engine) -> Routes {
     Routes::new(
         GatewayServiceServer::new(GatewayGrpc { engine })

@@ -5,7 +5,9 @@
 //! - [`pipelines`]: one module per pipeline, plain async Rust over the stage traits of
 //!   `assay-domain`, and the factory that parses a request into its pipeline.
 //! - [`grpc`]: the gRPC adapter over the engine.
+//! - [`admin`]: the admin page and its HTTP face of the gRPC service (JSON + server-sent events).
 
+pub mod admin;
 pub mod engine;
 pub mod grpc;
 pub mod pipelines;

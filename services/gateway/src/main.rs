@@ -43,6 +43,21 @@ async fn main() -> std::process::ExitCode {
             });
         let store = assay_gateway::RunStore::open(&assay_gateway::store_path(config)).expect("run store opens");
         let engine = assay_gateway::Engine::new(store, Arc::new(assay_gateway::Pipelines::new(stages)));
+        if let Some(port) = config.ports.admin {
+            let router = assay_gateway::admin::router(engine.clone(), token.map(str::to_string));
+            let bind = config.clone();
+            tokio::spawn(async move {
+                match assay_runtime::bind(&bind, port).await {
+                    Ok(l) => {
+                        tracing::info!(addr = ?l.local_addr().ok(), "admin page listening");
+                        if let Err(e) = assay_gateway::admin::serve(l, router, assay_rpc::shutdown_signal()).await {
+                            tracing::error!(error = %e, "admin page stopped");
+                        }
+                    }
+                    Err(e) => tracing::error!(error = %e, port, "cannot bind the admin page"),
+                }
+            });
+        }
         let resume = engine.clone();
         tokio::spawn(async move {
             match resume.resume_unfinished().await {

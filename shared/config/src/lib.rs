@@ -36,12 +36,19 @@ pub struct Ports {
     pub arbiter: u16,
     pub delta_judge: u16,
     pub debate: u16,
+    /// The gateway's admin page (HTTP); off unless set (`assay up` serves it at
+    /// [`DEFAULT_ADMIN_PORT`] when unset). 0 = any free port.
+    #[serde(default)]
+    pub admin: Option<u16>,
 }
 
+/// Where `assay up` serves the admin page when `ports.admin` is not set.
+pub const DEFAULT_ADMIN_PORT: u16 = 50050;
+
 impl Ports {
-    /// Every port 0: each service binds any free port.
+    /// Every port 0: each service binds any free port (the admin page stays off).
     pub fn ephemeral() -> Ports {
-        Ports { gateway: 0, generator: 0, refiners: 0, scorer: 0, arbiter: 0, delta_judge: 0, debate: 0 }
+        Ports { gateway: 0, generator: 0, refiners: 0, scorer: 0, arbiter: 0, delta_judge: 0, debate: 0, admin: None }
     }
 }
 

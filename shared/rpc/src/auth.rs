@@ -39,6 +39,15 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// Whether an `authorization` header value is `Bearer <token>` (scheme case-insensitive, as RFC
+/// 7235 says; the token compared in constant time).
+pub fn bearer_matches(authorization: Option<&str>, token: &str) -> bool {
+    authorization
+        .and_then(|v| v.split_once(' ').filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer")))
+        .map(|(_, t)| t)
+        .is_some_and(|t| constant_time_eq(t.trim().as_bytes(), token.as_bytes()))
+}
+
 impl<S> tower::Service<http::Request<Body>> for Auth<S>
 where
     S: tower::Service<http::Request<Body>, Response = http::Response<Body>> + Clone + Send + 'static,
@@ -56,14 +65,8 @@ where
         if let Some(token) = &self.token
             && !req.uri().path().starts_with(HEALTH_PREFIX)
         {
-            let ok = req
-                .headers()
-                .get(http::header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok())
-                // The scheme is case-insensitive (RFC 7235).
-                .and_then(|v| v.split_once(' ').filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer")))
-                .map(|(_, t)| t)
-                .is_some_and(|t| constant_time_eq(t.trim().as_bytes(), token.as_bytes()));
+            let ok =
+                bearer_matches(req.headers().get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()), token);
             if !ok {
                 let status = tonic::Status::unauthenticated("missing or wrong bearer token");
                 return Box::pin(async move { Ok(status.into_http()) });

@@ -57,6 +57,19 @@ const ACTION: &str = "engine:action:";
 /// Checkpoint key prefix of the audit log.
 const AUDIT: &str = "engine:audit:";
 
+/// The audit log of a stored run, oldest first (empty for a run kept in memory only).
+pub(crate) async fn stored_audit_log(store: &RunStore, run_id: &str) -> Result<Vec<gw::AuditEntry>, StageError> {
+    store
+        .checkpoints(run_id, AUDIT)
+        .await?
+        .into_iter()
+        .map(|(_, v)| {
+            <gw::AuditEntry as prost::Message>::decode(v.as_slice())
+                .map_err(|e| StageError::Internal(format!("run store: corrupt audit entry: {e}")))
+        })
+        .collect()
+}
+
 /// The writer task of a run: `seq` is the last sequence already stored.
 async fn write_events(
     run_id: String,

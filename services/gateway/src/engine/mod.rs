@@ -140,6 +140,7 @@ impl Engine {
             result: None,
             usage: Some(pb::Usage::default()),
             progress: None,
+            audit_log: Vec::new(),
         }
     }
 
@@ -240,10 +241,17 @@ impl Engine {
 
     /// A run's summary (with result).
     pub async fn get(&self, run_id: &str) -> Result<gw::Run, StageError> {
-        if let Some(live) = self.live(run_id) {
-            return Ok(live.ctx.snapshot());
-        }
-        self.store.get(run_id).await?.map(|s| s.run).ok_or_else(|| StageError::NotFound(format!("run {run_id}")))
+        let mut run = match self.live(run_id) {
+            Some(live) => live.ctx.snapshot(),
+            None => self
+                .store
+                .get(run_id)
+                .await?
+                .map(|s| s.run)
+                .ok_or_else(|| StageError::NotFound(format!("run {run_id}")))?,
+        };
+        run.audit_log = ctx::stored_audit_log(&self.store, run_id).await?;
+        Ok(run)
     }
 
     /// Replay events after `after`, then follow live ones until the run completes.

@@ -994,15 +994,7 @@ impl TargetedRefinement {
                     ..VerifyRequest::default()
                 })
                 .await;
-            let (accepted, verification, reason) = match outcome {
-                Ok(o) => {
-                    ctx.add_usage(&o.usage);
-                    ctx.add_model(&o.model);
-                    (o.accepted, Some(convert::delta_judge::verify_response_to(&o)), o.rejection_reasons.join("; "))
-                }
-                Err(e @ StageError::Cancelled(_)) => return Err(e),
-                Err(e) => (false, None, format!("verification failed: {e}")),
-            };
+            let (accepted, verification, reason) = verdict_of(ctx, outcome)?;
             self.emit(
                 ctx,
                 st.iteration,
@@ -1215,15 +1207,7 @@ impl TargetedRefinement {
                 ..VerifyRequest::default()
             })
             .await;
-        let (accepted, verification, reason) = match verified {
-            Err(e @ StageError::Cancelled(_)) => return Err(e),
-            Err(e) => (false, None, format!("verification failed: {e}")),
-            Ok(o) => {
-                ctx.add_usage(&o.usage);
-                ctx.add_model(&o.model);
-                (o.accepted, Some(convert::delta_judge::verify_response_to(&o)), o.rejection_reasons.join("; "))
-            }
-        };
+        let (accepted, verification, reason) = verdict_of(ctx, verified)?;
         let mut st = shared.lock().await;
         let mut locked_now = None;
         if accepted {
@@ -1524,6 +1508,23 @@ impl TargetedRefinement {
             }
         }
         Ok(entries)
+    }
+}
+
+/// A delta-judge verification as the loop uses it: accepted, the wire record, the rejection
+/// reasons. Its usage lands on the run; a failed verification rejects (only cancellation fails).
+fn verdict_of(
+    ctx: &RunCtx,
+    outcome: Result<assay_domain::verify::VerifyOutcome, StageError>,
+) -> Result<(bool, Option<assay_proto::delta_judge::v1::VerifyResponse>, String), StageError> {
+    match outcome {
+        Ok(o) => {
+            ctx.add_usage(&o.usage);
+            ctx.add_model(&o.model);
+            Ok((o.accepted, Some(convert::delta_judge::verify_response_to(&o)), o.rejection_reasons.join("; ")))
+        }
+        Err(e @ StageError::Cancelled(_)) => Err(e),
+        Err(e) => Ok((false, None, format!("verification failed: {e}"))),
     }
 }
 

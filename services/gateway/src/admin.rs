@@ -1,0 +1,243 @@
+//! The admin page: every run, live, and the human loop from a browser, served by the gateway
+//! process on its own port (`ports.admin`) with its assets compiled in.
+//!
+//! The page speaks the gateway's own contract. This adapter is a thin HTTP face of the gRPC
+//! service, not a second API: `POST /api/<Method>` (GetRun, ListRuns, ControlRun) takes the
+//! request message in the canonical proto3 JSON mapping and answers the response message the same
+//! way, and `GET /api/WatchRun?run_id=..&after_sequence=..` relays WatchRun as server-sent events
+//! (`id` = the event's sequence). Every call goes through the same [`GatewayGrpc`] methods a gRPC
+//! client reaches (validation, errors, engine), and the JSON mapping comes from the contracts'
+//! descriptors at run time, so a field added to `gateway.proto` reaches the page with no code here.
+//! With an auth token configured every API call needs `Authorization: Bearer <token>`, as over gRPC.
+
+use std::sync::{Arc, LazyLock};
+
+use assay_proto::gateway::v1 as gw;
+use assay_proto::gateway::v1::gateway_service_server::GatewayService;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use futures::StreamExt;
+use prost_reflect::{DescriptorPool, DeserializeOptions, DynamicMessage, SerializeOptions};
+use serde_json::json;
+use tonic_types::StatusExt;
+
+use crate::engine::Engine;
+use crate::grpc::GatewayGrpc;
+
+static INDEX_HTML: &str = include_str!("../admin/index.html");
+static APP_JS: &str = include_str!("../admin/app.js");
+static APP_CSS: &str = include_str!("../admin/app.css");
+
+/// Scripts, styles and connections from this origin only; no inline script, no framing.
+const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
+                   connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+
+/// The contracts' descriptors (every Assay package and its imports).
+static POOL: LazyLock<Result<DescriptorPool, String>> = LazyLock::new(|| {
+    DescriptorPool::decode(assay_proto::FILE_DESCRIPTOR_SET).map_err(|e| format!("contract descriptors: {e}"))
+});
+
+#[derive(Clone)]
+struct Admin {
+    grpc: Arc<GatewayGrpc>,
+    token: Option<Arc<str>>,
+}
+
+/// The admin page and its API over `engine`; `token` (when set and non-empty) guards the API.
+pub fn router(engine: Engine, token: Option<String>) -> Router {
+    let admin =
+        Admin { grpc: Arc::new(GatewayGrpc::new(engine)), token: token.filter(|t| !t.is_empty()).map(Arc::from) };
+    Router::new()
+        .route("/", get(|| async { asset("text/html; charset=utf-8", INDEX_HTML) }))
+        .route("/index.html", get(|| async { asset("text/html; charset=utf-8", INDEX_HTML) }))
+        .route("/app.js", get(|| async { asset("text/javascript; charset=utf-8", APP_JS) }))
+        .route("/app.css", get(|| async { asset("text/css; charset=utf-8", APP_CSS) }))
+        .route("/api/config", get(config))
+        .route("/api/WatchRun", get(watch_run))
+        .route("/api/{method}", post(unary))
+        .with_state(admin)
+}
+
+/// Serve the page on `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router).with_graceful_shutdown(shutdown).await
+}
+
+fn asset(content_type: &'static str, body: &'static str) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, HeaderValue::from_static(content_type)),
+            (header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CSP)),
+            (header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff")),
+            (header::REFERRER_POLICY, HeaderValue::from_static("no-referrer")),
+            (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+async fn config(State(admin): State<Admin>) -> Response {
+    json_response(StatusCode::OK, json!({ "authRequired": admin.token.is_some() }).to_string())
+}
+
+fn json_response(status: StatusCode, body: String) -> Response {
+    (
+        status,
+        [
+            (header::CONTENT_TYPE, HeaderValue::from_static("application/json")),
+            (header::CACHE_CONTROL, HeaderValue::from_static("no-store")),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+/// The caller's bearer token matches (or no token is configured); else the 401 to answer.
+fn denied(admin: &Admin, headers: &HeaderMap) -> Option<Response> {
+    let token = admin.token.as_ref()?;
+    let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    (!assay_rpc::auth::bearer_matches(given, token))
+        .then(|| error_response(&tonic::Status::unauthenticated("missing or wrong bearer token")))
+}
+
+/// A gRPC status as the page reads it: the HTTP status that means the same, and
+/// `{code, message, fieldViolations}`.
+fn error_response(status: &tonic::Status) -> Response {
+    use tonic::Code;
+    let (http, code) = match status.code() {
+        Code::InvalidArgument => (StatusCode::BAD_REQUEST, "INVALID_ARGUMENT"),
+        Code::OutOfRange => (StatusCode::BAD_REQUEST, "OUT_OF_RANGE"),
+        Code::Unauthenticated => (StatusCode::UNAUTHORIZED, "UNAUTHENTICATED"),
+        Code::PermissionDenied => (StatusCode::FORBIDDEN, "PERMISSION_DENIED"),
+        Code::NotFound => (StatusCode::NOT_FOUND, "NOT_FOUND"),
+        Code::FailedPrecondition => (StatusCode::CONFLICT, "FAILED_PRECONDITION"),
+        Code::Aborted => (StatusCode::CONFLICT, "ABORTED"),
+        Code::AlreadyExists => (StatusCode::CONFLICT, "ALREADY_EXISTS"),
+        Code::ResourceExhausted => (StatusCode::TOO_MANY_REQUESTS, "RESOURCE_EXHAUSTED"),
+        Code::Unimplemented => (StatusCode::NOT_IMPLEMENTED, "UNIMPLEMENTED"),
+        Code::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE"),
+        Code::DeadlineExceeded => (StatusCode::GATEWAY_TIMEOUT, "DEADLINE_EXCEEDED"),
+        Code::Cancelled => (StatusCode::CONFLICT, "CANCELLED"),
+        Code::Ok | Code::Unknown | Code::Internal | Code::DataLoss => (StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL"),
+    };
+    let violations: Vec<serde_json::Value> = status
+        .get_details_bad_request()
+        .map(|b| b.field_violations.iter().map(|v| json!({"field": v.field, "description": v.description})).collect())
+        .unwrap_or_default();
+    json_response(http, json!({"code": code, "message": status.message(), "fieldViolations": violations}).to_string())
+}
+
+fn invalid(field: &str, description: String) -> tonic::Status {
+    assay_rpc::to_status(assay_domain::StageError::invalid(field, description))
+}
+
+/// A request message from its proto3 JSON (an empty body is the empty message).
+fn from_json<M: prost::Message + Default>(name: &str, body: &[u8]) -> Result<M, tonic::Status> {
+    let pool = POOL.as_ref().map_err(|e| tonic::Status::internal(e.clone()))?;
+    let desc = pool.get_message_by_name(name).ok_or_else(|| tonic::Status::internal(format!("no message {name}")))?;
+    let body = if body.iter().all(u8::is_ascii_whitespace) { b"{}".as_slice() } else { body };
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let message = DynamicMessage::deserialize_with_options(desc, &mut de, &DeserializeOptions::new())
+        .and_then(|m| de.end().map(|()| m))
+        .map_err(|e| invalid("body", format!("is not a valid {name} in the proto3 JSON mapping: {e}")))?;
+    M::decode(prost::Message::encode_to_vec(&message).as_slice())
+        .map_err(|e| tonic::Status::internal(format!("re-encoding {name}: {e}")))
+}
+
+/// A message in the proto3 JSON mapping (camelCase names, enums by name, 64-bit integers as
+/// strings), defaults included so the page never guesses a missing field.
+fn to_json<M: prost::Message>(name: &str, message: &M) -> Result<String, tonic::Status> {
+    let pool = POOL.as_ref().map_err(|e| tonic::Status::internal(e.clone()))?;
+    let desc = pool.get_message_by_name(name).ok_or_else(|| tonic::Status::internal(format!("no message {name}")))?;
+    let dynamic = DynamicMessage::decode(desc, message.encode_to_vec().as_slice())
+        .map_err(|e| tonic::Status::internal(format!("decoding {name}: {e}")))?;
+    let mut out = Vec::new();
+    let mut ser = serde_json::Serializer::new(&mut out);
+    dynamic
+        .serialize_with_options(&mut ser, &SerializeOptions::new().skip_default_fields(false))
+        .map_err(|e| tonic::Status::internal(format!("encoding {name} as JSON: {e}")))?;
+    String::from_utf8(out).map_err(|e| tonic::Status::internal(e.to_string()))
+}
+
+const PKG: &str = "assay.gateway.v1.";
+
+async fn unary(State(admin): State<Admin>, Path(method): Path<String>, headers: HeaderMap, body: Bytes) -> Response {
+    if let Some(denied) = denied(&admin, &headers) {
+        return denied;
+    }
+    let grpc = admin.grpc.as_ref();
+    let answer = match method.as_str() {
+        "GetRun" => call(&body, "GetRunRequest", "GetRunResponse", |r| grpc.get_run(r)).await,
+        "ListRuns" => call(&body, "ListRunsRequest", "ListRunsResponse", |r| grpc.list_runs(r)).await,
+        "ControlRun" => call(&body, "ControlRunRequest", "ControlRunResponse", |r| grpc.control_run(r)).await,
+        other => Err(tonic::Status::not_found(format!(
+            "no method {other:?} here; the admin API has GetRun, ListRuns, ControlRun (POST) and WatchRun (GET, events)"
+        ))),
+    };
+    match answer {
+        Ok(json) => json_response(StatusCode::OK, json),
+        Err(status) => error_response(&status),
+    }
+}
+
+async fn call<Req, Resp, F, Fut>(body: &[u8], request: &str, response: &str, method: F) -> Result<String, tonic::Status>
+where
+    Req: prost::Message + Default,
+    Resp: prost::Message,
+    F: FnOnce(tonic::Request<Req>) -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
+{
+    let req: Req = from_json(&format!("{PKG}{request}"), body)?;
+    let resp = method(tonic::Request::new(req)).await?;
+    to_json(&format!("{PKG}{response}"), resp.get_ref())
+}
+
+#[derive(serde::Deserialize)]
+struct WatchQuery {
+    #[serde(default)]
+    run_id: String,
+    #[serde(default)]
+    after_sequence: u64,
+}
+
+/// WatchRun as server-sent events: `id` = sequence, `event: run`, `data` = the RunEvent's JSON; a
+/// failure after the stream started is one `event: error` with the error's JSON, then the end.
+async fn watch_run(State(admin): State<Admin>, headers: HeaderMap, query: Query<WatchQuery>) -> Response {
+    if let Some(denied) = denied(&admin, &headers) {
+        return denied;
+    }
+    let request = gw::WatchRunRequest { run_id: query.run_id.clone(), after_sequence: query.after_sequence };
+    let stream = match admin.grpc.watch_run(tonic::Request::new(request)).await {
+        Ok(s) => s.into_inner(),
+        Err(status) => return error_response(&status),
+    };
+    let name = format!("{PKG}RunEvent");
+    let events = stream.scan(false, move |ended, item| {
+        if *ended {
+            return futures::future::ready(None);
+        }
+        let event = item.and_then(|m| {
+            let e = m.event.unwrap_or_default();
+            to_json(&name, &e).map(|json| SseEvent::default().id(e.sequence.to_string()).event("run").data(json))
+        });
+        let event = event.unwrap_or_else(|status| {
+            *ended = true;
+            let body = json!({"code": format!("{:?}", status.code()), "message": status.message()});
+            SseEvent::default().event("error").data(body.to_string())
+        });
+        futures::future::ready(Some(Ok::<_, std::convert::Infallible>(event)))
+    });
+    let mut response = Sse::new(events).keep_alive(KeepAlive::default()).into_response();
+    response.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}

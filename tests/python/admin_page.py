@@ -1,0 +1,229 @@
+#!/usr/bin/env python3
+"""Browser checks of the gateway's admin page in headless Chromium (chromedriver from the Debian
+packages), driven by the Rust tests in tests/tests/admin.rs and tests/tests/targeted_refinement.rs.
+
+Usage: admin_page.py <mode> '<json args>'. Modes:
+  refinement  a best-effort run (banner, sparkline), an escalated run (plan panel by batch, Mark as
+              reviewed), a running run (Intervene -> edit section 3 -> Resume -> the delta judge's
+              verification of the human edit appears), phone width.
+  checklist   the auth prompt blocks everything without the token; a checklist evaluation's
+              progress reaches 100% live without a reload; hostile record ids and checklist
+              questions render as characters and never run.
+Prints READY (the Rust side then releases the backend) where a mode needs it, and OK at the end;
+any failed check raises. Screenshots go to args["shots"].
+"""
+
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+from collections import defaultdict
+
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import Select, WebDriverWait
+
+WAIT = 30
+
+
+def browser():
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+    for a in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+              "--window-size=1280,1000", "--lang=en-US"):
+        opts.add_argument(a)
+    service = Service(os.environ.get("CHROMEDRIVER", "/usr/bin/chromedriver"))
+    return webdriver.Chrome(service=service, options=opts)
+
+
+def api(args, method, body):
+    req = urllib.request.Request(f"{args['url']}/api/{method}", data=json.dumps(body).encode(), method="POST")
+    req.add_header("Content-Type", "application/json")
+    if args.get("token"):
+        req.add_header("Authorization", f"Bearer {args['token']}")
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.load(r)
+
+
+def wait(d, what, cond, timeout=WAIT):
+    try:
+        return WebDriverWait(d, timeout).until(lambda d: cond(d))
+    except Exception as e:
+        shot(d, {"shots": ARGS.get("shots")}, "failure-" + what.replace(" ", "-"))
+        raise AssertionError(f"timed out waiting for {what}") from e
+
+
+def shot(d, args, name):
+    if args.get("shots"):
+        os.makedirs(args["shots"], exist_ok=True)
+        d.save_screenshot(os.path.join(args["shots"], f"{name}.png"))
+
+
+def one(d, css):
+    found = d.find_elements(By.CSS_SELECTOR, css)
+    return found[0] if found else None
+
+
+def shown(d, css):
+    e = one(d, css)
+    return e is not None and e.is_displayed()
+
+
+def open_run(d, args, run_id):
+    d.get(f"{args['url']}/#/runs/{run_id}")
+    wait(d, f"run {run_id}", lambda d: one(d, f'#run[data-run-id="{run_id}"]'))
+
+
+def state(d):
+    e = one(d, "#run")
+    return e.get_attribute("data-state") if e else None
+
+
+def control(d, button, reason):
+    reason_box = one(d, "#reason")
+    reason_box.clear()
+    reason_box.send_keys(reason)
+    wait(d, f"{button} enabled", lambda d: one(d, button).is_enabled())
+    one(d, button).click()
+
+
+def refinement(d, args):
+    d.get(args["url"] + "/")
+    wait(d, "the runs list", lambda d: len(d.find_elements(By.CSS_SELECTOR, "#runs tbody tr[data-run-id]")) >= 3)
+    assert not shown(d, "#auth"), "no token configured: no prompt"
+    shot(d, args, "runs-list")
+
+    # A best-effort result: the banner with the quality and the hints, one sparkline point per score.
+    best = args["best_effort"]
+    result = api(args, "GetRun", {"runId": best})["run"]["result"]["targetedRefinement"]
+    open_run(d, args, best)
+    wait(d, "the best-effort banner", lambda d: shown(d, "#banner-best-effort"))
+    hints = [h.text for h in d.find_elements(By.CSS_SELECTOR, "#banner-best-effort li.hint")]
+    assert hints == result["improvementHints"], (hints, result["improvementHints"])
+    assert one(d, "#banner-best-effort .quality").text.strip(), "the quality status is shown"
+    points = d.find_elements(By.CSS_SELECTOR, "#sparkline circle.point")
+    assert len(points) == len(result["scoreHistory"]), (len(points), result["scoreHistory"])
+    shot(d, args, "refinement-best-effort")
+
+    # An escalated run: the plan panel lists the tasks by batch; Mark as reviewed closes it.
+    escalated = args["escalated"]
+    run = api(args, "GetRun", {"runId": escalated})["run"]
+    by_batch = defaultdict(list)
+    for t in run["refinement"]["tasks"]:
+        by_batch[str(t["batchIndex"])].append(t["task"]["sectionId"])
+    assert by_batch, "the escalated run has a plan"
+    open_run(d, args, escalated)
+    wait(d, "the plan panel", lambda d: d.find_elements(By.CSS_SELECTOR, "#plan .batch .task"))
+    shown_batches = {}
+    for b in d.find_elements(By.CSS_SELECTOR, "#plan .batch"):
+        shown_batches[b.get_attribute("data-batch")] = [
+            t.get_attribute("data-section-id") for t in b.find_elements(By.CSS_SELECTOR, ".task")]
+    assert shown_batches == dict(by_batch), (shown_batches, dict(by_batch))
+    points = d.find_elements(By.CSS_SELECTOR, "#sparkline circle.point")
+    assert len(points) == len(run["refinement"]["scoreHistory"]), len(points)
+    assert state(d) == "RUN_STATE_AWAITING_HUMAN"
+    assert not one(d, "#btn-pause").is_enabled(), "pause does not apply to an escalated run"
+    shot(d, args, "refinement-escalated")
+    d.set_window_size(1280, 3000)
+    shot(d, args, "refinement-escalated-full")
+    d.set_window_size(1280, 1000)
+    control(d, "#btn-review", "Reviewed in the browser")
+    wait(d, "the reviewed outcome", lambda d: state(d) == "RUN_STATE_SUCCEEDED"
+         and "REVIEWED" in (one(d, "#outcome").get_attribute("textContent") or "").upper())
+    assert all(not one(d, b).is_enabled() for b in ("#btn-pause", "#btn-resume", "#btn-cancel", "#btn-review"))
+
+    # A running run: Intervene -> edit section 3 -> Resume -> the human edit is verified.
+    running = args["running"]
+    open_run(d, args, running)
+    wait(d, "a running run", lambda d: state(d) == "RUN_STATE_RUNNING")
+    assert not one(d, "#btn-edit").is_enabled(), "no edit while running"
+    control(d, "#btn-intervene", "Intervene on the example")
+    wait(d, "the pause", lambda d: state(d) == "RUN_STATE_PAUSED")
+    section = Select(one(d, "#edit-section"))
+    section.select_by_index(2)
+    assert section.first_selected_option.get_attribute("value") == args["edit_section"]
+    content = one(d, "#edit-content")
+    content.clear()
+    content.send_keys(args["edit_content"])
+    control(d, "#btn-edit", "Rewrote the opening sentence")
+    wait(d, "the edit in the audit log",
+         lambda d: any("edit_section" in e.text for e in d.find_elements(By.CSS_SELECTOR, "#audit .audit-entry")))
+    assert not one(d, "#control-error").text.strip(), one(d, "#control-error").text
+    control(d, "#btn-resume", "Go on")
+    wait(d, "the verification of the human edit", lambda d: d.find_elements(
+        By.CSS_SELECTOR, '#events .event.human-edit[data-kind="verification_result"]'))
+    shot(d, args, "refinement-human-edit")
+
+    # Phone width: the list still fits and opens a run.
+    d.set_window_size(390, 844)
+    d.get(args["url"] + "/")
+    wait(d, "the list at phone width", lambda d: shown(d, "#runs"))
+    shot(d, args, "runs-list-phone")
+
+
+def checklist(d, args):
+    d.get(args["url"] + "/")
+    wait(d, "the token prompt", lambda d: shown(d, "#auth"))
+    assert not shown(d, "#app"), "nothing but the prompt without the token"
+    status = d.execute_async_script(
+        "const done = arguments[0];"
+        "fetch('/api/ListRuns', {method: 'POST', body: '{}'}).then(r => done(r.status), () => done(-1));")
+    assert status == 401, f"the API refuses a call without the token: {status}"
+    one(d, "#token").send_keys("wrong-token")
+    one(d, "#token-submit").click()
+    wait(d, "the refusal of a wrong token", lambda d: shown(d, "#auth") and one(d, "#auth-error").text.strip())
+    assert not shown(d, "#app")
+    shot(d, args, "auth-prompt")
+    token = one(d, "#token")
+    token.clear()
+    token.send_keys(args["token"])
+    one(d, "#token-submit").click()
+    wait(d, "the runs list", lambda d: shown(d, "#app") and one(d, f'#runs tr[data-run-id="{args["run_id"]}"]'))
+
+    open_run(d, args, args["run_id"])
+    d.execute_script("window.__loaded_once = true;")
+    wait(d, "the progress bar", lambda d: one(d, "#records-bar"))
+    print("READY", flush=True)
+    total = args["total"]
+    wait(d, "100% without a reload", lambda d: one(d, "#records-bar").get_attribute("value") == str(total)
+         and one(d, "#records-bar").get_attribute("max") == str(total))
+    wait(d, "the run's end", lambda d: state(d) == "RUN_STATE_SUCCEEDED")
+    assert d.execute_script("return window.__loaded_once === true;"), "the page was reloaded"
+    assert one(d, "#records-progress").text.strip().startswith(f"{total}/{total}"), one(d, "#records-progress").text
+    assert one(d, "#aggregates").text.strip(), "the aggregates are shown"
+
+    # Untrusted text is shown as characters and never runs.
+    # (textContent: some of it sits in collapsed <details>; parsed markup would lose its tags.)
+    text = d.execute_script("return document.getElementById('app').textContent;")
+    for hostile in args["hostile"]:
+        assert hostile in text, f"{hostile!r} is shown as text"
+    assert d.execute_script("return window.__xss === undefined;"), "injected markup ran"
+    assert not d.find_elements(By.CSS_SELECTOR, "#app img[src='x'], #app script:not([src])"), "markup was parsed"
+    shot(d, args, "checklist-eval")
+
+
+ARGS = {}
+
+
+def main():
+    global ARGS
+    mode, ARGS = sys.argv[1], json.loads(sys.argv[2])
+    d = browser()
+    try:
+        {"refinement": refinement, "checklist": checklist}[mode](d, ARGS)
+    finally:
+        logs = []
+        try:
+            logs = [e for e in d.get_log("browser") if e.get("level") == "SEVERE"]
+        except Exception:
+            pass
+        for e in logs:
+            print("browser console:", e.get("message"), file=sys.stderr)
+        d.quit()
+    print("OK", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,217 @@
+//! The admin page's HTTP face of the gateway (JSON + server-sent events) against the whole mesh:
+//! the same contract as gRPC (proto3 JSON mapping), the same errors, the same auth.
+
+use assay_proto::common::v1 as pb;
+use assay_proto::gateway::v1 as gw;
+use assay_proto::gateway::v1::gateway_service_client::GatewayServiceClient;
+use assay_rpc::auth::BearerInterceptor;
+use assay_testkit::{RecordedRequest, Reply};
+use assay_tests::{MeshSandbox, SandboxOptions};
+use serde_json::{Value, json};
+
+const TOKEN: &str = "admin-secret";
+
+fn pipeline(n: usize) -> gw::ChecklistEvalPipeline {
+    gw::ChecklistEvalPipeline {
+        source: Some(gw::ChecklistSource {
+            source: Some(gw::checklist_source::Source::Checklist(pb::Checklist {
+                items: vec![pb::ChecklistItem {
+                    id: "a".into(),
+                    question: "Mentions leaves?".into(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            })),
+        }),
+        records: (0..n)
+            .map(|i| gw::EvalRecord { id: format!("rec-{i}"), target: format!("leaves {i}"), ..Default::default() })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+fn answer(_: &RecordedRequest) -> Reply {
+    Reply::json(json!({"answers": [{"question_index": 1, "answer": "YES"}]})).usage(10, 5)
+}
+
+async fn sandbox() -> MeshSandbox {
+    let sandbox =
+        MeshSandbox::start_with(SandboxOptions { admin: true, auth_token: Some(TOKEN.into()), ..Default::default() })
+            .await;
+    sandbox.llm.set_handler(answer);
+    sandbox
+}
+
+/// Run a checklist evaluation over gRPC (with the token); its run id.
+async fn evaluated(sandbox: &MeshSandbox, n: usize) -> String {
+    let mut client =
+        GatewayServiceClient::with_interceptor(sandbox.gateway().await, BearerInterceptor::new(Some(TOKEN)));
+    let mut stream = client
+        .run_pipeline(gw::RunPipelineRequest {
+            pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(pipeline(n))),
+            label: "admin".into(),
+        })
+        .await
+        .expect("the run starts")
+        .into_inner();
+    let mut run_id = String::new();
+    while let Some(m) = stream.message().await.expect("events") {
+        if let Some(e) = m.event {
+            run_id = e.run_id;
+        }
+    }
+    run_id
+}
+
+async fn post(url: &str, method: &str, token: Option<&str>, body: &str) -> (u16, Value) {
+    let mut req = reqwest::Client::new().post(format!("{url}/api/{method}")).body(body.to_string());
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    let resp = req.send().await.expect("the admin page answers");
+    let status = resp.status().as_u16();
+    let text = resp.text().await.expect("a body");
+    (status, serde_json::from_str(&text).unwrap_or_else(|e| panic!("JSON from {method}: {e}: {text}")))
+}
+
+#[tokio::test]
+async fn unary_calls_speak_the_proto3_json_mapping_with_the_grpc_errors_and_auth() {
+    let sandbox = sandbox().await;
+    let url = sandbox.admin_url();
+    let run_id = evaluated(&sandbox, 3).await;
+
+    let config: Value = reqwest::get(format!("{url}/api/config")).await.unwrap().json().await.unwrap();
+    assert_eq!(config, json!({"authRequired": true}));
+    // The page itself is static and guarded by a strict content security policy.
+    let page = reqwest::get(format!("{url}/")).await.unwrap();
+    let csp = page.headers().get("content-security-policy").expect("a CSP").to_str().unwrap().to_string();
+    assert!(csp.contains("script-src 'self'") && !csp.contains("unsafe-inline"), "{csp}");
+    assert!(page.text().await.unwrap().contains("app.js"));
+
+    for token in [None, Some("wrong")] {
+        let (status, body) = post(&url, "ListRuns", token, "{}").await;
+        assert_eq!((status, body["code"].as_str()), (401, Some("UNAUTHENTICATED")), "{token:?}: {body}");
+    }
+    let (status, list) = post(&url, "ListRuns", Some(TOKEN), r#"{"kind": "PIPELINE_KIND_CHECKLIST_EVAL"}"#).await;
+    assert_eq!(status, 200, "{list}");
+    let runs = list["runs"].as_array().expect("runs");
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0]["runId"], run_id.as_str());
+    assert_eq!(runs[0]["state"], "RUN_STATE_SUCCEEDED");
+
+    let (status, got) = post(&url, "GetRun", Some(TOKEN), &json!({"run_id": run_id}).to_string()).await;
+    assert_eq!(status, 200, "{got}");
+    let run = &got["run"];
+    assert_eq!(run["kind"], "PIPELINE_KIND_CHECKLIST_EVAL");
+    assert_eq!(run["recordsDone"], 3);
+    assert!(run["lastSequence"].is_string(), "64-bit integers are strings: {run}");
+    assert_eq!(run["result"]["checklistEval"]["results"].as_array().map(Vec::len), Some(3), "{run}");
+    assert_eq!(run["auditLog"], json!([]), "defaults are included");
+
+    // Errors carry the gRPC code, its message and the field violations.
+    let (status, err) = post(&url, "GetRun", Some(TOKEN), "{}").await;
+    assert_eq!((status, err["code"].as_str()), (400, Some("INVALID_ARGUMENT")), "{err}");
+    assert_eq!(err["fieldViolations"][0]["field"], "run_id");
+    let (status, err) = post(&url, "GetRun", Some(TOKEN), r#"{"runId": "nope"}"#).await;
+    assert_eq!((status, err["code"].as_str()), (404, Some("NOT_FOUND")), "{err}");
+    let (status, err) =
+        post(&url, "ControlRun", Some(TOKEN), &json!({"runId": run_id, "pause": {}, "reason": "late"}).to_string())
+            .await;
+    assert_eq!((status, err["code"].as_str()), (409, Some("FAILED_PRECONDITION")), "{err}");
+    let (status, err) = post(&url, "GetRun", Some(TOKEN), r#"{"runId": 7"#).await;
+    assert_eq!((status, err["code"].as_str()), (400, Some("INVALID_ARGUMENT")), "{err}");
+    assert_eq!(err["fieldViolations"][0]["field"], "body");
+    let (status, err) = post(&url, "RunPipeline", Some(TOKEN), "{}").await;
+    assert_eq!((status, err["code"].as_str()), (404, Some("NOT_FOUND")), "{err}");
+    sandbox.shutdown().await.unwrap();
+}
+
+/// `id:` / `event:` / `data:` blocks of a server-sent event stream.
+fn sse_events(text: &str) -> Vec<(u64, String, Value)> {
+    text.split("\n\n")
+        .filter(|block| block.lines().any(|l| l.starts_with("data:")))
+        .map(|block| {
+            let field = |name: &str| {
+                block.lines().filter_map(|l| l.strip_prefix(name)).map(str::trim).collect::<Vec<_>>().join("\n")
+            };
+            let data = field("data:");
+            (
+                field("id:").parse().unwrap_or(0),
+                field("event:"),
+                serde_json::from_str(&data).unwrap_or_else(|e| panic!("{e}: {data}")),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn watch_run_relays_the_events_as_server_sent_events_from_a_sequence() {
+    let sandbox = sandbox().await;
+    let url = sandbox.admin_url();
+    let run_id = evaluated(&sandbox, 4).await;
+    let watch = format!("{url}/api/WatchRun?run_id={run_id}&after_sequence=2");
+    let denied = reqwest::get(&watch).await.unwrap();
+    assert_eq!(denied.status().as_u16(), 401);
+    let resp = reqwest::Client::new().get(&watch).bearer_auth(TOKEN).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    assert!(resp.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
+    // The stream ends after the completion.
+    let events = sse_events(&resp.text().await.unwrap());
+    let ids: Vec<u64> = events.iter().map(|(id, _, _)| *id).collect();
+    assert_eq!(ids, (3..3 + ids.len() as u64).collect::<Vec<_>>(), "gap-free from after_sequence + 1");
+    assert!(events.iter().all(|(_, kind, e)| kind == "run" && e["runId"] == run_id.as_str()));
+    assert_eq!(events.iter().filter(|(_, _, e)| e.get("recordScored").is_some()).count(), 4);
+    let (_, _, last) = events.last().expect("events");
+    assert_eq!(last["completed"]["state"], "RUN_STATE_SUCCEEDED", "{last}");
+    let missing =
+        reqwest::Client::new().get(format!("{url}/api/WatchRun?run_id=nope")).bearer_auth(TOKEN).send().await.unwrap();
+    assert_eq!(missing.status().as_u16(), 404);
+    sandbox.shutdown().await.unwrap();
+}
+
+/// In headless Chromium: the token prompt blocks everything until the right token; a checklist
+/// evaluation's progress reaches 100% live, without a reload; a record id and a checklist question
+/// carrying markup show as characters and never run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_asks_for_the_token_follows_an_evaluation_live_and_renders_markup_as_text() {
+    let sandbox = sandbox().await;
+    let gate = assay_testkit::Gate::new();
+    let g = gate.clone();
+    sandbox.llm.set_handler(move |r| answer(r).gated(&g));
+    let hostile_id = r#"<img src=x onerror="window.__xss=1">"#;
+    let hostile_question = "<script>window.__xss=2</script>Mentions leaves?";
+    let mut p = pipeline(4);
+    p.records[2].id = hostile_id.into();
+    if let Some(gw::checklist_source::Source::Checklist(c)) = p.source.as_mut().and_then(|s| s.source.as_mut()) {
+        c.items[0].question = hostile_question.into();
+    }
+    let mut client =
+        GatewayServiceClient::with_interceptor(sandbox.gateway().await, BearerInterceptor::new(Some(TOKEN)));
+    let mut stream = client
+        .run_pipeline(gw::RunPipelineRequest {
+            pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(p)),
+            label: "evaluation in the browser".into(),
+        })
+        .await
+        .expect("the run starts")
+        .into_inner();
+    let run_id = stream.message().await.unwrap().and_then(|m| m.event).map(|e| e.run_id).expect("a first event");
+    let follow = tokio::spawn(async move { while let Ok(Some(_)) = stream.message().await {} });
+    let args = json!({
+        "url": sandbox.admin_url(),
+        "token": TOKEN,
+        "run_id": run_id,
+        "total": 4,
+        "hostile": [hostile_id, hostile_question],
+        "shots": format!("{}/admin-screenshots", env!("CARGO_TARGET_TMPDIR")),
+    });
+    // The backend answers once the page is following the run.
+    assay_tests::admin_browser("checklist", &args, |line| {
+        if line == "READY" {
+            gate.open();
+        }
+    })
+    .await;
+    follow.await.unwrap();
+    sandbox.shutdown().await.unwrap();
+}
