@@ -145,6 +145,12 @@ def refinement(d, args):
     section.select_by_index(2)
     assert section.first_selected_option.get_attribute("value") == args["edit_section"]
     content = one(d, "#edit-content")
+    # A refused control shows the gateway's error, field named.
+    content.clear()
+    content.send_keys("   ")
+    control(d, "#btn-edit", "blank on purpose")
+    wait(d, "the refusal of a blank edit", lambda d: "edit_section.content" in one(d, "#control-error").text)
+    assert "INVALID_ARGUMENT" in one(d, "#control-error").text, one(d, "#control-error").text
     content.clear()
     content.send_keys(args["edit_content"])
     control(d, "#btn-edit", "Rewrote the opening sentence")
