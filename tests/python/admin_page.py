@@ -9,6 +9,8 @@ Usage: admin_page.py <mode> '<json args>'. Modes:
   checklist   the auth prompt blocks everything without the token; a checklist evaluation's
               progress reaches 100% live without a reload; hostile record ids and checklist
               questions render as characters and never run.
+  views       a debate's problems with their answers and stage artifacts; a self-refine run's
+              passes and final text.
 Prints READY (the Rust side then releases the backend) where a mode needs it, and OK at the end;
 any failed check raises. Screenshots go to args["shots"].
 """
@@ -210,6 +212,28 @@ def checklist(d, args):
     shot(d, args, "checklist-eval")
 
 
+def views(d, args):
+    open_run(d, args, args["debate"])
+    wait(d, "the debate's problems", lambda d: len(d.find_elements(By.CSS_SELECTOR, "#debate .problem")) == 2)
+    for pid in args["problems"]:
+        problem = one(d, f'#debate .problem[data-problem-id="{pid}"]')
+        assert problem is not None, pid
+        answer = problem.find_element(By.CSS_SELECTOR, ".final-answer").get_attribute("textContent")
+        assert args["answer"] in answer, (pid, answer)
+        artifacts = problem.get_attribute("textContent")
+        assert "6 * 7 = 42" in artifacts, f"{pid}: the solvers' steps are shown"
+    assert state(d) == "RUN_STATE_SUCCEEDED"
+    shot(d, args, "debate")
+
+    open_run(d, args, args["self_refine"])
+    wait(d, "the passes", lambda d: d.find_elements(By.CSS_SELECTOR, "#passes .pass"))
+    passes = d.find_elements(By.CSS_SELECTOR, "#passes .pass")
+    assert len(passes) == 1, len(passes)
+    assert "Say what the answer means." in passes[0].get_attribute("textContent")
+    wait(d, "the final text", lambda d: one(d, "#final-text").get_attribute("textContent").strip() == args["final_text"])
+    shot(d, args, "self-refine")
+
+
 ARGS = {}
 
 
@@ -218,7 +242,7 @@ def main():
     mode, ARGS = sys.argv[1], json.loads(sys.argv[2])
     d = browser()
     try:
-        {"refinement": refinement, "checklist": checklist}[mode](d, ARGS)
+        {"refinement": refinement, "checklist": checklist, "views": views}[mode](d, ARGS)
     finally:
         logs = []
         try:

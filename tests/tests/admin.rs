@@ -215,3 +215,66 @@ async fn the_page_asks_for_the_token_follows_an_evaluation_live_and_renders_mark
     follow.await.unwrap();
     sandbox.shutdown().await.unwrap();
 }
+
+/// A scripted backend for a debate (every solver answers 42, reviews and refinements agree, the
+/// judge picks solver_1) and for self-refine (one revision that appends a sentence).
+fn debate_and_polish(r: &RecordedRequest) -> Reply {
+    let prompt = r.last_user_message().unwrap_or_default();
+    if prompt.starts_with("TASK:") {
+        return Reply::text(
+            "<critique>\n- Say what the answer means.\n</critique>\n<revised>\nThe answer is 42, the product of 6 and 7.\n</revised>",
+        );
+    }
+    let schema = r.body.pointer("/response_format/json_schema/name").and_then(Value::as_str).unwrap_or("");
+    let reply = match schema {
+        "debate_solution" => json!({"approach": "direct", "reasoning_steps": ["6 * 7 = 42"], "final_answer": "42",
+                                    "confidence": 0.9}),
+        "debate_review" => json!({"strengths": ["clear"], "weaknesses": [], "errors": [], "suggested_changes": []}),
+        "debate_refinement" => {
+            json!({"critiques_accepted": [], "critiques_rejected": [], "refinement_reasoning": "kept",
+                                      "reasoning_steps": ["6 * 7 = 42"], "final_answer": "42", "confidence": 0.9,
+                                      "changed_from_original": false, "improvement_explanation": "none"})
+        }
+        "debate_judgment" => json!({"reasoning": "all agree", "winner": "solver_1", "confidence": 0.9}),
+        other => panic!("unexpected call {other}: {prompt}"),
+    };
+    Reply::json(reply)
+}
+
+/// In headless Chromium: a debate shows each problem's answer and stage artifacts, a self-refine
+/// run its passes and final text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_shows_a_debate_stage_by_stage_and_the_passes_of_a_self_refine() {
+    let sandbox = MeshSandbox::start_with(SandboxOptions { admin: true, ..Default::default() }).await;
+    sandbox.llm.set_handler(debate_and_polish);
+    let debate = gw::DebatePipeline {
+        problems: vec![
+            gw::DebateProblem { id: "p1".into(), problem: "What is 6 * 7?".into(), reference: Some("42".into()) },
+            gw::DebateProblem { id: "p2".into(), problem: "What is 7 * 6?".into(), reference: Some("42".into()) },
+        ],
+        ..Default::default()
+    };
+    let events = sandbox.run_pipeline(gw::run_pipeline_request::Pipeline::Debate(debate)).await;
+    let debate_id = events[0].run_id.clone();
+    let polish = gw::SelfRefinePipeline {
+        request: Some(assay_proto::refiners::v1::SelfRefineRequest {
+            draft: "The answer is 42.".into(),
+            instruction: "Answer: what is 6 * 7?".into(),
+            min_bytes: Some(0),
+            ..Default::default()
+        }),
+    };
+    let events = sandbox.run_pipeline(gw::run_pipeline_request::Pipeline::SelfRefine(polish)).await;
+    let refine_id = events[0].run_id.clone();
+    let args = json!({
+        "url": sandbox.admin_url(),
+        "debate": debate_id,
+        "problems": ["p1", "p2"],
+        "answer": "42",
+        "self_refine": refine_id,
+        "final_text": "The answer is 42, the product of 6 and 7.",
+        "shots": format!("{}/admin-screenshots", env!("CARGO_TARGET_TMPDIR")),
+    });
+    assay_tests::admin_browser("views", &args, |_| {}).await;
+    sandbox.shutdown().await.unwrap();
+}
