@@ -90,8 +90,13 @@ pub struct BackendConfig {
     pub embedding_model: String,
     #[serde(default)]
     pub max_tokens_field: String,
+    /// Hard cap on requests in flight (openai backends; 0 = the client's 256).
     #[serde(default)]
     pub max_concurrency: u32,
+    /// Requests in flight at the start; the limit then adapts to the backend (grows while latency
+    /// stays flat, cut on 429 / 503 / timeouts / latency rises). 0 = fixed at `max_concurrency`.
+    #[serde(default = "initial_concurrency")]
+    pub initial_concurrency: u32,
     #[serde(default = "yes")]
     pub supports_json_schema: bool,
     #[serde(default = "yes")]
@@ -114,6 +119,10 @@ pub struct BackendConfig {
 
 fn yes() -> bool {
     true
+}
+
+fn initial_concurrency() -> u32 {
+    64
 }
 
 /// Response cache.

@@ -3,6 +3,7 @@
 //! - [`types`]: backend-neutral traits ([`ChatModel`], [`EmbeddingModel`]) and request/response types.
 //! - [`openai`]: [`OpenAiClient`], an OpenAI-compatible HTTP client with retries, schema fallback,
 //!   concurrency limit, circuit breaker and cancellation.
+//! - [`limiter`]: [`AdaptiveLimit`](limiter::AdaptiveLimit), the adaptive concurrency limit of a backend.
 //! - [`cache`]: [`CachedChat`] / [`CachedEmbed`] wrappers over a [`ResponseCache`] (memory, optional SQLite).
 //! - [`phases`]: per-phase [`ModelSettings`] ([`PhaseModels`]) and the [`Backends`] registry.
 //! - [`extract_json`]: pull a JSON value out of model text.
@@ -10,6 +11,7 @@
 pub mod breaker;
 pub mod cache;
 pub mod json;
+pub mod limiter;
 pub mod openai;
 pub mod phases;
 pub mod retry;

@@ -574,3 +574,49 @@ async fn without_adaptive_timeouts_a_hang_waits_for_the_ceiling() {
     assert_eq!(client.chat(ask("slow")).await.unwrap().text, "echo slow");
     assert!(started.elapsed() >= Duration::from_millis(600), "cut before the ceiling: {:?}", started.elapsed());
 }
+
+#[tokio::test]
+async fn the_concurrency_limit_finds_a_small_servers_capacity_from_its_429s() {
+    let server = ScriptedLlm::start().await;
+    server.set_handler(|_| Reply::text("ok").delay(Duration::from_millis(20)));
+    server.set_capacity(8);
+    let client = OpenAiClient::new(OpenAiConfig { max_retries: 8, ..config(&server) }).unwrap();
+    assert_eq!(client.concurrency_limit(), 64, "starts high");
+    let calls = (0..300).map(|i| client.chat(ask(&format!("q{i}"))));
+    let answers = futures::future::join_all(calls).await;
+    assert!(answers.iter().all(Result::is_ok), "every call answered despite the 429s");
+    let refused = server.over_capacity_count();
+    eprintln!("300 calls, capacity 8: {refused} refused attempts, limit now {}", client.concurrency_limit());
+    assert!(client.concurrency_limit() <= 16, "cut toward the capacity of 8: {}", client.concurrency_limit());
+    // A fixed limit of 64 would meet a 429 on most attempts; the adaptive one settles near the
+    // capacity after the first round.
+    assert!(refused < 120, "{refused} attempts refused for 300 calls");
+    assert_eq!(server.peak_in_flight(), 8);
+}
+
+#[tokio::test]
+async fn the_concurrency_limit_grows_past_its_start_on_a_server_that_keeps_up() {
+    let server = ScriptedLlm::start().await;
+    server.set_handler(|_| Reply::text("ok").delay(Duration::from_millis(20)));
+    let client =
+        OpenAiClient::new(OpenAiConfig { initial_concurrency: 16, max_concurrency: 48, ..config(&server) }).unwrap();
+    for _ in 0..20 {
+        let calls = (0..100).map(|i| client.chat(ask(&format!("q{i}"))));
+        assert!(futures::future::join_all(calls).await.iter().all(Result::is_ok));
+    }
+    assert_eq!(client.concurrency_limit(), 48, "grew from 16 to the hard cap and stayed");
+    assert_eq!(server.peak_in_flight(), 48, "never above the hard cap");
+    assert_eq!(server.over_capacity_count(), 0);
+}
+
+#[tokio::test]
+async fn a_fixed_concurrency_limit_stays_put() {
+    let server = ScriptedLlm::start().await;
+    server.set_handler(|_| Reply::text("ok").delay(Duration::from_millis(5)));
+    let client =
+        OpenAiClient::new(OpenAiConfig { initial_concurrency: 0, max_concurrency: 6, ..config(&server) }).unwrap();
+    let calls = (0..60).map(|i| client.chat(ask(&format!("q{i}"))));
+    assert!(futures::future::join_all(calls).await.iter().all(Result::is_ok));
+    assert_eq!(client.concurrency_limit(), 6);
+    assert_eq!(server.peak_in_flight(), 6);
+}

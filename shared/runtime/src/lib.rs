@@ -70,6 +70,7 @@ pub fn openai_client(entry: &assay_config::BackendConfig) -> Result<OpenAiClient
     if entry.max_concurrency > 0 {
         c.max_concurrency = entry.max_concurrency as usize;
     }
+    c.initial_concurrency = entry.initial_concurrency as usize;
     if entry.request_timeout_secs > 0 {
         c.request_timeout = std::time::Duration::from_secs(entry.request_timeout_secs);
     }

@@ -438,6 +438,20 @@ struct State {
     cancelled: AtomicUsize,
     completed: AtomicUsize,
     next_id: AtomicU64,
+    /// Requests served at once at most (0 = unlimited); beyond it, an immediate 429.
+    capacity: AtomicUsize,
+    in_flight: AtomicUsize,
+    peak_in_flight: AtomicUsize,
+    over_capacity: AtomicUsize,
+}
+
+/// Holds one of the server's slots while a request is served.
+struct Slot<'a>(&'a AtomicUsize);
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -461,6 +475,22 @@ impl fmt::Debug for ScriptedLlm {
 }
 
 impl ScriptedLlm {
+    /// Serve at most `n` requests at once, like a server with `n` slots: a request arriving while
+    /// `n` are in flight gets an immediate 429 (0 = unlimited, the default).
+    pub fn set_capacity(&self, n: usize) {
+        self.state.capacity.store(n, Ordering::SeqCst);
+    }
+
+    /// Most requests served at once so far (requests refused for capacity not counted).
+    pub fn peak_in_flight(&self) -> usize {
+        self.state.peak_in_flight.load(Ordering::SeqCst)
+    }
+
+    /// Requests refused with a 429 for capacity.
+    pub fn over_capacity_count(&self) -> usize {
+        self.state.over_capacity.load(Ordering::SeqCst)
+    }
+
     /// Bind 127.0.0.1:0 and start serving. Panics if the port cannot be bound (tests only).
     pub async fn start() -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind 127.0.0.1:0");
@@ -628,7 +658,20 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Result<Respons
         requests.len() - 1
     };
 
-    let reply = next_reply(&state, &recorded);
+    let now = state.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+    let _slot = Slot(&state.in_flight);
+    let capacity = state.capacity.load(Ordering::SeqCst);
+    let reply = if capacity > 0 && now > capacity {
+        state.over_capacity.fetch_add(1, Ordering::SeqCst);
+        Reply::status(429).body(
+            json!({"error": {"message": format!("scripted llm: {capacity} requests at once at most"),
+                             "type": "rate_limit", "code": null}})
+            .to_string(),
+        )
+    } else {
+        state.peak_in_flight.fetch_max(now, Ordering::SeqCst);
+        next_reply(&state, &recorded)
+    };
     if let Some(delay) = reply.delay {
         tokio::time::sleep(delay).await;
     }

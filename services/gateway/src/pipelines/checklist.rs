@@ -257,6 +257,29 @@ impl ChecklistPlan {
         stages: &Stages,
         records: &[EvalRecord],
     ) -> Result<Produced, StageError> {
+        let (mut production, mut producing) = self.production(ctx, stages, records).await?;
+        loop {
+            // Cancel drops the productions in flight (their stage calls with them).
+            let next = tokio::select! {
+                next = producing.next() => next,
+                () = ctx.cancelled() => return Err(StageError::Cancelled("the run was cancelled".into())),
+            };
+            let Some((k, out)) = next else { break };
+            production.accept(ctx, k, out).await?;
+        }
+        drop(producing);
+        Ok(production.into_produced())
+    }
+
+    /// Start producing the run's checklists: what is known at once (which checklist each record
+    /// needs, the stored ones) and the stream of the missing ones as they finish, each to be
+    /// handed to [`Production::accept`]. The stream is cancel-safe to poll in a `select!`.
+    pub async fn production<'a>(
+        &'a self,
+        ctx: &'a RunCtx,
+        stages: &'a Stages,
+        records: &'a [EvalRecord],
+    ) -> Result<(Production, ProductionStream<'a>), StageError> {
         let mut keys: Vec<String> = Vec::new();
         let mut index: HashMap<String, usize> = HashMap::new();
         let mut record_checklist = Vec::with_capacity(records.len());
@@ -275,58 +298,20 @@ impl ChecklistPlan {
             }
         }
         let missing: Vec<usize> = (0..keys.len()).filter(|k| found[*k].is_none()).collect();
-        let record_checklist_ref = &record_checklist;
-        let mut producing = futures::stream::iter(missing)
-            .map(|k| async move {
-                let first = record_checklist_ref.iter().position(|x| *x == k).unwrap_or(0);
+        let firsts: Vec<usize> =
+            missing.iter().map(|k| record_checklist.iter().position(|x| x == k).unwrap_or(0)).collect();
+        let producing = futures::stream::iter(missing.into_iter().zip(firsts))
+            .map(move |(k, first)| async move {
                 let out = match ctx.gate().await {
                     Ok(()) => self.produce(ctx, stages, &records[first], first).await,
                     Err(e) => Err(e),
                 };
                 (k, out)
             })
-            .buffer_unordered(stages.concurrency);
-        let mut failures: Vec<Option<String>> = vec![None; keys.len()];
-        loop {
-            // Cancel drops the productions in flight (their stage calls with them).
-            let next = tokio::select! {
-                next = producing.next() => next,
-                () = ctx.cancelled() => return Err(StageError::Cancelled("the run was cancelled".into())),
-            };
-            let Some((k, out)) = next else { break };
-            let checklist = match out {
-                Ok(c) => c,
-                Err(
-                    e @ (StageError::InvalidArgument(_)
-                    | StageError::FailedPrecondition(_)
-                    | StageError::Unimplemented(_)
-                    | StageError::Cancelled(_)),
-                ) => return Err(e),
-                Err(e) if keys.len() == 1 => return Err(e),
-                Err(e) => {
-                    tracing::warn!(run_id = %ctx.run_id(), error = %e, "checklist generation failed for one input");
-                    failures[k] = Some(e.to_string());
-                    continue;
-                }
-            };
-            found[k] = Some(checklist);
-            if ctx.is_ephemeral() {
-                // A run kept in memory is never resumed nor watched.
-                continue;
-            }
-            let wire = found[k].as_ref().map(convert::checklist_to).unwrap_or_default();
-            ctx.checkpoint(&format!("{CHECKLIST}{}", keys[k]), &wire).await?;
-            let indices =
-                record_checklist.iter().enumerate().filter(|(_, x)| **x == k).map(|(i, _)| i as u32).collect();
-            ctx.emit(Event::ChecklistReady(gw::ChecklistReady { checklist: Some(wire), record_indices: indices }))
-                .await?;
-        }
-        drop(producing);
-        Ok(Produced {
-            checklists: found.into_iter().map(Option::unwrap_or_default).collect(),
-            record_checklist,
-            failures,
-        })
+            .buffer_unordered(stages.concurrency)
+            .boxed();
+        let failures = vec![None; keys.len()];
+        Ok((Production { keys, record_checklist, found, failures }, producing))
     }
 
     /// Produce one checklist (generate or take the given one), then run the refiner chain on it.
@@ -411,6 +396,70 @@ impl ChecklistPlan {
             .metadata
             .insert("refiners".into(), self.refiners.iter().map(RefinerStep::refiner).collect::<Vec<_>>().join(","));
         Ok(checklist)
+    }
+}
+
+/// Checklists finishing, by index, with their outcome.
+pub type ProductionStream<'a> = futures::stream::BoxStream<'a, (usize, Result<Checklist, StageError>)>;
+
+/// A run's checklists while they are produced.
+pub struct Production {
+    keys: Vec<String>,
+    /// Per record, the index of its checklist.
+    pub record_checklist: Vec<usize>,
+    /// Per checklist, the checklist once produced (or stored).
+    pub found: Vec<Option<Checklist>>,
+    /// Per checklist, why it could not be produced.
+    pub failures: Vec<Option<String>>,
+}
+
+impl Production {
+    /// How many checklists the run needs.
+    pub fn checklist_count(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Take a finished production: checkpoint it and say so (`ChecklistReady`), or note why it
+    /// failed. A transient failure of one of several checklists fails only its records; bad input,
+    /// a rejected request or the only checklist failing fails the run.
+    pub async fn accept(
+        &mut self,
+        ctx: &RunCtx,
+        k: usize,
+        out: Result<Checklist, StageError>,
+    ) -> Result<(), StageError> {
+        let checklist = match out {
+            Ok(c) => c,
+            Err(
+                e @ (StageError::InvalidArgument(_)
+                | StageError::FailedPrecondition(_)
+                | StageError::Unimplemented(_)
+                | StageError::Cancelled(_)),
+            ) => return Err(e),
+            Err(e) if self.keys.len() == 1 => return Err(e),
+            Err(e) => {
+                tracing::warn!(run_id = %ctx.run_id(), error = %e, "checklist generation failed for one input");
+                self.failures[k] = Some(e.to_string());
+                return Ok(());
+            }
+        };
+        let wire = (!ctx.is_ephemeral()).then(|| convert::checklist_to(&checklist));
+        self.found[k] = Some(checklist);
+        // A run kept in memory is never resumed nor watched.
+        let Some(wire) = wire else { return Ok(()) };
+        ctx.checkpoint(&format!("{CHECKLIST}{}", self.keys[k]), &wire).await?;
+        let indices =
+            self.record_checklist.iter().enumerate().filter(|(_, x)| **x == k).map(|(i, _)| i as u32).collect();
+        ctx.emit(Event::ChecklistReady(gw::ChecklistReady { checklist: Some(wire), record_indices: indices })).await
+    }
+
+    /// The run's checklists once every production is accepted.
+    pub fn into_produced(self) -> Produced {
+        Produced {
+            checklists: self.found.into_iter().map(Option::unwrap_or_default).collect(),
+            record_checklist: self.record_checklist,
+            failures: self.failures,
+        }
     }
 }
 

@@ -2,7 +2,8 @@
 //! from a corpus; refined when asked), then score every record against its checklist, one
 //! checkpoint per record, and aggregate.
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
 
 use assay_domain::limits::MAX_RECORDS;
 use assay_domain::{
@@ -13,8 +14,9 @@ use assay_proto::convert;
 use assay_proto::gateway::v1 as gw;
 use assay_proto::gateway::v1::run_event::Event;
 use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 
-use super::checklist::{ChecklistPlan, EvalRecord, Produced};
+use super::checklist::{ChecklistPlan, EvalRecord};
 use super::stages::Stages;
 use crate::engine::{Pipeline, RunCtx, RunOutcome};
 
@@ -222,46 +224,81 @@ impl Pipeline for ChecklistEval {
         self.records.len() as u32
     }
 
+    /// Each record is scored as soon as its checklist exists: generation (one per distinct
+    /// input) and scoring overlap, so the run's critical path is one generation and one scoring.
     async fn run(&self, ctx: &RunCtx) -> Result<RunOutcome, StageError> {
-        let Produced { checklists, record_checklist, failures } =
-            self.plan.produce_all(ctx, &self.stages, &self.records).await?;
-        let config = &self.scorer;
-        let ok: Vec<Checklist> =
-            checklists.iter().zip(&failures).filter(|(_, f)| f.is_none()).map(|(c, _)| c.clone()).collect();
-        if ctx.is_ephemeral() && checklists.len() == 1 && failures[0].is_none() {
-            return self.score_together(ctx, &checklists[0], config).await;
+        let (mut production, mut producing) = self.plan.production(ctx, &self.stages, &self.records).await?;
+        if ctx.is_ephemeral() && production.checklist_count() == 1 {
+            // Evaluate with one checklist: nothing to overlap; every record in one scorer call.
+            if let Some((k, out)) = producing.next().await {
+                production.accept(ctx, k, out).await?;
+            }
+            drop(producing);
+            if let Some(checklist) = production.found[0].take() {
+                return self.score_together(ctx, &checklist, &self.scorer).await;
+            }
+            return Err(StageError::Internal("the checklist was neither produced nor failed".into()));
         }
         let done: HashSet<u32> =
             ctx.checkpoints::<gw::RecordResult>(RECORD).await?.iter().map(|(_, r)| r.index).collect();
         ctx.set_done(done.len() as u32);
-        let mut todo: Vec<usize> = (0..self.records.len()).filter(|i| !done.contains(&(*i as u32))).collect();
-        // Records whose checklist could not be produced fail on their own; the others go on.
-        for &i in todo.iter().filter(|i| failures[record_checklist[**i]].is_some()) {
-            let why = failures[record_checklist[i]].clone().unwrap_or_default();
-            let result = record_result(i, &self.records[i], "", None, format!("checklist generation failed: {why}"));
-            ctx.checkpoint(&record_key(i), &result).await?;
-            ctx.add_done();
-            ctx.emit(Event::RecordScored(result)).await?;
+        // Per checklist, its records still to score, released to `queue` once it exists.
+        let mut waiting: Vec<Vec<usize>> = vec![Vec::new(); production.checklist_count()];
+        for i in (0..self.records.len()).filter(|i| !done.contains(&(*i as u32))) {
+            waiting[production.record_checklist[i]].push(i);
         }
-        todo.retain(|i| failures[record_checklist[*i]].is_none());
-        let (checklists_ref, record_checklist_ref, config_ref) = (&checklists, &record_checklist, config);
-        let mut work = futures::stream::iter(todo)
-            .map(|i| async move {
-                // Paused runs start no new record; in-flight ones finish.
-                ctx.gate().await?;
-                let checklist = &checklists_ref[record_checklist_ref[i]];
-                Ok::<_, StageError>((i, self.score_one(checklist, config_ref, i).await))
-            })
-            .buffer_unordered(self.concurrency);
+        let mut ready: Vec<Option<Arc<Checklist>>> = vec![None; production.checklist_count()];
+        let mut queue: VecDeque<usize> = VecDeque::new();
+        for (k, c) in production.found.iter().enumerate() {
+            if let Some(c) = c {
+                ready[k] = Some(Arc::new(c.clone()));
+                queue.extend(std::mem::take(&mut waiting[k]));
+            }
+        }
+        let config = &self.scorer;
+        let mut scoring = FuturesUnordered::new();
+        let mut generating = true;
         loop {
+            while scoring.len() < self.concurrency {
+                let Some(i) = queue.pop_front() else { break };
+                let Some(checklist) = ready[production.record_checklist[i]].clone() else { continue };
+                scoring.push(async move {
+                    // Paused runs start no new record; in-flight ones finish.
+                    ctx.gate().await?;
+                    Ok::<_, StageError>((i, self.score_one(&checklist, config, i).await))
+                });
+            }
+            if !generating && scoring.is_empty() {
+                break;
+            }
             tokio::select! {
-                next = work.next() => {
-                    let Some(next) = next else { break };
+                next = producing.next(), if generating => {
+                    let Some((k, out)) = next else {
+                        generating = false;
+                        continue;
+                    };
+                    production.accept(ctx, k, out).await?;
+                    if let Some(c) = &production.found[k] {
+                        ready[k] = Some(Arc::new(c.clone()));
+                        queue.extend(std::mem::take(&mut waiting[k]));
+                        continue;
+                    }
+                    // Records whose checklist could not be produced fail on their own; the others go on.
+                    let why = production.failures[k].clone().unwrap_or_default();
+                    for i in std::mem::take(&mut waiting[k]) {
+                        let result = record_result(i, &self.records[i], "", None, format!("checklist generation failed: {why}"));
+                        ctx.checkpoint(&record_key(i), &result).await?;
+                        ctx.add_done();
+                        ctx.emit(Event::RecordScored(result)).await?;
+                    }
+                }
+                Some(next) = scoring.next(), if !scoring.is_empty() => {
                     let (i, scored) = match next {
                         Ok(x) => x,
                         Err(StageError::Cancelled(_)) if ctx.is_cancelled() => break,
                         Err(e) => return Err(e),
                     };
+                    let checklist_id = ready[production.record_checklist[i]].as_ref().map(|c| c.id.clone()).unwrap_or_default();
                     let result = match scored {
                         Ok((r, usage, model)) => {
                             ctx.add_usage(&usage);
@@ -269,7 +306,7 @@ impl Pipeline for ChecklistEval {
                             r
                         }
                         Err(e @ (StageError::InvalidArgument(_) | StageError::FailedPrecondition(_) | StageError::Unimplemented(_))) => return Err(e),
-                        Err(e) => record_result(i, &self.records[i], &checklists[record_checklist[i]].id, None, e.to_string()),
+                        Err(e) => record_result(i, &self.records[i], &checklist_id, None, e.to_string()),
                     };
                     ctx.checkpoint(&record_key(i), &result).await?;
                     ctx.add_done();
@@ -278,7 +315,9 @@ impl Pipeline for ChecklistEval {
                 () = ctx.cancelled() => break,
             }
         }
-        drop(work);
+        drop(scoring);
+        drop(producing);
+        let ok: Vec<Checklist> = production.found.into_iter().flatten().collect();
         self.finish(ctx, &ok, ctx.is_cancelled()).await
     }
 }

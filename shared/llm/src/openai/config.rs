@@ -6,6 +6,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::latency::AdaptiveTimeout;
+use crate::limiter::LimitSettings;
 use crate::retry::Backoff;
 
 /// Name of the request field that carries the token limit.
@@ -41,7 +42,11 @@ pub struct OpenAiConfig {
     pub default_model: String,
     pub embedding_model: String,
     pub max_tokens_field: MaxTokensField,
+    /// Hard cap on HTTP requests in flight.
     pub max_concurrency: usize,
+    /// Requests in flight at the start; the limit then adapts between 1 and `max_concurrency`
+    /// (see [`crate::limiter`]). 0 = fixed at `max_concurrency`.
+    pub initial_concurrency: usize,
     /// Retries after the first attempt.
     pub max_retries: u32,
     pub base_backoff: Duration,
@@ -70,7 +75,8 @@ impl Default for OpenAiConfig {
             default_model: "gpt-4o-mini".into(),
             embedding_model: "text-embedding-3-small".into(),
             max_tokens_field: MaxTokensField::MaxTokens,
-            max_concurrency: 16,
+            max_concurrency: 256,
+            initial_concurrency: 64,
             max_retries: 4,
             base_backoff: Duration::from_millis(200),
             max_backoff: Duration::from_secs(8),
@@ -96,6 +102,7 @@ impl fmt::Debug for OpenAiConfig {
             .field("embedding_model", &self.embedding_model)
             .field("max_tokens_field", &self.max_tokens_field)
             .field("max_concurrency", &self.max_concurrency)
+            .field("initial_concurrency", &self.initial_concurrency)
             .field("max_retries", &self.max_retries)
             .field("base_backoff", &self.base_backoff)
             .field("max_backoff", &self.max_backoff)
@@ -128,6 +135,15 @@ impl OpenAiConfig {
             default_model: var("OPENAI_MODEL").unwrap_or(defaults.default_model),
             embedding_model: var("OPENAI_EMBEDDING_MODEL").unwrap_or(defaults.embedding_model),
             ..Self::default()
+        }
+    }
+
+    /// The settings of the backend's concurrency limit.
+    pub fn limit_settings(&self) -> LimitSettings {
+        if self.initial_concurrency == 0 {
+            LimitSettings::fixed(self.max_concurrency)
+        } else {
+            LimitSettings { initial: self.initial_concurrency, ..LimitSettings::adaptive(self.max_concurrency) }
         }
     }
 

@@ -16,8 +16,10 @@
 //!   llama-cpp-python answers 500), the request is re-sent as `json_object` with the schema (which
 //!   llama-cpp-python enforces with a grammar) and the schema in the prompt, then with the schema in
 //!   the prompt only. The first form that works is remembered for later calls.
-//! - **Concurrency**: at most `max_concurrency` HTTP requests in flight (slots are held per
-//!   attempt, not across backoff sleeps).
+//! - **Concurrency**: an adaptive limit on HTTP requests in flight (see [`crate::limiter`]): it
+//!   starts at `initial_concurrency`, grows while latency stays flat and is cut on 429 / 503,
+//!   timeouts and latency rises, never above `max_concurrency`. Slots are held per attempt, not
+//!   across backoff sleeps.
 //! - **Circuit breaker**: `breaker_failures` consecutive transient failures (after retries) open
 //!   it for `breaker_cooldown`; then one probe call decides.
 //! - **Cancellation**: nothing is spawned; dropping the returned future drops the HTTP request,
@@ -105,6 +107,16 @@ impl OpenAiClient {
     /// Current circuit-breaker state.
     pub fn breaker_state(&self) -> BreakerState {
         self.inner.transport.breaker_state()
+    }
+
+    /// The current concurrency limit.
+    pub fn concurrency_limit(&self) -> usize {
+        self.inner.transport.limit().limit()
+    }
+
+    /// HTTP requests in flight now.
+    pub fn in_flight(&self) -> usize {
+        self.inner.transport.limit().in_flight()
     }
 
     /// Whether this backend has rejected the native JSON schema form (later calls use the weaker

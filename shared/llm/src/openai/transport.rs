@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use serde_json::Value;
-use tokio::sync::Semaphore;
 use tracing::{debug, warn};
 
 use super::config::OpenAiConfig;
@@ -15,13 +14,14 @@ use super::errors::{
 };
 use super::latency::{LatencyBook, class_of};
 use crate::breaker::{BreakerState, CircuitBreaker, Outcome};
+use crate::limiter::{AdaptiveLimit, Signal};
 use crate::retry::{WaitPlan, parse_retry_after, plan_wait};
 use crate::types::LlmError;
 
-/// The HTTP side of a client: connection pool, concurrency slots and circuit breaker.
+/// The HTTP side of a client: connection pool, adaptive concurrency limit and circuit breaker.
 pub(super) struct Transport {
     http: reqwest::Client,
-    slots: Semaphore,
+    limit: Arc<AdaptiveLimit>,
     breaker: Arc<CircuitBreaker>,
     latency: LatencyBook,
 }
@@ -35,10 +35,15 @@ impl Transport {
             .map_err(|e| LlmError::Unsupported(format!("http client: {}", error_chain(&e))))?;
         Ok(Self {
             http,
-            slots: Semaphore::new(config.max_concurrency.max(1)),
+            limit: AdaptiveLimit::new(config.backend_name.clone(), config.limit_settings()),
             breaker: Arc::new(CircuitBreaker::new(config.breaker_failures, config.breaker_cooldown)),
             latency: LatencyBook::default(),
         })
+    }
+
+    /// The concurrency limit (current value, in flight).
+    pub(super) fn limit(&self) -> &AdaptiveLimit {
+        &self.limit
     }
 
     /// Current circuit-breaker state.
@@ -142,15 +147,30 @@ impl Transport {
         (class, attempt): (&str, u32),
         parse: &impl Fn(&[u8]) -> Result<T, String>,
     ) -> Result<T, AttemptError> {
-        let acquire = self.slots.acquire();
+        let acquire = self.limit.acquire();
         let slot = match deadline {
             Some(d) => tokio::time::timeout_at(d.into(), acquire).await.map_err(|_| AttemptError::deadline())?,
             None => acquire.await,
         };
-        let _slot = slot.map_err(|_| AttemptError::permanent(LlmError::Unavailable("client closed".into())))?;
         if deadline_passed(deadline) {
             return Err(AttemptError::deadline());
         }
+        let started = Instant::now();
+        let reply = self.exchange(config, url, body, deadline, (class, attempt), parse).await;
+        slot.finish(class, load_signal(&reply, started.elapsed()));
+        reply
+    }
+
+    /// The HTTP exchange of one attempt, under its slot.
+    async fn exchange<T>(
+        &self,
+        config: &OpenAiConfig,
+        url: &str,
+        body: &Value,
+        deadline: Option<Instant>,
+        (class, attempt): (&str, u32),
+        parse: &impl Fn(&[u8]) -> Result<T, String>,
+    ) -> Result<T, AttemptError> {
         let mut builder = self.http.post(url).json(body);
         if let Some(key) = &config.api_key {
             builder = builder.bearer_auth(key);
@@ -201,5 +221,20 @@ impl Transport {
             self.latency.record(class, started.elapsed());
         }
         reply
+    }
+}
+
+/// What an attempt's end says about the backend's load: 429 and 503, timeouts and transport
+/// failures are overload; a deadline says nothing; any other answer is a latency.
+fn load_signal<T>(reply: &Result<T, AttemptError>, elapsed: std::time::Duration) -> Signal {
+    match reply {
+        Ok(_) => Signal::Answered(elapsed),
+        Err(e) if matches!(e.error, LlmError::DeadlineExceeded) => Signal::Ignore,
+        Err(e) => match e.status {
+            Some(429 | 503) => Signal::Overloaded,
+            Some(_) => Signal::Answered(elapsed),
+            None if e.kind == AttemptKind::Transient => Signal::Overloaded,
+            None => Signal::Ignore,
+        },
     }
 }

@@ -1,0 +1,343 @@
+//! An adaptive concurrency limit for one backend (AIMD, after Netflix's concurrency-limits).
+//!
+//! A fixed cap is wrong both ways: a vLLM or OpenAI endpoint takes hundreds of requests at once, a
+//! llama.cpp server with four slots takes four. The limit starts at `initial`, grows additively
+//! (about one per round of `limit` successful calls, only while the calls actually fill it) and is
+//! cut multiplicatively when the backend says it is overloaded: a 429 or 503, an attempt timing
+//! out, a connection refused, or a rise in latency (a call class's short-term latency average at
+//! `latency_tolerance` times or more its long-term one). Cuts are at most one per round trip (the
+//! smoothed latency of answered calls, at least `cut_interval`, at most 2 s); later overloads of
+//! the same round each take one slot away (not below the calls still in flight), so a fast 429
+//! frees no slot for the next waiter to be refused in turn. `max` is a hard cap, `min` a floor.
+//!
+//! Waiters queue on the limit (first come, first served through [`tokio::sync::Notify`]); a
+//! dropped waiter leaves the queue. The current limit is logged when it changes by a tenth or
+//! more and read with [`AdaptiveLimit::limit`].
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+use tracing::info;
+
+/// Settings of an [`AdaptiveLimit`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct LimitSettings {
+    /// Calls in flight at the start.
+    pub initial: usize,
+    /// Lowest limit a cut reaches.
+    pub min: usize,
+    /// Hard cap.
+    pub max: usize,
+    /// Factor of a cut (0 < backoff < 1).
+    pub backoff: f64,
+    /// Short-term over long-term latency ratio that counts as overload.
+    pub latency_tolerance: f64,
+    /// Shortest time between two cuts (the round trip time is used when longer).
+    pub cut_interval: Duration,
+}
+
+impl LimitSettings {
+    /// Adaptive between 1 and `max`, starting at 64 (or `max` when lower).
+    pub fn adaptive(max: usize) -> Self {
+        let max = max.max(1);
+        Self {
+            initial: 64.min(max),
+            min: 1,
+            max,
+            backoff: 0.75,
+            latency_tolerance: 2.0,
+            cut_interval: Duration::from_millis(5),
+        }
+    }
+
+    /// A fixed limit (never grows nor shrinks).
+    pub fn fixed(n: usize) -> Self {
+        let n = n.max(1);
+        Self { initial: n, min: n, max: n, ..Self::adaptive(n) }
+    }
+}
+
+/// How a call under a permit ended, for the limit.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Signal {
+    /// Answered in this time (any answer that is not an overload: also 4xx and unusable bodies).
+    Answered(Duration),
+    /// The backend is overloaded: 429, 503, an attempt timeout, a refused connection.
+    Overloaded,
+    /// Says nothing about load (cancelled, deadline reached before the answer).
+    Ignore,
+}
+
+#[derive(Debug)]
+struct Latency {
+    short: f64,
+    long: f64,
+    samples: u32,
+}
+
+#[derive(Debug)]
+struct State {
+    limit: f64,
+    in_flight: usize,
+    last_cut: Option<Instant>,
+    /// Smoothed latency of answered calls, seconds.
+    round_trip: f64,
+    logged: usize,
+    classes: HashMap<String, Latency>,
+}
+
+/// Classes whose latency is tracked at most; beyond it the table starts over.
+const MAX_CLASSES: usize = 64;
+/// Samples before a class's latency can signal overload.
+const WARM_SAMPLES: u32 = 20;
+
+/// The adaptive limit of one backend. Cheap to share behind an [`Arc`].
+#[derive(Debug)]
+pub struct AdaptiveLimit {
+    name: String,
+    settings: LimitSettings,
+    state: Mutex<State>,
+    freed: Notify,
+}
+
+/// A slot under the limit; give it its [`Signal`] with [`Permit::finish`], or drop it (counts as
+/// [`Signal::Ignore`]).
+#[derive(Debug)]
+pub struct Permit {
+    limit: Arc<AdaptiveLimit>,
+    done: bool,
+}
+
+impl AdaptiveLimit {
+    pub fn new(name: impl Into<String>, settings: LimitSettings) -> Arc<Self> {
+        let mut settings = settings;
+        settings.max = settings.max.max(1);
+        settings.min = settings.min.clamp(1, settings.max);
+        settings.initial = settings.initial.clamp(settings.min, settings.max);
+        let initial = settings.initial;
+        Arc::new(Self {
+            name: name.into(),
+            settings,
+            state: Mutex::new(State {
+                limit: initial as f64,
+                in_flight: 0,
+                last_cut: None,
+                round_trip: 0.0,
+                logged: initial,
+                classes: HashMap::new(),
+            }),
+            freed: Notify::new(),
+        })
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The current limit.
+    pub fn limit(&self) -> usize {
+        self.state().limit as usize
+    }
+
+    /// Calls holding a permit now.
+    pub fn in_flight(&self) -> usize {
+        self.state().in_flight
+    }
+
+    pub fn settings(&self) -> &LimitSettings {
+        &self.settings
+    }
+
+    /// Wait for a slot.
+    pub async fn acquire(self: &Arc<Self>) -> Permit {
+        loop {
+            let notified = self.freed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut s = self.state();
+                if s.in_flight < s.limit as usize {
+                    s.in_flight += 1;
+                    return Permit { limit: Arc::clone(self), done: false };
+                }
+            }
+            notified.await;
+        }
+    }
+
+    fn release(&self, class: Option<&str>, signal: Signal) {
+        let mut s = self.state();
+        let filled = s.in_flight as f64 >= s.limit / 2.0;
+        s.in_flight = s.in_flight.saturating_sub(1);
+        let now = Instant::now();
+        if let Signal::Answered(latency) = signal {
+            let x = latency.as_secs_f64();
+            s.round_trip = if s.round_trip == 0.0 { x } else { s.round_trip + 0.1 * (x - s.round_trip) };
+        }
+        let overloaded = match signal {
+            Signal::Overloaded => true,
+            Signal::Answered(latency) => class.is_some_and(|c| self.latency_rose(&mut s, c, latency)),
+            Signal::Ignore => false,
+        };
+        let before = s.limit;
+        if overloaded {
+            let round = Duration::from_secs_f64(s.round_trip.min(2.0)).max(self.settings.cut_interval);
+            if s.last_cut.is_none_or(|t| now.duration_since(t) >= round) {
+                s.limit = (s.limit * self.settings.backoff).max(self.settings.min as f64);
+                s.last_cut = Some(now);
+            } else {
+                // Later refusals of the same round take their slot with them (down to what is
+                // still in flight), so fast 429s do not admit the next waiter only to be refused.
+                s.limit = (s.limit - 1.0).max(s.in_flight as f64).max(self.settings.min as f64);
+            }
+        } else if matches!(signal, Signal::Answered(_)) && filled {
+            s.limit = (s.limit + 1.0 / s.limit).min(self.settings.max as f64);
+        }
+        let (limit, logged) = (s.limit as usize, s.logged);
+        if limit.abs_diff(logged) * 10 >= logged.max(1) && limit != logged {
+            s.logged = limit;
+            info!(backend = %self.name, concurrency_limit = limit, in_flight = s.in_flight, "concurrency limit changed");
+        }
+        drop(s);
+        // One freed slot wakes one waiter; a raised limit may admit more.
+        if limit > before as usize {
+            self.freed.notify_waiters();
+        } else {
+            self.freed.notify_one();
+        }
+    }
+
+    /// Note a latency; whether the class's short-term average has risen to the tolerance.
+    fn latency_rose(&self, s: &mut State, class: &str, latency: Duration) -> bool {
+        if !s.classes.contains_key(class) && s.classes.len() >= MAX_CLASSES {
+            s.classes.clear();
+        }
+        let x = latency.as_secs_f64();
+        let l = s.classes.entry(class.to_owned()).or_insert(Latency { short: x, long: x, samples: 0 });
+        l.samples = l.samples.saturating_add(1);
+        l.short += 0.2 * (x - l.short);
+        l.long += 0.02 * (x - l.long);
+        l.samples >= WARM_SAMPLES && l.long > 0.0 && l.short >= self.settings.latency_tolerance * l.long
+    }
+}
+
+impl Permit {
+    /// Release the slot with how the call went, for class `class` (latency is compared within a
+    /// class: an embedding call is not a long generation).
+    pub fn finish(mut self, class: &str, signal: Signal) {
+        self.done = true;
+        self.limit.release(Some(class), signal);
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if !self.done {
+            self.limit.release(None, Signal::Ignore);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn quick(initial: usize, max: usize) -> LimitSettings {
+        LimitSettings { initial, max, cut_interval: Duration::ZERO, ..LimitSettings::adaptive(max) }
+    }
+
+    #[tokio::test]
+    async fn admits_up_to_the_limit_and_queues_the_rest() {
+        let limit = AdaptiveLimit::new("t", LimitSettings::fixed(2));
+        let a = limit.acquire().await;
+        let _b = limit.acquire().await;
+        let waiting = tokio::spawn({
+            let limit = Arc::clone(&limit);
+            async move { limit.acquire().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished());
+        assert_eq!(limit.in_flight(), 2);
+        a.finish("c", Signal::Answered(Duration::from_millis(5)));
+        let c = waiting.await.expect("the waiter gets the freed slot");
+        assert_eq!(limit.in_flight(), 2);
+        drop(c);
+        assert_eq!(limit.in_flight(), 1);
+        assert_eq!(limit.limit(), 2, "a fixed limit never moves");
+    }
+
+    #[tokio::test]
+    async fn grows_while_filled_and_cuts_on_overload_down_to_the_floor() {
+        // Instant answers: the round trip does not space the cuts out.
+        let limit = AdaptiveLimit::new("t", quick(4, 8));
+        for _ in 0..200 {
+            let permits: Vec<Permit> = futures_lite_join(&limit, limit.limit()).await;
+            for p in permits {
+                p.finish("c", Signal::Answered(Duration::ZERO));
+            }
+        }
+        assert_eq!(limit.limit(), 8, "grows to the cap, never past it");
+        limit.acquire().await.finish("c", Signal::Overloaded);
+        assert_eq!(limit.limit(), 6);
+        for _ in 0..40 {
+            limit.acquire().await.finish("c", Signal::Overloaded);
+        }
+        assert_eq!(limit.limit(), 1, "the floor");
+    }
+
+    #[tokio::test]
+    async fn does_not_grow_while_the_limit_is_not_used() {
+        let limit = AdaptiveLimit::new("t", quick(10, 100));
+        for _ in 0..500 {
+            limit.acquire().await.finish("c", Signal::Answered(Duration::from_millis(10)));
+        }
+        assert_eq!(limit.limit(), 10);
+    }
+
+    #[tokio::test]
+    async fn a_latency_rise_in_a_class_cuts_but_a_slow_class_of_its_own_does_not() {
+        let limit = AdaptiveLimit::new("t", quick(10, 100));
+        for _ in 0..30 {
+            limit.acquire().await.finish("fast", Signal::Answered(Duration::from_millis(10)));
+            limit.acquire().await.finish("slow", Signal::Answered(Duration::from_millis(900)));
+        }
+        assert_eq!(limit.limit(), 10, "steady latencies, however different per class, are no signal");
+        for _ in 0..5 {
+            limit.acquire().await.finish("fast", Signal::Answered(Duration::from_millis(80)));
+        }
+        assert!(limit.limit() < 10, "the fast class slowed eightfold: {}", limit.limit());
+    }
+
+    #[tokio::test]
+    async fn cuts_at_most_once_per_interval() {
+        let limit = AdaptiveLimit::new(
+            "t",
+            LimitSettings { cut_interval: Duration::from_secs(60), ..LimitSettings::adaptive(64) },
+        );
+        for _ in 0..10 {
+            limit.acquire().await.finish("c", Signal::Overloaded);
+        }
+        assert_eq!(limit.limit(), 48 - 9, "one multiplicative cut a round, then one slot per failure");
+    }
+
+    #[tokio::test]
+    async fn a_dropped_waiter_leaves_the_queue() {
+        let limit = AdaptiveLimit::new("t", LimitSettings::fixed(1));
+        let held = limit.acquire().await;
+        let gave_up = tokio::time::timeout(Duration::from_millis(10), limit.acquire()).await;
+        assert!(gave_up.is_err());
+        drop(held);
+        let again = tokio::time::timeout(Duration::from_secs(5), limit.acquire()).await;
+        assert!(again.is_ok(), "the slot was not lost to the waiter that left");
+    }
+
+    async fn futures_lite_join(limit: &Arc<AdaptiveLimit>, n: usize) -> Vec<Permit> {
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            out.push(limit.acquire().await);
+        }
+        out
+    }
+}
