@@ -49,6 +49,10 @@ pub struct SandboxOptions {
     pub concurrency: Option<u32>,
     /// Serve the admin page on a free port.
     pub admin: bool,
+    /// TLS on every service and between them (`[tls]`); the sandbox's own channels use it too.
+    pub tls: Option<assay_config::TlsConfig>,
+    /// The API key the backend client sends (`Authorization: Bearer <key>` to the scripted backend).
+    pub api_key: Option<String>,
 }
 
 impl MeshSandbox {
@@ -72,7 +76,11 @@ impl MeshSandbox {
         if let Some(path) = &options.store {
             config.gateway.store = path.clone();
         }
+        if let Some(tls) = &options.tls {
+            config.tls = tls.clone();
+        }
         let mut cfg = OpenAiConfig::new(llm.base_url());
+        cfg.api_key = options.api_key.clone();
         cfg.default_model = "scripted-judge".into();
         cfg.base_backoff = Duration::from_millis(10);
         cfg.max_backoff = Duration::from_millis(200);
@@ -122,6 +130,10 @@ impl MeshSandbox {
     }
 
     pub async fn channel(&self, addr: std::net::SocketAddr) -> Channel {
+        if self.config.tls.is_configured() {
+            // Over TLS, presenting the configured client certificate (connected on first use).
+            return assay_runtime::channel(&self.config, &format!("http://{addr}")).expect("tls channel");
+        }
         Channel::from_shared(format!("http://{addr}")).expect("url").connect().await.expect("connect")
     }
 

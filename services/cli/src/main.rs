@@ -443,6 +443,9 @@ async fn up(mut config: AssayConfig) -> Result<(), String> {
     config.ports.admin = Some(config.ports.admin.unwrap_or(assay_config::DEFAULT_ADMIN_PORT));
     let mesh = cmd::start(&config).await?;
     eprintln!("assay mesh is up: gateway on {} (ctrl-c or SIGTERM to stop)", mesh.addrs.gateway);
+    for line in describe_backends(&config) {
+        eprintln!("{line}");
+    }
     if let Some(admin) = mesh.addrs.admin {
         let host = if admin.ip().is_unspecified() { "127.0.0.1".to_string() } else { admin.ip().to_string() };
         eprintln!("admin page: http://{host}:{}/", admin.port());
@@ -450,6 +453,49 @@ async fn up(mut config: AssayConfig) -> Result<(), String> {
     assay_rpc::shutdown_signal().await;
     eprintln!("stopping: draining in-flight calls");
     mesh.shutdown().await
+}
+
+/// One line per backend the phases use: what it is and which model answers.
+fn describe_backends(config: &AssayConfig) -> Vec<String> {
+    let mut used: Vec<&str> = vec![config.models.default.backend.as_str()];
+    for s in config.models.phases.values() {
+        if !used.contains(&s.backend.as_str()) {
+            used.push(s.backend.as_str());
+        }
+    }
+    used.into_iter()
+        .filter_map(|name| config.backends.get(name).map(|b| (name, b)))
+        .map(|(name, b)| {
+            if b.kind == "local" {
+                let dir = if b.models_dir.is_empty() {
+                    assay_embedded::default_models_dir()
+                } else {
+                    std::path::PathBuf::from(&b.models_dir)
+                };
+                let choice = assay_embedded::LocalModelChoice::parse(&b.model).unwrap_or_default();
+                let paths = assay_embedded::ModelPaths::in_dir(&dir);
+                let file = match choice {
+                    assay_embedded::LocalModelChoice::Smollm2 => paths.smollm2_gguf,
+                    assay_embedded::LocalModelChoice::Gemma3 => paths.gemma3_gguf,
+                };
+                format!(
+                    "backend {name}: embedded (llama.cpp in process), chat model {} ({}), embeddings {}",
+                    choice.model_name(),
+                    file.display(),
+                    paths.minilm_dir.display()
+                )
+            } else {
+                let c = assay_runtime::openai_client(b).map(|c| c.config().clone());
+                match c {
+                    Ok(c) => format!(
+                        "backend {name}: OpenAI-compatible at {}, model {}, up to {} requests at once (adaptive from {})",
+                        c.base_url, c.default_model, c.max_concurrency, c.initial_concurrency
+                    ),
+                    Err(e) => format!("backend {name}: {e}"),
+                }
+            }
+        })
+        .collect()
 }
 
 fn example_request() -> gw::EvaluateRequest {
@@ -491,8 +537,8 @@ async fn demo(mut config: AssayConfig, ephemeral: bool) -> Result<(), String> {
     let mesh = cmd::start(&config).await?;
     let url = format!("http://{}", mesh.addrs.gateway);
     let result = async {
-        let channel = assay_rpc::remote::channel(&url).map_err(|e| e.to_string())?;
-        let token = assay_runtime::serve_options(&config).auth_token;
+        let channel = assay_runtime::channel(&config, &url)?;
+        let token = assay_runtime::auth_token(&config);
         let mut client = gw::gateway_service_client::GatewayServiceClient::with_interceptor(
             channel,
             assay_rpc::auth::BearerInterceptor::new(token.as_deref()),

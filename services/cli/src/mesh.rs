@@ -125,11 +125,15 @@ pub async fn start_mesh(config: &AssayConfig, hub: Arc<ModelHub>, ready: bool) -
         debate: addr(&debate_l)?,
         admin: admin_l.as_ref().map(addr).transpose()?,
     };
-    let options = assay_runtime::serve_options(config);
+    let options = assay_runtime::serve_options(config)?;
     let token = options.auth_token.clone();
 
-    // Every stage reaches the others over real gRPC on loopback, as in Kubernetes.
-    let channel = |addr: SocketAddr| assay_rpc::remote::channel(&format!("http://{addr}")).map_err(|e| e.to_string());
+    // Every stage reaches the others over real gRPC on loopback, as in Kubernetes (over TLS, and
+    // presenting a client certificate when asked, when [tls] is set).
+    let tls = assay_runtime::client_tls(config)?;
+    let channel = |addr: SocketAddr| {
+        assay_rpc::remote::channel_with(&format!("http://{addr}"), tls.as_ref()).map_err(|e| e.to_string())
+    };
     let token = token.as_deref();
     let scorer_remote = Arc::new(RemoteScorer::new(channel(addrs.scorer)?, token));
     let refiners_remote = Arc::new(RemoteRefiners::new(channel(addrs.refiners)?, token));
@@ -147,7 +151,8 @@ pub async fn start_mesh(config: &AssayConfig, hub: Arc<ModelHub>, ready: bool) -
         })
         .with_self_refiner(refiners_remote.clone())
         .with_debate(Arc::new(RemoteDebate::new(channel(addrs.debate)?, token)));
-    let engine = assay_gateway::Engine::new(store, Arc::new(assay_gateway::Pipelines::new(stages)));
+    let engine = assay_gateway::Engine::new(store, Arc::new(assay_gateway::Pipelines::new(stages)))
+        .with_max_active_runs(config.gateway.max_active_runs as usize);
     let services: Vec<(TcpListener, &'static str, Routes)> = vec![
         (gateway_l, names::GATEWAY, assay_gateway::routes(engine.clone())),
         (

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use assay_rpc::remote::{
-    RemoteArbiter, RemoteDebate, RemoteDeltaJudge, RemoteGenerator, RemoteRefiners, RemoteScorer, channel,
+    RemoteArbiter, RemoteDebate, RemoteDeltaJudge, RemoteGenerator, RemoteRefiners, RemoteScorer, channel_with,
 };
 
 #[tokio::main]
@@ -15,10 +15,12 @@ async fn main() -> std::process::ExitCode {
         uses_models: false,
     };
     assay_runtime::run_service(spec, &[], |_hub, config| {
-        let token = assay_runtime::serve_options(config).auth_token;
+        let token = assay_runtime::auth_token(config);
         let token = token.as_deref();
+        // Over TLS when [tls] is set (checked when the configuration was loaded).
+        let tls = assay_runtime::client_tls(config).unwrap_or_else(|e| panic!("{e}"));
         let upstream = |configured: &str, port: u16, what: &str| {
-            channel(&assay_runtime::upstream_url(config, configured, port))
+            channel_with(&assay_runtime::upstream_url(config, configured, port), tls.as_ref())
                 .unwrap_or_else(|e| panic!("{what} upstream url is invalid: {e}"))
         };
         let u = &config.upstreams;
@@ -42,7 +44,8 @@ async fn main() -> std::process::ExitCode {
                 )),
             });
         let store = assay_gateway::RunStore::open(&assay_gateway::store_path(config)).expect("run store opens");
-        let engine = assay_gateway::Engine::new(store, Arc::new(assay_gateway::Pipelines::new(stages)));
+        let engine = assay_gateway::Engine::new(store, Arc::new(assay_gateway::Pipelines::new(stages)))
+            .with_max_active_runs(config.gateway.max_active_runs as usize);
         if let Some(port) = config.ports.admin {
             let router = assay_gateway::admin::router(engine.clone(), token.map(str::to_string));
             let bind = config.clone();

@@ -13,8 +13,8 @@ async fn main() -> std::process::ExitCode {
     };
     assay_runtime::run_service(spec, &assay_runtime::default_loaders(), |hub, config| {
         let url = assay_runtime::upstream_url(config, &config.upstreams.refiners, config.ports.refiners);
-        let channel = assay_rpc::remote::channel(&url).expect("refiners upstream url is valid");
-        let token = assay_runtime::serve_options(config).auth_token;
+        let channel = assay_runtime::channel(config, &url).expect("refiners upstream url and tls are valid");
+        let token = assay_runtime::auth_token(config);
         let refiners = Arc::new(assay_rpc::remote::RemoteRefiners::new(channel, token.as_deref()));
         assay_generator::routes(Arc::new(assay_generator::Generator::new(hub).with_refiners(refiners)))
     })

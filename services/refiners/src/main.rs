@@ -13,8 +13,8 @@ async fn main() -> std::process::ExitCode {
     };
     assay_runtime::run_service(spec, &assay_runtime::default_loaders(), |hub, config| {
         let url = assay_runtime::upstream_url(config, &config.upstreams.scorer, config.ports.scorer);
-        let channel = assay_rpc::remote::channel(&url).expect("scorer upstream url is valid");
-        let token = assay_runtime::serve_options(config).auth_token;
+        let channel = assay_runtime::channel(config, &url).expect("scorer upstream url and tls are valid");
+        let token = assay_runtime::auth_token(config);
         let scorer = Arc::new(assay_rpc::remote::RemoteScorer::new(channel, token.as_deref()));
         assay_refiners::routes(Arc::new(assay_refiners::ChecklistRefiners::new(hub).with_scorer(scorer)))
     })

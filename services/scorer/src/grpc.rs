@@ -80,7 +80,11 @@ impl ScorerService for ScorerGrpc {
                     }));
                 }
             };
-            let work = run_with(ctx, core.score(req, &sink));
+            // Field paths of errors the core finds (e.g. an unknown backend) get the same
+            // `request.` prefix as the conversion's.
+            let work = async {
+                run_with(ctx, core.score(req, &sink)).await.map_err(|e| e.map_fields(|f| format!("request.{f}")))
+            };
             let closed = tx.clone();
             tokio::select! {
                 out = work => {

@@ -12,7 +12,7 @@ pub use assay_llm::phases::{ModelSettings, PhaseModels};
 pub const DEFAULT_TOML: &str = include_str!("../default.toml");
 
 /// Configuration of the whole mesh; each service reads its part.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Clone, Deserialize)]
 pub struct AssayConfig {
     pub bind: String,
     pub auth_token: String,
@@ -24,6 +24,46 @@ pub struct AssayConfig {
     pub backends: BTreeMap<String, BackendConfig>,
     pub cache: CacheConfig,
     pub models: PhaseModels,
+    #[serde(default)]
+    pub tls: TlsConfig,
+}
+
+impl std::fmt::Debug for AssayConfig {
+    // By hand, so the bearer token never reaches a log line or an error; destructured so a new field
+    // must be added here too.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let AssayConfig {
+            bind,
+            auth_token,
+            drain_seconds,
+            ports,
+            upstreams,
+            gateway,
+            scorer,
+            backends,
+            cache,
+            models,
+            tls,
+        } = self;
+        f.debug_struct("AssayConfig")
+            .field("bind", bind)
+            .field("auth_token", &redacted(auth_token))
+            .field("drain_seconds", drain_seconds)
+            .field("ports", ports)
+            .field("upstreams", upstreams)
+            .field("gateway", gateway)
+            .field("scorer", scorer)
+            .field("backends", backends)
+            .field("cache", cache)
+            .field("models", models)
+            .field("tls", tls)
+            .finish()
+    }
+}
+
+/// How a secret shows in Debug output: whether it is set, never its value.
+fn redacted(secret: &str) -> &'static str {
+    if secret.is_empty() { "" } else { "<redacted>" }
 }
 
 /// Listening ports.
@@ -69,6 +109,14 @@ pub struct GatewayConfig {
     pub store: String,
     pub data_dir: String,
     pub concurrency: u32,
+    /// Runs executing at once at most; beyond it RunPipeline and Evaluate answer
+    /// RESOURCE_EXHAUSTED (0 = no limit).
+    #[serde(default = "max_active_runs")]
+    pub max_active_runs: u32,
+}
+
+fn max_active_runs() -> u32 {
+    4096
 }
 
 /// Scorer settings.
@@ -133,11 +181,160 @@ pub struct CacheConfig {
     pub path: String,
 }
 
+/// TLS on every gRPC server and channel: paths of PEM files, every one empty = plaintext.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct TlsConfig {
+    /// This service's certificate chain; with `key`, every server serves TLS only.
+    pub cert: String,
+    /// The private key of `cert`.
+    pub key: String,
+    /// CA certificates (PEM bundle): servers verify client certificates against them, channels
+    /// trust the servers they sign (empty = the system's roots).
+    pub ca: String,
+    /// Certificate chain channels present to servers that ask for one (empty = `cert`).
+    pub client_cert: String,
+    /// The private key of `client_cert` (empty = `key`).
+    pub client_key: String,
+    /// Servers refuse clients without a certificate signed by `ca` (mutual TLS).
+    pub require_client_cert: bool,
+    /// Name checked in the servers' certificates (empty = the host of the address dialled).
+    pub server_name: String,
+}
+
+/// A certificate chain and its private key, both PEM. Debug never shows the key.
+#[derive(Clone)]
+pub struct PemPair {
+    pub cert: Vec<u8>,
+    pub key: Vec<u8>,
+}
+
+impl std::fmt::Debug for PemPair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PemPair").field("cert_bytes", &self.cert.len()).field("key", &"<redacted>").finish()
+    }
+}
+
+/// The files of a [`TlsConfig`], read and checked: what servers and channels use.
+#[derive(Clone, Default)]
+pub struct TlsMaterial {
+    /// What servers present; `None` = plaintext servers.
+    pub server: Option<PemPair>,
+    /// The CA bundle (PEM).
+    pub ca: Option<Vec<u8>>,
+    /// What channels present when a server asks (`client_cert`/`client_key`, else `cert`/`key`).
+    pub client: Option<PemPair>,
+    pub require_client_cert: bool,
+    pub server_name: Option<String>,
+}
+
+impl std::fmt::Debug for TlsMaterial {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let TlsMaterial { server, ca, client, require_client_cert, server_name } = self;
+        f.debug_struct("TlsMaterial")
+            .field("server", server)
+            .field("ca_bytes", &ca.as_ref().map(Vec::len))
+            .field("client", client)
+            .field("require_client_cert", require_client_cert)
+            .field("server_name", server_name)
+            .finish()
+    }
+}
+
+impl TlsMaterial {
+    /// Whether channels use TLS: whenever anything TLS is configured (an `http://` address is
+    /// dialled as `https://`).
+    pub fn channels_use_tls(&self) -> bool {
+        self.server.is_some() || self.ca.is_some() || self.client.is_some()
+    }
+}
+
+impl TlsConfig {
+    /// Whether any TLS key is set.
+    pub fn is_configured(&self) -> bool {
+        let TlsConfig { cert, key, ca, client_cert, client_key, require_client_cert, server_name: _ } = self;
+        *require_client_cert || [cert, key, ca, client_cert, client_key].iter().any(|p| !p.is_empty())
+    }
+
+    /// Read and check the files: pairs set together, files readable and holding PEM of the right
+    /// kind, mutual TLS with its CA. Errors name the offending key.
+    pub fn load(&self) -> Result<TlsMaterial, ConfigError> {
+        let TlsConfig { cert, key, ca, client_cert, client_key, require_client_cert, server_name } = self;
+        let server = pair(("tls.cert", cert), ("tls.key", key))?;
+        let client = pair(("tls.client_cert", client_cert), ("tls.client_key", client_key))?;
+        let ca = if ca.is_empty() { None } else { Some(read_pem("tls.ca", ca, Pem::Certificate)?) };
+        if *require_client_cert {
+            if server.is_none() {
+                return Err(tls_error(
+                    "tls.require_client_cert",
+                    "needs tls.cert and tls.key (only a TLS server can ask for client certificates)",
+                ));
+            }
+            if ca.is_none() {
+                return Err(tls_error(
+                    "tls.require_client_cert",
+                    "needs tls.ca (the CA that signs client certificates)",
+                ));
+            }
+        }
+        Ok(TlsMaterial {
+            client: client.or_else(|| server.clone()),
+            server,
+            ca,
+            require_client_cert: *require_client_cert,
+            server_name: Some(server_name.trim().to_string()).filter(|s| !s.is_empty()),
+        })
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Pem {
+    Certificate,
+    PrivateKey,
+}
+
+fn tls_error(key: &'static str, message: impl Into<String>) -> ConfigError {
+    ConfigError::Key { key, message: message.into() }
+}
+
+fn pair(cert: (&'static str, &str), key: (&'static str, &str)) -> Result<Option<PemPair>, ConfigError> {
+    match (cert.1.is_empty(), key.1.is_empty()) {
+        (true, true) => Ok(None),
+        (false, true) => Err(tls_error(cert.0, format!("is set but {} is not: set both or neither", key.0))),
+        (true, false) => Err(tls_error(key.0, format!("is set but {} is not: set both or neither", cert.0))),
+        (false, false) => Ok(Some(PemPair {
+            cert: read_pem(cert.0, cert.1, Pem::Certificate)?,
+            key: read_pem(key.0, key.1, Pem::PrivateKey)?,
+        })),
+    }
+}
+
+/// Read a PEM file and check it holds a block of the expected kind (the TLS library parses it).
+fn read_pem(key: &'static str, path: &str, kind: Pem) -> Result<Vec<u8>, ConfigError> {
+    let bytes = std::fs::read(path).map_err(|e| tls_error(key, format!("cannot read {path:?}: {e}")))?;
+    let text = String::from_utf8_lossy(&bytes);
+    let found = match kind {
+        Pem::Certificate => text.contains("-----BEGIN CERTIFICATE-----"),
+        Pem::PrivateKey => text.lines().any(|l| l.starts_with("-----BEGIN ") && l.ends_with("PRIVATE KEY-----")),
+    };
+    if !found {
+        let what = match kind {
+            Pem::Certificate => "PEM certificate",
+            Pem::PrivateKey => "PEM private key",
+        };
+        return Err(tls_error(key, format!("{path:?} holds no {what}")));
+    }
+    Ok(bytes)
+}
+
 /// Configuration errors.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("configuration error: {0}")]
     Invalid(#[from] config::ConfigError),
+    /// One key's value is unusable.
+    #[error("configuration error: {key}: {message}")]
+    Key { key: &'static str, message: String },
 }
 
 /// Defaults, then `file` (if any), then `ASSAY__*` environment variables.
@@ -148,7 +345,13 @@ pub fn load(file: Option<&Path>) -> Result<AssayConfig, ConfigError> {
     }
     b = b
         .add_source(config::Environment::with_prefix("ASSAY").prefix_separator("__").separator("__").try_parsing(true));
-    Ok(b.build()?.try_deserialize()?)
+    checked(b.build()?.try_deserialize()?)
+}
+
+/// Refuse a configuration whose TLS files are missing, unreadable or half set.
+fn checked(config: AssayConfig) -> Result<AssayConfig, ConfigError> {
+    config.tls.load()?;
+    Ok(config)
 }
 
 /// Defaults overlaid with a TOML string (for tests; no environment).
@@ -157,7 +360,7 @@ pub fn load_from(toml: &str) -> Result<AssayConfig, ConfigError> {
         .add_source(config::File::from_str(DEFAULT_TOML, config::FileFormat::Toml))
         .add_source(config::File::from_str(toml, config::FileFormat::Toml))
         .build()?;
-    Ok(c.try_deserialize()?)
+    checked(c.try_deserialize()?)
 }
 
 impl AssayConfig {
@@ -178,6 +381,27 @@ mod tests {
         assert_eq!(c.ports.debate, 50057);
         assert_eq!(c.models.default.backend, "local");
         assert!(c.backends.contains_key("openai"));
+    }
+
+    #[test]
+    fn tls_is_off_by_default_and_half_settings_name_the_key() {
+        assert!(!AssayConfig::defaults().tls.is_configured());
+        let e = load_from("[tls]\ncert = \"/nonexistent/cert.pem\"\n").unwrap_err().to_string();
+        assert_eq!(e, "configuration error: tls.cert: is set but tls.key is not: set both or neither");
+        let e = load_from("[tls]\nclient_key = \"/k\"\n").unwrap_err().to_string();
+        assert!(e.contains("tls.client_key: is set but tls.client_cert is not"), "{e}");
+        let e = load_from("[tls]\nca = \"/nonexistent/ca.pem\"\n").unwrap_err().to_string();
+        assert!(e.starts_with("configuration error: tls.ca: cannot read \"/nonexistent/ca.pem\""), "{e}");
+        let e = load_from("[tls]\nrequire_client_cert = true\n").unwrap_err().to_string();
+        assert!(e.contains("tls.require_client_cert: needs tls.cert and tls.key"), "{e}");
+    }
+
+    #[test]
+    fn debug_never_shows_the_auth_token() {
+        let mut c = AssayConfig::defaults();
+        c.auth_token = "tok-3f9a-secret".into();
+        let text = format!("{c:?}");
+        assert!(!text.contains("tok-3f9a-secret") && text.contains("auth_token: \"<redacted>\""), "{text}");
     }
 
     #[test]

@@ -21,19 +21,18 @@ pub fn find_list<'a>(v: &'a Value, keys: &[&str]) -> Option<&'a Vec<Value>> {
 /// or bare); the span from the first `{` to the last `}` or from the first `[` to the last `]`
 /// (whichever opens first is tried first); the first complete object or list followed by other
 /// text; last, a reply cut short inside a list (the token limit
-/// reached) keeps the list's complete elements (see [`repair_truncated`]). Returns `None` when
-/// nothing parses.
+/// reached) keeps the list's complete elements (see [`repair_truncated`]). The whole text, the
+/// block and the spans are each also tried without trailing commas (`{"a": [1, 2,],}`). Returns
+/// `None` when nothing parses.
 pub fn extract_json(text: &str) -> Option<Value> {
     let trimmed = text.trim();
     if trimmed.is_empty() {
         return None;
     }
-    if let Ok(value) = serde_json::from_str::<Value>(trimmed) {
+    if let Some(value) = parse(trimmed) {
         return Some(value);
     }
-    if let Some(block) = first_fenced_block(trimmed)
-        && let Ok(value) = serde_json::from_str::<Value>(block.trim())
-    {
+    if let Some(value) = first_fenced_block(trimmed).and_then(|block| parse(block.trim())) {
         return Some(value);
     }
     let object = span(trimmed, '{', '}');
@@ -42,9 +41,49 @@ pub fn extract_json(text: &str) -> Option<Value> {
     candidates.sort_by_key(|(start, _)| *start);
     candidates
         .into_iter()
-        .find_map(|(_, candidate)| serde_json::from_str::<Value>(candidate).ok())
+        .find_map(|(_, candidate)| parse(candidate))
         .or_else(|| first_value(trimmed))
         .or_else(|| repair_truncated(trimmed))
+}
+
+/// `candidate` as JSON, as it is or else without trailing commas.
+fn parse(candidate: &str) -> Option<Value> {
+    serde_json::from_str(candidate)
+        .ok()
+        .or_else(|| without_trailing_commas(candidate).and_then(|t| serde_json::from_str(&t).ok()))
+}
+
+/// `text` without the commas that come right before a `}` or `]` (whitespace between allowed),
+/// outside strings; `None` when it has none.
+fn without_trailing_commas(text: &str) -> Option<String> {
+    let mut out = String::with_capacity(text.len());
+    let mut in_string = false;
+    let mut escaped = false;
+    // Where in `out` the last comma is, while only whitespace has followed it.
+    let mut comma: Option<usize> = None;
+    let mut removed = false;
+    for c in text.chars() {
+        if in_string {
+            match (escaped, c) {
+                (true, _) => escaped = false,
+                (false, '\\') => escaped = true,
+                (false, '"') => in_string = false,
+                (false, _) => {}
+            }
+        } else if c == ',' {
+            comma = Some(out.len());
+        } else if c == '}' || c == ']' {
+            if let Some(at) = comma.take() {
+                out.remove(at);
+                removed = true;
+            }
+        } else if !c.is_whitespace() {
+            comma = None;
+            in_string = c == '"';
+        }
+        out.push(c);
+    }
+    removed.then_some(out)
 }
 
 /// The first complete object or list, ignoring whatever follows it (`{"a": 1}\n{" ]}`).
@@ -191,6 +230,14 @@ mod tests {
     fn broken_fence_falls_back_to_braces() {
         let text = "```json\n{\"a\": 1}\n(no closing fence)";
         assert_eq!(extract_json(text), Some(json!({"a": 1})));
+    }
+
+    #[test]
+    fn trailing_commas_are_dropped_outside_strings() {
+        let text = "Result: {\"items\": [1, 2,\n], \"note\": \"a,}\",}";
+        assert_eq!(extract_json(text), Some(json!({"items": [1, 2], "note": "a,}"})));
+        assert_eq!(extract_json("```json\n[{\"a\": 1,},]\n```"), Some(json!([{"a": 1}])));
+        assert_eq!(super::without_trailing_commas("[1, 2]"), None);
     }
 
     #[test]

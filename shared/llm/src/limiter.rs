@@ -1,9 +1,10 @@
 //! An adaptive concurrency limit for one backend (AIMD, after Netflix's concurrency-limits).
 //!
 //! A fixed cap is wrong both ways: a vLLM or OpenAI endpoint takes hundreds of requests at once, a
-//! llama.cpp server with four slots takes four. The limit starts at `initial`, grows additively
-//! (about one per round of `limit` successful calls, only while the calls actually fill it) and is
-//! cut multiplicatively when the backend says it is overloaded: a 429 or 503, an attempt timing
+//! llama.cpp server with four slots takes four. The limit starts at `initial` and grows while the
+//! calls actually fill it (at least half of it in flight): by one per answered call until the
+//! first cut (slow start: it doubles each round trip), then by one per round of `limit` answered
+//! calls (additive increase, as TCP Reno). It is cut multiplicatively when the backend says it is overloaded: a 429 or 503, an attempt timing
 //! out, a connection refused, or a rise in latency (a call class's short-term latency average at
 //! `latency_tolerance` times or more its long-term one). Cuts are at most one per round trip (the
 //! smoothed latency of answered calls, at least `cut_interval`, at most 2 s); later overloads of
@@ -82,6 +83,8 @@ struct State {
     limit: f64,
     in_flight: usize,
     last_cut: Option<Instant>,
+    /// No cut yet: grow by one per answered call.
+    slow_start: bool,
     /// Smoothed latency of answered calls, seconds.
     round_trip: f64,
     logged: usize,
@@ -124,6 +127,7 @@ impl AdaptiveLimit {
                 limit: initial as f64,
                 in_flight: 0,
                 last_cut: None,
+                slow_start: true,
                 round_trip: 0.0,
                 logged: initial,
                 classes: HashMap::new(),
@@ -187,13 +191,15 @@ impl AdaptiveLimit {
             if s.last_cut.is_none_or(|t| now.duration_since(t) >= round) {
                 s.limit = (s.limit * self.settings.backoff).max(self.settings.min as f64);
                 s.last_cut = Some(now);
+                s.slow_start = false;
             } else {
                 // Later refusals of the same round take their slot with them (down to what is
                 // still in flight), so fast 429s do not admit the next waiter only to be refused.
                 s.limit = (s.limit - 1.0).max(s.in_flight as f64).max(self.settings.min as f64);
             }
         } else if matches!(signal, Signal::Answered(_)) && filled {
-            s.limit = (s.limit + 1.0 / s.limit).min(self.settings.max as f64);
+            let step = if s.slow_start { 1.0 } else { 1.0 / s.limit };
+            s.limit = (s.limit + step).min(self.settings.max as f64);
         }
         let (limit, logged) = (s.limit as usize, s.logged);
         if limit.abs_diff(logged) * 10 >= logged.max(1) && limit != logged {
@@ -285,6 +291,25 @@ mod tests {
             limit.acquire().await.finish("c", Signal::Overloaded);
         }
         assert_eq!(limit.limit(), 1, "the floor");
+    }
+
+    #[tokio::test]
+    async fn doubles_per_round_until_the_first_cut_then_grows_by_one_per_round() {
+        let limit = AdaptiveLimit::new("t", quick(8, 1000));
+        let round = |limit: Arc<AdaptiveLimit>| async move {
+            let permits = futures_lite_join(&limit, limit.limit()).await;
+            for p in permits {
+                p.finish("c", Signal::Answered(Duration::ZERO));
+            }
+        };
+        round(limit.clone()).await;
+        // Answers count while at least half the limit is in flight: 8 of 8, 7 of 9, 6 of 10 (a
+        // round that keeps the limit full, as a busy client does, doubles it).
+        assert_eq!(limit.limit(), 8 + 3);
+        limit.acquire().await.finish("c", Signal::Overloaded);
+        let cut = limit.limit();
+        round(limit.clone()).await;
+        assert!(limit.limit() <= cut + 1, "after a cut: about one per round, {cut} -> {}", limit.limit());
     }
 
     #[tokio::test]

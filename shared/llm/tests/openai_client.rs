@@ -620,3 +620,15 @@ async fn a_fixed_concurrency_limit_stays_put() {
     assert_eq!(client.concurrency_limit(), 6);
     assert_eq!(server.peak_in_flight(), 6);
 }
+
+#[tokio::test]
+async fn a_backend_echoing_the_api_key_never_gets_it_into_the_error() {
+    let server = ScriptedLlm::start().await;
+    let key = "sk-echoed-secret-4711";
+    server.set_handler(move |_| Reply::status(401).body(format!("{{\"error\": {{\"message\": \"bad key {key}\"}}}}")));
+    let client = OpenAiClient::new(OpenAiConfig { api_key: Some(key.into()), ..config(&server) }).unwrap();
+    let err = client.chat(ask("q")).await.unwrap_err();
+    let text = format!("{err} {err:?}");
+    assert!(!text.contains(key), "{text}");
+    assert!(text.contains("<redacted>"), "the rest of the body is kept: {text}");
+}

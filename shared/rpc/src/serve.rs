@@ -10,6 +10,7 @@ use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
 use crate::auth::AuthLayer;
+use crate::tls::ServerTls;
 
 /// Health state of one service binary (every service name it hosts plus "").
 #[derive(Clone)]
@@ -51,21 +52,37 @@ impl Readiness {
 }
 
 /// Serving options.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ServeOptions {
     pub auth_token: Option<String>,
     /// How long in-flight calls may run after shutdown starts.
     pub drain: Duration,
+    /// Serve TLS only (and ask for client certificates, per [`ServerTls`]); `None` = plaintext.
+    pub tls: Option<ServerTls>,
 }
 
 impl Default for ServeOptions {
     fn default() -> Self {
-        Self { auth_token: None, drain: Duration::from_secs(30) }
+        Self { auth_token: None, drain: Duration::from_secs(30), tls: None }
+    }
+}
+
+impl std::fmt::Debug for ServeOptions {
+    // By hand: the token must never reach a log line.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ServeOptions { auth_token, drain, tls } = self;
+        f.debug_struct("ServeOptions")
+            .field("auth_token", &auth_token.as_ref().map(|_| "<redacted>"))
+            .field("drain", drain)
+            .field("tls", tls)
+            .finish()
     }
 }
 
 /// Serve `routes` plus health and reflection on `listener` until `shutdown` resolves; then report
-/// NOT_SERVING, stop accepting, and wait for in-flight calls (at most `options.drain`).
+/// NOT_SERVING, stop accepting, and wait for in-flight calls (at most `options.drain`). With
+/// `options.tls` every connection must complete a TLS handshake first (a plaintext client, or one
+/// without a required client certificate, is dropped during it).
 pub async fn serve(
     listener: TcpListener,
     routes: Routes,
@@ -95,8 +112,15 @@ pub async fn serve(
         ready.set_not_serving().await;
         let _ = drain_tx.send(());
     };
-    let server = tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = &options.tls {
+        builder = builder.tls_config(tls.config())?;
+    }
+    let mutual_tls = options.tls.as_ref().is_some_and(ServerTls::requires_client_cert);
+    tracing::debug!(addr = ?addr, tls = options.tls.is_some(), mutual_tls, "starting server");
+    let server = builder
         .layer(AuthLayer::new(options.auth_token.clone()))
+        .layer(crate::decode_error::DecodeErrorLayer)
         .trace_fn(|req: &http::Request<()>| {
             let span = tracing::info_span!("rpc", path = %req.uri().path());
             assay_telemetry::set_parent_from_headers(&span, req.headers());

@@ -13,7 +13,7 @@ use assay_llm::{
     Backends, CacheConfig, CachedChat, CachedEmbed, ChatModel, EmbeddingModel, OpenAiClient, OpenAiConfig,
     ResponseCache,
 };
-use assay_rpc::{Readiness, ServeOptions};
+use assay_rpc::{ClientTls, Readiness, ServeOptions, ServerTls};
 use tokio::net::TcpListener;
 use tonic::service::Routes;
 
@@ -175,11 +175,61 @@ pub async fn bind(config: &AssayConfig, port: u16) -> std::io::Result<TcpListene
     TcpListener::bind(addr).await
 }
 
-/// Serving options from configuration.
-pub fn serve_options(config: &AssayConfig) -> ServeOptions {
-    let token =
-        std::env::var("ASSAY_AUTH_TOKEN").ok().filter(|t| !t.is_empty()).or_else(|| Some(config.auth_token.clone()));
-    ServeOptions { auth_token: token.filter(|t| !t.is_empty()), drain: Duration::from_secs(config.drain_seconds) }
+/// The bearer token every RPC but health needs: `ASSAY_AUTH_TOKEN`, else `auth_token`; `None`
+/// when neither is set.
+pub fn auth_token(config: &AssayConfig) -> Option<String> {
+    std::env::var("ASSAY_AUTH_TOKEN")
+        .ok()
+        .filter(|t| !t.is_empty())
+        .or_else(|| Some(config.auth_token.clone()).filter(|t| !t.is_empty()))
+}
+
+/// Serving options from configuration: token, drain period and the servers' TLS (`[tls]`, whose
+/// files are read here: an error names the key).
+pub fn serve_options(config: &AssayConfig) -> Result<ServeOptions, String> {
+    Ok(ServeOptions {
+        auth_token: auth_token(config),
+        drain: Duration::from_secs(config.drain_seconds),
+        tls: server_tls(config)?,
+    })
+}
+
+/// What servers present and whom they accept, from `[tls]`; `None` = plaintext.
+pub fn server_tls(config: &AssayConfig) -> Result<Option<ServerTls>, String> {
+    let m = config.tls.load().map_err(|e| e.to_string())?;
+    Ok(m.server.map(|pair| {
+        let tls = ServerTls::new(pair.cert, pair.key);
+        match m.ca {
+            Some(ca) => tls.client_ca(ca, m.require_client_cert),
+            None => tls,
+        }
+    }))
+}
+
+/// What channels trust and present, from `[tls]`; `None` = plaintext channels.
+pub fn client_tls(config: &AssayConfig) -> Result<Option<ClientTls>, String> {
+    let m = config.tls.load().map_err(|e| e.to_string())?;
+    if !m.channels_use_tls() {
+        return Ok(None);
+    }
+    let mut tls = ClientTls::new();
+    if let Some(ca) = m.ca {
+        tls = tls.ca(ca);
+    }
+    if let Some(pair) = m.client {
+        tls = tls.identity(pair.cert, pair.key);
+    }
+    if let Some(name) = m.server_name {
+        tls = tls.domain(name);
+    }
+    Ok(Some(tls))
+}
+
+/// A lazily connected channel to `url` as configured: over TLS when `[tls]` is set (an `http://`
+/// address is dialled as `https://`).
+pub fn channel(config: &AssayConfig, url: &str) -> Result<tonic::transport::Channel, String> {
+    let tls = client_tls(config)?;
+    assay_rpc::remote::channel_with(url, tls.as_ref()).map_err(|e| e.to_string())
 }
 
 /// What a stage binary serves.
@@ -214,6 +264,13 @@ pub async fn run_service(
             return ExitCode::from(1);
         }
     };
+    let options = match serve_options(&config) {
+        Ok(o) => o,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot set up tls");
+            return ExitCode::from(2);
+        }
+    };
     let readiness = Readiness::new(&[spec.service_name]).await;
     let (hub, loading) = if spec.uses_models {
         match build_hub(&config, loaders) {
@@ -235,7 +292,7 @@ pub async fn run_service(
             Err(e) => tracing::error!(error = %e, "model backends failed to load; staying NOT_SERVING"),
         }
     });
-    match assay_rpc::serve(listener, routes, readiness, serve_options(&config), assay_rpc::shutdown_signal()).await {
+    match assay_rpc::serve(listener, routes, readiness, options, assay_rpc::shutdown_signal()).await {
         Ok(()) => {
             tracing::info!("stopped");
             ExitCode::SUCCESS

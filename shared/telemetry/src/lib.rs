@@ -31,7 +31,9 @@ pub fn init(service_name: &str) -> TelemetryGuard {
     let fmt = if json {
         tracing_subscriber::fmt::layer().json().with_writer(std::io::stderr).boxed()
     } else {
-        tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_target(false).boxed()
+        // Colour only on a terminal: a file or a pipe gets plain text.
+        let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+        tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_target(false).with_ansi(ansi).boxed()
     };
     let endpoint = std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok().filter(|e| !e.is_empty());
     let (otel, provider) = match endpoint.and_then(|e| build_provider(service_name, &e)) {

@@ -436,6 +436,8 @@ struct State {
     /// (arrival, answer) of each request, index-aligned with `requests`.
     times: Mutex<Vec<(Instant, Option<Instant>)>>,
     cancelled: AtomicUsize,
+    /// When each cancelled request's connection went away, in order.
+    cancelled_times: Mutex<Vec<Instant>>,
     completed: AtomicUsize,
     next_id: AtomicU64,
     /// Requests served at once at most (0 = unlimited); beyond it, an immediate 429.
@@ -475,6 +477,11 @@ impl fmt::Debug for ScriptedLlm {
 }
 
 impl ScriptedLlm {
+    /// When each cancelled request was dropped by its client, in order.
+    pub fn cancelled_times(&self) -> Vec<Instant> {
+        lock(&self.state.cancelled_times).clone()
+    }
+
     /// Serve at most `n` requests at once, like a server with `n` slots: a request arriving while
     /// `n` are in flight gets an immediate 429 (0 = unlimited, the default).
     pub fn set_capacity(&self, n: usize) {
@@ -626,6 +633,7 @@ impl PendingGuard {
 impl Drop for PendingGuard {
     fn drop(&mut self) {
         if self.armed {
+            lock(&self.state.cancelled_times).push(Instant::now());
             self.state.cancelled.fetch_add(1, Ordering::SeqCst);
         }
     }

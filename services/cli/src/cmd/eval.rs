@@ -97,6 +97,8 @@ async fn stream(
 ) -> Result<Outcome, String> {
     let request =
         gw::RunPipelineRequest { pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(pipeline)), label };
+    // Pipeline time: from the request to the run's last event (no process or mesh start).
+    let started = std::time::Instant::now();
     let mut events = session.client.run_pipeline(request).await.map_err(|s| status_text(&s))?.into_inner();
     let mut out: Box<dyn Write> = match &args.out {
         Some(p) => {
@@ -140,6 +142,7 @@ async fn stream(
             | None => {}
         }
     }
+    let pipeline_s = started.elapsed().as_secs_f64();
     out.flush().map_err(|e| e.to_string())?;
     progress.finish();
     let completed = completed.ok_or_else(|| format!("run {run_id} ended without completing"))?;
@@ -163,14 +166,14 @@ async fn stream(
         "micro_pass_rate": a.micro_pass_rate,
         "category_pass_rates": a.category_pass_rates.iter().map(|c| json!({"category": c.category, "pass_rate": c.pass_rate, "items": c.items})).collect::<Vec<_>>(),
         "calls": u.calls, "prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-        "cache_hits": u.cache_hits,
+        "cache_hits": u.cache_hits, "pipeline_s": (pipeline_s * 1e3).round() / 1e3,
     });
     if args.json {
         println!("{summary}");
     } else {
         eprintln!(
             "run {run_id}: {total} records, {failed} failed; mean primary {:.3}, macro pass {:.3}, micro pass {:.3}; \
-             {} calls, {} cache hits",
+             {} calls, {} cache hits; {pipeline_s:.2} s",
             a.mean_primary_score, a.macro_pass_rate, a.micro_pass_rate, u.calls, u.cache_hits
         );
     }

@@ -39,10 +39,10 @@ pub async fn start(config: &AssayConfig) -> Result<assay_cli::Mesh, String> {
     Ok(mesh)
 }
 
-/// A gateway client for `url` with the configured token.
+/// A gateway client for `url` with the configured token (over TLS when `[tls]` is set).
 pub fn client(config: &AssayConfig, url: &str) -> Result<Client, String> {
-    let channel = assay_rpc::remote::channel(url).map_err(|e| e.to_string())?;
-    let token = assay_runtime::serve_options(config).auth_token;
+    let channel = assay_runtime::channel(config, url)?;
+    let token = assay_runtime::auth_token(config);
     Ok(gw::gateway_service_client::GatewayServiceClient::with_interceptor(
         channel,
         BearerInterceptor::new(token.as_deref()),

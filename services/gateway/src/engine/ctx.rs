@@ -36,7 +36,7 @@ type Append = (Event, oneshot::Sender<Result<(), StageError>>);
 pub struct RunCtx {
     run_id: String,
     persistence: Persistence,
-    pub(super) events: broadcast::Sender<gw::RunEvent>,
+    pub(super) events: broadcast::Sender<Arc<gw::RunEvent>>,
     /// The run's event writer: one task per run assigns sequences, persists and broadcasts, in
     /// the order events were sent. No caller holds a lock while it waits, so a producer that is
     /// left unpolled (in a buffered stream whose consumer is itself emitting) cannot block the
@@ -76,7 +76,7 @@ async fn write_events(
     mut seq: u64,
     store: Option<RunStore>,
     run: Arc<Mutex<gw::Run>>,
-    events: broadcast::Sender<gw::RunEvent>,
+    events: broadcast::Sender<Arc<gw::RunEvent>>,
     mut rx: mpsc::UnboundedReceiver<Append>,
 ) {
     while let Some((event, ack)) = rx.recv().await {
@@ -100,7 +100,7 @@ async fn write_events(
         if written.is_ok() {
             seq += 1;
             if store.is_some() {
-                let _ = events.send(ev);
+                let _ = events.send(Arc::new(ev));
             }
         }
         let _ = ack.send(written);
@@ -111,9 +111,10 @@ impl RunCtx {
     /// A run's context; `seq` is the last sequence already stored. Starts the run's event writer
     /// (on the current Tokio runtime).
     pub(super) fn new(run: gw::Run, seq: u64, store: Option<RunStore>) -> Self {
-        // Watchers of a stored run may lag behind by this many events before they must reattach;
-        // a run kept in memory has no watchers.
-        let capacity = if store.is_some() { 4096 } else { 1 };
+        // Watchers of a stored run may lag behind by this many events before they must reattach
+        // (from the store, by sequence); a run kept in memory has no watchers. The ring holds
+        // pointers, allocated up front: a few KiB per run, however many runs are live.
+        let capacity = if store.is_some() { 1024 } else { 1 };
         let events = broadcast::channel(capacity).0;
         let run_id = run.run_id.clone();
         let run = Arc::new(Mutex::new(run));

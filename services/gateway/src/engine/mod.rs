@@ -9,6 +9,7 @@ pub mod store;
 mod stream;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use assay_domain::StageError;
@@ -105,11 +106,61 @@ pub struct Engine {
     /// Set when this gateway stops: executors quit without touching stored state, so the next
     /// gateway resumes the runs where they were.
     halt: Arc<watch::Sender<bool>>,
+    /// Runs executing now (started, resumed and Evaluate calls), and the most accepted at once:
+    /// beyond it a new run is refused with RESOURCE_EXHAUSTED instead of queueing without bound.
+    active: Arc<AtomicUsize>,
+    max_active: usize,
+}
+
+/// One executing run's place under [`Engine::with_max_active_runs`].
+struct ActiveSlot(Arc<AtomicUsize>);
+
+impl Drop for ActiveSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Engine {
     pub fn new(store: RunStore, factory: Arc<dyn PipelineFactory>) -> Self {
-        Self { store, factory, live: Arc::default(), halt: Arc::new(watch::channel(false).0) }
+        Self {
+            store,
+            factory,
+            live: Arc::default(),
+            halt: Arc::new(watch::channel(false).0),
+            active: Arc::default(),
+            max_active: usize::MAX,
+        }
+    }
+
+    /// Refuse new runs (RunPipeline, Evaluate) while `n` are executing (0 = no limit). Runs
+    /// resumed after a restart are always taken back.
+    #[must_use]
+    pub fn with_max_active_runs(mut self, n: usize) -> Self {
+        self.max_active = if n == 0 { usize::MAX } else { n };
+        self
+    }
+
+    /// Runs executing now.
+    pub fn active_runs(&self) -> usize {
+        self.active.load(Ordering::SeqCst)
+    }
+
+    /// A place for a new run, or RESOURCE_EXHAUSTED when the gateway is full.
+    fn admit(&self) -> Result<ActiveSlot, StageError> {
+        let max = self.max_active;
+        self.active.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < max).then_some(n + 1)).map_err(|n| {
+            StageError::ResourceExhausted(format!(
+                "the gateway is executing {n} runs, its limit (gateway.max_active_runs = {max}); retry later"
+            ))
+        })?;
+        Ok(ActiveSlot(self.active.clone()))
+    }
+
+    /// A place for a resumed run (never refused).
+    fn readmit(&self) -> ActiveSlot {
+        self.active.fetch_add(1, Ordering::SeqCst);
+        ActiveSlot(self.active.clone())
     }
 
     /// Stop executing runs (gateway shutdown). Unfinished runs stay RUNNING in the store.
@@ -149,12 +200,13 @@ impl Engine {
     pub async fn start(&self, request: gw::RunPipelineRequest) -> Result<String, StageError> {
         check_label(&request.label)?;
         let pipeline = self.factory.parse(&request)?;
+        let slot = self.admit()?;
         let run = Self::new_run(pipeline.as_ref(), request.label.clone());
         let run_id = run.run_id.clone();
         self.store.create(run.clone(), request).await?;
         let ctx = Arc::new(RunCtx::new(run, 0, Some(self.store.clone())));
         ctx.emit(Event::Started(gw::RunStarted { kind: pipeline.kind() as i32, records: pipeline.total() })).await?;
-        self.spawn(Live::new(ctx, pipeline));
+        self.spawn(Live::new(ctx, pipeline), slot);
         Ok(run_id)
     }
 
@@ -163,6 +215,7 @@ impl Engine {
     /// are returned as errors.
     pub async fn run_unpersisted(&self, request: gw::RunPipelineRequest) -> Result<gw::Run, StageError> {
         let pipeline = self.factory.parse(&request)?;
+        let _slot = self.admit()?;
         let run = Self::new_run(pipeline.as_ref(), request.label.clone());
         let ctx = RunCtx::new(run, 0, None);
         let outcome = pipeline.run(&ctx).await?;
@@ -194,7 +247,7 @@ impl Engine {
         Ok(run)
     }
 
-    fn spawn(&self, live: Arc<Live>) {
+    fn spawn(&self, live: Arc<Live>, slot: ActiveSlot) {
         let run_id = live.ctx.run_id().to_string();
         if let Ok(mut m) = self.live.lock() {
             m.insert(run_id.clone(), live.clone());
@@ -202,6 +255,7 @@ impl Engine {
         let this = self.clone();
         let mut halt = self.halt.subscribe();
         tokio::spawn(async move {
+            let _slot = slot;
             let ctx = &live.ctx;
             tokio::select! {
                 outcome = live.pipeline.run(ctx) => {
@@ -364,7 +418,8 @@ impl Engine {
             ctx.update(|r| r.state = state as i32);
             ctx.emit(Event::StateChanged(gw::RunStateChanged { state: state as i32, reason: reason.into() })).await?;
             tracing::info!(run_id = %run_id, "resuming run");
-            self.spawn(Live::new(ctx, pipeline));
+            let slot = self.readmit();
+            self.spawn(Live::new(ctx, pipeline), slot);
         }
         Ok(n)
     }

@@ -15,7 +15,7 @@ fn completes(ev: &gw::RunEvent) -> bool {
 /// its last sequence.
 pub fn replay_then_follow(
     past: Vec<gw::RunEvent>,
-    live: Option<broadcast::Receiver<gw::RunEvent>>,
+    live: Option<broadcast::Receiver<std::sync::Arc<gw::RunEvent>>>,
     after: u64,
 ) -> impl futures::Stream<Item = Result<gw::RunEvent, StageError>> + Send + 'static {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<gw::RunEvent, StageError>>(256);
@@ -33,6 +33,7 @@ pub fn replay_then_follow(
             match live.recv().await {
                 Ok(ev) if ev.sequence <= last => {}
                 Ok(ev) => {
+                    let ev = std::sync::Arc::unwrap_or_clone(ev);
                     last = ev.sequence;
                     let done = completes(&ev);
                     if tx.send(Ok(ev)).await.is_err() || done {

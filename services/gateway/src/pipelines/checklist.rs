@@ -211,16 +211,7 @@ impl ChecklistPlan {
         for (i, r) in records.iter().enumerate() {
             if let Err(StageError::InvalidArgument(vs)) = self.generate_request(preset, r).validate() {
                 for f in vs {
-                    let field = match f.field.as_str() {
-                        "preset" => "pipeline.source.preset".to_string(),
-                        "max_items" => "pipeline.max_items".to_string(),
-                        "model" => "pipeline.generator_model".to_string(),
-                        "chosen" | "rejected" => format!("{}.candidates", record_field(i)),
-                        "candidate_models" => "pipeline.candidate_models".to_string(),
-                        f if f.starts_with("candidate_models[") => format!("pipeline.{f}"),
-                        other => format!("{}.{other}", record_field(i)),
-                    };
-                    out.push((field, f.description));
+                    out.push((generation_field(&f.field, &record_field(i)), f.description));
                 }
             }
         }
@@ -328,7 +319,7 @@ impl ChecklistPlan {
                     .generator()?
                     .generate(self.generate_request(*preset, record))
                     .await
-                    .map_err(|e| e.map_fields(|f| format!("pipeline.records[{index}].{f}")))?;
+                    .map_err(|e| e.map_fields(|f| generation_field(&f, &format!("pipeline.records[{index}]"))))?;
                 ctx.add_usage(&out.usage);
                 ctx.add_model(&out.model);
                 out.checklist
@@ -460,6 +451,19 @@ impl Production {
             record_checklist: self.record_checklist,
             failures: self.failures,
         }
+    }
+}
+
+/// A generation request's field as the pipeline's: settings shared by every record are the
+/// pipeline's (`pipeline.generator_model.backend`), the rest the record's (`{record}.input`).
+fn generation_field(field: &str, record: &str) -> String {
+    match field {
+        "preset" => "pipeline.source.preset".to_string(),
+        "max_items" => "pipeline.max_items".to_string(),
+        f if f == "model" || f.starts_with("model.") => format!("pipeline.generator_{f}"),
+        "chosen" | "rejected" => format!("{record}.candidates"),
+        f if f.starts_with("candidate_models") => format!("pipeline.{f}"),
+        other => format!("{record}.{other}"),
     }
 }
 

@@ -215,6 +215,12 @@ impl Transport {
         };
         debug!(backend = %config.backend_name, status, bytes = bytes.len(), "model call answered");
         let sent_response_format = body.get("response_format").is_some();
+        // An error body goes into the error's message (and so to callers and logs): never with
+        // the key in it, even from a backend that echoes it.
+        let bytes = match &config.api_key {
+            Some(key) if status >= 300 && !key.is_empty() => redact(&bytes, key),
+            _ => bytes.to_vec(),
+        };
         let reply =
             classify_reply(status, &bytes, retry_after, sent_response_format, &config.deterministic_statuses, parse);
         if reply.is_ok() {
@@ -237,4 +243,10 @@ fn load_signal<T>(reply: &Result<T, AttemptError>, elapsed: std::time::Duration)
             None => Signal::Ignore,
         },
     }
+}
+
+/// `body` with every occurrence of `secret` replaced by `<redacted>`.
+fn redact(body: &[u8], secret: &str) -> Vec<u8> {
+    let text = String::from_utf8_lossy(body);
+    if text.contains(secret) { text.replace(secret, "<redacted>").into_bytes() } else { body.to_vec() }
 }

@@ -13,6 +13,8 @@ use std::time::Duration;
 use assay_domain::StageError;
 use tonic::transport::{Channel, Endpoint};
 
+use crate::tls::{ClientTls, https_url};
+
 pub use arbiter::RemoteArbiter;
 pub use debate::RemoteDebate;
 pub use delta_judge::RemoteDeltaJudge;
@@ -20,13 +22,31 @@ pub use generator::RemoteGenerator;
 pub use refiners::RemoteRefiners;
 pub use scorer::RemoteScorer;
 
-/// A channel to a stage, connected lazily (the stage may start after the gateway).
+/// A channel to a stage, connected lazily (the stage may start after the gateway): plaintext, or
+/// TLS with the system's roots for an `https://` address.
 pub fn channel(url: &str) -> Result<Channel, StageError> {
-    let endpoint = Endpoint::from_shared(url.to_string())
+    channel_with(url, None)
+}
+
+/// A channel to a stage, connected lazily. With `tls` the stage is dialled over TLS (an `http://`
+/// address as `https://`), trusting and presenting what `tls` holds; without it as [`channel`].
+pub fn channel_with(url: &str, tls: Option<&ClientTls>) -> Result<Channel, StageError> {
+    let system_roots = ClientTls::new();
+    let (url, tls) = match tls {
+        Some(t) => (https_url(url), Some(t)),
+        None if url.starts_with("https://") => (url.to_string(), Some(&system_roots)),
+        None => (url.to_string(), None),
+    };
+    let mut endpoint = Endpoint::from_shared(url.clone())
         .map_err(|e| StageError::Internal(format!("bad upstream url {url:?}: {e}")))?
         .tcp_nodelay(true)
         .connect_timeout(Duration::from_secs(5))
         .http2_keep_alive_interval(Duration::from_secs(30))
         .keep_alive_while_idle(true);
+    if let Some(t) = tls {
+        endpoint = endpoint
+            .tls_config(t.config())
+            .map_err(|e| StageError::Internal(format!("tls for upstream {url:?}: {e}")))?;
+    }
     Ok(endpoint.connect_lazy())
 }
