@@ -142,6 +142,14 @@ pub fn embedding_cache_key(backend: &str, default_model: &str, request: &Embeddi
     sha256_hex(&canonical)
 }
 
+/// Cache key of one text's embedding: backend, resolved model and the text. Batches share
+/// entries text by text, so a re-run with the texts in other batches embeds nothing.
+pub fn embedding_text_key(backend: &str, model: &str, text: &str) -> String {
+    sha256_hex(&canonical_json(
+        &json!({"v": 2, "kind": "embedding_text", "backend": backend, "model": model, "text": text}),
+    ))
+}
+
 #[derive(Debug, Clone)]
 enum Stored {
     Chat(Arc<ChatResponse>),
@@ -298,6 +306,24 @@ impl ResponseCache {
         self.memory.invalidate_all();
     }
 
+    /// Memory, then SQLite (a SQLite hit is kept in memory).
+    async fn lookup(&self, key: &str) -> Option<Stored> {
+        if let Some(stored) = self.memory.get(key).await {
+            return Some(stored);
+        }
+        let stored = self.sqlite.as_ref()?.get(key).await?;
+        self.memory.insert(key.to_owned(), stored.clone()).await;
+        Some(stored)
+    }
+
+    /// Keep an entry in memory and SQLite.
+    async fn store(&self, key: String, value: Stored) {
+        if let Some(sqlite) = &self.sqlite {
+            sqlite.put(&key, &value).await;
+        }
+        self.memory.insert(key, value).await;
+    }
+
     /// Memory, then SQLite, then `fetch` (coalesced per key). Returns the value and whether this
     /// call ran `fetch` (a fresh backend reply rather than a cache hit).
     async fn get_or_fetch<Fut>(
@@ -442,27 +468,70 @@ impl<E: EmbeddingModel + ?Sized> EmbeddingModel for CachedEmbed<E> {
         self.inner.default_model()
     }
 
+    /// Text by text: the texts found in the cache are not sent; the others go to the backend in
+    /// one call (each distinct text once) and are stored one entry a text.
     async fn embed(&self, request: EmbeddingRequest) -> Result<EmbeddingResponse, LlmError> {
         if request.cache == CachePolicy::Bypass || request.texts.is_empty() {
             return self.inner.embed(request).await;
         }
-        let key = embedding_cache_key(self.inner.backend(), self.inner.default_model(), &request);
-        let deadline = request.deadline;
-        let inner = &self.inner;
-        let (stored, fetched) = self
-            .cache
-            .get_or_fetch(key, deadline, || async move {
-                inner.embed(request).await.map(|r| Stored::Embedding(Arc::new(r)))
-            })
-            .await?;
-        let Stored::Embedding(response) = stored else {
-            return Err(LlmError::MalformedReply("cache entry is not an embedding response".into()));
-        };
-        let mut response = Arc::unwrap_or_clone(response);
-        if !fetched {
-            response.usage = hit_usage();
+        let model =
+            request.model.clone().filter(|m| !m.is_empty()).unwrap_or_else(|| self.inner.default_model().into());
+        let keys: Vec<String> =
+            request.texts.iter().map(|t| embedding_text_key(self.inner.backend(), &model, t)).collect();
+        let mut vectors: Vec<Option<Vec<f32>>> = vec![None; keys.len()];
+        let mut answered_by = String::new();
+        for (i, key) in keys.iter().enumerate() {
+            if let Some(Stored::Embedding(hit)) = self.cache.lookup(key).await
+                && let Some(v) = hit.vectors.first()
+            {
+                vectors[i] = Some(v.clone());
+                answered_by.clone_from(&hit.model);
+            }
         }
-        Ok(response)
+        let mut missing: Vec<usize> = Vec::new();
+        for i in (0..keys.len()).filter(|i| vectors[*i].is_none()) {
+            if !missing.iter().any(|m| request.texts[*m] == request.texts[i]) {
+                missing.push(i);
+            }
+        }
+        let usage = if missing.is_empty() {
+            hit_usage()
+        } else {
+            let fetch = EmbeddingRequest {
+                texts: missing.iter().map(|i| request.texts[*i].clone()).collect(),
+                model: request.model.clone(),
+                cache: request.cache,
+                deadline: request.deadline,
+            };
+            let fetched = self.inner.embed(fetch).await?;
+            if fetched.vectors.len() != missing.len() {
+                return Err(LlmError::MalformedReply(format!(
+                    "{} vectors for {} texts",
+                    fetched.vectors.len(),
+                    missing.len()
+                )));
+            }
+            answered_by.clone_from(&fetched.model);
+            for (m, v) in missing.iter().zip(fetched.vectors) {
+                let entry = EmbeddingResponse {
+                    vectors: vec![v.clone()],
+                    model: fetched.model.clone(),
+                    usage: Usage::default(),
+                };
+                self.cache.store(keys[*m].clone(), Stored::Embedding(Arc::new(entry))).await;
+                for (i, text) in request.texts.iter().enumerate() {
+                    if vectors[i].is_none() && *text == request.texts[*m] {
+                        vectors[i] = Some(v.clone());
+                    }
+                }
+            }
+            fetched.usage
+        };
+        Ok(EmbeddingResponse {
+            vectors: vectors.into_iter().map(Option::unwrap_or_default).collect(),
+            model: answered_by,
+            usage,
+        })
     }
 }
 

@@ -179,3 +179,36 @@ async fn wrapped_dyn_model_keeps_identity() {
     assert_eq!(cached.default_model(), "test-model");
     assert!(cached.supports_logprobs());
 }
+
+#[tokio::test]
+async fn embeddings_are_cached_text_by_text_across_batches_and_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = CacheConfig { capacity: 100, sqlite_path: Some(dir.path().join("c.sqlite")) };
+    let server = ScriptedLlm::start().await;
+    server.set_handler(embedding_handler(4));
+    let embed = CachedEmbed::new(client(&server), ResponseCache::open(&config).unwrap());
+    let texts =
+        |t: &[&str]| EmbeddingRequest { texts: t.iter().map(|s| s.to_string()).collect(), ..Default::default() };
+    let ab = embed.embed(texts(&["a", "b", "a"])).await.unwrap();
+    assert_eq!(sent(&server), vec![vec!["a".to_string(), "b".to_string()]], "each distinct text once");
+    assert_eq!(ab.vectors[0], ab.vectors[2]);
+    let bc = embed.embed(texts(&["b", "c"])).await.unwrap();
+    assert_eq!(sent(&server)[1], vec!["c".to_string()], "only the new text is sent");
+    assert_eq!(bc.vectors[0], ab.vectors[1]);
+    assert_eq!(bc.usage.cache_hits, 0);
+    // A new process on the same file: every text is a hit, nothing is sent.
+    let again = CachedEmbed::new(client(&server), ResponseCache::open(&config).unwrap());
+    let all = again.embed(texts(&["c", "a", "b"])).await.unwrap();
+    assert_eq!(server.request_count(), 2);
+    assert_eq!(all.vectors, vec![bc.vectors[1].clone(), ab.vectors[0].clone(), ab.vectors[1].clone()]);
+    assert_eq!(all.usage.cache_hits, 1);
+}
+
+fn sent(server: &ScriptedLlm) -> Vec<Vec<String>> {
+    server
+        .requests()
+        .iter()
+        .filter(|r| r.is_embeddings())
+        .map(assay_testkit::RecordedRequest::embedding_inputs)
+        .collect()
+}
