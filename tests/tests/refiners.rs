@@ -298,7 +298,7 @@ fn unit_test_handler(llm: &ScriptedLlm, missed: &'static [(&'static str, &'stati
             }
             "score" => {
                 let q = line_after(&p, "Question: ");
-                let target = line_after(&p, "Response to evaluate:\n");
+                let target = line_after(&p, "<response>\n");
                 let caught = !missed.iter().any(|(mq, mt)| q == *mq && target == format!("REWRITTEN {mt}"));
                 Reply::json(json!({"answer": if caught { "NO" } else { "YES" }})).usage(20, 2)
             }

@@ -166,16 +166,21 @@ impl Job<'_> {
         req
     }
 
+    /// The prompt for `t`. Record text is untrusted: it is fenced (see
+    /// [`assay_domain::template::fence_untrusted`]) so it cannot close the tags the built-in
+    /// prompts quote it between; custom templates get the same values.
     fn render(&self, t: &ScoreTarget, question: &str) -> String {
+        use assay_domain::template::fence_untrusted as fence;
+        let question = fence(question);
         render(
             self.template,
             &[
-                ("input", &t.input),
-                ("target", &t.target),
-                ("question", question),
-                ("checklist", question),
-                ("history", &t.history),
-                ("reference", &t.reference),
+                ("input", &fence(&t.input)),
+                ("target", &fence(&t.target)),
+                ("question", &question),
+                ("checklist", &question),
+                ("history", &fence(&t.history)),
+                ("reference", &fence(&t.reference)),
             ],
         )
     }
