@@ -2,7 +2,8 @@
 # Installs what building and testing Assay needs on a fresh Debian/Ubuntu machine, when missing:
 # cmake + clang + libclang-dev (llama.cpp for the embedded model), chromium + chromium-driver and
 # Python selenium (the admin page's browser tests), Python gRPC packages (external client tests,
-# grpcurl), and buf (contract lint). Safe to run repeatedly.
+# grpcurl), postgresql (the shared run store's tests), and buf (contract lint). Safe to run
+# repeatedly.
 set -euo pipefail
 
 need_apt=()
@@ -12,6 +13,10 @@ ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || need_apt+=(libclang-dev)
 if [ "${ASSAY_SKIP_BROWSER:-0}" != "1" ]; then
   command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
   command -v chromedriver >/dev/null 2>&1 || need_apt+=(chromium-driver)
+fi
+# PostgreSQL server binaries: the shared run store's tests start a throwaway server on loopback.
+if [ "${ASSAY_SKIP_POSTGRES:-0}" != "1" ]; then
+  ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || need_apt+=(postgresql)
 fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "installing build dependencies: ${need_apt[*]}"

@@ -49,6 +49,7 @@ pub struct Mesh {
     tasks: Vec<JoinHandle<Result<(), tonic::transport::Error>>>,
     admin: Option<JoinHandle<std::io::Result<()>>>,
     engine: assay_gateway::Engine,
+    lease: std::time::Duration,
 }
 
 impl Mesh {
@@ -65,6 +66,8 @@ impl Mesh {
             Ok(n) => tracing::info!(runs = n, "resumed unfinished runs"),
             Err(e) => tracing::error!(error = %e, "could not resume unfinished runs"),
         }
+        let (engine, lease) = (self.engine.clone(), self.lease);
+        tokio::spawn(async move { engine.supervise(lease).await });
     }
 
     /// The gateway's run engine.
@@ -139,7 +142,7 @@ pub async fn start_mesh(config: &AssayConfig, hub: Arc<ModelHub>, ready: bool) -
     let refiners_remote = Arc::new(RemoteRefiners::new(channel(addrs.refiners)?, token));
     let generator_remote = Arc::new(RemoteGenerator::new(channel(addrs.generator)?, token));
     let scorer_core = Arc::new(assay_scorer::ScorerCore::new(hub.clone(), config.scorer.concurrency as usize));
-    let store = assay_gateway::RunStore::open(&assay_gateway::store_path(config)).map_err(|e| e.to_string())?;
+    let store = assay_gateway::open_store(config).await.map_err(|e| e.to_string())?;
     let stages = assay_gateway::Stages::new(scorer_remote.clone(), config.gateway.concurrency as usize)
         .with_generator(generator_remote)
         .with_refiners(refiners_remote.clone())
@@ -199,7 +202,7 @@ pub async fn start_mesh(config: &AssayConfig, hub: Arc<ModelHub>, ready: bool) -
         };
         tasks.push(tokio::spawn(assay_rpc::serve(l, routes, r, options.clone(), shutdown)));
     }
-    let mesh = Mesh { addrs, readiness, shutdown: tx, tasks, admin, engine };
+    let mesh = Mesh { addrs, readiness, shutdown: tx, tasks, admin, engine, lease: assay_gateway::lease(config) };
     if ready {
         mesh.set_serving().await;
     }

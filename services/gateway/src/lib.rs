@@ -16,8 +16,24 @@ pub use engine::{Engine, RunStore};
 pub use grpc::{GatewayGrpc, routes};
 pub use pipelines::{Pipelines, RefinementStages, Stages};
 
+/// The run store the configuration names (see [`store_path`]): a SQLite file, or a PostgreSQL
+/// database shared with other gateways (`gateway.instance_id`, `gateway.lease_seconds`).
+pub async fn open_store(
+    config: &assay_runtime::assay_config::AssayConfig,
+) -> Result<RunStore, assay_domain::StageError> {
+    let store = RunStore::connect(&store_path(config), &config.gateway.instance_id, lease(config)).await?;
+    tracing::info!(store = %store.describe(), "run store open");
+    Ok(store)
+}
+
+/// How long this gateway's claim on a run lasts unrenewed (shared store).
+pub fn lease(config: &assay_runtime::assay_config::AssayConfig) -> std::time::Duration {
+    std::time::Duration::from_secs_f64(config.gateway.lease_seconds)
+}
+
 /// Where the gateway keeps runs: `gateway.store`, else `runs.db` in `gateway.data_dir`, else in
-/// `ASSAY_DATA_DIR`, else `~/.local/share/assay`. `":memory:"` keeps runs in memory only.
+/// `ASSAY_DATA_DIR`, else `~/.local/share/assay`. `":memory:"` keeps runs in memory only; a
+/// `postgres://` URL names a shared PostgreSQL store.
 pub fn store_path(config: &assay_runtime::assay_config::AssayConfig) -> String {
     if !config.gateway.store.is_empty() {
         return config.gateway.store.clone();

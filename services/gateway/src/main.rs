@@ -43,7 +43,14 @@ async fn main() -> std::process::ExitCode {
                     token,
                 )),
             });
-        let store = assay_gateway::RunStore::open(&assay_gateway::store_path(config)).expect("run store opens");
+        // Opened before serving (a shared store may need a moment to connect and migrate).
+        let store = tokio::task::block_in_place(|| {
+            tokio::runtime::Handle::current().block_on(assay_gateway::open_store(config))
+        })
+        .unwrap_or_else(|e| {
+            tracing::error!(error = %e, "cannot open the run store");
+            std::process::exit(1)
+        });
         let engine = assay_gateway::Engine::new(store, Arc::new(assay_gateway::Pipelines::new(stages)))
             .with_max_active_runs(config.gateway.max_active_runs as usize);
         if let Some(port) = config.ports.admin {
@@ -62,12 +69,14 @@ async fn main() -> std::process::ExitCode {
             });
         }
         let resume = engine.clone();
+        let lease = assay_gateway::lease(config);
         tokio::spawn(async move {
             match resume.resume_unfinished().await {
                 Ok(0) => {}
                 Ok(n) => tracing::info!(runs = n, "resumed unfinished runs"),
                 Err(e) => tracing::error!(error = %e, "could not resume unfinished runs"),
             }
+            resume.supervise(lease).await;
         });
         assay_gateway::routes(engine)
     })

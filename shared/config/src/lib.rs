@@ -113,10 +113,23 @@ pub struct GatewayConfig {
     /// RESOURCE_EXHAUSTED (0 = no limit).
     #[serde(default = "max_active_runs")]
     pub max_active_runs: u32,
+    /// This gateway's name in a shared run store (the owner of the runs it executes). Empty: a
+    /// new random name per process. Give each replica a stable one (its pod name) so a restarted
+    /// process takes its own runs back at once instead of waiting for their leases to expire.
+    #[serde(default)]
+    pub instance_id: String,
+    /// With a shared (PostgreSQL) run store: how long a gateway's claim on a run lasts without
+    /// renewal. Renewed every third of it; another gateway takes over a run whose lease expired.
+    #[serde(default = "lease_seconds")]
+    pub lease_seconds: f64,
 }
 
 fn max_active_runs() -> u32 {
     4096
+}
+
+fn lease_seconds() -> f64 {
+    15.0
 }
 
 /// Scorer settings.
@@ -351,6 +364,13 @@ pub fn load(file: Option<&Path>) -> Result<AssayConfig, ConfigError> {
 /// Refuse a configuration whose TLS files are missing, unreadable or half set.
 fn checked(config: AssayConfig) -> Result<AssayConfig, ConfigError> {
     config.tls.load()?;
+    let lease = config.gateway.lease_seconds;
+    if !(1.0..=3600.0).contains(&lease) {
+        return Err(ConfigError::Key {
+            key: "gateway.lease_seconds",
+            message: format!("is {lease}; it must be between 1 and 3600 seconds"),
+        });
+    }
     Ok(config)
 }
 
@@ -394,6 +414,14 @@ mod tests {
         assert!(e.starts_with("configuration error: tls.ca: cannot read \"/nonexistent/ca.pem\""), "{e}");
         let e = load_from("[tls]\nrequire_client_cert = true\n").unwrap_err().to_string();
         assert!(e.contains("tls.require_client_cert: needs tls.cert and tls.key"), "{e}");
+    }
+
+    #[test]
+    fn lease_outside_its_range_names_the_key() {
+        assert_eq!(AssayConfig::defaults().gateway.lease_seconds, 15.0);
+        let e = load_from("[gateway]\nlease_seconds = 0.5\n").unwrap_err().to_string();
+        assert_eq!(e, "configuration error: gateway.lease_seconds: is 0.5; it must be between 1 and 3600 seconds");
+        assert!(load_from("[gateway]\nlease_seconds = nan\n").is_err());
     }
 
     #[test]

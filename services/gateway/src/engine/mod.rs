@@ -21,7 +21,7 @@ use tokio::sync::watch;
 
 pub use ctx::RunCtx;
 use ctx::now;
-pub use store::{RunStore, StoredRun};
+pub use store::{PostgresStore, RunStorage, RunStore, SqliteStore, StoredRun};
 
 /// How a pipeline ended: its final state (SUCCEEDED, PARTIAL, FAILED or CANCELLED) and result.
 #[derive(Debug, Clone, PartialEq)]
@@ -85,13 +85,22 @@ struct Live {
     pipeline: Arc<dyn Pipeline>,
     /// Set once the run's executor has returned (the run ended, or this gateway is stopping).
     done: watch::Sender<bool>,
+    /// Set when this gateway lost the run's lease (a shared store): the executor quits without
+    /// touching the run, which another gateway executes now.
+    lost: watch::Sender<bool>,
 }
 
 impl Live {
     fn new(ctx: Arc<RunCtx>, pipeline: Arc<dyn Pipeline>) -> Arc<Self> {
-        Arc::new(Self { ctx, pipeline, done: watch::channel(false).0 })
+        Arc::new(Self { ctx, pipeline, done: watch::channel(false).0, lost: watch::channel(false).0 })
     }
 }
+
+/// How often a gateway on a shared store looks for controls posted by other gateways for the runs
+/// it executes.
+const CONTROL_POLL: std::time::Duration = std::time::Duration::from_millis(200);
+/// How long a control posted for another gateway's run waits to be taken.
+const CONTROL_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// How long a cancel waits for the run's executor to stop before answering with the state it
 /// has then (every await of a pipeline is a cancellation point, so this is a safety bound only).
@@ -254,6 +263,7 @@ impl Engine {
         }
         let this = self.clone();
         let mut halt = self.halt.subscribe();
+        let mut lost = live.lost.subscribe();
         tokio::spawn(async move {
             let _slot = slot;
             let ctx = &live.ctx;
@@ -265,6 +275,12 @@ impl Engine {
                 }
                 () = async { let _ = halt.wait_for(|h| *h).await; } => {
                     tracing::info!(run_id = %run_id, "gateway stopping; run left to resume");
+                    if let Err(e) = this.store.release(&run_id).await {
+                        tracing::warn!(run_id = %run_id, error = %e, "could not release the run's lease");
+                    }
+                }
+                () = async { let _ = lost.wait_for(|l| *l).await; } => {
+                    tracing::warn!(run_id = %run_id, "lease lost; another gateway executes the run now");
                 }
             }
             if let Ok(mut m) = this.live.lock() {
@@ -321,7 +337,10 @@ impl Engine {
         }
         let past = self.store.events_after(run_id, after).await?;
         let finished = past.iter().any(|e| matches!(e.event, Some(Event::Completed(_))));
-        Ok(stream::replay_then_follow(past, live_rx.filter(|_| !finished), after))
+        // A run this gateway does not execute (another one on a shared store does, or will take
+        // it over) is followed from the store.
+        let poll = (self.store.shared() && !finished).then(|| (self.store.clone(), run_id.to_string()));
+        Ok(stream::replay_then_follow(past, live_rx.filter(|_| !finished), after, poll))
     }
 
     /// Pause, resume or cancel (the engine's), or a pipeline-specific control. Every action taken
@@ -336,6 +355,9 @@ impl Engine {
         let run_id = req.run_id.clone();
         let Some(live) = self.live(&run_id) else {
             let stored = self.store.get(&run_id).await?.ok_or_else(|| StageError::NotFound(format!("run {run_id}")))?;
+            if self.store.shared() && !is_terminal(stored.run.state) {
+                return self.control_elsewhere(req).await;
+            }
             return Err(StageError::FailedPrecondition(format!(
                 "run {run_id} is not in progress (state {})",
                 gw::RunState::try_from(stored.run.state).map(|s| s.as_str_name()).unwrap_or("unknown")
@@ -383,15 +405,105 @@ impl Engine {
         Ok(ctx.snapshot())
     }
 
-    /// Resume every run left unfinished by a previous gateway process (any state but the terminal
-    /// ones): each pipeline is rebuilt from its stored request and goes on from its checkpoints; a
-    /// paused run stays paused until resumed or cancelled.
-    pub async fn resume_unfinished(&self) -> Result<usize, StageError> {
-        let runs = self.store.unfinished().await?;
-        let n = runs.len();
-        for StoredRun { run, request } in runs {
-            if is_terminal(run.state) {
+    /// A control for a run another gateway executes (shared store): posted for it, answered
+    /// once that gateway has taken it, with the run as stored then.
+    async fn control_elsewhere(&self, req: gw::ControlRunRequest) -> Result<gw::Run, StageError> {
+        let run_id = req.run_id.clone();
+        let id = self.store.post_control(req).await?;
+        let deadline = tokio::time::Instant::now() + CONTROL_WAIT;
+        while self.store.control_pending(id).await? {
+            if tokio::time::Instant::now() >= deadline {
+                self.store.remove_control(id).await?;
+                return Err(StageError::Unavailable(format!(
+                    "run {run_id}: the gateway executing it did not take the control within {CONTROL_WAIT:?}; retry"
+                )));
+            }
+            tokio::time::sleep(CONTROL_POLL / 2).await;
+        }
+        self.get(&run_id).await
+    }
+
+    /// On a shared store, keep this gateway's runs and take over orphaned ones, until halted:
+    /// renew the leases of the runs executing here (a run whose lease was lost stops here), take
+    /// controls other gateways posted for them, and resume unfinished runs whose lease expired.
+    /// Nothing to do on a store of one gateway.
+    pub async fn supervise(&self, lease: std::time::Duration) {
+        if !self.store.shared() {
+            return;
+        }
+        let mut halt = self.halt.subscribe();
+        let renew_every = lease / 3;
+        let mut last_renew = tokio::time::Instant::now();
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(CONTROL_POLL) => {}
+                _ = halt.wait_for(|h| *h) => return,
+            }
+            let live: Vec<(String, Arc<Live>)> =
+                self.live.lock().map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()).unwrap_or_default();
+            let ids: Vec<String> = live.iter().map(|(k, _)| k.clone()).collect();
+            match self.store.posted_controls(&ids).await {
+                Ok(posted) => {
+                    for p in posted {
+                        if let Err(e) = self.control(p.request.clone()).await {
+                            tracing::warn!(run_id = %p.request.run_id, error = %e, "posted control refused");
+                        }
+                        if let Err(e) = self.store.remove_control(p.id).await {
+                            tracing::warn!(error = %e, "could not remove a taken control");
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "could not read posted controls"),
+            }
+            if last_renew.elapsed() < renew_every {
                 continue;
+            }
+            last_renew = tokio::time::Instant::now();
+            match self.store.renew(&ids).await {
+                Ok(lost) => {
+                    for run_id in lost {
+                        if let Some((_, l)) = live.iter().find(|(k, _)| *k == run_id) {
+                            l.lost.send_replace(true);
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "could not renew run leases"),
+            }
+            match self.store.claim_orphans(false).await {
+                Ok(runs) => {
+                    for stored in runs {
+                        if self.live(&stored.run.run_id).is_some() {
+                            continue;
+                        }
+                        tracing::info!(run_id = %stored.run.run_id, "taking over a run whose lease expired");
+                        if let Err(e) = self.resume(stored, "taken over from a gateway whose lease expired").await {
+                            tracing::error!(error = %e, "could not take over a run");
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "could not look for orphaned runs"),
+            }
+        }
+    }
+
+    /// Resume every run left unfinished by a previous gateway process (any state but the terminal
+    /// ones) that no other gateway executes: each pipeline is rebuilt from its stored request and
+    /// goes on from its checkpoints; a paused run stays paused until resumed or cancelled.
+    pub async fn resume_unfinished(&self) -> Result<usize, StageError> {
+        let runs = self.store.claim_orphans(true).await?;
+        let n = runs.len();
+        for stored in runs {
+            self.resume(stored, "resumed after a gateway restart").await?;
+        }
+        Ok(n)
+    }
+
+    /// Execute a stored unfinished run here, from its checkpoints.
+    async fn resume(&self, stored: StoredRun, why: &str) -> Result<(), StageError> {
+        let StoredRun { run, request } = stored;
+        {
+            if is_terminal(run.state) {
+                return Ok(());
             }
             let last = self.store.events_after(&run.run_id, 0).await?.last().map_or(0, |e| e.sequence);
             let run_id = run.run_id.clone();
@@ -402,7 +514,7 @@ impl Engine {
                 Err(e) => {
                     // A stored request this gateway cannot run any more fails its run.
                     self.finish(&ctx, Err(e)).await?;
-                    continue;
+                    return Ok(());
                 }
             };
             // A paused run stays paused (controllable: resume or cancel), a run waiting for a
@@ -413,7 +525,7 @@ impl Engine {
             } else if run_state == gw::RunState::AwaitingHuman as i32 {
                 (gw::RunState::AwaitingHuman, "recovered after a gateway restart; waiting for a human decision")
             } else {
-                (gw::RunState::Running, "resumed after a gateway restart")
+                (gw::RunState::Running, why)
             };
             ctx.update(|r| r.state = state as i32);
             ctx.emit(Event::StateChanged(gw::RunStateChanged { state: state as i32, reason: reason.into() })).await?;
@@ -421,6 +533,6 @@ impl Engine {
             let slot = self.readmit();
             self.spawn(Live::new(ctx, pipeline), slot);
         }
-        Ok(n)
+        Ok(())
     }
 }

@@ -6,17 +6,25 @@ use assay_proto::gateway::v1 as gw;
 use assay_proto::gateway::v1::run_event::Event;
 use tokio::sync::broadcast;
 
+use super::RunStore;
+
 fn completes(ev: &gw::RunEvent) -> bool {
     matches!(ev.event, Some(Event::Completed(_)))
 }
 
+/// How often a run executed by another gateway is read again from the shared store.
+const POLL: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Past events, then live ones with a sequence above the last one sent, ending after
 /// `RunCompleted`. A watcher that falls too far behind gets RESOURCE_EXHAUSTED and reattaches from
-/// its last sequence.
+/// its last sequence. With `poll` (a shared store and the run's id), a run with no live events
+/// here (another gateway executes it), or whose execution here stops before it completes (lease
+/// lost), is followed from the store.
 pub fn replay_then_follow(
     past: Vec<gw::RunEvent>,
     live: Option<broadcast::Receiver<std::sync::Arc<gw::RunEvent>>>,
     after: u64,
+    poll: Option<(RunStore, String)>,
 ) -> impl futures::Stream<Item = Result<gw::RunEvent, StageError>> + Send + 'static {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<gw::RunEvent, StageError>>(256);
     tokio::spawn(async move {
@@ -28,27 +36,50 @@ pub fn replay_then_follow(
                 return;
             }
         }
-        let Some(mut live) = live else { return };
-        loop {
-            match live.recv().await {
-                Ok(ev) if ev.sequence <= last => {}
-                Ok(ev) => {
-                    let ev = std::sync::Arc::unwrap_or_clone(ev);
-                    last = ev.sequence;
-                    let done = completes(&ev);
-                    if tx.send(Ok(ev)).await.is_err() || done {
+        if let Some(mut live) = live {
+            loop {
+                match live.recv().await {
+                    Ok(ev) if ev.sequence <= last => {}
+                    Ok(ev) => {
+                        let ev = std::sync::Arc::unwrap_or_clone(ev);
+                        last = ev.sequence;
+                        let done = completes(&ev);
+                        if tx.send(Ok(ev)).await.is_err() || done {
+                            return;
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Lagged(n)) => {
+                        let _ = tx
+                            .send(Err(StageError::ResourceExhausted(format!(
+                                "watcher fell {n} events behind; reattach with WatchRun from the last sequence seen"
+                            ))))
+                            .await;
                         return;
                     }
+                    Err(broadcast::error::RecvError::Closed) => break,
                 }
-                Err(broadcast::error::RecvError::Lagged(n)) => {
-                    let _ = tx
-                        .send(Err(StageError::ResourceExhausted(format!(
-                            "watcher fell {n} events behind; reattach with WatchRun from the last sequence seen"
-                        ))))
-                        .await;
+            }
+        }
+        let Some((store, run_id)) = poll else { return };
+        loop {
+            match store.events_after(&run_id, last).await {
+                Ok(events) => {
+                    for ev in events {
+                        last = ev.sequence;
+                        let done = completes(&ev);
+                        if tx.send(Ok(ev)).await.is_err() || done {
+                            return;
+                        }
+                    }
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e)).await;
                     return;
                 }
-                Err(broadcast::error::RecvError::Closed) => return,
+            }
+            tokio::select! {
+                () = tokio::time::sleep(POLL) => {}
+                () = tx.closed() => return,
             }
         }
     });

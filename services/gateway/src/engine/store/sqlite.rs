@@ -1,6 +1,4 @@
-//! Persistent run state (SQLite): runs, their event log and their checkpoints (opaque bytes under
-//! keys a pipeline chooses), so a restarted gateway can resume a run and replay its events. The
-//! store knows no pipeline kinds.
+//! The SQLite run store: one gateway per file (the embedded default).
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -10,9 +8,11 @@ use assay_proto::gateway::v1 as gw;
 use prost::Message;
 use rusqlite::{OptionalExtension, params};
 
-/// Run storage. Cheap to clone; every call runs on a blocking thread.
-#[derive(Clone)]
-pub struct RunStore {
+use super::{PostedControl, RunStorage, StoredRun};
+
+/// Run storage in one SQLite file (or in memory); every call runs on a blocking thread.
+pub struct SqliteStore {
+    location: String,
     conn: Arc<Mutex<rusqlite::Connection>>,
 }
 
@@ -24,16 +24,9 @@ fn decode_err(e: prost::DecodeError) -> StageError {
     StageError::Internal(format!("run store: corrupt record: {e}"))
 }
 
-/// A stored run with the request that started it.
-#[derive(Debug, Clone)]
-pub struct StoredRun {
-    pub run: gw::Run,
-    pub request: gw::RunPipelineRequest,
-}
-
-impl RunStore {
+impl SqliteStore {
     /// Open (or create) the store; `":memory:"` keeps it in memory.
-    pub fn open(path: &str) -> Result<RunStore, StageError> {
+    pub fn open(path: &str) -> Result<SqliteStore, StageError> {
         let conn = if path == ":memory:" {
             rusqlite::Connection::open_in_memory()
         } else {
@@ -70,7 +63,7 @@ impl RunStore {
              );",
         )
         .map_err(db_err)?;
-        Ok(RunStore { conn: Arc::new(Mutex::new(conn)) })
+        Ok(SqliteStore { location: path.to_string(), conn: Arc::new(Mutex::new(conn)) })
     }
 
     async fn with<T: Send + 'static>(
@@ -85,9 +78,24 @@ impl RunStore {
         .await
         .map_err(|e| StageError::Internal(format!("run store task: {e}")))?
     }
+}
+
+#[async_trait::async_trait]
+impl RunStorage for SqliteStore {
+    fn describe(&self) -> String {
+        if self.location == ":memory:" {
+            "SQLite in memory (not persisted)".into()
+        } else {
+            format!("SQLite {}", self.location)
+        }
+    }
+
+    fn shared(&self) -> bool {
+        false
+    }
 
     /// Insert a new run.
-    pub async fn create(&self, run: gw::Run, request: gw::RunPipelineRequest) -> Result<(), StageError> {
+    async fn create(&self, run: gw::Run, request: gw::RunPipelineRequest) -> Result<(), StageError> {
         self.with(move |c| {
             c.execute(
                 "INSERT INTO runs (run_id, created_at, state, kind, run, request) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
@@ -107,7 +115,7 @@ impl RunStore {
     }
 
     /// Replace a run's summary.
-    pub async fn update(&self, run: gw::Run) -> Result<(), StageError> {
+    async fn update(&self, run: gw::Run) -> Result<(), StageError> {
         self.with(move |c| {
             c.execute(
                 "UPDATE runs SET state = ?2, run = ?3 WHERE run_id = ?1",
@@ -120,7 +128,7 @@ impl RunStore {
     }
 
     /// Append one event (sequence numbers are assigned by the caller, gap-free).
-    pub async fn append_event(&self, event: gw::RunEvent) -> Result<(), StageError> {
+    async fn append_event(&self, event: gw::RunEvent) -> Result<(), StageError> {
         self.with(move |c| {
             c.execute(
                 "INSERT INTO events (run_id, sequence, event) VALUES (?1, ?2, ?3)",
@@ -133,7 +141,7 @@ impl RunStore {
     }
 
     /// Events with sequence > `after`, in order.
-    pub async fn events_after(&self, run_id: &str, after: u64) -> Result<Vec<gw::RunEvent>, StageError> {
+    async fn events_after(&self, run_id: &str, after: u64) -> Result<Vec<gw::RunEvent>, StageError> {
         let run_id = run_id.to_string();
         self.with(move |c| {
             let mut stmt = c
@@ -152,7 +160,7 @@ impl RunStore {
     }
 
     /// Store a checkpoint of a run under `key` (replacing the one stored there).
-    pub async fn put_checkpoint(&self, run_id: &str, key: &str, value: Vec<u8>) -> Result<(), StageError> {
+    async fn put_checkpoint(&self, run_id: &str, key: &str, value: Vec<u8>) -> Result<(), StageError> {
         let (run_id, key) = (run_id.to_string(), key.to_string());
         self.with(move |c| {
             c.execute(
@@ -166,7 +174,7 @@ impl RunStore {
     }
 
     /// A run's checkpoints whose key starts with `prefix`, by key.
-    pub async fn checkpoints(&self, run_id: &str, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, StageError> {
+    async fn checkpoints(&self, run_id: &str, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, StageError> {
         let (run_id, prefix) = (run_id.to_string(), prefix.to_string());
         self.with(move |c| {
             let mut stmt = c
@@ -185,7 +193,7 @@ impl RunStore {
     }
 
     /// One run.
-    pub async fn get(&self, run_id: &str) -> Result<Option<StoredRun>, StageError> {
+    async fn get(&self, run_id: &str) -> Result<Option<StoredRun>, StageError> {
         let run_id = run_id.to_string();
         self.with(move |c| {
             let row: Option<(Vec<u8>, Vec<u8>)> = c
@@ -206,7 +214,7 @@ impl RunStore {
     }
 
     /// Runs newest first, filtered, `limit` at most, starting after the (created_at, run_id) cursor.
-    pub async fn list(
+    async fn list(
         &self,
         kind: i32,
         state: i32,
@@ -235,8 +243,38 @@ impl RunStore {
         .await
     }
 
+    async fn claim_orphans(&self, startup: bool) -> Result<Vec<StoredRun>, StageError> {
+        if startup { self.unfinished().await } else { Ok(Vec::new()) }
+    }
+
+    async fn renew(&self, _run_ids: &[String]) -> Result<Vec<String>, StageError> {
+        Ok(Vec::new())
+    }
+
+    async fn release(&self, _run_id: &str) -> Result<(), StageError> {
+        Ok(())
+    }
+
+    async fn post_control(&self, request: gw::ControlRunRequest) -> Result<i64, StageError> {
+        Err(StageError::FailedPrecondition(format!("run {} is not in progress on this gateway", request.run_id)))
+    }
+
+    async fn posted_controls(&self, _run_ids: &[String]) -> Result<Vec<PostedControl>, StageError> {
+        Ok(Vec::new())
+    }
+
+    async fn remove_control(&self, _id: i64) -> Result<(), StageError> {
+        Ok(())
+    }
+
+    async fn control_pending(&self, _id: i64) -> Result<bool, StageError> {
+        Ok(false)
+    }
+}
+
+impl SqliteStore {
     /// Runs that were in progress (to resume after a restart).
-    pub async fn unfinished(&self) -> Result<Vec<StoredRun>, StageError> {
+    async fn unfinished(&self) -> Result<Vec<StoredRun>, StageError> {
         let ended = [
             gw::RunState::Succeeded as i32,
             gw::RunState::Partial as i32,

@@ -1,0 +1,130 @@
+//! Persistent run state: runs, their event logs and their checkpoints (opaque bytes under keys a
+//! pipeline chooses), so a restarted gateway can resume a run and replay its events. The store
+//! knows no pipeline kinds.
+//!
+//! Two implementations of [`RunStorage`], chosen by `gateway.store`:
+//! - SQLite (a file, or `:memory:`): the embedded default, one gateway per file;
+//! - PostgreSQL (`postgres://...`): shared by several gateways. Each run is executed by one
+//!   gateway at a time, the one holding its lease; every write of a run's events, summary and
+//!   checkpoints is fenced by that lease, so a gateway that lost a run can no longer change it.
+//!   Another gateway takes over a run whose lease expired and resumes it from its checkpoints.
+
+mod postgres;
+mod sqlite;
+
+use std::sync::Arc;
+
+use assay_domain::StageError;
+use assay_proto::gateway::v1 as gw;
+
+pub use postgres::PostgresStore;
+pub use sqlite::SqliteStore;
+
+/// A stored run with the request that started it.
+#[derive(Debug, Clone)]
+pub struct StoredRun {
+    pub run: gw::Run,
+    pub request: gw::RunPipelineRequest,
+}
+
+/// A control request waiting for the gateway that executes its run.
+#[derive(Debug, Clone)]
+pub struct PostedControl {
+    pub id: i64,
+    pub request: gw::ControlRunRequest,
+}
+
+/// Run storage behind the engine.
+#[async_trait::async_trait]
+pub trait RunStorage: Send + Sync {
+    /// What the store is, for logs (no secrets).
+    fn describe(&self) -> String;
+    /// Whether several gateways share it (leases, takeover and cross-gateway watching apply).
+    fn shared(&self) -> bool;
+    /// Insert a new run, owned by this gateway.
+    async fn create(&self, run: gw::Run, request: gw::RunPipelineRequest) -> Result<(), StageError>;
+    /// Replace a run's summary.
+    async fn update(&self, run: gw::Run) -> Result<(), StageError>;
+    /// Append one event (sequence numbers are assigned by the caller, gap-free).
+    async fn append_event(&self, event: gw::RunEvent) -> Result<(), StageError>;
+    /// Events with sequence > `after`, in order.
+    async fn events_after(&self, run_id: &str, after: u64) -> Result<Vec<gw::RunEvent>, StageError>;
+    /// Store a checkpoint of a run under `key` (replacing the one stored there).
+    async fn put_checkpoint(&self, run_id: &str, key: &str, value: Vec<u8>) -> Result<(), StageError>;
+    /// A run's checkpoints whose key starts with `prefix`, by key.
+    async fn checkpoints(&self, run_id: &str, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, StageError>;
+    /// One run.
+    async fn get(&self, run_id: &str) -> Result<Option<StoredRun>, StageError>;
+    /// Runs newest first, filtered, `limit` at most, starting after the (created_at, run_id) cursor.
+    async fn list(
+        &self,
+        kind: i32,
+        state: i32,
+        cursor: Option<(i64, String)>,
+        limit: usize,
+    ) -> Result<Vec<gw::Run>, StageError>;
+    /// Take the unfinished runs no gateway executes (their lease expired, or was released) and
+    /// return them, now leased to this gateway. At `startup`, also the runs leased to this
+    /// gateway's own name (a restarted process takes its runs back at once). A store with one
+    /// gateway returns every unfinished run at startup and nothing afterwards.
+    async fn claim_orphans(&self, startup: bool) -> Result<Vec<StoredRun>, StageError>;
+    /// Extend this gateway's leases on `run_ids`; returns the ones it no longer holds.
+    async fn renew(&self, run_ids: &[String]) -> Result<Vec<String>, StageError>;
+    /// Give up this gateway's lease on a run it stops executing without ending it (shutdown),
+    /// so another gateway takes it over at once.
+    async fn release(&self, run_id: &str) -> Result<(), StageError>;
+    /// Leave a control for the gateway executing `request.run_id`.
+    async fn post_control(&self, request: gw::ControlRunRequest) -> Result<i64, StageError>;
+    /// Controls posted for any of `run_ids`, oldest first.
+    async fn posted_controls(&self, run_ids: &[String]) -> Result<Vec<PostedControl>, StageError>;
+    /// Remove a posted control (taken, or refused).
+    async fn remove_control(&self, id: i64) -> Result<(), StageError>;
+    /// Whether a posted control is still waiting.
+    async fn control_pending(&self, id: i64) -> Result<bool, StageError>;
+}
+
+/// The engine's handle on its store. Cheap to clone.
+#[derive(Clone)]
+pub struct RunStore(Arc<dyn RunStorage>);
+
+impl std::ops::Deref for RunStore {
+    type Target = dyn RunStorage;
+    fn deref(&self) -> &Self::Target {
+        self.0.as_ref()
+    }
+}
+
+impl RunStore {
+    /// Open the store `location` names: a `postgres://` / `postgresql://` URL, else a SQLite file
+    /// path (`":memory:"` keeps it in memory). `owner` is this gateway's name in a shared store
+    /// (empty: a random one); `lease` how long its claim on a run lasts unrenewed.
+    pub async fn connect(location: &str, owner: &str, lease: std::time::Duration) -> Result<RunStore, StageError> {
+        if location.starts_with("postgres://") || location.starts_with("postgresql://") {
+            let owner = if owner.is_empty() { uuid::Uuid::now_v7().to_string() } else { owner.to_string() };
+            Ok(RunStore(Arc::new(PostgresStore::connect(location, owner, lease).await?)))
+        } else {
+            Self::open(location)
+        }
+    }
+
+    /// Open (or create) a SQLite store; `":memory:"` keeps it in memory.
+    pub fn open(path: &str) -> Result<RunStore, StageError> {
+        Ok(RunStore(Arc::new(SqliteStore::open(path)?)))
+    }
+
+    pub fn from_storage(storage: Arc<dyn RunStorage>) -> RunStore {
+        RunStore(storage)
+    }
+}
+
+/// `url` with its password replaced, for logs and errors.
+pub fn redact_url(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut u) if u.password().is_some() => {
+            let _ = u.set_password(Some("redacted"));
+            u.to_string()
+        }
+        Ok(u) => u.to_string(),
+        Err(_) => "<unparseable url>".into(),
+    }
+}

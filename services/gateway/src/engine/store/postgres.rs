@@ -1,0 +1,384 @@
+//! The PostgreSQL run store, shared by several gateways. A run is executed by the gateway whose
+//! name is in its `owner` column while its `lease_until` is in the future (time is the database
+//! server's, the same for every gateway); writes of a run's events, summary and checkpoints are
+//! fenced by that lease.
+
+use std::time::Duration;
+
+use assay_domain::StageError;
+use assay_proto::gateway::v1 as gw;
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use prost::Message;
+use tokio_postgres::NoTls;
+
+use super::{PostedControl, RunStorage, StoredRun, redact_url};
+
+/// The schema, one migration per entry, applied in order and recorded in `assay_schema`.
+const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("../../../migrations/postgres/0001_runs.sql"))];
+/// The advisory lock gateways starting together take to apply the migrations once.
+const MIGRATION_LOCK: i64 = 0x6173_7361_795f_6d67;
+
+/// Terminal run states (SUCCEEDED, PARTIAL, FAILED, CANCELLED), as stored.
+const ENDED: [i32; 4] = [
+    gw::RunState::Succeeded as i32,
+    gw::RunState::Partial as i32,
+    gw::RunState::Failed as i32,
+    gw::RunState::Cancelled as i32,
+];
+
+/// Run storage in a PostgreSQL database.
+pub struct PostgresStore {
+    pool: Pool,
+    url: String,
+    owner: String,
+    lease_seconds: f64,
+}
+
+/// An error with its causes ("error connecting to server: Connection refused ...").
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let more = c.to_string();
+        if !text.contains(&more) {
+            text = format!("{text}: {more}");
+        }
+        cause = c.source();
+    }
+    text
+}
+
+fn db_err(e: tokio_postgres::Error) -> StageError {
+    if e.as_db_error().is_some() {
+        StageError::Internal(format!("run store: {}", chain(&e)))
+    } else {
+        StageError::Unavailable(format!("run store: {}", chain(&e)))
+    }
+}
+
+fn pool_err(e: deadpool_postgres::PoolError) -> StageError {
+    StageError::Unavailable(format!("run store: {}", chain(&e)))
+}
+
+fn decode_err(e: prost::DecodeError) -> StageError {
+    StageError::Internal(format!("run store: corrupt record: {e}"))
+}
+
+/// A write refused because this gateway no longer holds the run's lease.
+fn lease_lost(run_id: &str) -> StageError {
+    StageError::FailedPrecondition(format!("run {run_id}: this gateway no longer holds its lease"))
+}
+
+fn stored(run: &[u8], request: &[u8]) -> Result<StoredRun, StageError> {
+    Ok(StoredRun {
+        run: gw::Run::decode(run).map_err(decode_err)?,
+        request: gw::RunPipelineRequest::decode(request).map_err(decode_err)?,
+    })
+}
+
+impl PostgresStore {
+    /// Connect, and bring the schema up to date (under an advisory lock, so gateways starting
+    /// together apply each migration once).
+    pub async fn connect(url: &str, owner: String, lease: Duration) -> Result<PostgresStore, StageError> {
+        let shown = redact_url(url);
+        let config: tokio_postgres::Config =
+            url.parse().map_err(|e| StageError::invalid("gateway.store", format!("{shown}: {e}")))?;
+        let manager = Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+        let pool = Pool::builder(manager)
+            .max_size(16)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(Duration::from_secs(10)))
+            .create_timeout(Some(Duration::from_secs(10)))
+            .build()
+            .map_err(|e| StageError::Internal(format!("run store {shown}: {e}")))?;
+        let store = PostgresStore { pool, url: shown, owner, lease_seconds: lease.as_secs_f64() };
+        if let Err(e) = store.migrate().await {
+            // Every error of `migrate` is one of these two.
+            #[allow(clippy::wildcard_enum_match_arm)]
+            let why = match e {
+                StageError::Unavailable(m) | StageError::Internal(m) => m,
+                other => other.to_string(),
+            };
+            return Err(StageError::Unavailable(format!("{why} ({})", store.url)));
+        }
+        Ok(store)
+    }
+
+    async fn migrate(&self) -> Result<(), StageError> {
+        let mut client = self.pool.get().await.map_err(pool_err)?;
+        let tx = client.transaction().await.map_err(db_err)?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).await.map_err(db_err)?;
+        tx.batch_execute(
+            "CREATE TABLE IF NOT EXISTS assay_schema (
+                 version INTEGER PRIMARY KEY,
+                 applied_at TIMESTAMPTZ NOT NULL DEFAULT now())",
+        )
+        .await
+        .map_err(db_err)?;
+        let current: i32 =
+            tx.query_one("SELECT coalesce(max(version), 0) FROM assay_schema", &[]).await.map_err(db_err)?.get(0);
+        for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > current) {
+            tx.batch_execute(sql).await.map_err(db_err)?;
+            tx.execute("INSERT INTO assay_schema (version) VALUES ($1)", &[version]).await.map_err(db_err)?;
+            tracing::info!(version, "run store schema migrated");
+        }
+        tx.commit().await.map_err(db_err)
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object, StageError> {
+        self.pool.get().await.map_err(pool_err)
+    }
+
+    /// This gateway's name in the store.
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+}
+
+#[async_trait::async_trait]
+impl RunStorage for PostgresStore {
+    fn describe(&self) -> String {
+        format!("PostgreSQL {} (gateway {}, leases of {} s)", self.url, self.owner, self.lease_seconds)
+    }
+
+    fn shared(&self) -> bool {
+        true
+    }
+
+    async fn create(&self, run: gw::Run, request: gw::RunPipelineRequest) -> Result<(), StageError> {
+        // A finished run (Evaluate) is stored unowned.
+        let owner = (!ENDED.contains(&run.state)).then_some(self.owner.as_str());
+        self.client()
+            .await?
+            .execute(
+                "INSERT INTO runs (run_id, created_at, state, kind, run, request, owner, lease_until)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7::text,
+                         CASE WHEN $7::text IS NULL THEN NULL ELSE now() + make_interval(secs => $8) END)",
+                &[
+                    &run.run_id,
+                    &run.created_at.map_or(0, |t| t.seconds),
+                    &run.state,
+                    &run.kind,
+                    &run.encode_to_vec(),
+                    &request.encode_to_vec(),
+                    &owner,
+                    &self.lease_seconds,
+                ],
+            )
+            .await
+            .map_err(db_err)?;
+        Ok(())
+    }
+
+    async fn update(&self, run: gw::Run) -> Result<(), StageError> {
+        let n = self
+            .client()
+            .await?
+            .execute(
+                "UPDATE runs SET state = $2, run = $3 WHERE run_id = $1 AND owner = $4 AND lease_until > now()",
+                &[&run.run_id, &run.state, &run.encode_to_vec(), &self.owner],
+            )
+            .await
+            .map_err(db_err)?;
+        if n == 0 {
+            return Err(lease_lost(&run.run_id));
+        }
+        Ok(())
+    }
+
+    async fn append_event(&self, event: gw::RunEvent) -> Result<(), StageError> {
+        // A finished run's single event (Evaluate) is written unfenced: the run is nobody's.
+        let n = self
+            .client()
+            .await?
+            .execute(
+                "INSERT INTO events (run_id, sequence, event)
+                 SELECT $1, $2, $3 WHERE EXISTS (
+                     SELECT 1 FROM runs WHERE run_id = $1
+                       AND ((owner = $4 AND lease_until > now()) OR (owner IS NULL AND state = ANY($5))))",
+                &[
+                    &event.run_id,
+                    &i64::try_from(event.sequence).unwrap_or(i64::MAX),
+                    &event.encode_to_vec(),
+                    &self.owner,
+                    &&ENDED[..],
+                ],
+            )
+            .await
+            .map_err(db_err)?;
+        if n == 0 {
+            return Err(lease_lost(&event.run_id));
+        }
+        Ok(())
+    }
+
+    async fn events_after(&self, run_id: &str, after: u64) -> Result<Vec<gw::RunEvent>, StageError> {
+        let after = i64::try_from(after).unwrap_or(i64::MAX);
+        let rows = self
+            .client()
+            .await?
+            .query("SELECT event FROM events WHERE run_id = $1 AND sequence > $2 ORDER BY sequence", &[&run_id, &after])
+            .await
+            .map_err(db_err)?;
+        rows.iter().map(|r| gw::RunEvent::decode(r.get::<_, &[u8]>(0)).map_err(decode_err)).collect()
+    }
+
+    async fn put_checkpoint(&self, run_id: &str, key: &str, value: Vec<u8>) -> Result<(), StageError> {
+        let n = self
+            .client()
+            .await?
+            .execute(
+                "INSERT INTO checkpoints (run_id, key, value)
+                 SELECT $1, $2, $3 WHERE EXISTS (
+                     SELECT 1 FROM runs WHERE run_id = $1 AND owner = $4 AND lease_until > now())
+                 ON CONFLICT (run_id, key) DO UPDATE SET value = EXCLUDED.value",
+                &[&run_id, &key, &value, &self.owner],
+            )
+            .await
+            .map_err(db_err)?;
+        if n == 0 {
+            return Err(lease_lost(run_id));
+        }
+        Ok(())
+    }
+
+    async fn checkpoints(&self, run_id: &str, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, StageError> {
+        let rows = self
+            .client()
+            .await?
+            .query(
+                "SELECT key, value FROM checkpoints WHERE run_id = $1 AND starts_with(key, $2) ORDER BY key",
+                &[&run_id, &prefix],
+            )
+            .await
+            .map_err(db_err)?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    }
+
+    async fn get(&self, run_id: &str) -> Result<Option<StoredRun>, StageError> {
+        let row = self
+            .client()
+            .await?
+            .query_opt("SELECT run, request FROM runs WHERE run_id = $1", &[&run_id])
+            .await
+            .map_err(db_err)?;
+        row.map(|r| stored(r.get(0), r.get(1))).transpose()
+    }
+
+    async fn list(
+        &self,
+        kind: i32,
+        state: i32,
+        cursor: Option<(i64, String)>,
+        limit: usize,
+    ) -> Result<Vec<gw::Run>, StageError> {
+        let (cur_t, cur_id) = cursor.unwrap_or((i64::MAX, String::new()));
+        let rows = self
+            .client()
+            .await?
+            .query(
+                "SELECT run FROM runs
+                 WHERE ($1::int4 = 0 OR kind = $1) AND ($2::int4 = 0 OR state = $2)
+                   AND (created_at < $3 OR (created_at = $3 AND ($4::text = '' OR run_id < $4)))
+                 ORDER BY created_at DESC, run_id DESC LIMIT $5",
+                &[&kind, &state, &cur_t, &cur_id, &i64::try_from(limit).unwrap_or(i64::MAX)],
+            )
+            .await
+            .map_err(db_err)?;
+        rows.iter().map(|r| gw::Run::decode(r.get::<_, &[u8]>(0)).map_err(decode_err)).collect()
+    }
+
+    async fn claim_orphans(&self, startup: bool) -> Result<Vec<StoredRun>, StageError> {
+        // SKIP LOCKED: gateways scanning together split the orphans instead of queueing.
+        let rows = self
+            .client()
+            .await?
+            .query(
+                "UPDATE runs SET owner = $1, lease_until = now() + make_interval(secs => $2)
+                 WHERE run_id IN (
+                     SELECT run_id FROM runs
+                     WHERE state <> ALL($3)
+                       AND (owner IS NULL OR lease_until IS NULL OR lease_until <= now() OR ($4 AND owner = $1))
+                     FOR UPDATE SKIP LOCKED)
+                 RETURNING run, request, created_at, run_id",
+                &[&self.owner, &self.lease_seconds, &&ENDED[..], &startup],
+            )
+            .await
+            .map_err(db_err)?;
+        let mut rows: Vec<_> = rows.iter().map(|r| ((r.get::<_, i64>(2), r.get::<_, String>(3)), r)).collect();
+        rows.sort_by(|a, b| a.0.cmp(&b.0));
+        rows.into_iter().map(|(_, r)| stored(r.get(0), r.get(1))).collect()
+    }
+
+    async fn renew(&self, run_ids: &[String]) -> Result<Vec<String>, StageError> {
+        if run_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let kept = self
+            .client()
+            .await?
+            .query(
+                "UPDATE runs SET lease_until = now() + make_interval(secs => $2)
+                 WHERE run_id = ANY($3) AND owner = $1 AND lease_until > now()
+                 RETURNING run_id",
+                &[&self.owner, &self.lease_seconds, &run_ids],
+            )
+            .await
+            .map_err(db_err)?;
+        let kept: std::collections::HashSet<String> = kept.iter().map(|r| r.get(0)).collect();
+        Ok(run_ids.iter().filter(|r| !kept.contains(*r)).cloned().collect())
+    }
+
+    async fn release(&self, run_id: &str) -> Result<(), StageError> {
+        self.client()
+            .await?
+            .execute("UPDATE runs SET lease_until = now() WHERE run_id = $1 AND owner = $2", &[&run_id, &self.owner])
+            .await
+            .map_err(db_err)?;
+        Ok(())
+    }
+
+    async fn post_control(&self, request: gw::ControlRunRequest) -> Result<i64, StageError> {
+        let row = self
+            .client()
+            .await?
+            .query_one(
+                "INSERT INTO controls (run_id, request) VALUES ($1, $2) RETURNING id",
+                &[&request.run_id, &request.encode_to_vec()],
+            )
+            .await
+            .map_err(db_err)?;
+        Ok(row.get(0))
+    }
+
+    async fn posted_controls(&self, run_ids: &[String]) -> Result<Vec<PostedControl>, StageError> {
+        if run_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows = self
+            .client()
+            .await?
+            .query("SELECT id, request FROM controls WHERE run_id = ANY($1) ORDER BY id", &[&run_ids])
+            .await
+            .map_err(db_err)?;
+        rows.iter()
+            .map(|r| {
+                Ok(PostedControl {
+                    id: r.get(0),
+                    request: gw::ControlRunRequest::decode(r.get::<_, &[u8]>(1)).map_err(decode_err)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn remove_control(&self, id: i64) -> Result<(), StageError> {
+        self.client().await?.execute("DELETE FROM controls WHERE id = $1", &[&id]).await.map_err(db_err)?;
+        Ok(())
+    }
+
+    async fn control_pending(&self, id: i64) -> Result<bool, StageError> {
+        let row =
+            self.client().await?.query_opt("SELECT 1 FROM controls WHERE id = $1", &[&id]).await.map_err(db_err)?;
+        Ok(row.is_some())
+    }
+}

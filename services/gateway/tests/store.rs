@@ -1,0 +1,203 @@
+//! The run store's contract, run against both implementations: SQLite (in memory and on disk) and
+//! PostgreSQL (a real server started on loopback by the test; skipped with a message when none is
+//! installed, required when `ASSAY_REQUIRE_POSTGRES=1`). Then what only a shared store does:
+//! leases, fenced writes, takeover and controls posted between gateways.
+
+use std::time::Duration;
+
+use assay_gateway::RunStore;
+use assay_proto::gateway::v1 as gw;
+use assay_testkit::TempPostgres;
+
+fn run(id: &str, created: i64, state: gw::RunState, kind: gw::PipelineKind) -> gw::Run {
+    gw::Run {
+        run_id: id.into(),
+        state: state as i32,
+        kind: kind as i32,
+        label: format!("label of {id}"),
+        created_at: Some(prost_types::Timestamp { seconds: created, nanos: 0 }),
+        ..Default::default()
+    }
+}
+
+fn request(label: &str) -> gw::RunPipelineRequest {
+    gw::RunPipelineRequest { label: label.into(), pipeline: None }
+}
+
+fn event(run_id: &str, sequence: u64) -> gw::RunEvent {
+    gw::RunEvent {
+        run_id: run_id.into(),
+        sequence,
+        time: None,
+        event: Some(gw::run_event::Event::StateChanged(gw::RunStateChanged {
+            state: gw::RunState::Running as i32,
+            reason: format!("event {sequence}"),
+        })),
+    }
+}
+
+/// Everything a store of any kind must do.
+async fn contract(store: &RunStore) {
+    use gw::PipelineKind::{ChecklistEval, GenerateChecklist};
+    use gw::RunState::{Running, Succeeded};
+    assert!(store.get("nope").await.unwrap().is_none());
+    for (i, id) in ["a", "b", "c"].iter().enumerate() {
+        let kind = if i == 1 { GenerateChecklist } else { ChecklistEval };
+        store.create(run(id, 100 + i as i64, Running, kind), request(id)).await.unwrap();
+    }
+    // A second create of the same id is refused, the first kept.
+    assert!(store.create(run("a", 1, Running, ChecklistEval), request("dup")).await.is_err());
+    let a = store.get("a").await.unwrap().unwrap();
+    assert_eq!((a.run.label.as_str(), a.request.label.as_str()), ("label of a", "a"));
+
+    // Events: gap-free appends, read after a sequence, no duplicate sequence.
+    for seq in 1..=5 {
+        store.append_event(event("a", seq)).await.unwrap();
+    }
+    assert!(store.append_event(event("a", 3)).await.is_err(), "a sequence is written once");
+    let after: Vec<u64> = store.events_after("a", 2).await.unwrap().iter().map(|e| e.sequence).collect();
+    assert_eq!(after, vec![3, 4, 5]);
+    assert!(store.events_after("a", u64::MAX).await.unwrap().is_empty());
+    assert!(store.events_after("b", 0).await.unwrap().is_empty());
+
+    // Checkpoints: replaced under a key, listed by prefix in key order (prefixes are literal).
+    store.put_checkpoint("a", "rec/2", b"two".to_vec()).await.unwrap();
+    store.put_checkpoint("a", "rec/1", b"one".to_vec()).await.unwrap();
+    store.put_checkpoint("a", "rec/1", b"uno".to_vec()).await.unwrap();
+    store.put_checkpoint("a", "rec_x", b"other".to_vec()).await.unwrap();
+    store.put_checkpoint("a", "%rec", b"pct".to_vec()).await.unwrap();
+    let cps = store.checkpoints("a", "rec/").await.unwrap();
+    assert_eq!(cps, vec![("rec/1".to_string(), b"uno".to_vec()), ("rec/2".to_string(), b"two".to_vec())]);
+    assert_eq!(store.checkpoints("a", "%").await.unwrap().len(), 1);
+    assert_eq!(store.checkpoints("a", "").await.unwrap().len(), 4);
+    assert!(store.checkpoints("b", "rec/").await.unwrap().is_empty());
+
+    // Summary updates.
+    let mut done = a.run.clone();
+    done.state = Succeeded as i32;
+    done.records_done = 7;
+    store.update(done).await.unwrap();
+    let a = store.get("a").await.unwrap().unwrap();
+    assert_eq!((a.run.state, a.run.records_done), (Succeeded as i32, 7));
+
+    // Listing: newest first, filtered by kind and state, paged by cursor.
+    let ids = |runs: Vec<gw::Run>| runs.into_iter().map(|r| r.run_id).collect::<Vec<_>>();
+    assert_eq!(ids(store.list(0, 0, None, 10).await.unwrap()), ["c", "b", "a"]);
+    assert_eq!(ids(store.list(ChecklistEval as i32, 0, None, 10).await.unwrap()), ["c", "a"]);
+    assert_eq!(ids(store.list(0, Succeeded as i32, None, 10).await.unwrap()), ["a"]);
+    assert_eq!(ids(store.list(0, 0, None, 2).await.unwrap()), ["c", "b"]);
+    assert_eq!(ids(store.list(0, 0, Some((101, "b".into())), 10).await.unwrap()), ["a"]);
+
+    // A finished run stored at once (Evaluate) takes its one event.
+    store.create(run("e", 99, Succeeded, ChecklistEval), request("e")).await.unwrap();
+    store.append_event(event("e", 1)).await.unwrap();
+
+    // At startup the unfinished runs are this gateway's to resume, oldest first.
+    let orphans: Vec<String> = store.claim_orphans(true).await.unwrap().into_iter().map(|s| s.run.run_id).collect();
+    assert_eq!(orphans, ["b", "c"]);
+}
+
+#[tokio::test]
+async fn sqlite_in_memory_keeps_the_contract() {
+    let store = RunStore::open(":memory:").unwrap();
+    assert!(!store.shared());
+    contract(&store).await;
+    assert!(store.claim_orphans(false).await.unwrap().is_empty(), "one gateway: nothing to take over later");
+    assert!(store.renew(&["b".into()]).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn sqlite_file_keeps_the_contract_across_reopening() {
+    let dir = std::env::temp_dir().join(format!("assay-store-test-{}", std::process::id()));
+    let path = dir.join("nested/runs.db");
+    let path = path.to_str().unwrap();
+    contract(&RunStore::open(path).unwrap()).await;
+    let again = RunStore::open(path).unwrap();
+    assert_eq!(again.events_after("a", 0).await.unwrap().len(), 5);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+async fn postgres_keeps_the_contract() {
+    let Some(pg) = TempPostgres::start_or_skip("postgres_keeps_the_contract") else { return };
+    let store = RunStore::connect(&pg.url(), "gw-a", Duration::from_secs(30)).await.unwrap();
+    assert!(store.shared());
+    assert!(store.describe().contains("gateway gw-a"), "{}", store.describe());
+    contract(&store).await;
+    // Reconnecting migrates nothing twice and sees the same data.
+    let again = RunStore::connect(&pg.url(), "gw-a", Duration::from_secs(30)).await.unwrap();
+    assert_eq!(again.events_after("a", 0).await.unwrap().len(), 5);
+}
+
+#[tokio::test]
+async fn postgres_leases_fence_writes_and_orphans_are_taken_over() {
+    let Some(pg) = TempPostgres::start_or_skip("postgres_leases") else { return };
+    let url = pg.url();
+    let lease = Duration::from_secs(1);
+    let a = RunStore::connect(&url, "gw-a", lease).await.unwrap();
+    let b = RunStore::connect(&url, "gw-b", lease).await.unwrap();
+    a.create(run("r1", 1, gw::RunState::Running, gw::PipelineKind::ChecklistEval), request("r1")).await.unwrap();
+    a.append_event(event("r1", 1)).await.unwrap();
+
+    // Held by A: B takes nothing, and B's writes to A's run are refused.
+    assert!(b.claim_orphans(false).await.unwrap().is_empty());
+    assert!(b.claim_orphans(true).await.unwrap().is_empty(), "startup takes only its own name's runs");
+    let e = b.append_event(event("r1", 2)).await.unwrap_err().to_string();
+    assert!(e.contains("no longer holds its lease"), "{e}");
+    assert!(b.put_checkpoint("r1", "k", vec![1]).await.is_err());
+    assert_eq!(a.renew(&["r1".into()]).await.unwrap(), Vec::<String>::new(), "A renews its lease");
+
+    // A stops renewing: once the lease expires B takes the run over, and A is fenced off.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let taken = loop {
+        let taken = b.claim_orphans(false).await.unwrap();
+        if !taken.is_empty() || std::time::Instant::now() > deadline {
+            break taken;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(taken.len(), 1, "B takes the run over after the lease expires");
+    assert_eq!(taken[0].run.run_id, "r1");
+    assert_eq!(a.renew(&["r1".into()]).await.unwrap(), vec!["r1".to_string()], "A learns it lost the run");
+    assert!(a.append_event(event("r1", 2)).await.unwrap_err().to_string().contains("no longer holds its lease"));
+    let mut summary = taken[0].run.clone();
+    summary.records_done = 1;
+    assert!(a.update(summary.clone()).await.is_err());
+    b.append_event(event("r1", 2)).await.unwrap();
+    b.update(summary).await.unwrap();
+    assert_eq!(b.events_after("r1", 0).await.unwrap().len(), 2);
+
+    // A released lease (graceful shutdown) is taken at once; a startup takes back its own runs.
+    b.release("r1").await.unwrap();
+    assert_eq!(a.claim_orphans(false).await.unwrap().len(), 1, "released: taken without waiting");
+    let a2 = RunStore::connect(&url, "gw-a", Duration::from_secs(30)).await.unwrap();
+    assert_eq!(a2.claim_orphans(true).await.unwrap().len(), 1, "a restart under the same name takes it back");
+    assert!(b.claim_orphans(false).await.unwrap().is_empty());
+
+    // Controls posted by another gateway reach the owner's run only, in order, once.
+    let id1 = b
+        .post_control(gw::ControlRunRequest { run_id: "r1".into(), actor: "x".into(), ..Default::default() })
+        .await
+        .unwrap();
+    let id2 = b
+        .post_control(gw::ControlRunRequest { run_id: "r1".into(), actor: "y".into(), ..Default::default() })
+        .await
+        .unwrap();
+    let posted = a2.posted_controls(&["r1".into(), "other".into()]).await.unwrap();
+    assert_eq!(posted.iter().map(|p| (p.id, p.request.actor.as_str())).collect::<Vec<_>>(), [(id1, "x"), (id2, "y")]);
+    assert!(b.control_pending(id1).await.unwrap());
+    a2.remove_control(id1).await.unwrap();
+    assert!(!b.control_pending(id1).await.unwrap());
+    assert!(a2.posted_controls(&[]).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_bad_postgres_url_is_a_clear_error_without_the_password() {
+    let e = RunStore::connect("postgres://u:hunter2@127.0.0.1:1/db", "", Duration::from_secs(5))
+        .await
+        .err()
+        .expect("nothing listens on port 1")
+        .to_string();
+    assert!(!e.contains("hunter2"), "{e}");
+    assert!(e.contains("u:redacted@127.0.0.1:1/db") && e.contains("connect"), "{e}");
+}
