@@ -337,9 +337,11 @@ impl Engine {
         }
         let past = self.store.events_after(run_id, after).await?;
         let finished = past.iter().any(|e| matches!(e.event, Some(Event::Completed(_))));
-        // A run this gateway does not execute (another one on a shared store does, or will take
-        // it over) is followed from the store.
-        let poll = (self.store.shared() && !finished).then(|| (self.store.clone(), run_id.to_string()));
+        // A run this gateway does not execute is followed from the store: another gateway on a
+        // shared store executes it (or will take it over), or this one is about to resume it
+        // (just restarted).
+        let poll =
+            (!finished && (self.store.shared() || live_rx.is_none())).then(|| (self.store.clone(), run_id.to_string()));
         Ok(stream::replay_then_follow(past, live_rx.filter(|_| !finished), after, poll))
     }
 

@@ -17,9 +17,9 @@ const POLL: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Past events, then live ones with a sequence above the last one sent, ending after
 /// `RunCompleted`. A watcher that falls too far behind gets RESOURCE_EXHAUSTED and reattaches from
-/// its last sequence. With `poll` (a shared store and the run's id), a run with no live events
-/// here (another gateway executes it), or whose execution here stops before it completes (lease
-/// lost), is followed from the store.
+/// its last sequence. With `poll` (the store and the run's id), a run with no live events here
+/// (another gateway executes it, or this one has yet to resume it) is followed from the store, and
+/// on a shared store so is a run whose execution here stops before it completes (lease lost).
 pub fn replay_then_follow(
     past: Vec<gw::RunEvent>,
     live: Option<broadcast::Receiver<std::sync::Arc<gw::RunEvent>>>,
@@ -36,6 +36,7 @@ pub fn replay_then_follow(
                 return;
             }
         }
+        let followed_live = live.is_some();
         if let Some(mut live) = live {
             loop {
                 match live.recv().await {
@@ -61,6 +62,11 @@ pub fn replay_then_follow(
             }
         }
         let Some((store, run_id)) = poll else { return };
+        // On a store of one gateway, a live run whose events stop before it completes is this
+        // gateway stopping: the watcher reattaches to the next one.
+        if followed_live && !store.shared() {
+            return;
+        }
         loop {
             match store.events_after(&run_id, last).await {
                 Ok(events) => {

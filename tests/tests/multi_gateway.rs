@@ -1,0 +1,279 @@
+//! The gateway as its own process, with the stages in separate processes (as deployed): killed
+//! with SIGKILL mid-run and restarted on its SQLite store; and two gateways sharing one
+//! PostgreSQL run store (a real server started on loopback), where killing the one executing a
+//! run lets the other take it over and finish it, with every record once and the scores of a
+//! clean run. Controls and watching work through either gateway.
+//!
+//! Needs the workspace's `assay-gateway` and `assay-scorer` binaries (built by any workspace test
+//! run, or `cargo build -p assay-gateway -p assay-scorer`).
+
+#![allow(clippy::wildcard_enum_match_arm)]
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use assay_proto::common::v1 as pb;
+use assay_proto::gateway::v1 as gw;
+use assay_proto::gateway::v1::gateway_service_client::GatewayServiceClient;
+use assay_proto::gateway::v1::run_event::Event;
+use assay_testkit::{RecordedRequest, Reply, ScriptedLlm, TempPostgres};
+use serde_json::json;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tonic::transport::Channel;
+
+const RECORDS: usize = 24;
+
+fn binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let dir = exe.parent().and_then(Path::parent).expect("target profile directory");
+    let bin = dir.join(name);
+    assert!(bin.exists(), "{} is missing: build it with `cargo build -p {name}`", bin.display());
+    bin
+}
+
+/// A service binary started with `env`, and the address it listens on.
+async fn spawn(name: &str, env: &[(&str, String)]) -> (Child, String) {
+    let mut child = Command::new(binary(name))
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("{name} starts: {e}"));
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let addr = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(line) = lines.next_line().await.expect("read stderr") {
+            if line.contains("listening") {
+                if let Some(rest) = line.split("addr=Some(").nth(1) {
+                    return rest.split(')').next().map(str::to_string);
+                }
+            }
+        }
+        None
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{name} listens within 60 s"))
+    .unwrap_or_else(|| panic!("{name} prints its address"));
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, format!("http://{addr}"))
+}
+
+async fn scorer(llm: &ScriptedLlm) -> (Child, String) {
+    spawn(
+        "assay-scorer",
+        &[
+            ("ASSAY__PORTS__SCORER", "0".into()),
+            ("ASSAY__MODELS__DEFAULT__BACKEND", "openai".into()),
+            ("OPENAI_BASE_URL", llm.base_url()),
+            ("OPENAI_API_KEY", "multi".into()),
+            ("OPENAI_MODEL", "scripted".into()),
+            ("ASSAY__CACHE__ENABLED", "false".into()),
+        ],
+    )
+    .await
+}
+
+async fn gateway(store: &str, name: &str, scorer: &str) -> (Child, GatewayServiceClient<Channel>) {
+    let (child, url) = spawn(
+        "assay-gateway",
+        &[
+            ("ASSAY__PORTS__GATEWAY", "0".into()),
+            ("ASSAY__GATEWAY__STORE", store.into()),
+            ("ASSAY__GATEWAY__INSTANCE_ID", name.into()),
+            ("ASSAY__GATEWAY__LEASE_SECONDS", "2".into()),
+            ("ASSAY__GATEWAY__CONCURRENCY", "2".into()),
+            ("ASSAY__UPSTREAMS__SCORER", scorer.into()),
+        ],
+    )
+    .await;
+    let channel = Channel::from_shared(url).unwrap().connect().await.expect("connect to the gateway");
+    (child, GatewayServiceClient::new(channel))
+}
+
+fn request(label: &str) -> gw::RunPipelineRequest {
+    gw::RunPipelineRequest {
+        label: label.into(),
+        pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(gw::ChecklistEvalPipeline {
+            source: Some(gw::ChecklistSource {
+                source: Some(gw::checklist_source::Source::Checklist(pb::Checklist {
+                    items: vec![
+                        pb::ChecklistItem { id: "a".into(), question: "Mentions leaves?".into(), ..Default::default() },
+                        pb::ChecklistItem { id: "b".into(), question: "Is it short?".into(), ..Default::default() },
+                    ],
+                    ..Default::default()
+                })),
+            }),
+            records: (0..RECORDS)
+                .map(|i| gw::EvalRecord {
+                    id: format!("r{i}"),
+                    target: if i % 3 == 0 { format!("leaves {i}") } else { format!("stones {i}") },
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        })),
+    }
+}
+
+fn model(req: &RecordedRequest) -> Reply {
+    let prompt = req.last_user_message().unwrap_or_default();
+    let first = if prompt.contains("leaves") { "YES" } else { "NO" };
+    Reply::json(json!({"answers": [{"question_index": 1, "answer": first}, {"question_index": 2, "answer": "YES"}]}))
+        .delay(Duration::from_millis(40))
+}
+
+fn evaluation(ev: &gw::RunEvent) -> Option<gw::EvaluateResponse> {
+    match &ev.event {
+        Some(Event::Completed(c)) => match c.result.as_ref()?.result.as_ref()? {
+            gw::run_result::Result::ChecklistEval(e) => Some(e.clone()),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+fn scores(r: &gw::EvaluateResponse) -> Vec<(u32, String, Option<f64>)> {
+    r.results.iter().map(|x| (x.index, x.record_id.clone(), x.score.as_ref().map(|s| s.pass_rate))).collect()
+}
+
+/// Every event of a run from the start until it completes.
+async fn watch_all(client: &mut GatewayServiceClient<Channel>, run_id: &str) -> Vec<gw::RunEvent> {
+    let mut stream = client
+        .watch_run(gw::WatchRunRequest { run_id: run_id.to_string(), after_sequence: 0 })
+        .await
+        .expect("watch")
+        .into_inner();
+    let mut events = Vec::new();
+    while let Some(m) = stream.message().await.expect("watch stream") {
+        events.extend(m.event);
+    }
+    events
+}
+
+/// Start a run and read its stream until `after` records are scored; returns the run id.
+async fn start_until(client: &mut GatewayServiceClient<Channel>, label: &str, after: usize) -> String {
+    let mut stream = client.run_pipeline(request(label)).await.expect("run starts").into_inner();
+    let mut run_id = String::new();
+    let mut scored = 0;
+    while run_id.is_empty() || scored < after {
+        let ev = stream.message().await.unwrap().expect("the run goes on").event.unwrap();
+        run_id.clone_from(&ev.run_id);
+        scored += usize::from(matches!(ev.event, Some(Event::RecordScored(_))));
+    }
+    run_id
+}
+
+/// The run's events: completed with the clean run's scores, every record scored once, one
+/// gap-free sequence.
+fn check(events: &[gw::RunEvent], clean: &gw::EvaluateResponse, what: &str) {
+    let done = evaluation(events.last().expect("events")).unwrap_or_else(|| panic!("{what}: the run completes"));
+    assert_eq!(scores(&done), scores(clean), "{what}: same records and scores as a clean run");
+    assert_eq!(done.aggregate, clean.aggregate, "{what}: same aggregate");
+    let indices: Vec<u32> = events
+        .iter()
+        .filter_map(|e| match &e.event {
+            Some(Event::RecordScored(r)) => Some(r.index),
+            _ => None,
+        })
+        .collect();
+    let unique: HashSet<u32> = indices.iter().copied().collect();
+    assert_eq!(unique.len(), indices.len(), "{what}: no record reported scored twice: {indices:?}");
+    let seqs: Vec<u64> = events.iter().map(|e| e.sequence).collect();
+    assert_eq!(seqs, (1..=events.len() as u64).collect::<Vec<_>>(), "{what}: one gap-free sequence");
+}
+
+async fn clean_run(client: &mut GatewayServiceClient<Channel>) -> gw::EvaluateResponse {
+    let mut stream = client.run_pipeline(request("clean")).await.unwrap().into_inner();
+    let mut last = None;
+    while let Some(m) = stream.message().await.unwrap() {
+        last = m.event;
+    }
+    let clean = evaluation(&last.unwrap()).expect("the clean run completes");
+    assert_eq!(clean.results.iter().filter(|r| r.score.is_some()).count(), RECORDS);
+    clean
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn standalone_gateway_survives_sigkill_with_stages_in_separate_processes() {
+    let llm = ScriptedLlm::start().await;
+    llm.set_handler(model);
+    let (_scorer, scorer_url) = scorer(&llm).await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("runs.db").display().to_string();
+    let (mut child, mut client) = gateway(&store, "solo", &scorer_url).await;
+    let clean = clean_run(&mut client).await;
+    let mut resent = 0;
+    for (kill, after) in [0usize, 5, 11, 17, 23].into_iter().enumerate() {
+        let calls_before = llm.request_count();
+        let run_id = start_until(&mut client, &format!("kill-{kill}"), after).await;
+        child.start_kill().expect("SIGKILL");
+        child.wait().await.expect("reaped");
+        (child, client) = gateway(&store, "solo", &scorer_url).await;
+        let events = watch_all(&mut client, &run_id).await;
+        check(&events, &clean, &format!("kill {kill} after {after} records"));
+        // Calls made twice: the records in flight at the kill, sent again after the restart.
+        resent += llm.request_count() - calls_before - RECORDS;
+    }
+    eprintln!("5 kills of the gateway alone: every run completed with the clean run's scores; {resent} calls repeated");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_gateways_on_one_postgres_store_survive_the_loss_of_either() {
+    let Some(pg) = TempPostgres::start_or_skip("two_gateways_on_one_postgres_store") else { return };
+    let store = pg.url();
+    let llm = ScriptedLlm::start().await;
+    llm.set_handler(model);
+    let (_scorer, scorer_url) = scorer(&llm).await;
+    let (mut a, mut client_a) = gateway(&store, "gw-a", &scorer_url).await;
+    let (mut b, mut client_b) = gateway(&store, "gw-b", &scorer_url).await;
+    let clean = clean_run(&mut client_a).await;
+
+    // A run executed by A is seen, controlled and watched through B.
+    let run_id = start_until(&mut client_a, "controlled", 2).await;
+    let control = |action: gw::control_run_request::Action| gw::ControlRunRequest {
+        run_id: run_id.clone(),
+        actor: "operator".into(),
+        reason: "through the other gateway".into(),
+        action: Some(action),
+    };
+    let paused = client_b.control_run(control(gw::control_run_request::Action::Pause(gw::PauseRun {}))).await.unwrap();
+    assert_eq!(paused.into_inner().run.unwrap().state, gw::RunState::Paused as i32, "paused through B");
+    let on_a = client_a.get_run(gw::GetRunRequest { run_id: run_id.clone() }).await.unwrap().into_inner();
+    assert_eq!(on_a.run.unwrap().state, gw::RunState::Paused as i32, "A executes the pause");
+    client_b.control_run(control(gw::control_run_request::Action::Resume(gw::ResumeRun {}))).await.unwrap();
+    let events = watch_all(&mut client_b, &run_id).await;
+    check(&events, &clean, "controlled through B, watched through B");
+
+    // Kill whichever gateway executes a run: the other takes it over once the lease expires and
+    // finishes it; a watcher on the survivor follows it from start to end.
+    let mut takeovers = Vec::new();
+    for round in 0..2 {
+        let after = [3, 9][round];
+        let run_id = start_until(&mut client_a, &format!("takeover-{round}"), after).await;
+        let watcher = {
+            let mut client_b = client_b.clone();
+            let run_id = run_id.clone();
+            tokio::spawn(async move { watch_all(&mut client_b, &run_id).await })
+        };
+        let killed_at = Instant::now();
+        a.start_kill().expect("SIGKILL");
+        a.wait().await.expect("reaped");
+        let events = watcher.await.unwrap();
+        takeovers.push(killed_at.elapsed());
+        check(&events, &clean, &format!("round {round}: A killed after {after} records, B finished"));
+        let took_over =
+            events.iter().any(|e| matches!(&e.event, Some(Event::StateChanged(s)) if s.reason.contains("taken over")));
+        assert!(took_over, "round {round}: the run says it was taken over");
+        // The survivor becomes A for the next round; a new gateway joins as B.
+        (a, client_a) = (b, client_b);
+        (b, client_b) = gateway(&store, &format!("gw-{round}"), &scorer_url).await;
+    }
+    eprintln!("takeovers finished {:?} after the kill (leases of 2 s)", takeovers);
+    a.start_kill().ok();
+    b.start_kill().ok();
+}
