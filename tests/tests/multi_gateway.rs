@@ -48,10 +48,8 @@ async fn spawn(name: &str, env: &[(&str, String)]) -> (Child, String) {
     let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
     let addr = tokio::time::timeout(Duration::from_secs(60), async {
         while let Some(line) = lines.next_line().await.expect("read stderr") {
-            if line.contains("listening") {
-                if let Some(rest) = line.split("addr=Some(").nth(1) {
-                    return rest.split(')').next().map(str::to_string);
-                }
+            if let Some(rest) = line.split("addr=Some(").nth(1).filter(|_| line.contains("listening")) {
+                return rest.split(')').next().map(str::to_string);
             }
         }
         None
