@@ -583,8 +583,11 @@ async fn demo(mut config: AssayConfig, ephemeral: bool) -> Result<(), String> {
     result
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
+    assay_runtime::main(run)
+}
+
+async fn run() -> ExitCode {
     let cli = Cli::parse();
     let _telemetry = assay_telemetry::init("assay");
     let outcome = match cli.command {

@@ -1,7 +1,10 @@
 //! `assay-debate`: the debate service on its own.
 
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
+fn main() -> std::process::ExitCode {
+    assay_runtime::main(run)
+}
+
+async fn run() -> std::process::ExitCode {
     let spec = assay_runtime::StageSpec {
         binary: "assay-debate",
         service_name: assay_proto::service_names::DEBATE,

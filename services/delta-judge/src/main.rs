@@ -1,7 +1,10 @@
 //! `assay-delta-judge`: the delta-judge service on its own.
 
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
+fn main() -> std::process::ExitCode {
+    assay_runtime::main(run)
+}
+
+async fn run() -> std::process::ExitCode {
     let spec = assay_runtime::StageSpec {
         binary: "assay-delta-judge",
         service_name: assay_proto::service_names::DELTA_JUDGE,

@@ -6,8 +6,11 @@ use assay_rpc::remote::{
     RemoteArbiter, RemoteDebate, RemoteDeltaJudge, RemoteGenerator, RemoteRefiners, RemoteScorer, channel_with,
 };
 
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
+fn main() -> std::process::ExitCode {
+    assay_runtime::main(run)
+}
+
+async fn run() -> std::process::ExitCode {
     let spec = assay_runtime::StageSpec {
         binary: "assay-gateway",
         service_name: assay_proto::service_names::GATEWAY,

@@ -2,8 +2,11 @@
 
 use std::sync::Arc;
 
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
+fn main() -> std::process::ExitCode {
+    assay_runtime::main(run)
+}
+
+async fn run() -> std::process::ExitCode {
     let spec = assay_runtime::StageSpec {
         binary: "assay-scorer",
         service_name: assay_proto::service_names::SCORER,

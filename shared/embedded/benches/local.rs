@@ -67,7 +67,9 @@ async fn bench_embed() {
     let b32 = n32 as f64 / t.elapsed().as_secs_f64();
     let (rss, hwm) = rss_mb();
     println!(
-        "embed  all-MiniLM-L6-v2: load {:.2}s, batch1 {:.0} sent/s, batch32 {:.0} sent/s, RSS after load {:.0} MB, RSS {:.0} MB (peak {:.0} MB)",
+        "embed  all-MiniLM-L6-v2 ({} candle threads, {} batch parts at once): load {:.2}s, batch1 {:.0} sent/s, batch32 {:.0} sent/s, RSS after load {:.0} MB, RSS {:.0} MB (peak {:.0} MB)",
+        candle_core::utils::get_num_threads(),
+        e.workers(),
         load.as_secs_f64(),
         b1,
         b32,
@@ -212,6 +214,18 @@ fn main() {
     }
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     match args.first().map(String::as_str) {
+        // As the assay binaries run it (`assay_runtime::main`): candle single-threaded, one batch
+        // part per core; set RAYON_NUM_THREADS to measure candle's own threading instead.
+        Some("embed") if std::env::var_os("RAYON_NUM_THREADS").is_none() => {
+            let exe = std::env::current_exe().unwrap();
+            let status = std::process::Command::new(&exe)
+                .arg("embed")
+                .env("RAYON_NUM_THREADS", "1")
+                .env("CANDLE_NUM_THREADS", "1")
+                .status()
+                .unwrap();
+            std::process::exit(status.code().unwrap_or(1));
+        }
         Some("embed") => rt.block_on(bench_embed()),
         Some("smollm2") => rt.block_on(bench_chat(LocalModelChoice::Smollm2, None)),
         Some("gemma3") => rt.block_on(bench_chat(LocalModelChoice::Gemma3, Some(PromptStyle::Chat))),
@@ -224,7 +238,11 @@ fn main() {
         None => {
             let exe = std::env::current_exe().unwrap();
             for part in PARTS {
-                let status = std::process::Command::new(&exe).arg(part).status().unwrap();
+                let mut cmd = std::process::Command::new(&exe);
+                if part == "embed" && std::env::var_os("RAYON_NUM_THREADS").is_none() {
+                    cmd.env("RAYON_NUM_THREADS", "1").env("CANDLE_NUM_THREADS", "1");
+                }
+                let status = cmd.arg(part).status().unwrap();
                 if !status.success() {
                     eprintln!("part {part} failed: {status}");
                 }

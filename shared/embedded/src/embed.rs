@@ -43,8 +43,14 @@ struct Inner {
 #[derive(Clone)]
 pub struct LocalEmbedder {
     inner: Arc<Inner>,
-    /// One inference at a time: candle already uses every core for one batch.
+    /// One inference at a time: candle already uses every core for one batch, unless it was
+    /// told to use one thread (see `workers`).
     gate: Arc<tokio::sync::Semaphore>,
+    /// Parts each internal batch is split into, embedded at once on threads of their own: 1 when
+    /// candle spreads one batch over every core itself (the default), one per core when the
+    /// process runs candle single-threaded (`RAYON_NUM_THREADS=1`), which is faster on few
+    /// cores (less synchronisation per operation).
+    workers: usize,
 }
 
 impl std::fmt::Debug for LocalEmbedder {
@@ -82,7 +88,27 @@ impl LocalEmbedder {
         let vb = VarBuilder::from_buffered_safetensors(read("model.safetensors")?, DType::F32, &device)
             .map_err(|e| EmbedLoadError::Model(format!("{}: {e}", weights.display())))?;
         let model = BertModel::load(vb, &config).map_err(|e| EmbedLoadError::Model(e.to_string()))?;
-        Ok(Self { inner: Arc::new(Inner { model, tokenizer, device }), gate: Arc::new(tokio::sync::Semaphore::new(1)) })
+        let workers = if candle_core::utils::get_num_threads() == 1 {
+            std::thread::available_parallelism().map_or(1, |n| n.get().min(8))
+        } else {
+            1
+        };
+        Ok(Self {
+            inner: Arc::new(Inner { model, tokenizer, device }),
+            gate: Arc::new(tokio::sync::Semaphore::new(1)),
+            workers,
+        })
+    }
+
+    /// Parts each internal batch is split into and embedded at once (1: candle threads one batch).
+    pub fn workers(&self) -> usize {
+        self.workers
+    }
+
+    /// The same model, splitting each internal batch into `n` parts embedded at once.
+    #[must_use]
+    pub fn with_workers(&self, n: usize) -> Self {
+        Self { inner: self.inner.clone(), gate: Arc::new(tokio::sync::Semaphore::new(1)), workers: n.max(1) }
     }
 
     /// Embeds texts synchronously on the calling thread (batches of [`BATCH_SIZE`]). Returns the
@@ -174,13 +200,20 @@ impl EmbeddingModel for LocalEmbedder {
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Err(LlmError::DeadlineExceeded);
             }
-            let inner = this.inner.clone();
-            let chunk = chunk.to_vec();
-            let (v, n) = tokio::task::spawn_blocking(move || inner.embed_batch(&chunk))
-                .await
-                .map_err(|e| LlmError::Unavailable(format!("local embedder task: {e}")))??;
-            vectors.extend(v);
-            tokens += n;
+            // Parts of at least 4 texts, one per worker, embedded at once.
+            let part = chunk.len().div_ceil(self.workers).max(4);
+            let tasks: Vec<_> = chunk
+                .chunks(part)
+                .map(|p| {
+                    let (inner, p) = (this.inner.clone(), p.to_vec());
+                    tokio::task::spawn_blocking(move || inner.embed_batch(&p))
+                })
+                .collect();
+            for task in tasks {
+                let (v, n) = task.await.map_err(|e| LlmError::Unavailable(format!("local embedder task: {e}")))??;
+                vectors.extend(v);
+                tokens += n;
+            }
         }
         Ok(EmbeddingResponse {
             vectors,

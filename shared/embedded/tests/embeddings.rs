@@ -88,3 +88,21 @@ async fn similar_texts_are_closer() {
         embed(&["A cat sits on the mat.", "A kitten is sitting on a rug.", "Stock markets fell sharply today."]).await;
     assert!(dot(&v[0], &v[1]) > dot(&v[0], &v[2]) + 0.2);
 }
+
+/// Split into parts embedded at once (as the assay binaries run it), a batch gives the vectors it
+/// gives whole, in the same order.
+#[tokio::test]
+async fn batches_split_across_workers_give_the_same_vectors() {
+    let texts: Vec<String> =
+        (0..37).map(|i| format!("sentence number {i} about {}", ["rain", "tax", "music"][i % 3])).collect();
+    let whole = common::embedder().with_workers(1);
+    let split = common::embedder().with_workers(3);
+    let req = || EmbeddingRequest { texts: texts.clone(), ..Default::default() };
+    let (a, b) = (whole.embed(req()).await.unwrap(), split.embed(req()).await.unwrap());
+    assert_eq!(a.vectors.len(), 37);
+    assert_eq!(a.usage.prompt_tokens, b.usage.prompt_tokens);
+    for (x, y) in a.vectors.iter().zip(&b.vectors) {
+        let diff = x.iter().zip(y).map(|(p, q)| (p - q).abs()).fold(0f32, f32::max);
+        assert!(diff < 1e-5, "max difference {diff}");
+    }
+}
