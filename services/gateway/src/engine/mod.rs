@@ -332,11 +332,16 @@ impl Engine {
     ) -> Result<impl futures::Stream<Item = Result<gw::RunEvent, StageError>> + Send + 'static, StageError> {
         // Subscribe before reading the past, so nothing falls between the two.
         let live_rx = self.live(run_id).map(|l| l.ctx.events.subscribe());
-        if live_rx.is_none() && self.store.get(run_id).await?.is_none() {
-            return Err(StageError::NotFound(format!("run {run_id}")));
-        }
+        let ended = match &live_rx {
+            Some(_) => false,
+            None => {
+                let stored =
+                    self.store.get(run_id).await?.ok_or_else(|| StageError::NotFound(format!("run {run_id}")))?;
+                is_terminal(stored.run.state)
+            }
+        };
         let past = self.store.events_after(run_id, after).await?;
-        let finished = past.iter().any(|e| matches!(e.event, Some(Event::Completed(_))));
+        let finished = ended || past.iter().any(|e| matches!(e.event, Some(Event::Completed(_))));
         // A run this gateway does not execute is followed from the store: another gateway on a
         // shared store executes it (or will take it over), or this one is about to resume it
         // (just restarted).

@@ -69,6 +69,15 @@ pub fn replay_then_follow(
         }
         loop {
             match store.events_after(&run_id, last).await {
+                // Nothing new: stop once the run has ended (its last event was already sent).
+                Ok(events) if events.is_empty() => match store.get(&run_id).await {
+                    Ok(Some(stored)) if super::is_terminal(stored.run.state) => return,
+                    Ok(_) => {}
+                    Err(e) => {
+                        let _ = tx.send(Err(e)).await;
+                        return;
+                    }
+                },
                 Ok(events) => {
                     for ev in events {
                         last = ev.sequence;
