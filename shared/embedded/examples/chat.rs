@@ -1,6 +1,6 @@
 //! Ask a local model one question and print the reply, its first-token alternatives and timings.
 //!
-//!     cargo run -p assay-embedded --example chat -- [--model smollm2|gemma3] [--completion]
+//!     cargo run -p assay-embedded --example chat -- [--model smollm2|gemma3] [--gguf FILE] [--completion]
 //!         [--choice YES,NO] [--json SCHEMA] [--temperature T] [--seed N] [--max-tokens N] "question"
 
 use assay_embedded::{LocalChat, LocalChatOptions, LocalModelChoice, ModelPaths, PromptStyle};
@@ -16,12 +16,15 @@ async fn main() {
     let mut system = None;
     let mut question = String::new();
     let mut judge = false;
+    let mut gguf: Option<std::path::PathBuf> = None;
     while let Some(a) = args.next() {
         let mut val = || args.next().expect("missing value");
         match a.as_str() {
             "--model" => choice = val().parse().expect("model"),
             "--completion" => style = Some(PromptStyle::Completion),
             "--judge" => judge = true,
+            // Another GGUF file with the chosen model's chat template (smollm2: ChatML).
+            "--gguf" => gguf = Some(val().into()),
             "--threads" => threads = Some(val().parse().expect("threads")),
             "--system" => system = Some(val()),
             "--choice" => req.response_format = ResponseFormat::Choice(val().split(',').map(String::from).collect()),
@@ -43,7 +46,7 @@ async fn main() {
     req.messages.push(Message::user(question));
     let paths = ModelPaths::in_dir(&assay_embedded::default_models_dir());
     let chat = LocalChat::load(
-        &assay_embedded::chat_path(&paths, choice),
+        &gguf.unwrap_or_else(|| assay_embedded::chat_path(&paths, choice)),
         choice,
         LocalChatOptions { prompt_style: style, threads, ..Default::default() },
     )
