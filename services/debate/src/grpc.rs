@@ -105,7 +105,7 @@ impl DebateService for DebateGrpc {
         let core = self.core.clone();
         // The task ends when the client goes away: the send side sees the receiver closed and the
         // debate future (with every model call in flight) is dropped.
-        tokio::spawn(async move {
+        tokio::spawn(tracing::Instrument::in_current_span(async move {
             let events_tx = tx.clone();
             let sink = move |e: DebateEvent| {
                 let _ = events_tx.send(Ok(RunDebateStreamResponse {
@@ -128,7 +128,7 @@ impl DebateService for DebateGrpc {
                 }
                 () = closed.closed() => {}
             }
-        });
+        }));
         Ok(Response::new(Box::pin(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))))
     }
 }

@@ -82,7 +82,7 @@ impl GeneratorService for GeneratorGrpc {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Result<pb::GenerateCorpusStreamResponse, Status>>();
         let core = self.core.clone();
         // The task ends when the client goes away: the send fails and the generation is dropped.
-        tokio::spawn(async move {
+        tokio::spawn(tracing::Instrument::in_current_span(async move {
             let events_tx = tx.clone();
             let sink = move |e: CorpusProgress| {
                 let _ = events_tx
@@ -102,7 +102,7 @@ impl GeneratorService for GeneratorGrpc {
                 }
                 () = closed.closed() => {}
             }
-        });
+        }));
         Ok(Response::new(Box::pin(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))))
     }
 

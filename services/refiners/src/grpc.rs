@@ -112,7 +112,7 @@ impl RefinersService for RefinersGrpc {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Result<RefineChecklistStreamResponse, Status>>();
         let core = self.core.clone();
         // The task ends when the client goes away: the chain future is dropped.
-        tokio::spawn(async move {
+        tokio::spawn(tracing::Instrument::in_current_span(async move {
             let events_tx = tx.clone();
             let sink = move |r: StepReport| {
                 let _ = events_tx.send(Ok(RefineChecklistStreamResponse {
@@ -133,7 +133,7 @@ impl RefinersService for RefinersGrpc {
                 }
                 () = closed.closed() => {}
             }
-        });
+        }));
         Ok(Response::new(Box::pin(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))))
     }
 
@@ -160,7 +160,7 @@ impl RefinersService for RefinersGrpc {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Result<SelfRefineStreamResponse, Status>>();
         let core = self.core.clone();
         // The task ends when the client goes away: the loop's future is dropped.
-        tokio::spawn(async move {
+        tokio::spawn(tracing::Instrument::in_current_span(async move {
             let events_tx = tx.clone();
             let sink = move |e: SelfRefinePassEvent| match e {
                 SelfRefinePassEvent::PassFinished(p) => {
@@ -180,7 +180,7 @@ impl RefinersService for RefinersGrpc {
                 }
                 () = closed.closed() => {}
             }
-        });
+        }));
         Ok(Response::new(Box::pin(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))))
     }
 

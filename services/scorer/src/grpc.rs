@@ -68,7 +68,7 @@ impl ScorerService for ScorerGrpc {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Result<ScoreStreamResponse, Status>>();
         let core = self.core.clone();
         // The task ends when the client goes away: the send fails and the scoring future is dropped.
-        tokio::spawn(async move {
+        tokio::spawn(tracing::Instrument::in_current_span(async move {
             let events_tx = tx.clone();
             let sink = move |e: ScoreEvent| match e {
                 ScoreEvent::TargetScored { index, score } => {
@@ -96,7 +96,7 @@ impl ScorerService for ScorerGrpc {
                 }
                 () = closed.closed() => {}
             }
-        });
+        }));
         Ok(Response::new(Box::pin(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))))
     }
 
@@ -127,7 +127,7 @@ impl ScorerService for ScorerGrpc {
         let judge = self.judge.clone();
         // The task ends when the client goes away: the send side sees the receiver closed and the
         // panel future (with every judge's model call) is dropped.
-        tokio::spawn(async move {
+        tokio::spawn(tracing::Instrument::in_current_span(async move {
             let events_tx = tx.clone();
             let sink = move |e: JudgeEvent| match e {
                 JudgeEvent::JudgeFinished { index, result } => {
@@ -156,7 +156,7 @@ impl ScorerService for ScorerGrpc {
                 }
                 () = closed.closed() => {}
             }
-        });
+        }));
         Ok(Response::new(Box::pin(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))))
     }
 }

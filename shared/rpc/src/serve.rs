@@ -122,7 +122,17 @@ pub async fn serve(
         .layer(AuthLayer::new(options.auth_token.clone()))
         .layer(crate::decode_error::DecodeErrorLayer)
         .trace_fn(|req: &http::Request<()>| {
-            let span = tracing::info_span!("rpc", path = %req.uri().path());
+            let path = req.uri().path();
+            let (service, method) = path.trim_start_matches('/').split_once('/').unwrap_or((path, ""));
+            let span = tracing::info_span!(
+                "rpc",
+                otel.name = %path.trim_start_matches('/'),
+                otel.kind = "server",
+                "rpc.system" = "grpc",
+                "rpc.service" = %service,
+                "rpc.method" = %method,
+                path = %path,
+            );
             assay_telemetry::set_parent_from_headers(&span, req.headers());
             span
         })

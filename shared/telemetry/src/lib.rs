@@ -14,6 +14,15 @@ pub struct TelemetryGuard {
     provider: Option<opentelemetry_sdk::trace::SdkTracerProvider>,
 }
 
+impl TelemetryGuard {
+    /// Export every finished span now.
+    pub fn flush(&self) {
+        if let Some(p) = &self.provider {
+            let _ = p.force_flush();
+        }
+    }
+}
+
 impl Drop for TelemetryGuard {
     fn drop(&mut self) {
         if let Some(p) = self.provider.take() {
@@ -25,6 +34,12 @@ impl Drop for TelemetryGuard {
 /// Initialise logging (and OTLP export when configured). `RUST_LOG` filters (default `info`),
 /// `ASSAY_LOG_FORMAT=json` switches to JSON lines. Safe to call more than once (later calls no-op).
 pub fn init(service_name: &str) -> TelemetryGuard {
+    let endpoint = std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok().filter(|e| !e.is_empty());
+    init_with(service_name, endpoint.as_deref())
+}
+
+/// [`init`] with the OTLP endpoint given (none: logs only), whatever the environment says.
+pub fn init_with(service_name: &str, endpoint: Option<&str>) -> TelemetryGuard {
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let json = std::env::var("ASSAY_LOG_FORMAT").is_ok_and(|v| v.eq_ignore_ascii_case("json"));
@@ -35,8 +50,7 @@ pub fn init(service_name: &str) -> TelemetryGuard {
         let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
         tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_target(false).with_ansi(ansi).boxed()
     };
-    let endpoint = std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok().filter(|e| !e.is_empty());
-    let (otel, provider) = match endpoint.and_then(|e| build_provider(service_name, &e)) {
+    let (otel, provider) = match endpoint.and_then(|e| build_provider(service_name, e)) {
         Some(provider) => {
             let tracer = provider.tracer("assay");
             (Some(tracing_opentelemetry::layer().with_tracer(tracer)), Some(provider))
@@ -94,6 +108,20 @@ impl Injector for MetadataInjector<'_> {
 pub fn set_parent_from_headers(span: &tracing::Span, headers: &http::HeaderMap) {
     let cx = TraceContextPropagator::new().extract(&MetadataExtractor(headers));
     let _ = span.set_parent(cx);
+}
+
+/// The current span's W3C trace context as HTTP headers (`traceparent`, `tracestate`), for calls
+/// to model servers; empty when no trace is being recorded.
+pub fn current_trace_headers() -> Vec<(String, String)> {
+    struct Headers(Vec<(String, String)>);
+    impl Injector for Headers {
+        fn set(&mut self, key: &str, value: String) {
+            self.0.push((key.to_string(), value));
+        }
+    }
+    let mut h = Headers(Vec::new());
+    TraceContextPropagator::new().inject_context(&tracing::Span::current().context(), &mut h);
+    h.0
 }
 
 /// Write the current span's W3C trace context (`traceparent`, `tracestate`) into outgoing metadata.

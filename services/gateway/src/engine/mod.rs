@@ -238,7 +238,7 @@ impl Engine {
         let run = ctx.snapshot();
         let (store, stored, request) = (self.store.clone(), run.clone(), request);
         // Stored off the response path.
-        tokio::spawn(async move {
+        tokio::spawn(tracing::Instrument::in_current_span(async move {
             let event = gw::RunEvent {
                 run_id: stored.run_id.clone(),
                 sequence: 1,
@@ -252,7 +252,7 @@ impl Engine {
             if let Err(e) = saved.await {
                 tracing::warn!(error = %e, "could not store the evaluation run");
             }
-        });
+        }));
         Ok(run)
     }
 

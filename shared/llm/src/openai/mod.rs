@@ -71,6 +71,8 @@ struct Inner {
     transport: Transport,
     chat_url: String,
     embeddings_url: String,
+    /// Host of the server (`server.address` of model-call spans).
+    server_address: String,
     /// The schema delivery form later calls start from.
     schema: SchemaMemory,
 }
@@ -93,6 +95,10 @@ impl OpenAiClient {
             inner: Arc::new(Inner {
                 chat_url: format!("{base}/chat/completions"),
                 embeddings_url: format!("{base}/embeddings"),
+                server_address: url::Url::parse(&base)
+                    .ok()
+                    .and_then(|u| u.host_str().map(str::to_string))
+                    .unwrap_or_default(),
                 transport,
                 schema: SchemaMemory::default(),
                 config,
@@ -152,6 +158,53 @@ impl ChatModel for OpenAiClient {
     async fn chat(&self, request: ChatRequest) -> Result<ChatResponse, LlmError> {
         let config = &self.inner.config;
         let model = self.resolve_model(request.model.as_deref(), &config.default_model);
+        // One client span per model call, with the OpenTelemetry GenAI attributes.
+        let span = tracing::info_span!(
+            "chat",
+            otel.name = %format!("chat {model}"),
+            otel.kind = "client",
+            "gen_ai.operation.name" = "chat",
+            "gen_ai.provider.name" = "openai",
+            "gen_ai.system" = "openai",
+            "gen_ai.request.model" = %model,
+            "gen_ai.request.max_tokens" = tracing::field::Empty,
+            "gen_ai.request.temperature" = tracing::field::Empty,
+            "server.address" = %self.inner.server_address,
+            "gen_ai.response.model" = tracing::field::Empty,
+            "gen_ai.usage.input_tokens" = tracing::field::Empty,
+            "gen_ai.usage.output_tokens" = tracing::field::Empty,
+            "assay.backend" = %config.backend_name,
+            "assay.retries" = tracing::field::Empty,
+            "error.type" = tracing::field::Empty,
+        );
+        if let Some(n) = request.max_tokens {
+            span.record("gen_ai.request.max_tokens", i64::from(n));
+        }
+        if let Some(t) = request.temperature {
+            // As written (0.7, not the f32's 0.699999988...).
+            span.record("gen_ai.request.temperature", t.to_string().parse::<f64>().unwrap_or(f64::from(t)));
+        }
+        let result = tracing::Instrument::instrument(self.chat_traced(request, model), span.clone()).await;
+        match &result {
+            Ok(r) => {
+                span.record("gen_ai.response.model", r.model.as_str());
+                // Integers as OTLP ints (tracing-opentelemetry exports u64 values as strings).
+                let int = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+                span.record("gen_ai.usage.input_tokens", int(r.usage.prompt_tokens));
+                span.record("gen_ai.usage.output_tokens", int(r.usage.completion_tokens));
+                span.record("assay.retries", i64::from(r.usage.retries));
+            }
+            Err(e) => {
+                span.record("error.type", e.to_string().split(':').next().unwrap_or("error"));
+            }
+        }
+        result
+    }
+}
+
+impl OpenAiClient {
+    async fn chat_traced(&self, request: ChatRequest, model: String) -> Result<ChatResponse, LlmError> {
+        let config = &self.inner.config;
         let mut delivery = self.inner.schema.first_form(&request.response_format, config.supports_json_schema);
         debug!(backend = %config.backend_name, model = %model, messages = request.messages.len(), "chat call");
         let started = Instant::now();

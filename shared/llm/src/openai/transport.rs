@@ -175,6 +175,10 @@ impl Transport {
         if let Some(key) = &config.api_key {
             builder = builder.bearer_auth(key);
         }
+        // The model server joins the caller's trace (W3C trace context), when one is recorded.
+        for (name, value) in assay_telemetry::current_trace_headers() {
+            builder = builder.header(name, value);
+        }
         let started = Instant::now();
         let mut samples = self.latency.subscribe();
         let exchange = async {
