@@ -27,6 +27,36 @@ pub async fn run_to_end(channel: Channel, pipeline: gw::run_pipeline_request::Pi
     events
 }
 
+/// The checklist evaluation a `RunCompleted` event carries, if it is one.
+pub fn evaluation(ev: &gw::RunEvent) -> Option<gw::EvaluateResponse> {
+    use gw::run_event::Event;
+    let Some(Event::Completed(c)) = &ev.event else { return None };
+    let gw::run_result::Result::ChecklistEval(e) = c.result.as_ref()?.result.as_ref()? else { return None };
+    Some(e.clone())
+}
+
+/// (index, record id, pass rate) of every record of an evaluation.
+pub fn scores(r: &gw::EvaluateResponse) -> Vec<(u32, String, Option<f64>)> {
+    r.results.iter().map(|x| (x.index, x.record_id.clone(), x.score.as_ref().map(|s| s.pass_rate))).collect()
+}
+
+/// Every event of a run from the start, until it completes.
+pub async fn watch_all(
+    client: &mut gw::gateway_service_client::GatewayServiceClient<Channel>,
+    run_id: &str,
+) -> Vec<gw::RunEvent> {
+    let mut stream = client
+        .watch_run(gw::WatchRunRequest { run_id: run_id.to_string(), after_sequence: 0 })
+        .await
+        .expect("watch")
+        .into_inner();
+    let mut events = Vec::new();
+    while let Some(m) = stream.message().await.expect("watch stream") {
+        events.extend(m.event);
+    }
+    events
+}
+
 /// The mesh plus its scripted backend.
 pub struct MeshSandbox {
     pub llm: ScriptedLlm,

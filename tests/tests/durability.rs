@@ -18,6 +18,7 @@ use assay_proto::gateway::v1 as gw;
 use assay_proto::gateway::v1::gateway_service_client::GatewayServiceClient;
 use assay_proto::gateway::v1::run_event::Event;
 use assay_testkit::{RecordedRequest, Reply, ScriptedLlm};
+use assay_tests::{evaluation, scores, watch_all};
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
@@ -103,34 +104,6 @@ fn model(req: &RecordedRequest) -> Reply {
     let first = if prompt.contains("leaves") { "YES" } else { "NO" };
     Reply::json(json!({"answers": [{"question_index": 1, "answer": first}, {"question_index": 2, "answer": "YES"}]}))
         .delay(Duration::from_millis(15))
-}
-
-fn evaluation(ev: &gw::RunEvent) -> Option<gw::EvaluateResponse> {
-    match &ev.event {
-        Some(Event::Completed(c)) => match c.result.as_ref()?.result.as_ref()? {
-            gw::run_result::Result::ChecklistEval(e) => Some(e.clone()),
-            _ => None,
-        },
-        _ => None,
-    }
-}
-
-fn scores(r: &gw::EvaluateResponse) -> Vec<(u32, String, Option<f64>)> {
-    r.results.iter().map(|x| (x.index, x.record_id.clone(), x.score.as_ref().map(|s| s.pass_rate))).collect()
-}
-
-/// Every event of a run from the start, until it completes.
-async fn watch_all(client: &mut GatewayServiceClient<Channel>, run_id: &str) -> Vec<gw::RunEvent> {
-    let mut stream = client
-        .watch_run(gw::WatchRunRequest { run_id: run_id.to_string(), after_sequence: 0 })
-        .await
-        .expect("watch")
-        .into_inner();
-    let mut events = Vec::new();
-    while let Some(m) = stream.message().await.expect("watch stream") {
-        events.extend(m.event);
-    }
-    events
 }
 
 #[tokio::test(flavor = "multi_thread")]
