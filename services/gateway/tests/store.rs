@@ -45,6 +45,7 @@ async fn contract(store: &RunStore) {
         let kind = if i == 1 { GenerateChecklist } else { ChecklistEval };
         store.create(run(id, 100 + i as i64, Running, kind), request(id)).await.unwrap();
     }
+    assert_eq!(store.count_by_state().await.unwrap(), vec![(Running as i32, 3)], "runs by state");
     // A second create of the same id is refused, the first kept.
     assert!(store.create(run("a", 1, Running, ChecklistEval), request("dup")).await.is_err());
     let a = store.get("a").await.unwrap().unwrap();

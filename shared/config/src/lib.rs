@@ -17,6 +17,11 @@ pub struct AssayConfig {
     pub bind: String,
     pub auth_token: String,
     pub drain_seconds: u64,
+    /// Seconds after which a server closes a client's connection gracefully (GOAWAY: calls in
+    /// flight finish, new ones reconnect), so that load spreads over new pods behind one Service
+    /// name; 0 = connections live on.
+    #[serde(default)]
+    pub max_connection_age_seconds: u64,
     pub ports: Ports,
     pub upstreams: Upstreams,
     pub gateway: GatewayConfig,
@@ -36,6 +41,7 @@ impl std::fmt::Debug for AssayConfig {
             bind,
             auth_token,
             drain_seconds,
+            max_connection_age_seconds,
             ports,
             upstreams,
             gateway,
@@ -49,6 +55,7 @@ impl std::fmt::Debug for AssayConfig {
             .field("bind", bind)
             .field("auth_token", &redacted(auth_token))
             .field("drain_seconds", drain_seconds)
+            .field("max_connection_age_seconds", max_connection_age_seconds)
             .field("ports", ports)
             .field("upstreams", upstreams)
             .field("gateway", gateway)
@@ -371,6 +378,13 @@ fn checked(config: AssayConfig) -> Result<AssayConfig, ConfigError> {
             message: format!("is {lease}; it must be between 1 and 3600 seconds"),
         });
     }
+    let age = config.max_connection_age_seconds;
+    if age > 86_400 {
+        return Err(ConfigError::Key {
+            key: "max_connection_age_seconds",
+            message: format!("is {age}; it must be at most 86400 seconds (0 = no limit)"),
+        });
+    }
     Ok(config)
 }
 
@@ -422,6 +436,13 @@ mod tests {
         let e = load_from("[gateway]\nlease_seconds = 0.5\n").unwrap_err().to_string();
         assert_eq!(e, "configuration error: gateway.lease_seconds: is 0.5; it must be between 1 and 3600 seconds");
         assert!(load_from("[gateway]\nlease_seconds = nan\n").is_err());
+        assert_eq!(AssayConfig::defaults().max_connection_age_seconds, 0);
+        assert_eq!(load_from("max_connection_age_seconds = 120\n").unwrap().max_connection_age_seconds, 120);
+        let e = load_from("max_connection_age_seconds = 100000\n").unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "configuration error: max_connection_age_seconds: is 100000; it must be at most 86400 seconds (0 = no limit)"
+        );
     }
 
     #[test]

@@ -76,6 +76,8 @@ impl ModelHub {
                 e.to_string().trim_start_matches("invalid request: ").to_string(),
             )
         })?;
+        // Measured per backend and phase (assay_llm::metrics).
+        let model: Arc<dyn ChatModel> = Arc::new(assay_llm::metrics::MeteredChat::new(model, &settings.backend, phase));
         Ok(ResolvedChat { model, backend: settings.backend.clone(), settings, cache: cache_policy(spec) })
     }
 
@@ -122,7 +124,16 @@ impl ModelHub {
             cache: cache_policy(spec),
             deadline: None,
         });
-        let reply = model.embed(request).await?;
+        let model_name = request.model.clone().unwrap_or_else(|| model.default_model().to_string());
+        let started = std::time::Instant::now();
+        let reply = model.embed(request).await;
+        assay_llm::metrics::record_call(
+            "embeddings",
+            (&settings.backend, phase, &model_name),
+            started,
+            reply.as_ref().map(|r| &r.usage),
+        );
+        let reply = reply?;
         if reply.vectors.len() != n {
             return Err(StageError::Unavailable(format!(
                 "the embedding backend returned {} vectors for {n} texts",

@@ -283,7 +283,13 @@ async fn fetch_artifact(
     python: &str,
     progress: &(impl Fn(&str) + Send + Sync),
 ) -> Result<(), FetchError> {
-    let tmp = TempDir(dir.join(format!(".fetch-{}-{}", std::process::id(), artifact.files[0].size)));
+    // Unique per call: several processes may fetch into one shared volume at once (init containers
+    // of several pods all run as pid 1), and each must have a scratch directory of its own.
+    let nonce = {
+        use std::hash::{BuildHasher, Hasher};
+        std::collections::hash_map::RandomState::new().build_hasher().finish()
+    };
+    let tmp = TempDir(dir.join(format!(".fetch-{}-{nonce:016x}", std::process::id())));
     let _ = fs::remove_dir_all(&tmp.0);
     fs::create_dir_all(&tmp.0).map_err(io_err(&tmp.0))?;
     let mut wheels = Vec::new();

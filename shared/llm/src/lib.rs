@@ -6,12 +6,14 @@
 //! - [`limiter`]: [`AdaptiveLimit`](limiter::AdaptiveLimit), the adaptive concurrency limit of a backend.
 //! - [`cache`]: [`CachedChat`] / [`CachedEmbed`] wrappers over a [`ResponseCache`] (memory, optional SQLite).
 //! - [`phases`]: per-phase [`ModelSettings`] ([`PhaseModels`]) and the [`Backends`] registry.
+//! - [`metrics`]: model-call metrics per backend and phase ([`metrics::MeteredChat`]).
 //! - [`extract_json`]: pull a JSON value out of model text.
 
 pub mod breaker;
 pub mod cache;
 pub mod json;
 pub mod limiter;
+pub mod metrics;
 pub mod openai;
 pub mod phases;
 pub mod retry;

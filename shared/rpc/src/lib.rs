@@ -6,6 +6,7 @@
 pub mod auth;
 pub mod context;
 pub mod decode_error;
+pub mod metrics;
 pub mod remote;
 pub mod serve;
 pub mod status;

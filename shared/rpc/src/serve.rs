@@ -59,22 +59,26 @@ pub struct ServeOptions {
     pub drain: Duration,
     /// Serve TLS only (and ask for client certificates, per [`ServerTls`]); `None` = plaintext.
     pub tls: Option<ServerTls>,
+    /// Close each connection gracefully once it is this old (GOAWAY: calls in flight finish, the
+    /// client's next calls open a new connection, which may land on another pod); `None` = never.
+    pub max_connection_age: Option<Duration>,
 }
 
 impl Default for ServeOptions {
     fn default() -> Self {
-        Self { auth_token: None, drain: Duration::from_secs(30), tls: None }
+        Self { auth_token: None, drain: Duration::from_secs(30), tls: None, max_connection_age: None }
     }
 }
 
 impl std::fmt::Debug for ServeOptions {
     // By hand: the token must never reach a log line.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let ServeOptions { auth_token, drain, tls } = self;
+        let ServeOptions { auth_token, drain, tls, max_connection_age } = self;
         f.debug_struct("ServeOptions")
             .field("auth_token", &auth_token.as_ref().map(|_| "<redacted>"))
             .field("drain", drain)
             .field("tls", tls)
+            .field("max_connection_age", max_connection_age)
             .finish()
     }
 }
@@ -116,9 +120,14 @@ pub async fn serve(
     if let Some(tls) = &options.tls {
         builder = builder.tls_config(tls.config())?;
     }
+    if let Some(age) = options.max_connection_age {
+        // Graceful: no grace limit, so a long stream (WatchRun) is never cut by its connection's age.
+        builder = builder.max_connection_age(age);
+    }
     let mutual_tls = options.tls.as_ref().is_some_and(ServerTls::requires_client_cert);
     tracing::debug!(addr = ?addr, tls = options.tls.is_some(), mutual_tls, "starting server");
     let server = builder
+        .layer(crate::metrics::MetricsLayer::new())
         .layer(AuthLayer::new(options.auth_token.clone()))
         .layer(crate::decode_error::DecodeErrorLayer)
         .trace_fn(|req: &http::Request<()>| {

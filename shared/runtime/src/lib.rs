@@ -219,6 +219,7 @@ pub fn serve_options(config: &AssayConfig) -> Result<ServeOptions, String> {
         auth_token: auth_token(config),
         drain: Duration::from_secs(config.drain_seconds),
         tls: server_tls(config)?,
+        max_connection_age: Some(Duration::from_secs(config.max_connection_age_seconds)).filter(|age| !age.is_zero()),
     })
 }
 

@@ -1,5 +1,10 @@
-//! One tracing init per binary: lowercase structured logs to stderr, OTLP trace export only when
-//! `OTEL_EXPORTER_OTLP_ENDPOINT` is set, and W3C trace-context propagation helpers for every hop.
+//! One tracing init per binary: lowercase structured logs to stderr, OTLP trace and metric export
+//! only when `OTEL_EXPORTER_OTLP_ENDPOINT` is set, and W3C trace-context propagation helpers for
+//! every hop.
+//!
+//! Metrics go through the global meter ([`meter`]): without an endpoint it is a no-op, so the
+//! instruments in the services cost next to nothing when nobody collects them. The export interval
+//! is `OTEL_METRIC_EXPORT_INTERVAL` (milliseconds, default 60000), as the OpenTelemetry SDKs read it.
 
 use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
 use opentelemetry::trace::TracerProvider as _;
@@ -9,16 +14,20 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
 
-/// Keeps the exporter alive; flushes spans on drop.
+/// Keeps the exporters alive; flushes spans and metrics on drop.
 pub struct TelemetryGuard {
     provider: Option<opentelemetry_sdk::trace::SdkTracerProvider>,
+    meters: Option<opentelemetry_sdk::metrics::SdkMeterProvider>,
 }
 
 impl TelemetryGuard {
-    /// Export every finished span now.
+    /// Export every finished span and the current value of every metric now.
     pub fn flush(&self) {
         if let Some(p) = &self.provider {
             let _ = p.force_flush();
+        }
+        if let Some(m) = &self.meters {
+            let _ = m.force_flush();
         }
     }
 }
@@ -28,8 +37,20 @@ impl Drop for TelemetryGuard {
         if let Some(p) = self.provider.take() {
             let _ = p.shutdown();
         }
+        if let Some(m) = self.meters.take() {
+            let _ = m.shutdown();
+        }
     }
 }
+
+/// The meter every Assay instrument is created from (a no-op until [`init`] found an endpoint).
+pub fn meter() -> opentelemetry::metrics::Meter {
+    opentelemetry::global::meter("assay")
+}
+
+/// Histogram bucket boundaries, in seconds, for call durations (1 ms to 5 min).
+pub const DURATION_BUCKETS: &[f64] =
+    &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0];
 
 /// Initialise logging (and OTLP export when configured). `RUST_LOG` filters (default `info`),
 /// `ASSAY_LOG_FORMAT=json` switches to JSON lines. Safe to call more than once (later calls no-op).
@@ -57,8 +78,32 @@ pub fn init_with(service_name: &str, endpoint: Option<&str>) -> TelemetryGuard {
         }
         None => (None, None),
     };
+    let meters = endpoint.and_then(|e| build_meter_provider(service_name, e));
+    if let Some(m) = &meters {
+        opentelemetry::global::set_meter_provider(m.clone());
+    }
     let _ = tracing_subscriber::registry().with(filter).with(fmt).with(otel).try_init();
-    TelemetryGuard { provider }
+    TelemetryGuard { provider, meters }
+}
+
+fn resource(service_name: &str) -> opentelemetry_sdk::Resource {
+    opentelemetry_sdk::Resource::builder().with_service_name(service_name.to_string()).build()
+}
+
+fn build_meter_provider(service_name: &str, endpoint: &str) -> Option<opentelemetry_sdk::metrics::SdkMeterProvider> {
+    use opentelemetry_otlp::WithExportConfig;
+    match opentelemetry_otlp::MetricExporter::builder().with_tonic().with_endpoint(endpoint).build() {
+        Ok(exporter) => Some(
+            opentelemetry_sdk::metrics::SdkMeterProvider::builder()
+                .with_periodic_exporter(exporter)
+                .with_resource(resource(service_name))
+                .build(),
+        ),
+        Err(e) => {
+            eprintln!("otlp metric exporter could not be built, metric export disabled: {e}");
+            None
+        }
+    }
 }
 
 fn build_provider(service_name: &str, endpoint: &str) -> Option<opentelemetry_sdk::trace::SdkTracerProvider> {
@@ -68,9 +113,7 @@ fn build_provider(service_name: &str, endpoint: &str) -> Option<opentelemetry_sd
         Ok(exporter) => Some(
             opentelemetry_sdk::trace::SdkTracerProvider::builder()
                 .with_batch_exporter(exporter)
-                .with_resource(
-                    opentelemetry_sdk::Resource::builder().with_service_name(service_name.to_string()).build(),
-                )
+                .with_resource(resource(service_name))
                 .build(),
         ),
         Err(e) => {

@@ -43,6 +43,15 @@ fn free_port() -> Result<u16, String> {
 impl TempPostgres {
     /// Start a server; an error says why it cannot (no PostgreSQL installed, initdb failed, ...).
     pub fn start() -> Result<TempPostgres, String> {
+        Self::start_inner(None)
+    }
+
+    /// Start a server that offers TLS with this certificate and key (PEM), besides plaintext.
+    pub fn start_with_tls(cert_pem: &str, key_pem: &str) -> Result<TempPostgres, String> {
+        Self::start_inner(Some((cert_pem, key_pem)))
+    }
+
+    fn start_inner(tls: Option<(&str, &str)>) -> Result<TempPostgres, String> {
         static N: AtomicU32 = AtomicU32::new(0);
         let bin = bindir().ok_or("no PostgreSQL server binaries (install the Debian package `postgresql`)")?;
         let is_root = Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.starts_with(b"0\n"));
@@ -63,11 +72,25 @@ impl TempPostgres {
         }
         let data = pg.dir.join("data");
         pg.run("initdb", &["-D", path(&data), "-U", "assay", "-A", "trust", "-E", "UTF8", "--no-sync"])?;
+        let mut ssl = String::new();
+        if let Some((cert, key)) = tls {
+            // The server reads them as its own user; the key must not be readable by others.
+            let (cert_file, key_file) = (pg.dir.join("server.crt"), pg.dir.join("server.key"));
+            for (file, pem) in [(&cert_file, cert), (&key_file, key)] {
+                std::fs::write(file, pem).map_err(|e| format!("{}: {e}", file.display()))?;
+                std::fs::set_permissions(file, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+                    .map_err(|e| format!("{}: {e}", file.display()))?;
+                if let Some(user) = &pg.run_as {
+                    Command::new("chown").arg(user).arg(file).status().map_err(|e| e.to_string())?;
+                }
+            }
+            ssl = format!(" -c ssl=on -c ssl_cert_file={} -c ssl_key_file={}", path(&cert_file), path(&key_file));
+        }
         let mut last = String::new();
         for _ in 0..3 {
             pg.port = free_port()?;
             let opts = format!(
-                "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off",
+                "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off{ssl}",
                 pg.port,
                 path(&pg.dir)
             );

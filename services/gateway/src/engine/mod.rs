@@ -5,6 +5,7 @@
 //! [`Pipeline`] (see `crate::pipelines`).
 
 mod ctx;
+mod metrics;
 pub mod store;
 mod stream;
 
@@ -132,12 +133,14 @@ impl Drop for ActiveSlot {
 
 impl Engine {
     pub fn new(store: RunStore, factory: Arc<dyn PipelineFactory>) -> Self {
+        let active = Arc::default();
+        metrics::observe(&store, &active);
         Self {
             store,
             factory,
             live: Arc::default(),
             halt: Arc::new(watch::channel(false).0),
-            active: Arc::default(),
+            active,
             max_active: usize::MAX,
         }
     }

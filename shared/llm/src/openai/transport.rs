@@ -33,12 +33,10 @@ impl Transport {
             .connect_timeout(config.connect_timeout)
             .build()
             .map_err(|e| LlmError::Unsupported(format!("http client: {}", error_chain(&e))))?;
-        Ok(Self {
-            http,
-            limit: AdaptiveLimit::new(config.backend_name.clone(), config.limit_settings()),
-            breaker: Arc::new(CircuitBreaker::new(config.breaker_failures, config.breaker_cooldown)),
-            latency: LatencyBook::default(),
-        })
+        let limit = AdaptiveLimit::new(config.backend_name.clone(), config.limit_settings());
+        let breaker = Arc::new(CircuitBreaker::new(config.breaker_failures, config.breaker_cooldown));
+        crate::metrics::observe_backend(&config.backend_name, &limit, &breaker);
+        Ok(Self { http, limit, breaker, latency: LatencyBook::default() })
     }
 
     /// The concurrency limit (current value, in flight).
@@ -120,6 +118,7 @@ impl Transport {
                     if failure.kind == AttemptKind::Malformed {
                         malformed_retried = true;
                     }
+                    crate::metrics::retried(&config.backend_name, retry_reason(&failure));
                     tokio::time::sleep(wait).await;
                     retries += 1;
                 }
@@ -253,4 +252,18 @@ fn load_signal<T>(reply: &Result<T, AttemptError>, elapsed: std::time::Duration)
 fn redact(body: &[u8], secret: &str) -> Vec<u8> {
     let text = String::from_utf8_lossy(body);
     if text.contains(secret) { text.replace(secret, "<redacted>").into_bytes() } else { body.to_vec() }
+}
+
+/// Why an attempt is retried, for the `assay.llm.retries` metric.
+fn retry_reason(failure: &AttemptError) -> &'static str {
+    match (failure.kind, failure.status) {
+        (AttemptKind::Malformed, _) => "malformed_reply",
+        (_, Some(429)) => "rate_limited",
+        (_, Some(s)) if s >= 500 => "server_error",
+        (_, Some(_)) => "other_status",
+        (_, None) => {
+            let timed_out = matches!(&failure.error, LlmError::Unavailable(m) if m.starts_with("timed out"));
+            if timed_out { "timeout" } else { "transport" }
+        }
+    }
 }

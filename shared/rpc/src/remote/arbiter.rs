@@ -8,17 +8,18 @@ use tonic::codegen::InterceptedService;
 use tonic::transport::Channel;
 
 use crate::auth::BearerInterceptor;
+use crate::remote::ResendUnsent;
 use crate::{from_status, outgoing};
 
 /// The arbiter, reached over gRPC.
 #[derive(Clone)]
 pub struct RemoteArbiter {
-    client: ArbiterServiceClient<InterceptedService<Channel, BearerInterceptor>>,
+    client: ArbiterServiceClient<InterceptedService<ResendUnsent<Channel>, BearerInterceptor>>,
 }
 
 impl RemoteArbiter {
     pub fn new(channel: Channel, token: Option<&str>) -> Self {
-        let client = ArbiterServiceClient::with_interceptor(channel, BearerInterceptor::new(token))
+        let client = ArbiterServiceClient::with_interceptor(ResendUnsent::new(channel), BearerInterceptor::new(token))
             .max_decoding_message_size(assay_domain::limits::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(assay_domain::limits::MAX_MESSAGE_BYTES);
         Self { client }

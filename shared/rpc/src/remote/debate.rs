@@ -13,6 +13,7 @@ use tonic::codegen::InterceptedService;
 use tonic::transport::Channel;
 
 use crate::auth::BearerInterceptor;
+use crate::remote::ResendUnsent;
 use crate::{from_status, outgoing};
 
 /// Field paths of a RunDebateStream error, back to the request's (`request.x` -> `x`).
@@ -26,12 +27,12 @@ fn from_stream(e: StageError) -> StageError {
 /// The debate service, reached over gRPC.
 #[derive(Clone)]
 pub struct RemoteDebate {
-    client: DebateServiceClient<InterceptedService<Channel, BearerInterceptor>>,
+    client: DebateServiceClient<InterceptedService<ResendUnsent<Channel>, BearerInterceptor>>,
 }
 
 impl RemoteDebate {
     pub fn new(channel: Channel, token: Option<&str>) -> Self {
-        let client = DebateServiceClient::with_interceptor(channel, BearerInterceptor::new(token))
+        let client = DebateServiceClient::with_interceptor(ResendUnsent::new(channel), BearerInterceptor::new(token))
             .max_decoding_message_size(assay_domain::limits::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(assay_domain::limits::MAX_MESSAGE_BYTES);
         Self { client }

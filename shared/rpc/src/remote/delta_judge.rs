@@ -8,19 +8,21 @@ use tonic::codegen::InterceptedService;
 use tonic::transport::Channel;
 
 use crate::auth::BearerInterceptor;
+use crate::remote::ResendUnsent;
 use crate::{from_status, outgoing};
 
 /// The delta judge, reached over gRPC.
 #[derive(Clone)]
 pub struct RemoteDeltaJudge {
-    client: DeltaJudgeServiceClient<InterceptedService<Channel, BearerInterceptor>>,
+    client: DeltaJudgeServiceClient<InterceptedService<ResendUnsent<Channel>, BearerInterceptor>>,
 }
 
 impl RemoteDeltaJudge {
     pub fn new(channel: Channel, token: Option<&str>) -> Self {
-        let client = DeltaJudgeServiceClient::with_interceptor(channel, BearerInterceptor::new(token))
-            .max_decoding_message_size(assay_domain::limits::MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(assay_domain::limits::MAX_MESSAGE_BYTES);
+        let client =
+            DeltaJudgeServiceClient::with_interceptor(ResendUnsent::new(channel), BearerInterceptor::new(token))
+                .max_decoding_message_size(assay_domain::limits::MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(assay_domain::limits::MAX_MESSAGE_BYTES);
         Self { client }
     }
 }

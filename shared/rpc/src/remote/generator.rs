@@ -12,6 +12,7 @@ use tonic::codegen::InterceptedService;
 use tonic::transport::Channel;
 
 use crate::auth::BearerInterceptor;
+use crate::remote::ResendUnsent;
 use crate::{from_status, outgoing};
 
 /// Field paths of a GenerateCorpusStream error, back to the domain request's (`request.x` -> `x`).
@@ -25,15 +26,16 @@ fn from_stream(e: StageError) -> StageError {
 /// The generator stage over gRPC (deadline and trace context forwarded, bearer token attached).
 #[derive(Clone)]
 pub struct RemoteGenerator {
-    client: GeneratorServiceClient<InterceptedService<Channel, BearerInterceptor>>,
+    client: GeneratorServiceClient<InterceptedService<ResendUnsent<Channel>, BearerInterceptor>>,
 }
 
 impl RemoteGenerator {
     /// A client on `channel` (see [`super::channel`]).
     pub fn new(channel: Channel, token: Option<&str>) -> Self {
-        let client = GeneratorServiceClient::with_interceptor(channel, BearerInterceptor::new(token))
-            .max_decoding_message_size(assay_domain::limits::MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(assay_domain::limits::MAX_MESSAGE_BYTES);
+        let client =
+            GeneratorServiceClient::with_interceptor(ResendUnsent::new(channel), BearerInterceptor::new(token))
+                .max_decoding_message_size(assay_domain::limits::MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(assay_domain::limits::MAX_MESSAGE_BYTES);
         Self { client }
     }
 }

@@ -6,6 +6,7 @@ mod debate;
 mod delta_judge;
 mod generator;
 mod refiners;
+mod resend;
 mod scorer;
 
 use std::time::Duration;
@@ -20,6 +21,7 @@ pub use debate::RemoteDebate;
 pub use delta_judge::RemoteDeltaJudge;
 pub use generator::RemoteGenerator;
 pub use refiners::RemoteRefiners;
+pub use resend::{MAX_SENDS, ResendUnsent, never_sent};
 pub use scorer::RemoteScorer;
 
 /// A channel to a stage, connected lazily (the stage may start after the gateway): plaintext, or

@@ -11,6 +11,7 @@ use tonic::codegen::InterceptedService;
 use tonic::transport::Channel;
 
 use crate::auth::BearerInterceptor;
+use crate::remote::ResendUnsent;
 use crate::{from_status, outgoing};
 
 /// Field paths of a RefineChecklistStream error, back to the chain's (`request.x` -> `x`).
@@ -25,13 +26,13 @@ fn from_stream(e: StageError) -> StageError {
 /// completes).
 #[derive(Clone)]
 pub struct RemoteRefiners {
-    client: RefinersServiceClient<InterceptedService<Channel, BearerInterceptor>>,
+    client: RefinersServiceClient<InterceptedService<ResendUnsent<Channel>, BearerInterceptor>>,
 }
 
 impl RemoteRefiners {
     /// A client on `channel` (see [`super::channel`]).
     pub fn new(channel: Channel, token: Option<&str>) -> Self {
-        let client = RefinersServiceClient::with_interceptor(channel, BearerInterceptor::new(token))
+        let client = RefinersServiceClient::with_interceptor(ResendUnsent::new(channel), BearerInterceptor::new(token))
             .max_decoding_message_size(assay_domain::limits::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(assay_domain::limits::MAX_MESSAGE_BYTES);
         Self { client }

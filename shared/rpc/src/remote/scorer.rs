@@ -11,6 +11,7 @@ use tonic::codegen::InterceptedService;
 use tonic::transport::Channel;
 
 use crate::auth::BearerInterceptor;
+use crate::remote::ResendUnsent;
 use crate::{from_status, outgoing};
 
 /// Field paths of a JudgeSectionsStream error, back to the request's (`request.x` -> `x`).
@@ -24,12 +25,12 @@ fn from_stream(e: StageError) -> StageError {
 /// The scorer, reached over gRPC.
 #[derive(Clone)]
 pub struct RemoteScorer {
-    client: ScorerServiceClient<InterceptedService<Channel, BearerInterceptor>>,
+    client: ScorerServiceClient<InterceptedService<ResendUnsent<Channel>, BearerInterceptor>>,
 }
 
 impl RemoteScorer {
     pub fn new(channel: Channel, token: Option<&str>) -> Self {
-        let client = ScorerServiceClient::with_interceptor(channel, BearerInterceptor::new(token))
+        let client = ScorerServiceClient::with_interceptor(ResendUnsent::new(channel), BearerInterceptor::new(token))
             .max_decoding_message_size(assay_domain::limits::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(assay_domain::limits::MAX_MESSAGE_BYTES);
         Self { client }

@@ -9,6 +9,7 @@
 //!   checkpoints is fenced by that lease, so a gateway that lost a run can no longer change it.
 //!   Another gateway takes over a run whose lease expired and resumes it from its checkpoints.
 
+mod pg_tls;
 mod postgres;
 mod sqlite;
 
@@ -81,6 +82,8 @@ pub trait RunStorage: Send + Sync {
     async fn remove_control(&self, id: i64) -> Result<(), StageError>;
     /// Whether a posted control is still waiting.
     async fn control_pending(&self, id: i64) -> Result<bool, StageError>;
+    /// How many runs the store holds in each state (`RunState` numbers; states with none left out).
+    async fn count_by_state(&self) -> Result<Vec<(i32, i64)>, StageError>;
 }
 
 /// The engine's handle on its store. Cheap to clone.
@@ -114,6 +117,11 @@ impl RunStore {
 
     pub fn from_storage(storage: Arc<dyn RunStorage>) -> RunStore {
         RunStore(storage)
+    }
+
+    /// A handle that does not keep the store open.
+    pub(crate) fn downgrade(&self) -> std::sync::Weak<dyn RunStorage> {
+        Arc::downgrade(&self.0)
     }
 }
 

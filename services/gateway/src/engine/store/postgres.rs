@@ -81,9 +81,15 @@ impl PostgresStore {
     /// together apply each migration once).
     pub async fn connect(url: &str, owner: String, lease: Duration) -> Result<PostgresStore, StageError> {
         let shown = redact_url(url);
+        let invalid = |e: String| StageError::invalid("gateway.store", format!("{shown}: {e}"));
+        let (pg_url, tls) = super::pg_tls::split(url).map_err(invalid)?;
         let config: tokio_postgres::Config =
-            url.parse().map_err(|e| StageError::invalid("gateway.store", format!("{shown}: {e}")))?;
-        let manager = Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+            pg_url.parse().map_err(|e: tokio_postgres::Error| invalid(e.to_string()))?;
+        let manager_config = ManagerConfig { recycling_method: RecyclingMethod::Fast };
+        let manager = match super::pg_tls::connector(&tls).map_err(invalid)? {
+            Some(connector) => Manager::from_config(config, connector, manager_config),
+            None => Manager::from_config(config, NoTls, manager_config),
+        };
         let pool = Pool::builder(manager)
             .max_size(16)
             .runtime(Runtime::Tokio1)
@@ -101,7 +107,20 @@ impl PostgresStore {
             };
             return Err(StageError::Unavailable(format!("{why} ({})", store.url)));
         }
+        let encrypted = store.encrypted().await?;
+        tracing::info!(store = %store.url, tls = encrypted, "run store connected");
         Ok(store)
+    }
+
+    /// Whether this gateway's connections to the database are encrypted (TLS).
+    pub async fn encrypted(&self) -> Result<bool, StageError> {
+        let row = self
+            .client()
+            .await?
+            .query_opt("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()", &[])
+            .await
+            .map_err(db_err)?;
+        Ok(row.is_some_and(|r| r.get::<_, bool>(0)))
     }
 
     async fn migrate(&self) -> Result<(), StageError> {
@@ -380,5 +399,15 @@ impl RunStorage for PostgresStore {
         let row =
             self.client().await?.query_opt("SELECT 1 FROM controls WHERE id = $1", &[&id]).await.map_err(db_err)?;
         Ok(row.is_some())
+    }
+
+    async fn count_by_state(&self) -> Result<Vec<(i32, i64)>, StageError> {
+        let rows = self
+            .client()
+            .await?
+            .query("SELECT state, COUNT(*) FROM runs GROUP BY state ORDER BY state", &[])
+            .await
+            .map_err(db_err)?;
+        Ok(rows.iter().map(|r| (r.get::<_, i32>(0), r.get::<_, i64>(1))).collect())
     }
 }

@@ -270,6 +270,16 @@ impl RunStorage for SqliteStore {
     async fn control_pending(&self, _id: i64) -> Result<bool, StageError> {
         Ok(false)
     }
+
+    async fn count_by_state(&self) -> Result<Vec<(i32, i64)>, StageError> {
+        self.with(|c| {
+            let mut stmt =
+                c.prepare("SELECT state, COUNT(*) FROM runs GROUP BY state ORDER BY state").map_err(db_err)?;
+            let rows = stmt.query_map([], |r| Ok((r.get::<_, i32>(0)?, r.get::<_, i64>(1)?))).map_err(db_err)?;
+            rows.map(|r| r.map_err(db_err)).collect()
+        })
+        .await
+    }
 }
 
 impl SqliteStore {

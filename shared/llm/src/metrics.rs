@@ -1,0 +1,215 @@
+//! Model-call metrics over the global OpenTelemetry meter ([`assay_telemetry::meter`]), per
+//! backend and phase:
+//!
+//! - `gen_ai.client.operation.duration` (s) and `gen_ai.client.token.usage` ({token}, by
+//!   `gen_ai.token.type`): the OpenTelemetry GenAI client metrics, for calls that reached a
+//!   backend;
+//! - `assay.llm.calls` ({call}, by `assay.outcome`: `ok`, `cache_hit`, `error`), and
+//!   `assay.llm.cache.hits`;
+//! - `assay.llm.retries` ({retry}): retried attempts, counted where they happen;
+//! - `assay.llm.breaker.state` (0 closed, 1 half-open, 2 open), `assay.llm.concurrency.limit` and
+//!   `assay.llm.concurrency.in_flight`: observed per OpenAI-compatible backend at each export.
+//!
+//! Instruments are made on first use: the meter provider must be installed before the first
+//! model call (each binary initialises telemetry first).
+
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::Instant;
+
+use opentelemetry::KeyValue;
+use opentelemetry::metrics::{Counter, Histogram};
+
+use crate::breaker::{BreakerState, CircuitBreaker};
+use crate::limiter::AdaptiveLimit;
+use crate::types::{ChatModel, ChatRequest, ChatResponse, LlmError};
+
+struct Instruments {
+    duration: Histogram<f64>,
+    tokens: Histogram<u64>,
+    calls: Counter<u64>,
+    cache_hits: Counter<u64>,
+    retries: Counter<u64>,
+}
+
+fn instruments() -> &'static Instruments {
+    static INSTRUMENTS: OnceLock<Instruments> = OnceLock::new();
+    INSTRUMENTS.get_or_init(|| {
+        let meter = assay_telemetry::meter();
+        Instruments {
+            duration: meter
+                .f64_histogram("gen_ai.client.operation.duration")
+                .with_unit("s")
+                .with_description("Duration of model calls that reached a backend")
+                .with_boundaries(assay_telemetry::DURATION_BUCKETS.to_vec())
+                .build(),
+            tokens: meter
+                .u64_histogram("gen_ai.client.token.usage")
+                .with_unit("{token}")
+                .with_description("Tokens per model call, by gen_ai.token.type (input, output)")
+                .with_boundaries(vec![
+                    1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0,
+                ])
+                .build(),
+            calls: meter
+                .u64_counter("assay.llm.calls")
+                .with_unit("{call}")
+                .with_description("Model calls by outcome (ok, cache_hit, error)")
+                .build(),
+            cache_hits: meter
+                .u64_counter("assay.llm.cache.hits")
+                .with_unit("{call}")
+                .with_description("Model calls answered from the response cache")
+                .build(),
+            retries: meter
+                .u64_counter("assay.llm.retries")
+                .with_unit("{retry}")
+                .with_description("Model call attempts retried after a transient failure")
+                .build(),
+        }
+    })
+}
+
+/// A retried attempt on `backend` (`reason`: `rate_limited`, `server_error`, `timeout`, ...).
+pub fn retried(backend: &str, reason: &'static str) {
+    instruments()
+        .retries
+        .add(1, &[KeyValue::new("assay.backend", backend.to_string()), KeyValue::new("assay.retry.reason", reason)]);
+}
+
+/// The attributes every model-call measurement carries.
+fn attributes(operation: &'static str, backend: &str, phase: &str, model: &str) -> Vec<KeyValue> {
+    vec![
+        KeyValue::new("gen_ai.operation.name", operation),
+        KeyValue::new("gen_ai.request.model", model.to_string()),
+        KeyValue::new("assay.backend", backend.to_string()),
+        KeyValue::new("assay.phase", phase.to_string()),
+    ]
+}
+
+/// Record one finished model call (`operation`: `chat` or `embeddings`). A reply with cache hits
+/// and no backend call counts as a cache hit, not in the duration and token histograms.
+pub fn record_call(
+    operation: &'static str,
+    (backend, phase, model): (&str, &str, &str),
+    started: Instant,
+    outcome: Result<&crate::types::Usage, &LlmError>,
+) {
+    let m = instruments();
+    let mut attrs = attributes(operation, backend, phase, model);
+    match outcome {
+        Ok(usage) if usage.calls == 0 && usage.cache_hits > 0 => {
+            m.cache_hits.add(u64::from(usage.cache_hits), &attrs);
+            attrs.push(KeyValue::new("assay.outcome", "cache_hit"));
+            m.calls.add(1, &attrs);
+        }
+        Ok(usage) => {
+            m.duration.record(started.elapsed().as_secs_f64(), &attrs);
+            for (kind, n) in [("input", usage.prompt_tokens), ("output", usage.completion_tokens)] {
+                let mut a = attrs.clone();
+                a.push(KeyValue::new("gen_ai.token.type", kind));
+                m.tokens.record(n, &a);
+            }
+            attrs.push(KeyValue::new("assay.outcome", "ok"));
+            m.calls.add(1, &attrs);
+        }
+        Err(e) => {
+            attrs.push(KeyValue::new("error.type", error_type(e)));
+            m.duration.record(started.elapsed().as_secs_f64(), &attrs);
+            attrs.push(KeyValue::new("assay.outcome", "error"));
+            m.calls.add(1, &attrs);
+        }
+    }
+}
+
+fn error_type(e: &LlmError) -> &'static str {
+    match e {
+        LlmError::InvalidRequest(_) => "invalid_request",
+        LlmError::Unauthorized(_) => "unauthorized",
+        LlmError::RateLimited(_) => "rate_limited",
+        LlmError::Unavailable(_) => "unavailable",
+        LlmError::DeadlineExceeded => "deadline_exceeded",
+        LlmError::MalformedReply(_) => "malformed_reply",
+        LlmError::Unsupported(_) => "unsupported",
+    }
+}
+
+/// A chat backend whose calls are measured under one phase.
+pub struct MeteredChat {
+    inner: Arc<dyn ChatModel>,
+    backend: String,
+    phase: String,
+}
+
+impl MeteredChat {
+    /// `inner`, registered as `backend`, measured as phase `phase`.
+    pub fn new(inner: Arc<dyn ChatModel>, backend: &str, phase: &str) -> MeteredChat {
+        MeteredChat { inner, backend: backend.to_string(), phase: phase.to_string() }
+    }
+}
+
+#[async_trait::async_trait]
+impl ChatModel for MeteredChat {
+    fn backend(&self) -> &str {
+        self.inner.backend()
+    }
+
+    fn default_model(&self) -> &str {
+        self.inner.default_model()
+    }
+
+    fn supports_logprobs(&self) -> bool {
+        self.inner.supports_logprobs()
+    }
+
+    async fn chat(&self, request: ChatRequest) -> Result<ChatResponse, LlmError> {
+        let model = request.model.clone().filter(|m| !m.is_empty());
+        let model = model.as_deref().unwrap_or_else(|| self.inner.default_model()).to_string();
+        let started = Instant::now();
+        let reply = self.inner.chat(request).await;
+        record_call("chat", (&self.backend, &self.phase, &model), started, reply.as_ref().map(|r| &r.usage));
+        reply
+    }
+}
+
+/// Observe `limit` and `breaker` of backend `backend` at every export, while they live.
+pub(crate) fn observe_backend(backend: &str, limit: &Arc<AdaptiveLimit>, breaker: &Arc<CircuitBreaker>) {
+    let meter = assay_telemetry::meter();
+    let attrs = [KeyValue::new("assay.backend", backend.to_string())];
+    let (l, a) = (Arc::downgrade(limit), attrs.clone());
+    let _limit = meter
+        .u64_observable_gauge("assay.llm.concurrency.limit")
+        .with_unit("{call}")
+        .with_description("Current adaptive concurrency limit of a backend")
+        .with_callback(move |o| {
+            if let Some(l) = Weak::upgrade(&l) {
+                o.observe(l.limit() as u64, &a);
+            }
+        })
+        .build();
+    let (l, a) = (Arc::downgrade(limit), attrs.clone());
+    let _in_flight = meter
+        .u64_observable_gauge("assay.llm.concurrency.in_flight")
+        .with_unit("{call}")
+        .with_description("Model calls in flight on a backend")
+        .with_callback(move |o| {
+            if let Some(l) = Weak::upgrade(&l) {
+                o.observe(l.in_flight() as u64, &a);
+            }
+        })
+        .build();
+    let (b, a) = (Arc::downgrade(breaker), attrs);
+    let _breaker = meter
+        .i64_observable_gauge("assay.llm.breaker.state")
+        .with_description("Circuit breaker of a backend: 0 closed, 1 half-open, 2 open")
+        .with_callback(move |o| {
+            if let Some(b) = Weak::upgrade(&b) {
+                let v = match b.state() {
+                    BreakerState::Closed => 0,
+                    BreakerState::HalfOpen => 1,
+                    BreakerState::Open => 2,
+                };
+                o.observe(v, &a);
+            }
+        })
+        .build();
+}
