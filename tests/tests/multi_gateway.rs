@@ -216,6 +216,13 @@ async fn two_gateways_on_one_postgres_store_survive_the_loss_of_either() {
     assert_eq!(paused.into_inner().run.unwrap().state, gw::RunState::Paused as i32, "paused through B");
     let on_a = client_a.get_run(gw::GetRunRequest { run_id: run_id.clone() }).await.unwrap().into_inner();
     assert_eq!(on_a.run.unwrap().state, gw::RunState::Paused as i32, "A executes the pause");
+    // A control A refuses is refused through B too, with A's reason.
+    let refused = client_b
+        .control_run(control(gw::control_run_request::Action::Accept(gw::AcceptRun {})))
+        .await
+        .expect_err("accept does not apply to a checklist_eval run");
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused:?}");
+    assert!(refused.message().contains("targeted refinement runs only"), "A's reason: {}", refused.message());
     client_b.control_run(control(gw::control_run_request::Action::Resume(gw::ResumeRun {}))).await.unwrap();
     let events = watch_all(&mut client_b, &run_id).await;
     check(&events, &clean, "controlled through B, watched through B");

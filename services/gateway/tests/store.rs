@@ -186,10 +186,18 @@ async fn postgres_leases_fence_writes_and_orphans_are_taken_over() {
         .unwrap();
     let posted = a2.posted_controls(&["r1".into(), "other".into()]).await.unwrap();
     assert_eq!(posted.iter().map(|p| (p.id, p.request.actor.as_str())).collect::<Vec<_>>(), [(id1, "x"), (id2, "y")]);
-    assert!(b.control_pending(id1).await.unwrap());
+    use assay_gateway::engine::store::{ControlOutcome, ControlRefusal};
+    assert_eq!(b.control_outcome(id1).await.unwrap(), ControlOutcome::Pending);
     a2.remove_control(id1).await.unwrap();
-    assert!(!b.control_pending(id1).await.unwrap());
+    assert_eq!(b.control_outcome(id1).await.unwrap(), ControlOutcome::Taken, "taken: its row is gone");
     assert!(a2.posted_controls(&[]).await.unwrap().is_empty());
+    // A refused control stays, with the refusal, for its poster; the owner does not see it again.
+    let refusal = ControlRefusal { code: 9, message: "not while awaiting a human".into(), details: vec![1, 2, 3] };
+    a2.refuse_control(id2, refusal.clone()).await.unwrap();
+    assert!(a2.posted_controls(&["r1".into()]).await.unwrap().is_empty(), "a refused control is not taken again");
+    assert_eq!(b.control_outcome(id2).await.unwrap(), ControlOutcome::Refused(refusal));
+    b.remove_control(id2).await.unwrap();
+    assert_eq!(b.control_outcome(id2).await.unwrap(), ControlOutcome::Taken);
 }
 
 #[tokio::test]

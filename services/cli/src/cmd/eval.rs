@@ -110,7 +110,12 @@ async fn stream(
     let mut failed = 0u64;
     let mut run_id = String::new();
     let mut completed = None;
-    while let Some(msg) = events.message().await.map_err(|s| status_text(&s))? {
+    loop {
+        let msg = match events.message().await {
+            Ok(Some(msg)) => msg,
+            Ok(None) => break,
+            Err(s) => return Err(interrupted(&s, &run_id)),
+        };
         let Some(ev) = msg.event else { continue };
         run_id.clone_from(&ev.run_id);
         match ev.event {
@@ -178,4 +183,33 @@ async fn stream(
         );
     }
     Ok(if failed == 0 { Outcome::Complete } else { Outcome::Partial })
+}
+
+/// A run's event stream that broke off: the status, and, once the run is known, that it goes on
+/// in the gateway and how to follow it (the run belongs to the gateway, not to this stream).
+fn interrupted(s: &tonic::Status, run_id: &str) -> String {
+    let transport = std::error::Error::source(s).is_some();
+    let text =
+        if transport { format!("lost the connection to the gateway: {}", status_text(s)) } else { status_text(s) };
+    if run_id.is_empty() {
+        return text;
+    }
+    format!(
+        "{text}\nrun {run_id} is stored in the gateway and goes on there (or resumes when the gateway restarts): \
+         `assay runs watch {run_id}` follows it, `assay runs show {run_id}` shows it"
+    )
+}
+
+#[cfg(test)]
+mod interrupted_tests {
+    use super::interrupted;
+
+    #[test]
+    fn a_broken_stream_says_how_to_follow_the_run() {
+        let s = tonic::Status::unavailable("connection reset");
+        assert_eq!(interrupted(&s, ""), "Unavailable: connection reset", "before the run is known: the status");
+        let text = interrupted(&s, "01run");
+        assert!(text.starts_with("Unavailable: connection reset\nrun 01run is stored in the gateway"), "{text}");
+        assert!(text.contains("`assay runs watch 01run`"), "{text}");
+    }
 }

@@ -421,7 +421,18 @@ impl Engine {
         let run_id = req.run_id.clone();
         let id = self.store.post_control(req).await?;
         let deadline = tokio::time::Instant::now() + CONTROL_WAIT;
-        while self.store.control_pending(id).await? {
+        loop {
+            match self.store.control_outcome(id).await? {
+                store::ControlOutcome::Taken => return self.get(&run_id).await,
+                // The executing gateway's answer, as it would have given it.
+                store::ControlOutcome::Refused(r) => {
+                    self.store.remove_control(id).await?;
+                    let status =
+                        tonic::Status::with_details(tonic::Code::from_i32(r.code), r.message, r.details.into());
+                    return Err(assay_rpc::from_status(status));
+                }
+                store::ControlOutcome::Pending => {}
+            }
             if tokio::time::Instant::now() >= deadline {
                 self.store.remove_control(id).await?;
                 return Err(StageError::Unavailable(format!(
@@ -430,7 +441,6 @@ impl Engine {
             }
             tokio::time::sleep(CONTROL_POLL / 2).await;
         }
-        self.get(&run_id).await
     }
 
     /// On a shared store, keep this gateway's runs and take over orphaned ones, until halted:
@@ -455,11 +465,22 @@ impl Engine {
             match self.store.posted_controls(&ids).await {
                 Ok(posted) => {
                     for p in posted {
-                        if let Err(e) = self.control(p.request.clone()).await {
-                            tracing::warn!(run_id = %p.request.run_id, error = %e, "posted control refused");
-                        }
-                        if let Err(e) = self.store.remove_control(p.id).await {
-                            tracing::warn!(error = %e, "could not remove a taken control");
+                        let kept = match self.control(p.request.clone()).await {
+                            Ok(_) => self.store.remove_control(p.id).await,
+                            // Kept, with the refusal, for the gateway that posted it to answer with.
+                            Err(e) => {
+                                tracing::info!(run_id = %p.request.run_id, error = %e, "posted control refused");
+                                let status = assay_rpc::to_status(e);
+                                let refusal = store::ControlRefusal {
+                                    code: status.code() as i32,
+                                    message: status.message().to_string(),
+                                    details: status.details().to_vec(),
+                                };
+                                self.store.refuse_control(p.id, refusal).await
+                            }
+                        };
+                        if let Err(e) = kept {
+                            tracing::warn!(error = %e, "could not record a posted control's outcome");
                         }
                     }
                 }

@@ -35,6 +35,25 @@ pub struct PostedControl {
     pub request: gw::ControlRunRequest,
 }
 
+/// Why the executing gateway refused a posted control: the gRPC status it would have answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControlRefusal {
+    pub code: i32,
+    pub message: String,
+    pub details: Vec<u8>,
+}
+
+/// Where a posted control stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ControlOutcome {
+    /// Not taken yet.
+    Pending,
+    /// Taken and applied (its row is gone).
+    Taken,
+    /// Refused by the executing gateway.
+    Refused(ControlRefusal),
+}
+
 /// Run storage behind the engine.
 #[async_trait::async_trait]
 pub trait RunStorage: Send + Sync {
@@ -80,8 +99,11 @@ pub trait RunStorage: Send + Sync {
     async fn posted_controls(&self, run_ids: &[String]) -> Result<Vec<PostedControl>, StageError>;
     /// Remove a posted control (taken, or refused).
     async fn remove_control(&self, id: i64) -> Result<(), StageError>;
-    /// Whether a posted control is still waiting.
-    async fn control_pending(&self, id: i64) -> Result<bool, StageError>;
+    /// Record that the executing gateway refused a posted control (the row stays, out of
+    /// [`RunStorage::posted_controls`], until its poster reads the refusal and removes it).
+    async fn refuse_control(&self, id: i64, refusal: ControlRefusal) -> Result<(), StageError>;
+    /// Where a posted control stands.
+    async fn control_outcome(&self, id: i64) -> Result<ControlOutcome, StageError>;
     /// How many runs the store holds in each state (`RunState` numbers; states with none left out).
     async fn count_by_state(&self) -> Result<Vec<(i32, i64)>, StageError>;
 }

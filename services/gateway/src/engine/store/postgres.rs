@@ -11,10 +11,13 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use prost::Message;
 use tokio_postgres::NoTls;
 
-use super::{PostedControl, RunStorage, StoredRun, redact_url};
+use super::{ControlOutcome, ControlRefusal, PostedControl, RunStorage, StoredRun, redact_url};
 
 /// The schema, one migration per entry, applied in order and recorded in `assay_schema`.
-const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("../../../migrations/postgres/0001_runs.sql"))];
+const MIGRATIONS: &[(i32, &str)] = &[
+    (1, include_str!("../../../migrations/postgres/0001_runs.sql")),
+    (2, include_str!("../../../migrations/postgres/0002_control_refusals.sql")),
+];
 /// The advisory lock gateways starting together take to apply the migrations once.
 const MIGRATION_LOCK: i64 = 0x6173_7361_795f_6d67;
 
@@ -377,7 +380,10 @@ impl RunStorage for PostgresStore {
         let rows = self
             .client()
             .await?
-            .query("SELECT id, request FROM controls WHERE run_id = ANY($1) ORDER BY id", &[&run_ids])
+            .query(
+                "SELECT id, request FROM controls WHERE run_id = ANY($1) AND refused_code IS NULL ORDER BY id",
+                &[&run_ids],
+            )
             .await
             .map_err(db_err)?;
         rows.iter()
@@ -395,10 +401,36 @@ impl RunStorage for PostgresStore {
         Ok(())
     }
 
-    async fn control_pending(&self, id: i64) -> Result<bool, StageError> {
-        let row =
-            self.client().await?.query_opt("SELECT 1 FROM controls WHERE id = $1", &[&id]).await.map_err(db_err)?;
-        Ok(row.is_some())
+    async fn refuse_control(&self, id: i64, refusal: ControlRefusal) -> Result<(), StageError> {
+        self.client()
+            .await?
+            .execute(
+                "UPDATE controls SET refused_code = $2, refused_message = $3, refused_details = $4 WHERE id = $1",
+                &[&id, &refusal.code, &refusal.message, &refusal.details],
+            )
+            .await
+            .map_err(db_err)?;
+        Ok(())
+    }
+
+    async fn control_outcome(&self, id: i64) -> Result<ControlOutcome, StageError> {
+        let row = self
+            .client()
+            .await?
+            .query_opt("SELECT refused_code, refused_message, refused_details FROM controls WHERE id = $1", &[&id])
+            .await
+            .map_err(db_err)?;
+        Ok(match row {
+            None => ControlOutcome::Taken,
+            Some(r) => match r.get::<_, Option<i32>>(0) {
+                None => ControlOutcome::Pending,
+                Some(code) => ControlOutcome::Refused(ControlRefusal {
+                    code,
+                    message: r.get::<_, Option<String>>(1).unwrap_or_default(),
+                    details: r.get::<_, Option<Vec<u8>>>(2).unwrap_or_default(),
+                }),
+            },
+        })
     }
 
     async fn count_by_state(&self) -> Result<Vec<(i32, i64)>, StageError> {

@@ -8,7 +8,7 @@ use assay_proto::gateway::v1 as gw;
 use prost::Message;
 use rusqlite::{OptionalExtension, params};
 
-use super::{PostedControl, RunStorage, StoredRun};
+use super::{ControlOutcome, ControlRefusal, PostedControl, RunStorage, StoredRun};
 
 /// Run storage in one SQLite file (or in memory); every call runs on a blocking thread.
 pub struct SqliteStore {
@@ -267,8 +267,12 @@ impl RunStorage for SqliteStore {
         Ok(())
     }
 
-    async fn control_pending(&self, _id: i64) -> Result<bool, StageError> {
-        Ok(false)
+    async fn refuse_control(&self, _id: i64, _refusal: ControlRefusal) -> Result<(), StageError> {
+        Ok(())
+    }
+
+    async fn control_outcome(&self, _id: i64) -> Result<ControlOutcome, StageError> {
+        Ok(ControlOutcome::Taken)
     }
 
     async fn count_by_state(&self) -> Result<Vec<(i32, i64)>, StageError> {
