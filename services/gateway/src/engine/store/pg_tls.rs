@@ -45,11 +45,12 @@ pub(super) struct TlsSettings {
 /// Split a `postgres://` URL into the URL tokio-postgres parses and the TLS settings. An error
 /// names the parameter and says what it accepts.
 pub(super) fn split(url: &str) -> Result<(String, TlsSettings), String> {
-    let mut parsed = url::Url::parse(url).map_err(|e| format!("not a URL: {e}"))?;
+    // Only the query is touched: the rest (several hosts, a socket directory) is tokio-postgres's.
+    let (base, query) = url.split_once('?').unwrap_or((url, ""));
     let mut mode = None;
     let (mut root_cert, mut cert, mut key) = (None, None, None);
     let mut kept = Vec::new();
-    for (k, v) in parsed.query_pairs() {
+    for (k, v) in url::form_urlencoded::parse(query.as_bytes()) {
         match k.as_ref() {
             "sslmode" => mode = Some(v.into_owned()),
             "sslrootcert" => root_cert = Some(v.into_owned()),
@@ -77,8 +78,8 @@ pub(super) fn split(url: &str) -> Result<(String, TlsSettings), String> {
         _ => return Err("sslcert and sslkey go together: set both or neither".into()),
     };
     kept.push(("sslmode".into(), pg_mode.into()));
-    parsed.query_pairs_mut().clear().extend_pairs(kept);
-    Ok((parsed.to_string(), TlsSettings { check, root_cert, client_cert }))
+    let query = url::form_urlencoded::Serializer::new(String::new()).extend_pairs(kept).finish();
+    Ok((format!("{base}?{query}"), TlsSettings { check, root_cert, client_cert }))
 }
 
 /// The tokio-postgres connector for `settings` (`None` for `sslmode=disable`). An error names the
@@ -204,6 +205,9 @@ mod tests {
         assert_eq!(s, TlsSettings { check: Some(Check::Full), root_cert: Some("/ca.pem".into()), client_cert: None });
         let (url, s) = split("postgres://db/runs").unwrap();
         assert_eq!(url, "postgres://db/runs?sslmode=prefer");
+        let (url, _) = split("postgresql://u@h1:5432,h2:5433/runs?target_session_attrs=read-write").unwrap();
+        assert_eq!(url, "postgresql://u@h1:5432,h2:5433/runs?target_session_attrs=read-write&sslmode=prefer");
+        url.parse::<tokio_postgres::Config>().expect("several hosts stay as tokio-postgres reads them");
         assert_eq!(s.check, Some(Check::None), "libpq's default, prefer, encrypts when it can, unchecked");
         assert_eq!(split("postgres://db/r?sslmode=require&sslrootcert=/c").unwrap().1.check, Some(Check::Chain));
         assert_eq!(split("postgres://db/r?sslmode=verify-ca").unwrap().1.check, Some(Check::Chain));
