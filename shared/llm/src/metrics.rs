@@ -175,28 +175,26 @@ impl ChatModel for MeteredChat {
 pub(crate) fn observe_backend(backend: &str, limit: &Arc<AdaptiveLimit>, breaker: &Arc<CircuitBreaker>) {
     let meter = assay_telemetry::meter();
     let attrs = [KeyValue::new("assay.backend", backend.to_string())];
-    let (l, a) = (Arc::downgrade(limit), attrs.clone());
-    let _limit = meter
-        .u64_observable_gauge("assay.llm.concurrency.limit")
-        .with_unit("{call}")
-        .with_description("Current adaptive concurrency limit of a backend")
-        .with_callback(move |o| {
-            if let Some(l) = Weak::upgrade(&l) {
-                o.observe(l.limit() as u64, &a);
-            }
-        })
-        .build();
-    let (l, a) = (Arc::downgrade(limit), attrs.clone());
-    let _in_flight = meter
-        .u64_observable_gauge("assay.llm.concurrency.in_flight")
-        .with_unit("{call}")
-        .with_description("Model calls in flight on a backend")
-        .with_callback(move |o| {
-            if let Some(l) = Weak::upgrade(&l) {
-                o.observe(l.in_flight() as u64, &a);
-            }
-        })
-        .build();
+    let limit_gauge = |name: &'static str, description: &'static str, read: fn(&AdaptiveLimit) -> usize| {
+        let (l, a) = (Arc::downgrade(limit), attrs.clone());
+        meter
+            .u64_observable_gauge(name)
+            .with_unit("{call}")
+            .with_description(description)
+            .with_callback(move |o| {
+                if let Some(l) = Weak::upgrade(&l) {
+                    o.observe(read(&l) as u64, &a);
+                }
+            })
+            .build()
+    };
+    let _limit = limit_gauge(
+        "assay.llm.concurrency.limit",
+        "Current adaptive concurrency limit of a backend",
+        AdaptiveLimit::limit,
+    );
+    let _in_flight =
+        limit_gauge("assay.llm.concurrency.in_flight", "Model calls in flight on a backend", AdaptiveLimit::in_flight);
     let (b, a) = (Arc::downgrade(breaker), attrs);
     let _breaker = meter
         .i64_observable_gauge("assay.llm.breaker.state")
