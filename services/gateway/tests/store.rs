@@ -81,6 +81,38 @@ async fn contract(store: &RunStore) {
     let a = store.get("a").await.unwrap().unwrap();
     assert_eq!((a.run.state, a.run.records_done), (Succeeded as i32, 7));
 
+    // Batched writes (the run writer's group commit): applied in order in one transaction, all or
+    // none. A later checkpoint of the batch replaces an earlier one of the same key.
+    use assay_gateway::engine::store::RunWrite;
+    let mut c = store.get("c").await.unwrap().unwrap().run;
+    c.records_done = 2;
+    let batch = vec![
+        RunWrite::Event(Box::new(event("c", 1))),
+        RunWrite::Checkpoint { key: "rec/1".into(), value: b"first".to_vec() },
+        RunWrite::Event(Box::new(event("c", 2))),
+        RunWrite::Checkpoint { key: "rec/1".into(), value: b"second".to_vec() },
+        RunWrite::Summary(Box::new(c.clone())),
+    ];
+    store.write("c", batch).await.unwrap();
+    store.write("c", Vec::new()).await.unwrap();
+    let seqs = |events: Vec<gw::RunEvent>| events.into_iter().map(|e| e.sequence).collect::<Vec<_>>();
+    assert_eq!(seqs(store.events_after("c", 0).await.unwrap()), [1, 2]);
+    assert_eq!(store.checkpoints("c", "rec/").await.unwrap(), vec![("rec/1".to_string(), b"second".to_vec())]);
+    assert_eq!(store.get("c").await.unwrap().unwrap().run.records_done, 2);
+    // A batch with a sequence already stored fails whole: its checkpoint, new event and summary
+    // are not kept either.
+    c.records_done = 9;
+    let bad = vec![
+        RunWrite::Checkpoint { key: "rec/2".into(), value: b"lost".to_vec() },
+        RunWrite::Event(Box::new(event("c", 3))),
+        RunWrite::Event(Box::new(event("c", 2))),
+        RunWrite::Summary(Box::new(c.clone())),
+    ];
+    assert!(store.write("c", bad).await.is_err(), "a sequence is written once, in a batch too");
+    assert_eq!(seqs(store.events_after("c", 0).await.unwrap()), [1, 2], "nothing of a failed batch is kept");
+    assert_eq!(store.checkpoints("c", "rec/").await.unwrap().len(), 1);
+    assert_eq!(store.get("c").await.unwrap().unwrap().run.records_done, 2);
+
     // Listing: newest first, filtered by kind and state, paged by cursor.
     let ids = |runs: Vec<gw::Run>| runs.into_iter().map(|r| r.run_id).collect::<Vec<_>>();
     assert_eq!(ids(store.list(0, 0, None, 10).await.unwrap()), ["c", "b", "a"]);
@@ -146,6 +178,13 @@ async fn postgres_leases_fence_writes_and_orphans_are_taken_over() {
     let e = b.append_event(event("r1", 2)).await.unwrap_err().to_string();
     assert!(e.contains("no longer holds its lease"), "{e}");
     assert!(b.put_checkpoint("r1", "k", vec![1]).await.is_err());
+    use assay_gateway::engine::store::RunWrite;
+    let fenced =
+        vec![RunWrite::Checkpoint { key: "k".into(), value: vec![1] }, RunWrite::Event(Box::new(event("r1", 2)))];
+    let e = b.write("r1", fenced.clone()).await.unwrap_err().to_string();
+    assert!(e.contains("no longer holds its lease"), "a batch is fenced too: {e}");
+    assert!(a.checkpoints("r1", "k").await.unwrap().is_empty(), "nothing of a fenced batch is kept");
+    a.write("r1", vec![RunWrite::Checkpoint { key: "k".into(), value: vec![7] }]).await.unwrap();
     assert_eq!(a.renew(&["r1".into()]).await.unwrap(), Vec::<String>::new(), "A renews its lease");
 
     // A stops renewing: once the lease expires B takes the run over, and A is fenced off.

@@ -158,7 +158,7 @@ pub struct BackendConfig {
     pub embedding_model: String,
     #[serde(default)]
     pub max_tokens_field: String,
-    /// Hard cap on requests in flight (openai backends; 0 = the client's 256).
+    /// Hard cap on requests in flight (openai backends; 0 = the client's 1024).
     #[serde(default)]
     pub max_concurrency: u32,
     /// Requests in flight at the start; the limit then adapts to the backend (grows while latency

@@ -1,6 +1,8 @@
 //! Serving: health, reflection v1 + v1alpha, auth, tracing, graceful shutdown with draining.
 
+use std::any::Any;
 use std::future::Future;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
@@ -94,16 +96,13 @@ pub async fn serve(
     options: ServeOptions,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
-    let reflection_v1 = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(assay_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .expect("descriptor sets are valid");
-    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(assay_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1alpha()
-        .expect("descriptor sets are valid");
+    // Built once per process: decoding the descriptor sets takes milliseconds of CPU, and a mesh in
+    // one process (`assay up`, `assay eval`) starts seven servers at once.
+    static REFLECTION_V1: OnceLock<Box<dyn Any + Send + Sync>> = OnceLock::new();
+    static REFLECTION_V1ALPHA: OnceLock<Box<dyn Any + Send + Sync>> = OnceLock::new();
+    let reflection_v1 = built_once(&REFLECTION_V1, || reflection().build_v1().expect("descriptor sets are valid"));
+    let reflection_v1alpha =
+        built_once(&REFLECTION_V1ALPHA, || reflection().build_v1alpha().expect("descriptor sets are valid"));
     let routes =
         routes.add_service(readiness.service.clone()).add_service(reflection_v1).add_service(reflection_v1alpha);
     let addr = listener.local_addr().ok();
@@ -161,6 +160,20 @@ pub async fn serve(
             Ok(())
         }
     }
+}
+
+fn reflection() -> tonic_reflection::server::Builder<'static> {
+    tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(assay_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+}
+
+/// The value in `cell`, built by `build` on first use (`T` may be an unnameable `impl` type).
+fn built_once<T: Clone + Send + Sync + 'static>(
+    cell: &'static OnceLock<Box<dyn Any + Send + Sync>>,
+    build: impl FnOnce() -> T,
+) -> T {
+    cell.get_or_init(|| Box::new(build())).downcast_ref::<T>().expect("a cell holds values of one type").clone()
 }
 
 /// Resolves on SIGTERM or SIGINT.

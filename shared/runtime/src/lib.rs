@@ -26,7 +26,8 @@ pub use lazy::BackendLoader;
 pub mod local;
 
 /// The process entry point of every Assay binary: process-wide settings that must precede any
-/// thread, then `main` on a multi-threaded Tokio runtime.
+/// thread (thread counts of the embedder, the open file limit), then `main` on a multi-threaded
+/// Tokio runtime.
 ///
 /// The embedded MiniLM embedder (candle) reads its thread counts from `RAYON_NUM_THREADS` and
 /// `CANDLE_NUM_THREADS` only. Unless they are set, both become 1, and the embedder splits each
@@ -43,6 +44,12 @@ pub fn main<F: std::future::Future<Output = ExitCode>>(main: impl FnOnce() -> F)
                 std::env::set_var(var, "1");
             }
         }
+    }
+    // One socket per request in flight to an HTTP/1.1 backend (up to `max_concurrency`, 1024 by
+    // default) plus the mesh's own: the usual soft limit of 1024 open files is too few. Raised to
+    // the hard limit, as Go's runtime does for every program.
+    if let Err(e) = rlimit::increase_nofile_limit(u64::MAX) {
+        eprintln!("cannot raise the open file limit: {e}");
     }
     match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt.block_on(main()),

@@ -14,7 +14,7 @@ use assay_proto::gateway::v1 as gw;
 use assay_proto::gateway::v1::run_event::Event;
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 
-use super::store::RunStore;
+use super::store::{RunStore, RunWrite};
 
 pub(crate) fn now() -> prost_types::Timestamp {
     let d = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
@@ -29,8 +29,82 @@ enum Persistence {
     Memory(Mutex<BTreeMap<String, Vec<u8>>>),
 }
 
-/// An event to append, and where to say it was.
-type Append = (Event, oneshot::Sender<Result<(), StageError>>);
+/// What a run's writer is asked to store, and where to say it was.
+type Append = (Op, oneshot::Sender<Result<(), StageError>>);
+
+/// One write queued for a run's writer.
+enum Op {
+    Event(Box<Event>),
+    Checkpoint(String, Vec<u8>),
+}
+
+/// Writes a run's writer puts in one transaction at most.
+const MAX_BATCH: usize = 512;
+
+/// A queued write of a run ([`RunCtx::emit_queued`], [`RunCtx::checkpoint_queued`]): resolves
+/// once it is stored (or failed). Writes are stored in the order they were queued, whether or
+/// not this is awaited; dropping it does not withdraw the write.
+pub struct Written(WrittenState);
+
+enum WrittenState {
+    Queued(oneshot::Receiver<Result<(), StageError>>),
+    Done(Option<Result<(), StageError>>),
+}
+
+impl Written {
+    fn done(result: Result<(), StageError>) -> Self {
+        Self(WrittenState::Done(Some(result)))
+    }
+}
+
+impl Future for Written {
+    type Output = Result<(), StageError>;
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+        match &mut self.0 {
+            WrittenState::Queued(rx) => std::pin::Pin::new(rx)
+                .poll(cx)
+                .map(|r| r.unwrap_or_else(|_| Err(StageError::Internal("the run's event writer stopped".into())))),
+            WrittenState::Done(r) => std::task::Poll::Ready(r.take().unwrap_or(Ok(()))),
+        }
+    }
+}
+
+/// Queued writes a pipeline has not waited for yet: poll [`Writes::next_error`] next to its own
+/// work so a failed write ends the run early, and [`Writes::flush`] before relying on them.
+#[derive(Default)]
+pub struct Writes(futures::stream::FuturesUnordered<Written>);
+
+impl Writes {
+    pub fn push(&mut self, w: Written) {
+        self.0.push(w);
+    }
+
+    /// Resolves with the first failed write; pending forever while none fails (so it can sit in
+    /// a `select!`).
+    pub async fn next_error(&mut self) -> StageError {
+        use futures::StreamExt;
+        loop {
+            match self.0.next().await {
+                Some(Err(e)) => return e,
+                Some(Ok(())) => {}
+                None => std::future::pending::<()>().await,
+            }
+        }
+    }
+
+    /// Wait for every queued write; the first failure.
+    pub async fn flush(&mut self) -> Result<(), StageError> {
+        use futures::StreamExt;
+        let mut first = Ok(());
+        while let Some(r) = self.0.next().await {
+            if let (Ok(()), Err(e)) = (&first, r) {
+                first = Err(e);
+            }
+        }
+        first
+    }
+}
 
 /// The state of one run being executed by this gateway.
 pub struct RunCtx {
@@ -70,7 +144,9 @@ pub(crate) async fn stored_audit_log(store: &RunStore, run_id: &str) -> Result<V
         .collect()
 }
 
-/// The writer task of a run: `seq` is the last sequence already stored.
+/// The writer task of a run: `seq` is the last sequence already stored. Everything queued while
+/// a write was under way goes into the next one, one transaction (group commit): a pipeline that
+/// queues many writes without waiting for each pays one store round trip per batch.
 async fn write_events(
     run_id: String,
     mut seq: u64,
@@ -79,31 +155,56 @@ async fn write_events(
     events: broadcast::Sender<Arc<gw::RunEvent>>,
     mut rx: mpsc::UnboundedReceiver<Append>,
 ) {
-    while let Some((event, ack)) = rx.recv().await {
-        let ev = gw::RunEvent { run_id: run_id.clone(), sequence: seq + 1, time: Some(now()), event: Some(event) };
-        let written = async {
-            if let Some(store) = &store {
-                store.append_event(ev.clone()).await?;
+    let mut batch: Vec<Append> = Vec::new();
+    while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
+        let mut writes = Vec::with_capacity(batch.len() + 1);
+        let mut acks = Vec::with_capacity(batch.len());
+        let mut stored = Vec::new();
+        let mut next = seq;
+        for (op, ack) in batch.drain(..) {
+            acks.push(ack);
+            match op {
+                Op::Event(event) => {
+                    next += 1;
+                    let ev =
+                        gw::RunEvent { run_id: run_id.clone(), sequence: next, time: Some(now()), event: Some(*event) };
+                    if store.is_some() {
+                        writes.push(RunWrite::Event(Box::new(ev.clone())));
+                    }
+                    stored.push(ev);
+                }
+                Op::Checkpoint(key, value) => writes.push(RunWrite::Checkpoint { key, value }),
             }
-            let summary = {
-                let mut r = run.lock().map_err(|_| StageError::Internal("run lock poisoned".into()))?;
-                r.last_sequence = ev.sequence;
-                r.updated_at = ev.time;
-                store.is_some().then(|| r.clone())
-            };
-            if let (Some(store), Some(summary)) = (&store, summary) {
-                store.update(summary).await?;
+        }
+        let written = async {
+            if let Some(last) = stored.last() {
+                let summary = {
+                    let mut r = run.lock().map_err(|_| StageError::Internal("run lock poisoned".into()))?;
+                    r.last_sequence = last.sequence;
+                    r.updated_at = last.time;
+                    store.is_some().then(|| r.clone())
+                };
+                if let Some(summary) = summary {
+                    writes.push(RunWrite::Summary(Box::new(summary)));
+                }
+            }
+            if let Some(store) = &store {
+                store.write(&run_id, writes).await?;
             }
             Ok(())
         }
         .await;
         if written.is_ok() {
-            seq += 1;
+            seq = next;
             if store.is_some() {
-                let _ = events.send(Arc::new(ev));
+                for ev in stored {
+                    let _ = events.send(Arc::new(ev));
+                }
             }
         }
-        let _ = ack.send(written);
+        for ack in acks {
+            let _ = ack.send(written.clone());
+        }
     }
 }
 
@@ -160,9 +261,22 @@ impl RunCtx {
     /// Append an event: next sequence, persisted (with the run summary), then broadcast; returns
     /// once it is stored. Events of one caller are appended in the order they were emitted.
     pub async fn emit(&self, event: Event) -> Result<(), StageError> {
+        self.emit_queued(event).await
+    }
+
+    /// Queue an event without waiting for it to be stored: its sequence is taken now, in order
+    /// with every other event and checkpoint of the run; await the result (or push it into a
+    /// [`Writes`]) to know it was stored.
+    pub fn emit_queued(&self, event: Event) -> Written {
+        self.queue(Op::Event(Box::new(event)))
+    }
+
+    fn queue(&self, op: Op) -> Written {
         let (ack, done) = oneshot::channel();
-        self.writer.send((event, ack)).map_err(|_| StageError::Internal("the run's event writer stopped".into()))?;
-        done.await.map_err(|_| StageError::Internal("the run's event writer stopped".into()))?
+        match self.writer.send((op, ack)) {
+            Ok(()) => Written(WrittenState::Queued(done)),
+            Err(_) => Written::done(Err(StageError::Internal("the run's event writer stopped".into()))),
+        }
     }
 
     /// Relay a stage's progress as a run event.
@@ -199,6 +313,12 @@ impl RunCtx {
         self.put_raw(key, value.encode_to_vec()).await
     }
 
+    /// Queue a checkpoint without waiting for it to be stored (in order with the run's events and
+    /// other checkpoints); see [`RunCtx::emit_queued`].
+    pub fn checkpoint_queued(&self, key: &str, value: &impl prost::Message) -> Written {
+        self.put_queued(key, value.encode_to_vec())
+    }
+
     /// The checkpoints whose key starts with `prefix`, by key, decoded.
     pub async fn checkpoints<M: prost::Message + Default>(&self, prefix: &str) -> Result<Vec<(String, M)>, StageError> {
         self.raw(prefix)
@@ -228,14 +348,20 @@ impl RunCtx {
     }
 
     async fn put_raw(&self, key: &str, bytes: Vec<u8>) -> Result<(), StageError> {
+        self.put_queued(key, bytes).await
+    }
+
+    fn put_queued(&self, key: &str, bytes: Vec<u8>) -> Written {
         match &self.persistence {
-            Persistence::Store(store) => store.put_checkpoint(&self.run_id, key, bytes).await,
-            Persistence::Memory(m) => {
+            // Through the writer: in order with the run's events, in their transactions.
+            Persistence::Store(_) => self.queue(Op::Checkpoint(key.to_string(), bytes)),
+            Persistence::Memory(m) => Written::done(
                 m.lock()
-                    .map_err(|_| StageError::Internal("checkpoint lock poisoned".into()))?
-                    .insert(key.to_string(), bytes);
-                Ok(())
-            }
+                    .map(|mut m| {
+                        m.insert(key.to_string(), bytes);
+                    })
+                    .map_err(|_| StageError::Internal("checkpoint lock poisoned".into())),
+            ),
         }
     }
 
@@ -425,5 +551,165 @@ impl RunCtx {
     /// One more unit of work done.
     pub fn add_done(&self) {
         self.update(|r| r.records_done += 1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use futures::FutureExt;
+
+    use super::*;
+    use crate::engine::store::{ControlOutcome, ControlRefusal, PostedControl, RunStorage, SqliteStore, StoredRun};
+
+    /// A SQLite store that records the size of every batch written and can be made to fail.
+    struct Counted {
+        inner: SqliteStore,
+        batches: Mutex<Vec<usize>>,
+        down: AtomicBool,
+    }
+
+    #[async_trait::async_trait]
+    impl RunStorage for Counted {
+        fn describe(&self) -> String {
+            self.inner.describe()
+        }
+        fn shared(&self) -> bool {
+            false
+        }
+        async fn create(&self, run: gw::Run, request: gw::RunPipelineRequest) -> Result<(), StageError> {
+            self.inner.create(run, request).await
+        }
+        async fn update(&self, run: gw::Run) -> Result<(), StageError> {
+            self.inner.update(run).await
+        }
+        async fn append_event(&self, event: gw::RunEvent) -> Result<(), StageError> {
+            self.inner.append_event(event).await
+        }
+        async fn write(&self, run_id: &str, writes: Vec<RunWrite>) -> Result<(), StageError> {
+            self.batches.lock().unwrap().push(writes.len());
+            if self.down.load(Ordering::SeqCst) {
+                return Err(StageError::Unavailable("run store down".into()));
+            }
+            self.inner.write(run_id, writes).await
+        }
+        async fn events_after(&self, run_id: &str, after: u64) -> Result<Vec<gw::RunEvent>, StageError> {
+            self.inner.events_after(run_id, after).await
+        }
+        async fn put_checkpoint(&self, run_id: &str, key: &str, value: Vec<u8>) -> Result<(), StageError> {
+            self.inner.put_checkpoint(run_id, key, value).await
+        }
+        async fn checkpoints(&self, run_id: &str, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, StageError> {
+            self.inner.checkpoints(run_id, prefix).await
+        }
+        async fn get(&self, run_id: &str) -> Result<Option<StoredRun>, StageError> {
+            self.inner.get(run_id).await
+        }
+        async fn list(
+            &self,
+            kind: i32,
+            state: i32,
+            cursor: Option<(i64, String)>,
+            limit: usize,
+        ) -> Result<Vec<gw::Run>, StageError> {
+            self.inner.list(kind, state, cursor, limit).await
+        }
+        async fn claim_orphans(&self, startup: bool) -> Result<Vec<StoredRun>, StageError> {
+            self.inner.claim_orphans(startup).await
+        }
+        async fn renew(&self, run_ids: &[String]) -> Result<Vec<String>, StageError> {
+            self.inner.renew(run_ids).await
+        }
+        async fn release(&self, run_id: &str) -> Result<(), StageError> {
+            self.inner.release(run_id).await
+        }
+        async fn post_control(&self, request: gw::ControlRunRequest) -> Result<i64, StageError> {
+            self.inner.post_control(request).await
+        }
+        async fn posted_controls(&self, run_ids: &[String]) -> Result<Vec<PostedControl>, StageError> {
+            self.inner.posted_controls(run_ids).await
+        }
+        async fn remove_control(&self, id: i64) -> Result<(), StageError> {
+            self.inner.remove_control(id).await
+        }
+        async fn refuse_control(&self, id: i64, refusal: ControlRefusal) -> Result<(), StageError> {
+            self.inner.refuse_control(id, refusal).await
+        }
+        async fn control_outcome(&self, id: i64) -> Result<ControlOutcome, StageError> {
+            self.inner.control_outcome(id).await
+        }
+        async fn count_by_state(&self) -> Result<Vec<(i32, i64)>, StageError> {
+            self.inner.count_by_state().await
+        }
+    }
+
+    async fn stored_run() -> (Arc<Counted>, RunStore, gw::Run) {
+        let counted = Arc::new(Counted {
+            inner: SqliteStore::open(":memory:").unwrap(),
+            batches: Mutex::default(),
+            down: AtomicBool::new(false),
+        });
+        let store = RunStore::from_storage(counted.clone());
+        let run = gw::Run { run_id: "r".into(), state: gw::RunState::Running as i32, ..Default::default() };
+        store.create(run.clone(), gw::RunPipelineRequest::default()).await.unwrap();
+        (counted, store, run)
+    }
+
+    fn scored(i: u32) -> Event {
+        Event::RecordScored(gw::RecordResult { index: i, ..Default::default() })
+    }
+
+    #[tokio::test]
+    async fn queued_writes_are_stored_in_order_many_per_transaction() {
+        let (counted, store, run) = stored_run().await;
+        let ctx = RunCtx::new(run, 0, Some(store.clone()));
+        let mut writes = Writes::default();
+        for i in 0..300u32 {
+            writes.push(
+                ctx.checkpoint_queued(&format!("rec:{i:04}"), &gw::RecordResult { index: i, ..Default::default() }),
+            );
+            ctx.add_done();
+            writes.push(ctx.emit_queued(scored(i)));
+        }
+        writes.flush().await.unwrap();
+        let events = store.events_after("r", 0).await.unwrap();
+        assert_eq!(events.iter().map(|e| e.sequence).collect::<Vec<_>>(), (1..=300).collect::<Vec<u64>>());
+        let indices: Vec<u32> = events
+            .iter()
+            .map(|e| match &e.event {
+                Some(Event::RecordScored(r)) => r.index,
+                other => panic!("unexpected event {other:?}"),
+            })
+            .collect();
+        assert_eq!(indices, (0..300).collect::<Vec<u32>>(), "events keep the order they were queued in");
+        assert_eq!(store.checkpoints("r", "rec:").await.unwrap().len(), 300);
+        let summary = store.get("r").await.unwrap().unwrap().run;
+        assert_eq!((summary.last_sequence, summary.records_done), (300, 300));
+        // 600 writes queued before the writer ran: two transactions (512 + the rest), each with
+        // the run's summary once.
+        assert_eq!(*counted.batches.lock().unwrap(), [513, 89]);
+    }
+
+    #[tokio::test]
+    async fn a_failed_batch_fails_every_write_in_it_and_takes_no_sequence() {
+        let (counted, store, run) = stored_run().await;
+        let ctx = RunCtx::new(run, 0, Some(store.clone()));
+        counted.down.store(true, Ordering::SeqCst);
+        let mut writes = Writes::default();
+        writes.push(ctx.checkpoint_queued("k", &gw::RecordResult::default()));
+        writes.push(ctx.emit_queued(scored(1)));
+        writes.push(ctx.emit_queued(scored(2)));
+        let e = writes.flush().await.unwrap_err();
+        assert!(e.to_string().contains("run store down"), "{e}");
+        let mut again = Writes::default();
+        again.push(ctx.emit_queued(scored(3)));
+        assert!(again.next_error().now_or_never().is_none(), "pending while the write is under way");
+        counted.down.store(false, Ordering::SeqCst);
+        // The earlier write may still be failing; wait for this one by itself.
+        ctx.emit(scored(4)).await.unwrap();
+        let seqs: Vec<u64> = store.events_after("r", 0).await.unwrap().iter().map(|e| e.sequence).collect();
+        assert_eq!(*seqs.last().unwrap(), seqs.len() as u64, "gap-free after a failed batch: {seqs:?}");
+        assert!(store.checkpoints("r", "k").await.unwrap().is_empty(), "the failed batch's checkpoint is not kept");
     }
 }

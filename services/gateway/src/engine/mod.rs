@@ -20,8 +20,8 @@ use assay_proto::gateway::v1::control_run_request::Action;
 use assay_proto::gateway::v1::run_event::Event;
 use tokio::sync::watch;
 
-pub use ctx::RunCtx;
 use ctx::now;
+pub use ctx::{RunCtx, Writes, Written};
 pub use store::{PostgresStore, RunStorage, RunStore, SqliteStore, StoredRun};
 
 /// How a pipeline ended: its final state (SUCCEEDED, PARTIAL, FAILED or CANCELLED) and result.

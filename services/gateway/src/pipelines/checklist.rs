@@ -19,7 +19,7 @@ use futures::StreamExt;
 use sha2::Digest;
 
 use super::stages::Stages;
-use crate::engine::RunCtx;
+use crate::engine::{RunCtx, Writes};
 
 /// One record of a checklist pipeline.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -419,6 +419,20 @@ impl Production {
         k: usize,
         out: Result<Checklist, StageError>,
     ) -> Result<(), StageError> {
+        let mut writes = Writes::default();
+        self.accept_queued(ctx, k, out, &mut writes)?;
+        writes.flush().await
+    }
+
+    /// [`Production::accept`] without waiting for the checkpoint and the event to be stored: they
+    /// are queued (in order) into `writes`.
+    pub fn accept_queued(
+        &mut self,
+        ctx: &RunCtx,
+        k: usize,
+        out: Result<Checklist, StageError>,
+        writes: &mut Writes,
+    ) -> Result<(), StageError> {
         let checklist = match out {
             Ok(c) => c,
             Err(
@@ -438,10 +452,16 @@ impl Production {
         self.found[k] = Some(checklist);
         // A run kept in memory is never resumed nor watched.
         let Some(wire) = wire else { return Ok(()) };
-        ctx.checkpoint(&format!("{CHECKLIST}{}", self.keys[k]), &wire).await?;
+        writes.push(ctx.checkpoint_queued(&format!("{CHECKLIST}{}", self.keys[k]), &wire));
         let indices =
             self.record_checklist.iter().enumerate().filter(|(_, x)| **x == k).map(|(i, _)| i as u32).collect();
-        ctx.emit(Event::ChecklistReady(gw::ChecklistReady { checklist: Some(wire), record_indices: indices })).await
+        writes.push(
+            ctx.emit_queued(Event::ChecklistReady(gw::ChecklistReady {
+                checklist: Some(wire),
+                record_indices: indices,
+            })),
+        );
+        Ok(())
     }
 
     /// The run's checklists once every production is accepted.

@@ -18,7 +18,7 @@ use futures::stream::FuturesUnordered;
 
 use super::checklist::{ChecklistPlan, EvalRecord};
 use super::stages::Stages;
-use crate::engine::{Pipeline, RunCtx, RunOutcome};
+use crate::engine::{Pipeline, RunCtx, RunOutcome, Writes};
 
 /// Checkpoint key prefix of the scored records.
 const RECORD: &str = "record:";
@@ -258,6 +258,9 @@ impl Pipeline for ChecklistEval {
         let config = &self.scorer;
         let mut scoring = FuturesUnordered::new();
         let mut generating = true;
+        // Checkpoints and events are queued, not waited for one by one: the run's writer stores
+        // them in order, many per transaction, while this loop goes on starting scorer calls.
+        let mut writes = Writes::default();
         loop {
             while scoring.len() < self.concurrency {
                 let Some(i) = queue.pop_front() else { break };
@@ -277,7 +280,7 @@ impl Pipeline for ChecklistEval {
                         generating = false;
                         continue;
                     };
-                    production.accept(ctx, k, out).await?;
+                    production.accept_queued(ctx, k, out, &mut writes)?;
                     if let Some(c) = &production.found[k] {
                         ready[k] = Some(Arc::new(c.clone()));
                         queue.extend(std::mem::take(&mut waiting[k]));
@@ -308,15 +311,17 @@ impl Pipeline for ChecklistEval {
                         Err(e @ (StageError::InvalidArgument(_) | StageError::FailedPrecondition(_) | StageError::Unimplemented(_))) => return Err(e),
                         Err(e) => record_result(i, &self.records[i], &checklist_id, None, e.to_string()),
                     };
-                    ctx.checkpoint(&record_key(i), &result).await?;
+                    writes.push(ctx.checkpoint_queued(&record_key(i), &result));
                     ctx.add_done();
-                    ctx.emit(Event::RecordScored(result)).await?;
+                    writes.push(ctx.emit_queued(Event::RecordScored(result)));
                 }
+                e = writes.next_error() => return Err(e),
                 () = ctx.cancelled() => break,
             }
         }
         drop(scoring);
         drop(producing);
+        writes.flush().await?;
         let ok: Vec<Checklist> = production.found.into_iter().flatten().collect();
         self.finish(ctx, &ok, ctx.is_cancelled()).await
     }

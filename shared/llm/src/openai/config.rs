@@ -42,7 +42,8 @@ pub struct OpenAiConfig {
     pub default_model: String,
     pub embedding_model: String,
     pub max_tokens_field: MaxTokensField,
-    /// Hard cap on HTTP requests in flight.
+    /// Hard cap on HTTP requests in flight (1024 by default: the official OpenAI Python client
+    /// allows 1000 connections; the adaptive limit below keeps a smaller server from drowning).
     pub max_concurrency: usize,
     /// Requests in flight at the start; the limit then adapts between 1 and `max_concurrency`
     /// (see [`crate::limiter`]). 0 = fixed at `max_concurrency`.
@@ -75,7 +76,7 @@ impl Default for OpenAiConfig {
             default_model: "gpt-4o-mini".into(),
             embedding_model: "text-embedding-3-small".into(),
             max_tokens_field: MaxTokensField::MaxTokens,
-            max_concurrency: 256,
+            max_concurrency: 1024,
             initial_concurrency: 64,
             max_retries: 4,
             base_backoff: Duration::from_millis(200),

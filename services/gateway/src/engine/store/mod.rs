@@ -54,6 +54,17 @@ pub enum ControlOutcome {
     Refused(ControlRefusal),
 }
 
+/// One write of a run's state, applied with others by [`RunStorage::write`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum RunWrite {
+    /// Append an event (sequences assigned by the run's writer, gap-free).
+    Event(Box<gw::RunEvent>),
+    /// Store a checkpoint under `key`, replacing the one stored there.
+    Checkpoint { key: String, value: Vec<u8> },
+    /// Replace the run's summary.
+    Summary(Box<gw::Run>),
+}
+
 /// Run storage behind the engine.
 #[async_trait::async_trait]
 pub trait RunStorage: Send + Sync {
@@ -67,6 +78,10 @@ pub trait RunStorage: Send + Sync {
     async fn update(&self, run: gw::Run) -> Result<(), StageError>;
     /// Append one event (sequence numbers are assigned by the caller, gap-free).
     async fn append_event(&self, event: gw::RunEvent) -> Result<(), StageError>;
+    /// Apply `writes` of run `run_id` in order, in one transaction: all of them or none. The run's
+    /// writer hands over everything queued since its last write at once (group commit), so a run
+    /// pays one transaction per batch instead of one per event and checkpoint.
+    async fn write(&self, run_id: &str, writes: Vec<RunWrite>) -> Result<(), StageError>;
     /// Events with sequence > `after`, in order.
     async fn events_after(&self, run_id: &str, after: u64) -> Result<Vec<gw::RunEvent>, StageError>;
     /// Store a checkpoint of a run under `key` (replacing the one stored there).

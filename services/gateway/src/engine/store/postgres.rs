@@ -10,8 +10,9 @@ use assay_proto::gateway::v1 as gw;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use prost::Message;
 use tokio_postgres::NoTls;
+use tokio_postgres::types::ToSql;
 
-use super::{ControlOutcome, ControlRefusal, PostedControl, RunStorage, StoredRun, redact_url};
+use super::{ControlOutcome, ControlRefusal, PostedControl, RunStorage, RunWrite, StoredRun, redact_url};
 
 /// The schema, one migration per entry, applied in order and recorded in `assay_schema`.
 const MIGRATIONS: &[(i32, &str)] = &[
@@ -19,6 +20,21 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (2, include_str!("../../../migrations/postgres/0002_control_refusals.sql")),
 ];
 /// The advisory lock gateways starting together take to apply the migrations once.
+/// A run's summary, fenced by this gateway's lease: $1 run, $2 state, $3 summary, $4 owner.
+const UPDATE_SUMMARY: &str =
+    "UPDATE runs SET state = $2, run = $3 WHERE run_id = $1 AND owner = $4 AND lease_until > now()";
+/// One event: $1 run, $2 sequence, $3 event, $4 owner, $5 ended states. A finished run's single
+/// event (Evaluate) is written unfenced: the run is nobody's.
+const APPEND_EVENT: &str = "INSERT INTO events (run_id, sequence, event)
+     SELECT $1, $2, $3 WHERE EXISTS (
+         SELECT 1 FROM runs WHERE run_id = $1
+           AND ((owner = $4 AND lease_until > now()) OR (owner IS NULL AND state = ANY($5))))";
+/// One checkpoint, fenced: $1 run, $2 key, $3 value, $4 owner.
+const PUT_CHECKPOINT: &str = "INSERT INTO checkpoints (run_id, key, value)
+     SELECT $1, $2, $3 WHERE EXISTS (
+         SELECT 1 FROM runs WHERE run_id = $1 AND owner = $4 AND lease_until > now())
+     ON CONFLICT (run_id, key) DO UPDATE SET value = EXCLUDED.value";
+
 const MIGRATION_LOCK: i64 = 0x6173_7361_795f_6d67;
 
 /// Terminal run states (SUCCEEDED, PARTIAL, FAILED, CANCELLED), as stored.
@@ -196,10 +212,7 @@ impl RunStorage for PostgresStore {
         let n = self
             .client()
             .await?
-            .execute(
-                "UPDATE runs SET state = $2, run = $3 WHERE run_id = $1 AND owner = $4 AND lease_until > now()",
-                &[&run.run_id, &run.state, &run.encode_to_vec(), &self.owner],
-            )
+            .execute(UPDATE_SUMMARY, &[&run.run_id, &run.state, &run.encode_to_vec(), &self.owner])
             .await
             .map_err(db_err)?;
         if n == 0 {
@@ -214,10 +227,7 @@ impl RunStorage for PostgresStore {
             .client()
             .await?
             .execute(
-                "INSERT INTO events (run_id, sequence, event)
-                 SELECT $1, $2, $3 WHERE EXISTS (
-                     SELECT 1 FROM runs WHERE run_id = $1
-                       AND ((owner = $4 AND lease_until > now()) OR (owner IS NULL AND state = ANY($5))))",
+                APPEND_EVENT,
                 &[
                     &event.run_id,
                     &i64::try_from(event.sequence).unwrap_or(i64::MAX),
@@ -232,6 +242,59 @@ impl RunStorage for PostgresStore {
             return Err(lease_lost(&event.run_id));
         }
         Ok(())
+    }
+
+    async fn write(&self, run_id: &str, writes: Vec<RunWrite>) -> Result<(), StageError> {
+        if writes.is_empty() {
+            return Ok(());
+        }
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(db_err)?;
+        let (append, checkpoint, summary) = futures::try_join!(
+            tx.prepare_cached(APPEND_EVENT),
+            tx.prepare_cached(PUT_CHECKPOINT),
+            tx.prepare_cached(UPDATE_SUMMARY)
+        )
+        .map_err(db_err)?;
+        // Owned parameters first, then every statement sent at once (one connection pipelines
+        // them) and applied in order; each is fenced by this gateway's lease, like the single writes.
+        type Param = Box<dyn ToSql + Sync + Send>;
+        fn param(v: impl ToSql + Sync + Send + 'static) -> Param {
+            Box::new(v)
+        }
+        let owner = || param(self.owner.clone());
+        let rows: Vec<(&tokio_postgres::Statement, Vec<Param>)> = writes
+            .into_iter()
+            .map(|w| match w {
+                RunWrite::Event(e) => (
+                    &append,
+                    vec![
+                        param(e.run_id.clone()),
+                        param(i64::try_from(e.sequence).unwrap_or(i64::MAX)),
+                        param(e.encode_to_vec()),
+                        owner(),
+                        param(ENDED.to_vec()),
+                    ],
+                ),
+                RunWrite::Checkpoint { key, value } => {
+                    (&checkpoint, vec![param(run_id.to_string()), param(key), param(value), owner()])
+                }
+                RunWrite::Summary(run) => {
+                    (&summary, vec![param(run.run_id.clone()), param(run.state), param(run.encode_to_vec()), owner()])
+                }
+            })
+            .collect();
+        let counts = futures::future::try_join_all(rows.iter().map(|(statement, params)| {
+            let params: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p.as_ref() as &(dyn ToSql + Sync)).collect();
+            let tx = &tx;
+            async move { tx.execute(*statement, &params).await }
+        }))
+        .await
+        .map_err(db_err)?;
+        if counts.contains(&0) {
+            return Err(lease_lost(run_id));
+        }
+        tx.commit().await.map_err(db_err)
     }
 
     async fn events_after(&self, run_id: &str, after: u64) -> Result<Vec<gw::RunEvent>, StageError> {
@@ -249,13 +312,7 @@ impl RunStorage for PostgresStore {
         let n = self
             .client()
             .await?
-            .execute(
-                "INSERT INTO checkpoints (run_id, key, value)
-                 SELECT $1, $2, $3 WHERE EXISTS (
-                     SELECT 1 FROM runs WHERE run_id = $1 AND owner = $4 AND lease_until > now())
-                 ON CONFLICT (run_id, key) DO UPDATE SET value = EXCLUDED.value",
-                &[&run_id, &key, &value, &self.owner],
-            )
+            .execute(PUT_CHECKPOINT, &[&run_id, &key, &value, &self.owner])
             .await
             .map_err(db_err)?;
         if n == 0 {

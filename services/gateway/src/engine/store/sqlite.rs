@@ -8,7 +8,7 @@ use assay_proto::gateway::v1 as gw;
 use prost::Message;
 use rusqlite::{OptionalExtension, params};
 
-use super::{ControlOutcome, ControlRefusal, PostedControl, RunStorage, StoredRun};
+use super::{ControlOutcome, ControlRefusal, PostedControl, RunStorage, RunWrite, StoredRun};
 
 /// Run storage in one SQLite file (or in memory); every call runs on a blocking thread.
 pub struct SqliteStore {
@@ -22,6 +22,27 @@ fn db_err(e: rusqlite::Error) -> StageError {
 
 fn decode_err(e: prost::DecodeError) -> StageError {
     StageError::Internal(format!("run store: corrupt record: {e}"))
+}
+
+fn put_summary(c: &rusqlite::Connection, run: &gw::Run) -> Result<(), StageError> {
+    c.prepare_cached("UPDATE runs SET state = ?2, run = ?3 WHERE run_id = ?1")
+        .and_then(|mut s| s.execute(params![run.run_id, run.state, run.encode_to_vec()]))
+        .map_err(db_err)?;
+    Ok(())
+}
+
+fn put_event(c: &rusqlite::Connection, event: &gw::RunEvent) -> Result<(), StageError> {
+    c.prepare_cached("INSERT INTO events (run_id, sequence, event) VALUES (?1, ?2, ?3)")
+        .and_then(|mut s| s.execute(params![event.run_id, event.sequence as i64, event.encode_to_vec()]))
+        .map_err(db_err)?;
+    Ok(())
+}
+
+fn put_checkpoint(c: &rusqlite::Connection, run_id: &str, key: &str, value: &[u8]) -> Result<(), StageError> {
+    c.prepare_cached("INSERT OR REPLACE INTO checkpoints (run_id, key, value) VALUES (?1, ?2, ?3)")
+        .and_then(|mut s| s.execute(params![run_id, key, value]))
+        .map_err(db_err)?;
+    Ok(())
 }
 
 impl SqliteStore {
@@ -116,26 +137,29 @@ impl RunStorage for SqliteStore {
 
     /// Replace a run's summary.
     async fn update(&self, run: gw::Run) -> Result<(), StageError> {
-        self.with(move |c| {
-            c.execute(
-                "UPDATE runs SET state = ?2, run = ?3 WHERE run_id = ?1",
-                params![run.run_id, run.state, run.encode_to_vec()],
-            )
-            .map_err(db_err)?;
-            Ok(())
-        })
-        .await
+        self.with(move |c| put_summary(c, &run)).await
     }
 
     /// Append one event (sequence numbers are assigned by the caller, gap-free).
     async fn append_event(&self, event: gw::RunEvent) -> Result<(), StageError> {
+        self.with(move |c| put_event(c, &event)).await
+    }
+
+    async fn write(&self, run_id: &str, writes: Vec<RunWrite>) -> Result<(), StageError> {
+        if writes.is_empty() {
+            return Ok(());
+        }
+        let run_id = run_id.to_string();
         self.with(move |c| {
-            c.execute(
-                "INSERT INTO events (run_id, sequence, event) VALUES (?1, ?2, ?3)",
-                params![event.run_id, event.sequence as i64, event.encode_to_vec()],
-            )
-            .map_err(db_err)?;
-            Ok(())
+            let tx = c.transaction().map_err(db_err)?;
+            for w in &writes {
+                match w {
+                    RunWrite::Event(e) => put_event(&tx, e)?,
+                    RunWrite::Checkpoint { key, value } => put_checkpoint(&tx, &run_id, key, value)?,
+                    RunWrite::Summary(run) => put_summary(&tx, run)?,
+                }
+            }
+            tx.commit().map_err(db_err)
         })
         .await
     }
@@ -162,15 +186,7 @@ impl RunStorage for SqliteStore {
     /// Store a checkpoint of a run under `key` (replacing the one stored there).
     async fn put_checkpoint(&self, run_id: &str, key: &str, value: Vec<u8>) -> Result<(), StageError> {
         let (run_id, key) = (run_id.to_string(), key.to_string());
-        self.with(move |c| {
-            c.execute(
-                "INSERT OR REPLACE INTO checkpoints (run_id, key, value) VALUES (?1, ?2, ?3)",
-                params![run_id, key, value],
-            )
-            .map_err(db_err)?;
-            Ok(())
-        })
-        .await
+        self.with(move |c| put_checkpoint(c, &run_id, &key, &value)).await
     }
 
     /// A run's checkpoints whose key starts with `prefix`, by key.
