@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use assay_gateway::RunStore;
+use assay_gateway::engine::store::RunWrite;
 use assay_proto::gateway::v1 as gw;
 use assay_testkit::TempPostgres;
 
@@ -22,6 +23,18 @@ fn run(id: &str, created: i64, state: gw::RunState, kind: gw::PipelineKind) -> g
 
 fn request(label: &str) -> gw::RunPipelineRequest {
     gw::RunPipelineRequest { label: label.into(), pipeline: None }
+}
+
+async fn append(store: &RunStore, event: gw::RunEvent) -> Result<(), assay_domain::StageError> {
+    store.write(&event.run_id.clone(), vec![RunWrite::Event(Box::new(event))]).await
+}
+
+async fn put(store: &RunStore, run_id: &str, key: &str, value: &[u8]) -> Result<(), assay_domain::StageError> {
+    store.write(run_id, vec![RunWrite::Checkpoint { key: key.into(), value: value.to_vec() }]).await
+}
+
+async fn update(store: &RunStore, run: gw::Run) -> Result<(), assay_domain::StageError> {
+    store.write(&run.run_id.clone(), vec![RunWrite::Summary(Box::new(run))]).await
 }
 
 fn event(run_id: &str, sequence: u64) -> gw::RunEvent {
@@ -53,20 +66,20 @@ async fn contract(store: &RunStore) {
 
     // Events: gap-free appends, read after a sequence, no duplicate sequence.
     for seq in 1..=5 {
-        store.append_event(event("a", seq)).await.unwrap();
+        append(store, event("a", seq)).await.unwrap();
     }
-    assert!(store.append_event(event("a", 3)).await.is_err(), "a sequence is written once");
+    assert!(append(store, event("a", 3)).await.is_err(), "a sequence is written once");
     let after: Vec<u64> = store.events_after("a", 2).await.unwrap().iter().map(|e| e.sequence).collect();
     assert_eq!(after, vec![3, 4, 5]);
     assert!(store.events_after("a", u64::MAX).await.unwrap().is_empty());
     assert!(store.events_after("b", 0).await.unwrap().is_empty());
 
     // Checkpoints: replaced under a key, listed by prefix in key order (prefixes are literal).
-    store.put_checkpoint("a", "rec/2", b"two".to_vec()).await.unwrap();
-    store.put_checkpoint("a", "rec/1", b"one".to_vec()).await.unwrap();
-    store.put_checkpoint("a", "rec/1", b"uno".to_vec()).await.unwrap();
-    store.put_checkpoint("a", "rec_x", b"other".to_vec()).await.unwrap();
-    store.put_checkpoint("a", "%rec", b"pct".to_vec()).await.unwrap();
+    put(store, "a", "rec/2", b"two").await.unwrap();
+    put(store, "a", "rec/1", b"one").await.unwrap();
+    put(store, "a", "rec/1", b"uno").await.unwrap();
+    put(store, "a", "rec_x", b"other").await.unwrap();
+    put(store, "a", "%rec", b"pct").await.unwrap();
     let cps = store.checkpoints("a", "rec/").await.unwrap();
     assert_eq!(cps, vec![("rec/1".to_string(), b"uno".to_vec()), ("rec/2".to_string(), b"two".to_vec())]);
     assert_eq!(store.checkpoints("a", "%").await.unwrap().len(), 1);
@@ -77,13 +90,12 @@ async fn contract(store: &RunStore) {
     let mut done = a.run.clone();
     done.state = Succeeded as i32;
     done.records_done = 7;
-    store.update(done).await.unwrap();
+    update(store, done).await.unwrap();
     let a = store.get("a").await.unwrap().unwrap();
     assert_eq!((a.run.state, a.run.records_done), (Succeeded as i32, 7));
 
     // Batched writes (the run writer's group commit): applied in order in one transaction, all or
     // none. A later checkpoint of the batch replaces an earlier one of the same key.
-    use assay_gateway::engine::store::RunWrite;
     let mut c = store.get("c").await.unwrap().unwrap().run;
     c.records_done = 2;
     let batch = vec![
@@ -123,7 +135,7 @@ async fn contract(store: &RunStore) {
 
     // A finished run stored at once (Evaluate) takes its one event.
     store.create(run("e", 99, Succeeded, ChecklistEval), request("e")).await.unwrap();
-    store.append_event(event("e", 1)).await.unwrap();
+    append(store, event("e", 1)).await.unwrap();
 
     // At startup the unfinished runs are this gateway's to resume, oldest first.
     let orphans: Vec<String> = store.claim_orphans(true).await.unwrap().into_iter().map(|s| s.run.run_id).collect();
@@ -170,15 +182,14 @@ async fn postgres_leases_fence_writes_and_orphans_are_taken_over() {
     let a = RunStore::connect(&url, "gw-a", lease).await.unwrap();
     let b = RunStore::connect(&url, "gw-b", lease).await.unwrap();
     a.create(run("r1", 1, gw::RunState::Running, gw::PipelineKind::ChecklistEval), request("r1")).await.unwrap();
-    a.append_event(event("r1", 1)).await.unwrap();
+    append(&a, event("r1", 1)).await.unwrap();
 
     // Held by A: B takes nothing, and B's writes to A's run are refused.
     assert!(b.claim_orphans(false).await.unwrap().is_empty());
     assert!(b.claim_orphans(true).await.unwrap().is_empty(), "startup takes only its own name's runs");
-    let e = b.append_event(event("r1", 2)).await.unwrap_err().to_string();
+    let e = append(&b, event("r1", 2)).await.unwrap_err().to_string();
     assert!(e.contains("no longer holds its lease"), "{e}");
-    assert!(b.put_checkpoint("r1", "k", vec![1]).await.is_err());
-    use assay_gateway::engine::store::RunWrite;
+    assert!(put(&b, "r1", "k", &[1]).await.is_err());
     let fenced =
         vec![RunWrite::Checkpoint { key: "k".into(), value: vec![1] }, RunWrite::Event(Box::new(event("r1", 2)))];
     let e = b.write("r1", fenced.clone()).await.unwrap_err().to_string();
@@ -199,12 +210,12 @@ async fn postgres_leases_fence_writes_and_orphans_are_taken_over() {
     assert_eq!(taken.len(), 1, "B takes the run over after the lease expires");
     assert_eq!(taken[0].run.run_id, "r1");
     assert_eq!(a.renew(&["r1".into()]).await.unwrap(), vec!["r1".to_string()], "A learns it lost the run");
-    assert!(a.append_event(event("r1", 2)).await.unwrap_err().to_string().contains("no longer holds its lease"));
+    assert!(append(&a, event("r1", 2)).await.unwrap_err().to_string().contains("no longer holds its lease"));
     let mut summary = taken[0].run.clone();
     summary.records_done = 1;
-    assert!(a.update(summary.clone()).await.is_err());
-    b.append_event(event("r1", 2)).await.unwrap();
-    b.update(summary).await.unwrap();
+    assert!(update(&a, summary.clone()).await.is_err());
+    append(&b, event("r1", 2)).await.unwrap();
+    update(&b, summary).await.unwrap();
     assert_eq!(b.events_after("r1", 0).await.unwrap().len(), 2);
 
     // A released lease (graceful shutdown) is taken at once; a startup takes back its own runs.

@@ -556,100 +556,13 @@ impl RunCtx {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicBool, Ordering};
-
     use futures::FutureExt;
 
     use super::*;
-    use crate::engine::store::{ControlOutcome, ControlRefusal, PostedControl, RunStorage, SqliteStore, StoredRun};
+    use crate::engine::store::ObservedStore;
 
-    /// A SQLite store that records the size of every batch written and can be made to fail.
-    struct Counted {
-        inner: SqliteStore,
-        batches: Mutex<Vec<usize>>,
-        down: AtomicBool,
-    }
-
-    #[async_trait::async_trait]
-    impl RunStorage for Counted {
-        fn describe(&self) -> String {
-            self.inner.describe()
-        }
-        fn shared(&self) -> bool {
-            false
-        }
-        async fn create(&self, run: gw::Run, request: gw::RunPipelineRequest) -> Result<(), StageError> {
-            self.inner.create(run, request).await
-        }
-        async fn update(&self, run: gw::Run) -> Result<(), StageError> {
-            self.inner.update(run).await
-        }
-        async fn append_event(&self, event: gw::RunEvent) -> Result<(), StageError> {
-            self.inner.append_event(event).await
-        }
-        async fn write(&self, run_id: &str, writes: Vec<RunWrite>) -> Result<(), StageError> {
-            self.batches.lock().unwrap().push(writes.len());
-            if self.down.load(Ordering::SeqCst) {
-                return Err(StageError::Unavailable("run store down".into()));
-            }
-            self.inner.write(run_id, writes).await
-        }
-        async fn events_after(&self, run_id: &str, after: u64) -> Result<Vec<gw::RunEvent>, StageError> {
-            self.inner.events_after(run_id, after).await
-        }
-        async fn put_checkpoint(&self, run_id: &str, key: &str, value: Vec<u8>) -> Result<(), StageError> {
-            self.inner.put_checkpoint(run_id, key, value).await
-        }
-        async fn checkpoints(&self, run_id: &str, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, StageError> {
-            self.inner.checkpoints(run_id, prefix).await
-        }
-        async fn get(&self, run_id: &str) -> Result<Option<StoredRun>, StageError> {
-            self.inner.get(run_id).await
-        }
-        async fn list(
-            &self,
-            kind: i32,
-            state: i32,
-            cursor: Option<(i64, String)>,
-            limit: usize,
-        ) -> Result<Vec<gw::Run>, StageError> {
-            self.inner.list(kind, state, cursor, limit).await
-        }
-        async fn claim_orphans(&self, startup: bool) -> Result<Vec<StoredRun>, StageError> {
-            self.inner.claim_orphans(startup).await
-        }
-        async fn renew(&self, run_ids: &[String]) -> Result<Vec<String>, StageError> {
-            self.inner.renew(run_ids).await
-        }
-        async fn release(&self, run_id: &str) -> Result<(), StageError> {
-            self.inner.release(run_id).await
-        }
-        async fn post_control(&self, request: gw::ControlRunRequest) -> Result<i64, StageError> {
-            self.inner.post_control(request).await
-        }
-        async fn posted_controls(&self, run_ids: &[String]) -> Result<Vec<PostedControl>, StageError> {
-            self.inner.posted_controls(run_ids).await
-        }
-        async fn remove_control(&self, id: i64) -> Result<(), StageError> {
-            self.inner.remove_control(id).await
-        }
-        async fn refuse_control(&self, id: i64, refusal: ControlRefusal) -> Result<(), StageError> {
-            self.inner.refuse_control(id, refusal).await
-        }
-        async fn control_outcome(&self, id: i64) -> Result<ControlOutcome, StageError> {
-            self.inner.control_outcome(id).await
-        }
-        async fn count_by_state(&self) -> Result<Vec<(i32, i64)>, StageError> {
-            self.inner.count_by_state().await
-        }
-    }
-
-    async fn stored_run() -> (Arc<Counted>, RunStore, gw::Run) {
-        let counted = Arc::new(Counted {
-            inner: SqliteStore::open(":memory:").unwrap(),
-            batches: Mutex::default(),
-            down: AtomicBool::new(false),
-        });
+    async fn stored_run() -> (Arc<ObservedStore>, RunStore, gw::Run) {
+        let counted = Arc::new(ObservedStore::new(RunStore::open(":memory:").unwrap()));
         let store = RunStore::from_storage(counted.clone());
         let run = gw::Run { run_id: "r".into(), state: gw::RunState::Running as i32, ..Default::default() };
         store.create(run.clone(), gw::RunPipelineRequest::default()).await.unwrap();
@@ -688,14 +601,14 @@ mod tests {
         assert_eq!((summary.last_sequence, summary.records_done), (300, 300));
         // 600 writes queued before the writer ran: two transactions (512 + the rest), each with
         // the run's summary once.
-        assert_eq!(*counted.batches.lock().unwrap(), [513, 89]);
+        assert_eq!(counted.batches(), [513, 89]);
     }
 
     #[tokio::test]
     async fn a_failed_batch_fails_every_write_in_it_and_takes_no_sequence() {
         let (counted, store, run) = stored_run().await;
         let ctx = RunCtx::new(run, 0, Some(store.clone()));
-        counted.down.store(true, Ordering::SeqCst);
+        counted.set_failing(true);
         let mut writes = Writes::default();
         writes.push(ctx.checkpoint_queued("k", &gw::RecordResult::default()));
         writes.push(ctx.emit_queued(scored(1)));
@@ -705,7 +618,7 @@ mod tests {
         let mut again = Writes::default();
         again.push(ctx.emit_queued(scored(3)));
         assert!(again.next_error().now_or_never().is_none(), "pending while the write is under way");
-        counted.down.store(false, Ordering::SeqCst);
+        counted.set_failing(false);
         // The earlier write may still be failing; wait for this one by itself.
         ctx.emit(scored(4)).await.unwrap();
         let seqs: Vec<u64> = store.events_after("r", 0).await.unwrap().iter().map(|e| e.sequence).collect();

@@ -249,8 +249,9 @@ impl Engine {
                 event: Some(Event::Completed(gw::RunCompleted { state: stored.state, result: stored.result.clone() })),
             };
             let saved = async {
+                let run_id = stored.run_id.clone();
                 store.create(stored, request).await?;
-                store.append_event(event).await
+                store.write(&run_id, vec![store::RunWrite::Event(Box::new(event))]).await
             };
             if let Err(e) = saved.await {
                 tracing::warn!(error = %e, "could not store the evaluation run");

@@ -9,6 +9,7 @@
 //!   checkpoints is fenced by that lease, so a gateway that lost a run can no longer change it.
 //!   Another gateway takes over a run whose lease expired and resumes it from its checkpoints.
 
+mod observed;
 mod pg_tls;
 mod postgres;
 mod sqlite;
@@ -18,6 +19,7 @@ use std::sync::Arc;
 use assay_domain::StageError;
 use assay_proto::gateway::v1 as gw;
 
+pub use observed::ObservedStore;
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
 
@@ -74,18 +76,12 @@ pub trait RunStorage: Send + Sync {
     fn shared(&self) -> bool;
     /// Insert a new run, owned by this gateway.
     async fn create(&self, run: gw::Run, request: gw::RunPipelineRequest) -> Result<(), StageError>;
-    /// Replace a run's summary.
-    async fn update(&self, run: gw::Run) -> Result<(), StageError>;
-    /// Append one event (sequence numbers are assigned by the caller, gap-free).
-    async fn append_event(&self, event: gw::RunEvent) -> Result<(), StageError>;
     /// Apply `writes` of run `run_id` in order, in one transaction: all of them or none. The run's
     /// writer hands over everything queued since its last write at once (group commit), so a run
     /// pays one transaction per batch instead of one per event and checkpoint.
     async fn write(&self, run_id: &str, writes: Vec<RunWrite>) -> Result<(), StageError>;
     /// Events with sequence > `after`, in order.
     async fn events_after(&self, run_id: &str, after: u64) -> Result<Vec<gw::RunEvent>, StageError>;
-    /// Store a checkpoint of a run under `key` (replacing the one stored there).
-    async fn put_checkpoint(&self, run_id: &str, key: &str, value: Vec<u8>) -> Result<(), StageError>;
     /// A run's checkpoints whose key starts with `prefix`, by key.
     async fn checkpoints(&self, run_id: &str, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, StageError>;
     /// One run.

@@ -19,7 +19,6 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (1, include_str!("../../../migrations/postgres/0001_runs.sql")),
     (2, include_str!("../../../migrations/postgres/0002_control_refusals.sql")),
 ];
-/// The advisory lock gateways starting together take to apply the migrations once.
 /// A run's summary, fenced by this gateway's lease: $1 run, $2 state, $3 summary, $4 owner.
 const UPDATE_SUMMARY: &str =
     "UPDATE runs SET state = $2, run = $3 WHERE run_id = $1 AND owner = $4 AND lease_until > now()";
@@ -35,6 +34,7 @@ const PUT_CHECKPOINT: &str = "INSERT INTO checkpoints (run_id, key, value)
          SELECT 1 FROM runs WHERE run_id = $1 AND owner = $4 AND lease_until > now())
      ON CONFLICT (run_id, key) DO UPDATE SET value = EXCLUDED.value";
 
+/// The advisory lock gateways starting together take to apply the migrations once.
 const MIGRATION_LOCK: i64 = 0x6173_7361_795f_6d67;
 
 /// Terminal run states (SUCCEEDED, PARTIAL, FAILED, CANCELLED), as stored.
@@ -208,42 +208,6 @@ impl RunStorage for PostgresStore {
         Ok(())
     }
 
-    async fn update(&self, run: gw::Run) -> Result<(), StageError> {
-        let n = self
-            .client()
-            .await?
-            .execute(UPDATE_SUMMARY, &[&run.run_id, &run.state, &run.encode_to_vec(), &self.owner])
-            .await
-            .map_err(db_err)?;
-        if n == 0 {
-            return Err(lease_lost(&run.run_id));
-        }
-        Ok(())
-    }
-
-    async fn append_event(&self, event: gw::RunEvent) -> Result<(), StageError> {
-        // A finished run's single event (Evaluate) is written unfenced: the run is nobody's.
-        let n = self
-            .client()
-            .await?
-            .execute(
-                APPEND_EVENT,
-                &[
-                    &event.run_id,
-                    &i64::try_from(event.sequence).unwrap_or(i64::MAX),
-                    &event.encode_to_vec(),
-                    &self.owner,
-                    &&ENDED[..],
-                ],
-            )
-            .await
-            .map_err(db_err)?;
-        if n == 0 {
-            return Err(lease_lost(&event.run_id));
-        }
-        Ok(())
-    }
-
     async fn write(&self, run_id: &str, writes: Vec<RunWrite>) -> Result<(), StageError> {
         if writes.is_empty() {
             return Ok(());
@@ -306,19 +270,6 @@ impl RunStorage for PostgresStore {
             .await
             .map_err(db_err)?;
         rows.iter().map(|r| gw::RunEvent::decode(r.get::<_, &[u8]>(0)).map_err(decode_err)).collect()
-    }
-
-    async fn put_checkpoint(&self, run_id: &str, key: &str, value: Vec<u8>) -> Result<(), StageError> {
-        let n = self
-            .client()
-            .await?
-            .execute(PUT_CHECKPOINT, &[&run_id, &key, &value, &self.owner])
-            .await
-            .map_err(db_err)?;
-        if n == 0 {
-            return Err(lease_lost(run_id));
-        }
-        Ok(())
     }
 
     async fn checkpoints(&self, run_id: &str, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, StageError> {

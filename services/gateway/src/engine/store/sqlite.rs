@@ -135,16 +135,6 @@ impl RunStorage for SqliteStore {
         .await
     }
 
-    /// Replace a run's summary.
-    async fn update(&self, run: gw::Run) -> Result<(), StageError> {
-        self.with(move |c| put_summary(c, &run)).await
-    }
-
-    /// Append one event (sequence numbers are assigned by the caller, gap-free).
-    async fn append_event(&self, event: gw::RunEvent) -> Result<(), StageError> {
-        self.with(move |c| put_event(c, &event)).await
-    }
-
     async fn write(&self, run_id: &str, writes: Vec<RunWrite>) -> Result<(), StageError> {
         if writes.is_empty() {
             return Ok(());
@@ -181,12 +171,6 @@ impl RunStorage for SqliteStore {
             Ok(out)
         })
         .await
-    }
-
-    /// Store a checkpoint of a run under `key` (replacing the one stored there).
-    async fn put_checkpoint(&self, run_id: &str, key: &str, value: Vec<u8>) -> Result<(), StageError> {
-        let (run_id, key) = (run_id.to_string(), key.to_string());
-        self.with(move |c| put_checkpoint(c, &run_id, &key, &value)).await
     }
 
     /// A run's checkpoints whose key starts with `prefix`, by key.
