@@ -56,12 +56,13 @@ fn marker(id: &str) -> String {
     format!("After this revision every sentence in the part called {id} stays short and clear.")
 }
 
-/// The text between the line after `label` and the next `>>>`.
+/// The text of the `<section ...>` quoted after `label`.
 fn block_after(prompt: &str, label: &str) -> Option<String> {
     let start = prompt.find(label)?;
     let rest = &prompt[start..];
-    let open = rest.find("<<<\n")? + 4;
-    let close = rest[open..].find("\n>>>")?;
+    let tag = rest.find("<section")?;
+    let open = tag + rest[tag..].find(">\n")? + 2;
+    let close = rest[open..].find("\n</section>")?;
     Some(rest[open..open + close].to_string())
 }
 

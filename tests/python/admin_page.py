@@ -11,6 +11,8 @@ Usage: admin_page.py <mode> '<json args>'. Modes:
               questions render as characters and never run.
   views       a debate's problems with their answers and stage artifacts; a self-refine run's
               passes and final text.
+With args["token"] in refinement and views, the page is first opened as the gateway prints it,
+`<url>/#token=<token>` (a token generated at start): it keeps the token and drops it from the URL.
 Prints READY (the Rust side then releases the backend) where a mode needs it, and OK at the end;
 any failed check raises. Screenshots go to args["shots"].
 """
@@ -91,10 +93,21 @@ def control(d, button, reason):
     one(d, button).click()
 
 
+def login(d, args):
+    """Open the URL the gateway prints (`#token=...`): no prompt, and the token leaves the URL."""
+    if not args.get("token"):
+        return
+    d.get(f"{args['url']}/#token={args['token']}")
+    wait(d, "the page opened with the token", lambda d: shown(d, "#app"))
+    assert not shown(d, "#auth"), "the token from the URL is used: no prompt"
+    assert "token" not in d.current_url, f"the token is dropped from the URL: {d.current_url}"
+
+
 def refinement(d, args):
+    login(d, args)
     d.get(args["url"] + "/")
     wait(d, "the runs list", lambda d: len(d.find_elements(By.CSS_SELECTOR, "#runs tbody tr[data-run-id]")) >= 3)
-    assert not shown(d, "#auth"), "no token configured: no prompt"
+    assert not shown(d, "#auth"), "the token is held for the tab: no prompt"
     shot(d, args, "runs-list")
 
     # A best-effort result: the banner with the quality and the hints, one sparkline point per score.
@@ -177,7 +190,8 @@ def checklist(d, args):
     assert not shown(d, "#app"), "nothing but the prompt without the token"
     status = d.execute_async_script(
         "const done = arguments[0];"
-        "fetch('/api/ListRuns', {method: 'POST', body: '{}'}).then(r => done(r.status), () => done(-1));")
+        "fetch('/api/ListRuns', {method: 'POST', headers: {'Content-Type': 'application/json'}, body: '{}'})"
+        ".then(r => done(r.status), () => done(-1));")
     assert status == 401, f"the API refuses a call without the token: {status}"
     one(d, "#token").send_keys("wrong-token")
     one(d, "#token-submit").click()
@@ -213,6 +227,7 @@ def checklist(d, args):
 
 
 def views(d, args):
+    login(d, args)
     open_run(d, args, args["debate"])
     wait(d, "the debate's problems", lambda d: len(d.find_elements(By.CSS_SELECTOR, "#debate .problem")) == 2)
     for pid in args["problems"]:

@@ -77,12 +77,19 @@ pub struct SandboxOptions {
     pub store: Option<String>,
     /// Records the gateway scores at once (default 16).
     pub concurrency: Option<u32>,
-    /// Serve the admin page on a free port.
+    /// Serve the admin page on a free port (guarded by `auth_token`, else by a token generated at
+    /// start: [`MeshSandbox::admin_token`]).
     pub admin: bool,
+    /// Serve the admin page with no token when `auth_token` is unset (`admin.no_auth`, unsafe).
+    pub no_admin_auth: bool,
+    /// `admin.allowed_hosts`.
+    pub admin_allowed_hosts: Vec<String>,
     /// TLS on every service and between them (`[tls]`); the sandbox's own channels use it too.
     pub tls: Option<assay_config::TlsConfig>,
     /// The API key the backend client sends (`Authorization: Bearer <key>` to the scripted backend).
     pub api_key: Option<String>,
+    /// The backend client's adaptive attempt timeouts (default: the client's).
+    pub adaptive_timeout: Option<assay_llm::AdaptiveTimeout>,
 }
 
 impl MeshSandbox {
@@ -103,6 +110,8 @@ impl MeshSandbox {
         if options.admin {
             config.ports.admin = Some(0);
         }
+        config.admin.no_auth = options.no_admin_auth;
+        config.admin.allowed_hosts = options.admin_allowed_hosts.clone();
         if let Some(path) = &options.store {
             config.gateway.store = path.clone();
         }
@@ -114,6 +123,9 @@ impl MeshSandbox {
         cfg.default_model = "scripted-judge".into();
         cfg.base_backoff = Duration::from_millis(10);
         cfg.max_backoff = Duration::from_millis(200);
+        if let Some(adaptive) = options.adaptive_timeout {
+            cfg.adaptive_timeout = adaptive;
+        }
         let client = Arc::new(OpenAiClient::new(cfg).expect("client"));
         let (chat, embed): (Arc<dyn assay_llm::ChatModel>, Arc<dyn assay_llm::EmbeddingModel>) = if options.cache {
             (
@@ -153,6 +165,11 @@ impl MeshSandbox {
     /// The admin page's base URL (the sandbox must have been started with `admin`).
     pub fn admin_url(&self) -> String {
         format!("http://{}", self.mesh().addrs.admin.expect("the sandbox serves the admin page"))
+    }
+
+    /// The token the admin page requires (configured or generated at start); `None` when open.
+    pub fn admin_token(&self) -> Option<String> {
+        self.mesh().admin_auth().token().map(str::to_string)
     }
 
     pub fn gateway_url(&self) -> String {

@@ -1,5 +1,7 @@
 //! The admin page's HTTP face of the gateway (JSON + server-sent events) against the whole mesh:
-//! the same contract as gRPC (proto3 JSON mapping), the same errors, the same auth.
+//! the same contract as gRPC (proto3 JSON mapping), the same errors, the same auth; and
+//! same-origin only: a token even with none configured (generated per start), JSON POSTs only,
+//! foreign Origins and Hosts refused, `nosniff` answers, bounded error messages.
 
 use assay_proto::common::v1 as pb;
 use assay_proto::gateway::v1 as gw;
@@ -64,7 +66,10 @@ async fn evaluated(sandbox: &MeshSandbox, n: usize) -> String {
 }
 
 async fn post(url: &str, method: &str, token: Option<&str>, body: &str) -> (u16, Value) {
-    let mut req = reqwest::Client::new().post(format!("{url}/api/{method}")).body(body.to_string());
+    let mut req = reqwest::Client::new()
+        .post(format!("{url}/api/{method}"))
+        .header("content-type", "application/json")
+        .body(body.to_string());
     if let Some(t) = token {
         req = req.bearer_auth(t);
     }
@@ -268,6 +273,7 @@ async fn the_page_shows_a_debate_stage_by_stage_and_the_passes_of_a_self_refine(
     let refine_id = events[0].run_id.clone();
     let args = json!({
         "url": sandbox.admin_url(),
+        "token": sandbox.admin_token().expect("a token is generated when none is configured"),
         "debate": debate_id,
         "problems": ["p1", "p2"],
         "answer": "42",
@@ -276,5 +282,266 @@ async fn the_page_shows_a_debate_stage_by_stage_and_the_passes_of_a_self_refine(
         "shots": format!("{}/admin-screenshots", env!("CARGO_TARGET_TMPDIR")),
     });
     assay_tests::admin_browser("views", &args, |_| {}).await;
+    sandbox.shutdown().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Same-origin only
+
+/// A raw request to the admin page: (status, headers, body).
+async fn raw(
+    sandbox: &MeshSandbox,
+    method: reqwest::Method,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, reqwest::header::HeaderMap, String) {
+    let mut req = reqwest::Client::new().request(method, format!("{}{path}", sandbox.admin_url()));
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = req.body(body.to_string()).send().await.expect("the admin page answers");
+    let (status, headers) = (resp.status().as_u16(), resp.headers().clone());
+    (status, headers, resp.text().await.expect("a body"))
+}
+
+fn admin_port(sandbox: &MeshSandbox) -> u16 {
+    sandbox.mesh().addrs.admin.expect("admin page").port()
+}
+
+/// With no token at all (`admin.no_auth`, as `assay up --no-admin-auth`), the page is open to
+/// itself, but a cross-origin page still cannot drive it: a `text/plain` POST (a "simple" request
+/// with no preflight) is refused, as is any foreign or `null` Origin and a preflight.
+#[tokio::test]
+async fn cross_origin_and_non_json_posts_are_refused_even_when_the_page_is_open() {
+    let sandbox =
+        MeshSandbox::start_with(SandboxOptions { admin: true, no_admin_auth: true, ..Default::default() }).await;
+    sandbox.llm.set_handler(answer);
+    assert_eq!(sandbox.admin_token(), None, "--no-admin-auth: no token");
+    let run_id = evaluated(&sandbox, 1).await;
+    let own = sandbox.admin_url();
+    let cancel = json!({"runId": run_id, "cancel": {}, "reason": "from a web page"}).to_string();
+    let post = reqwest::Method::POST;
+
+    // What a hostile page can send without a preflight: text/plain (and forms), with its Origin.
+    for (origin, content_type, expected) in [
+        (Some("http://evil.example"), "text/plain", 403),
+        (Some("null"), "text/plain;charset=UTF-8", 403),
+        (None, "text/plain", 415),
+        (None, "application/x-www-form-urlencoded", 415),
+        (None, "multipart/form-data; boundary=x", 415),
+        (Some("http://evil.example"), "application/json", 403),
+        (Some("null"), "application/json", 403),
+        (Some("https://evil.example"), "application/json", 403),
+    ] {
+        let mut headers = vec![("content-type", content_type)];
+        headers.extend(origin.map(|o| ("origin", o)));
+        for (method, body) in [("ControlRun", cancel.as_str()), ("ListRuns", "{}")] {
+            let (status, _, text) = raw(&sandbox, post.clone(), &format!("/api/{method}"), &headers, body).await;
+            assert_eq!(status, expected, "{method} {origin:?} {content_type}: {text}");
+            let err: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+            assert!(err["code"].is_string() && err["message"].is_string(), "{err}");
+        }
+    }
+    // A foreign Origin is refused on every route, the event stream included.
+    let watch = format!("/api/WatchRun?run_id={run_id}");
+    for path in ["/", "/api/config", watch.as_str()] {
+        let (status, _, text) =
+            raw(&sandbox, reqwest::Method::GET, path, &[("origin", "http://evil.example")], "").await;
+        assert_eq!(status, 403, "{path}: {text}");
+    }
+    // The CORS preflight a cross-origin JSON POST needs is never granted.
+    let (status, headers, _) = raw(
+        &sandbox,
+        reqwest::Method::OPTIONS,
+        "/api/ControlRun",
+        &[
+            ("origin", "http://evil.example"),
+            ("access-control-request-method", "POST"),
+            ("access-control-request-headers", "content-type"),
+        ],
+        "",
+    )
+    .await;
+    assert!(!(200..300).contains(&status), "preflight answered {status}");
+    assert!(headers.get("access-control-allow-origin").is_none(), "{headers:?}");
+
+    // Nothing was cancelled; the page itself (its own Origin, JSON) is served with no token.
+    let (status, got) = post_json(&sandbox, &json!({"runId": run_id}).to_string()).await;
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(got["run"]["state"], "RUN_STATE_SUCCEEDED");
+    assert!(got["run"]["auditLog"].as_array().is_some_and(Vec::is_empty), "{got}");
+    let origin = own.clone();
+    let (status, _, text) = raw(
+        &sandbox,
+        post.clone(),
+        "/api/ListRuns",
+        &[("content-type", "application/json; charset=utf-8"), ("origin", origin.as_str())],
+        "{}",
+    )
+    .await;
+    assert_eq!(status, 200, "the page's own origin, no token (--no-admin-auth): {text}");
+    let config: Value = reqwest::get(format!("{own}/api/config")).await.unwrap().json().await.unwrap();
+    assert_eq!(config, json!({"authRequired": false}));
+    sandbox.shutdown().await.unwrap();
+}
+
+/// GetRun as the page sends it (JSON, no Origin, no token).
+async fn post_json(sandbox: &MeshSandbox, body: &str) -> (u16, Value) {
+    let (status, _, text) =
+        raw(sandbox, reqwest::Method::POST, "/api/GetRun", &[("content-type", "application/json")], body).await;
+    (status, serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}")))
+}
+
+/// DNS rebinding: a page at evil.example whose name now resolves to 127.0.0.1 reaches the admin
+/// page with `Host: evil.example`, and is refused. The bound address, localhost (bound to
+/// loopback) and `admin.allowed_hosts` names are answered.
+#[tokio::test]
+async fn only_the_bound_address_localhost_and_allowed_hosts_are_answered() {
+    let sandbox = MeshSandbox::start_with(SandboxOptions {
+        admin: true,
+        no_admin_auth: true,
+        admin_allowed_hosts: vec!["Admin.Example".into(), "pinned.example:8443".into()],
+        ..Default::default()
+    })
+    .await;
+    let port = admin_port(&sandbox);
+    let json_ct = ("content-type", "application/json");
+    let refused = [
+        "evil.example".to_string(),
+        format!("evil.example:{port}"),
+        format!("127.0.0.1:{}", port.wrapping_add(1)),
+        format!("localhost.evil.example:{port}"),
+        "pinned.example:9000".into(),
+        "pinned.example".into(),
+    ];
+    for host in &refused {
+        for (method, path) in [
+            (reqwest::Method::GET, "/"),
+            (reqwest::Method::GET, "/api/config"),
+            (reqwest::Method::POST, "/api/ListRuns"),
+        ] {
+            let (status, _, text) = raw(&sandbox, method, path, &[("host", host.as_str()), json_ct], "{}").await;
+            assert_eq!(status, 403, "Host {host:?} {path}: {text}");
+        }
+    }
+    let answered = [
+        format!("127.0.0.1:{port}"),
+        format!("localhost:{port}"),
+        format!("LOCALHOST:{port}"),
+        "admin.example".into(),
+        "admin.example:443".into(),
+        "pinned.example:8443".into(),
+    ];
+    for host in &answered {
+        let (status, _, text) =
+            raw(&sandbox, reqwest::Method::POST, "/api/ListRuns", &[("host", host.as_str()), json_ct], "{}").await;
+        assert_eq!(status, 200, "Host {host:?}: {text}");
+    }
+    // Behind a proxy keeping the Host: the page's own origin is the allowed name.
+    let (status, _, text) = raw(
+        &sandbox,
+        reqwest::Method::POST,
+        "/api/ListRuns",
+        &[("host", "admin.example"), ("origin", "https://admin.example"), json_ct],
+        "{}",
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let (status, _, text) = raw(
+        &sandbox,
+        reqwest::Method::POST,
+        "/api/ListRuns",
+        &[("host", "admin.example"), ("origin", &format!("http://127.0.0.1:{port}")), json_ct],
+        "{}",
+    )
+    .await;
+    assert_eq!(status, 403, "an Origin other than the Host: {text}");
+    sandbox.shutdown().await.unwrap();
+}
+
+/// No token configured (the default): a token is generated per start, the page's URL carries it in
+/// the fragment, and every API call without it is refused. gRPC stays as configured (no auth).
+#[tokio::test]
+async fn a_token_is_generated_when_none_is_configured_and_required() {
+    let sandbox = MeshSandbox::start_with(SandboxOptions { admin: true, ..Default::default() }).await;
+    sandbox.llm.set_handler(answer);
+    let token = sandbox.admin_token().expect("a generated token");
+    assert!(token.len() >= 32 && token.chars().all(|c| c.is_ascii_hexdigit()), "{token}");
+    let page = sandbox.mesh().admin_url().expect("admin url");
+    assert_eq!(page, format!("{}/#token={token}", sandbox.admin_url()));
+    assert!(matches!(sandbox.mesh().admin_auth(), assay_gateway::admin::AdminAuth::Generated(_)));
+    assert!(!format!("{:?}", sandbox.mesh().admin_auth()).contains(&token), "Debug never shows the token");
+
+    let events = sandbox.run_pipeline(gw::run_pipeline_request::Pipeline::ChecklistEval(pipeline(1))).await;
+    let run_id = events[0].run_id.clone();
+    let url = sandbox.admin_url();
+    let config: Value = reqwest::get(format!("{url}/api/config")).await.unwrap().json().await.unwrap();
+    assert_eq!(config, json!({"authRequired": true}));
+    let cancel = json!({"runId": run_id, "cancel": {}, "reason": "no token"}).to_string();
+    for given in [None, Some("wrong")] {
+        for (method, body) in [("ListRuns", "{}"), ("ControlRun", cancel.as_str())] {
+            let (status, body) = post(&url, method, given, body).await;
+            assert_eq!((status, body["code"].as_str()), (401, Some("UNAUTHENTICATED")), "{method} {given:?}: {body}");
+        }
+    }
+    let watch = format!("{url}/api/WatchRun?run_id={run_id}");
+    assert_eq!(reqwest::get(&watch).await.unwrap().status().as_u16(), 401);
+    let (status, list) = post(&url, "ListRuns", Some(&token), "{}").await;
+    assert_eq!(status, 200, "{list}");
+    assert_eq!(list["runs"][0]["runId"], run_id.as_str());
+    let resp = reqwest::Client::new().get(&watch).bearer_auth(&token).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    sandbox.shutdown().await.unwrap();
+}
+
+/// (method, path, headers, body) of one request.
+type Case<'a> = (reqwest::Method, &'a str, Vec<(&'a str, &'a str)>, &'a str);
+
+/// Every JSON answer (and the event stream, and refusals) says `X-Content-Type-Options: nosniff`;
+/// an error quotes at most a bounded prefix of what the caller sent.
+#[tokio::test]
+async fn answers_say_nosniff_and_errors_quote_a_bounded_prefix_of_the_input() {
+    let sandbox = sandbox().await;
+    let run_id = evaluated(&sandbox, 1).await;
+    let auth = format!("Bearer {TOKEN}");
+    let json_ct = ("content-type", "application/json");
+    let bearer = ("authorization", auth.as_str());
+    let watch = format!("/api/WatchRun?run_id={run_id}");
+    let (get, post_m) = (reqwest::Method::GET, reqwest::Method::POST);
+    let cases: Vec<Case<'_>> = vec![
+        (get.clone(), "/api/config", vec![], ""),
+        (post_m.clone(), "/api/ListRuns", vec![json_ct, bearer], "{}"),
+        (post_m.clone(), "/api/ListRuns", vec![json_ct], "{}"),
+        (post_m.clone(), "/api/ListRuns", vec![], "{}"),
+        (post_m.clone(), "/api/GetRun", vec![json_ct, bearer], "{}"),
+        (post_m.clone(), "/api/ListRuns", vec![json_ct, ("origin", "http://evil.example")], "{}"),
+        (get.clone(), watch.as_str(), vec![bearer], ""),
+    ];
+    for (method, path, headers, body) in cases {
+        let (status, h, _) = raw(&sandbox, method, path, &headers, body).await;
+        assert_eq!(h.get("x-content-type-options").map(|v| v.to_str().unwrap()), Some("nosniff"), "{path} ({status})");
+    }
+
+    let long = "x".repeat(20_000);
+    let bodies = [
+        format!("{{\"{long}\": 1}}"),
+        json!({"runId": long}).to_string(),
+        format!("{{\"runId\": \"{long}"),
+        json!({"runId": run_id, "pause": {}, "reason": long}).to_string(),
+    ];
+    for (i, body) in bodies.iter().enumerate() {
+        let method = if i == 3 { "ControlRun" } else { "GetRun" };
+        let (status, err) = post(&sandbox.admin_url(), method, Some(TOKEN), body).await;
+        assert!(status >= 400, "{method} #{i}: {status}");
+        let text = err.to_string();
+        assert!(text.len() < 2_000, "{method} #{i}: an error of {} bytes quotes the input", text.len());
+    }
+    let (status, err) = post(&sandbox.admin_url(), &"M".repeat(5_000), Some(TOKEN), "{}").await;
+    assert_eq!(status, 404, "{err}");
+    assert!(err.to_string().len() < 1_000, "{}", err.to_string().len());
+    let (status, _, text) = raw(&sandbox, get.clone(), "/", &[("host", &format!("{long}.example"))], "").await;
+    assert_eq!(status, 403);
+    assert!(text.len() < 1_000, "{}", text.len());
     sandbox.shutdown().await.unwrap();
 }

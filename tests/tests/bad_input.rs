@@ -989,6 +989,18 @@ fn table(ch: &Channels) -> Table {
     t.not_found(CONTROL, UnknownRunId, "no-such-run", unary!(gateway, control_run, cancel("no-such-run")));
     t.invalid(
         CONTROL,
+        Huge,
+        "actor",
+        unary!(gateway, control_run, gw::ControlRunRequest { actor: "a".repeat(201), ..cancel("no-such-run") }),
+    );
+    t.invalid(
+        CONTROL,
+        Huge,
+        "reason",
+        unary!(gateway, control_run, gw::ControlRunRequest { reason: "r".repeat(2_001), ..cancel("no-such-run") }),
+    );
+    t.invalid(
+        CONTROL,
         InvalidUtf8,
         "actor",
         raw(

@@ -343,9 +343,9 @@ async fn the_self_refine_hook_polishes_final_answers_and_grading_uses_the_debate
     sandbox.llm.set_handler(|r| {
         let p = prompt(r);
         if p.starts_with("TASK:") {
-            let draft = p.split("DRAFT:\n<<<\n").nth(1).and_then(|d| d.split("\n>>>").next()).unwrap_or("");
+            let draft = p.split("DRAFT:\n<draft>\n").nth(1).and_then(|d| d.split("\n</draft>").next()).unwrap_or("");
             return Reply::text(format!(
-                "<critique>\n- Say it plainly.\n</critique>\n<revised>\n{draft}, checked\n</revised>"
+                "<critique>\n- Say it plainly.\n</critique>\n<revised>\n{draft}, ok\n</revised>"
             ))
             .usage(40, 8);
         }
@@ -367,7 +367,7 @@ async fn the_self_refine_hook_polishes_final_answers_and_grading_uses_the_debate
             assert_eq!(hook.skipped, "excluded");
             assert_eq!(pr.final_answer, debated);
         } else {
-            assert_eq!(pr.final_answer, format!("{debated}, checked"), "{pr:?}");
+            assert_eq!(pr.final_answer, format!("{debated}, ok"), "{pr:?}");
             assert_eq!(hook.refine.as_ref().map(|r| r.passes.len()), Some(1));
         }
     }

@@ -238,7 +238,14 @@ async fn secrets_never_reach_logs_errors_or_debug_output() {
     let admin = sandbox.admin_url();
     seen.push(http.get(format!("{admin}/api/config")).send().await.unwrap().text().await.unwrap());
     for (token, status) in [(WRONG_TOKEN, 401), (TOKEN, 200)] {
-        let r = http.post(format!("{admin}/api/ListRuns")).bearer_auth(token).body("{}").send().await.unwrap();
+        let r = http
+            .post(format!("{admin}/api/ListRuns"))
+            .bearer_auth(token)
+            .header("content-type", "application/json")
+            .body("{}")
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status().as_u16(), status);
         seen.push(format!("{} {:?} {}", r.status(), r.headers().clone(), r.text().await.unwrap()));
     }

@@ -5,8 +5,12 @@ use assay_proto::gateway::v1 as gw;
 use assay_proto::gateway::v1::gateway_service_client::GatewayServiceClient;
 use assay_proto::gateway::v1::run_event::Event;
 use assay_proto::refiners::v1 as rf;
-use assay_testkit::{Reply, hash_embedding};
-use assay_tests::{MeshSandbox, run_to_end};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use assay_testkit::{RecordedRequest, Reply, eventually, hash_embedding};
+use assay_tests::{MeshSandbox, SandboxOptions, run_to_end, watch_all};
 
 const DRAFT: &str = "Photosynthesis is how plants make food. They use light. Water and carbon dioxide \
                      go in and sugar and oxygen come out. This happens in the leaves of the plant, inside \
@@ -99,5 +103,145 @@ async fn bad_requests_name_the_field_and_call_no_model() {
         assert!(err.message().contains(field), "{field}: {}", err.message());
     }
     assert!(sandbox.llm.requests().is_empty(), "no model call");
+    sandbox.shutdown().await.unwrap();
+}
+
+fn passes_of(events: &[gw::RunEvent]) -> Vec<rf::SelfRefinePass> {
+    events
+        .iter()
+        .filter_map(|e| match &e.event {
+            Some(Event::SelfRefinePass(p)) => Some(p.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The final state and self-refine result of a run's events.
+fn outcome_of(events: &[gw::RunEvent]) -> (i32, rf::SelfRefineResponse) {
+    let Some(Event::Completed(done)) = events.last().and_then(|e| e.event.as_ref()) else {
+        panic!("the run completes: {events:?}")
+    };
+    let Some(gw::run_result::Result::SelfRefine(out)) = done.result.as_ref().and_then(|r| r.result.clone()) else {
+        panic!("a self-refine result: {done:?}")
+    };
+    (done.state, out)
+}
+
+fn chat_calls(sandbox: &MeshSandbox) -> usize {
+    sandbox.llm.requests().iter().filter(|r| r.is_chat()).count()
+}
+
+/// A model that answers the draft instead of revising it ("YES", a refusal) never replaces it:
+/// the run succeeds with the draft unchanged, stop reason REFINER_ERROR (not CONVERGED, which a
+/// second pass agreeing with the first "YES" used to report) and the pass saying why; a refusal
+/// inside a <revised> block is rolled back by the guard on pass 1 (ROLLED_BACK).
+#[tokio::test]
+async fn a_reply_that_is_not_a_revision_never_converges_and_keeps_the_draft() {
+    let refusal = "I am sorry, but I cannot help with that request.";
+    let cases = [
+        ("YES".to_string(), rf::SelfRefineStopReason::RefinerError),
+        (refusal.to_string(), rf::SelfRefineStopReason::RefinerError),
+        (
+            format!("<critique>\n- Cannot.\n</critique>\n<revised>\n{refusal}\n</revised>"),
+            rf::SelfRefineStopReason::RolledBack,
+        ),
+    ];
+    for (reply, stop) in cases {
+        let sandbox = MeshSandbox::start().await;
+        let text = reply.clone();
+        sandbox.llm.set_handler(move |r| {
+            if r.is_embeddings() {
+                return Reply::embeddings(r.embedding_inputs().iter().map(|t| hash_embedding(t, 32)).collect());
+            }
+            Reply::text(text.clone())
+        });
+        let events =
+            run_to_end(sandbox.gateway().await, gw::run_pipeline_request::Pipeline::SelfRefine(request(2))).await;
+        let (state, out) = outcome_of(&events);
+        assert_eq!(state, gw::RunState::Succeeded as i32, "{reply}");
+        assert_eq!(out.stop_reason, stop as i32, "{reply}: {out:?}");
+        assert!(!out.converged && !out.changed, "{reply}: {out:?}");
+        assert_eq!(out.final_text, DRAFT, "{reply}: the draft is kept");
+        let passes = passes_of(&events);
+        assert_eq!(passes.len(), 1, "{reply}: the loop stops at pass 1");
+        assert_eq!(passes, out.passes, "{reply}: the event is the result's pass");
+        let p = &passes[0];
+        assert!(!p.converged, "{reply}");
+        if stop == rf::SelfRefineStopReason::RefinerError {
+            assert!(p.error.contains("is not a revision of the draft"), "{reply}: {}", p.error);
+            assert!(p.revised_block_missing && !p.rolled_back, "{reply}: {p:?}");
+        } else {
+            assert!(p.rolled_back && p.error.is_empty(), "{reply}: {p:?}");
+            assert_eq!(p.rollback_threshold, Some(0.85), "{reply}: held to the original on pass 1");
+        }
+        assert_eq!(chat_calls(&sandbox), 1, "{reply}: no second pass");
+        sandbox.shutdown().await.unwrap();
+    }
+}
+
+/// The draft a self-refine prompt quotes.
+fn draft_of(r: &RecordedRequest) -> String {
+    let prompt = r.last_user_message().unwrap_or_default();
+    prompt.split("DRAFT:\n<draft>\n").nth(1).and_then(|d| d.split("\n</draft>").next()).unwrap_or_default().to_string()
+}
+
+/// A gateway restarted while pass 2 waits for its model appends only what is new: pass 1's event
+/// is not repeated, the sequence stays gap-free, and the events are the result's passes.
+#[tokio::test]
+async fn a_restart_mid_run_appends_only_new_pass_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("runs.db").display().to_string();
+    let mut sandbox = MeshSandbox::start_with(SandboxOptions { store: Some(store), ..Default::default() }).await;
+    // Pass 1 revises the draft; pass 2 (on the revision) hangs until the restart, then repeats
+    // the revision (converged).
+    let hang = Arc::new(AtomicBool::new(true));
+    let h = hang.clone();
+    sandbox.llm.set_handler(move |r| {
+        if r.is_embeddings() {
+            return Reply::embeddings(r.embedding_inputs().iter().map(|t| hash_embedding(t, 32)).collect());
+        }
+        if draft_of(r) != DRAFT && h.load(Ordering::SeqCst) {
+            return Reply::hang();
+        }
+        Reply::text(format!("<critique>\n- Name the cell parts.\n</critique>\n<revised>\n{}\n</revised>", revision(1)))
+    });
+    let mut client = GatewayServiceClient::new(sandbox.gateway().await);
+    let mut stream = client
+        .run_pipeline(gw::RunPipelineRequest {
+            pipeline: Some(gw::run_pipeline_request::Pipeline::SelfRefine(request(3))),
+            label: "interrupted".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut run_id = String::new();
+    loop {
+        let ev = stream.message().await.unwrap().expect("events until pass 1").event.unwrap();
+        run_id.clone_from(&ev.run_id);
+        if matches!(ev.event, Some(Event::SelfRefinePass(ref p)) if p.pass == 1) {
+            break;
+        }
+    }
+    // Pass 2's call is in flight (so pass 1 is behind the run).
+    assert!(eventually(Duration::from_secs(20), || chat_calls(&sandbox) == 2).await, "pass 2 started");
+    drop(stream);
+    sandbox.mesh.take().unwrap().shutdown().await.unwrap();
+
+    hang.store(false, Ordering::SeqCst);
+    sandbox.restart(sandbox.hub()).await;
+    let mut client = GatewayServiceClient::new(sandbox.gateway().await);
+    let events = watch_all(&mut client, &run_id).await;
+    let seqs: Vec<u64> = events.iter().map(|e| e.sequence).collect();
+    assert_eq!(seqs, (1..=events.len() as u64).collect::<Vec<_>>(), "one gap-free sequence across the restart");
+    let (state, out) = outcome_of(&events);
+    assert_eq!(state, gw::RunState::Succeeded as i32, "{out:?}");
+    let passes = passes_of(&events);
+    let numbers: Vec<u32> = passes.iter().map(|p| p.pass).collect();
+    assert_eq!(numbers, vec![1, 2], "pass 1's event is not repeated: {passes:?}");
+    assert_eq!(
+        passes.iter().map(|p| &p.revised).collect::<Vec<_>>(),
+        out.passes.iter().map(|p| &p.revised).collect::<Vec<_>>()
+    );
+    assert!(out.converged && out.final_text == revision(1), "{out:?}");
     sandbox.shutdown().await.unwrap();
 }

@@ -340,9 +340,13 @@ fn prompt_sections(prompt: &str) -> Vec<(String, String)> {
 /// Title and section text of a patch (or expand) prompt.
 fn edit_parts(prompt: &str, expand: bool) -> Option<(&str, &str)> {
     let (head, sep, end) = if expand {
-        ("The current section, titled \"", "\" (rewrite it):\n<<<\n", "\n>>>\n\nIssues the new section must fix:")
+        (
+            "The current section (rewrite it):\n<section title=\"",
+            "\">\n",
+            "\n</section>\n\nIssues the new section must fix:",
+        )
     } else {
-        ("The section to fix, titled \"", "\":\n<<<\n", "\n>>>\n\nIssues the judges found:")
+        ("The section to fix:\n<section title=\"", "\">\n", "\n</section>\n\nIssues the judges found:")
     };
     let rest = &prompt[prompt.find(head)? + head.len()..];
     let (title, rest) = rest.split_once(sep)?;
@@ -352,8 +356,16 @@ fn edit_parts(prompt: &str, expand: bool) -> Option<(&str, &str)> {
 
 /// The previous and next anchors of a patch or expand prompt.
 fn anchors(prompt: &str) -> (String, String) {
-    let previous = between(prompt, "End of the previous section (read-only, do not repeat it):\n<<<\n", "\n>>>");
-    let next = between(prompt, "Start of the next section (read-only, do not repeat it):\n<<<\n", "\n>>>");
+    let previous = between(
+        prompt,
+        "End of the previous section (read-only, do not repeat it):\n<section role=\"previous\">\n",
+        "\n</section>",
+    );
+    let next = between(
+        prompt,
+        "Start of the next section (read-only, do not repeat it):\n<section role=\"next\">\n",
+        "\n</section>",
+    );
     (previous.expect("a previous anchor").to_string(), next.expect("a next anchor").to_string())
 }
 
@@ -462,7 +474,8 @@ impl Script {
             }
             Call::Verify => {
                 let location = prompt.split("\n- location: ").nth(1).and_then(|l| l.lines().next()).unwrap_or("");
-                let after = between(&prompt, "<<<AFTER\n", "\nAFTER>>>").expect("the text after the edit");
+                let after =
+                    between(&prompt, "<section version=\"after\">\n", "\n</section>").expect("the text after the edit");
                 let fixed = location.trim().is_empty() || !after.contains(location.trim());
                 if fixed {
                     Reply::with_logprobs("YES", vec![("YES", -0.02), ("NO", -4.5)])
@@ -1505,13 +1518,23 @@ fn gated_stages_world() -> (Lesson, Lesson, Script, Gate) {
     (lesson, doc, script, gate)
 }
 
-/// US2-4, US2-5, FR-048a-d: pause after the first task started (it finishes, nothing new
-/// starts), edit section 3 while paused, resume: the edit is verified by the delta judge first,
-/// the pending task on that section is skipped, and the run completes with the edit. Controls
-/// that do not fit the state are FAILED_PRECONDITION.
+/// The world of [`gated_stages_world`], the verification of the stages patch (the last call of
+/// batch 0's task) waiting at the gate instead.
+fn gated_verification_world() -> (Lesson, Lesson, Script, Gate) {
+    let (lesson, doc, script, _) = gated_stages_world();
+    let gate = Gate::new();
+    let g = gate.clone();
+    let script = script.tweak(move |call, reply| if *call == Call::Verify { reply.gated(&g) } else { reply });
+    (lesson, doc, script, gate)
+}
+
+/// US2-4, US2-5, FR-048a-d: pause while the first task's last call (its verification) is in
+/// flight (it finishes, nothing new starts), edit section 3 while paused, resume: the edit is
+/// verified by the delta judge first, the pending task on that section is skipped, and the run
+/// completes with the edit. Controls that do not fit the state are FAILED_PRECONDITION.
 #[tokio::test]
 async fn us2_4_pause_edit_and_resume() {
-    let (lesson, doc, script, gate) = gated_stages_world();
+    let (lesson, doc, script, gate) = gated_verification_world();
     let s0 = script.score(&doc.sections);
     let sandbox = MeshSandbox::start().await;
     script.install(&sandbox.llm);
@@ -2207,7 +2230,7 @@ fn with_polisher(script: &Script, llm: &ScriptedLlm) {
     let me = script.clone();
     llm.set_handler(move |r| {
         let prompt = r.last_user_message().unwrap_or_default();
-        match between(&prompt, "DRAFT:\n<<<\n", "\n>>>") {
+        match between(&prompt, "DRAFT:\n<draft>\n", "\n</draft>") {
             Some(draft) if prompt.starts_with("TASK:") => Reply::text(format!(
                 "<critique>\n- End with a recap.\n</critique>\n<revised>\n{draft} {POLISHED}\n</revised>"
             ))
@@ -2288,6 +2311,59 @@ async fn the_self_refine_hook_polishes_the_final_document_except_what_is_exclude
     sandbox.shutdown().await.unwrap();
 }
 
+/// A polisher that answers "YES" (or refuses) instead of revising never replaces a section: every
+/// section keeps the judged text, each entry's loop says why (refiner error), and the result does
+/// not claim the score predates the hook. When the hook does change sections, the result says
+/// plainly that the score was judged before it.
+#[tokio::test]
+async fn the_hook_never_returns_a_bare_answer_and_says_when_the_score_predates_it() {
+    let lesson = five();
+    let doc = lesson.clone().with("stages", STAGES_RIGHT, STAGES_WRONG);
+    let script = Script::new(&lesson, 0.92).defect(wrong_first_stage(0.5));
+    let sandbox = MeshSandbox::start().await;
+    let me = script.clone();
+    sandbox.llm.set_handler(move |r| {
+        let prompt = r.last_user_message().unwrap_or_default();
+        match between(&prompt, "DRAFT:\n<draft>\n", "\n</draft>") {
+            Some(draft) if prompt.starts_with("TASK:") && draft.starts_with("A sales funnel") => {
+                Reply::text("I am sorry, but I cannot help with that request.")
+            }
+            Some(_) if prompt.starts_with("TASK:") => Reply::text("YES"),
+            _ => me.reply(r),
+        }
+    });
+    let mut p = pipeline(&doc.sections, &doc.brief, gw::RefinementMode::FullAuto);
+    p.self_refine = Some(rf::SelfRefineHook { min_bytes: Some(0), max_passes: Some(2), ..Default::default() });
+    let mut run = Run::start(&sandbox, p.clone()).await;
+    let result = run.finish().await;
+    assert_eq!(result.outcome(), gw::RefinementOutcome::Accepted, "{result:#?}");
+    assert_eq!(result.self_refined.len(), 5);
+    for (e, out) in result.self_refined.iter().zip(&result.sections) {
+        let judged = lesson.content(&e.target);
+        assert_eq!(out.content, judged, "{}: the judged text is kept", e.target);
+        assert_eq!((e.before.as_str(), e.after.as_str()), (judged, judged), "{}", e.target);
+        let refine = e.refine.as_ref().expect("the loop's trail");
+        assert_eq!(refine.stop_reason, rf::SelfRefineStopReason::RefinerError as i32, "{}", e.target);
+        assert!(!refine.converged && !refine.changed, "{}: {refine:?}", e.target);
+        assert_eq!(refine.passes.len(), 1, "{}", e.target);
+        assert!(refine.passes[0].error.contains("not a revision of the draft"), "{}: {:?}", e.target, refine.passes[0]);
+    }
+    assert!(result.sections.iter().all(|s| s.content != "YES"));
+    assert!(!result.score_predates_self_refine, "nothing changed after the judging");
+    assert!(close(result.final_score, script.score(&lesson.sections)), "the judged score is the text's");
+    sandbox.shutdown().await.unwrap();
+
+    // A hook that changes the sections: the score is the judged text's, and the result says so.
+    let sandbox = MeshSandbox::start().await;
+    with_polisher(&script, &sandbox.llm);
+    let mut run = Run::start(&sandbox, p).await;
+    let result = run.finish().await;
+    assert!(result.sections.iter().all(|s| s.content.ends_with(POLISHED)), "{:?}", result.sections);
+    assert!(result.score_predates_self_refine, "the polished text was not judged");
+    assert!(close(result.final_score, script.score(&lesson.sections)));
+    sandbox.shutdown().await.unwrap();
+}
+
 /// The hook's entries are checkpointed one by one: a gateway restarted while one section is still
 /// being polished polishes only that section again.
 #[tokio::test]
@@ -2306,7 +2382,7 @@ async fn a_restart_during_the_hook_polishes_only_the_unfinished_section() {
     let me = script.clone();
     sandbox.llm.set_handler(move |r| {
         let prompt = r.last_user_message().unwrap_or_default();
-        match between(&prompt, "DRAFT:\n<<<\n", "\n>>>") {
+        match between(&prompt, "DRAFT:\n<draft>\n", "\n</draft>") {
             Some(draft) if prompt.starts_with("TASK:") => {
                 if draft.starts_with("A sales funnel shows the path") && h.swap(false, Ordering::SeqCst) {
                     return Reply::text("<critique>\n- Late.\n</critique>\n<revised>\nlate\n</revised>").gated(&g);
@@ -2449,6 +2525,7 @@ async fn the_admin_page_drives_the_human_loop_in_chromium() {
         + &doc.content("example")[doc.first_sentence("example").len() + 1..];
     let args = json!({
         "url": sandbox.admin_url(),
+        "token": sandbox.admin_token(),
         "best_effort": best_effort.run_id,
         "escalated": escalated.run_id,
         "running": running.run_id,
@@ -2508,12 +2585,14 @@ async fn a_paused_run_stays_paused_across_a_restart_and_resumes_where_it_was() {
     let script = Script::new(&lesson, 0.88)
         .defect(stages)
         .defect(example)
-        .tweak(move |call, reply| if *call == Call::Patch("stages".into()) { reply.gated(&g) } else { reply });
+        .tweak(move |call, reply| if *call == Call::Verify { reply.gated(&g) } else { reply });
     let mut sandbox = stored_sandbox(&dir).await;
     script.install(&sandbox.llm);
 
     let mut run = Run::start(&sandbox, pipeline(&doc.sections, &doc.brief, gw::RefinementMode::FullAuto)).await;
     run.until_rev("the first task_started", |_, r| matches!(r, Rev::TaskStarted(_))).await;
+    // Paused while the task's last call (its verification) is in flight.
+    assert!(assay_testkit::eventually(Duration::from_secs(10), || gate.waiting() == 1).await);
     run.control(Action::Pause(gw::PauseRun {}), "ops", "Before the restart").await.unwrap();
     gate.open();
     run.until_rev(
@@ -2671,5 +2750,337 @@ async fn a_cancelled_refinement_stops_at_once() {
     assert_eq!(run.judged().len(), 1);
     let err = run.control(Action::Resume(gw::ResumeRun {}), "ops", "too late").await.unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition, "a finished run takes no control: {err:?}");
+    sandbox.shutdown().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hardening: bounds on human-loop input, restarts, budgets
+// ---------------------------------------------------------------------------------------------
+
+/// The BadRequest field violations of an error.
+fn violated_fields(status: &tonic::Status) -> Vec<String> {
+    use tonic_types::StatusExt;
+    status
+        .get_details_bad_request()
+        .map(|b| b.field_violations.into_iter().map(|v| v.field).collect())
+        .unwrap_or_default()
+}
+
+fn edit(section_id: &str, content: String) -> Action {
+    Action::EditSection(gw::EditSection { section_id: section_id.into(), content })
+}
+
+/// Edits are bounded by the document they make, not one by one: two 100,000-byte edits are
+/// taken, a third that would take the document past 256 KiB is refused naming
+/// `edit_section.content`, and the document stays as the first two made it.
+#[tokio::test]
+async fn edits_cannot_grow_the_document_past_its_limit() {
+    let (_, doc, script, _) = stubborn_world();
+    let sandbox = MeshSandbox::start().await;
+    let mut run = escalated_run(&sandbox, &script, &doc).await;
+    let big = |id: &str| format!("{} {}", doc.content(id), "More detail. ".repeat(100_000 / 13));
+    for id in ["intro", "stages"] {
+        run.control(edit(id, big(id)), "editor", "Expanded.").await.expect("an edit within the limit");
+    }
+    let err = run.control(edit("example", big("example")), "editor", "Expanded too.").await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert_eq!(violated_fields(&err), ["edit_section.content"], "{err:?}");
+    assert!(err.message().contains("262144"), "the limit is named: {}", err.message());
+    // A smaller edit of the same section still fits.
+    let small = format!("{} One more line.", doc.content("example"));
+    run.control(edit("example", small.clone()), "editor", "A line.").await.expect("a small edit");
+    run.control(Action::Accept(gw::AcceptRun {}), "editor", "Done.").await.expect("accept");
+    let result = run.finish().await;
+    assert_eq!(result.outcome(), gw::RefinementOutcome::AcceptedManual, "{result:#?}");
+    for (given, out) in doc.sections.iter().zip(&result.sections) {
+        let want = match given.id.as_str() {
+            "intro" | "stages" => big(&given.id),
+            "example" => small.clone(),
+            _ => given.content.clone(),
+        };
+        assert_eq!(out.content, want, "{}", given.id);
+    }
+    let bytes: usize = result.sections.iter().map(|s| s.title.len() + s.content.len()).sum();
+    assert!(bytes <= 256 * 1024, "{bytes}");
+    assert!(!result.audit_log.iter().any(|e| e.detail.contains("Expanded too")), "the refused edit is not audited");
+    sandbox.shutdown().await.unwrap();
+}
+
+/// A control's actor and reason are kept in the audit log every GetRun returns: at most 200 and
+/// 2,000 characters (characters, not bytes), else INVALID_ARGUMENT naming the field and nothing
+/// is taken.
+#[tokio::test]
+async fn oversized_actor_and_reason_are_refused() {
+    let (_, doc, script, _) = stubborn_world();
+    let sandbox = MeshSandbox::start().await;
+    let mut run = escalated_run(&sandbox, &script, &doc).await;
+    let line = format!("{} Checked.", doc.content("intro"));
+    let cases = [("a".repeat(201), "Fine.".to_string(), "actor"), ("editor".into(), "r".repeat(2_001), "reason")];
+    for (actor, reason, field) in cases {
+        let err = run.control(edit("intro", line.clone()), &actor, &reason).await.unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "{field}: {err:?}");
+        assert_eq!(violated_fields(&err), [field], "{err:?}");
+        let err = run.control(Action::Review(gw::ReviewRun {}), &actor, &reason).await.unwrap_err();
+        assert_eq!(violated_fields(&err), [field], "{err:?}");
+    }
+    // At the limits (multi-byte characters count once).
+    let (actor, reason) = ("é".repeat(200), "ü".repeat(2_000));
+    run.control(edit("intro", line.clone()), &actor, &reason).await.expect("at the limits");
+    run.control(Action::Review(gw::ReviewRun {}), "lead", "Reviewed.").await.expect("review");
+    let result = run.finish().await;
+    assert_eq!(result.outcome(), gw::RefinementOutcome::Reviewed, "{result:#?}");
+    assert_eq!(
+        result.audit_log.iter().map(|e| e.action.as_str()).collect::<Vec<_>>(),
+        ["edit_section", "review"],
+        "only the controls taken are audited"
+    );
+    assert_eq!(result.audit_log[0].actor, actor);
+    assert!(result.audit_log.iter().all(|e| e.actor.chars().count() <= 200 && e.detail.chars().count() <= 2_100));
+    sandbox.shutdown().await.unwrap();
+}
+
+/// A run awaiting a human restarted twice (each time taking an edit on the new gateway) has
+/// exactly one escalation_triggered: a restart appends only what is new.
+#[tokio::test]
+async fn restarts_of_an_escalated_run_do_not_repeat_the_escalation() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, doc, script, _) = stubborn_world();
+    let mut sandbox = stored_sandbox(&dir).await;
+    let mut run = escalated_run(&sandbox, &script, &doc).await;
+    let calls = sandbox.llm.request_count();
+    for n in 1..=2 {
+        restart(&mut sandbox, &mut run).await;
+        let line = format!("{} Edit {n}.", doc.content("intro"));
+        run.control(edit("intro", line.clone()), "editor", "After a restart.").await.expect("edit");
+        let want = line.clone();
+        let got = run
+            .progress_until("the edit taken", |p| p.sections.iter().any(|s| s.id == "intro" && s.content == want))
+            .await;
+        assert_eq!(got.state, gw::RunState::AwaitingHuman as i32);
+    }
+    run.control(Action::Review(gw::ReviewRun {}), "lead", "Reviewed.").await.expect("review");
+    let result = run.finish().await;
+    assert_eq!(result.outcome(), gw::RefinementOutcome::Reviewed, "{result:#?}");
+    let count = |name: &str| run.revs().iter().filter(|(_, r)| rev_name(r) == name).count();
+    assert_eq!(count("escalation_triggered"), 1, "{}", trace(&run.events));
+    assert_eq!(count("convergence_detected"), 1, "{}", trace(&run.events));
+    assert_eq!(count("refinement_complete"), 1, "{}", trace(&run.events));
+    assert_eq!(sandbox.llm.request_count(), calls, "no model call after the restarts");
+    run.assert_gap_free();
+    sandbox.shutdown().await.unwrap();
+}
+
+/// Stages garbled (major) on a 0.80 base: below full-auto's 0.75 until the stages patch fixes it.
+fn one_fix_world() -> (Lesson, Lesson, Defect) {
+    let lesson = five();
+    let (doc, stages) = garbled(lesson.clone(), "stages", "major", 0.4);
+    (lesson, doc, stages)
+}
+
+/// No request reached the backend after the one matching `spent_by` (the call that spent the
+/// budget) was answered.
+fn assert_nothing_after(script: &Script, llm: &ScriptedLlm, spent_by: impl Fn(&Call) -> bool) {
+    let calls = script.calls(llm);
+    let (_, spent) = calls.iter().find(|(c, _)| spent_by(c)).expect("the call that spent the budget");
+    let end = spent.answered.expect("it was answered");
+    let late: Vec<&Call> = calls.iter().filter(|(_, e)| e.received > end).map(|(c, _)| c).collect();
+    assert!(late.is_empty(), "requests after the budget was spent: {late:?}");
+}
+
+/// A 1,000-token budget that the first judging alone overshoots (three judges, 400 tokens each):
+/// that one stage call completes, then nothing starts: no arbiter call (synthesis or
+/// embeddings), and the run ends best effort with the document as given and the reason.
+#[tokio::test]
+async fn a_budget_spent_by_the_first_judging_starts_no_arbiter_call() {
+    let (lesson, doc, stages) = one_fix_world();
+    let script = Script::new(&lesson, 0.80).defect(stages);
+    assert!(script.score(&doc.sections) < 0.75);
+    let sandbox = MeshSandbox::start().await;
+    script.install(&sandbox.llm);
+    let mut p = pipeline(&doc.sections, &doc.brief, gw::RefinementMode::FullAuto);
+    p.token_budget = Some(1_000);
+    let mut run = Run::start(&sandbox, p).await;
+    let result = run.finish().await;
+    let calls: Vec<Call> = script.calls(&sandbox.llm).into_iter().map(|(c, _)| c).collect();
+    assert_eq!(calls.len(), 3, "the three judges only: {calls:?}");
+    assert!(calls.iter().all(|c| matches!(c, Call::Judge(_))), "{calls:?}");
+    assert_eq!(result.outcome(), gw::RefinementOutcome::BestEffort, "{result:#?}");
+    assert_eq!(result.stop_reason, "token_budget");
+    assert_eq!(result.sections, doc.sections);
+    assert_eq!(result.iterations, 0);
+    let be = result.best_effort.as_ref().expect("best effort");
+    assert_eq!(be.unresolved_issues_count, 1, "the judges' issue, once: {be:?}");
+    assert!(!result.improvement_hints.is_empty());
+    assert_eq!(run.judged().len(), 1);
+    let usage = result.usage.expect("usage");
+    assert_eq!(usage.prompt_tokens + usage.completion_tokens, 1_200, "one stage call in flight, no more");
+    sandbox.shutdown().await.unwrap();
+}
+
+/// A patch that spends the budget mid-iteration: no verification, no re-judging, no arbiter call
+/// after it; the run ends best effort with the best judged iteration and the reason.
+#[tokio::test]
+async fn no_model_request_starts_once_the_budget_is_spent() {
+    let (lesson, doc, stages) = one_fix_world();
+    let script = Script::new(&lesson, 0.80)
+        .defect(stages)
+        .tweak(|call, reply| if call.is_edit_of("stages") { reply.usage(1_500, 100) } else { reply });
+    let sandbox = MeshSandbox::start().await;
+    script.install(&sandbox.llm);
+    let mut p = pipeline(&doc.sections, &doc.brief, gw::RefinementMode::FullAuto);
+    p.token_budget = Some(2_000);
+    let mut run = Run::start(&sandbox, p).await;
+    let result = run.finish().await;
+    assert_nothing_after(&script, &sandbox.llm, |c| c.is_edit_of("stages"));
+    assert_eq!(script.count(&sandbox.llm, |c| matches!(c, Call::Verify)), 0, "no verification");
+    assert_eq!(script.count(&sandbox.llm, |c| matches!(c, Call::Judge(_))), 3, "no re-judging");
+    assert_eq!(result.outcome(), gw::RefinementOutcome::BestEffort, "{result:#?}");
+    assert_eq!(result.stop_reason, "token_budget");
+    assert_eq!(result.sections, doc.sections, "the best judged iteration: the document as given");
+    assert_scores(&result.score_history, &[script.score(&doc.sections)], "judged once");
+    let usage = result.usage.expect("usage");
+    let used = usage.prompt_tokens + usage.completion_tokens;
+    assert!((2_000..2_000 + 1_600).contains(&used), "the patch spent the budget: {used}");
+    let v = run.verifications();
+    assert!(
+        v.len() == 1 && !v[0].1.accepted && v[0].1.rolled_back && v[0].1.reason.contains("token_budget"),
+        "the patch is rolled back unverified: {v:?}"
+    );
+    sandbox.shutdown().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pause between stage calls; concurrent human controls (issue 29)
+// ---------------------------------------------------------------------------------------------
+
+/// Paused while a patch is in flight: the patch finishes and nothing else starts (its
+/// verification included) until the resume; the run then goes on from there, the patch not redone.
+#[tokio::test]
+async fn pause_holds_between_stage_calls_and_the_run_goes_on_from_there() {
+    let (_, doc, script, gate) = gated_stages_world();
+    let sandbox = MeshSandbox::start().await;
+    script.install(&sandbox.llm);
+    let mut run = Run::start(&sandbox, pipeline(&doc.sections, &doc.brief, gw::RefinementMode::SemiAuto)).await;
+    assert!(assay_testkit::eventually(Duration::from_secs(10), || gate.waiting() == 1).await);
+    let paused = run.control(Action::Pause(gw::PauseRun {}), "ops", "Hold on").await.unwrap();
+    assert_eq!(paused.state, gw::RunState::Paused as i32);
+    gate.open();
+    let llm = &sandbox.llm;
+    assert!(
+        assay_testkit::eventually(Duration::from_secs(10), || gate.passed() == 1
+            && llm.completed_count() == llm.request_count())
+        .await
+    );
+    let calls = llm.request_count();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(run.get().await.state, gw::RunState::Paused as i32);
+    let started: Vec<Call> = script.calls(llm).into_iter().skip(calls).map(|(c, _)| c).collect();
+    assert!(started.is_empty(), "no model call while paused: {started:?}");
+
+    run.control(Action::Resume(gw::ResumeRun {}), "ops", "Carry on").await.expect("resume");
+    let result = run.finish().await;
+    assert_eq!(result.outcome(), gw::RefinementOutcome::Accepted, "{result:#?}");
+    assert_eq!(script.count(llm, |c| *c == Call::Patch("stages".into())), 1, "the held patch is not redone");
+    let audit: Vec<&str> = result.audit_log.iter().map(|a| a.action.as_str()).collect();
+    assert_eq!(audit, vec!["pause", "resume"]);
+    script.assert_no_unexpected_call(llm);
+    sandbox.shutdown().await.unwrap();
+}
+
+/// Two human controls sent at once on a run waiting for a human: the first decides (OK), the
+/// second is FAILED_PRECONDITION naming the state it found. Returns which one took effect.
+async fn one_decides(sandbox: &MeshSandbox, run: &Run, first: Action, second: Action) -> Action {
+    let control = |action: &Action| gw::ControlRunRequest {
+        run_id: run.run_id.clone(),
+        action: Some(action.clone()),
+        actor: "lead-editor".into(),
+        reason: "Looked at it".into(),
+    };
+    let mut a = GatewayServiceClient::new(sandbox.gateway().await);
+    let mut b = GatewayServiceClient::new(sandbox.gateway().await);
+    let (x, y) = tokio::join!(a.control_run(control(&first)), b.control_run(control(&second)));
+    let (won, lost) = match (x, y) {
+        (Ok(_), Err(e)) => (first, e),
+        (Err(e), Ok(_)) => (second, e),
+        (x, y) => panic!("exactly one of two concurrent controls takes effect: {x:?} / {y:?}"),
+    };
+    assert_eq!(lost.code(), Code::FailedPrecondition, "{lost:?}");
+    assert!(lost.message().contains("RUN_STATE_"), "the state found is named: {}", lost.message());
+    won
+}
+
+/// Two accepts at once: one takes effect, one is refused; one accept in the audit log.
+#[tokio::test]
+async fn concurrent_accepts_one_takes_effect() {
+    let (_, doc, script, _) = stubborn_world();
+    let sandbox = MeshSandbox::start().await;
+    let mut run = escalated_run(&sandbox, &script, &doc).await;
+    one_decides(&sandbox, &run, Action::Accept(gw::AcceptRun {}), Action::Accept(gw::AcceptRun {})).await;
+    let result = run.finish().await;
+    assert_eq!(result.outcome(), gw::RefinementOutcome::AcceptedManual, "{result:#?}");
+    assert_audit(&result.audit_log, &[("accept", "lead-editor", "Looked at it")]);
+    assert_eq!(run.get().await.audit_log.len(), 1, "only what took effect is audited");
+    sandbox.shutdown().await.unwrap();
+}
+
+/// Accept and review at once: whichever came first decides the outcome; the other is refused
+/// and not audited.
+#[tokio::test]
+async fn concurrent_accept_and_review_one_takes_effect() {
+    let (_, doc, script, _) = stubborn_world();
+    let sandbox = MeshSandbox::start().await;
+    let mut run = escalated_run(&sandbox, &script, &doc).await;
+    let won = one_decides(&sandbox, &run, Action::Accept(gw::AcceptRun {}), Action::Review(gw::ReviewRun {})).await;
+    let result = run.finish().await;
+    let (outcome, action) = match won {
+        Action::Accept(_) => (gw::RefinementOutcome::AcceptedManual, "accept"),
+        _ => (gw::RefinementOutcome::Reviewed, "review"),
+    };
+    assert_eq!(result.outcome(), outcome, "{result:#?}");
+    assert_audit(&result.audit_log, &[(action, "lead-editor", "Looked at it")]);
+    assert_eq!(run.get().await.audit_log.len(), 1, "only what took effect is audited");
+    sandbox.shutdown().await.unwrap();
+}
+
+/// A run paused between two batches (paused while the verification of batch 0 is in flight, so
+/// batch 1 is announced and its task held at the pause) restarted twice, taking an edit on each
+/// new gateway: every batch_started is emitted once.
+#[tokio::test]
+async fn restarts_of_a_paused_run_do_not_repeat_batch_started() {
+    let dir = tempfile::tempdir().unwrap();
+    let lesson = five();
+    let (doc, stages) = garbled(lesson.clone(), "stages", "major", 0.4);
+    let (doc, example) = garbled(doc, "example", "major", 0.4);
+    let gate = Gate::new();
+    let g = gate.clone();
+    let script = Script::new(&lesson, 0.88)
+        .defect(stages)
+        .defect(example)
+        .tweak(move |call, reply| if *call == Call::Verify { reply.gated(&g) } else { reply });
+    let mut sandbox = stored_sandbox(&dir).await;
+    script.install(&sandbox.llm);
+    let mut run = Run::start(&sandbox, pipeline(&doc.sections, &doc.brief, gw::RefinementMode::FullAuto)).await;
+    assert!(assay_testkit::eventually(Duration::from_secs(10), || gate.waiting() == 1).await, "a verification");
+    run.control(Action::Pause(gw::PauseRun {}), "ops", "Hold on.").await.unwrap();
+    gate.open();
+    run.until_rev("batch 1 started", |_, r| matches!(r, Rev::BatchStarted(b) if b.batch_index == 1)).await;
+    for n in 1..=2 {
+        restart(&mut sandbox, &mut run).await;
+        let line = format!("{} Edit {n}.", doc.content("intro"));
+        run.control(edit("intro", line.clone()), "editor", "While paused.").await.expect("edit while paused");
+        run.progress_until("the edit taken", |p| p.sections.iter().any(|s| s.id == "intro" && s.content == line)).await;
+    }
+    run.control(Action::Resume(gw::ResumeRun {}), "ops", "Go on.").await.expect("resume");
+    run.finish().await;
+    let mut started: BTreeMap<(u32, u32), usize> = BTreeMap::new();
+    for (k, r) in run.revs() {
+        if let Rev::BatchStarted(b) = r {
+            *started.entry((k, b.batch_index)).or_default() += 1;
+        }
+    }
+    assert!(started.contains_key(&(1, 1)), "{}", trace(&run.events));
+    assert!(started.values().all(|n| *n == 1), "{started:?}: {}", trace(&run.events));
+    assert_eq!(script.count(&sandbox.llm, |c| c.is_edit_of("stages")), 1, "the applied task was not redone");
+    run.assert_gap_free();
     sandbox.shutdown().await.unwrap();
 }

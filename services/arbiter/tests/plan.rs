@@ -43,9 +43,9 @@ fn handler(request: &RecordedRequest) -> Reply {
     let prompt = request.last_user_message().unwrap_or_default();
     let section = prompt
         .lines()
-        .find_map(|l| l.strip_prefix("Section "))
+        .find_map(|l| l.strip_prefix("<section id=\""))
         .unwrap_or("?")
-        .split(':')
+        .split('"')
         .next()
         .unwrap_or("?")
         .to_string();
@@ -278,7 +278,7 @@ async fn a_failed_or_empty_synthesis_keeps_the_judges_instructions_and_says_why(
     h.llm.set_handler(|r: &RecordedRequest| {
         if r.is_embeddings() {
             Reply::embeddings(r.embedding_inputs().iter().map(|t| keyword_vector(t)).collect())
-        } else if r.last_user_message().unwrap_or_default().contains("Section s1:") {
+        } else if r.last_user_message().unwrap_or_default().contains("<section id=\"s1\"") {
             Reply::status(500)
         } else {
             Reply::json(json!({ "instruction": "  " }))

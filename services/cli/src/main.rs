@@ -41,6 +41,12 @@ enum Command {
     Up {
         #[command(flatten)]
         backend: BackendArgs,
+        /// UNSAFE: serve the admin page with no token when no auth_token is configured (by default
+        /// a fresh token is generated per start and printed once with the page's URL). Any web
+        /// page opened in a local browser, and any local process, can then read and control every
+        /// run.
+        #[arg(long)]
+        no_admin_auth: bool,
     },
     /// Start the mesh, run an example checklist evaluation through the gateway, print it, stop.
     Demo {
@@ -446,9 +452,12 @@ async fn up(mut config: AssayConfig) -> Result<(), String> {
     for line in describe_backends(&config) {
         eprintln!("{line}");
     }
-    if let Some(admin) = mesh.addrs.admin {
-        let host = if admin.ip().is_unspecified() { "127.0.0.1".to_string() } else { admin.ip().to_string() };
-        eprintln!("admin page: http://{host}:{}/", admin.port());
+    if let Some(url) = mesh.admin_url() {
+        // The one line that shows a generated token (on stderr, never through the log pipeline).
+        eprintln!("admin page: {url}");
+        if *mesh.admin_auth() == assay_gateway::admin::AdminAuth::Open {
+            eprintln!("warning: the admin page has no token (--no-admin-auth): any local web page can control runs");
+        }
     }
     assay_rpc::shutdown_signal().await;
     eprintln!("stopping: draining in-flight calls");
@@ -596,8 +605,11 @@ async fn run() -> ExitCode {
     let cli = Cli::parse();
     let _telemetry = assay_telemetry::init("assay");
     let outcome = match cli.command {
-        Command::Up { backend } => match load_config(cli.config.as_deref(), &backend) {
-            Ok(c) => up(c).await,
+        Command::Up { backend, no_admin_auth } => match load_config(cli.config.as_deref(), &backend) {
+            Ok(mut c) => {
+                c.admin.no_auth |= no_admin_auth;
+                up(c).await
+            }
             Err(e) => Err(e),
         },
         Command::Models { command: ModelsCommand::Fetch { dir } } => models_fetch(dir).await,

@@ -48,6 +48,7 @@ pub struct Mesh {
     shutdown: tokio::sync::watch::Sender<bool>,
     tasks: Vec<JoinHandle<Result<(), tonic::transport::Error>>>,
     admin: Option<JoinHandle<std::io::Result<()>>>,
+    admin_auth: assay_gateway::admin::AdminAuth,
     engine: assay_gateway::Engine,
     lease: std::time::Duration,
 }
@@ -68,6 +69,17 @@ impl Mesh {
         }
         let (engine, lease) = (self.engine.clone(), self.lease);
         tokio::spawn(async move { engine.supervise(lease).await });
+    }
+
+    /// How the admin page authenticates (a generated token when none is configured).
+    pub fn admin_auth(&self) -> &assay_gateway::admin::AdminAuth {
+        &self.admin_auth
+    }
+
+    /// The admin page's URL, with the token in the fragment when it was generated for this start
+    /// (`http://127.0.0.1:50050/#token=...`); `None` when the page is off.
+    pub fn admin_url(&self) -> Option<String> {
+        self.addrs.admin.map(|a| self.admin_auth.page_url(a))
     }
 
     /// The gateway's run engine.
@@ -184,8 +196,9 @@ pub async fn start_mesh(config: &AssayConfig, hub: Arc<ModelHub>, ready: bool) -
         (debate_l, names::DEBATE, assay_debate::routes(Arc::new(assay_debate::DebateCore::new(hub.clone())))),
     ];
     let (tx, rx) = tokio::sync::watch::channel(false);
-    let admin = admin_l.map(|l| {
-        let router = assay_gateway::admin::router(engine.clone(), options.auth_token.clone());
+    let admin_auth = assay_gateway::admin::AdminAuth::resolve(options.auth_token.as_deref(), config.admin.no_auth);
+    let admin = admin_l.zip(addrs.admin).map(|(l, addr)| {
+        let router = assay_gateway::admin::router(engine.clone(), addr, &admin_auth, &config.admin.allowed_hosts);
         let mut rx = rx.clone();
         tokio::spawn(assay_gateway::admin::serve(l, router, async move {
             let _ = rx.wait_for(|s| *s).await;
@@ -202,7 +215,8 @@ pub async fn start_mesh(config: &AssayConfig, hub: Arc<ModelHub>, ready: bool) -
         };
         tasks.push(tokio::spawn(assay_rpc::serve(l, routes, r, options.clone(), shutdown)));
     }
-    let mesh = Mesh { addrs, readiness, shutdown: tx, tasks, admin, engine, lease: assay_gateway::lease(config) };
+    let mesh =
+        Mesh { addrs, readiness, shutdown: tx, tasks, admin, admin_auth, engine, lease: assay_gateway::lease(config) };
     if ready {
         mesh.set_serving().await;
     }

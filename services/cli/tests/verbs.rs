@@ -133,17 +133,15 @@ fn problem_of(r: &RecordedRequest) -> &'static Scripted {
     SET.iter().find(|s| p.contains(s.problem)).unwrap_or_else(|| panic!("no known problem in {p}"))
 }
 
-/// The debate's calls, by stage; self-refine calls revise the draft to "<draft>, checked".
+/// The debate's calls, by stage; self-refine calls revise the draft to "<draft>, ok".
 fn debate_answer(r: &RecordedRequest) -> Reply {
     if r.is_embeddings() {
         return embeddings(r);
     }
     if is_self_refine(r) {
         let p = prompt(r);
-        let draft = p.split("DRAFT:\n<<<\n").nth(1).and_then(|d| d.split("\n>>>").next()).unwrap_or("");
-        return Reply::text(format!(
-            "<critique>\n- Say it plainly.\n</critique>\n<revised>\n{draft}, checked\n</revised>"
-        ));
+        let draft = p.split("DRAFT:\n<draft>\n").nth(1).and_then(|d| d.split("\n</draft>").next()).unwrap_or("");
+        return Reply::text(format!("<critique>\n- Say it plainly.\n</critique>\n<revised>\n{draft}, ok\n</revised>"));
     }
     let s = problem_of(r);
     let who = speaker(r);
@@ -256,7 +254,7 @@ async fn debate_with_self_refine_puts_the_hook_entry_in_each_line() {
             assert!(err.contains("self-refine add (debate): skipped: excluded"), "{err}");
         } else {
             // The final answer is the hook's output; grading keeps the debate's answer.
-            let after = format!("{debated}, checked");
+            let after = format!("{debated}, ok");
             assert_eq!((hook["after"].as_str(), hook["changed"].as_bool()), (Some(after.as_str()), Some(true)), "{r}");
             assert_eq!(r["final_answer"], after.as_str(), "{r}");
             assert_eq!(r["correct"], true, "{r}");
@@ -285,7 +283,7 @@ async fn refine_text_prints_the_revised_text() {
         if r.is_embeddings() {
             embeddings(r)
         } else if is_self_refine(r) {
-            Reply::text("<critique>\n- x\n</critique>\n<revised>\nNEW TEXT\n</revised>")
+            Reply::text(format!("<critique>\n- x\n</critique>\n<revised>\n{} NEW TEXT\n</revised>", DRAFT.trim()))
         } else {
             panic!("unexpected call: {}", r.raw_body)
         }
@@ -302,14 +300,18 @@ async fn refine_text_prints_the_revised_text() {
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(0), "stderr: {err}");
     // Only the text on standard output, so it can be piped.
-    assert_eq!(String::from_utf8_lossy(&o.stdout), "NEW TEXT\n");
+    assert_eq!(String::from_utf8_lossy(&o.stdout), format!("{} NEW TEXT\n", DRAFT.trim()));
     assert!(err.contains(&format!("self-refine of a {}-byte draft, at most 1 pass", DRAFT.len())), "{err}");
     assert!(err.contains("pass 1: 1 critique point;"), "{err}");
     assert!(err.contains("after 1 pass, text changed"), "{err}");
     // One critique/revise call: the instruction as the task, the draft as given.
     let calls: Vec<String> = backend.requests().iter().filter(|r| is_self_refine(r)).map(prompt).collect();
     assert_eq!(calls.len(), 1);
-    assert!(calls[0].starts_with("TASK:\nExplain photosynthesis to a child."), "{}", calls[0]);
+    assert!(
+        calls[0].starts_with("TASK:\n<instruction>\nExplain photosynthesis to a child.\n</instruction>"),
+        "{}",
+        calls[0]
+    );
     assert!(calls[0].contains("Photosynthesis is how plants make food."), "{}", calls[0]);
 }
 
@@ -339,7 +341,7 @@ async fn runs_show_and_watch_render_the_self_refine_entries_of_a_debate() {
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(0), "stderr: {err}");
     let line: Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(line["final_answer"], "391, checked", "--self-refine-min-bytes implies --self-refine");
+    assert_eq!(line["final_answer"], "391, ok", "--self-refine-min-bytes implies --self-refine");
     let run_id = err
         .lines()
         .find_map(|l| l.strip_prefix("run ").and_then(|l| l.strip_suffix(" started: 1 problems")))
@@ -351,7 +353,7 @@ async fn runs_show_and_watch_render_the_self_refine_entries_of_a_debate() {
     let shown: Value = serde_json::from_slice(&o.stdout).unwrap();
     let entries = shown["debate"]["self_refined"].as_array().unwrap_or_else(|| panic!("{shown}"));
     assert_eq!(entries.len(), 1);
-    assert_eq!((entries[0]["target"].as_str(), entries[0]["after"].as_str()), (Some("mul"), Some("391, checked")));
+    assert_eq!((entries[0]["target"].as_str(), entries[0]["after"].as_str()), (Some("mul"), Some("391, ok")));
 
     let o = assay(&config_path, &["runs", "watch", &run_id, "--gateway", &gateway]).await;
     assert_eq!(o.status.code(), Some(0), "stderr: {}", stderr(&o));

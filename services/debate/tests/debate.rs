@@ -623,3 +623,39 @@ async fn bad_input_is_refused_naming_the_field_before_any_model_call() {
 
     assert_eq!(h.llm.request_count(), 0, "no model call for bad input");
 }
+
+/// A model call that fails transiently after its client's retries (none here) is made again, up
+/// to `CALL_RETRIES` times, before its stage fails: one call's bad luck does not lose the problem.
+#[tokio::test]
+async fn a_call_failing_transiently_is_made_again_and_the_debate_still_succeeds() {
+    let flaky = |failures: usize| {
+        let script = Script::default();
+        let calls = Mutex::new(HashMap::new());
+        let failed = Mutex::new(0usize);
+        move |r: &RecordedRequest| {
+            if stage(r) == "debate_review" && speaker(r) == "solver_1" && review_target(r) == "solver_3" {
+                let mut failed = failed.lock().unwrap();
+                if *failed < failures {
+                    *failed += 1;
+                    return if *failed % 2 == 1 { Reply::status(503) } else { Reply::status(429) };
+                }
+            }
+            answer(&script, r, &calls)
+        }
+    };
+    let retries = assay_debate::core::CALL_RETRIES as usize;
+    let h = harness(Script::default()).await;
+    h.llm.set_handler(flaky(retries));
+    let r = h.client().await.run_debate(debate(None, false)).await.unwrap().into_inner();
+    assert_eq!(r.reviews.len(), 6);
+    assert_eq!((r.final_answer.as_str(), r.winner_solver_id.as_str()), ("ref-x", "solver_1"));
+    assert_eq!(h.requests("debate_review").len(), 6 + retries, "the failed review made again, each time");
+    assert_eq!(h.llm.request_count(), 13 + retries);
+
+    // One more failure than that fails the stage, naming the backend's error.
+    let h = harness(Script::default()).await;
+    h.llm.set_handler(flaky(retries + 1));
+    let st = h.client().await.run_debate(debate(None, false)).await.unwrap_err();
+    assert!(matches!(st.code(), Code::Unavailable | Code::ResourceExhausted), "{st:?}");
+    assert!(h.requests("debate_refinement").is_empty());
+}

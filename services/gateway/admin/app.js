@@ -6,7 +6,9 @@
  *   GET  /api/config                     -> {authRequired}
  *   POST /api/ListRuns|GetRun|ControlRun -> proto3 JSON in and out (64-bit integers as strings)
  *   GET  /api/WatchRun?run_id&after_sequence -> server-sent events, one RunEvent per message
- * with `Authorization: Bearer <token>` on every call when a token is held (sessionStorage).
+ * with `Authorization: Bearer <token>` on every call when a token is held (sessionStorage). The
+ * token comes from the URL the gateway prints (`/#token=...`, read once at start and dropped from
+ * the address bar and history) or from the token prompt.
  *
  * Views (hash routing): "#/" lists every run, refreshed every 2 s while visible; "#/runs/<id>"
  * shows one run: a GetRun snapshot, then its events from sequence 0 over one streamed fetch
@@ -1885,7 +1887,25 @@
     });
   }
 
+  /** A token handed over in the URL fragment (`#token=...`): keep it for this tab, drop it from the URL. */
+  function takeFragmentToken() {
+    const m = /^#token=([^&]*)/.exec(location.hash);
+    if (!m) return;
+    let token = '';
+    try {
+      token = decodeURIComponent(m[1]).trim();
+    } catch {
+      token = '';
+    }
+    history.replaceState(null, '', `${location.pathname}${location.search}#/`);
+    if (!token) return;
+    try {
+      sessionStorage.setItem(TOKEN_KEY, token);
+    } catch { /* storage unavailable: the prompt asks for it */ }
+  }
+
   async function boot() {
+    takeFragmentToken();
     wire();
     let config = null;
     while (!config) {

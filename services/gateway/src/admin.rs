@@ -8,16 +8,26 @@
 //! (`id` = the event's sequence). Every call goes through the same [`GatewayGrpc`] methods a gRPC
 //! client reaches (validation, errors, engine), and the JSON mapping comes from the contracts'
 //! descriptors at run time, so a field added to `gateway.proto` reaches the page with no code here.
-//! With an auth token configured every API call needs `Authorization: Bearer <token>`, as over gRPC.
+//!
+//! Same-origin only, even on loopback (a web page the operator opens must not drive it): every API
+//! call needs `Authorization: Bearer <token>` (the configured `auth_token`, else a token generated
+//! per start and printed once with the page's URL as `#token=...`; only `admin.no_auth` serves the
+//! page open); POSTs must be `Content-Type: application/json` (a cross-origin page cannot send that
+//! without a CORS preflight, which is never granted); an `Origin`, when sent, must be the page's own;
+//! and the `Host` must be the bound address, `localhost` on loopback, or one of
+//! `admin.allowed_hosts` (so a DNS-rebound name is refused).
 
+use std::net::SocketAddr;
 use std::sync::{Arc, LazyLock};
 
 use assay_proto::gateway::v1 as gw;
 use assay_proto::gateway::v1::gateway_service_server::GatewayService;
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, Query, Request, State};
+use axum::http::uri::Authority;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::Next;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -42,16 +52,132 @@ static POOL: LazyLock<Result<DescriptorPool, String>> = LazyLock::new(|| {
     DescriptorPool::decode(assay_proto::FILE_DESCRIPTOR_SET).map_err(|e| format!("contract descriptors: {e}"))
 });
 
+/// How callers of the admin API authenticate.
+#[derive(Clone, PartialEq, Eq)]
+pub enum AdminAuth {
+    /// The mesh's configured `auth_token`, as over gRPC.
+    Configured(String),
+    /// No `auth_token` configured: a random token made for this process, printed once with the
+    /// page's URL ([`AdminAuth::page_url`]).
+    Generated(String),
+    /// UNSAFE, only with `admin.no_auth` and no `auth_token`: no token at all.
+    Open,
+}
+
+impl std::fmt::Debug for AdminAuth {
+    // Never the token itself.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AdminAuth::Configured(_) => f.write_str("Configured(<redacted>)"),
+            AdminAuth::Generated(_) => f.write_str("Generated(<redacted>)"),
+            AdminAuth::Open => f.write_str("Open"),
+        }
+    }
+}
+
+impl AdminAuth {
+    /// The mesh's bearer token (`assay_runtime::auth_token`); else open when `no_auth`
+    /// (`admin.no_auth`) says so; else a fresh token.
+    pub fn resolve(configured: Option<&str>, no_auth: bool) -> AdminAuth {
+        if let Some(t) = configured.filter(|t| !t.is_empty()) {
+            AdminAuth::Configured(t.to_string())
+        } else if no_auth {
+            AdminAuth::Open
+        } else {
+            AdminAuth::generate()
+        }
+    }
+
+    /// A fresh random token (244 random bits, hex).
+    pub fn generate() -> AdminAuth {
+        AdminAuth::Generated(format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple()))
+    }
+
+    /// The token callers must present, if any.
+    pub fn token(&self) -> Option<&str> {
+        match self {
+            AdminAuth::Configured(t) | AdminAuth::Generated(t) => Some(t.as_str()),
+            AdminAuth::Open => None,
+        }
+    }
+
+    /// The page's URL on `addr` (loopback when bound to every interface), carrying a generated
+    /// token in the fragment (which browsers never send to a server nor put in a Referer), e.g.
+    /// `http://127.0.0.1:50050/#token=...`. A configured token is never printed.
+    pub fn page_url(&self, addr: SocketAddr) -> String {
+        let host = if addr.ip().is_unspecified() {
+            "127.0.0.1".to_string()
+        } else if addr.is_ipv6() {
+            format!("[{}]", addr.ip())
+        } else {
+            addr.ip().to_string()
+        };
+        match self {
+            AdminAuth::Generated(t) => format!("http://{host}:{}/#token={t}", addr.port()),
+            AdminAuth::Configured(_) | AdminAuth::Open => format!("http://{host}:{}/", addr.port()),
+        }
+    }
+}
+
 #[derive(Clone)]
 struct Admin {
     grpc: Arc<GatewayGrpc>,
     token: Option<Arc<str>>,
+    hosts: Arc<Hosts>,
 }
 
-/// The admin page and its API over `engine`; `token` (when set and non-empty) guards the API.
-pub fn router(engine: Engine, token: Option<String>) -> Router {
-    let admin =
-        Admin { grpc: Arc::new(GatewayGrpc::new(engine)), token: token.filter(|t| !t.is_empty()).map(Arc::from) };
+/// The `Host` values the page answers to.
+struct Hosts {
+    /// `*` in `admin.allowed_hosts`: no check.
+    any: bool,
+    /// (lowercase host, port it must carry; `None` = any).
+    names: Vec<(String, Option<u16>)>,
+}
+
+impl Hosts {
+    fn new(addr: SocketAddr, allowed: &[String]) -> Hosts {
+        let port = Some(addr.port());
+        let ip = if addr.is_ipv6() { format!("[{}]", addr.ip()) } else { addr.ip().to_string() };
+        let mut names = vec![(ip, port)];
+        if addr.ip().is_loopback() || addr.ip().is_unspecified() {
+            names.extend(["localhost", "127.0.0.1", "[::1]"].map(|n| (n.to_string(), port)));
+        }
+        let mut any = false;
+        for entry in allowed.iter().map(|e| e.trim().to_ascii_lowercase()).filter(|e| !e.is_empty()) {
+            if entry == "*" {
+                any = true;
+            } else if let Ok(a) = entry.parse::<Authority>() {
+                names.push((a.host().to_string(), a.port_u16()));
+            } else {
+                tracing::warn!(entry = %bounded(&entry, 64), "admin.allowed_hosts: not a host name; ignored");
+            }
+        }
+        Hosts { any, names }
+    }
+
+    fn allows(&self, host: &str) -> bool {
+        if self.any {
+            return true;
+        }
+        let Ok(a) = host.parse::<Authority>() else { return false };
+        let (name, port) = (a.host().to_ascii_lowercase(), a.port_u16().unwrap_or(80));
+        self.names.iter().any(|(n, p)| *n == name && p.is_none_or(|p| p == port))
+    }
+}
+
+/// The admin page and its API over `engine`, served on `addr` (the listener's local address:
+/// the Host the page answers to), guarded by `auth`; `allowed_hosts` adds Host names.
+pub fn router(engine: Engine, addr: SocketAddr, auth: &AdminAuth, allowed_hosts: &[String]) -> Router {
+    if *auth == AdminAuth::Open {
+        tracing::warn!(
+            "admin page served with no token (admin.no_auth): any local web page or process can control runs"
+        );
+    }
+    let admin = Admin {
+        grpc: Arc::new(GatewayGrpc::new(engine)),
+        token: auth.token().map(Arc::from),
+        hosts: Arc::new(Hosts::new(addr, allowed_hosts)),
+    };
     Router::new()
         .route("/", get(|| async { asset("text/html; charset=utf-8", INDEX_HTML) }))
         .route("/index.html", get(|| async { asset("text/html; charset=utf-8", INDEX_HTML) }))
@@ -60,8 +186,53 @@ pub fn router(engine: Engine, token: Option<String>) -> Router {
         .route("/api/config", get(config))
         .route("/api/WatchRun", get(watch_run))
         .route("/api/{method}", post(unary))
+        .layer(axum::middleware::from_fn_with_state(admin.clone(), same_origin))
         .with_state(admin)
 }
+
+/// Every request: the Host must be one the page answers to, an Origin (when sent) the page's own;
+/// every answer says `nosniff`.
+async fn same_origin(State(admin): State<Admin>, request: Request, next: Next) -> Response {
+    let headers = request.headers();
+    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let refusal = if !admin.hosts.allows(host) {
+        Some(format!(
+            "the admin page does not answer to Host {:?}; add the name to admin.allowed_hosts to serve it",
+            bounded(host, 64)
+        ))
+    } else if let Some(origin) = headers.get(header::ORIGIN) {
+        let origin = origin.to_str().unwrap_or("");
+        let own = origin
+            .strip_prefix("http://")
+            .or_else(|| origin.strip_prefix("https://"))
+            .is_some_and(|authority| authority.eq_ignore_ascii_case(host));
+        (!own).then(|| format!("cross-origin request from {:?} refused", bounded(origin, 64)))
+    } else {
+        None
+    };
+    let mut response = match refusal {
+        Some(message) => refused(StatusCode::FORBIDDEN, "PERMISSION_DENIED", &message),
+        None => next.run(request).await,
+    };
+    response.headers_mut().insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    response
+}
+
+/// An answer in the error shape, for a refusal before any call.
+fn refused(status: StatusCode, code: &str, message: &str) -> Response {
+    json_response(status, json!({"code": code, "message": message, "fieldViolations": []}).to_string())
+}
+
+/// At most `max` characters of `text` (then `…`): what an error may quote of its input.
+fn bounded(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((end, _)) => format!("{}…", &text[..end]),
+        None => text.to_string(),
+    }
+}
+
+/// Characters of a message or field violation an error answer carries at most.
+const MAX_MESSAGE_CHARS: usize = 300;
 
 /// Serve the page on `listener` until `shutdown` resolves.
 pub async fn serve(
@@ -78,7 +249,8 @@ fn asset(content_type: &'static str, body: &'static str) -> Response {
             (header::CONTENT_TYPE, HeaderValue::from_static(content_type)),
             (header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CSP)),
             (header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff")),
-            (header::REFERRER_POLICY, HeaderValue::from_static("no-referrer")),
+            // Not no-referrer: under it a same-origin POST carries `Origin: null`, which is refused.
+            (header::REFERRER_POLICY, HeaderValue::from_static("same-origin")),
             (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
         ],
         body,
@@ -95,6 +267,7 @@ fn json_response(status: StatusCode, body: String) -> Response {
         status,
         [
             (header::CONTENT_TYPE, HeaderValue::from_static("application/json")),
+            (header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff")),
             (header::CACHE_CONTROL, HeaderValue::from_static("no-store")),
         ],
         body,
@@ -132,9 +305,20 @@ fn error_response(status: &tonic::Status) -> Response {
     };
     let violations: Vec<serde_json::Value> = status
         .get_details_bad_request()
-        .map(|b| b.field_violations.iter().map(|v| json!({"field": v.field, "description": v.description})).collect())
+        .map(|b| {
+            b.field_violations
+                .iter()
+                .map(|v| {
+                    json!({
+                        "field": bounded(&v.field, MAX_MESSAGE_CHARS),
+                        "description": bounded(&v.description, MAX_MESSAGE_CHARS),
+                    })
+                })
+                .collect()
+        })
         .unwrap_or_default();
-    json_response(http, json!({"code": code, "message": status.message(), "fieldViolations": violations}).to_string())
+    let message = bounded(status.message(), MAX_MESSAGE_CHARS);
+    json_response(http, json!({"code": code, "message": message, "fieldViolations": violations}).to_string())
 }
 
 fn invalid(field: &str, description: String) -> tonic::Status {
@@ -171,7 +355,24 @@ fn to_json<M: prost::Message>(name: &str, message: &M) -> Result<String, tonic::
 
 const PKG: &str = "assay.gateway.v1.";
 
+/// `Content-Type: application/json` (parameters allowed): what no cross-origin page can send
+/// without a CORS preflight, and the page never grants one.
+fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("application/json"))
+}
+
 async fn unary(State(admin): State<Admin>, Path(method): Path<String>, headers: HeaderMap, body: Bytes) -> Response {
+    if !is_json(&headers) {
+        return refused(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "INVALID_ARGUMENT",
+            "the admin API takes Content-Type: application/json only",
+        );
+    }
     if let Some(denied) = denied(&admin, &headers) {
         return denied;
     }
@@ -181,7 +382,8 @@ async fn unary(State(admin): State<Admin>, Path(method): Path<String>, headers: 
         "ListRuns" => call(&body, "ListRunsRequest", "ListRunsResponse", |r| grpc.list_runs(r)).await,
         "ControlRun" => call(&body, "ControlRunRequest", "ControlRunResponse", |r| grpc.control_run(r)).await,
         other => Err(tonic::Status::not_found(format!(
-            "no method {other:?} here; the admin API has GetRun, ListRuns, ControlRun (POST) and WatchRun (GET, events)"
+            "no method {:?} here; the admin API has GetRun, ListRuns, ControlRun (POST) and WatchRun (GET, events)",
+            bounded(other, 64)
         ))),
     };
     match answer {
@@ -232,7 +434,8 @@ async fn watch_run(State(admin): State<Admin>, headers: HeaderMap, query: Query<
         });
         let event = event.unwrap_or_else(|status| {
             *ended = true;
-            let body = json!({"code": format!("{:?}", status.code()), "message": status.message()});
+            let message = bounded(status.message(), MAX_MESSAGE_CHARS);
+            let body = json!({"code": format!("{:?}", status.code()), "message": message});
             SseEvent::default().event("error").data(body.to_string())
         });
         futures::future::ready(Some(Ok::<_, std::convert::Infallible>(event)))

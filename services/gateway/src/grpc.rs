@@ -3,6 +3,7 @@
 
 use std::pin::Pin;
 
+use assay_domain::limits::{MAX_ACTOR_CHARS, MAX_REASON_CHARS};
 use assay_domain::{StageError, Violations};
 use assay_proto::gateway::v1::gateway_service_server::{GatewayService, GatewayServiceServer};
 use assay_proto::gateway::v1::{
@@ -55,6 +56,23 @@ fn parse_page_token(t: &str) -> Result<Option<(i64, String)>, StageError> {
         t.split_once(':').ok_or_else(|| StageError::invalid("page_token", "is not a token from ListRuns"))?;
     let ts = ts.parse().map_err(|_| StageError::invalid("page_token", "is not a token from ListRuns"))?;
     Ok(Some((ts, id.to_string())))
+}
+
+/// A control's own fields (the action is the engine's and the pipeline's to check): a run id, and
+/// an actor and a reason short enough to keep in the audit log every GetRun returns.
+fn check_control(req: &ControlRunRequest) -> Result<(), StageError> {
+    let ControlRunRequest { run_id, action: _, actor, reason } = req;
+    let mut v = Violations::new();
+    if run_id.is_empty() {
+        v.push("run_id", "must not be empty");
+    }
+    for (field, text, limit) in [("actor", actor, MAX_ACTOR_CHARS), ("reason", reason, MAX_REASON_CHARS)] {
+        let chars = text.chars().count();
+        if chars > limit {
+            v.push(field, format!("is {chars} characters; the limit is {limit} characters"));
+        }
+    }
+    v.into_result()
 }
 
 #[tonic::async_trait]
@@ -154,9 +172,7 @@ impl GatewayService for GatewayGrpc {
 
     async fn control_run(&self, request: Request<ControlRunRequest>) -> Result<Response<ControlRunResponse>, Status> {
         let req = request.into_inner();
-        if req.run_id.is_empty() {
-            return Err(to_status(StageError::invalid("run_id", "must not be empty")));
-        }
+        check_control(&req).map_err(to_status)?;
         let run = self.engine.control(req).await.map_err(to_status)?;
         Ok(Response::new(ControlRunResponse { run: Some(run) }))
     }

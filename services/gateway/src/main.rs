@@ -61,12 +61,22 @@ async fn run() -> std::process::ExitCode {
         let engine = assay_gateway::Engine::new(store, Arc::new(assay_gateway::Pipelines::new(stages)))
             .with_max_active_runs(config.gateway.max_active_runs as usize);
         if let Some(port) = config.ports.admin {
-            let router = assay_gateway::admin::router(engine.clone(), token.map(str::to_string));
-            let bind = config.clone();
+            // The configured token; else a fresh one, printed once below (unless admin.no_auth).
+            let auth = assay_gateway::admin::AdminAuth::resolve(token, config.admin.no_auth);
+            let (bind, admin_engine) = (config.clone(), engine.clone());
             tokio::spawn(async move {
                 match assay_runtime::bind(&bind, port).await {
                     Ok(l) => {
-                        tracing::info!(addr = ?l.local_addr().ok(), "admin page listening");
+                        let addr = match l.local_addr() {
+                            Ok(a) => a,
+                            Err(e) => return tracing::error!(error = %e, "admin page: no local address"),
+                        };
+                        tracing::info!(%addr, "admin page listening");
+                        if let assay_gateway::admin::AdminAuth::Generated(_) = auth {
+                            // On stderr, not through the log pipeline: the one place the token shows.
+                            eprintln!("admin page: {}", auth.page_url(addr));
+                        }
+                        let router = assay_gateway::admin::router(admin_engine, addr, &auth, &bind.admin.allowed_hosts);
                         if let Err(e) = assay_gateway::admin::serve(l, router, assay_rpc::shutdown_signal()).await {
                             tracing::error!(error = %e, "admin page stopped");
                         }

@@ -125,6 +125,30 @@ async fn contract(store: &RunStore) {
     assert_eq!(store.checkpoints("c", "rec/").await.unwrap().len(), 1);
     assert_eq!(store.get("c").await.unwrap().unwrap().run.records_done, 2);
 
+    // Expected states (a control's state check and its audit entry, atomic): the writes apply
+    // only while the stored state is one of them, else none does and the error names the state.
+    let mut paused = c.clone();
+    paused.state = gw::RunState::Paused as i32;
+    let control = |expect: gw::RunState, key: &str, run: &gw::Run| {
+        vec![
+            RunWrite::Expect(vec![expect as i32]),
+            RunWrite::Checkpoint { key: key.into(), value: b"audit".to_vec() },
+            RunWrite::Summary(Box::new(run.clone())),
+        ]
+    };
+    store.write("c", control(Running, "audit/1", &paused)).await.unwrap();
+    assert_eq!(store.get("c").await.unwrap().unwrap().run.state, gw::RunState::Paused as i32);
+    let err = store.write("c", control(Running, "audit/2", &paused)).await.unwrap_err();
+    assert!(
+        matches!(&err, assay_domain::StageError::FailedPrecondition(m) if m.contains("RUN_STATE_PAUSED")),
+        "the state found is named: {err:?}"
+    );
+    let audit: Vec<String> = store.checkpoints("c", "audit/").await.unwrap().into_iter().map(|(k, _)| k).collect();
+    assert_eq!(audit, ["audit/1"], "a refused write keeps nothing");
+    store.write("c", control(gw::RunState::Paused, "audit/2", &c)).await.unwrap();
+    assert_eq!(store.get("c").await.unwrap().unwrap().run.state, Running as i32);
+    assert_eq!(store.checkpoints("c", "audit/").await.unwrap().len(), 2);
+
     // Listing: newest first, filtered by kind and state, paged by cursor.
     let ids = |runs: Vec<gw::Run>| runs.into_iter().map(|r| r.run_id).collect::<Vec<_>>();
     assert_eq!(ids(store.list(0, 0, None, 10).await.unwrap()), ["c", "b", "a"]);

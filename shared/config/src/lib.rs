@@ -31,6 +31,8 @@ pub struct AssayConfig {
     pub models: PhaseModels,
     #[serde(default)]
     pub tls: TlsConfig,
+    #[serde(default)]
+    pub admin: AdminConfig,
 }
 
 impl std::fmt::Debug for AssayConfig {
@@ -50,6 +52,7 @@ impl std::fmt::Debug for AssayConfig {
             cache,
             models,
             tls,
+            admin,
         } = self;
         f.debug_struct("AssayConfig")
             .field("bind", bind)
@@ -64,6 +67,7 @@ impl std::fmt::Debug for AssayConfig {
             .field("cache", cache)
             .field("models", models)
             .field("tls", tls)
+            .field("admin", admin)
             .finish()
     }
 }
@@ -87,6 +91,20 @@ pub struct Ports {
     /// [`DEFAULT_ADMIN_PORT`] when unset). 0 = any free port.
     #[serde(default)]
     pub admin: Option<u16>,
+}
+
+/// Who may use the gateway's admin page (served on `ports.admin`).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct AdminConfig {
+    /// Names (besides the bound address, and `localhost` on loopback) the page answers to in the
+    /// `Host` header: `name` (any port) or `name:port`; `*` turns the check off. Every other Host is
+    /// refused, so a DNS-rebound name cannot reach the page.
+    pub allowed_hosts: Vec<String>,
+    /// UNSAFE: serve the page with no token when `auth_token` is empty (otherwise a fresh token is
+    /// generated per start and printed once with the page's URL). Any local web page or process can
+    /// then read and control every run. `assay up --no-admin-auth` sets it.
+    pub no_auth: bool,
 }
 
 /// Where `assay up` serves the admin page when `ports.admin` is not set.
@@ -363,8 +381,15 @@ pub fn load(file: Option<&Path>) -> Result<AssayConfig, ConfigError> {
     if let Some(f) = file {
         b = b.add_source(config::File::from(f).required(true));
     }
-    b = b
-        .add_source(config::Environment::with_prefix("ASSAY").prefix_separator("__").separator("__").try_parsing(true));
+    b = b.add_source(
+        config::Environment::with_prefix("ASSAY")
+            .prefix_separator("__")
+            .separator("__")
+            .try_parsing(true)
+            // ASSAY__ADMIN__ALLOWED_HOSTS=a.example,b.example
+            .list_separator(",")
+            .with_list_parse_key("admin.allowed_hosts"),
+    );
     checked(b.build()?.try_deserialize()?)
 }
 

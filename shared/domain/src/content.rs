@@ -12,6 +12,13 @@ pub const PATCHER_PHASE: &str = "stage_6_patcher";
 pub const EXPANDER_PHASE: &str = "stage_6_section_expander";
 /// Most words an expansion may target.
 pub const MAX_TARGET_WORDS: u32 = 5_000;
+/// Most bytes of an edit's instruction or of one of its constraints (Patch, ExpandSection, and
+/// the arbiter instructions that feed them).
+pub const MAX_INSTRUCTION_BYTES: usize = 8 * 1024;
+/// Most constraints of one edit.
+pub const MAX_CONSTRAINTS: usize = 32;
+/// Most issues one edit fixes (a section's issues in a Route request feed one edit).
+pub const MAX_EDIT_ISSUES: usize = 100;
 
 /// Fix one section (patch) or regenerate it (expand).
 #[derive(Debug, Clone, PartialEq, Default)]

@@ -18,3 +18,7 @@ pub const MAX_ID_BYTES: usize = 256;
 pub const MAX_LABEL_BYTES: usize = 1024;
 /// Maximum gRPC message size (decode and encode), bytes.
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+/// Maximum characters of a run control's actor (kept in the audit log, returned by every GetRun).
+pub const MAX_ACTOR_CHARS: usize = 200;
+/// Maximum characters of a run control's reason (kept in the audit log, returned by every GetRun).
+pub const MAX_REASON_CHARS: usize = 2_000;

@@ -3,18 +3,21 @@
 //!
 //! A pass asks the refiner model for a `<critique>` and a `<revised>` text, then:
 //! 1. the cascade compares the revision with the draft the pass started from;
-//! 2. when more than one pass may run, the regression guard measures the revision's similarity to
-//!    the original (embedding cosine through the cascade's cache and breaker; Jaccard when
-//!    embeddings are unavailable for it or for an earlier revision). From pass 2 on, below
-//!    [`ROLLBACK_RATIO`] x the best similarity of the revisions kept so far, the revision is
-//!    discarded (`rolled_back`): the previous draft, the best one, is kept and the loop stops;
+//! 2. when more than one pass may run, or the revision diverged from the draft it started from,
+//!    the regression guard measures the revision's similarity to the original (embedding cosine
+//!    through the cascade's cache and breaker; Jaccard when embeddings are unavailable for it or
+//!    for an earlier revision). Below [`ROLLBACK_RATIO`] x the best similarity of the revisions
+//!    kept so far (on pass 1, for a diverged revision: x 1, the original's own), the revision is
+//!    discarded (`rolled_back`): the previous draft, the best one, is kept and the loop stops. A
+//!    revision that diverges from the original is never kept without passing this test;
 //! 3. otherwise the revision becomes the draft; converged stops the loop, anything else (diverged
 //!    included) goes on to the next pass.
 //!
-//! A refiner error (failed call, empty revision, reply cut at the token limit) keeps the previous
-//! draft, is reported in its pass, and stops the loop. Only when the very first call fails outright
-//! (nothing was produced and nothing can be reported but the backend's failure) does the stage
-//! return the error itself.
+//! A refiner error (failed call, empty revision, reply cut at the token limit, a reply without a
+//! `<revised>` block that diverged from the draft: a refusal or an answer rather than a rewrite)
+//! keeps the previous draft, is reported in its pass, and stops the loop. Only when the very first
+//! call fails outright (nothing was produced and nothing can be reported but the backend's
+//! failure) does the stage return the error itself.
 
 use serde::{Deserialize, Serialize};
 
@@ -53,6 +56,16 @@ pub struct SelfRefineRequest {
     pub model: ModelSpec,
     /// Unset fields: the configured embedding backend.
     pub embedding_model: ModelSpec,
+    /// Passes an earlier call already ran over this draft (1, 2, ... in order, fewer than
+    /// `max_passes`, none of them one that ends the loop): taken as they are (the draft they left,
+    /// the guard's figures, their usage) with no model call, the loop going on from the next pass.
+    /// A caller that pauses between passes runs them one call at a time and hands them back here.
+    #[serde(default)]
+    pub prior_passes: Vec<SelfRefinePass>,
+    /// Most passes this call runs (0: up to `max_passes`). A call cut short by it reports
+    /// [`StopReason::MaxPasses`]; see [`SelfRefineOutcome::finished`].
+    #[serde(default)]
+    pub passes_this_call: u32,
 }
 
 impl Default for SelfRefineRequest {
@@ -65,6 +78,8 @@ impl Default for SelfRefineRequest {
             mode: ConvergenceMode::default(),
             model: ModelSpec::default(),
             embedding_model: ModelSpec::default(),
+            prior_passes: Vec::new(),
+            passes_this_call: 0,
         }
     }
 }
@@ -86,6 +101,31 @@ impl SelfRefineRequest {
         }
         check_model_spec(&self.model, &f("model"), v);
         check_model_spec(&self.embedding_model, &f("embedding_model"), v);
+        if !self.prior_passes.is_empty() && self.prior_passes.len() >= self.max_passes as usize {
+            v.push(
+                f("prior_passes"),
+                format!(
+                    "has {} passes; at most max_passes - 1 ({}) can be continued",
+                    self.prior_passes.len(),
+                    self.max_passes.saturating_sub(1)
+                ),
+            );
+        }
+        for (i, p) in self.prior_passes.iter().enumerate() {
+            let name = f(&format!("prior_passes[{i}]"));
+            if p.pass as usize != i + 1 {
+                v.push(format!("{name}.pass"), format!("is {}; prior passes are numbered 1, 2, ... in order", p.pass));
+            }
+            if !p.kept() || p.converged {
+                v.push(name.clone(), "ended the loop (converged, rolled back or failed); nothing to continue");
+            }
+            if p.revised.len() > MAX_TEXT_BYTES {
+                v.push(
+                    format!("{name}.revised"),
+                    format!("is {} bytes; the limit is {MAX_TEXT_BYTES} bytes", p.revised.len()),
+                );
+            }
+        }
     }
 
     /// [`Self::check`] as a result.
@@ -108,7 +148,8 @@ pub struct OriginalSimilarity {
     pub similarity: f64,
     /// [`DecidedBy::Embedding`] (cosine) or [`DecidedBy::Jaccard`].
     pub measure: DecidedBy,
-    /// [`ROLLBACK_RATIO`] x the best similarity so far; `None` on pass 1 (no guard yet).
+    /// [`ROLLBACK_RATIO`] x the best similarity so far; on pass 1 [`ROLLBACK_RATIO`] for a
+    /// revision that diverged from the draft, `None` otherwise (no guard yet).
     pub threshold: Option<f64>,
     /// Why the guard measured by Jaccard, when it did.
     pub degraded_reason: String,
@@ -133,6 +174,7 @@ pub struct SelfRefinePass {
     pub converged: bool,
     pub rolled_back: bool,
     /// Why the pass produced no usable revision (the previous draft is kept); empty otherwise.
+    /// `revised` may still hold the model's text (a reply that was not a revision of the draft).
     pub error: String,
     /// The refiner call of this pass.
     pub usage: Usage,
@@ -231,6 +273,8 @@ impl SelfRefineHook {
             mode: self.mode,
             model: self.model.clone(),
             embedding_model: self.embedding_model.clone(),
+            prior_passes: Vec::new(),
+            passes_this_call: 0,
         }
     }
 }
@@ -252,6 +296,16 @@ pub struct SelfRefineOutcome {
     pub usage: Usage,
     /// The refiner model's record (default when skipped).
     pub model: ModelRecord,
+}
+
+impl SelfRefineOutcome {
+    /// Whether the loop is over (as opposed to a call cut short by `passes_this_call`): skipped,
+    /// `max_passes` passes ran, or its last pass ended it (converged, rolled back or failed).
+    pub fn finished(&self, max_passes: u32) -> bool {
+        self.skipped_too_short
+            || self.passes.len() >= max_passes as usize
+            || self.passes.last().is_none_or(|p| !p.kept() || p.converged)
+    }
 }
 
 /// Progress of a self-refine call.

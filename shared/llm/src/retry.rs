@@ -38,9 +38,20 @@ pub enum WaitPlan {
     DeadlinePassed,
 }
 
-/// Combine the jittered backoff with a server's `Retry-After` (a minimum) and the caller's deadline
-/// (a hard cap: a wait that would end at or after the deadline is not started).
-pub fn plan_wait(jitter: Duration, retry_after: Option<Duration>, now: Instant, deadline: Option<Instant>) -> WaitPlan {
+/// Combine the jittered backoff with a server's `Retry-After` (a minimum, honoured up to
+/// `max_retry_after`: a server asking for a longer wait gets no retry, the call gives up at once
+/// rather than sit through it) and the caller's deadline (a hard cap: a wait that would end at or
+/// after the deadline is not started).
+pub fn plan_wait(
+    jitter: Duration,
+    retry_after: Option<Duration>,
+    max_retry_after: Duration,
+    now: Instant,
+    deadline: Option<Instant>,
+) -> WaitPlan {
+    if retry_after.is_some_and(|asked| asked > max_retry_after) {
+        return WaitPlan::GiveUp;
+    }
     let wait = retry_after.map_or(jitter, |minimum| jitter.max(minimum));
     match deadline {
         None => WaitPlan::Sleep(wait),
@@ -89,6 +100,8 @@ pub fn classify_status(status: u16, deterministic_5xx: &[u16]) -> StatusClass {
 mod tests {
     use super::*;
 
+    const CAP: Duration = Duration::from_secs(30);
+
     #[test]
     fn ceiling_grows_and_caps() {
         let b = Backoff { base: Duration::from_millis(200), max: Duration::from_secs(8) };
@@ -125,22 +138,37 @@ mod tests {
     #[test]
     fn retry_after_is_a_minimum() {
         let now = Instant::now();
-        let plan = plan_wait(Duration::from_millis(10), Some(Duration::from_secs(1)), now, None);
+        let plan = plan_wait(Duration::from_millis(10), Some(Duration::from_secs(1)), CAP, now, None);
         assert_eq!(plan, WaitPlan::Sleep(Duration::from_secs(1)));
-        let plan = plan_wait(Duration::from_secs(2), Some(Duration::from_secs(1)), now, None);
+        let plan = plan_wait(Duration::from_secs(2), Some(Duration::from_secs(1)), CAP, now, None);
         assert_eq!(plan, WaitPlan::Sleep(Duration::from_secs(2)));
+    }
+
+    #[test]
+    fn a_retry_after_beyond_the_cap_gives_up_at_once() {
+        let now = Instant::now();
+        let asked = Some(Duration::from_secs(31));
+        assert_eq!(plan_wait(Duration::ZERO, asked, CAP, now, None), WaitPlan::GiveUp);
+        assert_eq!(
+            plan_wait(Duration::ZERO, Some(CAP), CAP, now, None),
+            WaitPlan::Sleep(CAP),
+            "the cap itself is honoured"
+        );
     }
 
     #[test]
     fn deadline_caps_waits() {
         let now = Instant::now();
         let deadline = now + Duration::from_secs(1);
-        assert_eq!(plan_wait(Duration::ZERO, Some(Duration::from_secs(30)), now, Some(deadline)), WaitPlan::GiveUp);
         assert_eq!(
-            plan_wait(Duration::from_millis(100), None, now, Some(deadline)),
+            plan_wait(Duration::ZERO, Some(Duration::from_secs(30)), CAP, now, Some(deadline)),
+            WaitPlan::GiveUp
+        );
+        assert_eq!(
+            plan_wait(Duration::from_millis(100), None, CAP, now, Some(deadline)),
             WaitPlan::Sleep(Duration::from_millis(100))
         );
-        assert_eq!(plan_wait(Duration::ZERO, None, deadline, Some(deadline)), WaitPlan::DeadlinePassed);
+        assert_eq!(plan_wait(Duration::ZERO, None, CAP, deadline, Some(deadline)), WaitPlan::DeadlinePassed);
     }
 
     #[test]
@@ -154,7 +182,7 @@ mod tests {
             let mut now = start;
             for attempt in 0..20 {
                 let retry_after = (attempt % 3 == 0).then(|| Duration::from_millis(u64::from(attempt) * 30));
-                match plan_wait(b.jittered(attempt, &mut rng), retry_after, now, Some(deadline)) {
+                match plan_wait(b.jittered(attempt, &mut rng), retry_after, CAP, now, Some(deadline)) {
                     WaitPlan::Sleep(wait) => {
                         now += wait;
                         assert!(now < deadline, "slept past the deadline");

@@ -246,6 +246,20 @@ async fn rate_limit_exhausted_is_rate_limited() {
 }
 
 #[tokio::test]
+async fn a_retry_after_beyond_max_retry_after_fails_at_once_without_a_deadline() {
+    let server = ScriptedLlm::start().await;
+    server.push(Reply::status(429).retry_after(3600)).push(Reply::text("ok"));
+    let client = client(&server);
+    assert_eq!(client.config().max_retry_after, Duration::from_secs(30), "the default cap");
+    let err = tokio::time::timeout(Duration::from_secs(10), client.chat(ask("q")))
+        .await
+        .expect("sat through an hour's Retry-After")
+        .unwrap_err();
+    assert!(matches!(err, LlmError::RateLimited(_)), "{err:?}");
+    assert_eq!(server.request_count(), 1, "no retry");
+}
+
+#[tokio::test]
 async fn deadline_caps_retry_after() {
     let server = ScriptedLlm::start().await;
     server.set_handler(|_| Reply::status(429).retry_after(30));
@@ -631,4 +645,59 @@ async fn a_backend_echoing_the_api_key_never_gets_it_into_the_error() {
     let text = format!("{err} {err:?}");
     assert!(!text.contains(key), "{text}");
     assert!(text.contains("<redacted>"), "the rest of the body is kept: {text}");
+}
+
+/// A sequential pipeline makes a few calls per class: the first call of a class (here one allowed
+/// 512 tokens) hangs while another class (64 tokens) has answered quickly a few times. The hang is
+/// cut at a timeout borrowed from the other class (scaled by the token limits), not at the 30 s
+/// ceiling, and the retry answers.
+#[tokio::test]
+async fn a_cold_class_hang_is_cut_at_a_prior_from_the_backends_other_classes() {
+    let server = ScriptedLlm::start().await;
+    server.set_handler(hang_first_attempts(Duration::from_millis(10), vec!["long".into()]));
+    let client = adaptive_client(&server);
+    let ceiling = client.config().request_timeout;
+    for i in 0..4 {
+        let reply = client.chat(ChatRequest { max_tokens: Some(64), ..ask(&format!("short{i}")) }).await.unwrap();
+        assert_eq!(reply.usage.retries, 0);
+    }
+    let call = client.chat(ChatRequest { max_tokens: Some(512), ..ask("long") });
+    let reply = tokio::time::timeout(ceiling / 2, call)
+        .await
+        .expect("the hung attempt waited for the ceiling: a cold class got no prior")
+        .unwrap();
+    assert_eq!(reply.text, "echo long");
+    assert_eq!(reply.usage.retries, 1, "one attempt cut, one answered");
+    assert!(eventually(Duration::from_secs(5), || server.cancelled_count() == 1).await);
+    // How long the hung attempt was given: from its arrival to the client dropping it.
+    let hung = server.exchanges().into_iter().find(|e| e.answered.is_none()).expect("the hung exchange");
+    let given = server.cancelled_times()[0] - hung.received;
+    // The prior: p95 of the short class (>= 10 ms) x 8 (512 / 64 tokens) x 2 (margin) x 4
+    // (multiplier) >= 640 ms; far below the ceiling.
+    assert!(given >= Duration::from_millis(600), "cut before the prior: {given:?}");
+    assert!(given < ceiling / 4, "given {given:?} of a {ceiling:?} ceiling");
+}
+
+/// The last attempt a call may make gets the ceiling, so a call slow for good reason still
+/// completes; but when it hangs, a duplicate sent after about one adaptive timeout answers and
+/// the call does not wait for the ceiling.
+#[tokio::test]
+async fn a_hung_last_attempt_is_hedged_instead_of_waiting_for_the_ceiling() {
+    let server = ScriptedLlm::start().await;
+    server.set_handler(|r| Reply::text(format!("echo {}", r.last_user_message().unwrap_or_default())));
+    let client =
+        OpenAiClient::new(OpenAiConfig { max_retries: 1, ..adaptive_client(&server).config().clone() }).unwrap();
+    let ceiling = client.config().request_timeout;
+    for i in 0..3 {
+        client.chat(ask(&format!("warm{i}"))).await.unwrap();
+    }
+    // The first attempt fails at once, the second (the last) never answers, the hedge does.
+    server.push(Reply::status(503)).push(Reply::hang());
+    let call = client.chat(ask("q"));
+    let reply =
+        tokio::time::timeout(ceiling / 2, call).await.expect("the last attempt waited for the ceiling").unwrap();
+    assert_eq!(reply.text, "echo q");
+    assert_eq!(reply.usage.retries, 1);
+    assert_eq!(server.request_count(), 3 + 3, "three warm-up calls, the 503, the hung attempt and its hedge");
+    assert!(eventually(Duration::from_secs(5), || server.cancelled_count() == 1).await, "the hung request dropped");
 }

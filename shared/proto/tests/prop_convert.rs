@@ -439,16 +439,35 @@ fn unique_verdicts(verdicts: &mut Vec<assay_proto::common::v1::JudgeVerdict>) {
     }
 }
 
+/// Section scores naming a section of the document and a default criterion, once each: the
+/// conversion refuses scores for units the document does not have.
+fn known_section_scores(verdicts: &mut [assay_proto::common::v1::JudgeVerdict], sections: usize) {
+    let criteria: Vec<String> = assay_domain::document::default_criteria().into_iter().map(|c| c.name).collect();
+    for v in verdicts.iter_mut() {
+        if sections == 0 {
+            v.section_scores.clear();
+            continue;
+        }
+        v.section_scores.truncate(sections * criteria.len());
+        for (k, s) in v.section_scores.iter_mut().enumerate() {
+            s.section_id = format!("s{}", k % sections);
+            s.criterion = criteria[k / sections].clone();
+        }
+    }
+}
+
 fn shape_consolidate(r: &mut assay_proto::arbiter::v1::ConsolidateRequest) {
     unique_verdicts(&mut r.verdicts);
     unique_sections(&mut r.sections);
     r.criteria.clear();
+    known_section_scores(&mut r.verdicts, r.sections.len());
 }
 
 fn shape_plan(r: &mut assay_proto::arbiter::v1::PlanRequest) {
     unique_verdicts(&mut r.verdicts);
     unique_sections(&mut r.sections);
     r.criteria.clear();
+    known_section_scores(&mut r.verdicts, r.sections.len());
     r.locked_section_ids = r.sections.iter().take(1).map(|s| s.id.clone()).collect();
 }
 

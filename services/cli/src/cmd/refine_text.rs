@@ -179,6 +179,7 @@ pub fn build_request(draft: String, a: &RefineTextArgs) -> Result<rpb::SelfRefin
         convergence_mode: a.mode.map_or(rpb::ConvergenceMode::Unspecified, Convergence::proto) as i32,
         model: model_spec("--model", a.model.as_deref())?,
         embedding_model: model_spec("--embedding-model", a.embedding_model.as_deref())?,
+        ..Default::default()
     })
 }
 

@@ -9,6 +9,9 @@
 //!   one retry (the reply and the reason shown to the model); a judge still unusable falls back to
 //!   a majority vote over the normalised refined answers, flagged with the reason. A solver,
 //!   reviewer or refiner still unusable after its retry fails the stage (UNAVAILABLE naming it).
+//! - A model call that fails transiently after the client's own retries (rate limited, backend
+//!   unavailable) is made again [`CALL_RETRIES`] times before its stage fails: a round makes a
+//!   dozen calls and any one failing loses the whole problem, so one call's bad luck should not.
 //! - RunDebate: solve, then `rounds` review/refine rounds, then the judge; with
 //!   `early_stop_on_agreement`, agreement of the solvers' answers (normalised) before a round's
 //!   reviews or after its refinement ends the rounds; agreement before the first review ends the
@@ -20,6 +23,7 @@ pub mod prompt;
 pub mod reply;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use assay_domain::debate::{
     DEFAULT_JUDGE_TEMPERATURE, Debate, DebateEvent, DebateOutcome, DebateRequest, DebateRound, DebateStage, Decision,
@@ -31,6 +35,11 @@ use assay_domain::template::template_sha256;
 use assay_domain::{EventSink, ModelHub, ModelRecord, ModelSpec, ResolvedChat, StageError, Usage};
 use assay_llm::{ChatRequest, ChatResponse, FinishReason, Message, ResponseFormat};
 use serde_json::Value;
+
+/// Times a call that failed transiently (its client's retries spent) is made again.
+pub const CALL_RETRIES: u32 = 2;
+/// Wait before the first such call again, doubled for the next.
+const CALL_RETRY_WAIT: Duration = Duration::from_millis(250);
 
 /// The debate over a model hub.
 #[derive(Clone)]
@@ -99,6 +108,22 @@ impl Job<'_> {
         parsed.map_err(|why| if cut { format!("{why} (the reply was cut at {max_tokens} tokens)") } else { why })
     }
 
+    /// One model call; a transient failure is tried again [`CALL_RETRIES`] times.
+    async fn call(&self, messages: Vec<Message>, max_tokens: u32) -> Result<ChatResponse, StageError> {
+        let mut failed = 0u32;
+        loop {
+            match self.chat.model.chat(self.request(messages.clone(), max_tokens)).await {
+                Ok(reply) => return Ok(reply),
+                Err(e) if e.is_transient() && failed < CALL_RETRIES => {
+                    tracing::warn!(phase = self.phase, error = %e, again = failed + 1, "model call failed after its retries, calling again");
+                    tokio::time::sleep(CALL_RETRY_WAIT.saturating_mul(1 << failed)).await;
+                    failed += 1;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
     /// The call, and one retry showing the model its unusable reply and why.
     async fn ask<T>(&self, parse: impl Fn(&Value) -> Result<T, String>) -> Result<Called<T>, StageError> {
         // The configuration's limit, else room for the longest reply the schema allows.
@@ -106,7 +131,7 @@ impl Job<'_> {
         let mut record = self.chat.record(self.phase, max_tokens, template_sha256(self.template), false);
         record.temperature = Some(self.temperature);
         let mut usage = Usage::default();
-        let first = self.chat.model.chat(self.request(vec![Message::user(self.prompt.clone())], max_tokens)).await?;
+        let first = self.call(vec![Message::user(self.prompt.clone())], max_tokens).await?;
         usage.add(&first.usage);
         let why = match Self::read(&first, max_tokens, &parse) {
             Ok(value) => return Ok(Called { value: Ok(value), usage, record }),
@@ -118,7 +143,7 @@ impl Job<'_> {
             Message::assistant(first.text.clone()),
             Message::user(prompt::retry(&why)),
         ];
-        let second = self.chat.model.chat(self.request(messages, max_tokens)).await?;
+        let second = self.call(messages, max_tokens).await?;
         usage.add(&second.usage);
         let value = Self::read(&second, max_tokens, &parse)
             .map_err(|again| if again == why { why } else { format!("{why}; after the retry: {again}") });

@@ -31,11 +31,74 @@ enum Persistence {
 
 /// What a run's writer is asked to store, and where to say it was.
 type Append = (Op, oneshot::Sender<Result<(), StageError>>);
+type Ack = oneshot::Sender<Result<(), StageError>>;
 
 /// One write queued for a run's writer.
 enum Op {
+    Write(Write),
+    Guarded(Box<Guarded>),
+}
+
+/// An event or a checkpoint.
+enum Write {
     Event(Box<Event>),
     Checkpoint(String, Vec<u8>),
+}
+
+/// Writes stored in a transaction of their own, only if the run's stored state is then one of
+/// `expect` (else none of them: FAILED_PRECONDITION naming the state found, and their events
+/// take no sequence); the run is in `state` once they are, when set.
+struct Guarded {
+    expect: Vec<i32>,
+    writes: Vec<Write>,
+    state: Option<i32>,
+}
+
+tokio::task_local! {
+    /// The pause gate of the run whose pipeline this task executes (set by the engine).
+    static RUN_GATE: RunGate;
+}
+
+/// A run's pause gate and cancellation, as the stage calls of its pipeline see them.
+#[derive(Clone)]
+pub(super) struct RunGate {
+    paused: watch::Receiver<bool>,
+    cancelled: watch::Receiver<bool>,
+}
+
+impl RunGate {
+    async fn wait(mut self) -> Result<(), StageError> {
+        let released = tokio::select! {
+            biased;
+            _ = self.cancelled.wait_for(|c| *c) => false,
+            _ = self.paused.wait_for(|p| !*p) => true,
+        };
+        if released && !*self.cancelled.borrow() {
+            Ok(())
+        } else {
+            Err(StageError::Cancelled("the run was cancelled".into()))
+        }
+    }
+
+    /// Run `f` (a pipeline) with this gate in scope for every stage call it makes on its task.
+    pub(super) async fn scope<F: Future>(self, f: F) -> F::Output {
+        RUN_GATE.scope(self, f).await
+    }
+}
+
+/// Before a stage call: waits while the run whose pipeline makes it is paused; CANCELLED once the
+/// run is cancelled. Straight through outside a run. Every stage a pipeline holds calls it (see
+/// `crate::pipelines::Stages`), so no model call starts on a paused run.
+pub async fn stage_gate() -> Result<(), StageError> {
+    match RUN_GATE.try_with(RunGate::clone) {
+        Ok(gate) => gate.wait().await,
+        Err(_) => Ok(()),
+    }
+}
+
+/// The name of a stored state (`RUN_STATE_PAUSED`).
+pub(crate) fn state_name(state: i32) -> &'static str {
+    gw::RunState::try_from(state).map(|s| s.as_str_name()).unwrap_or("RUN_STATE_UNKNOWN")
 }
 
 /// Writes a run's writer puts in one transaction at most.
@@ -124,6 +187,8 @@ pub struct RunCtx {
     posted: watch::Sender<u32>,
     /// Serialises posts and audit entries (their keys are counters).
     journal: tokio::sync::Mutex<()>,
+    /// Serialises the controls of the run (the engine's): each sees the state the one before left.
+    pub(super) controls: tokio::sync::Mutex<()>,
 }
 
 /// Checkpoint key prefix of the posted pipeline actions.
@@ -146,59 +211,118 @@ pub(crate) async fn stored_audit_log(store: &RunStore, run_id: &str) -> Result<V
 
 /// The writer task of a run: `seq` is the last sequence already stored. Everything queued while
 /// a write was under way goes into the next one, one transaction (group commit): a pipeline that
-/// queues many writes without waiting for each pays one store round trip per batch.
+/// queues many writes without waiting for each pays one store round trip per batch. A guarded
+/// group ([`Guarded`]) is a transaction of its own, in order with the rest.
 async fn write_events(
     run_id: String,
-    mut seq: u64,
+    seq: u64,
     store: Option<RunStore>,
     run: Arc<Mutex<gw::Run>>,
     events: broadcast::Sender<Arc<gw::RunEvent>>,
     mut rx: mpsc::UnboundedReceiver<Append>,
 ) {
+    let mut writer = Writer { run_id, seq, store, run, events };
     let mut batch: Vec<Append> = Vec::new();
     while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
-        let mut writes = Vec::with_capacity(batch.len() + 1);
-        let mut acks = Vec::with_capacity(batch.len());
-        let mut stored = Vec::new();
-        let mut next = seq;
+        let mut plain: Vec<Write> = Vec::new();
+        let mut acks: Vec<Ack> = Vec::new();
         for (op, ack) in batch.drain(..) {
-            acks.push(ack);
             match op {
-                Op::Event(event) => {
+                Op::Write(w) => {
+                    plain.push(w);
+                    acks.push(ack);
+                }
+                Op::Guarded(g) => {
+                    if !plain.is_empty() {
+                        writer.commit(std::mem::take(&mut plain), std::mem::take(&mut acks), None).await;
+                    }
+                    let Guarded { expect, writes, state } = *g;
+                    writer.commit(writes, vec![ack], Some((expect, state))).await;
+                }
+            }
+        }
+        if !plain.is_empty() {
+            writer.commit(plain, acks, None).await;
+        }
+    }
+}
+
+/// A run's writer: the last sequence stored, and where writes go.
+struct Writer {
+    run_id: String,
+    seq: u64,
+    store: Option<RunStore>,
+    run: Arc<Mutex<gw::Run>>,
+    events: broadcast::Sender<Arc<gw::RunEvent>>,
+}
+
+impl Writer {
+    /// Store `ops` in one transaction (guarded by `guard`: expected states, the state after) and
+    /// answer every ack with the outcome.
+    async fn commit(&mut self, ops: Vec<Write>, acks: Vec<Ack>, guard: Option<(Vec<i32>, Option<i32>)>) {
+        let (expect, new_state) = guard.map_or((None, None), |(e, s)| (Some(e), s));
+        let mut writes = Vec::with_capacity(ops.len() + 2);
+        if let (Some(expect), Some(_)) = (&expect, &self.store) {
+            writes.push(RunWrite::Expect(expect.clone()));
+        }
+        let mut stored = Vec::new();
+        let mut next = self.seq;
+        for op in ops {
+            match op {
+                Write::Event(event) => {
                     next += 1;
-                    let ev =
-                        gw::RunEvent { run_id: run_id.clone(), sequence: next, time: Some(now()), event: Some(*event) };
-                    if store.is_some() {
+                    let ev = gw::RunEvent {
+                        run_id: self.run_id.clone(),
+                        sequence: next,
+                        time: Some(now()),
+                        event: Some(*event),
+                    };
+                    if self.store.is_some() {
                         writes.push(RunWrite::Event(Box::new(ev.clone())));
                     }
                     stored.push(ev);
                 }
-                Op::Checkpoint(key, value) => writes.push(RunWrite::Checkpoint { key, value }),
+                Write::Checkpoint(key, value) => writes.push(RunWrite::Checkpoint { key, value }),
             }
         }
         let written = async {
-            if let Some(last) = stored.last() {
+            if stored.last().is_some() || new_state.is_some() {
                 let summary = {
-                    let mut r = run.lock().map_err(|_| StageError::Internal("run lock poisoned".into()))?;
-                    r.last_sequence = last.sequence;
-                    r.updated_at = last.time;
-                    store.is_some().then(|| r.clone())
+                    let r = self.run.lock().map_err(|_| StageError::Internal("run lock poisoned".into()))?;
+                    let mut summary = r.clone();
+                    if let Some(last) = stored.last() {
+                        summary.last_sequence = last.sequence;
+                        summary.updated_at = last.time;
+                    }
+                    if let Some(state) = new_state {
+                        summary.state = state;
+                    }
+                    self.store.is_some().then_some(summary)
                 };
                 if let Some(summary) = summary {
                     writes.push(RunWrite::Summary(Box::new(summary)));
                 }
             }
-            if let Some(store) = &store {
-                store.write(&run_id, writes).await?;
+            if let Some(store) = &self.store {
+                store.write(&self.run_id, writes).await?;
             }
             Ok(())
         }
         .await;
         if written.is_ok() {
-            seq = next;
-            if store.is_some() {
+            self.seq = next;
+            if let Ok(mut r) = self.run.lock() {
+                if let Some(last) = stored.last() {
+                    r.last_sequence = last.sequence;
+                    r.updated_at = last.time;
+                }
+                if let Some(state) = new_state {
+                    r.state = state;
+                }
+            }
+            if self.store.is_some() {
                 for ev in stored {
-                    let _ = events.send(Arc::new(ev));
+                    let _ = self.events.send(Arc::new(ev));
                 }
             }
         }
@@ -235,7 +359,13 @@ impl RunCtx {
             models: Mutex::new(Vec::new()),
             posted: watch::channel(0).0,
             journal: tokio::sync::Mutex::new(()),
+            controls: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// The run's pause gate, for the stage calls of its pipeline.
+    pub(super) fn run_gate(&self) -> RunGate {
+        RunGate { paused: self.paused.subscribe(), cancelled: self.cancelled.subscribe() }
     }
 
     pub fn run_id(&self) -> &str {
@@ -268,7 +398,7 @@ impl RunCtx {
     /// with every other event and checkpoint of the run; await the result (or push it into a
     /// [`Writes`]) to know it was stored.
     pub fn emit_queued(&self, event: Event) -> Written {
-        self.queue(Op::Event(Box::new(event)))
+        self.queue(Op::Write(Write::Event(Box::new(event))))
     }
 
     fn queue(&self, op: Op) -> Written {
@@ -354,7 +484,7 @@ impl RunCtx {
     fn put_queued(&self, key: &str, bytes: Vec<u8>) -> Written {
         match &self.persistence {
             // Through the writer: in order with the run's events, in their transactions.
-            Persistence::Store(_) => self.queue(Op::Checkpoint(key.to_string(), bytes)),
+            Persistence::Store(_) => self.queue(Op::Write(Write::Checkpoint(key.to_string(), bytes))),
             Persistence::Memory(m) => Written::done(
                 m.lock()
                     .map(|mut m| {
@@ -381,10 +511,12 @@ impl RunCtx {
     /// Append to the run's audit log (persisted).
     pub async fn audit(&self, actor: &str, action: &str, detail: &str) -> Result<(), StageError> {
         let _guard = self.journal.lock().await;
-        self.audit_locked(actor, action, detail).await
+        let entry = self.audit_entry(actor, action, detail).await?;
+        self.put_raw(&entry.0, entry.1).await
     }
 
-    async fn audit_locked(&self, actor: &str, action: &str, detail: &str) -> Result<(), StageError> {
+    /// The next audit entry's key and value (call with the journal held).
+    async fn audit_entry(&self, actor: &str, action: &str, detail: &str) -> Result<(String, Vec<u8>), StageError> {
         let n = self.raw(AUDIT).await?.len();
         let entry = gw::AuditEntry {
             time: Some(now()),
@@ -392,7 +524,70 @@ impl RunCtx {
             action: action.to_string(),
             detail: detail.to_string(),
         };
-        self.checkpoint(&format!("{AUDIT}{n:08}"), &entry).await
+        Ok((format!("{AUDIT}{n:08}"), prost::Message::encode_to_vec(&entry)))
+    }
+
+    /// Store `writes` only if the run is in one of the `expect` states, atomically: the stored
+    /// state is checked in the transaction that writes them (FAILED_PRECONDITION naming the state
+    /// found, nothing written, otherwise). `state`: the run's state once they are (a
+    /// `RunStateChanged` event with `reason` is among the writes).
+    async fn guarded(
+        &self,
+        expect: &[gw::RunState],
+        mut writes: Vec<Write>,
+        state: Option<(gw::RunState, &str)>,
+    ) -> Result<(), StageError> {
+        let current = self.state();
+        if !expect.contains(&current) {
+            return Err(StageError::FailedPrecondition(format!("run {} is {}", self.run_id, current.as_str_name())));
+        }
+        if let Some((s, reason)) = state {
+            writes.push(Write::Event(Box::new(Event::StateChanged(gw::RunStateChanged {
+                state: s as i32,
+                reason: reason.to_string(),
+            }))));
+        }
+        let guarded =
+            Guarded { expect: expect.iter().map(|s| *s as i32).collect(), writes, state: state.map(|(s, _)| s as i32) };
+        match &self.persistence {
+            Persistence::Store(_) => self.queue(Op::Guarded(Box::new(guarded))).await,
+            Persistence::Memory(m) => {
+                let mut events = Vec::new();
+                {
+                    let mut m = m.lock().map_err(|_| StageError::Internal("checkpoint lock poisoned".into()))?;
+                    for w in guarded.writes {
+                        match w {
+                            Write::Checkpoint(k, v) => {
+                                m.insert(k, v);
+                            }
+                            Write::Event(e) => events.push(e),
+                        }
+                    }
+                }
+                if let Some((s, _)) = state {
+                    self.update(|r| r.state = s as i32);
+                }
+                for e in events {
+                    self.emit_queued(*e).await?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// A control of the engine's, taken only if the run is in one of the `expect` states: its
+    /// audit entry and the state it moves the run to (if any) are written together, in one
+    /// transaction with the check of the stored state; nothing is audited when it is refused.
+    pub(super) async fn control_write(
+        &self,
+        request: &gw::ControlRunRequest,
+        action: &str,
+        expect: &[gw::RunState],
+        state: Option<gw::RunState>,
+    ) -> Result<(), StageError> {
+        let _guard = self.journal.lock().await;
+        let (key, value) = self.audit_entry(&request.actor, action, &request.reason).await?;
+        self.guarded(expect, vec![Write::Checkpoint(key, value)], state.map(|s| (s, request.reason.as_str()))).await
     }
 
     /// The audit log, oldest first.
@@ -411,8 +606,13 @@ impl RunCtx {
     ) -> Result<u32, StageError> {
         let _guard = self.journal.lock().await;
         let n = self.raw(ACTION).await?.len() as u32;
-        self.audit_locked(&request.actor, action, detail).await?;
-        self.checkpoint(&format!("{ACTION}{n:08}"), request).await?;
+        let (key, value) = self.audit_entry(&request.actor, action, detail).await?;
+        // Taken only in the state the pipeline checked it against, audit and action together.
+        let writes = vec![
+            Write::Checkpoint(key, value),
+            Write::Checkpoint(format!("{ACTION}{n:08}"), prost::Message::encode_to_vec(request)),
+        ];
+        self.guarded(&[self.state()], writes, None).await?;
         self.posted.send_replace(n + 1);
         Ok(n)
     }

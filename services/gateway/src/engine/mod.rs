@@ -20,8 +20,8 @@ use assay_proto::gateway::v1::control_run_request::Action;
 use assay_proto::gateway::v1::run_event::Event;
 use tokio::sync::watch;
 
-use ctx::now;
-pub use ctx::{RunCtx, Writes, Written};
+pub use ctx::{RunCtx, Writes, Written, stage_gate};
+use ctx::{now, state_name};
 pub use store::{PostgresStore, RunStorage, RunStore, SqliteStore, StoredRun};
 
 /// How a pipeline ended: its final state (SUCCEEDED, PARTIAL, FAILED or CANCELLED) and result.
@@ -271,8 +271,10 @@ impl Engine {
         tokio::spawn(async move {
             let _slot = slot;
             let ctx = &live.ctx;
+            // Every stage call of the pipeline waits at the run's pause gate.
+            let gate = ctx.run_gate();
             tokio::select! {
-                outcome = live.pipeline.run(ctx) => {
+                outcome = gate.scope(live.pipeline.run(ctx)) => {
                     if let Err(e) = this.finish(ctx, outcome).await {
                         tracing::error!(run_id = %run_id, error = %e, "could not record the end of a run");
                     }
@@ -376,28 +378,69 @@ impl Engine {
         };
         tracing::info!(run_id = %run_id, actor = %req.actor, reason = %req.reason, "run control");
         let ctx = &live.ctx;
-        let awaiting = ctx.state() == gw::RunState::AwaitingHuman;
+        // One control at a time on a run (every control of a run comes here, on the gateway
+        // executing it): the first decides, the next sees the state it left. Each is taken only
+        // in the state it was checked against, its audit entry written with its effect.
+        let _one = ctx.controls.lock().await;
+        let state = ctx.state();
+        if is_terminal(state as i32) {
+            return Err(StageError::FailedPrecondition(format!(
+                "run {run_id} is not in progress (state {})",
+                state_name(state as i32)
+            )));
+        }
+        let awaiting = state == gw::RunState::AwaitingHuman;
         let effect = match action {
             Action::Pause(_) => {
-                if awaiting {
-                    return Err(StageError::FailedPrecondition(format!(
-                        "run {run_id} is waiting for a human decision: edit_section, resume, accept or review"
-                    )));
+                match state {
+                    gw::RunState::AwaitingHuman => {
+                        return Err(StageError::FailedPrecondition(format!(
+                            "run {run_id} is waiting for a human decision (RUN_STATE_AWAITING_HUMAN): edit_section, resume, accept or review"
+                        )));
+                    }
+                    gw::RunState::Paused => {
+                        return Err(StageError::FailedPrecondition(format!(
+                            "run {run_id} is already paused (RUN_STATE_PAUSED): resume or cancel it"
+                        )));
+                    }
+                    gw::RunState::Unspecified
+                    | gw::RunState::Pending
+                    | gw::RunState::Running
+                    | gw::RunState::Succeeded
+                    | gw::RunState::Partial
+                    | gw::RunState::Failed
+                    | gw::RunState::Cancelled => {}
                 }
-                ctx.audit(&req.actor, "pause", &req.reason).await?;
-                ctx.paused.send_replace(true);
-                ctx.set_state(gw::RunState::Paused, &req.reason).await?;
+                // The gate closes first: no stage call starts once the pause is taken.
+                let was = ctx.paused.send_replace(true);
+                if let Err(e) = ctx.control_write(&req, "pause", &[state], Some(gw::RunState::Paused)).await {
+                    ctx.paused.send_replace(was);
+                    return Err(e);
+                }
                 ControlEffect::Taken
             }
-            Action::Resume(_) if awaiting => live.pipeline.control(ctx, &req).await?,
-            Action::Resume(_) => {
-                ctx.audit(&req.actor, "resume", &req.reason).await?;
+            Action::Resume(_) if awaiting => {
+                let effect = live.pipeline.control(ctx, &req).await?;
+                // Decided: the run no longer waits for a human (a concurrent accept or review
+                // finds it running); the pipeline goes on once it takes the posted resume.
+                ctx.set_state(gw::RunState::Running, "resumed by a human").await?;
+                // A run that escalated while paused goes on too.
                 ctx.paused.send_replace(false);
-                ctx.set_state(gw::RunState::Running, &req.reason).await?;
+                effect
+            }
+            Action::Resume(_) => {
+                if state != gw::RunState::Paused {
+                    return Err(StageError::FailedPrecondition(format!(
+                        "run {run_id} is not paused (state {}); resume applies to a paused run or one waiting for a human",
+                        state_name(state as i32)
+                    )));
+                }
+                ctx.control_write(&req, "resume", &[gw::RunState::Paused], Some(gw::RunState::Running)).await?;
+                ctx.paused.send_replace(false);
                 ControlEffect::Taken
             }
             Action::Cancel(_) => {
-                ctx.audit(&req.actor, "cancel", &req.reason).await?;
+                ctx.control_write(&req, "cancel", &[state], None).await?;
                 ctx.paused.send_replace(false);
                 ctx.cancelled.send_replace(true);
                 ControlEffect::Ends
@@ -405,8 +448,12 @@ impl Engine {
             Action::Accept(_) | Action::EditSection(_) | Action::Review(_) => live.pipeline.control(ctx, &req).await?,
         };
         if effect == ControlEffect::Ends {
+            // A human ended the run: a pause no longer holds it (its last stage calls, the
+            // self-refine hook say, run to their end).
+            ctx.paused.send_replace(false);
             // Answer once the run has stopped (in-flight calls dropped, its end recorded), so the
-            // state returned is the one the run ends in.
+            // state returned is the one the run ends in; the control lock is held until then, so
+            // a control that came meanwhile finds the run ended.
             let mut done = live.done.subscribe();
             if tokio::time::timeout(CANCEL_WAIT, done.wait_for(|d| *d)).await.is_err() {
                 tracing::warn!(run_id = %run_id, "control: run still stopping after {CANCEL_WAIT:?}");

@@ -6,6 +6,7 @@
 pub mod checklist;
 pub mod checklist_eval;
 pub mod debate;
+mod gated;
 pub mod generate_checklist;
 pub mod self_refine;
 pub mod self_refine_hook;

@@ -2,12 +2,13 @@
 //! SelfRefine), each pass relayed as a `self_refine_pass` event as it finishes, the outcome stored
 //! with the run.
 //!
-//! The loop is one stage call. A gateway restart while it runs starts it again from the draft
-//! (passes are not resumable mid-way: the regression guard measures against the original and the
-//! best draft, which only the stage holds); a finished loop is never redone.
+//! The loop runs one pass per stage call, each pass stored as it finishes and handed back to the
+//! stage as `prior_passes` on the next call: a paused run stops between passes (no model call while
+//! paused) and a resumed or restarted run goes on from the pass reached; a finished loop is never
+//! redone.
 
 use assay_domain::StageError;
-use assay_domain::self_refine::{SelfRefineOutcome, SelfRefinePassEvent, SelfRefineRequest};
+use assay_domain::self_refine::{SelfRefineOutcome, SelfRefinePass, SelfRefinePassEvent, SelfRefineRequest};
 use assay_proto::convert;
 use assay_proto::gateway::v1 as gw;
 use assay_proto::gateway::v1::run_event::Event;
@@ -18,6 +19,8 @@ use crate::engine::{Pipeline, RunCtx, RunOutcome};
 
 /// Checkpoint key of the finished loop.
 const DONE: &str = "self_refine:outcome";
+/// Checkpoint key of the passes run so far (the loop not finished).
+const PASSES: &str = "self_refine:passes";
 
 /// A parsed self-refine run.
 pub struct SelfRefine {
@@ -40,28 +43,42 @@ impl SelfRefine {
         if let Some(done) = ctx.load_json::<SelfRefineOutcome>(DONE).await? {
             return Ok(done);
         }
-        let (tx, mut rx) = mpsc::unbounded_channel::<SelfRefinePassEvent>();
-        let sink = move |e: SelfRefinePassEvent| {
-            let _ = tx.send(e);
-        };
-        let call = self.stages.self_refiner()?.self_refine(self.request.clone(), &sink);
-        tokio::pin!(call);
-        let outcome = loop {
-            tokio::select! {
-                biased;
-                out = &mut call => {
-                    while let Ok(e) = rx.try_recv() {
-                        self.relay(ctx, e).await?;
+        let mut passes: Vec<SelfRefinePass> = ctx.load_json(PASSES).await?.unwrap_or_default();
+        loop {
+            // Between passes: a paused run waits here, and goes on from the pass reached.
+            ctx.gate().await?;
+            let (tx, mut rx) = mpsc::unbounded_channel::<SelfRefinePassEvent>();
+            let sink = move |e: SelfRefinePassEvent| {
+                let _ = tx.send(e);
+            };
+            let request =
+                SelfRefineRequest { prior_passes: passes.clone(), passes_this_call: 1, ..self.request.clone() };
+            let call = self.stages.self_refiner()?.self_refine(request, &sink);
+            tokio::pin!(call);
+            let outcome = loop {
+                tokio::select! {
+                    biased;
+                    out = &mut call => {
+                        while let Ok(e) = rx.try_recv() {
+                            self.relay(ctx, e).await?;
+                        }
+                        break out?;
                     }
-                    break out?;
+                    Some(e) = rx.recv() => self.relay(ctx, e).await?,
                 }
-                Some(e) = rx.recv() => self.relay(ctx, e).await?,
+            };
+            // This call's passes (the earlier ones came back as they were sent).
+            for p in outcome.passes.iter().skip(passes.len()) {
+                ctx.add_usage(&p.usage);
             }
-        };
-        ctx.add_usage(&outcome.usage);
-        ctx.add_model(&outcome.model);
-        ctx.checkpoint_json(DONE, &outcome).await?;
-        Ok(outcome)
+            ctx.add_model(&outcome.model);
+            if outcome.finished(self.request.max_passes) {
+                ctx.checkpoint_json(DONE, &outcome).await?;
+                return Ok(outcome);
+            }
+            passes.clone_from(&outcome.passes);
+            ctx.checkpoint_json(PASSES, &passes).await?;
+        }
     }
 
     async fn relay(&self, ctx: &RunCtx, event: SelfRefinePassEvent) -> Result<(), StageError> {

@@ -1,7 +1,11 @@
 //! The self-refine hook: post-processing of a pipeline's text outputs (targeted refinement's final
 //! sections, the debate's final answers). Every output that is neither excluded (by its name or its
 //! producer) nor shorter than `min_bytes` goes through one self-refine loop whose instruction is
-//! what the output is for; a failed loop keeps the text. Each output leaves a `self_refined` entry:
+//! what the output is for; a failed loop keeps the text, and so does a loop whose model answered
+//! or refused instead of revising (the stage keeps the draft: REFINER_ERROR or ROLLED_BACK in the
+//! entry's `refine`). The hook runs after the pipeline's last judging: a caller that reports a
+//! score next to the hook's text says it predates the hook (targeted refinement's
+//! `score_predates_self_refine`). Each output leaves a `self_refined` entry:
 //! what it was, who wrote it, the text before and after, and the loop's passes (which pass changed
 //! what), relayed as an event as it finishes.
 

@@ -1,4 +1,4 @@
-//! The stages pipelines call.
+//! The stages pipelines call, each behind the calling run's pause gate ([`super::gated`]).
 
 use std::sync::Arc;
 
@@ -10,7 +10,10 @@ use assay_domain::self_refine::SelfRefiner;
 use assay_domain::verify::DeltaJudge;
 use assay_domain::{ChecklistGenerator, ChecklistRefiner, Scorer, StageError};
 
-/// The stages pipelines call: remote gRPC clients in production, in-process cores in tests.
+use super::gated::Gated;
+
+/// The stages pipelines call: remote gRPC clients in production, in-process cores in tests. The
+/// constructor and the `with_*` methods put each behind the pause gate of the run calling it.
 #[derive(Clone)]
 pub struct Stages {
     pub scorer: Arc<dyn Scorer>,
@@ -30,7 +33,7 @@ pub struct Stages {
 impl Stages {
     pub fn new(scorer: Arc<dyn Scorer>, concurrency: usize) -> Self {
         Self {
-            scorer,
+            scorer: Gated::wrap(scorer),
             generator: None,
             refiners: None,
             refinement: None,
@@ -42,31 +45,37 @@ impl Stages {
 
     /// Generate checklists (instance presets and corpora) with this generator.
     pub fn with_generator(mut self, generator: Arc<dyn ChecklistGenerator>) -> Self {
-        self.generator = Some(generator);
+        self.generator = Some(Gated::wrap(generator));
         self
     }
 
     /// Refine checklists with this refiners stage.
     pub fn with_refiners(mut self, refiners: Arc<dyn ChecklistRefiner>) -> Self {
-        self.refiners = Some(refiners);
+        self.refiners = Some(Gated::wrap(refiners));
         self
     }
 
     /// Run targeted refinement with these stages.
     pub fn with_refinement(mut self, stages: RefinementStages) -> Self {
-        self.refinement = Some(stages);
+        let RefinementStages { judge, arbiter, editor, delta } = stages;
+        self.refinement = Some(RefinementStages {
+            judge: Gated::wrap(judge),
+            arbiter: Gated::wrap(arbiter),
+            editor: Gated::wrap(editor),
+            delta: Gated::wrap(delta),
+        });
         self
     }
 
     /// Self-refine drafts with this stage.
     pub fn with_self_refiner(mut self, stage: Arc<dyn SelfRefiner>) -> Self {
-        self.self_refiner = Some(stage);
+        self.self_refiner = Some(Gated::wrap(stage));
         self
     }
 
     /// Run debates with this stage.
     pub fn with_debate(mut self, stage: Arc<dyn Debate>) -> Self {
-        self.debate = Some(stage);
+        self.debate = Some(Gated::wrap(stage));
         self
     }
 

@@ -21,7 +21,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex as StdMutex;
 use std::time::{Duration, Instant};
 
-use assay_domain::arbiter::{ConsolidateRequest, FixAction, FixTask, MeasurementLevel, Plan, PlanRequest};
+use assay_domain::arbiter::{
+    ConsolidateRequest, Consolidation, FixAction, FixTask, MeasurementLevel, Plan, PlanRequest,
+};
 use assay_domain::content::SectionEditRequest;
 use assay_domain::document::{MAX_JUDGES, check_criteria, default_criteria, mean_score};
 use assay_domain::iteration::{self, EDITS_TO_LOCK, Limits, QualityLock};
@@ -180,6 +182,10 @@ struct State {
     iteration: u32,
     judged: Vec<Judging>,
     tasks: Vec<TaskState>,
+    /// Batches of the current iteration whose batch_started was emitted (a restarted gateway
+    /// does not emit it again).
+    #[serde(default)]
+    batches_started: BTreeSet<u32>,
     full_regenerate: bool,
     full_regenerate_reason: String,
     /// Accepted edits per section.
@@ -217,6 +223,7 @@ impl State {
             iteration: 0,
             judged: Vec::new(),
             tasks: Vec::new(),
+            batches_started: BTreeSet::new(),
             full_regenerate: false,
             full_regenerate_reason: String::new(),
             edits: BTreeMap::new(),
@@ -291,6 +298,15 @@ enum Human {
     Accept,
     Review,
     Resume,
+}
+
+/// A judging's end.
+enum Judged {
+    Done(Box<Judging>),
+    /// Every judge failed.
+    Failed,
+    /// A budget was spent before the judging could finish (the reason): nothing was judged.
+    Limit(String),
 }
 
 /// The mode's decision after a judging.
@@ -498,6 +514,18 @@ impl TargetedRefinement {
         self.stages.refinement()
     }
 
+    /// The limit reached once the token or time budget is spent (its stop reason): no stage call
+    /// starts then.
+    fn spent(&self, ctx: &RunCtx, active_ms: u64) -> Option<String> {
+        if tokens(ctx) >= self.limits.max_tokens {
+            Some(iteration::Stop::TokenBudget.name().into())
+        } else if self.clock.active_ms(active_ms) >= self.limits.max_elapsed_ms {
+            Some(iteration::Stop::TimeBudget.name().into())
+        } else {
+            None
+        }
+    }
+
     async fn emit(&self, ctx: &RunCtx, iteration: u32, event: Ev) -> Result<(), StageError> {
         ctx.emit(Event::Refinement(gw::RefinementEvent { iteration, event: Some(event) })).await
     }
@@ -564,12 +592,17 @@ impl TargetedRefinement {
     // ---- judging -------------------------------------------------------------------------
 
     /// Judge the document as it stands (the request's verdicts the first time, when given) and
-    /// plan from the verdicts. `None` when every judge failed.
-    async fn judge(&self, ctx: &RunCtx, st: &State) -> Result<Option<Judging>, StageError> {
+    /// plan from the verdicts. Once a budget is spent no stage call starts: a re-judging does not
+    /// start, and a judging whose panel spent it is not planned (its issues unconsolidated).
+    async fn judge(&self, ctx: &RunCtx, st: &State) -> Result<Judged, StageError> {
         let stages = self.stages()?;
         let (verdicts, results) = if st.judged.is_empty() && !self.verdicts.is_empty() {
             (self.verdicts.clone(), Vec::new())
         } else {
+            // The first judging always runs: there is no result without one.
+            if let Some(reason) = self.spent(ctx, st.active_ms).filter(|_| !st.judged.is_empty()) {
+                return Ok(Judged::Limit(reason));
+            }
             let request = JudgeSectionsRequest {
                 sections: st.sections.clone(),
                 brief: self.brief.clone(),
@@ -595,13 +628,49 @@ impl TargetedRefinement {
             )
             .await?;
             tracing::warn!(run_id = %ctx.run_id(), "every judge failed: {}", why.join("; "));
-            return Ok(None);
+            return Ok(Judged::Failed);
         }
-        let plan = stages
+        let plan = if self.spent(ctx, st.active_ms).is_some() {
+            Plan {
+                consolidation: Consolidation { issues: unconsolidated(&verdicts), ..Consolidation::default() },
+                ..Plan::default()
+            }
+        } else {
+            self.plan(ctx, st, &verdicts).await?
+        };
+        let score = verdicts.iter().map(verdict_score).sum::<f64>() / verdicts.len() as f64;
+        let issues = plan.consolidation.issues.clone();
+        let critical_issues = issues.iter().filter(|i| i.severity == Severity::Critical).count() as u32;
+        self.emit(
+            ctx,
+            st.iteration,
+            Ev::Judged(gw::Judged { score, judges, open_issues: issues.len() as u32, critical_issues }),
+        )
+        .await?;
+        Ok(Judged::Done(Box::new(Judging {
+            iteration: st.iteration,
+            score,
+            sections: st.sections.clone(),
+            critical: critical_issues > 0,
+            issues,
+            scores: mean_scores(&verdicts),
+            plan,
+            human_edited: st
+                .judged
+                .last()
+                .is_some_and(|j| j.sections.iter().zip(&st.sections).any(|(a, b)| a.content != b.content))
+                && !st.human_edited.is_empty(),
+        })))
+    }
+
+    /// The arbiter's plan from the verdicts (its usage and model land on the run).
+    async fn plan(&self, ctx: &RunCtx, st: &State, verdicts: &[JudgeVerdict]) -> Result<Plan, StageError> {
+        let plan = self
+            .stages()?
             .arbiter
             .plan(PlanRequest {
                 consolidate: ConsolidateRequest {
-                    verdicts: verdicts.clone(),
+                    verdicts: verdicts.to_vec(),
                     sections: st.sections.clone(),
                     level: MeasurementLevel::Interval,
                     criteria: self.criteria.clone(),
@@ -619,29 +688,7 @@ impl TargetedRefinement {
         if let Some(m) = &plan.consolidation.model_record {
             ctx.add_model(m);
         }
-        let score = verdicts.iter().map(verdict_score).sum::<f64>() / verdicts.len() as f64;
-        let issues = plan.consolidation.issues.clone();
-        let critical_issues = issues.iter().filter(|i| i.severity == Severity::Critical).count() as u32;
-        self.emit(
-            ctx,
-            st.iteration,
-            Ev::Judged(gw::Judged { score, judges, open_issues: issues.len() as u32, critical_issues }),
-        )
-        .await?;
-        Ok(Some(Judging {
-            iteration: st.iteration,
-            score,
-            sections: st.sections.clone(),
-            critical: critical_issues > 0,
-            issues,
-            scores: mean_scores(&verdicts),
-            plan,
-            human_edited: st
-                .judged
-                .last()
-                .is_some_and(|j| j.sections.iter().zip(&st.sections).any(|(a, b)| a.content != b.content))
-                && !st.human_edited.is_empty(),
-        }))
+        Ok(plan)
     }
 
     /// Quality locks from the first judging: every (section, criterion) at or above the threshold.
@@ -691,8 +738,11 @@ impl TargetedRefinement {
 
     /// Judge after an iteration: restore sections whose edits broke a quality lock (then judge
     /// once more), emit iteration_complete.
-    async fn rejudge(&self, ctx: &RunCtx, st: &mut State) -> Result<Option<Judging>, StageError> {
-        let Some(mut judging) = self.judge(ctx, st).await? else { return Ok(None) };
+    async fn rejudge(&self, ctx: &RunCtx, st: &mut State) -> Result<Judged, StageError> {
+        let mut judging = match self.judge(ctx, st).await? {
+            Judged::Done(j) => *j,
+            other @ (Judged::Failed | Judged::Limit(_)) => return Ok(other),
+        };
         let regressions = self.regressions(st, &judging);
         let mut restored = Vec::new();
         if !regressions.is_empty() {
@@ -729,8 +779,8 @@ impl TargetedRefinement {
             self.save(ctx, st, "judging").await?;
             // The restored document is judged again so the iteration's score is its own.
             match self.judge(ctx, st).await? {
-                Some(j) => judging = j,
-                None => return Ok(None),
+                Judged::Done(j) => judging = *j,
+                other @ (Judged::Failed | Judged::Limit(_)) => return Ok(other),
             }
         }
         let mut history = st.history();
@@ -750,7 +800,7 @@ impl TargetedRefinement {
             }),
         )
         .await?;
-        Ok(Some(judging))
+        Ok(Judged::Done(Box::new(judging)))
     }
 
     // ---- deciding ------------------------------------------------------------------------
@@ -803,6 +853,7 @@ impl TargetedRefinement {
         st.iteration += 1;
         st.before_iteration = st.sections.clone();
         st.human_edited.clear();
+        st.batches_started.clear();
         let routing = &last.plan.routing;
         st.full_regenerate = routing.full_regenerate;
         st.full_regenerate_reason.clone_from(&routing.full_regenerate_reason);
@@ -985,16 +1036,22 @@ impl TargetedRefinement {
                 .last()
                 .map(|j| j.issues.iter().filter(|i| i.section_id == id).cloned().collect())
                 .unwrap_or_default();
-            let outcome = delta
-                .verify(VerifyRequest {
-                    before,
-                    after,
-                    issues,
-                    model: self.models.delta.clone(),
-                    ..VerifyRequest::default()
-                })
-                .await;
-            let (accepted, verification, reason) = verdict_of(ctx, outcome)?;
+            let (accepted, verification, reason) = match self.spent(ctx, st.active_ms) {
+                // The edit stands; it is reported unverified.
+                Some(limit) => (false, None, format!("not verified: {limit}")),
+                None => {
+                    let outcome = delta
+                        .verify(VerifyRequest {
+                            before,
+                            after,
+                            issues,
+                            model: self.models.delta.clone(),
+                            ..VerifyRequest::default()
+                        })
+                        .await;
+                    verdict_of(ctx, outcome)?
+                }
+            };
             self.emit(
                 ctx,
                 st.iteration,
@@ -1028,7 +1085,8 @@ impl TargetedRefinement {
         for batch in batches {
             let (pending, fresh, parallel) = {
                 let mut st = shared.lock().await;
-                let fresh = st.tasks.iter().filter(|t| t.batch == batch).all(|t| t.status == Status::Pending);
+                let fresh = !st.batches_started.contains(&batch)
+                    && st.tasks.iter().filter(|t| t.batch == batch).all(|t| t.status == Status::Pending);
                 // A task left running by a stopped gateway runs again.
                 for t in st.tasks.iter_mut().filter(|t| t.batch == batch && t.status == Status::Running) {
                     t.status = Status::Pending;
@@ -1065,6 +1123,9 @@ impl TargetedRefinement {
                     Ev::BatchStarted(gw::BatchStarted { batch_index: batch, batches_total: total, task_ids }),
                 )
                 .await?;
+                let mut st = shared.lock().await;
+                st.batches_started.insert(batch);
+                self.save(ctx, &st, "executing").await?;
             }
             let width = if parallel { self.max_parallel_patchers as usize } else { 1 };
             let shared_ref = &shared;
@@ -1110,7 +1171,7 @@ impl TargetedRefinement {
     /// One task: refine the section, verify the fix, apply or roll back, lock after 2 edits.
     async fn run_task(&self, ctx: &RunCtx, shared: &Mutex<State>, i: usize) -> Result<(), StageError> {
         let stages = self.stages()?;
-        let (task, request, iteration, batch) = {
+        let (task, request, iteration, batch, active_ms) = {
             let mut st = shared.lock().await;
             let task = st.tasks[i].task.clone();
             if st.human_edited.contains(&task.section_id) || st.locked.contains(&task.section_id) {
@@ -1148,7 +1209,7 @@ impl TargetedRefinement {
             };
             st.tasks[i].status = Status::Running;
             self.save(ctx, &st, "executing").await?;
-            (task, request, st.iteration, st.tasks[i].batch)
+            (task, request, st.iteration, st.tasks[i].batch, st.active_ms)
         };
         self.emit(
             ctx,
@@ -1197,17 +1258,23 @@ impl TargetedRefinement {
             }),
         )
         .await?;
-        let verified = stages
-            .delta
-            .verify(VerifyRequest {
-                before: before.clone(),
-                after: after.clone(),
-                issues,
-                model: self.models.delta.clone(),
-                ..VerifyRequest::default()
-            })
-            .await;
-        let (accepted, verification, reason) = verdict_of(ctx, verified)?;
+        // Once a budget is spent the fix is not verified: rolled back (the iteration is not judged).
+        let (accepted, verification, reason) = match self.spent(ctx, active_ms) {
+            Some(limit) => (false, None, format!("not verified: {limit}")),
+            None => {
+                let verified = stages
+                    .delta
+                    .verify(VerifyRequest {
+                        before: before.clone(),
+                        after: after.clone(),
+                        issues,
+                        model: self.models.delta.clone(),
+                        ..VerifyRequest::default()
+                    })
+                    .await;
+                verdict_of(ctx, verified)?
+            }
+        };
         let mut st = shared.lock().await;
         let mut locked_now = None;
         if accepted {
@@ -1434,6 +1501,7 @@ impl TargetedRefinement {
             tasks_completed: st.tasks_completed,
             tasks_failed: st.tasks_failed,
             models: ctx.models().iter().map(convert::model_record_to).collect(),
+            score_predates_self_refine: self_refined.iter().any(|e| e.after != e.before),
             self_refined,
         };
         Ok(RunOutcome {
@@ -1484,6 +1552,7 @@ impl TargetedRefinement {
                 Output { target: s.id.clone(), producer, text: s.content.clone(), instruction }
             })
             .collect();
+        let active_ms = st.active_ms;
         let entries: Vec<gw::SelfRefined> = futures::stream::iter(outputs)
             .map(|o| {
                 let done = done.get(&o.target).filter(|e| e.before == o.text).cloned();
@@ -1491,7 +1560,22 @@ impl TargetedRefinement {
                     if let Some(e) = done {
                         return Ok(e);
                     }
-                    let e = self_refine_hook::refine(&self.stages, ctx, hook, o).await?;
+                    let e = match self.spent(ctx, active_ms) {
+                        // No loop starts once a budget is spent: the text is kept.
+                        Some(limit) => {
+                            let e = gw::SelfRefined {
+                                target: o.target,
+                                producer: o.producer.to_string(),
+                                before: o.text.clone(),
+                                after: o.text,
+                                skipped: limit,
+                                ..Default::default()
+                            };
+                            ctx.emit(Event::SelfRefined(e.clone())).await?;
+                            e
+                        }
+                        None => self_refine_hook::refine(&self.stages, ctx, hook, o).await?,
+                    };
                     // A failed loop is tried again by a restarted gateway.
                     if e.error.is_empty() {
                         ctx.checkpoint(&format!("{SELF_REFINED}{}", e.target), &e).await?;
@@ -1526,6 +1610,27 @@ fn verdict_of(
         Err(e @ StageError::Cancelled(_)) => Err(e),
         Err(e) => Ok((false, None, format!("verification failed: {e}"))),
     }
+}
+
+/// The verdicts' issues as the judges raised them (no arbiter: the budget was spent), the same
+/// issue raised by several judges once.
+fn unconsolidated(verdicts: &[JudgeVerdict]) -> Vec<JudgeIssue> {
+    let mut out: Vec<JudgeIssue> = Vec::new();
+    for v in verdicts {
+        for i in &v.issues {
+            let same = |o: &JudgeIssue| {
+                o.section_id == i.section_id
+                    && o.criterion == i.criterion
+                    && o.location == i.location
+                    && o.description == i.description
+            };
+            match out.iter_mut().find(|o| same(o)) {
+                Some(o) => o.raised_by.push(v.judge_id.clone()),
+                None => out.push(JudgeIssue { raised_by: vec![v.judge_id.clone()], ..i.clone() }),
+            }
+        }
+    }
+    out
 }
 
 /// Improvement hints: the unresolved issues' fix instructions (their descriptions when they have
@@ -1596,17 +1701,39 @@ impl TargetedRefinement {
                     let shared = Mutex::new(st);
                     let halt = self.checkpoint_gate(ctx, &shared).await?;
                     st = shared.into_inner();
-                    if halt == Some(Halt::Accept) {
-                        let last = st.judged.len().saturating_sub(1);
-                        return self
-                            .finish(ctx, &mut st, gw::RefinementOutcome::AcceptedManual, last, String::new(), None)
-                            .await;
-                    }
-                    self.save(ctx, &st, "judging").await?;
-                    let judging = if st.judged.is_empty() {
-                        self.judge(ctx, &st).await?
-                    } else {
-                        self.rejudge(ctx, &mut st).await?
+                    let limit = match halt {
+                        Some(Halt::Accept) => {
+                            let last = st.judged.len().saturating_sub(1);
+                            return self
+                                .finish(ctx, &mut st, gw::RefinementOutcome::AcceptedManual, last, String::new(), None)
+                                .await;
+                        }
+                        // No judging starts once a budget is spent (the first one always runs).
+                        Some(Halt::Limit(reason)) if !st.judged.is_empty() => Some(reason),
+                        Some(Halt::Limit(_)) | None => None,
+                    };
+                    let judged = match limit {
+                        Some(reason) => Judged::Limit(reason),
+                        None => {
+                            self.save(ctx, &st, "judging").await?;
+                            if st.judged.is_empty() {
+                                self.judge(ctx, &st).await?
+                            } else {
+                                self.rejudge(ctx, &mut st).await?
+                            }
+                        }
+                    };
+                    let judging = match judged {
+                        Judged::Done(j) => Some(*j),
+                        Judged::Failed => None,
+                        Judged::Limit(reason) => {
+                            // The edits since the last judging were never judged: the best
+                            // judged iteration stands.
+                            if let Some(done) = self.stop(ctx, &mut st, reason).await? {
+                                return Ok(done);
+                            }
+                            continue;
+                        }
                     };
                     let Some(judging) = judging else {
                         if st.judged.is_empty() {
@@ -1691,6 +1818,26 @@ impl TargetedRefinement {
         }
     }
 
+    /// Bytes of the document (titles and contents) once `edit` is applied after the edits already
+    /// taken: the state checkpointed, then the posted edits the loop has not consumed yet.
+    async fn document_after(&self, ctx: &RunCtx, edit: &gw::EditSection) -> Result<usize, StageError> {
+        let (mut sections, consumed) = match ctx.load_json::<State>(STATE).await? {
+            Some(st) => (st.sections, st.consumed),
+            None => (self.sections.clone(), 0),
+        };
+        let posted = ctx.actions_from(consumed).await?;
+        let edits = posted.iter().filter_map(|r| match &r.action {
+            Some(Action::EditSection(e)) => Some(e),
+            _ => None,
+        });
+        for e in edits.chain([edit]) {
+            if let Some(s) = sections.iter_mut().find(|s| s.id == e.section_id) {
+                s.content.clone_from(&e.content);
+            }
+        }
+        Ok(sections.iter().map(|s| s.title.len() + s.content.len()).sum())
+    }
+
     /// Validate a pipeline control against the run's state and post it for the loop.
     async fn take_control(&self, ctx: &RunCtx, request: &gw::ControlRunRequest) -> Result<ControlEffect, StageError> {
         let state = ctx.state();
@@ -1721,6 +1868,16 @@ impl TargetedRefinement {
                     );
                 }
                 v.into_result()?;
+                let total = self.document_after(ctx, e).await?;
+                if total > MAX_TEXT_BYTES {
+                    return Err(StageError::invalid(
+                        "edit_section.content",
+                        format!(
+                            "would make the document {total} bytes (its sections' titles and contents with the \
+                             edits posted so far); the limit is {MAX_TEXT_BYTES} bytes"
+                        ),
+                    ));
+                }
                 let detail = format!("section {}: {reason}", e.section_id);
                 ctx.post_action(request, "edit_section", &detail).await?;
                 Ok(ControlEffect::Taken)

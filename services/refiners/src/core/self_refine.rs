@@ -1,7 +1,13 @@
 //! Self-refine (REFERENCE section 5; the loop, guard and error rules are documented on
 //! [`assay_domain::self_refine`]). The refiner model answers with a `<critique>` block and a
 //! `<revised>` block; parsing is tolerant: without a `<revised>` block the whole reply (minus a
-//! critique block) is the revision, and the pass says so (`revised_block_missing`).
+//! critique block) is the revision, and the pass says so (`revised_block_missing`), but only when
+//! that text is recognisably a revision of the draft: a reply without the block that the cascade
+//! finds diverged from the draft (a refusal, a bare "YES") is a refiner error and the draft is kept.
+//!
+//! The draft (the caller's text on pass 1, the model's own revision after) and the instruction
+//! enter the prompt only through [`fence_untrusted`], after the system message's rule that they
+//! are material, not instructions.
 //!
 //! Convergence is the shared cascade of [`assay_domain::similarity`] (char -> Jaccard ->
 //! embedding), held by the core for the service's lifetime so its embedding cache and breaker
@@ -11,8 +17,8 @@ use assay_domain::self_refine::{
     OriginalSimilarity, ROLLBACK_RATIO, SELF_REFINE_PHASE, SelfRefineOutcome, SelfRefinePass, SelfRefinePassEvent,
     SelfRefineRequest, SelfRefiner, StopReason,
 };
-use assay_domain::similarity::{DecidedBy, EmbeddingSource, jaccard};
-use assay_domain::template::{render, template_sha256};
+use assay_domain::similarity::{CHAR_DIVERGED, DecidedBy, EmbeddingSource, jaccard};
+use assay_domain::template::{fence_untrusted, render, template_sha256};
 use assay_domain::{EventSink, ResolvedChat, StageError, Usage};
 use assay_llm::{FinishReason, Message, ResponseFormat};
 
@@ -114,14 +120,14 @@ pub fn critique_items(body: &str) -> Vec<String> {
 
 /// A revision without the prompt's own draft delimiters, when the model copied them around it.
 fn strip_delimiters(revised: String) -> String {
-    let t = revised.strip_prefix("<<<").unwrap_or(&revised);
-    let t = t.strip_suffix(">>>").unwrap_or(t);
+    let t = revised.strip_prefix("<draft>").or_else(|| revised.strip_prefix("<<<")).unwrap_or(&revised);
+    let t = t.strip_suffix("</draft>").or_else(|| t.strip_suffix(">>>")).unwrap_or(t);
     if t.len() == revised.len() { revised } else { trim_block(t) }
 }
 
 /// Split a refiner reply. Tolerant: a missing `</revised>` runs to the end of the reply, a missing
 /// `<revised>` makes the whole reply (without its critique block) the revision, and the prompt's
-/// `<<<` / `>>>` draft delimiters copied around the revision are dropped.
+/// `<draft>` (or `<<<` / `>>>`) delimiters copied around the revision are dropped.
 pub fn parse_reply(reply: &str) -> ParsedReply {
     let critique_block = block(reply, "critique", Some("revised"));
     let critique = critique_block.map(|(_, b, e, _)| critique_items(&reply[b..e])).unwrap_or_default();
@@ -149,7 +155,10 @@ struct GuardPoint {
 /// The regression guard's measurement of `revised` against `original`, given the revisions kept so
 /// far. Cosine when both this revision and every kept one have it (the same measure throughout),
 /// else Jaccard; the threshold is [`ROLLBACK_RATIO`] x the best kept similarity in that measure.
-fn guard(point: GuardPoint, embedding_error: &str, kept: &[GuardPoint]) -> OriginalSimilarity {
+/// With nothing kept yet (pass 1), a revision that `diverged` from the draft is held to the
+/// original itself (similarity 1 in either measure): threshold [`ROLLBACK_RATIO`]; any other
+/// pass-1 revision has no threshold.
+fn guard(point: GuardPoint, embedding_error: &str, kept: &[GuardPoint], diverged: bool) -> OriginalSimilarity {
     let by_cosine = point.cosine.filter(|_| kept.iter().all(|k| k.cosine.is_some()));
     let (similarity, measure, best, degraded_reason) = match by_cosine {
         Some(c) => (c, DecidedBy::Embedding, kept.iter().filter_map(|k| k.cosine).reduce(f64::max), String::new()),
@@ -162,7 +171,11 @@ fn guard(point: GuardPoint, embedding_error: &str, kept: &[GuardPoint]) -> Origi
             (point.jaccard, DecidedBy::Jaccard, kept.iter().map(|k| k.jaccard).reduce(f64::max), reason)
         }
     };
-    OriginalSimilarity { similarity, measure, threshold: best.map(|b| ROLLBACK_RATIO * b), degraded_reason }
+    let best = best.or(diverged.then_some(1.0));
+    // Never above the best itself: a cosine can be negative, and 0.85 x a negative best would
+    // roll back a revision exactly as close to the original as the best kept one.
+    let threshold = best.map(|b| (ROLLBACK_RATIO * b).min(b));
+    OriginalSimilarity { similarity, measure, threshold, degraded_reason }
 }
 
 /// Completion tokens for one reply: the draft again with room to grow, plus the critique.
@@ -222,15 +235,36 @@ impl ChecklistRefiners {
         } else {
             r.instruction.trim()
         };
-        // The regression guard runs only when more than one pass may run.
+        // The regression guard measures every revision when more than one pass may run, and a
+        // diverged revision always (even the only pass's).
         let guarded = r.max_passes > 1;
+        let instruction = fence_untrusted(instruction);
         let mut current = r.draft.clone();
         let mut kept: Vec<GuardPoint> = Vec::new();
         let mut passes: Vec<SelfRefinePass> = Vec::new();
         let mut usage = Usage::default();
         let mut stop_reason = StopReason::MaxPasses;
-        for n in 1..=r.max_passes {
-            let prompt = render(USER_TEMPLATE, &[("instruction", instruction), ("draft", &current)]);
+        // Passes an earlier call ran (a caller pausing between passes): taken as they are, the
+        // loop goes on from the next with the draft and guard baseline they left.
+        for p in &r.prior_passes {
+            usage.add(&p.usage);
+            if p.kept() {
+                current.clone_from(&p.revised);
+                if let Some(g) = &p.original_similarity {
+                    let cosine = (g.measure == DecidedBy::Embedding).then_some(g.similarity);
+                    kept.push(GuardPoint { jaccard: jaccard(&r.draft, &p.revised).similarity, cosine });
+                }
+            }
+            passes.push(p.clone());
+        }
+        let first = passes.len() as u32 + 1;
+        let last = match r.passes_this_call {
+            0 => r.max_passes,
+            k => (first + k - 1).min(r.max_passes),
+        };
+        for n in first..=last {
+            let draft = fence_untrusted(&current);
+            let prompt = render(USER_TEMPLATE, &[("instruction", instruction.as_ref()), ("draft", draft.as_ref())]);
             let mut req = chat_request(&chat, &r.model, prompt, ResponseFormat::Text, max_tokens);
             req.messages.insert(0, Message::system(SYSTEM_TEMPLATE));
             let mut pass = SelfRefinePass { pass: n, ..Default::default() };
@@ -268,15 +302,31 @@ impl ChecklistRefiners {
                 break;
             }
             let mut comparison = self.cascade.compare(&current, &pass.revised, r.mode, embeddings.clone()).await;
-            // The guard needs pass 1's figures only when a pass 2 may follow.
-            let point = if guarded && !(n == 1 && comparison.converged) {
+            if pass.revised_block_missing && comparison.diverged {
+                // Taken whole, a reply that is not a rewrite (a refusal, a bare "YES", an answer
+                // to the draft) would replace the text, and a next pass would converge on it.
+                pass.error = format!(
+                    "the reply has no <revised> block and is not a revision of the draft (character \
+                     similarity {:.2}, under {CHAR_DIVERGED}: diverged); a refusal or an answer instead of a \
+                     rewrite, so the draft is kept",
+                    comparison.char_similarity
+                );
+                pass.comparison = Some(comparison);
+                stop_reason = StopReason::RefinerError;
+                events(SelfRefinePassEvent::PassFinished(pass.clone()));
+                passes.push(pass);
+                break;
+            }
+            // The guard needs pass 1's figures when a pass 2 may follow, and measures any revision
+            // that diverged from its draft: on pass 1 against the original itself.
+            let point = if comparison.diverged || (guarded && !(n == 1 && comparison.converged)) {
                 let cosine = self.cascade.embedding_cosine(&r.draft, &pass.revised, embeddings.clone()).await;
                 let (cosine, embedding_error) = match cosine {
                     Ok((c, _)) => (Some(c), String::new()),
                     Err(reason) => (None, reason),
                 };
                 let point = GuardPoint { jaccard: jaccard(&r.draft, &pass.revised).similarity, cosine };
-                pass.original_similarity = Some(guard(point, &embedding_error, &kept));
+                pass.original_similarity = Some(guard(point, &embedding_error, &kept, comparison.diverged));
                 Some(point)
             } else {
                 None
@@ -373,26 +423,43 @@ mod tests {
         // The prompt's delimiters copied around the revision.
         assert_eq!(parse_reply("<revised>\n<<<\nNew text\n>>>\n</revised>").revised, "New text");
         assert_eq!(parse_reply("<<<\nNew text\n>>>").revised, "New text");
+        assert_eq!(parse_reply("<revised>\n<draft>\nNew text\n</draft>\n</revised>").revised, "New text");
     }
 
     #[test]
     fn the_guard_uses_one_measure_throughout() {
         let kept = [GuardPoint { jaccard: 0.8, cosine: Some(0.95) }];
-        let g = guard(GuardPoint { jaccard: 0.2, cosine: Some(0.5) }, "", &kept);
+        let g = guard(GuardPoint { jaccard: 0.2, cosine: Some(0.5) }, "", &kept, false);
         assert_eq!((g.measure, g.similarity), (DecidedBy::Embedding, 0.5));
         assert!((g.threshold.unwrap() - 0.85 * 0.95).abs() < 1e-12);
         // No cosine for this revision: Jaccard against the kept revisions' Jaccard.
-        let g = guard(GuardPoint { jaccard: 0.7, cosine: None }, "embedding circuit breaker is open", &kept);
+        let g = guard(GuardPoint { jaccard: 0.7, cosine: None }, "embedding circuit breaker is open", &kept, false);
         assert_eq!((g.measure, g.similarity), (DecidedBy::Jaccard, 0.7));
         assert!((g.threshold.unwrap() - 0.85 * 0.8).abs() < 1e-12);
         assert_eq!(g.degraded_reason, "embedding circuit breaker is open");
         // A kept revision without a cosine forces Jaccard too.
         let mixed = [GuardPoint { jaccard: 0.9, cosine: None }, GuardPoint { jaccard: 0.6, cosine: Some(0.9) }];
-        let g = guard(GuardPoint { jaccard: 0.8, cosine: Some(0.99) }, "", &mixed);
+        let g = guard(GuardPoint { jaccard: 0.8, cosine: Some(0.99) }, "", &mixed, false);
         assert_eq!((g.measure, g.similarity), (DecidedBy::Jaccard, 0.8));
         assert!(g.degraded_reason.contains("earlier revision"));
-        // Pass 1: nothing kept, no threshold.
-        assert_eq!(guard(GuardPoint { jaccard: 0.5, cosine: Some(0.9) }, "", &[]).threshold, None);
+        // Pass 1: nothing kept, no threshold...
+        assert_eq!(guard(GuardPoint { jaccard: 0.5, cosine: Some(0.9) }, "", &[], false).threshold, None);
+        // ...unless the revision diverged: then the original itself is the baseline.
+        let g = guard(GuardPoint { jaccard: 0.1, cosine: Some(0.9) }, "", &[], true);
+        assert_eq!((g.measure, g.threshold), (DecidedBy::Embedding, Some(0.85)));
+        let g = guard(GuardPoint { jaccard: 0.1, cosine: None }, "no embedding backend", &[], true);
+        assert_eq!((g.measure, g.similarity, g.threshold), (DecidedBy::Jaccard, 0.1, Some(0.85)));
+        // A negative best cosine: the threshold is the best itself, not 0.85 x it (above it).
+        let g = guard(
+            GuardPoint { jaccard: 0.6, cosine: Some(-0.4) },
+            "",
+            &[GuardPoint { jaccard: 0.6, cosine: Some(-0.4) }],
+            false,
+        );
+        assert_eq!(g.threshold, Some(-0.4));
+        // Later passes keep the kept revisions' baseline, diverged or not.
+        let g = guard(GuardPoint { jaccard: 0.1, cosine: Some(0.5) }, "", &kept, true);
+        assert!((g.threshold.unwrap() - 0.85 * 0.95).abs() < 1e-12);
     }
 
     #[test]

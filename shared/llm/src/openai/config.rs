@@ -52,6 +52,9 @@ pub struct OpenAiConfig {
     pub max_retries: u32,
     pub base_backoff: Duration,
     pub max_backoff: Duration,
+    /// Longest `Retry-After` honoured (default 30 s): a server asking for a longer wait gets no
+    /// retry; the call fails at once (rate limited or unavailable) instead of sitting through it.
+    pub max_retry_after: Duration,
     /// Per-attempt HTTP timeout, the ceiling of the adaptive one (also capped by the request
     /// deadline).
     pub request_timeout: Duration,
@@ -81,6 +84,7 @@ impl Default for OpenAiConfig {
             max_retries: 4,
             base_backoff: Duration::from_millis(200),
             max_backoff: Duration::from_secs(8),
+            max_retry_after: Duration::from_secs(30),
             request_timeout: Duration::from_secs(120),
             adaptive_timeout: AdaptiveTimeout::default(),
             connect_timeout: Duration::from_secs(10),
@@ -107,6 +111,7 @@ impl fmt::Debug for OpenAiConfig {
             .field("max_retries", &self.max_retries)
             .field("base_backoff", &self.base_backoff)
             .field("max_backoff", &self.max_backoff)
+            .field("max_retry_after", &self.max_retry_after)
             .field("request_timeout", &self.request_timeout)
             .field("adaptive_timeout", &self.adaptive_timeout)
             .field("connect_timeout", &self.connect_timeout)

@@ -4,9 +4,25 @@
 //! Latencies of successful attempts are kept per call class (endpoint, model and token limit:
 //! calls of one phase look alike, calls of different phases need not). Once a class has
 //! [`MIN_SAMPLES`] samples, an attempt's timeout is `multiplier x p95` of its recent latencies,
-//! at least the floor, doubled on each retry, and never above the configured ceiling. The last
-//! attempt a call may make always gets the ceiling, so a call that is slow for good reason still
-//! completes exactly as it would without adaptive timeouts; only the time lost to a hang shrinks.
+//! at least the floor, doubled on each retry, and never above the configured ceiling.
+//!
+//! A class with fewer samples (cold) borrows a prior from the backend's other classes: the
+//! largest p95 among them (a cold class is assumed no faster than any class seen) and, when no
+//! class seen was allowed as many tokens, the p95 of the class with the nearest lower limit scaled
+//! by the ratio of the limits, whichever is larger, times [`PRIOR_MARGIN`]. Its own few samples
+//! count too. An embedding call (no generation) borrows from any class; a chat call never borrows
+//! from embeddings, and one without a token limit only from other classes without one. Pipelines that make a handful of calls per
+//! class (a debate, targeted refinement) would otherwise give every cold class's hang the whole
+//! ceiling. The prior needs [`PRIOR_MIN_SAMPLES`] samples over the backend (one: a burst of three
+//! calls of which one hangs must not leave it waiting for the ceiling; the margin, the multiplier,
+//! the floor and the doubling per retry absorb a noisy estimate); with none (a backend that has
+//! not answered yet) the timeout is the ceiling.
+//!
+//! The last attempt a call may make always gets the ceiling, so a call that is slow for good
+//! reason still completes exactly as it would without adaptive timeouts; only the time lost to a
+//! hang shrinks. (Once that attempt has gone unanswered for a first attempt's timeout, the
+//! transport sends a duplicate beside it and takes the first success: a hung last attempt costs
+//! about one adaptive timeout, not the ceiling.)
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
@@ -15,8 +31,12 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::sync::watch;
 
-/// Successful attempts a class needs before its timeout adapts (until then: the ceiling).
+/// Successful attempts a class needs before its timeout adapts from its own latencies.
 pub(super) const MIN_SAMPLES: usize = 8;
+/// Samples over the whole backend a cold class's prior needs (until then: the ceiling).
+pub(super) const PRIOR_MIN_SAMPLES: usize = 1;
+/// A prior is borrowed from other classes: it gets this factor on top of the multiplier.
+pub(super) const PRIOR_MARGIN: f64 = 2.0;
 /// Recent latencies kept per class.
 const WINDOW: usize = 64;
 /// Classes kept (a backend sees a handful: one per phase and model); beyond this the oldest
@@ -40,16 +60,68 @@ impl Default for AdaptiveTimeout {
     }
 }
 
-/// The class of a call: endpoint path, model and token limit.
-pub(super) fn class_of(url: &str, body: &Value) -> String {
+/// The class of a call: endpoint path, model and token limit (the key), and the token limit
+/// itself (to scale a prior borrowed from another class).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct CallClass {
+    pub(super) key: String,
+    pub(super) max_tokens: Option<u64>,
+}
+
+impl CallClass {
+    #[cfg(test)]
+    fn new(key: &str, max_tokens: Option<u64>) -> Self {
+        Self { key: key.to_owned(), max_tokens }
+    }
+}
+
+/// The class of a call: endpoint path, model and token limit. A call without `messages` (an
+/// embedding) generates nothing: its token limit, for priors, is 0.
+pub(super) fn class_of(url: &str, body: &Value) -> CallClass {
     let model = body.get("model").and_then(Value::as_str).unwrap_or("");
     let limit = body.get("max_tokens").or_else(|| body.get("max_completion_tokens")).and_then(Value::as_u64);
-    format!("{url}|{model}|{}", limit.map_or_else(String::new, |l| l.to_string()))
+    let key = format!("{url}|{model}|{}", limit.map_or_else(String::new, |l| l.to_string()));
+    let generates = body.get("messages").is_some();
+    CallClass { key, max_tokens: if generates { limit } else { Some(0) } }
+}
+
+/// Recent latencies of one class.
+#[derive(Default)]
+struct Samples {
+    max_tokens: Option<u64>,
+    window: VecDeque<Duration>,
+}
+
+/// The nearest-rank p95 of a non-empty window: the smallest sample with at least 95% of the
+/// samples at or below it.
+fn nearest_rank_p95(window: &VecDeque<Duration>) -> Option<Duration> {
+    let mut sorted: Vec<Duration> = window.iter().copied().collect();
+    sorted.sort_unstable();
+    let rank = (sorted.len() * 95).div_ceil(100).max(1);
+    sorted.get(rank - 1).copied()
+}
+
+/// `d x factor`, saturating (a token-limit ratio can be large).
+fn times(d: Duration, factor: f64) -> Duration {
+    Duration::try_from_secs_f64(d.as_secs_f64() * factor).unwrap_or(Duration::MAX)
+}
+
+/// Whether a class allowed `theirs` tokens says anything about one allowed `mine` (`Some(0)`: a
+/// call that generates nothing, an embedding; `None`: no limit).
+fn informs(mine: Option<u64>, theirs: Option<u64>) -> bool {
+    match (mine, theirs) {
+        // A call that generates nothing is no slower than any call seen.
+        (Some(0), _) => true,
+        // How long nothing takes to generate says nothing about generating; nor does a limited
+        // class about an unlimited one.
+        (_, Some(0)) | (None, Some(_)) => false,
+        (Some(_), Some(_) | None) | (None, None) => true,
+    }
 }
 
 /// Recent latencies per call class.
 pub(super) struct LatencyBook {
-    classes: Mutex<HashMap<String, VecDeque<Duration>>>,
+    classes: Mutex<HashMap<String, Samples>>,
     /// Bumped on every sample, so attempts in flight can recompute their timeout.
     samples: watch::Sender<u64>,
 }
@@ -67,41 +139,76 @@ impl LatencyBook {
     }
 
     /// Note a successful attempt's latency.
-    pub(super) fn record(&self, class: &str, latency: Duration) {
+    pub(super) fn record(&self, class: &CallClass, latency: Duration) {
         let Ok(mut classes) = self.classes.lock() else { return };
-        if !classes.contains_key(class) && classes.len() >= MAX_CLASSES {
+        if !classes.contains_key(&class.key) && classes.len() >= MAX_CLASSES {
             classes.clear();
         }
-        let window = classes.entry(class.to_owned()).or_default();
-        if window.len() == WINDOW {
-            window.pop_front();
+        let samples = classes.entry(class.key.clone()).or_default();
+        samples.max_tokens = class.max_tokens;
+        if samples.window.len() == WINDOW {
+            samples.window.pop_front();
         }
-        window.push_back(latency);
+        samples.window.push_back(latency);
         drop(classes);
         self.samples.send_modify(|n| *n = n.wrapping_add(1));
     }
 
-    /// Whether a class has enough samples for its timeout to adapt.
-    pub(super) fn is_warm(&self, class: &str) -> bool {
-        self.classes.lock().is_ok_and(|c| c.get(class).is_some_and(|w| w.len() >= MIN_SAMPLES))
+    /// Whether a class has enough samples for its timeout to adapt from its own latencies.
+    pub(super) fn is_warm(&self, class: &CallClass) -> bool {
+        self.classes.lock().is_ok_and(|c| c.get(&class.key).is_some_and(|s| s.window.len() >= MIN_SAMPLES))
     }
 
     /// The p95 of a class's recent latencies, once it has enough samples.
-    pub(super) fn p95(&self, class: &str) -> Option<Duration> {
+    pub(super) fn p95(&self, class: &CallClass) -> Option<Duration> {
         let classes = self.classes.lock().ok()?;
-        let window = classes.get(class).filter(|w| w.len() >= MIN_SAMPLES)?;
-        let mut sorted: Vec<Duration> = window.iter().copied().collect();
-        sorted.sort_unstable();
-        // Nearest rank: the smallest sample with at least 95% of the samples at or below it.
-        let rank = (sorted.len() * 95).div_ceil(100).max(1);
-        Some(sorted[rank - 1])
+        nearest_rank_p95(&classes.get(&class.key).filter(|s| s.window.len() >= MIN_SAMPLES)?.window)
+    }
+
+    /// The latency a cold class is assumed to have, from every class's samples (see the module
+    /// docs); `None` while the backend has fewer than [`PRIOR_MIN_SAMPLES`] usable samples.
+    pub(super) fn prior(&self, class: &CallClass) -> Option<Duration> {
+        let classes = self.classes.lock().ok()?;
+        // An unlimited class counts as allowed the most tokens.
+        let limit = |t: Option<u64>| t.unwrap_or(u64::MAX);
+        let mine = limit(class.max_tokens);
+        let mut pooled = 0usize;
+        // The slowest class seen, unscaled; whether one was allowed as many tokens as this one;
+        // the class allowed the most tokens below this one's limit.
+        let mut slowest: Option<Duration> = None;
+        let mut covered = false;
+        let mut nearest_below: Option<(u64, Duration)> = None;
+        for (key, other) in classes.iter() {
+            if *key != class.key && !informs(class.max_tokens, other.max_tokens) {
+                continue;
+            }
+            let Some(p95) = nearest_rank_p95(&other.window) else { continue };
+            pooled += other.window.len();
+            slowest = Some(slowest.map_or(p95, |s| s.max(p95)));
+            let theirs = limit(other.max_tokens);
+            if *key == class.key || theirs >= mine {
+                covered = true;
+            } else if nearest_below.is_none_or(|(t, d)| theirs > t || (theirs == t && p95 > d)) {
+                nearest_below = Some((theirs, p95));
+            }
+        }
+        if pooled < PRIOR_MIN_SAMPLES {
+            return None;
+        }
+        let mut estimate = slowest?;
+        if !covered && let Some((theirs, p95)) = nearest_below {
+            // Extrapolate up from the nearest limit only: latency is not all generation, and
+            // scaling a short class's latency to a long limit would over-estimate the most.
+            estimate = estimate.max(times(p95, mine as f64 / theirs.max(1) as f64));
+        }
+        Some(times(estimate, PRIOR_MARGIN))
     }
 
     /// The timeout of attempt `attempt` (0 = first) of a call that may make `max_retries` retries.
     pub(super) fn attempt_timeout(
         &self,
         policy: &AdaptiveTimeout,
-        class: &str,
+        class: &CallClass,
         attempt: u32,
         max_retries: u32,
         ceiling: Duration,
@@ -109,8 +216,8 @@ impl LatencyBook {
         if !policy.enabled || attempt >= max_retries {
             return ceiling;
         }
-        let Some(p95) = self.p95(class) else { return ceiling };
-        let base = p95.mul_f64(policy.multiplier.max(1.0)).max(policy.floor);
+        let Some(latency) = self.p95(class).or_else(|| self.prior(class)) else { return ceiling };
+        let base = times(latency, policy.multiplier.max(1.0)).max(policy.floor);
         let scaled = base.saturating_mul(1u32.checked_shl(attempt).unwrap_or(u32::MAX));
         scaled.min(ceiling)
     }
@@ -126,20 +233,96 @@ mod tests {
         AdaptiveTimeout { enabled: true, floor: Duration::from_millis(100), multiplier: 4.0 }
     }
 
-    fn book_with(class: &str, millis: &[u64]) -> LatencyBook {
-        let book = LatencyBook::default();
+    fn class(key: &str) -> CallClass {
+        CallClass::new(key, Some(256))
+    }
+
+    fn record_all(book: &LatencyBook, class: &CallClass, millis: &[u64]) {
         for m in millis {
             book.record(class, Duration::from_millis(*m));
         }
+    }
+
+    fn book_with(key: &str, millis: &[u64]) -> LatencyBook {
+        let book = LatencyBook::default();
+        record_all(&book, &class(key), millis);
         book
     }
 
     #[test]
-    fn the_ceiling_until_enough_samples() {
+    fn the_ceiling_until_the_backend_has_samples() {
+        let book = LatencyBook::default();
+        assert_eq!(book.prior(&class("c")), None);
+        assert_eq!(book.attempt_timeout(&policy(), &class("c"), 0, 4, CEILING), CEILING, "no samples at all");
+        record_all(&book, &class("other"), &[50; PRIOR_MIN_SAMPLES]);
+        // One answer of another class of the same limit: 50 ms x 2 (margin) x 4 (multiplier).
+        assert_eq!(book.attempt_timeout(&policy(), &class("c"), 0, 4, CEILING), Duration::from_millis(400));
+    }
+
+    #[test]
+    fn own_samples_once_warm() {
         let book = book_with("c", &[50; MIN_SAMPLES - 1]);
-        assert_eq!(book.attempt_timeout(&policy(), "c", 0, 4, CEILING), CEILING);
-        book.record("c", Duration::from_millis(50));
-        assert_eq!(book.attempt_timeout(&policy(), "c", 0, 4, CEILING), Duration::from_millis(200));
+        assert!(!book.is_warm(&class("c")));
+        // Cold: its own few samples as a prior, with the margin: 4 x 2 x 50 ms.
+        assert_eq!(book.attempt_timeout(&policy(), &class("c"), 0, 4, CEILING), Duration::from_millis(400));
+        book.record(&class("c"), Duration::from_millis(50));
+        assert!(book.is_warm(&class("c")));
+        assert_eq!(book.attempt_timeout(&policy(), &class("c"), 0, 4, CEILING), Duration::from_millis(200));
+    }
+
+    #[test]
+    fn a_cold_class_borrows_from_other_classes_scaled_by_its_token_limit() {
+        let book = LatencyBook::default();
+        record_all(&book, &CallClass::new("short", Some(100)), &[40; 10]);
+        record_all(&book, &CallClass::new("mid", Some(200)), &[50, 60, 70]);
+        // A class allowed 400 tokens, more than any seen: the nearest limit below (mid, 200) scaled,
+        // its 70 ms (p95 of three: the largest) x 2 = 140 ms, with the margin (x2) and the
+        // multiplier (x4). Short's 40 ms is not scaled x4: the nearest class extrapolates least.
+        let long = CallClass::new("long", Some(400));
+        assert_eq!(book.prior(&long), Some(Duration::from_millis(280)));
+        assert_eq!(book.attempt_timeout(&policy(), &long, 0, 4, CEILING), Duration::from_millis(1120));
+        assert_eq!(book.attempt_timeout(&policy(), &long, 1, 4, CEILING), Duration::from_millis(2240));
+        assert_eq!(book.attempt_timeout(&policy(), &long, 4, 4, CEILING), CEILING, "the last attempt: the ceiling");
+        // A smaller limit is never scaled down: the slowest class seen (mid, 70 ms) x 2 x 4; so is
+        // one between two limits seen (no extrapolation: mid was allowed more).
+        let tiny = CallClass::new("tiny", Some(10));
+        assert_eq!(book.attempt_timeout(&policy(), &tiny, 0, 4, CEILING), Duration::from_millis(560));
+        assert_eq!(book.prior(&CallClass::new("between", Some(150))), Some(Duration::from_millis(140)));
+        // Slow answers of a short class are not scaled up when a longer class covers the limit.
+        record_all(&book, &CallClass::new("yes-no", Some(1)), &[90; 3]);
+        assert_eq!(book.prior(&CallClass::new("between", Some(150))), Some(Duration::from_millis(180)));
+        // The prior never exceeds the ceiling, and a huge ratio does not overflow.
+        let huge = CallClass::new("huge", Some(u64::MAX));
+        assert_eq!(book.attempt_timeout(&policy(), &huge, 0, 4, CEILING), CEILING);
+    }
+
+    #[test]
+    fn a_class_without_a_token_limit_borrows_only_from_classes_without_one() {
+        let book = LatencyBook::default();
+        record_all(&book, &CallClass::new("limited", Some(100)), &[40; 10]);
+        let unlimited = CallClass::new("unlimited", None);
+        assert_eq!(book.prior(&unlimited), None);
+        assert_eq!(book.attempt_timeout(&policy(), &unlimited, 0, 4, CEILING), CEILING);
+        record_all(&book, &CallClass::new("other-unlimited", None), &[30; 3]);
+        assert_eq!(book.prior(&unlimited), Some(Duration::from_millis(60)));
+        // A limited class may borrow from an unlimited one, which covers any limit: no
+        // extrapolation from the limited class, the slowest class seen (40 ms) x 2.
+        assert_eq!(book.prior(&CallClass::new("x", Some(1000))), Some(Duration::from_millis(80)));
+    }
+
+    #[test]
+    fn embeddings_borrow_from_any_class_and_lend_to_none_that_generates() {
+        let book = LatencyBook::default();
+        let embed = class_of("u/embeddings", &serde_json::json!({"model": "e", "input": ["a"]}));
+        assert_eq!(embed.max_tokens, Some(0));
+        record_all(&book, &CallClass::new("chat", Some(512)), &[300; 2]);
+        // 300 ms x 2 x 4, unscaled by the chat class's 512 tokens.
+        assert_eq!(book.attempt_timeout(&policy(), &embed, 0, 4, CEILING), Duration::from_millis(2400));
+        let book = LatencyBook::default();
+        record_all(&book, &embed, &[20; 5]);
+        assert_eq!(book.prior(&CallClass::new("chat", Some(512))), None);
+        assert_eq!(book.prior(&CallClass::new("unlimited", None)), None);
+        assert_eq!(book.prior(&CallClass::new("other-embeddings", Some(0))), Some(Duration::from_millis(40)));
     }
 
     #[test]
@@ -147,44 +330,50 @@ mod tests {
         let millis: Vec<u64> = (1..=20).map(|i| i * 10).collect();
         let book = book_with("c", &millis);
         // 20 samples: rank 19 -> 190 ms.
-        assert_eq!(book.p95("c"), Some(Duration::from_millis(190)));
+        assert_eq!(book.p95(&class("c")), Some(Duration::from_millis(190)));
     }
 
     #[test]
     fn doubles_per_retry_floors_caps_and_gives_the_last_attempt_the_ceiling() {
         let book = book_with("c", &[10; 10]);
         let p = policy();
+        let c = class("c");
         // 4 x 10 ms = 40 ms, raised to the 100 ms floor.
-        assert_eq!(book.attempt_timeout(&p, "c", 0, 4, CEILING), Duration::from_millis(100));
-        assert_eq!(book.attempt_timeout(&p, "c", 1, 4, CEILING), Duration::from_millis(200));
-        assert_eq!(book.attempt_timeout(&p, "c", 3, 4, CEILING), Duration::from_millis(800));
-        assert_eq!(book.attempt_timeout(&p, "c", 4, 4, CEILING), CEILING);
-        assert_eq!(book.attempt_timeout(&p, "c", 2, 4, Duration::from_millis(300)), Duration::from_millis(300));
-        assert_eq!(book.attempt_timeout(&p, "c", 40, 60, CEILING), CEILING, "no overflow on many retries");
+        assert_eq!(book.attempt_timeout(&p, &c, 0, 4, CEILING), Duration::from_millis(100));
+        assert_eq!(book.attempt_timeout(&p, &c, 1, 4, CEILING), Duration::from_millis(200));
+        assert_eq!(book.attempt_timeout(&p, &c, 3, 4, CEILING), Duration::from_millis(800));
+        assert_eq!(book.attempt_timeout(&p, &c, 4, 4, CEILING), CEILING);
+        assert_eq!(book.attempt_timeout(&p, &c, 2, 4, Duration::from_millis(300)), Duration::from_millis(300));
+        assert_eq!(book.attempt_timeout(&p, &c, 40, 60, CEILING), CEILING, "no overflow on many retries");
     }
 
     #[test]
     fn classes_are_apart_and_the_window_forgets() {
         let book = book_with("slow", &[1000; 10]);
-        assert_eq!(book.p95("fast"), None);
+        assert_eq!(book.p95(&class("fast")), None);
         for _ in 0..WINDOW {
-            book.record("slow", Duration::from_millis(20));
+            book.record(&class("slow"), Duration::from_millis(20));
         }
-        assert_eq!(book.p95("slow"), Some(Duration::from_millis(20)));
+        assert_eq!(book.p95(&class("slow")), Some(Duration::from_millis(20)));
     }
 
     #[test]
     fn disabled_means_the_ceiling() {
         let book = book_with("c", &[10; 10]);
         let p = AdaptiveTimeout { enabled: false, ..policy() };
-        assert_eq!(book.attempt_timeout(&p, "c", 0, 4, CEILING), CEILING);
+        assert_eq!(book.attempt_timeout(&p, &class("c"), 0, 4, CEILING), CEILING);
+        assert_eq!(book.attempt_timeout(&p, &class("cold"), 0, 4, CEILING), CEILING);
     }
 
     #[test]
     fn class_names_endpoint_model_and_limit() {
-        let body = serde_json::json!({"model": "m", "max_tokens": 256});
-        assert_eq!(class_of("http://h/v1/chat/completions", &body), "http://h/v1/chat/completions|m|256");
-        let other = serde_json::json!({"model": "m", "max_completion_tokens": 512});
+        let body = serde_json::json!({"model": "m", "messages": [], "max_tokens": 256});
+        let c = class_of("http://h/v1/chat/completions", &body);
+        assert_eq!(c.key, "http://h/v1/chat/completions|m|256");
+        assert_eq!(c.max_tokens, Some(256));
+        let other = serde_json::json!({"model": "m", "messages": [], "max_completion_tokens": 512});
         assert_ne!(class_of("u", &body), class_of("u", &other));
+        assert_eq!(class_of("u", &other).max_tokens, Some(512));
+        assert_eq!(class_of("u", &serde_json::json!({"model": "m", "messages": []})).max_tokens, None);
     }
 }

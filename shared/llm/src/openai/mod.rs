@@ -6,7 +6,8 @@
 //!   errors, and once on a 200 whose body cannot be parsed (a malformed or truncated 200 is typical
 //!   of a proxy cutting the connection, so one more try is cheap and usually succeeds; a second
 //!   malformed body is returned as [`LlmError::MalformedReply`]). Waits use full-jitter exponential
-//!   backoff, with `Retry-After` (seconds) as a minimum, and never run past the request deadline:
+//!   backoff, with `Retry-After` (seconds) as a minimum (a server asking for more than
+//!   [`OpenAiConfig::max_retry_after`] gets no retry), and never run past the request deadline:
 //!   when the next wait would cross it the last error is returned, or
 //!   [`LlmError::DeadlineExceeded`] when the deadline itself has passed. Every other status is
 //!   returned at once: 400/404/422 and other 4xx as `InvalidRequest`, 401/403 as `Unauthorized`,

@@ -12,7 +12,7 @@ use super::errors::{
     AttemptError, AttemptKind, CallError, breaker_outcome, classify_reply, deadline_passed, error_chain,
     transport_error,
 };
-use super::latency::{LatencyBook, class_of};
+use super::latency::{CallClass, LatencyBook, class_of};
 use crate::breaker::{BreakerState, CircuitBreaker, Outcome};
 use crate::limiter::{AdaptiveLimit, Signal};
 use crate::retry::{WaitPlan, parse_retry_after, plan_wait};
@@ -105,7 +105,7 @@ impl Transport {
                 return Err(CallError { error: failure.error, status: failure.status, retries });
             }
             let jitter = backoff.jittered(retries, &mut rand::rng());
-            match plan_wait(jitter, failure.retry_after, Instant::now(), deadline) {
+            match plan_wait(jitter, failure.retry_after, config.max_retry_after, Instant::now(), deadline) {
                 WaitPlan::Sleep(wait) => {
                     warn!(
                         backend = %config.backend_name,
@@ -123,7 +123,8 @@ impl Transport {
                     retries += 1;
                 }
                 WaitPlan::GiveUp => {
-                    debug!(backend = %config.backend_name, "next retry would cross the deadline");
+                    debug!(backend = %config.backend_name, retry_after_ms = failure.retry_after.map(|d| d.as_millis() as u64),
+                           "next retry would cross the deadline or wait longer than max_retry_after");
                     return Err(CallError { error: failure.error, status: failure.status, retries });
                 }
                 WaitPlan::DeadlinePassed => {
@@ -143,7 +144,7 @@ impl Transport {
         url: &str,
         body: &Value,
         deadline: Option<Instant>,
-        (class, attempt): (&str, u32),
+        (class, attempt): (&CallClass, u32),
         parse: &impl Fn(&[u8]) -> Result<T, String>,
     ) -> Result<T, AttemptError> {
         let acquire = self.limit.acquire();
@@ -156,7 +157,7 @@ impl Transport {
         }
         let started = Instant::now();
         let reply = self.exchange(config, url, body, deadline, (class, attempt), parse).await;
-        slot.finish(class, load_signal(&reply, started.elapsed()));
+        slot.finish(&class.key, load_signal(&reply, started.elapsed()));
         reply
     }
 
@@ -167,7 +168,7 @@ impl Transport {
         url: &str,
         body: &Value,
         deadline: Option<Instant>,
-        (class, attempt): (&str, u32),
+        (class, attempt): (&CallClass, u32),
         parse: &impl Fn(&[u8]) -> Result<T, String>,
     ) -> Result<T, AttemptError> {
         let mut builder = self.http.post(url).json(body);
@@ -180,7 +181,20 @@ impl Transport {
         }
         let started = Instant::now();
         let mut samples = self.latency.subscribe();
-        let exchange = async {
+        // The last attempt gets the ceiling (see [`LatencyBook`]); once it has gone unanswered as
+        // long as a first attempt may, a duplicate goes out beside it (a hedge; up to
+        // [`MAX_HEDGES`], each replacing an unanswered one) and the first success is taken: a hang
+        // there costs about one adaptive timeout, not the ceiling, and a call slow for good reason
+        // still has the whole ceiling.
+        let mut hedge =
+            if attempt >= config.max_retries && config.adaptive_timeout.enabled { builder.try_clone() } else { None };
+        let hedge_after = self.latency.attempt_timeout(&config.adaptive_timeout, class, 0, 1, config.request_timeout);
+        if hedge_after >= config.request_timeout {
+            hedge = None;
+        }
+        let mut hedges = 0u32;
+        let mut next_hedge = started + hedge_after;
+        let send = |builder: reqwest::RequestBuilder| async move {
             let response = builder.send().await?;
             let status = response.status().as_u16();
             let retry_after = response
@@ -191,7 +205,10 @@ impl Transport {
             let bytes = response.bytes().await?;
             Ok::<_, reqwest::Error>((status, retry_after, bytes))
         };
+        let exchange = send(builder);
         tokio::pin!(exchange);
+        let mut hedged = None;
+        let mut answered_since = started;
         let (status, retry_after, bytes) = loop {
             let budget = self.latency.attempt_timeout(
                 &config.adaptive_timeout,
@@ -200,13 +217,36 @@ impl Transport {
                 config.max_retries,
                 config.request_timeout,
             );
-            // While the class is cold its budget is the ceiling: listen for the first samples so
-            // a hang is cut once siblings set the pace. A warm class keeps the budget it started with.
-            let listen = budget == config.request_timeout && !self.latency.is_warm(class);
+            // While the class is cold its budget is the ceiling or a prior borrowed from other
+            // classes: listen for new samples and recompute it, so a hang is cut once siblings set
+            // the pace. A warm class keeps the budget it started with.
+            let listen = !self.latency.is_warm(class);
             let by_budget = started + budget;
             let limit = deadline.map_or(by_budget, |d| d.min(by_budget));
             tokio::select! {
                 answered = &mut exchange => break answered.map_err(|e| transport_error(e, deadline))?,
+                () = tokio::time::sleep_until(next_hedge.into()), if hedge.is_some() && hedges < MAX_HEDGES => {
+                    debug!(backend = %config.backend_name, hedge = hedges + 1, "last attempt unanswered, hedging it");
+                    crate::metrics::retried(&config.backend_name, "hedge");
+                    hedges += 1;
+                    // A hedge that has not answered either is replaced: it may have hung too.
+                    hedged = hedge.as_ref().and_then(reqwest::RequestBuilder::try_clone).map(|b| (Instant::now(), Box::pin(send(b))));
+                    next_hedge = Instant::now() + hedge_after.saturating_mul(1 << hedges);
+                    continue;
+                }
+                answered = async { hedged.as_mut().map(|(_, h)| h).expect("guarded by is_some").await }, if hedged.is_some() => {
+                    match answered {
+                        Ok(reply) if (200..300).contains(&reply.0) => {
+                            answered_since = hedged.map_or(started, |(at, _)| at);
+                            break reply;
+                        }
+                        // The duplicate failed: the first request may still answer.
+                        Ok(_) | Err(_) => {
+                            hedged = None;
+                            continue;
+                        }
+                    }
+                }
                 () = tokio::time::sleep_until(limit.into()) => {
                     if deadline.is_some_and(|d| d <= by_budget) {
                         return Err(AttemptError::deadline());
@@ -227,11 +267,14 @@ impl Transport {
         let reply =
             classify_reply(status, &bytes, retry_after, sent_response_format, &config.deterministic_statuses, parse);
         if reply.is_ok() {
-            self.latency.record(class, started.elapsed());
+            self.latency.record(class, answered_since.elapsed());
         }
         reply
     }
 }
+
+/// Duplicates a hung last attempt may get, each after twice the wait of the one before.
+const MAX_HEDGES: u32 = 3;
 
 /// What an attempt's end says about the backend's load: 429 and 503, timeouts and transport
 /// failures are overload; a deadline says nothing; any other answer is a latency.

@@ -5,7 +5,8 @@ use std::collections::HashSet;
 use assay_domain as d;
 use assay_domain::Violations;
 use assay_domain::arbiter as a;
-use assay_domain::document::{MAX_JUDGES, MAX_SECTIONS, check_unit};
+use assay_domain::content::{MAX_CONSTRAINTS, MAX_EDIT_ISSUES, MAX_INSTRUCTION_BYTES};
+use assay_domain::document::{MAX_ISSUES_PER_VERDICT, MAX_JUDGES, MAX_SECTIONS, check_unit};
 use assay_domain::limits::MAX_ID_BYTES;
 
 use super::document::{
@@ -39,13 +40,118 @@ fn level_to(l: a::MeasurementLevel) -> pb::LevelOfMeasurement {
     }
 }
 
-fn ids(list: &[String], field: &str, v: &mut Violations) {
+/// Section ids (locked sections): each one of the document's sections.
+fn ids(list: &[String], sections: &[d::Section], field: &str, v: &mut Violations) {
     if list.len() > MAX_SECTIONS {
         v.push(field, format!("has {} ids; the limit is {MAX_SECTIONS}", list.len()));
     }
+    let known: HashSet<&str> = sections.iter().map(|s| s.id.as_str()).collect();
     for (i, id) in list.iter().enumerate() {
         if id.trim().is_empty() || id.len() > MAX_ID_BYTES {
             v.push(format!("{field}[{i}]"), format!("must be a section id of 1 to {MAX_ID_BYTES} bytes"));
+        } else if !known.contains(id.as_str()) {
+            v.push(format!("{field}[{i}]"), format!("names no section of the document ({id:?})"));
+        }
+    }
+}
+
+/// Every verdict's section scores name a section of the document and one of the request's
+/// criteria, at most once each: a score for a unit nobody else can rate would shift the agreement.
+fn check_section_scores(
+    verdicts: &[d::JudgeVerdict],
+    sections: &[d::Section],
+    criteria: &[d::Criterion],
+    v: &mut Violations,
+) {
+    let ids: HashSet<&str> = sections.iter().map(|s| s.id.as_str()).collect();
+    let names: HashSet<&str> = criteria.iter().map(|c| c.name.as_str()).collect();
+    for (i, x) in verdicts.iter().enumerate() {
+        let mut seen = HashSet::new();
+        for (j, s) in x.section_scores.iter().enumerate() {
+            let field = format!("verdicts[{i}].section_scores[{j}]");
+            if !ids.contains(s.section_id.as_str()) {
+                v.push(format!("{field}.section_id"), format!("names no section of the document ({:?})", s.section_id));
+            }
+            if !names.contains(s.criterion.as_str()) {
+                v.push(format!("{field}.criterion"), format!("names no criterion of the request ({:?})", s.criterion));
+            }
+            if !seen.insert((s.section_id.as_str(), s.criterion.as_str())) {
+                v.push(
+                    field,
+                    format!("repeats the score of section {:?} on {:?} (one score a unit)", s.section_id, s.criterion),
+                );
+            }
+        }
+    }
+}
+
+/// Route's caller-supplied instructions, held to what Patch and ExpandSection accept: one per
+/// section of the document, within the edit limits.
+fn check_instructions(instructions: &[pb::SectionInstruction], sections: &[d::Section], v: &mut Violations) {
+    if instructions.len() > MAX_SECTIONS {
+        v.push("instructions", format!("has {} instructions; the limit is {MAX_SECTIONS}", instructions.len()));
+    }
+    let known: HashSet<&str> = sections.iter().map(|s| s.id.as_str()).collect();
+    let mut seen = HashSet::new();
+    for (i, x) in instructions.iter().enumerate() {
+        let field = format!("instructions[{i}]");
+        if !known.contains(x.section_id.as_str()) {
+            v.push(format!("{field}.section_id"), format!("names no section of the document ({:?})", x.section_id));
+        } else if !seen.insert(x.section_id.as_str()) {
+            v.push(format!("{field}.section_id"), format!("repeats the instruction of section {:?}", x.section_id));
+        }
+        if x.instruction.len() > MAX_INSTRUCTION_BYTES {
+            v.push(
+                format!("{field}.instruction"),
+                format!("is {} bytes; the limit is {MAX_INSTRUCTION_BYTES} bytes", x.instruction.len()),
+            );
+        }
+        if x.constraints.len() > MAX_CONSTRAINTS {
+            v.push(
+                format!("{field}.constraints"),
+                format!("has {} constraints; the limit is {MAX_CONSTRAINTS}", x.constraints.len()),
+            );
+        }
+        for (j, c) in x.constraints.iter().enumerate() {
+            if c.len() > MAX_INSTRUCTION_BYTES {
+                v.push(
+                    format!("{field}.constraints[{j}]"),
+                    format!("is {} bytes; the limit is {MAX_INSTRUCTION_BYTES} bytes", c.len()),
+                );
+            }
+        }
+        if x.issue_ids.len() > MAX_EDIT_ISSUES {
+            v.push(
+                format!("{field}.issue_ids"),
+                format!("has {} ids; the limit is {MAX_EDIT_ISSUES}", x.issue_ids.len()),
+            );
+        }
+        for (name, text) in [("primary_criterion", &x.primary_criterion), ("error", &x.error)] {
+            if text.len() > MAX_INSTRUCTION_BYTES {
+                v.push(
+                    format!("{field}.{name}"),
+                    format!("is {} bytes; the limit is {MAX_INSTRUCTION_BYTES} bytes", text.len()),
+                );
+            }
+        }
+    }
+}
+
+/// Route's issues: unique ids, and no more a section than one edit fixes (Patch's limit).
+fn check_route_issues(issues: &[d::JudgeIssue], v: &mut Violations) {
+    let mut seen = HashSet::new();
+    let mut per_section: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for (i, x) in issues.iter().enumerate() {
+        if !seen.insert(x.id.as_str()) {
+            v.push(format!("issues[{i}].id"), format!("duplicate issue id {:?}", x.id));
+        }
+        let n = per_section.entry(x.section_id.as_str()).or_default();
+        *n += 1;
+        if *n == MAX_EDIT_ISSUES + 1 {
+            v.push(
+                format!("issues[{i}].section_id"),
+                format!("section {:?} has more than {MAX_EDIT_ISSUES} issues, more than one edit fixes", x.section_id),
+            );
         }
     }
 }
@@ -95,11 +201,14 @@ fn consolidate_parts(
         }
         None => a::DEFAULT_MATCH_THRESHOLD,
     };
+    let sections = sections(secs, "sections", v);
+    let criteria = criteria(crit, "criteria", v);
+    check_section_scores(&verdicts, &sections, &criteria, v);
     a::ConsolidateRequest {
         verdicts,
-        sections: sections(secs, "sections", v),
+        sections,
         level: level(lvl, "level", v),
-        criteria: criteria(crit, "criteria", v),
+        criteria,
         brief: brief(brf, "brief", v),
         model: model_spec(model, "model", v),
         embedding_model: model_spec(embedding_model, "embedding_model", v),
@@ -317,8 +426,10 @@ pub fn route_request(p: pb::RouteRequest) -> Result<a::RouteRequest, d::StageErr
         p;
     let mut v = Violations::new();
     let sections = sections(secs, "sections", &mut v);
-    if issues.len() > MAX_SECTIONS * 50 {
-        v.push("issues", format!("has {} issues; the limit is {}", issues.len(), MAX_SECTIONS * 50));
+    // What a full panel can raise (Consolidate's limit).
+    let max_issues = MAX_JUDGES * MAX_ISSUES_PER_VERDICT;
+    if issues.len() > max_issues {
+        v.push("issues", format!("has {} issues; the limit is {max_issues}", issues.len()));
     }
     let issues: Vec<d::JudgeIssue> = issues
         .into_iter()
@@ -331,19 +442,12 @@ pub fn route_request(p: pb::RouteRequest) -> Result<a::RouteRequest, d::StageErr
             x
         })
         .collect();
+    check_route_issues(&issues, &mut v);
     for (c, x) in &criterion_scores {
         check_unit(*x, &format!("criterion_scores[{c:?}]"), &mut v);
     }
-    ids(&locked_section_ids, "locked_section_ids", &mut v);
-    let known: HashSet<&str> = sections.iter().map(|s| s.id.as_str()).collect();
-    for (i, x) in instructions.iter().enumerate() {
-        if !known.contains(x.section_id.as_str()) {
-            v.push(
-                format!("instructions[{i}].section_id"),
-                format!("names no section of the document ({:?})", x.section_id),
-            );
-        }
-    }
+    ids(&locked_section_ids, &sections, "locked_section_ids", &mut v);
+    check_instructions(&instructions, &sections, &mut v);
     let criteria = criteria(crit, "criteria", &mut v);
     v.into_result()?;
     Ok(a::RouteRequest {
@@ -416,7 +520,7 @@ pub fn plan_request(p: pb::PlanRequest) -> Result<a::PlanRequest, d::StageError>
         skip_synthesis,
         &mut v,
     );
-    ids(&locked_section_ids, "locked_section_ids", &mut v);
+    ids(&locked_section_ids, &consolidate.sections, "locked_section_ids", &mut v);
     let max = max_parallel_patchers.unwrap_or(a::MAX_PARALLEL_PATCHERS);
     if !(1..=a::MAX_PARALLEL_PATCHERS).contains(&max) {
         v.push("max_parallel_patchers", format!("must be 1 to {} (got {max})", a::MAX_PARALLEL_PATCHERS));

@@ -403,13 +403,9 @@ pub fn step_completed_from(p: pb::StepCompleted) -> StepReport {
 
 // ---- Content refiners (Patch, ExpandSection) ----
 
+pub use assay_domain::content::{MAX_CONSTRAINTS, MAX_EDIT_ISSUES, MAX_INSTRUCTION_BYTES};
 use assay_domain::content::{MAX_TARGET_WORDS, SectionEdit, SectionEditRequest};
 use assay_domain::limits::{MAX_ID_BYTES, MAX_TEXT_BYTES};
-
-/// Most bytes of an instruction or of one constraint.
-pub const MAX_INSTRUCTION_BYTES: usize = 8 * 1024;
-/// Most constraints of one edit.
-pub const MAX_CONSTRAINTS: usize = 32;
 
 fn edit_section(
     p: Option<common::Section>,
@@ -460,8 +456,8 @@ fn edit_request(
             v.push(format!("{name}.id"), "must differ from the edited section's id");
         }
     }
-    if issues.len() > 100 {
-        v.push("issues", format!("has {} issues; the limit is 100", issues.len()));
+    if issues.len() > MAX_EDIT_ISSUES {
+        v.push("issues", format!("has {} issues; the limit is {MAX_EDIT_ISSUES}", issues.len()));
     }
     let issues: Vec<_> = issues
         .into_iter()

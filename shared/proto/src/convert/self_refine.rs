@@ -21,8 +21,17 @@ fn join(prefix: &str, field: &str) -> String {
 /// `max_passes` / `min_bytes` take the reference defaults (1 / 200); an unspecified mode is
 /// permissive.
 pub fn self_refine_request(p: pb::SelfRefineRequest, prefix: &str) -> Result<SelfRefineRequest, StageError> {
-    let pb::SelfRefineRequest { draft, instruction, max_passes, min_bytes, convergence_mode, model, embedding_model } =
-        p;
+    let pb::SelfRefineRequest {
+        draft,
+        instruction,
+        max_passes,
+        min_bytes,
+        convergence_mode,
+        model,
+        embedding_model,
+        prior_passes,
+        passes_this_call,
+    } = p;
     let mut v = Violations::new();
     let mode = convergence_mode_from(convergence_mode, &join(prefix, "convergence_mode"), &mut v);
     let request = SelfRefineRequest {
@@ -33,6 +42,8 @@ pub fn self_refine_request(p: pb::SelfRefineRequest, prefix: &str) -> Result<Sel
         mode,
         model: model_spec(model, &join(prefix, "model"), &mut v),
         embedding_model: model_spec(embedding_model, &join(prefix, "embedding_model"), &mut v),
+        prior_passes: prior_passes.into_iter().map(pass_from).collect(),
+        passes_this_call: passes_this_call.unwrap_or(0),
     };
     // The spec checks above already named their fields; the domain's repeat them, so keep the
     // domain's text checks only when the wire found nothing else wrong with the specs.
@@ -94,6 +105,8 @@ pub fn self_refine_request_to(r: &SelfRefineRequest) -> pb::SelfRefineRequest {
         } as i32,
         model: Some(model_spec_to(&r.model)),
         embedding_model: Some(model_spec_to(&r.embedding_model)),
+        prior_passes: r.prior_passes.iter().map(pass_to).collect(),
+        passes_this_call: (r.passes_this_call > 0).then_some(r.passes_this_call),
     }
 }
 

@@ -65,6 +65,17 @@ pub enum RunWrite {
     Checkpoint { key: String, value: Vec<u8> },
     /// Replace the run's summary.
     Summary(Box<gw::Run>),
+    /// The run's stored state must be one of these (`RunState` numbers), checked in the
+    /// transaction before any other write of the batch: else none is applied and the write fails
+    /// with FAILED_PRECONDITION naming the state found ([`state_refused`]). How a control's state
+    /// check and its audit entry are made atomic.
+    Expect(Vec<i32>),
+}
+
+/// The error of a write whose expected states ([`RunWrite::Expect`]) did not hold.
+pub fn state_refused(run_id: &str, found: i32) -> StageError {
+    let name = gw::RunState::try_from(found).map(|s| s.as_str_name()).unwrap_or("RUN_STATE_UNKNOWN");
+    StageError::FailedPrecondition(format!("run {run_id} is {name}"))
 }
 
 /// Run storage behind the engine.

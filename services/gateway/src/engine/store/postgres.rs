@@ -12,7 +12,9 @@ use prost::Message;
 use tokio_postgres::NoTls;
 use tokio_postgres::types::ToSql;
 
-use super::{ControlOutcome, ControlRefusal, PostedControl, RunStorage, RunWrite, StoredRun, redact_url};
+use super::{
+    ControlOutcome, ControlRefusal, PostedControl, RunStorage, RunWrite, StoredRun, redact_url, state_refused,
+};
 
 /// The schema, one migration per entry, applied in order and recorded in `assay_schema`.
 const MIGRATIONS: &[(i32, &str)] = &[
@@ -28,6 +30,8 @@ const APPEND_EVENT: &str = "INSERT INTO events (run_id, sequence, event)
      SELECT $1, $2, $3 WHERE EXISTS (
          SELECT 1 FROM runs WHERE run_id = $1
            AND ((owner = $4 AND lease_until > now()) OR (owner IS NULL AND state = ANY($5))))";
+/// A run's state, its row locked until the transaction ends, fenced: $1 run, $2 owner.
+const LOCK_STATE: &str = "SELECT state FROM runs WHERE run_id = $1 AND owner = $2 AND lease_until > now() FOR UPDATE";
 /// One checkpoint, fenced: $1 run, $2 key, $3 value, $4 owner.
 const PUT_CHECKPOINT: &str = "INSERT INTO checkpoints (run_id, key, value)
      SELECT $1, $2, $3 WHERE EXISTS (
@@ -214,6 +218,22 @@ impl RunStorage for PostgresStore {
         }
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(db_err)?;
+        // Expectations first, the run's row locked: nothing is written unless they hold, and no
+        // other transaction changes its state before this one ends.
+        let (expected, writes): (Vec<RunWrite>, Vec<RunWrite>) =
+            writes.into_iter().partition(|w| matches!(w, RunWrite::Expect(_)));
+        for w in expected {
+            let RunWrite::Expect(states) = w else { continue };
+            let row = tx.query_opt(LOCK_STATE, &[&run_id, &self.owner]).await.map_err(db_err)?;
+            match row.map(|r| r.get::<_, i32>(0)) {
+                Some(state) if states.contains(&state) => {}
+                Some(state) => return Err(state_refused(run_id, state)),
+                None => return Err(lease_lost(run_id)),
+            }
+        }
+        if writes.is_empty() {
+            return tx.commit().await.map_err(db_err);
+        }
         let (append, checkpoint, summary) = futures::try_join!(
             tx.prepare_cached(APPEND_EVENT),
             tx.prepare_cached(PUT_CHECKPOINT),
@@ -229,8 +249,8 @@ impl RunStorage for PostgresStore {
         let owner = || param(self.owner.clone());
         let rows: Vec<(&tokio_postgres::Statement, Vec<Param>)> = writes
             .into_iter()
-            .map(|w| match w {
-                RunWrite::Event(e) => (
+            .filter_map(|w| match w {
+                RunWrite::Event(e) => Some((
                     &append,
                     vec![
                         param(e.run_id.clone()),
@@ -239,13 +259,16 @@ impl RunStorage for PostgresStore {
                         owner(),
                         param(ENDED.to_vec()),
                     ],
-                ),
+                )),
                 RunWrite::Checkpoint { key, value } => {
-                    (&checkpoint, vec![param(run_id.to_string()), param(key), param(value), owner()])
+                    Some((&checkpoint, vec![param(run_id.to_string()), param(key), param(value), owner()]))
                 }
-                RunWrite::Summary(run) => {
-                    (&summary, vec![param(run.run_id.clone()), param(run.state), param(run.encode_to_vec()), owner()])
-                }
+                RunWrite::Summary(run) => Some((
+                    &summary,
+                    vec![param(run.run_id.clone()), param(run.state), param(run.encode_to_vec()), owner()],
+                )),
+                // Checked above.
+                RunWrite::Expect(_) => None,
             })
             .collect();
         let counts = futures::future::try_join_all(rows.iter().map(|(statement, params)| {

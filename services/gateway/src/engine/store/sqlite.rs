@@ -8,7 +8,7 @@ use assay_proto::gateway::v1 as gw;
 use prost::Message;
 use rusqlite::{OptionalExtension, params};
 
-use super::{ControlOutcome, ControlRefusal, PostedControl, RunStorage, RunWrite, StoredRun};
+use super::{ControlOutcome, ControlRefusal, PostedControl, RunStorage, RunWrite, StoredRun, state_refused};
 
 /// Run storage in one SQLite file (or in memory); every call runs on a blocking thread.
 pub struct SqliteStore {
@@ -29,6 +29,19 @@ fn put_summary(c: &rusqlite::Connection, run: &gw::Run) -> Result<(), StageError
         .and_then(|mut s| s.execute(params![run.run_id, run.state, run.encode_to_vec()]))
         .map_err(db_err)?;
     Ok(())
+}
+
+/// Fails unless the run's stored state is one of `states`.
+fn expect_state(c: &rusqlite::Connection, run_id: &str, states: &[i32]) -> Result<(), StageError> {
+    let found: Option<i32> = c
+        .prepare_cached("SELECT state FROM runs WHERE run_id = ?1")
+        .and_then(|mut s| s.query_row(params![run_id], |r| r.get(0)).optional())
+        .map_err(db_err)?;
+    match found {
+        Some(state) if states.contains(&state) => Ok(()),
+        Some(state) => Err(state_refused(run_id, state)),
+        None => Err(StageError::NotFound(format!("run {run_id}"))),
+    }
 }
 
 fn put_event(c: &rusqlite::Connection, event: &gw::RunEvent) -> Result<(), StageError> {
@@ -142,11 +155,18 @@ impl RunStorage for SqliteStore {
         let run_id = run_id.to_string();
         self.with(move |c| {
             let tx = c.transaction().map_err(db_err)?;
+            // Expectations first: nothing is written unless they hold.
+            for w in &writes {
+                if let RunWrite::Expect(states) = w {
+                    expect_state(&tx, &run_id, states)?;
+                }
+            }
             for w in &writes {
                 match w {
                     RunWrite::Event(e) => put_event(&tx, e)?,
                     RunWrite::Checkpoint { key, value } => put_checkpoint(&tx, &run_id, key, value)?,
                     RunWrite::Summary(run) => put_summary(&tx, run)?,
+                    RunWrite::Expect(_) => {}
                 }
             }
             tx.commit().map_err(db_err)
