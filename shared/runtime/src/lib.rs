@@ -265,7 +265,19 @@ pub fn client_tls(config: &AssayConfig) -> Result<Option<ClientTls>, String> {
 /// address is dialled as `https://`).
 pub fn channel(config: &AssayConfig, url: &str) -> Result<tonic::transport::Channel, String> {
     let tls = client_tls(config)?;
-    assay_rpc::remote::channel_with(url, tls.as_ref()).map_err(|e| e.to_string())
+    let url = with_scheme(url, tls.is_some());
+    assay_rpc::remote::channel_with(&url, tls.as_ref()).map_err(|e| e.to_string())
+}
+
+/// An address as people type it (`127.0.0.1:50051`, `gateway:50051`) as a URL: `http://`, or
+/// `https://` when TLS is configured, in front of an address that names no scheme (without it the
+/// connection failed with a bare "transport error").
+fn with_scheme(url: &str, tls: bool) -> std::borrow::Cow<'_, str> {
+    if url.contains("://") {
+        std::borrow::Cow::Borrowed(url)
+    } else {
+        std::borrow::Cow::Owned(format!("{}://{url}", if tls { "https" } else { "http" }))
+    }
 }
 
 /// What a stage binary serves.
@@ -349,5 +361,18 @@ pub fn upstream_url(config: &AssayConfig, configured: &str, port: u16) -> String
         configured.to_string()
     } else {
         format!("http://{configured}")
+    }
+}
+
+#[cfg(test)]
+mod scheme_tests {
+    use super::with_scheme;
+
+    #[test]
+    fn an_address_without_a_scheme_gets_the_one_tls_implies() {
+        assert_eq!(with_scheme("127.0.0.1:50051", false), "http://127.0.0.1:50051");
+        assert_eq!(with_scheme("gateway:50051", true), "https://gateway:50051");
+        assert_eq!(with_scheme("http://127.0.0.1:50051", true), "http://127.0.0.1:50051");
+        assert_eq!(with_scheme("https://a:1", false), "https://a:1");
     }
 }
