@@ -12,7 +12,9 @@ use assay_domain::limits::MAX_ID_BYTES;
 use super::document::{
     brief, brief_to, criteria, criterion_to, issue, issue_to, section_to, sections, severity_to, verdict, verdict_to,
 };
-use super::{enum_value, model_record_from, model_record_to, model_spec, model_spec_to, usage_from, usage_to};
+use super::{
+    enum_value, model_record_from, model_record_to, model_spec, model_spec_to, text_limit, usage_from, usage_to,
+};
 use crate::arbiter::v1 as pb;
 
 fn level(value: i32, field: &str, v: &mut Violations) -> a::MeasurementLevel {
@@ -100,12 +102,7 @@ fn check_instructions(instructions: &[pb::SectionInstruction], sections: &[d::Se
         } else if !seen.insert(x.section_id.as_str()) {
             v.push(format!("{field}.section_id"), format!("repeats the instruction of section {:?}", x.section_id));
         }
-        if x.instruction.len() > MAX_INSTRUCTION_BYTES {
-            v.push(
-                format!("{field}.instruction"),
-                format!("is {} bytes; the limit is {MAX_INSTRUCTION_BYTES} bytes", x.instruction.len()),
-            );
-        }
+        text_limit(&x.instruction, &format!("{field}.instruction"), MAX_INSTRUCTION_BYTES, v);
         if x.constraints.len() > MAX_CONSTRAINTS {
             v.push(
                 format!("{field}.constraints"),
@@ -113,12 +110,7 @@ fn check_instructions(instructions: &[pb::SectionInstruction], sections: &[d::Se
             );
         }
         for (j, c) in x.constraints.iter().enumerate() {
-            if c.len() > MAX_INSTRUCTION_BYTES {
-                v.push(
-                    format!("{field}.constraints[{j}]"),
-                    format!("is {} bytes; the limit is {MAX_INSTRUCTION_BYTES} bytes", c.len()),
-                );
-            }
+            text_limit(c, &format!("{field}.constraints[{j}]"), MAX_INSTRUCTION_BYTES, v);
         }
         if x.issue_ids.len() > MAX_EDIT_ISSUES {
             v.push(
@@ -127,12 +119,7 @@ fn check_instructions(instructions: &[pb::SectionInstruction], sections: &[d::Se
             );
         }
         for (name, text) in [("primary_criterion", &x.primary_criterion), ("error", &x.error)] {
-            if text.len() > MAX_INSTRUCTION_BYTES {
-                v.push(
-                    format!("{field}.{name}"),
-                    format!("is {} bytes; the limit is {MAX_INSTRUCTION_BYTES} bytes", text.len()),
-                );
-            }
+            text_limit(text, &format!("{field}.{name}"), MAX_INSTRUCTION_BYTES, v);
         }
     }
 }
