@@ -83,7 +83,7 @@ pub fn default_solvers() -> Vec<Solver> {
 pub fn solvers_or_default(solvers: Vec<Solver>, ids: &[&str]) -> Vec<Solver> {
     if solvers.is_empty() {
         let mut out = default_solvers();
-        let distinct: BTreeSet<&str> = ids.iter().copied().filter(|s| !s.is_empty()).collect();
+        let distinct: BTreeSet<&str> = ids.iter().copied().filter(|s| !s.trim().is_empty()).collect();
         if ids.len() == SOLVERS && distinct.len() == SOLVERS {
             for (s, id) in out.iter_mut().zip(ids) {
                 s.id = (*id).to_string();
@@ -893,6 +893,16 @@ impl DebateRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn blank_solution_ids_do_not_name_the_default_solvers() {
+        // A blank solver id is the default one wherever a solver is given, so it cannot name one
+        // when solvers are filled from the solutions either (found by the round-trip property).
+        let ids: Vec<String> = solvers_or_default(vec![], &["\t", " ", "x"]).into_iter().map(|s| s.id).collect();
+        assert_eq!(ids, ["solver_1", "solver_2", "solver_3"]);
+        let ids: Vec<String> = solvers_or_default(vec![], &["a", "b", "c"]).into_iter().map(|s| s.id).collect();
+        assert_eq!(ids, ["a", "b", "c"]);
+    }
 
     #[test]
     fn answers_are_normalised() {
