@@ -47,7 +47,7 @@ preset, anchor, summary = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.a
 wall = float(sys.argv[5]) - float(sys.argv[4])
 critical = 2 * float(sys.argv[6]) / 1000
 print(json.dumps({"preset": preset, "anchor_s": anchor["wall_s"], "anchor_scored": anchor["scored"],
-                  "wall_s": wall, "pipeline_s": summary["pipeline_s"], "calls": summary["calls"],
+                  "wall_s": wall, "pipeline_s": summary["pipelineSeconds"], "calls": summary["usage"]["calls"],
                   "failed": summary["failed"], "critical_s": critical}))
 PY
 done
@@ -72,7 +72,7 @@ for preset in tick rlcf_direct; do
   for run in 0 1 2 3; do
     target/release/assay eval --gateway "http://127.0.0.1:$P_GW" --preset "$preset" --data "$WORK/records.jsonl" \
       --out "$WORK/warm-$preset.jsonl" --json 2>/dev/null |
-      python3 -c "import json, sys; d = json.load(sys.stdin); print(json.dumps({'preset': '$preset', 'run': $run, 'pipeline_s': d['pipeline_s'], 'failed': d['failed']}))" >> "$warm"
+      python3 -c "import json, sys; d = json.load(sys.stdin); print(json.dumps({'preset': '$preset', 'run': $run, 'pipeline_s': d['pipelineSeconds'], 'failed': d['failed']}))" >> "$warm"
   done
 done
 kill "$UP_PID" && wait "$UP_PID" 2>/dev/null || true

@@ -34,9 +34,9 @@ for tpl in builtin undelimited; do
   python3 - "$out" "$tpl" <<'PY'
 import json, sys
 out, tpl = sys.argv[1], sys.argv[2]
-c, i = (json.load(open(f"{out}/{d}.json")) for d in ("records", "records_injected"))
-print(f"| {tpl} | {c['mean_primary_score']:.3f} | {i['mean_primary_score']:.3f} | "
-      f"{i['mean_primary_score'] - c['mean_primary_score']:+.3f} | {c['micro_pass_rate']:.2f} | {i['micro_pass_rate']:.2f} |")
+c, i = (json.load(open(f"{out}/{d}.json"))["aggregate"] for d in ("records", "records_injected"))
+print(f"| {tpl} | {c['meanPrimaryScore']:.3f} | {i['meanPrimaryScore']:.3f} | "
+      f"{i['meanPrimaryScore'] - c['meanPrimaryScore']:+.3f} | {c['microPassRate']:.2f} | {i['microPassRate']:.2f} |")
 PY
 done
 

@@ -4,12 +4,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use assay_cli::Mesh;
 use assay_config::AssayConfig;
-use assay_domain::ModelHub;
-use assay_llm::{Backends, OpenAiClient, OpenAiConfig};
+use assay_llm::{Backends, ModelHub, OpenAiClient, OpenAiConfig};
+use assay_mesh::Mesh;
+use assay_proto::common::v1 as pb;
 use assay_proto::gateway::v1 as gw;
-use assay_testkit::ScriptedLlm;
+use assay_testkit::{RecordedRequest, Reply, ScriptedLlm};
 use tonic::transport::Channel;
 
 /// Start a pipeline on the gateway behind `channel` and collect its events until the run completes.
@@ -55,6 +55,119 @@ pub async fn watch_all(
         events.extend(m.event);
     }
     events
+}
+
+/// A binary of this workspace from the target directory of the running test (built by
+/// `cargo build -p <package>`, and by any workspace test run).
+pub fn workspace_binary(name: &str, package: &str) -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let dir = exe.parent().and_then(std::path::Path::parent).expect("target profile directory");
+    let bin = dir.join(name);
+    assert!(bin.exists(), "{} is missing: build it with `cargo build -p {package}`", bin.display());
+    bin
+}
+
+/// Spawn `command` (its stderr piped) and read its stderr until `found` maps a line to a value;
+/// the rest of the output is drained in the background so the child never blocks on a full pipe.
+pub async fn spawn_until(
+    command: &mut tokio::process::Command,
+    what: &str,
+    mut found: impl FnMut(&str) -> Option<String>,
+) -> (tokio::process::Child, String) {
+    use tokio::io::AsyncBufReadExt;
+    let mut child = command
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("{what} starts: {e}"));
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let value = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(line) = lines.next_line().await.expect("read stderr") {
+            if let Some(v) = found(&line) {
+                return Some(v);
+            }
+        }
+        None
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what}: no answer within 60 s"))
+    .unwrap_or_else(|| panic!("{what}: exited without printing it"));
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, value)
+}
+
+/// A checklist evaluation of `records` records against two questions ("Mentions leaves?", "Is it
+/// short?"); every third record mentions leaves. For [`leaves_judge`].
+pub fn leaves_eval(records: usize) -> gw::ChecklistEvalPipeline {
+    gw::ChecklistEvalPipeline {
+        source: Some(gw::ChecklistSource {
+            source: Some(gw::checklist_source::Source::Checklist(pb::Checklist {
+                items: vec![
+                    pb::ChecklistItem { id: "a".into(), question: "Mentions leaves?".into(), ..Default::default() },
+                    pb::ChecklistItem { id: "b".into(), question: "Is it short?".into(), ..Default::default() },
+                ],
+                ..Default::default()
+            })),
+        }),
+        records: (0..records)
+            .map(|i| gw::EvalRecord {
+                id: format!("r{i}"),
+                target: if i % 3 == 0 { format!("leaves {i}") } else { format!("stones {i}") },
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// The scripted judge of [`leaves_eval`] (batch mode): YES to the first question when the target
+/// mentions leaves, YES to the second; each reply after `delay`.
+pub fn leaves_judge(delay: Duration) -> impl Fn(&RecordedRequest) -> Reply + Send + Sync + 'static {
+    move |req| {
+        let prompt = req.last_user_message().unwrap_or_default();
+        let first = if prompt.contains("leaves") { "YES" } else { "NO" };
+        Reply::json(serde_json::json!({"answers": [
+            {"question_index": 1, "answer": first},
+            {"question_index": 2, "answer": "YES"},
+        ]}))
+        .delay(delay)
+    }
+}
+
+/// A [`leaves_eval`] of `records` records run to the end through `client`, every record scored.
+pub async fn clean_leaves_run(
+    client: &mut gw::gateway_service_client::GatewayServiceClient<Channel>,
+    records: usize,
+) -> gw::EvaluateResponse {
+    let request = gw::RunPipelineRequest {
+        pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(leaves_eval(records))),
+        label: "clean".into(),
+    };
+    let mut stream = client.run_pipeline(request).await.expect("run starts").into_inner();
+    let mut last = None;
+    while let Some(m) = stream.message().await.expect("event stream") {
+        last = m.event;
+    }
+    let clean = evaluation(&last.expect("events")).expect("the clean run completes");
+    assert_eq!(clean.results.iter().filter(|r| r.score.is_some()).count(), records, "every record scored");
+    clean
+}
+
+/// A run's events after an interruption (`what`): completed with the clean run's scores, every
+/// record reported scored once, one gap-free sequence.
+pub fn check_like_clean(events: &[gw::RunEvent], clean: &gw::EvaluateResponse, what: &str) {
+    use gw::run_event::Event;
+    let done = evaluation(events.last().expect("events")).unwrap_or_else(|| panic!("{what}: the run completes"));
+    assert_eq!(scores(&done), scores(clean), "{what}: same records and scores as a clean run");
+    assert_eq!(done.aggregate, clean.aggregate, "{what}: same aggregate");
+    let indices: Vec<u32> = events
+        .iter()
+        .filter_map(|e| if let Some(Event::RecordScored(r)) = &e.event { Some(r.index) } else { None })
+        .collect();
+    let unique: std::collections::HashSet<u32> = indices.iter().copied().collect();
+    assert_eq!(unique.len(), indices.len(), "{what}: no record reported scored twice: {indices:?}");
+    let seqs: Vec<u64> = events.iter().map(|e| e.sequence).collect();
+    assert_eq!(seqs, (1..=events.len() as u64).collect::<Vec<_>>(), "{what}: one gap-free sequence");
 }
 
 /// The mesh plus its scripted backend.
@@ -137,14 +250,14 @@ impl MeshSandbox {
         };
         let backends = Backends::new().with_chat("openai", chat).with_embedding("openai", embed);
         let hub = Arc::new(ModelHub::new(backends, config.models.clone()));
-        let mesh = assay_cli::start_mesh(&config, hub, !options.not_ready).await.expect("mesh starts");
+        let mesh = assay_mesh::start_mesh(&config, hub, !options.not_ready).await.expect("mesh starts");
         MeshSandbox { llm, mesh: Some(mesh), config }
     }
 
     /// Start a new mesh (fresh ports) on the same scripted backend and configuration: a gateway
     /// restart. The old mesh must have been shut down.
     pub async fn restart(&mut self, hub: Arc<ModelHub>) {
-        let mesh = assay_cli::start_mesh(&self.config, hub, true).await.expect("mesh restarts");
+        let mesh = assay_mesh::start_mesh(&self.config, hub, true).await.expect("mesh restarts");
         self.mesh = Some(mesh);
     }
 

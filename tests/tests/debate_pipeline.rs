@@ -14,7 +14,7 @@ use assay_proto::gateway::v1::run_event::Event;
 use assay_proto::refiners::v1 as rf;
 use assay_testkit::{RecordedRequest, Reply};
 use assay_tests::{MeshSandbox, SandboxOptions, run_to_end};
-use serde_json::{Value, json};
+use serde_json::json;
 use tonic_types::StatusExt;
 
 /// A scripted problem: what the three solvers answer first and after refinement, and what the
@@ -59,32 +59,15 @@ const SET: [Scripted; 3] = [
     },
 ];
 
-fn stage(r: &RecordedRequest) -> String {
-    r.body.pointer("/response_format/json_schema/name").and_then(Value::as_str).unwrap_or("?").to_string()
-}
-
-fn prompt(r: &RecordedRequest) -> String {
-    r.messages().into_iter().find(|(role, _)| role == "user").map(|(_, c)| c).unwrap_or_default()
-}
-
-/// "solver_2", "baseline_4", or "judge".
-fn speaker(r: &RecordedRequest) -> String {
-    let p = prompt(r);
-    match p.strip_prefix("You are ").and_then(|p| p.split(',').next()) {
-        Some(s) if !s.contains(' ') => s.to_string(),
-        _ => "judge".into(),
-    }
-}
-
 fn problem_of(r: &RecordedRequest) -> &'static Scripted {
-    let p = prompt(r);
+    let p = r.first_user_message();
     SET.iter().find(|s| p.contains(s.problem)).unwrap_or_else(|| panic!("no known problem in {p}"))
 }
 
 fn answer(r: &RecordedRequest) -> Reply {
     let s = problem_of(r);
-    let who = speaker(r);
-    let reply = match stage(r).as_str() {
+    let who = r.debate_speaker();
+    let reply = match r.schema_name() {
         "debate_solution" => {
             let answer = match who.strip_prefix("baseline_") {
                 Some(n) => (s.baseline)(n.parse().unwrap()),
@@ -148,7 +131,11 @@ fn debate_result(events: &[gw::RunEvent]) -> (i32, gw::DebateRunResult) {
 fn requests_of(requests: &[RecordedRequest], id: &str, stage_name: &str, baseline: bool) -> usize {
     requests
         .iter()
-        .filter(|r| problem_of(r).id == id && stage(r) == stage_name && speaker(r).starts_with("baseline_") == baseline)
+        .filter(|r| {
+            problem_of(r).id == id
+                && r.schema_name() == stage_name
+                && r.debate_speaker().starts_with("baseline_") == baseline
+        })
         .count()
 }
 
@@ -209,7 +196,7 @@ async fn three_problems_are_debated_graded_and_compared_with_the_baselines() {
     // The baseline samples use the first solver's model (temperature 0.2 by default).
     let temps: Vec<f64> = requests
         .iter()
-        .filter(|r| speaker(r).starts_with("baseline_"))
+        .filter(|r| r.debate_speaker().starts_with("baseline_"))
         .map(|r| r.body["temperature"].as_f64().unwrap())
         .collect();
     assert!(temps.iter().all(|t| (t - 0.2).abs() < 1e-6), "{temps:?}");
@@ -341,7 +328,7 @@ async fn a_restarted_gateway_resumes_without_redoing_finished_problems() {
 async fn the_self_refine_hook_polishes_final_answers_and_grading_uses_the_debate_answer() {
     let sandbox = MeshSandbox::start().await;
     sandbox.llm.set_handler(|r| {
-        let p = prompt(r);
+        let p = r.first_user_message();
         if p.starts_with("TASK:") {
             let draft = p.split("DRAFT:\n<draft>\n").nth(1).and_then(|d| d.split("\n</draft>").next()).unwrap_or("");
             return Reply::text(format!(
@@ -379,7 +366,13 @@ async fn the_self_refine_hook_polishes_final_answers_and_grading_uses_the_debate
         })
         .collect();
     assert_eq!(hooked.len(), 3, "one event per problem");
-    let polish: Vec<String> = sandbox.llm.requests().iter().map(prompt).filter(|p| p.starts_with("TASK:")).collect();
+    let polish: Vec<String> = sandbox
+        .llm
+        .requests()
+        .iter()
+        .map(RecordedRequest::first_user_message)
+        .filter(|p| p.starts_with("TASK:"))
+        .collect();
     assert_eq!(polish.len(), 2, "the excluded problem cost no call");
     assert!(polish.iter().any(|p| p.contains("What is 17 * 23?")), "the problem is the instruction");
     sandbox.shutdown().await.unwrap();

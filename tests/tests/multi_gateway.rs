@@ -5,60 +5,38 @@
 //! clean run. Controls and watching work through either gateway.
 //!
 //! Needs the workspace's `assay-gateway` and `assay-scorer` binaries (built by any workspace test
-//! run, or `cargo build -p assay-gateway -p assay-scorer`).
+//! run, or `cargo build -p assay-mesh`).
 
 #![allow(clippy::wildcard_enum_match_arm)]
 
-use std::collections::HashSet;
-use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use assay_proto::common::v1 as pb;
 use assay_proto::gateway::v1 as gw;
 use assay_proto::gateway::v1::gateway_service_client::GatewayServiceClient;
 use assay_proto::gateway::v1::run_event::Event;
-use assay_testkit::{RecordedRequest, Reply, ScriptedLlm, TempPostgres};
-use assay_tests::{evaluation, scores, watch_all};
-use serde_json::json;
-use tokio::io::{AsyncBufReadExt, BufReader};
+use assay_testkit::{ScriptedLlm, TempPostgres};
+use assay_tests::{check_like_clean as check, clean_leaves_run, leaves_eval, leaves_judge, spawn_until, watch_all};
 use tokio::process::{Child, Command};
 use tonic::transport::Channel;
 
 const RECORDS: usize = 24;
 
-fn binary(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    let dir = exe.parent().and_then(Path::parent).expect("target profile directory");
-    let bin = dir.join(name);
-    assert!(bin.exists(), "{} is missing: build it with `cargo build -p {name}`", bin.display());
-    bin
-}
-
 /// A service binary started with `env`, and the address it listens on.
 async fn spawn(name: &str, env: &[(&str, String)]) -> (Child, String) {
-    let mut child = Command::new(binary(name))
-        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-        .env("RUST_LOG", "info")
-        .env("NO_COLOR", "1")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap_or_else(|e| panic!("{name} starts: {e}"));
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let addr = tokio::time::timeout(Duration::from_secs(60), async {
-        while let Some(line) = lines.next_line().await.expect("read stderr") {
-            if let Some(rest) = line.split("addr=Some(").nth(1).filter(|_| line.contains("listening")) {
-                return rest.split(')').next().map(str::to_string);
-            }
-        }
-        None
-    })
-    .await
-    .unwrap_or_else(|_| panic!("{name} listens within 60 s"))
-    .unwrap_or_else(|| panic!("{name} prints its address"));
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let (child, addr) = spawn_until(
+        Command::new(assay_tests::workspace_binary(name, "assay-mesh"))
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::null()),
+        &format!("{name}, its address"),
+        |line| {
+            let rest = line.split("addr=Some(").nth(1).filter(|_| line.contains("listening"))?;
+            rest.split(')').next().map(str::to_string)
+        },
+    )
+    .await;
     (child, format!("http://{addr}"))
 }
 
@@ -97,33 +75,8 @@ async fn gateway(store: &str, name: &str, scorer: &str) -> (Child, GatewayServic
 fn request(label: &str) -> gw::RunPipelineRequest {
     gw::RunPipelineRequest {
         label: label.into(),
-        pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(gw::ChecklistEvalPipeline {
-            source: Some(gw::ChecklistSource {
-                source: Some(gw::checklist_source::Source::Checklist(pb::Checklist {
-                    items: vec![
-                        pb::ChecklistItem { id: "a".into(), question: "Mentions leaves?".into(), ..Default::default() },
-                        pb::ChecklistItem { id: "b".into(), question: "Is it short?".into(), ..Default::default() },
-                    ],
-                    ..Default::default()
-                })),
-            }),
-            records: (0..RECORDS)
-                .map(|i| gw::EvalRecord {
-                    id: format!("r{i}"),
-                    target: if i % 3 == 0 { format!("leaves {i}") } else { format!("stones {i}") },
-                    ..Default::default()
-                })
-                .collect(),
-            ..Default::default()
-        })),
+        pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(leaves_eval(RECORDS))),
     }
-}
-
-fn model(req: &RecordedRequest) -> Reply {
-    let prompt = req.last_user_message().unwrap_or_default();
-    let first = if prompt.contains("leaves") { "YES" } else { "NO" };
-    Reply::json(json!({"answers": [{"question_index": 1, "answer": first}, {"question_index": 2, "answer": "YES"}]}))
-        .delay(Duration::from_millis(40))
 }
 
 /// Start a run and read its stream until `after` records are scored; returns the run id.
@@ -139,45 +92,15 @@ async fn start_until(client: &mut GatewayServiceClient<Channel>, label: &str, af
     run_id
 }
 
-/// The run's events: completed with the clean run's scores, every record scored once, one
-/// gap-free sequence.
-fn check(events: &[gw::RunEvent], clean: &gw::EvaluateResponse, what: &str) {
-    let done = evaluation(events.last().expect("events")).unwrap_or_else(|| panic!("{what}: the run completes"));
-    assert_eq!(scores(&done), scores(clean), "{what}: same records and scores as a clean run");
-    assert_eq!(done.aggregate, clean.aggregate, "{what}: same aggregate");
-    let indices: Vec<u32> = events
-        .iter()
-        .filter_map(|e| match &e.event {
-            Some(Event::RecordScored(r)) => Some(r.index),
-            _ => None,
-        })
-        .collect();
-    let unique: HashSet<u32> = indices.iter().copied().collect();
-    assert_eq!(unique.len(), indices.len(), "{what}: no record reported scored twice: {indices:?}");
-    let seqs: Vec<u64> = events.iter().map(|e| e.sequence).collect();
-    assert_eq!(seqs, (1..=events.len() as u64).collect::<Vec<_>>(), "{what}: one gap-free sequence");
-}
-
-async fn clean_run(client: &mut GatewayServiceClient<Channel>) -> gw::EvaluateResponse {
-    let mut stream = client.run_pipeline(request("clean")).await.unwrap().into_inner();
-    let mut last = None;
-    while let Some(m) = stream.message().await.unwrap() {
-        last = m.event;
-    }
-    let clean = evaluation(&last.unwrap()).expect("the clean run completes");
-    assert_eq!(clean.results.iter().filter(|r| r.score.is_some()).count(), RECORDS);
-    clean
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn standalone_gateway_survives_sigkill_with_stages_in_separate_processes() {
     let llm = ScriptedLlm::start().await;
-    llm.set_handler(model);
+    llm.set_handler(leaves_judge(Duration::from_millis(40)));
     let (_scorer, scorer_url) = scorer(&llm).await;
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("runs.db").display().to_string();
     let (mut child, mut client) = gateway(&store, "solo", &scorer_url).await;
-    let clean = clean_run(&mut client).await;
+    let clean = clean_leaves_run(&mut client, RECORDS).await;
     let mut resent = 0;
     for (kill, after) in [0usize, 5, 11, 17, 23].into_iter().enumerate() {
         let calls_before = llm.request_count();
@@ -198,11 +121,11 @@ async fn two_gateways_on_one_postgres_store_survive_the_loss_of_either() {
     let Some(pg) = TempPostgres::start_or_skip("two_gateways_on_one_postgres_store") else { return };
     let store = pg.url();
     let llm = ScriptedLlm::start().await;
-    llm.set_handler(model);
+    llm.set_handler(leaves_judge(Duration::from_millis(40)));
     let (_scorer, scorer_url) = scorer(&llm).await;
     let (mut a, mut client_a) = gateway(&store, "gw-a", &scorer_url).await;
     let (mut b, mut client_b) = gateway(&store, "gw-b", &scorer_url).await;
-    let clean = clean_run(&mut client_a).await;
+    let clean = clean_leaves_run(&mut client_a, RECORDS).await;
 
     // A run executed by A is seen, controlled and watched through B.
     let run_id = start_until(&mut client_a, "controlled", 2).await;

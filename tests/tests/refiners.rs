@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use assay_domain::ModelHub;
+use assay_llm::ModelHub;
 use assay_llm::OpenAiConfig;
 use assay_proto::common::v1 as common;
 use assay_proto::refiners::v1::refine_checklist_stream_response::Event;

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use assay_domain::ModelHub;
+use assay_llm::ModelHub;
 use assay_llm::OpenAiConfig;
 use assay_proto::arbiter::v1::PlanRequest;
 use assay_proto::arbiter::v1::arbiter_service_client::ArbiterServiceClient;

@@ -8,7 +8,7 @@ use tonic_types::StatusExt;
 
 async fn client() -> (TestServer, ArbiterServiceClient<tonic::transport::Channel>) {
     // Agreement needs no model: a hub without backends.
-    let core = assay_arbiter::ArbiterCore::new(std::sync::Arc::new(assay_domain::ModelHub::default()));
+    let core = assay_arbiter::ArbiterCore::new(std::sync::Arc::new(assay_llm::ModelHub::default()));
     let server =
         TestServer::start(assay_arbiter::routes(std::sync::Arc::new(core)), &[assay_proto::service_names::ARBITER])
             .await;

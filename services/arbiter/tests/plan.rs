@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use assay_domain::ModelHub;
 use assay_domain::arbiter::Arbiter;
+use assay_llm::ModelHub;
 use assay_llm::OpenAiConfig;
 use assay_proto::arbiter::v1::arbiter_service_client::ArbiterServiceClient;
 use assay_proto::arbiter::v1::{

@@ -24,7 +24,7 @@ const CRITERIA: [&str; 6] = [
 
 /// The arbiter over a hub without backends: every request here is refused before any model call.
 async fn client() -> (TestServer, ArbiterServiceClient<tonic::transport::Channel>) {
-    let core = assay_arbiter::ArbiterCore::new(Arc::new(assay_domain::ModelHub::default()));
+    let core = assay_arbiter::ArbiterCore::new(Arc::new(assay_llm::ModelHub::default()));
     let server = TestServer::start(assay_arbiter::routes(Arc::new(core)), &[assay_proto::service_names::ARBITER]).await;
     let client = ArbiterServiceClient::new(server.channel().await);
     (server, client)

@@ -169,7 +169,8 @@ enum Command {
         /// Gateway address (default: the configured gateway port on this machine).
         #[arg(long, global = true)]
         gateway: Option<String>,
-        /// JSON output.
+        /// JSON output: the gateway's messages in the proto3 JSON mapping (lowerCamelCase names,
+        /// enums by name, 64-bit integers as strings), as the admin page shows them.
         #[arg(long, global = true)]
         json: bool,
     },
@@ -235,7 +236,7 @@ enum RunsCommand {
         #[arg(long)]
         state: Option<String>,
     },
-    /// One run with its result summary (a refinement with its document).
+    /// One run as the gateway stores it: progress and result (a refinement with its document).
     Show { run_id: String },
     /// Replay a run's events after a sequence number, then follow it until it completes.
     Watch {
@@ -455,7 +456,7 @@ async fn up(mut config: AssayConfig) -> Result<(), String> {
     if let Some(url) = mesh.admin_url() {
         // The one line that shows a generated token (on stderr, never through the log pipeline).
         eprintln!("admin page: {url}");
-        if *mesh.admin_auth() == assay_gateway::admin::AdminAuth::Open {
+        if *mesh.admin_auth() == assay_mesh::admin::AdminAuth::Open {
             eprintln!("warning: the admin page has no token (--no-admin-auth): any local web page can control runs");
         }
     }

@@ -2,15 +2,13 @@
 //! no `auth_token` a token is generated per start and printed once, in the page's URL; only
 //! `--no-admin-auth` serves the page open.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
-/// `assay up` with `args`, every port free; the child, the admin page's printed URL, and the
-/// channel of the rest of its stderr lines.
-fn up(dir: &std::path::Path, args: &[&str]) -> (Child, String, Vec<String>, mpsc::Receiver<String>) {
+use assay_testkit::{ChildOutput, http_request};
+
+/// `assay up` with `args`, every port free; the running child and the admin page's printed URL.
+fn up(dir: &std::path::Path, args: &[&str]) -> (ChildOutput, String) {
     let config = dir.join("assay.toml");
     std::fs::write(
         &config,
@@ -20,67 +18,29 @@ fn up(dir: &std::path::Path, args: &[&str]) -> (Child, String, Vec<String>, mpsc
          [models.default]\nbackend = \"openai\"\n[cache]\nenabled = false\n",
     )
     .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_assay"))
-        .arg("--config")
-        .arg(&config)
-        .arg("up")
-        .args(args)
-        .env("OPENAI_API_KEY", "test")
-        .env_remove("OPENAI_BASE_URL")
-        .env_remove("ASSAY_AUTH_TOKEN")
-        .env("RUST_LOG", "info")
-        .env("NO_COLOR", "1")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("assay up starts");
-    let stderr = child.stderr.take().expect("stderr");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let mut seen = Vec::new();
-    loop {
-        let line = rx.recv_timeout(Duration::from_secs(60)).unwrap_or_else(|e| {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("no admin page line within 60 s ({e}):\n{}", seen.join("\n"))
-        });
-        seen.push(line.clone());
-        if let Some(url) = line.strip_prefix("admin page: ") {
-            return (child, url.to_string(), seen, rx);
-        }
-    }
+    let mut out = ChildOutput::spawn(
+        Command::new(env!("CARGO_BIN_EXE_assay"))
+            .arg("--config")
+            .arg(&config)
+            .arg("up")
+            .args(args)
+            .env("OPENAI_API_KEY", "test")
+            .env_remove("OPENAI_BASE_URL")
+            .env_remove("ASSAY_AUTH_TOKEN")
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped()),
+        "assay up",
+    );
+    let url = out
+        .wait_for(Duration::from_secs(60), "admin page line", |l| l.strip_prefix("admin page: ").map(str::to_string));
+    (out, url)
 }
 
-/// One HTTP/1.1 request: (status, body).
+/// One HTTP/1.1 request with the address as its Host: (status, body).
 fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).expect("connect to the admin page");
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut req =
-        format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str("\r\n");
-    req.push_str(body);
-    s.write_all(req.as_bytes()).unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let status = out.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    (status, out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default())
-}
-
-/// Stop the child (SIGKILL) and collect the rest of its stderr.
-fn stop(mut child: Child, rx: mpsc::Receiver<String>, mut seen: Vec<String>) -> Vec<String> {
-    child.kill().expect("kill");
-    child.wait().expect("wait");
-    seen.extend(rx.iter());
-    seen
+    http_request(addr, addr, method, path, headers, body)
 }
 
 const JSON: (&str, &str) = ("Content-Type", "application/json");
@@ -88,7 +48,7 @@ const JSON: (&str, &str) = ("Content-Type", "application/json");
 #[test]
 fn up_generates_a_token_prints_it_once_in_the_url_and_requires_it() {
     let dir = tempfile::tempdir().unwrap();
-    let (child, url, seen, rx) = up(dir.path(), &[]);
+    let (out, url) = up(dir.path(), &[]);
     let (base, token) = url.split_once("/#token=").unwrap_or_else(|| panic!("no #token= in {url}"));
     assert!(token.len() >= 32 && token.chars().all(|c| c.is_ascii_hexdigit()), "{token}");
     let addr = base.strip_prefix("http://").expect("http url");
@@ -106,7 +66,7 @@ fn up_generates_a_token_prints_it_once_in_the_url_and_requires_it() {
         http(addr, "POST", "/api/ListRuns", &[("Content-Type", "text/plain"), ("Authorization", &bearer)], "{}");
     assert_eq!(status, 415, "text/plain, even with the token");
 
-    let lines = stop(child, rx, seen);
+    let lines = out.stop();
     let with_token: Vec<&String> = lines.iter().filter(|l| l.contains(token)).collect();
     assert_eq!(with_token.len(), 1, "the token shows on the admin page line only: {with_token:?}");
 }
@@ -114,7 +74,7 @@ fn up_generates_a_token_prints_it_once_in_the_url_and_requires_it() {
 #[test]
 fn up_with_no_admin_auth_serves_the_page_open_but_same_origin_only() {
     let dir = tempfile::tempdir().unwrap();
-    let (child, url, seen, rx) = up(dir.path(), &["--no-admin-auth"]);
+    let (out, url) = up(dir.path(), &["--no-admin-auth"]);
     assert!(!url.contains("#token="), "{url}");
     let addr = url.strip_prefix("http://").and_then(|u| u.strip_suffix('/')).expect("http url").to_string();
 
@@ -127,6 +87,6 @@ fn up_with_no_admin_auth_serves_the_page_open_but_same_origin_only() {
     let (status, _) = http(&addr, "POST", "/api/ListRuns", &[JSON, ("Origin", "http://evil.example")], "{}");
     assert_eq!(status, 403, "still same-origin only");
 
-    let lines = stop(child, rx, seen);
+    let lines = out.stop();
     assert!(lines.iter().any(|l| l.contains("--no-admin-auth")), "a warning says the page is open: {lines:?}");
 }

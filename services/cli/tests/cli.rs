@@ -101,9 +101,9 @@ async fn eval_writes_one_line_per_record_and_a_json_summary() {
     let summary: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(summary["records"], 3);
     assert_eq!(summary["failed"], 0);
-    assert_eq!(summary["state"], "succeeded");
+    assert_eq!(summary["state"], "RUN_STATE_SUCCEEDED");
     // 3 generations + 3 batch scorings.
-    assert_eq!(summary["calls"], 6);
+    assert_eq!(summary["usage"]["calls"], 6);
     assert_eq!(backend.request_count(), 6);
 }
 
@@ -160,7 +160,7 @@ async fn score_with_a_checklist_file_exits_3_when_some_records_fail() {
     }
     let summary: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(summary["failed"], 1);
-    assert_eq!(summary["state"], "partial");
+    assert_eq!(summary["state"], "RUN_STATE_PARTIAL");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -234,9 +234,9 @@ async fn generate_and_runs_against_a_running_gateway() {
     let listed: Vec<Value> =
         String::from_utf8_lossy(&o.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(listed.len(), 1);
-    assert_eq!(listed[0]["run_id"], run_id.as_str());
-    assert_eq!(listed[0]["kind"], "generate_checklist");
-    assert_eq!(listed[0]["state"], "succeeded");
+    assert_eq!(listed[0]["runId"], run_id.as_str());
+    assert_eq!(listed[0]["kind"], "PIPELINE_KIND_GENERATE_CHECKLIST");
+    assert_eq!(listed[0]["state"], "RUN_STATE_SUCCEEDED");
 
     let o = tokio::task::spawn_blocking({
         let (c, g, id) = (config_path.clone(), gateway.clone(), run_id.clone());
@@ -245,7 +245,7 @@ async fn generate_and_runs_against_a_running_gateway() {
     .await
     .unwrap();
     let shown: Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(shown["checklist"]["items"].as_array().unwrap().len(), 4);
+    assert_eq!(shown["result"]["checklist"]["items"].as_array().unwrap().len(), 4);
     assert_eq!(shown["usage"]["calls"], 1);
 
     let o = tokio::task::spawn_blocking({
@@ -256,10 +256,16 @@ async fn generate_and_runs_against_a_running_gateway() {
     .unwrap();
     let events: Vec<Value> =
         String::from_utf8_lossy(&o.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    let kinds: Vec<&str> = events.iter().map(|e| e["event"].as_str().unwrap()).collect();
-    assert_eq!(kinds, ["started", "checklist_ready", "completed"]);
-    let seqs: Vec<u64> = events.iter().map(|e| e["sequence"].as_u64().unwrap()).collect();
-    assert_eq!(seqs, [1, 2, 3]);
+    // The event's kind is its oneof field, the one key beside the run, the sequence and the time.
+    let kinds: Vec<&str> = events
+        .iter()
+        .map(|e| e.as_object().unwrap().keys().find(|k| !["runId", "sequence", "time"].contains(&k.as_str())).unwrap())
+        .map(String::as_str)
+        .collect();
+    assert_eq!(kinds, ["started", "checklistReady", "completed"]);
+    // A uint64 is a string in the proto3 JSON mapping.
+    let seqs: Vec<&str> = events.iter().map(|e| e["sequence"].as_str().unwrap()).collect();
+    assert_eq!(seqs, ["1", "2", "3"]);
 
     let o = tokio::task::spawn_blocking({
         let (c, g) = (config_path.clone(), gateway.clone());

@@ -49,7 +49,7 @@ fn lines(path: &Path) -> Vec<Value> {
 
 /// The first user message of a chat call.
 fn prompt(r: &RecordedRequest) -> String {
-    r.messages().into_iter().find(|(role, _)| role == "user").map(|(_, c)| c).unwrap_or_default()
+    r.first_user_message()
 }
 
 /// Whether the call is a self-refine critique/revise call (its prompt starts with the task).
@@ -110,20 +110,6 @@ fn write_problems(dir: &Path) -> PathBuf {
     path
 }
 
-/// The debate stage a call is for: the reply schema's name.
-fn stage(r: &RecordedRequest) -> String {
-    r.body.pointer("/response_format/json_schema/name").and_then(Value::as_str).unwrap_or("?").to_string()
-}
-
-/// "solver_2", or "judge".
-fn speaker(r: &RecordedRequest) -> String {
-    let p = prompt(r);
-    match p.strip_prefix("You are ").and_then(|p| p.split(',').next()) {
-        Some(s) if !s.contains(' ') => s.to_string(),
-        _ => "judge".into(),
-    }
-}
-
 fn solver_index(id: &str) -> usize {
     ["solver_1", "solver_2", "solver_3"].iter().position(|i| *i == id).unwrap_or_else(|| panic!("solver {id}"))
 }
@@ -144,8 +130,8 @@ fn debate_answer(r: &RecordedRequest) -> Reply {
         return Reply::text(format!("<critique>\n- Say it plainly.\n</critique>\n<revised>\n{draft}, ok\n</revised>"));
     }
     let s = problem_of(r);
-    let who = speaker(r);
-    let reply = match stage(r).as_str() {
+    let who = r.debate_speaker();
+    let reply = match r.schema_name() {
         "debate_solution" => json!({"approach": "direct", "reasoning_steps": [format!("step of {who}")],
                                     "final_answer": s.original[solver_index(&who)], "confidence": 0.7}),
         "debate_review" => json!({"strengths": ["clear"], "weaknesses": [], "errors": [],
@@ -177,14 +163,14 @@ async fn debate_writes_one_line_per_problem_and_prints_the_accuracy() {
     let results = lines(&out);
     let got: Vec<(&str, &str, Option<bool>)> = results
         .iter()
-        .map(|r| (r["id"].as_str().unwrap(), r["final_answer"].as_str().unwrap(), r["correct"].as_bool()))
+        .map(|r| (r["id"].as_str().unwrap(), r["finalAnswer"].as_str().unwrap(), r["correct"].as_bool()))
         .collect();
     // One line per problem in input order, the judge's pick (solver_1's refined answer), graded.
     assert_eq!(got, [("mul", "391", Some(true)), ("add", "5", Some(false)), ("capital", "Paris", Some(true))]);
     for r in &results {
-        assert_eq!(r["decided_by"], "judge", "{r}");
-        assert_eq!(r["winner_solver_id"], "solver_1", "{r}");
-        assert!(r.get("self_refined").is_none(), "no hook unless asked: {r}");
+        assert_eq!(r["decidedBy"], "DEBATE_DECISION_JUDGE", "{r}");
+        assert_eq!(r["debate"]["winnerSolverId"], "solver_1", "{r}");
+        assert!(r.get("selfRefined").is_none(), "no hook unless asked: {r}");
     }
     // A progress line per problem, then the summary with the accuracy against the references.
     assert!(err.contains("mul: \"391\" (correct, judge,"), "{err}");
@@ -243,20 +229,21 @@ async fn debate_with_self_refine_puts_the_hook_entry_in_each_line() {
     let results = lines(&out);
     assert_eq!(results.len(), 3);
     for (r, s) in results.iter().zip(&SET) {
-        let hook = &r["self_refined"];
+        let hook = &r["selfRefined"];
         assert_eq!((hook["target"].as_str(), hook["producer"].as_str()), (Some(s.id), Some("debate")), "{r}");
         let debated = s.refined[0];
         assert_eq!(hook["before"], debated, "{r}");
         if s.id == "add" {
             // Excluded: kept as the debate answered, no model call.
             assert_eq!(hook["skipped"], "excluded", "{r}");
-            assert_eq!(r["final_answer"], debated, "{r}");
+            assert_eq!(r["finalAnswer"], debated, "{r}");
             assert!(err.contains("self-refine add (debate): skipped: excluded"), "{err}");
         } else {
             // The final answer is the hook's output; grading keeps the debate's answer.
             let after = format!("{debated}, ok");
-            assert_eq!((hook["after"].as_str(), hook["changed"].as_bool()), (Some(after.as_str()), Some(true)), "{r}");
-            assert_eq!(r["final_answer"], after.as_str(), "{r}");
+            assert_eq!(hook["after"].as_str(), Some(after.as_str()), "{r}");
+            assert_ne!(hook["after"], hook["before"], "changed: {r}");
+            assert_eq!(r["finalAnswer"], after.as_str(), "{r}");
             assert_eq!(r["correct"], true, "{r}");
             assert_eq!(hook["refine"]["passes"].as_array().map(Vec::len), Some(1), "{r}");
             assert_eq!(hook["refine"]["passes"][0]["critique"], json!(["Say it plainly."]), "{r}");
@@ -315,6 +302,32 @@ async fn refine_text_prints_the_revised_text() {
     assert!(calls[0].contains("Photosynthesis is how plants make food."), "{}", calls[0]);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refine_text_json_is_the_response_in_the_proto_mapping() {
+    let backend = ScriptedLlm::start().await;
+    backend.set_handler(|r| {
+        if r.is_embeddings() {
+            embeddings(r)
+        } else {
+            Reply::text(format!("<critique>\n- x\n</critique>\n<revised>\n{} NEW TEXT\n</revised>", DRAFT.trim()))
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_file(dir.path(), &backend);
+    let input = dir.path().join("draft.txt");
+    std::fs::write(&input, DRAFT).unwrap();
+    let o = assay(&config, &["refine-text", "--input", input.to_str().unwrap(), "--json"]).await;
+    assert_eq!(o.status.code(), Some(0), "stderr: {}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    // The SelfRefineResponse in the proto3 JSON mapping, with the run's id and state.
+    assert_eq!(v["finalText"], format!("{} NEW TEXT", DRAFT.trim()), "{v}");
+    assert_eq!(v["state"], "RUN_STATE_SUCCEEDED", "{v}");
+    assert!(v["runId"].as_str().is_some_and(|id| !id.is_empty()), "{v}");
+    assert_eq!(v["passes"].as_array().map(Vec::len), Some(1), "{v}");
+    assert_eq!(v["passes"][0]["critique"], json!(["x"]), "{v}");
+    assert!(v["stopReason"].as_str().is_some_and(|r| r.starts_with("SELF_REFINE_STOP_REASON_")), "{v}");
+}
+
 // --- against a running gateway: runs show / watch -------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -341,7 +354,7 @@ async fn runs_show_and_watch_render_the_self_refine_entries_of_a_debate() {
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(0), "stderr: {err}");
     let line: Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(line["final_answer"], "391, ok", "--self-refine-min-bytes implies --self-refine");
+    assert_eq!(line["finalAnswer"], "391, ok", "--self-refine-min-bytes implies --self-refine");
     let run_id = err
         .lines()
         .find_map(|l| l.strip_prefix("run ").and_then(|l| l.strip_suffix(" started: 1 problems")))
@@ -351,7 +364,8 @@ async fn runs_show_and_watch_render_the_self_refine_entries_of_a_debate() {
     let o = assay(&config_path, &["runs", "show", &run_id, "--gateway", &gateway, "--json"]).await;
     assert_eq!(o.status.code(), Some(0), "stderr: {}", stderr(&o));
     let shown: Value = serde_json::from_slice(&o.stdout).unwrap();
-    let entries = shown["debate"]["self_refined"].as_array().unwrap_or_else(|| panic!("{shown}"));
+    let problems = shown["result"]["debate"]["problems"].as_array().unwrap_or_else(|| panic!("{shown}"));
+    let entries: Vec<&Value> = problems.iter().filter_map(|p| p.get("selfRefined")).collect();
     assert_eq!(entries.len(), 1);
     assert_eq!((entries[0]["target"].as_str(), entries[0]["after"].as_str()), (Some("mul"), Some("391, ok")));
 

@@ -1,9 +1,7 @@
 //! gRPC adapter of the debate service: convert, call the core, map the result.
 
-use std::pin::Pin;
 use std::sync::Arc;
 
-use assay_domain::StageError;
 use assay_domain::debate::{Debate, DebateEvent};
 use assay_proto::convert::debate as convert;
 use assay_proto::debate::v1::debate_service_server::{DebateService, DebateServiceServer};
@@ -13,8 +11,8 @@ use assay_proto::debate::v1::{
     ReviewResponse, RunDebateRequest, RunDebateResponse, RunDebateStreamRequest, RunDebateStreamResponse, SolveRequest,
     SolveResponse,
 };
-use assay_rpc::{CallContext, run_with, to_status};
-use futures::Stream;
+use assay_rpc::stream::{Emit, EventStream, required_request};
+use assay_rpc::{CallContext, run_with, serve_stream, to_status};
 use tonic::service::Routes;
 use tonic::{Request, Response, Status};
 
@@ -38,8 +36,6 @@ pub fn routes(core: Arc<dyn Debate>) -> Routes {
             .max_encoding_message_size(assay_domain::limits::MAX_MESSAGE_BYTES),
     )
 }
-
-type EventStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl DebateService for DebateGrpc {
@@ -98,37 +94,16 @@ impl DebateService for DebateGrpc {
         request: Request<RunDebateStreamRequest>,
     ) -> Result<Response<Self::RunDebateStreamStream>, Status> {
         let ctx = CallContext::from_request(&request);
-        let inner =
-            request.into_inner().request.ok_or_else(|| to_status(StageError::invalid("request", "is required")))?;
+        let inner = required_request(request.into_inner().request)?;
         let req = convert::run_debate_request(inner, "request").map_err(to_status)?;
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Result<RunDebateStreamResponse, Status>>();
         let core = self.core.clone();
-        // The task ends when the client goes away: the send side sees the receiver closed and the
-        // debate future (with every model call in flight) is dropped.
-        tokio::spawn(tracing::Instrument::in_current_span(async move {
-            let events_tx = tx.clone();
-            let sink = move |e: DebateEvent| {
-                let _ = events_tx.send(Ok(RunDebateStreamResponse {
-                    event: Some(Event::StageCompleted(convert::stage_completed_to(&e))),
-                }));
-            };
-            // Field paths of errors the core finds (e.g. an unknown backend) get the same
-            // `request.` prefix as the conversion's.
-            let work = async {
-                run_with(ctx, core.run_debate(req, &sink)).await.map_err(|e| e.map_fields(|f| format!("request.{f}")))
-            };
-            let closed = tx.clone();
-            tokio::select! {
-                out = work => {
-                    let msg = match out {
-                        Ok(o) => Ok(RunDebateStreamResponse { event: Some(Event::Result(convert::run_debate_response_to(&o))) }),
-                        Err(e) => Err(to_status(e)),
-                    };
-                    let _ = tx.send(msg);
-                }
-                () = closed.closed() => {}
-            }
-        }));
-        Ok(Response::new(Box::pin(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))))
+        // A client going away drops the debate with every model call in flight; errors the core
+        // finds (e.g. an unknown backend) end the stream, their field paths under `request`.
+        let work = move |sink: Emit<DebateEvent>| async move { core.run_debate(req, &*sink).await };
+        let stage = |e: DebateEvent| RunDebateStreamResponse {
+            event: Some(Event::StageCompleted(convert::stage_completed_to(&e))),
+        };
+        let result = |o| RunDebateStreamResponse { event: Some(Event::Result(convert::run_debate_response_to(&o))) };
+        Ok(Response::new(serve_stream(ctx, work, stage, result)))
     }
 }

@@ -7,15 +7,15 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use assay_domain::ModelHub;
 use assay_domain::debate::{Debate, DebateEvent, DebateRequest, DebateStage};
+use assay_llm::ModelHub;
 use assay_llm::OpenAiConfig;
 use assay_proto::common::v1 as common;
 use assay_proto::debate::v1 as pb;
 use assay_proto::debate::v1::debate_service_client::DebateServiceClient;
 use assay_proto::debate::v1::run_debate_stream_response::Event;
 use assay_testkit::{RecordedRequest, Reply, ScriptedLlm, TestServer};
-use serde_json::{Value, json};
+use serde_json::json;
 use tonic::Code;
 use tonic_types::StatusExt;
 
@@ -56,24 +56,9 @@ fn judge_reply(winner: &str, confidence: f64) -> String {
         .to_string()
 }
 
-/// The stage of a request, from its reply schema's name.
-fn stage(r: &RecordedRequest) -> String {
-    r.body.pointer("/response_format/json_schema/name").and_then(Value::as_str).unwrap_or("?").to_string()
-}
-
-/// The first user message: the stage prompt (a retry adds messages after it).
-fn prompt(r: &RecordedRequest) -> String {
-    r.messages().into_iter().find(|(role, _)| role == "user").map(|(_, c)| c).unwrap_or_default()
-}
-
-/// The solver a prompt speaks to ("You are solver_2, ...").
-fn speaker(r: &RecordedRequest) -> String {
-    prompt(r).strip_prefix("You are ").and_then(|p| p.split(',').next()).unwrap_or("judge").to_string()
-}
-
 /// The solver whose solution a review prompt shows.
 fn review_target(r: &RecordedRequest) -> String {
-    prompt(r)
+    r.first_user_message()
         .lines()
         .find_map(|l| l.strip_prefix("The solution of ").and_then(|t| t.strip_suffix(':')))
         .unwrap_or("?")
@@ -89,8 +74,8 @@ fn strength_marker(by: &str, of: &str) -> String {
 }
 
 fn answer(script: &Script, r: &RecordedRequest, calls: &Mutex<HashMap<String, usize>>) -> Reply {
-    let stage = stage(r);
-    let who = speaker(r);
+    let stage = r.schema_name();
+    let who = r.debate_speaker();
     let key = format!("{stage}:{who}");
     let n = {
         let mut calls = calls.lock().unwrap();
@@ -101,7 +86,7 @@ fn answer(script: &Script, r: &RecordedRequest, calls: &Mutex<HashMap<String, us
     if script.always_bad.contains(&key) || (n == 1 && script.bad_first.contains(&key)) {
         return Reply::text("I would rather explain in prose.").usage(10, 5);
     }
-    let reply = match stage.as_str() {
+    let reply = match stage {
         "debate_solution" => {
             let i = index(&who);
             json!({"approach": format!("approach of {who}"), "reasoning_steps": [format!("step of {who}")],
@@ -159,7 +144,7 @@ impl Harness {
     }
 
     fn requests(&self, stage_name: &str) -> Vec<RecordedRequest> {
-        self.llm.requests().into_iter().filter(|r| stage(r) == stage_name).collect()
+        self.llm.requests().into_iter().filter(|r| r.schema_name() == stage_name).collect()
     }
 }
 
@@ -181,11 +166,12 @@ async fn each_solver_reviews_the_other_two_refines_with_its_two_reviews_and_the_
     let solves = h.requests("debate_solution");
     assert_eq!(solves.len(), 3);
     let temperatures: BTreeMap<String, f64> =
-        solves.iter().map(|s| (speaker(s), s.body["temperature"].as_f64().unwrap())).collect();
+        solves.iter().map(|s| (s.debate_speaker(), s.body["temperature"].as_f64().unwrap())).collect();
     assert_eq!(temperatures.values().map(|t| (t * 10.0).round() as i64).collect::<Vec<_>>(), [2, 5, 8]);
-    let personas: BTreeSet<String> = solves.iter().map(|s| prompt(s).lines().next().unwrap().to_string()).collect();
+    let personas: BTreeSet<String> =
+        solves.iter().map(|s| s.first_user_message().lines().next().unwrap().to_string()).collect();
     assert_eq!(personas.len(), 3);
-    assert!(solves.iter().all(|s| prompt(s).contains(PROBLEM) && s.model() == Some("debater")));
+    assert!(solves.iter().all(|s| s.first_user_message().contains(PROBLEM) && s.model() == Some("debater")));
     assert_eq!(r.solutions.iter().map(|s| s.final_answer.as_str()).collect::<Vec<_>>(), Script::default().original);
     let record = r.solutions[1].model.as_ref().unwrap();
     assert_eq!(
@@ -196,7 +182,7 @@ async fn each_solver_reviews_the_other_two_refines_with_its_two_reviews_and_the_
 
     // Stage 2: every ordered pair exactly once; a review shows its target's solution and no other.
     let reviews = h.requests("debate_review");
-    let pairs: BTreeSet<(String, String)> = reviews.iter().map(|q| (speaker(q), review_target(q))).collect();
+    let pairs: BTreeSet<(String, String)> = reviews.iter().map(|q| (q.debate_speaker(), review_target(q))).collect();
     let expected: BTreeSet<(String, String)> = IDS
         .iter()
         .flat_map(|a| IDS.iter().filter(move |b| *b != a).map(move |b| (a.to_string(), b.to_string())))
@@ -205,7 +191,12 @@ async fn each_solver_reviews_the_other_two_refines_with_its_two_reviews_and_the_
     for q in &reviews {
         let target = index(&review_target(q));
         for (i, answer) in Script::default().original.iter().enumerate() {
-            assert_eq!(prompt(q).contains(answer), i == target, "review {:?}", (speaker(q), review_target(q)));
+            assert_eq!(
+                q.first_user_message().contains(answer),
+                i == target,
+                "review {:?}",
+                (q.debate_speaker(), review_target(q))
+            );
         }
     }
     assert_eq!(r.reviews.len(), 6);
@@ -215,10 +206,10 @@ async fn each_solver_reviews_the_other_two_refines_with_its_two_reviews_and_the_
     // Stage 3: each solver gets exactly the two reviews about it.
     let refines = h.requests("debate_refinement");
     assert_eq!(refines.len(), 3);
-    assert_eq!(refines.iter().map(speaker).collect::<BTreeSet<_>>().len(), 3);
+    assert_eq!(refines.iter().map(RecordedRequest::debate_speaker).collect::<BTreeSet<_>>().len(), 3);
     for q in &refines {
-        let me = speaker(q);
-        let text = prompt(q);
+        let me = q.debate_speaker();
+        let text = q.first_user_message();
         for by in IDS {
             for of in IDS.iter().filter(|of| **of != by) {
                 let shown = text.contains(&strength_marker(by, of));
@@ -233,7 +224,7 @@ async fn each_solver_reviews_the_other_two_refines_with_its_two_reviews_and_the_
     // Stage 4: the judge sees the problem, 3 originals, 6 reviews and 3 refined solutions.
     let judges = h.requests("debate_judgment");
     assert_eq!(judges.len(), 1);
-    let text = prompt(&judges[0]);
+    let text = judges[0].first_user_message();
     assert!(text.contains(PROBLEM));
     for answer in Script::default().original.iter().chain(&["ref-x", "ref-y"]) {
         assert!(text.contains(answer), "judge prompt lacks {answer}");
@@ -364,7 +355,7 @@ async fn the_stream_reports_every_stage_in_order_with_its_artifacts() {
     // Round 2 reviews the refined solutions of round 1.
     let round_two: Vec<RecordedRequest> = h.requests("debate_review").into_iter().skip(6).collect();
     assert!(round_two.iter().all(|q| {
-        let text = prompt(q);
+        let text = q.first_user_message();
         text.contains("ref-") && !text.contains("orig-")
     }));
 }
@@ -444,7 +435,7 @@ async fn an_unusable_solver_is_retried_once_then_fails_the_stage_naming_it() {
     assert_eq!(st.code(), Code::Unavailable);
     assert!(st.message().contains("solver \"solver_2\" gave no usable solution after one retry"), "{}", st.message());
     assert!(h.requests("debate_review").is_empty());
-    let solver_two = h.requests("debate_solution").into_iter().filter(|r| speaker(r) == "solver_2").count();
+    let solver_two = h.requests("debate_solution").into_iter().filter(|r| r.debate_speaker() == "solver_2").count();
     assert_eq!(solver_two, 2);
 
     // A solver that recovers on its retry carries on, and both calls count.
@@ -481,9 +472,9 @@ async fn given_solvers_keep_their_models_and_personas() {
         .into_inner();
     for stage_name in ["debate_solution", "debate_review", "debate_refinement"] {
         for q in h.requests(stage_name) {
-            let i = index(&speaker(&q));
+            let i = index(&q.debate_speaker());
             assert_eq!(q.model(), Some(format!("model-{i}").as_str()), "{stage_name}");
-            assert!(prompt(&q).contains(&format!("persona number {i}")));
+            assert!(q.first_user_message().contains(&format!("persona number {i}")));
         }
     }
     assert_eq!(h.requests("debate_judgment")[0].model(), Some("debater"));
@@ -633,7 +624,8 @@ async fn a_call_failing_transiently_is_made_again_and_the_debate_still_succeeds(
         let calls = Mutex::new(HashMap::new());
         let failed = Mutex::new(0usize);
         move |r: &RecordedRequest| {
-            if stage(r) == "debate_review" && speaker(r) == "solver_1" && review_target(r) == "solver_3" {
+            if r.schema_name() == "debate_review" && r.debate_speaker() == "solver_1" && review_target(r) == "solver_3"
+            {
                 let mut failed = failed.lock().unwrap();
                 if *failed < failures {
                     *failed += 1;

@@ -8,7 +8,7 @@ use tonic_types::StatusExt;
 
 /// The service on a hub with no backends (these RPCs call no model).
 fn routes() -> tonic::service::Routes {
-    let hub = std::sync::Arc::new(assay_domain::ModelHub::default());
+    let hub = std::sync::Arc::new(assay_llm::ModelHub::default());
     assay_delta_judge::routes(std::sync::Arc::new(assay_delta_judge::DeltaJudgeCore::new(hub)))
 }
 

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use assay_delta_judge::DeltaJudgeCore;
-use assay_domain::ModelHub;
+use assay_llm::ModelHub;
 use assay_llm::OpenAiConfig;
 use assay_proto::common::v1 as pb;
 use assay_proto::delta_judge::v1::delta_judge_service_client::DeltaJudgeServiceClient;

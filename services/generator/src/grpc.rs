@@ -1,19 +1,18 @@
 //! gRPC adapter: convert the request (`assay_proto::convert::generator`), call the core, map the
 //! result.
 
-use std::pin::Pin;
 use std::sync::Arc;
 
 use assay_domain::generator::{ChecklistGenerator, CorpusProgress};
-use assay_domain::{StageError, no_events};
+use assay_domain::no_events;
 use assay_proto::convert::generator::{
     corpus_request, corpus_response_to, generate_request, generate_response_to, preset_info_to, progress_to,
 };
 use assay_proto::generator::v1 as pb;
 use assay_proto::generator::v1::generate_corpus_stream_response::Event;
 use assay_proto::generator::v1::generator_service_server::{GeneratorService, GeneratorServiceServer};
-use assay_rpc::{CallContext, run_with, to_status};
-use futures::Stream;
+use assay_rpc::stream::{Emit, EventStream, in_stream, required_request};
+use assay_rpc::{CallContext, run_with, serve_stream, to_status};
 use tonic::service::Routes;
 use tonic::{Request, Response, Status};
 
@@ -38,13 +37,6 @@ pub fn routes(core: Arc<dyn ChecklistGenerator>) -> Routes {
             .max_encoding_message_size(assay_domain::limits::MAX_MESSAGE_BYTES),
     )
 }
-
-/// Field paths of the stream's request sit under `request`.
-fn in_stream(e: StageError) -> StageError {
-    e.map_fields(|f| format!("request.{f}"))
-}
-
-type EventStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl GeneratorService for GeneratorGrpc {
@@ -75,35 +67,15 @@ impl GeneratorService for GeneratorGrpc {
     ) -> Result<Response<Self::GenerateCorpusStreamStream>, Status> {
         let ctx = CallContext::from_request(&request);
         let pb::GenerateCorpusStreamRequest { request: inner } = request.into_inner();
-        let inner = inner.ok_or_else(|| to_status(StageError::invalid("request", "is required")))?;
-        let req = corpus_request(inner).map_err(|e| to_status(in_stream(e)))?;
+        let req = corpus_request(required_request(inner)?).map_err(|e| to_status(in_stream(e)))?;
         // Bad input fails the call itself, before the stream starts.
         req.validate().map_err(|e| to_status(in_stream(e)))?;
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Result<pb::GenerateCorpusStreamResponse, Status>>();
         let core = self.core.clone();
-        // The task ends when the client goes away: the send fails and the generation is dropped.
-        tokio::spawn(tracing::Instrument::in_current_span(async move {
-            let events_tx = tx.clone();
-            let sink = move |e: CorpusProgress| {
-                let _ = events_tx
-                    .send(Ok(pb::GenerateCorpusStreamResponse { event: Some(Event::Progress(progress_to(&e))) }));
-            };
-            let work = run_with(ctx, core.generate_corpus(req, &sink));
-            let closed = tx.clone();
-            tokio::select! {
-                out = work => {
-                    let msg = match out {
-                        Ok(o) => Ok(pb::GenerateCorpusStreamResponse {
-                            event: Some(Event::Result(corpus_response_to(&o))),
-                        }),
-                        Err(e) => Err(to_status(in_stream(e))),
-                    };
-                    let _ = tx.send(msg);
-                }
-                () = closed.closed() => {}
-            }
-        }));
-        Ok(Response::new(Box::pin(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))))
+        let work = move |sink: Emit<CorpusProgress>| async move { core.generate_corpus(req, &*sink).await };
+        let progress =
+            |e: CorpusProgress| pb::GenerateCorpusStreamResponse { event: Some(Event::Progress(progress_to(&e))) };
+        let result = |o| pb::GenerateCorpusStreamResponse { event: Some(Event::Result(corpus_response_to(&o))) };
+        Ok(Response::new(serve_stream(ctx, work, progress, result)))
     }
 
     async fn list_presets(

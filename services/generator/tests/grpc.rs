@@ -3,9 +3,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use assay_domain::ModelHub;
 use assay_domain::generator::ChecklistGenerator;
 use assay_generator::Generator;
+use assay_llm::ModelHub;
 use assay_llm::OpenAiConfig;
 use assay_proto::common::v1 as common;
 use assay_proto::generator::v1 as pb;

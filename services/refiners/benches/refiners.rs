@@ -10,8 +10,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use assay_domain::{ChecklistItem, ModelHub, ModelSpec};
+use assay_domain::{ChecklistItem, ModelSpec};
 use assay_embedded::{LocalEmbedder, ModelPaths};
+use assay_llm::ModelHub;
 use assay_llm::{Backends, EmbeddingModel, EmbeddingRequest, OpenAiClient, OpenAiConfig, PhaseModels};
 use assay_refiners::ChecklistRefiners;
 use assay_refiners::core::{BeamConfig, DedupOptions, SelectOptions, beam_search, cluster, cosine_matrix};

@@ -2,10 +2,8 @@
 //! served by [`ChecklistRefiners`]: the checklist refiners, the content refiners (Patch,
 //! ExpandSection) and self-refine (SelfRefine, SelfRefineStream).
 
-use std::pin::Pin;
 use std::sync::Arc;
 
-use assay_domain::StageError;
 use assay_domain::content::ContentRefiner;
 use assay_domain::self_refine::SelfRefinePassEvent;
 use assay_proto::convert::refiners as convert;
@@ -19,8 +17,8 @@ use assay_proto::refiners::v1::{
     SelectRequest, SelectResponse, SelfRefineRequest, SelfRefineResponse, SelfRefineStreamRequest,
     SelfRefineStreamResponse, TagRequest, TagResponse, UnitTestRequest, UnitTestResponse,
 };
-use assay_rpc::{CallContext, run_with, to_status};
-use futures::Stream;
+use assay_rpc::stream::{Emit, EventStream, in_stream, required_request};
+use assay_rpc::{CallContext, run_with, serve_stream, to_status};
 use tonic::service::Routes;
 use tonic::{Request, Response, Status};
 
@@ -46,8 +44,6 @@ pub fn routes(core: Arc<ChecklistRefiners>) -> Routes {
             .max_encoding_message_size(assay_domain::limits::MAX_MESSAGE_BYTES),
     )
 }
-
-type EventStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl RefinersService for RefinersGrpc {
@@ -103,38 +99,18 @@ impl RefinersService for RefinersGrpc {
         request: Request<RefineChecklistStreamRequest>,
     ) -> Result<Response<Self::RefineChecklistStreamStream>, Status> {
         let ctx = CallContext::from_request(&request);
-        let inner =
-            request.into_inner().request.ok_or_else(|| to_status(StageError::invalid("request", "is required")))?;
+        let inner = required_request(request.into_inner().request)?;
         let (items, steps) = convert::refine_checklist_request(inner, "request").map_err(to_status)?;
         // Bad input fails the call itself, before the stream starts.
-        assay_domain::refiners::validate_chain(&items, &steps)
-            .map_err(|e| to_status(e.map_fields(|f| format!("request.{f}"))))?;
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Result<RefineChecklistStreamResponse, Status>>();
+        assay_domain::refiners::validate_chain(&items, &steps).map_err(|e| to_status(in_stream(e)))?;
         let core = self.core.clone();
-        // The task ends when the client goes away: the chain future is dropped.
-        tokio::spawn(tracing::Instrument::in_current_span(async move {
-            let events_tx = tx.clone();
-            let sink = move |r: StepReport| {
-                let _ = events_tx.send(Ok(RefineChecklistStreamResponse {
-                    event: Some(Event::StepCompleted(convert::step_completed_to(&r))),
-                }));
-            };
-            let work = run_with(ctx, core.run_chain(items, &steps, &sink));
-            let closed = tx.clone();
-            tokio::select! {
-                out = work => {
-                    let msg = match out {
-                        Ok(o) => Ok(RefineChecklistStreamResponse {
-                            event: Some(Event::Result(convert::refine_checklist_response_to(&o))),
-                        }),
-                        Err(e) => Err(to_status(e.map_fields(|f| format!("request.{f}")))),
-                    };
-                    let _ = tx.send(msg);
-                }
-                () = closed.closed() => {}
-            }
-        }));
-        Ok(Response::new(Box::pin(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))))
+        let work = move |sink: Emit<StepReport>| async move { core.run_chain(items, &steps, &*sink).await };
+        let step = |r: StepReport| RefineChecklistStreamResponse {
+            event: Some(Event::StepCompleted(convert::step_completed_to(&r))),
+        };
+        let result =
+            |o| RefineChecklistStreamResponse { event: Some(Event::Result(convert::refine_checklist_response_to(&o))) };
+        Ok(Response::new(serve_stream(ctx, work, step, result)))
     }
 
     async fn self_refine(&self, request: Request<SelfRefineRequest>) -> Result<Response<SelfRefineResponse>, Status> {
@@ -156,32 +132,16 @@ impl RefinersService for RefinersGrpc {
         let ctx = CallContext::from_request(&request);
         let req = sr::self_refine_stream_request(request.into_inner()).map_err(to_status)?;
         // Bad input (an unknown backend included) fails the call itself, before the stream starts.
-        self.core.check_self_refine(&req).map_err(|e| to_status(e.map_fields(|f| format!("request.{f}"))))?;
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Result<SelfRefineStreamResponse, Status>>();
+        self.core.check_self_refine(&req).map_err(|e| to_status(in_stream(e)))?;
         let core = self.core.clone();
-        // The task ends when the client goes away: the loop's future is dropped.
-        tokio::spawn(tracing::Instrument::in_current_span(async move {
-            let events_tx = tx.clone();
-            let sink = move |e: SelfRefinePassEvent| match e {
-                SelfRefinePassEvent::PassFinished(p) => {
-                    let _ =
-                        events_tx.send(Ok(SelfRefineStreamResponse { event: Some(SrEvent::Pass(sr::pass_to(&p))) }));
-                }
-            };
-            let work = run_with(ctx, core.run_self_refine(req, &sink));
-            let closed = tx.clone();
-            tokio::select! {
-                out = work => {
-                    let msg = match out {
-                        Ok(o) => Ok(SelfRefineStreamResponse { event: Some(SrEvent::Result(sr::self_refine_response_to(&o))) }),
-                        Err(e) => Err(to_status(e.map_fields(|f| format!("request.{f}")))),
-                    };
-                    let _ = tx.send(msg);
-                }
-                () = closed.closed() => {}
+        let work = move |sink: Emit<SelfRefinePassEvent>| async move { core.run_self_refine(req, &*sink).await };
+        let pass = |e: SelfRefinePassEvent| match e {
+            SelfRefinePassEvent::PassFinished(p) => {
+                SelfRefineStreamResponse { event: Some(SrEvent::Pass(sr::pass_to(&p))) }
             }
-        }));
-        Ok(Response::new(Box::pin(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))))
+        };
+        let result = |o| SelfRefineStreamResponse { event: Some(SrEvent::Result(sr::self_refine_response_to(&o))) };
+        Ok(Response::new(serve_stream(ctx, work, pass, result)))
     }
 
     async fn patch(&self, request: Request<PatchRequest>) -> Result<Response<PatchResponse>, Status> {

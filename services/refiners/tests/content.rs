@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use assay_domain::ModelHub;
 use assay_domain::content::ContentRefiner;
+use assay_llm::ModelHub;
 use assay_llm::OpenAiConfig;
 use assay_proto::common::v1 as pb;
 use assay_proto::refiners::v1::refiners_service_client::RefinersServiceClient;

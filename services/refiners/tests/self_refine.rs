@@ -8,10 +8,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use assay_domain::ModelHub;
 use assay_domain::self_refine::{SelfRefinePassEvent, SelfRefiner};
-use assay_domain::similarity::{BREAKER_COOLDOWN, BreakerState, Cascade, ManualClock, char_similarity, jaccard};
+use assay_domain::similarity::{char_similarity, jaccard};
+use assay_llm::BreakerState;
+use assay_llm::ModelHub;
 use assay_llm::OpenAiConfig;
+use assay_llm::clock::ManualClock;
+use assay_llm::convergence::{BREAKER_COOLDOWN, Cascade};
 use assay_proto::common::v1 as pb;
 use assay_proto::refiners::v1::refiners_service_client::RefinersServiceClient;
 use assay_proto::refiners::v1::self_refine_stream_response::Event;

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use assay_domain::ModelHub;
+use assay_llm::ModelHub;
 use assay_llm::OpenAiConfig;
 use assay_proto::common::v1 as pb;
 use assay_proto::scorer::v1::scorer_service_client::ScorerServiceClient;

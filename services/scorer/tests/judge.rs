@@ -5,8 +5,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use assay_domain::ModelHub;
 use assay_domain::judge::{JudgeEvent, SectionJudge};
+use assay_llm::ModelHub;
 use assay_llm::OpenAiConfig;
 use assay_proto::common::v1 as pb;
 use assay_proto::scorer::v1::judge_sections_stream_response::Event;

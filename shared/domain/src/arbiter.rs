@@ -5,10 +5,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::Usage;
 use crate::document::{Brief, Criterion, JudgeIssue, JudgeVerdict, Section, Severity};
 use crate::error::StageError;
 use crate::model::{ModelRecord, ModelSpec};
-use assay_llm::Usage;
 
 /// Agreement at or above which every issue is kept.
 pub const HIGH_AGREEMENT: f64 = 0.80;

@@ -1,10 +1,10 @@
 //! Content refiners of sectioned documents: the patcher (surgical edit of one section) and the
 //! section expander (regeneration of one section), REFERENCE section 7, FR-011..FR-017.
 
+use crate::Usage;
 use crate::document::{Brief, JudgeIssue, Section};
 use crate::error::StageError;
 use crate::model::{ModelRecord, ModelSpec};
-use assay_llm::Usage;
 
 /// Configuration phase of the patcher.
 pub const PATCHER_PHASE: &str = "stage_6_patcher";
@@ -19,6 +19,15 @@ pub const MAX_INSTRUCTION_BYTES: usize = 8 * 1024;
 pub const MAX_CONSTRAINTS: usize = 32;
 /// Most issues one edit fixes (a section's issues in a Route request feed one edit).
 pub const MAX_EDIT_ISSUES: usize = 100;
+
+/// The expander's instruction for a section of a document being regenerated as a whole (the
+/// arbiter routed FULL_REGENERATE for `reason`) when the arbiter wrote none for that section.
+pub fn regeneration_instruction(reason: &str) -> String {
+    format!(
+        "The whole document is being rewritten ({reason}). Rewrite this section so that it teaches its part of \
+         the brief in a sound order and builds on the previous section."
+    )
+}
 
 /// Fix one section (patch) or regenerate it (expand).
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -54,4 +63,19 @@ pub trait ContentRefiner: Send + Sync {
     async fn patch(&self, request: SectionEditRequest) -> Result<SectionEdit, StageError>;
     /// Regenerate the section from the brief, the instruction and the anchors.
     async fn expand_section(&self, request: SectionEditRequest) -> Result<SectionEdit, StageError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The texts the gateway sent before they moved here, word for word.
+    #[test]
+    fn the_regeneration_instruction_keeps_its_text() {
+        assert_eq!(
+            regeneration_instruction("structure 0.40"),
+            "The whole document is being rewritten (structure 0.40). Rewrite this section so that it teaches its \
+             part of the brief in a sound order and builds on the previous section."
+        );
+    }
 }

@@ -7,12 +7,12 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+use crate::Usage;
 use crate::document::Severity;
 use crate::error::{StageError, Violations};
 use crate::limits::MAX_ID_BYTES;
 use crate::model::{ModelRecord, ModelSpec};
 use crate::stage::EventSink;
-use assay_llm::Usage;
 
 /// Configuration phase of the solutions (stage 1).
 pub const SOLVER_PHASE: &str = "debate_solver";

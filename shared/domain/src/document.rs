@@ -5,10 +5,10 @@ use std::collections::{BTreeMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
+use crate::Usage;
 use crate::error::Violations;
 use crate::limits::{MAX_ID_BYTES, MAX_TEXT_BYTES};
 use crate::model::ModelRecord;
-use assay_llm::Usage;
 
 /// Most sections of one document.
 pub const MAX_SECTIONS: usize = 200;

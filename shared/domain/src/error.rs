@@ -1,7 +1,5 @@
 //! The closed error type every stage returns.
 
-use assay_llm::LlmError;
-
 /// One invalid field of a request.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct FieldViolation {
@@ -66,26 +64,6 @@ impl StageError {
     /// One invalid field.
     pub fn invalid(field: impl Into<String>, description: impl Into<String>) -> Self {
         StageError::InvalidArgument(vec![FieldViolation::new(field, description)])
-    }
-}
-
-impl From<LlmError> for StageError {
-    fn from(e: LlmError) -> Self {
-        match e {
-            LlmError::InvalidRequest(m) => {
-                StageError::FailedPrecondition(format!("model backend rejected the request: {m}"))
-            }
-            LlmError::Unauthorized(m) => {
-                StageError::FailedPrecondition(format!("model backend refused credentials: {m}"))
-            }
-            LlmError::RateLimited(m) => StageError::ResourceExhausted(format!("model backend rate limited: {m}")),
-            LlmError::Unavailable(m) => StageError::Unavailable(format!("model backend unavailable: {m}")),
-            LlmError::DeadlineExceeded => StageError::DeadlineExceeded("model call ran out of time".into()),
-            LlmError::MalformedReply(m) => {
-                StageError::Unavailable(format!("model backend sent a malformed reply: {m}"))
-            }
-            LlmError::Unsupported(m) => StageError::FailedPrecondition(format!("model backend cannot do this: {m}")),
-        }
     }
 }
 

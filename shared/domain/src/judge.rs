@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 
-use assay_llm::Usage;
+use crate::Usage;
 
 use crate::document::{Brief, Criterion, JudgeVerdict, MAX_JUDGES, Section, check_criteria, check_sections};
 use crate::error::{StageError, Violations};

@@ -1,5 +1,5 @@
 //! Assay's domain: checklists, scores, model specs, stage traits and the closed error type.
-//! Nothing here knows about gRPC.
+//! Nothing here knows about gRPC or model backends: no transport, no client, no metrics.
 
 pub mod arbiter;
 pub mod checklist;
@@ -12,13 +12,13 @@ pub mod iteration;
 pub mod judge;
 pub mod limits;
 pub mod model;
-pub mod models;
 pub mod refiners;
 pub mod score;
 pub mod self_refine;
 pub mod similarity;
 pub mod stage;
 pub mod template;
+pub mod usage;
 pub mod verify;
 
 pub use checklist::*;
@@ -26,10 +26,8 @@ pub use document::{Brief, Criterion, JudgeIssue, JudgeVerdict, Section, SectionS
 pub use error::*;
 pub use generator::ChecklistGenerator;
 pub use model::*;
-pub use models::*;
 pub use refiners::ChecklistRefiner;
 pub use score::*;
 pub use self_refine::SelfRefiner;
 pub use stage::*;
-
-pub use assay_llm::Usage;
+pub use usage::Usage;

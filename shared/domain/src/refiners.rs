@@ -4,8 +4,8 @@
 
 use std::collections::{BTreeMap, HashSet};
 
+use crate::Usage;
 use crate::limits::{MAX_QUESTION_BYTES, MAX_RECORDS, MAX_TEXT_BYTES};
-use assay_llm::Usage;
 
 use crate::checklist::ChecklistItem;
 use crate::error::{StageError, Violations};

@@ -21,13 +21,13 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::Usage;
 use crate::error::{StageError, Violations};
 use crate::judge::check_model_spec;
 use crate::limits::{MAX_ID_BYTES, MAX_TEXT_BYTES};
 use crate::model::{ModelRecord, ModelSpec};
 use crate::similarity::{CompareOutcome, ConvergenceMode, DecidedBy};
 use crate::stage::EventSink;
-use assay_llm::Usage;
 
 /// Configuration phase of the refiner model (`models.phases.self_refine`).
 pub const SELF_REFINE_PHASE: &str = "self_refine";
@@ -326,9 +326,54 @@ pub trait SelfRefiner: Send + Sync {
     ) -> Result<SelfRefineOutcome, StageError>;
 }
 
+/// The self-refiner's instruction for polishing one section (`id`, `title`) of a refined
+/// sectioned document (the self-refine hook of targeted refinement), with the document's brief
+/// as prompt text (left out when blank).
+pub fn polish_instruction(id: &str, title: &str, brief: &str) -> String {
+    let mut instruction = format!(
+        "Polish section {id:?} (\"{title}\") of a sectioned document. Return only this section's text, in its \
+         own format and language; keep its headings, facts and place in the document."
+    );
+    if !brief.trim().is_empty() {
+        instruction.push_str("\nThe document's brief:\n");
+        instruction.push_str(brief);
+    }
+    instruction
+}
+
+/// The self-refiner's instruction for polishing a debate's final answer to `problem` (the
+/// self-refine hook of the debate pipeline).
+pub fn final_answer_instruction(problem: &str) -> String {
+    format!(
+        "The text is the final answer to this problem. Keep the answer itself (its value or conclusion) \
+         unchanged.\nProblem:\n{problem}"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The hook instructions the gateway wrote before they moved here, word for word.
+    #[test]
+    fn the_hook_instructions_keep_their_text() {
+        assert_eq!(
+            polish_instruction("s1", "Intro", " "),
+            "Polish section \"s1\" (\"Intro\") of a sectioned document. Return only this section's text, in its \
+             own format and language; keep its headings, facts and place in the document."
+        );
+        assert_eq!(
+            polish_instruction("s\"2", "T", "Objectives: x"),
+            "Polish section \"s\\\"2\" (\"T\") of a sectioned document. Return only this section's text, in its \
+             own format and language; keep its headings, facts and place in the document.\nThe document's brief:\n\
+             Objectives: x"
+        );
+        assert_eq!(
+            final_answer_instruction("What is 2 + 2?"),
+            "The text is the final answer to this problem. Keep the answer itself (its value or conclusion) \
+             unchanged.\nProblem:\nWhat is 2 + 2?"
+        );
+    }
 
     fn request(draft: &str) -> SelfRefineRequest {
         SelfRefineRequest { draft: draft.into(), ..Default::default() }

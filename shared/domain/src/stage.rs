@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use assay_llm::Usage;
+use crate::Usage;
 
 use crate::checklist::Checklist;
 use crate::error::StageError;

@@ -5,11 +5,11 @@ use std::collections::{BTreeMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
+use crate::Usage;
 use crate::document::{JudgeIssue, Section, check_unit};
 use crate::error::{StageError, Violations};
 use crate::limits::{MAX_ID_BYTES, MAX_TEXT_BYTES};
 use crate::model::{ModelRecord, ModelSpec};
-use assay_llm::Usage;
 
 pub use crate::similarity::{CompareOutcome, ConvergenceMode, DecidedBy, JaccardScore};
 

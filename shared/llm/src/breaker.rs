@@ -4,9 +4,12 @@
 //! open it. Open: calls fail fast until `cooldown` has passed. Half-open: exactly one probe call
 //! passes (others fail fast); its success closes the breaker, its transient failure reopens it, and
 //! an outcome that says nothing about the backend (deadline, cancellation) lets the next call probe.
+//! Time comes from a [`Clock`] (the system clock unless one is injected, as tests do).
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+
+use crate::clock::{Clock, SystemClock};
 
 /// Observable breaker state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,14 +39,26 @@ pub enum Outcome {
 
 #[derive(Debug)]
 pub struct CircuitBreaker {
+    clock: Arc<dyn Clock>,
     failure_threshold: u32,
     cooldown: Duration,
     inner: Mutex<Inner>,
 }
 
 impl CircuitBreaker {
+    /// A closed breaker on the system clock.
     pub fn new(failure_threshold: u32, cooldown: Duration) -> Self {
-        Self { failure_threshold: failure_threshold.max(1), cooldown, inner: Mutex::new(Inner::Closed { failures: 0 }) }
+        Self::with_clock(failure_threshold, cooldown, Arc::new(SystemClock))
+    }
+
+    /// A closed breaker on `clock`.
+    pub fn with_clock(failure_threshold: u32, cooldown: Duration, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            clock,
+            failure_threshold: failure_threshold.max(1),
+            cooldown,
+            inner: Mutex::new(Inner::Closed { failures: 0 }),
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -53,7 +68,7 @@ impl CircuitBreaker {
     pub fn state(&self) -> BreakerState {
         match *self.lock() {
             Inner::Closed { .. } => BreakerState::Closed,
-            Inner::Open { until } if Instant::now() >= until => BreakerState::HalfOpen,
+            Inner::Open { until } if self.clock.now() >= until => BreakerState::HalfOpen,
             Inner::Open { .. } => BreakerState::Open,
             Inner::HalfOpen { .. } => BreakerState::HalfOpen,
         }
@@ -64,7 +79,7 @@ impl CircuitBreaker {
         let mut inner = self.lock();
         let probe = match *inner {
             Inner::Closed { .. } => false,
-            Inner::Open { until } if Instant::now() >= until => {
+            Inner::Open { until } if self.clock.now() >= until => {
                 *inner = Inner::HalfOpen { probing: true };
                 true
             }
@@ -85,12 +100,14 @@ impl CircuitBreaker {
             (Inner::Closed { failures }, Outcome::Failed) => {
                 let failures = failures.saturating_add(1);
                 if failures >= self.failure_threshold {
-                    Inner::Open { until: Instant::now() + self.cooldown }
+                    Inner::Open { until: self.clock.now() + self.cooldown }
                 } else {
                     Inner::Closed { failures }
                 }
             }
-            (Inner::HalfOpen { .. }, Outcome::Failed) if probe => Inner::Open { until: Instant::now() + self.cooldown },
+            (Inner::HalfOpen { .. }, Outcome::Failed) if probe => {
+                Inner::Open { until: self.clock.now() + self.cooldown }
+            }
             (Inner::HalfOpen { .. }, Outcome::Neutral) if probe => Inner::HalfOpen { probing: false },
             // A non-probe call that started while closed and ends after the breaker moved on
             // does not change the state.
@@ -166,6 +183,37 @@ mod tests {
         b.try_acquire().unwrap().record(Outcome::Failed);
         b.try_acquire().unwrap().record(Outcome::Healthy);
         b.try_acquire().unwrap().record(Outcome::Failed);
+        assert_eq!(b.state(), BreakerState::Closed);
+    }
+
+    #[test]
+    fn breaker_opens_after_three_failures_then_half_opens_on_the_clock() {
+        let clock = Arc::new(crate::clock::ManualClock::new());
+        const COOLDOWN: Duration = Duration::from_secs(30);
+        let b = Arc::new(CircuitBreaker::with_clock(3, COOLDOWN, clock.clone()));
+        for _ in 0..2 {
+            b.try_acquire().unwrap().record(Outcome::Failed);
+            assert_eq!(b.state(), BreakerState::Closed);
+        }
+        b.try_acquire().unwrap().record(Outcome::Healthy);
+        for _ in 0..3 {
+            b.try_acquire().unwrap().record(Outcome::Failed);
+        }
+        assert_eq!(b.state(), BreakerState::Open);
+        assert!(b.try_acquire().is_none());
+        clock.advance(COOLDOWN - Duration::from_millis(1));
+        assert!(b.try_acquire().is_none(), "still open 1 ms before the cooldown ends");
+        clock.advance(Duration::from_millis(1));
+        assert_eq!(b.state(), BreakerState::HalfOpen);
+        let trial = b.try_acquire().expect("one trial call");
+        assert!(b.try_acquire().is_none(), "only one trial at a time");
+        trial.record(Outcome::Failed);
+        assert_eq!(b.state(), BreakerState::Open, "a failed trial reopens");
+        clock.advance(COOLDOWN);
+        let trial = b.try_acquire().unwrap();
+        drop(trial);
+        let trial = b.try_acquire().expect("an abandoned trial lets the next call try");
+        trial.record(Outcome::Healthy);
         assert_eq!(b.state(), BreakerState::Closed);
     }
 }

@@ -13,10 +13,11 @@
 //! `usage = Usage { cache_hits: 1, .. zero }`.
 
 use std::future::Future;
+use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rusqlite::OptionalExtension;
 use serde::{Deserialize, Serialize};
@@ -24,6 +25,7 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use tracing::{debug, warn};
 
+use crate::clock::Clock;
 use crate::types::{
     CachePolicy, ChatModel, ChatRequest, ChatResponse, EmbeddingModel, EmbeddingRequest, EmbeddingResponse, LlmError,
     ResponseFormat, Usage,
@@ -535,6 +537,63 @@ impl<E: EmbeddingModel + ?Sized> EmbeddingModel for CachedEmbed<E> {
     }
 }
 
+/// A cached vector with the time it was stored.
+type VectorEntry = (Instant, Arc<Vec<f32>>);
+
+/// Embedding vectors by [`embedding_text_key`], in memory, bounded (least recently used evicted)
+/// and expiring after a time to live on an injected [`Clock`]: the convergence cascade's cache of
+/// draft embeddings.
+pub struct VectorCache {
+    clock: Arc<dyn Clock>,
+    ttl: Duration,
+    entries: Mutex<lru::LruCache<String, VectorEntry>>,
+}
+
+impl std::fmt::Debug for VectorCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VectorCache").field("len", &self.len()).finish_non_exhaustive()
+    }
+}
+
+impl VectorCache {
+    /// At most `capacity` vectors (at least one), each kept for `ttl`.
+    pub fn new(clock: Arc<dyn Clock>, capacity: usize, ttl: Duration) -> Self {
+        let capacity = NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN);
+        Self { clock, ttl, entries: Mutex::new(lru::LruCache::new(capacity)) }
+    }
+
+    fn entries(&self) -> std::sync::MutexGuard<'_, lru::LruCache<String, VectorEntry>> {
+        self.entries.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// A live entry (refreshing its recency); an expired entry is removed.
+    pub fn get(&self, key: &str) -> Option<Arc<Vec<f32>>> {
+        let now = self.clock.now();
+        let mut entries = self.entries();
+        match entries.get(key) {
+            Some((at, v)) if now.saturating_duration_since(*at) < self.ttl => Some(v.clone()),
+            Some(_) => {
+                entries.pop(key);
+                None
+            }
+            None => None,
+        }
+    }
+
+    pub fn insert(&self, key: String, vector: Arc<Vec<f32>>) {
+        let now = self.clock.now();
+        self.entries().put(key, (now, vector));
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -640,5 +699,26 @@ mod tests {
         };
         assert_eq!(embedding_cache_key("b", "m", &r(&["a", "b"])), embedding_cache_key("b", "m", &r(&["a", "b"])));
         assert_ne!(embedding_cache_key("b", "m", &r(&["a", "b"])), embedding_cache_key("b", "m", &r(&["b", "a"])));
+    }
+
+    #[test]
+    fn vector_cache_hits_expire_and_evict() {
+        let ttl = Duration::from_secs(300);
+        let clock = Arc::new(crate::clock::ManualClock::new());
+        let c = VectorCache::new(clock.clone(), 2, ttl);
+        c.insert("a".into(), Arc::new(vec![1.0]));
+        clock.advance(ttl - Duration::from_secs(1));
+        assert!(c.get("a").is_some());
+        clock.advance(Duration::from_secs(1));
+        assert!(c.get("a").is_none(), "expired at exactly the TTL");
+        assert!(c.is_empty());
+        c.insert("x".into(), Arc::new(vec![1.0]));
+        c.insert("y".into(), Arc::new(vec![2.0]));
+        let _ = c.get("x");
+        c.insert("z".into(), Arc::new(vec![3.0]));
+        assert!(c.get("y").is_none(), "least recently used is evicted");
+        assert!(c.get("x").is_some() && c.get("z").is_some());
+        assert_ne!(embedding_text_key("b", "m1", "t"), embedding_text_key("b", "m2", "t"));
+        assert_eq!(embedding_text_key("b", "m", "t").len(), 64);
     }
 }

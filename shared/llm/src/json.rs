@@ -1,6 +1,40 @@
-//! Pulling a JSON value out of model text.
+//! Lenient reading of model replies: pulling a JSON value out of model text ([`extract_json`],
+//! [`reply_json`]), booleans as models write them ([`lenient_bool`]) and short quotes of a reply for
+//! error messages ([`preview`]). Every stage reads replies through these.
 
 use serde_json::Value;
+
+use crate::types::ChatResponse;
+
+/// The JSON value of a reply: the structured value when the backend gave one, else the JSON found
+/// in the text ([`extract_json`]).
+pub fn reply_json(reply: &ChatResponse) -> Option<Value> {
+    reply.json.clone().or_else(|| extract_json(&reply.text))
+}
+
+/// A boolean as models write it: `true`/`false`, or the strings true/false/yes/no (any case,
+/// surrounding spaces ignored).
+pub fn lenient_bool(v: &Value) -> Option<bool> {
+    match v {
+        Value::Bool(b) => Some(*b),
+        Value::String(s) => match s.trim().to_ascii_lowercase().as_str() {
+            "true" | "yes" => Some(true),
+            "false" | "no" => Some(false),
+            _ => None,
+        },
+        Value::Null | Value::Number(_) | Value::Array(_) | Value::Object(_) => None,
+    }
+}
+
+/// The first `max` characters of the trimmed `text`, with `...` when it was longer: a reply quoted
+/// in a reason or an error.
+pub fn preview(text: &str, max: usize) -> String {
+    let t = text.trim();
+    match t.char_indices().nth(max) {
+        Some((i, _)) => format!("{}...", &t[..i]),
+        None => t.to_string(),
+    }
+}
 
 /// The list in a reply's JSON: `v` itself when it is an array, else the first of `keys` holding an
 /// array, else the first array value of the object.
@@ -167,7 +201,8 @@ fn span(text: &str, open: char, close: char) -> Option<(usize, &str)> {
 mod tests {
     use serde_json::json;
 
-    use super::extract_json;
+    use super::{extract_json, lenient_bool, preview, reply_json};
+    use crate::types::ChatResponse;
 
     #[test]
     fn first_complete_value_before_trailing_text() {
@@ -246,5 +281,31 @@ mod tests {
         assert_eq!(extract_json("YES"), None);
         assert_eq!(extract_json("{not json}"), None);
         assert_eq!(extract_json("} backwards {"), None);
+    }
+
+    #[test]
+    fn reply_json_prefers_the_structured_value() {
+        let structured = ChatResponse { json: Some(json!({"a": 1})), text: "{\"a\": 2}".into(), ..Default::default() };
+        assert_eq!(reply_json(&structured), Some(json!({"a": 1})));
+        let text = ChatResponse { text: "Sure: {\"a\": 2}".into(), ..Default::default() };
+        assert_eq!(reply_json(&text), Some(json!({"a": 2})));
+        assert_eq!(reply_json(&ChatResponse::default()), None);
+    }
+
+    #[test]
+    fn lenient_bool_reads_what_models_write() {
+        assert_eq!(lenient_bool(&json!(true)), Some(true));
+        assert_eq!(lenient_bool(&json!(" Yes ")), Some(true));
+        assert_eq!(lenient_bool(&json!("FALSE")), Some(false));
+        assert_eq!(lenient_bool(&json!("no")), Some(false));
+        assert_eq!(lenient_bool(&json!("maybe")), None);
+        assert_eq!(lenient_bool(&json!(1)), None);
+    }
+
+    #[test]
+    fn preview_cuts_at_characters() {
+        assert_eq!(preview("  short  ", 80), "short");
+        assert_eq!(preview("Grüße aus Köln", 4), "Grüß...");
+        assert_eq!(preview("abcd", 4), "abcd");
     }
 }

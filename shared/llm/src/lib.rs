@@ -7,10 +7,17 @@
 //! - [`cache`]: [`CachedChat`] / [`CachedEmbed`] wrappers over a [`ResponseCache`] (memory, optional SQLite).
 //! - [`phases`]: per-phase [`ModelSettings`] ([`PhaseModels`]) and the [`Backends`] registry.
 //! - [`metrics`]: model-call metrics per backend and phase ([`metrics::MeteredChat`]).
-//! - [`extract_json`]: pull a JSON value out of model text.
+//! - [`hub`]: [`ModelHub`] resolves a caller's spec per phase; [`ResolvedChat::request`] builds
+//!   every stage's chat request in one documented order.
+//! - [`convergence`]: the convergence cascade's embedding step ([`convergence::Cascade`]).
+//! - [`json`]: lenient reply parsing ([`extract_json`], [`json::reply_json`], [`json::lenient_bool`],
+//!   [`json::preview`]).
 
 pub mod breaker;
 pub mod cache;
+pub mod clock;
+pub mod convergence;
+pub mod hub;
 pub mod json;
 pub mod limiter;
 pub mod metrics;
@@ -21,6 +28,7 @@ pub mod types;
 
 pub use breaker::BreakerState;
 pub use cache::{CacheConfig, CacheError, CachedChat, CachedEmbed, ResponseCache};
+pub use hub::{ModelHub, Purpose, ResolvedChat, cache_policy};
 pub use json::extract_json;
 pub use openai::{AdaptiveTimeout, MaxTokensField, OpenAiClient, OpenAiConfig};
 pub use phases::{Backends, DEFAULT_BACKEND, EMBEDDING_PHASE, ModelSettings, PhaseModels};

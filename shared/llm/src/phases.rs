@@ -20,6 +20,8 @@ pub struct ModelSettings {
     pub backend: String,
     pub model: Option<String>,
     pub temperature: Option<f32>,
+    /// Nucleus sampling; unset leaves the backend's own.
+    pub top_p: Option<f32>,
     pub seed: Option<u64>,
     pub max_tokens: Option<u32>,
 }
@@ -36,16 +38,18 @@ impl ModelSettings {
             backend: if self.backend.trim().is_empty() { fallback.backend.clone() } else { self.backend.clone() },
             model: self.model.clone().or_else(|| fallback.model.clone()),
             temperature: self.temperature.or(fallback.temperature),
+            top_p: self.top_p.or(fallback.top_p),
             seed: self.seed.or(fallback.seed),
             max_tokens: self.max_tokens.or(fallback.max_tokens),
         }
     }
 
-    /// Fill the request's unset model, temperature, seed and max tokens from these settings
+    /// Fill the request's unset model, temperature, top_p, seed and max tokens from these settings
     /// (fields the request already sets win).
     pub fn apply(&self, mut request: ChatRequest) -> ChatRequest {
         request.model = request.model.or_else(|| self.model.clone());
         request.temperature = request.temperature.or(self.temperature);
+        request.top_p = request.top_p.or(self.top_p);
         request.seed = request.seed.or(self.seed);
         request.max_tokens = request.max_tokens.or(self.max_tokens);
         request
@@ -209,6 +213,7 @@ mod tests {
                 backend: "openai".into(),
                 model: Some("gpt-4o".into()),
                 temperature: Some(0.0),
+                top_p: None,
                 seed: Some(7),
                 max_tokens: Some(512),
             }
@@ -218,6 +223,9 @@ mod tests {
         assert_eq!(patcher.model.as_deref(), Some("gpt-4o-mini"));
         assert_eq!(patcher.temperature, Some(0.7));
         assert_eq!(phases.resolve("unknown"), phases.default);
+        let nucleus: PhaseModels =
+            serde_json::from_value(serde_json::json!({"phases": {"scorer": {"top_p": 0.5}}})).unwrap();
+        assert_eq!(nucleus.resolve("scorer").top_p, Some(0.5), "a phase may set top_p");
     }
 
     #[test]

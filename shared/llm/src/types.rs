@@ -2,6 +2,7 @@
 
 use std::time::{Duration, Instant};
 
+use assay_domain::StageError;
 use serde::{Deserialize, Serialize};
 
 /// Role of one chat message.
@@ -100,29 +101,8 @@ pub struct TokenLogprob {
     pub logprob: f64,
 }
 
-/// Token accounting for one or many calls.
-#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
-pub struct Usage {
-    /// Calls that reached a backend (cache hits excluded).
-    pub calls: u32,
-    pub prompt_tokens: u64,
-    pub completion_tokens: u64,
-    pub cache_hits: u32,
-    pub retries: u32,
-    /// True when a backend rejected the JSON schema and the request was retried without it.
-    pub schema_fallbacks: u32,
-}
-
-impl Usage {
-    pub fn add(&mut self, other: &Usage) {
-        self.calls += other.calls;
-        self.prompt_tokens += other.prompt_tokens;
-        self.completion_tokens += other.completion_tokens;
-        self.cache_hits += other.cache_hits;
-        self.retries += other.retries;
-        self.schema_fallbacks += other.schema_fallbacks;
-    }
-}
+/// Token accounting: the domain's type (stage outcomes carry it), re-exported for backends.
+pub use assay_domain::Usage;
 
 /// A chat completion reply.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -204,6 +184,27 @@ impl LlmError {
             | LlmError::DeadlineExceeded
             | LlmError::MalformedReply(_)
             | LlmError::Unsupported(_) => false,
+        }
+    }
+}
+
+/// How a stage reports a backend error: the closed [`StageError`] every adapter maps.
+impl From<LlmError> for StageError {
+    fn from(e: LlmError) -> Self {
+        match e {
+            LlmError::InvalidRequest(m) => {
+                StageError::FailedPrecondition(format!("model backend rejected the request: {m}"))
+            }
+            LlmError::Unauthorized(m) => {
+                StageError::FailedPrecondition(format!("model backend refused credentials: {m}"))
+            }
+            LlmError::RateLimited(m) => StageError::ResourceExhausted(format!("model backend rate limited: {m}")),
+            LlmError::Unavailable(m) => StageError::Unavailable(format!("model backend unavailable: {m}")),
+            LlmError::DeadlineExceeded => StageError::DeadlineExceeded("model call ran out of time".into()),
+            LlmError::MalformedReply(m) => {
+                StageError::Unavailable(format!("model backend sent a malformed reply: {m}"))
+            }
+            LlmError::Unsupported(m) => StageError::FailedPrecondition(format!("model backend cannot do this: {m}")),
         }
     }
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use assay_config::{AssayConfig, Ports};
-use assay_domain::ModelHub;
+use assay_llm::ModelHub;
 use assay_llm::{
     Backends, CacheConfig, CachedChat, CachedEmbed, ChatModel, EmbeddingModel, OpenAiClient, OpenAiConfig,
     ResponseCache,
@@ -289,12 +289,13 @@ pub struct StageSpec {
     pub uses_models: bool,
 }
 
-/// Main of a stage binary: config, telemetry, backends, serve until SIGTERM/SIGINT; exit 0 after a
-/// clean drain.
+/// Main of a stage binary: config, telemetry, backends, the service from `routes` (an error, such
+/// as an invalid upstream address or a run store that cannot be opened, exits 1), serve until
+/// SIGTERM/SIGINT; exit 0 after a clean drain.
 pub async fn run_service(
     spec: StageSpec,
     loaders: &[&'static dyn BackendLoader],
-    routes: impl FnOnce(Arc<ModelHub>, &AssayConfig) -> Routes,
+    routes: impl FnOnce(Arc<ModelHub>, &AssayConfig) -> Result<Routes, String>,
 ) -> ExitCode {
     let _telemetry = assay_telemetry::init(spec.binary);
     let config = match assay_config::load(config_path_from_args().as_deref()) {
@@ -331,7 +332,13 @@ pub async fn run_service(
     } else {
         (Arc::new(ModelHub::default()), Box::pin(async { Ok(()) }) as Loading)
     };
-    let routes = routes(hub, &config);
+    let routes = match routes(hub, &config) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot build the service");
+            return ExitCode::from(1);
+        }
+    };
     tracing::info!(service = spec.service_name, addr = ?listener.local_addr().ok(), "listening, not serving until ready");
     let ready = readiness.clone();
     tokio::spawn(async move {

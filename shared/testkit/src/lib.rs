@@ -1,11 +1,13 @@
 //! Test harness: scripted OpenAI-compatible server, port-0 servers, whole-mesh sandbox.
 
 pub mod postgres;
+pub mod process;
 pub mod schema_fake;
 pub mod scripted;
 pub mod server;
 
 pub use postgres::TempPostgres;
+pub use process::{ChildOutput, http_request};
 pub use schema_fake::{schema_handler, schema_reply};
 pub use scripted::{
     Exchange, Gate, Handler, RecordedRequest, Reply, ScriptedLlm, embedding_handler, eventually, hash_embedding,

@@ -96,6 +96,27 @@ impl RecordedRequest {
         self.messages().into_iter().rev().find(|(role, _)| role == "user").map(|(_, c)| c)
     }
 
+    /// The first user message: a stage's prompt (a retry adds messages after it); empty when none.
+    pub fn first_user_message(&self) -> String {
+        self.messages().into_iter().find(|(role, _)| role == "user").map(|(_, c)| c).unwrap_or_default()
+    }
+
+    /// The name of the JSON schema the reply must follow (`response_format.json_schema.name`),
+    /// which names the stage of a structured call (`debate_review`); "?" when there is none.
+    pub fn schema_name(&self) -> &str {
+        self.body.pointer("/response_format/json_schema/name").and_then(Value::as_str).unwrap_or("?")
+    }
+
+    /// Whom a debate prompt addresses: "solver_2" from "You are solver_2, ...", "baseline_4"; else
+    /// "judge".
+    pub fn debate_speaker(&self) -> String {
+        let prompt = self.first_user_message();
+        match prompt.strip_prefix("You are ").and_then(|p| p.split(',').next()) {
+            Some(s) if !s.contains(' ') => s.to_string(),
+            Some(_) | None => "judge".into(),
+        }
+    }
+
     /// The embeddings `input` as a list of texts (a single string input gives one text).
     pub fn embedding_inputs(&self) -> Vec<String> {
         match self.body.get("input") {

@@ -13,8 +13,9 @@ use assay_domain::arbiter::{
 };
 use assay_domain::document::{Brief, mean_score};
 use assay_domain::template::render;
-use assay_domain::{ModelHub, ModelRecord, ResolvedChat, StageError, Usage};
-use assay_llm::{ChatRequest, Message, ResponseFormat};
+use assay_domain::{ModelRecord, StageError, Usage};
+use assay_llm::json::reply_json;
+use assay_llm::{ChatRequest, Message, ModelHub, Purpose, ResolvedChat, ResponseFormat};
 use futures::StreamExt;
 
 use consolidate::SectionDemands;
@@ -23,6 +24,8 @@ use consolidate::SectionDemands;
 pub const PHASE: &str = "stage_6_arbiter";
 /// Synthesis calls of one request in flight at once (the backend's own limit applies under it).
 pub const SYNTHESIS_CONCURRENCY: usize = 16;
+/// Reply token limit of a synthesis call when neither the caller nor the configuration sets one.
+const SYNTHESIS_TOKENS: u32 = 400;
 /// Most characters of a section shown to the synthesis call.
 pub const SECTION_EXCERPT_CHARS: usize = 6_000;
 
@@ -143,22 +146,17 @@ impl ArbiterCore {
         let calls = futures::stream::iter(jobs)
             .map(|(prompt, fallback)| async move {
                 let req = ChatRequest {
-                    messages: vec![Message::user(prompt)],
                     response_format: ResponseFormat::JsonSchema {
                         name: "section_instruction".into(),
                         schema: synthesis_schema(),
                     },
-                    max_tokens: Some(400),
-                    cache: chat.cache,
-                    ..Default::default()
+                    ..chat.request(vec![Message::user(prompt)], Purpose::new(SYNTHESIS_TOKENS))
                 };
-                let mut req = chat.settings.apply(req);
-                req.temperature = Some(req.temperature.unwrap_or(0.0));
                 let mut out = fallback;
                 let usage = match chat.model.chat(req).await {
                     Ok(reply) => {
-                        let text = reply
-                            .json
+                        let json = reply_json(&reply);
+                        let text = json
                             .as_ref()
                             .and_then(|j| j.get("instruction"))
                             .and_then(|v| v.as_str())
@@ -261,8 +259,12 @@ impl ArbiterCore {
             Some(chat) => {
                 let (instructions, u) = self.synthesize(chat, &request.brief, &demands).await;
                 usage.add(&u);
-                let record: ModelRecord =
-                    chat.record(PHASE, 400, assay_domain::template::template_sha256(SYNTHESIS_TEMPLATE), false);
+                let record: ModelRecord = chat.record(
+                    PHASE,
+                    chat.max_tokens(Purpose::new(SYNTHESIS_TOKENS)),
+                    assay_domain::template::template_sha256(SYNTHESIS_TEMPLATE),
+                    false,
+                );
                 (instructions, Some(record))
             }
             None => (demands.iter().map(|d| d.instruction.clone()).collect(), None),

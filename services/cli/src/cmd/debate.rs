@@ -12,13 +12,14 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use assay_config::AssayConfig;
-use assay_proto::debate::v1 as dpb;
 use assay_proto::gateway::v1 as gw;
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 
-use super::refine_text::{HookArgs, self_refined_line};
-use super::render::self_refined_json;
-use super::runs::{FollowError, RunFollower, Step, follow_run, is_final, start_run, state_name};
+use super::follow::{FollowError, NoResult, RunFollower, Step, finished, follow_run, is_final, start_run};
+use super::input::HookArgs;
+use super::render::debate::{problem_json, problem_line, summary_text};
+use super::render::self_refine::self_refined_line;
+use super::render::state_name;
 use super::{EXIT_PARTIAL, Progress, Session};
 
 /// Exit code of unusable input: the problem file, an option, or a request the gateway rejected.
@@ -261,189 +262,39 @@ impl Follower {
     fn completed(&mut self, state: i32, result: Option<gw::RunResult>) -> Result<Ending, DebateError> {
         self.progress.finish();
         let run_id = &self.run_id;
-        let result = result.unwrap_or_default();
-        let debate = match result.result {
-            Some(gw::run_result::Result::Debate(d)) => Some(d),
-            Some(
+        let failed_io = |e: std::io::Error| DebateError::Failed(e.to_string());
+        if let Some(gw::run_result::Result::Debate(d)) = result.as_ref().and_then(|r| r.result.as_ref()) {
+            for p in &d.problems {
+                let line = problem_json(p).map_err(DebateError::Failed)?;
+                writeln!(self.out, "{line}").map_err(failed_io)?;
+            }
+        }
+        self.out.flush().map_err(failed_io)?;
+        let d = match finished(state, result) {
+            Ok(gw::run_result::Result::Debate(d)) => d,
+            Ok(
                 gw::run_result::Result::ChecklistEval(_)
                 | gw::run_result::Result::Checklist(_)
                 | gw::run_result::Result::SelfRefine(_)
                 | gw::run_result::Result::TargetedRefinement(_),
-            )
-            | None => None,
-        };
-        let failed_io = |e: std::io::Error| DebateError::Failed(e.to_string());
-        if let Some(d) = &debate {
-            for p in &d.problems {
-                writeln!(self.out, "{}", problem_json(p)).map_err(failed_io)?;
-            }
-        }
-        self.out.flush().map_err(failed_io)?;
-        match gw::RunState::try_from(state) {
-            Ok(gw::RunState::Cancelled) => {
+            ) => return Err(DebateError::Failed(NoResult::Missing("debate result").message(run_id))),
+            Err(NoResult::Cancelled) => {
                 return Err(DebateError::Failed(format!(
-                    "run {run_id} was cancelled; the problems debated are written"
+                    "{}; the problems debated are written",
+                    NoResult::Cancelled.message(run_id)
                 )));
             }
-            Ok(gw::RunState::Failed) if debate.as_ref().is_none_or(|d| d.problems.is_empty()) => {
-                let why = if result.error.is_empty() { "no reason given" } else { result.error.as_str() };
-                return Err(DebateError::Failed(format!("run {run_id} failed: {why}")));
-            }
-            _ => {}
-        }
-        let Some(d) = debate else {
-            return Err(DebateError::Failed(format!("run {run_id} returned no debate result")));
+            Err(e) => return Err(DebateError::Failed(e.message(run_id))),
         };
         eprintln!("{}", summary_text(run_id, &d, self.baselines));
         Ok(if d.problems_failed == 0 { Ending::Complete } else { Ending::Partial })
     }
 }
 
-fn pct(x: f64) -> String {
-    format!("{:.1}%", x * 100.0)
-}
-
-fn grade(c: Option<bool>) -> &'static str {
-    match c {
-        Some(true) => "correct",
-        Some(false) => "wrong",
-        None => "ungraded",
-    }
-}
-
-/// One progress line for a finished problem.
-pub fn problem_line(p: &gw::DebateProblemResult) -> String {
-    if !p.error.is_empty() {
-        return format!("{}: failed: {}", p.id, p.error);
-    }
-    let calls = p.debate.as_ref().and_then(|d| d.usage).map_or(0, |u| u.calls);
-    let mut line = format!(
-        "{}: {:?} ({}, {}, {calls} calls)",
-        p.id,
-        p.final_answer,
-        grade(p.correct),
-        decision_name(p.decided_by)
-    );
-    if let Some(b) = &p.baselines {
-        line.push_str(&format!(
-            "; single {:?} ({}), self-consistency {:?} ({}, {}/{} votes)",
-            b.single_model_answer,
-            grade(b.single_model_correct),
-            b.self_consistency_answer,
-            grade(b.self_consistency_correct),
-            b.votes,
-            b.samples
-        ));
-    }
-    line
-}
-
-/// A debate decision's name: judge, majority_vote, consensus.
-pub fn decision_name(d: i32) -> String {
-    super::runs::lower(dpb::DebateDecision::try_from(d).map_or("unknown", |d| d.as_str_name()), "DEBATE_DECISION_")
-}
-
-/// One problem's output line.
-pub fn problem_json(p: &gw::DebateProblemResult) -> Value {
-    let mut v = json!({"id": p.id, "final_answer": p.final_answer});
-    if !p.reference.is_empty() {
-        v["reference"] = json!(p.reference);
-    }
-    if let Some(c) = p.correct {
-        v["correct"] = json!(c);
-    }
-    if !p.error.is_empty() {
-        v["error"] = json!(p.error);
-        return v;
-    }
-    v["consensus"] = json!(p.consensus);
-    v["answers_changed"] = json!(p.answers_changed);
-    v["decided_by"] = json!(decision_name(p.decided_by));
-    if let Some(d) = &p.debate {
-        v["winner_solver_id"] = json!(d.winner_solver_id);
-        v["stopped_early"] = json!(d.stopped_early);
-        v["rounds"] = json!(d.rounds.len());
-        v["solutions"] = d
-            .solutions
-            .iter()
-            .map(|s| json!({"solver_id": s.solver_id, "final_answer": s.final_answer, "confidence": s.confidence}))
-            .collect();
-        v["refined"] = d
-            .refined
-            .iter()
-            .map(|r| {
-                json!({"solver_id": r.solver_id, "final_answer": r.final_answer, "confidence": r.confidence,
-                       "changed": r.changed})
-            })
-            .collect();
-        if let Some(j) = &d.judgment {
-            v["judgment"] = json!({"winner_solver_id": j.winner_solver_id, "confidence": j.confidence,
-                                   "reasoning": j.reasoning, "majority_vote_fallback": j.majority_vote_fallback});
-        }
-        v["usage"] = super::runs::usage_json(d.usage.as_ref());
-    }
-    if let Some(b) = &p.baselines {
-        v["baselines"] = json!({
-            "single_model_answer": b.single_model_answer, "single_model_correct": b.single_model_correct,
-            "self_consistency_answer": b.self_consistency_answer,
-            "self_consistency_correct": b.self_consistency_correct,
-            "samples": b.samples, "votes": b.votes, "sample_answers": b.sample_answers,
-            "usage": super::runs::usage_json(b.usage.as_ref()),
-        });
-    }
-    if let Some(e) = &p.self_refined {
-        v["self_refined"] = self_refined_json(e);
-    }
-    v
-}
-
-/// The run's aggregates as JSON (`assay runs show`), with the self-refine hook's entries when the
-/// run had the hook.
-pub fn result_json(d: &gw::DebateRunResult) -> Value {
-    let mut v = json!({
-        "problems": d.problems_total, "failed": d.problems_failed, "graded": d.graded, "correct": d.correct,
-        "accuracy": d.accuracy, "consensus_rate": d.consensus_rate, "changed_rate": d.changed_rate,
-        "tokens": d.tokens, "calls": d.calls,
-        "single_model_accuracy": d.single_model_accuracy, "self_consistency_accuracy": d.self_consistency_accuracy,
-        "baseline_usage": super::runs::usage_json(d.baseline_usage.as_ref()),
-    });
-    let hooked: Vec<Value> = d.problems.iter().filter_map(|p| p.self_refined.as_ref()).map(self_refined_json).collect();
-    if !hooked.is_empty() {
-        v["self_refined"] = json!(hooked);
-    }
-    v
-}
-
-/// The summary printed on standard error.
-pub fn summary_text(run_id: &str, d: &gw::DebateRunResult, baselines: bool) -> String {
-    let mut s = format!("run {run_id}: {} problems, {} failed\n", d.problems_total, d.problems_failed);
-    match d.accuracy {
-        Some(a) => s.push_str(&format!("  debate accuracy      {} ({}/{})\n", pct(a), d.correct, d.graded)),
-        None => s.push_str("  debate accuracy      - (no references)\n"),
-    }
-    s.push_str(&format!("  consensus rate       {}\n", pct(d.consensus_rate)));
-    s.push_str(&format!("  changed-answer rate  {}\n", pct(d.changed_rate)));
-    let du = d.debate_usage.unwrap_or_default();
-    s.push_str(&format!(
-        "  debate usage         {} calls, {} tokens ({} prompt + {} completion), {} cache hits",
-        d.calls, d.tokens, du.prompt_tokens, du.completion_tokens, du.cache_hits
-    ));
-    if baselines {
-        let bu = d.baseline_usage.unwrap_or_default();
-        let acc = |a: Option<f64>| a.map_or_else(|| "- (no references)".to_string(), pct);
-        s.push_str(&format!("\n  single model         {}", acc(d.single_model_accuracy)));
-        s.push_str(&format!("\n  self-consistency     {}", acc(d.self_consistency_accuracy)));
-        s.push_str(&format!(
-            "\n  baseline usage       {} calls, {} tokens",
-            bu.calls,
-            bu.prompt_tokens + bu.completion_tokens
-        ));
-    }
-    s
-}
-
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     #[test]

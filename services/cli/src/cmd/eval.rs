@@ -7,11 +7,12 @@ use std::path::{Path, PathBuf};
 use assay_config::AssayConfig;
 use assay_proto::common::v1 as common;
 use assay_proto::gateway::v1 as gw;
-use serde_json::json;
 
+use super::follow::{NoResult, RunFollower, Step, finished, follow_run, is_final, start_run};
 use super::input::{CorpusArgs, corpus_request, is_corpus, read_checklist, read_records};
-use super::render::record_json;
-use super::{Progress, Session, status_text};
+use super::render::checklist_eval::{checklist_ready_line, record_json, summary_json, summary_line};
+use super::render::stage_progress_line;
+use super::{Progress, Session};
 
 /// What a finished evaluation command reports.
 pub enum Outcome {
@@ -99,117 +100,110 @@ async fn stream(
         gw::RunPipelineRequest { pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(pipeline)), label };
     // Pipeline time: from the request to the run's last event (no process or mesh start).
     let started = std::time::Instant::now();
-    let mut events = session.client.run_pipeline(request).await.map_err(|s| status_text(&s))?.into_inner();
-    let mut out: Box<dyn Write> = match &args.out {
+    let events = start_run(&mut session.client, request).await?;
+    let out: Box<dyn Write> = match &args.out {
         Some(p) => {
             Box::new(std::io::BufWriter::new(std::fs::File::create(p).map_err(|e| format!("{}: {e}", p.display()))?))
         }
         None => Box::new(std::io::stdout()),
     };
-    let mut progress = Progress::new(total as u64, "records");
-    let mut failed = 0u64;
-    let mut run_id = String::new();
-    let mut completed = None;
-    loop {
-        let msg = match events.message().await {
-            Ok(Some(msg)) => msg,
-            Ok(None) => break,
-            Err(s) => return Err(interrupted(&s, &run_id)),
-        };
-        let Some(ev) = msg.event else { continue };
-        run_id.clone_from(&ev.run_id);
+    let mut follower = Follower {
+        out,
+        progress: Progress::new(total as u64, "records"),
+        failed: 0,
+        total,
+        run_id: String::new(),
+        started,
+        json: args.json,
+    };
+    follow_run(&mut session.client, events, &mut follower).await
+}
+
+/// Follows one evaluation run ([`follow_run`]): a line per scored record, progress notes, then the
+/// summary.
+struct Follower {
+    /// Where the records' lines go (`--out`, else standard output).
+    out: Box<dyn Write>,
+    progress: Progress,
+    /// Records failed so far.
+    failed: u64,
+    total: usize,
+    run_id: String,
+    started: std::time::Instant,
+    /// Print the summary as JSON on standard output.
+    json: bool,
+}
+
+impl RunFollower for Follower {
+    type Ending = Outcome;
+    type Error = String;
+
+    fn on_event(&mut self, ev: gw::RunEvent) -> Step<Result<Outcome, String>> {
+        use gw::run_event::Event;
+        self.run_id.clone_from(&ev.run_id);
         match ev.event {
-            Some(gw::run_event::Event::Started(_)) => progress.note(&format!("run {run_id} started")),
-            Some(gw::run_event::Event::ChecklistReady(c)) => {
-                let n = c.checklist.as_ref().map_or(0, |c| c.items.len());
-                progress.note(&format!("checklist ready: {n} items for {} records", c.record_indices.len()));
-            }
-            Some(gw::run_event::Event::Progress(p)) => {
+            Some(Event::Started(_)) => self.progress.note(&format!("run {} started", self.run_id)),
+            Some(Event::ChecklistReady(c)) => self.progress.note(&checklist_ready_line(&c)),
+            Some(Event::Progress(p)) => {
                 if let Some(p) = p.progress {
-                    progress.note(&format!("{}: {}/{} {}", p.stage, p.done, p.total, p.message));
+                    self.progress.note(&stage_progress_line(&p));
                 }
             }
-            Some(gw::run_event::Event::RecordScored(r)) => {
-                failed += u64::from(r.score.is_none());
-                writeln!(out, "{}", record_json(&r)).map_err(|e| e.to_string())?;
-                progress.inc(failed);
+            Some(Event::RecordScored(r)) => {
+                self.failed += u64::from(r.score.is_none());
+                if let Err(e) = writeln!(self.out, "{}", record_json(&r)) {
+                    return Step::Done(Err(e.to_string()));
+                }
+                self.progress.inc(self.failed);
             }
-            Some(gw::run_event::Event::Completed(c)) => completed = Some(c),
+            Some(Event::Completed(c)) => return Step::Done(self.completed(c.state, c.result)),
             Some(
-                gw::run_event::Event::Aggregate(_)
-                | gw::run_event::Event::StateChanged(_)
-                | gw::run_event::Event::Refinement(_)
-                | gw::run_event::Event::SelfRefinePass(_)
-                | gw::run_event::Event::DebateStage(_)
-                | gw::run_event::Event::DebateProblemDone(_)
-                | gw::run_event::Event::SelfRefined(_),
+                Event::Aggregate(_)
+                | Event::StateChanged(_)
+                | Event::Refinement(_)
+                | Event::SelfRefinePass(_)
+                | Event::DebateStage(_)
+                | Event::DebateProblemDone(_)
+                | Event::SelfRefined(_),
             )
             | None => {}
         }
+        Step::Continue
     }
-    let pipeline_s = started.elapsed().as_secs_f64();
-    out.flush().map_err(|e| e.to_string())?;
-    progress.finish();
-    let completed = completed.ok_or_else(|| format!("run {run_id} ended without completing"))?;
-    if completed.state == gw::RunState::Cancelled as i32 {
-        return Err(format!("run {run_id} was cancelled; the records scored before are written above"));
+
+    fn on_stream_end(&mut self, run: gw::Run) -> Option<Result<Outcome, String>> {
+        is_final(run.state).then(|| self.completed(run.state, run.result))
     }
-    let result = completed.result.unwrap_or_default();
-    if !result.error.is_empty() {
-        return Err(format!("run {run_id} failed: {}", result.error));
-    }
-    let Some(gw::run_result::Result::ChecklistEval(e)) = result.result else {
-        return Err(format!("run {run_id} returned no evaluation"));
-    };
-    let a = e.aggregate.unwrap_or_default();
-    let u = e.usage.unwrap_or_default();
-    let state = gw::RunState::try_from(completed.state).map_or("unknown", |s| s.as_str_name());
-    let summary = json!({
-        "run_id": run_id, "state": state.trim_start_matches("RUN_STATE_").to_lowercase(),
-        "records": total, "failed": failed,
-        "mean_primary_score": a.mean_primary_score, "macro_pass_rate": a.macro_pass_rate,
-        "micro_pass_rate": a.micro_pass_rate,
-        "category_pass_rates": a.category_pass_rates.iter().map(|c| json!({"category": c.category, "pass_rate": c.pass_rate, "items": c.items})).collect::<Vec<_>>(),
-        "calls": u.calls, "prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-        "cache_hits": u.cache_hits, "pipeline_s": (pipeline_s * 1e3).round() / 1e3,
-    });
-    if args.json {
-        println!("{summary}");
-    } else {
-        eprintln!(
-            "run {run_id}: {total} records, {failed} failed; mean primary {:.3}, macro pass {:.3}, micro pass {:.3}; \
-             {} calls, {} cache hits; {pipeline_s:.2} s",
-            a.mean_primary_score, a.macro_pass_rate, a.micro_pass_rate, u.calls, u.cache_hits
-        );
-    }
-    Ok(if failed == 0 { Outcome::Complete } else { Outcome::Partial })
 }
 
-/// A run's event stream that broke off: the status, and, once the run is known, that it goes on
-/// in the gateway and how to follow it (the run belongs to the gateway, not to this stream).
-fn interrupted(s: &tonic::Status, run_id: &str) -> String {
-    let transport = std::error::Error::source(s).is_some();
-    let text =
-        if transport { format!("lost the connection to the gateway: {}", status_text(s)) } else { status_text(s) };
-    if run_id.is_empty() {
-        return text;
-    }
-    format!(
-        "{text}\nrun {run_id} is stored in the gateway and goes on there (or resumes when the gateway restarts): \
-         `assay runs watch {run_id}` follows it, `assay runs show {run_id}` shows it"
-    )
-}
-
-#[cfg(test)]
-mod interrupted_tests {
-    use super::interrupted;
-
-    #[test]
-    fn a_broken_stream_says_how_to_follow_the_run() {
-        let s = tonic::Status::unavailable("connection reset");
-        assert_eq!(interrupted(&s, ""), "Unavailable: connection reset", "before the run is known: the status");
-        let text = interrupted(&s, "01run");
-        assert!(text.starts_with("Unavailable: connection reset\nrun 01run is stored in the gateway"), "{text}");
-        assert!(text.contains("`assay runs watch 01run`"), "{text}");
+impl Follower {
+    /// The run completed: flush the lines, print the summary, map the outcome.
+    fn completed(&mut self, state: i32, result: Option<gw::RunResult>) -> Result<Outcome, String> {
+        let pipeline_s = self.started.elapsed().as_secs_f64();
+        self.out.flush().map_err(|e| e.to_string())?;
+        self.progress.finish();
+        let run_id = &self.run_id;
+        let e = match finished(state, result) {
+            Ok(gw::run_result::Result::ChecklistEval(e)) => e,
+            Ok(
+                gw::run_result::Result::Checklist(_)
+                | gw::run_result::Result::SelfRefine(_)
+                | gw::run_result::Result::Debate(_)
+                | gw::run_result::Result::TargetedRefinement(_),
+            )
+            | Err(NoResult::Missing(_)) => return Err(NoResult::Missing("evaluation").message(run_id)),
+            Err(NoResult::Cancelled) => {
+                let cancelled = NoResult::Cancelled.message(run_id);
+                return Err(format!("{cancelled}; the records scored before are written above"));
+            }
+            Err(e) => return Err(e.message(run_id)),
+        };
+        let failed = self.failed;
+        if self.json {
+            println!("{}", summary_json(run_id, state, self.total, failed, &e, pipeline_s)?);
+        } else {
+            eprintln!("{}", summary_line(run_id, self.total, failed, &e, pipeline_s));
+        }
+        Ok(if failed == 0 { Outcome::Complete } else { Outcome::Partial })
     }
 }

@@ -5,13 +5,17 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use assay_config::AssayConfig;
+use assay_proto::common::v1 as common;
 use assay_proto::gateway::v1 as gw;
+use futures::StreamExt;
 
+use super::follow::{NoResult, RunFollower, Step, finished, is_final, run_and_follow};
 /// Re-exported here for `main.rs`, which names it `cmd::generate::CorpusArgs`.
 pub use super::input::CorpusArgs;
 use super::input::{corpus_request, is_corpus, read_checklist, read_records};
-use super::render::checklist_json;
-use super::{Progress, Session, status_text};
+use super::render::generate_checklist::{checklist_line, failure_line};
+use super::render::stage_progress_line;
+use super::{Progress, Session};
 
 /// Everything `assay generate` takes.
 pub struct GenerateArgs {
@@ -99,47 +103,26 @@ async fn run_all(
                 pipeline: Some(gw::run_pipeline_request::Pipeline::GenerateChecklist(p)),
                 label: format!("assay generate #{i}"),
             };
-            let mut events = client.run_pipeline(request).await.map_err(|s| status_text(&s))?.into_inner();
-            let mut notes = Vec::new();
-            let mut result = None;
-            while let Some(m) = events.message().await.map_err(|s| status_text(&s))? {
-                let Some(ev) = m.event else { continue };
-                match ev.event {
-                    Some(gw::run_event::Event::Progress(p)) => {
-                        if let Some(p) = p.progress {
-                            notes.push(format!("{}: {}/{} {}", p.stage, p.done, p.total, p.message));
-                        }
-                    }
-                    Some(gw::run_event::Event::Completed(c)) => result = Some((ev.run_id, c)),
-                    Some(_) | None => {}
-                }
-            }
-            Ok::<_, String>((i, notes, result))
+            let mut follower = Generation::default();
+            let checklist = run_and_follow(&mut client, request, &mut follower).await?;
+            Ok::<_, String>((i, follower, checklist))
         }
     }))
     .buffered(4);
-    use futures::StreamExt;
     while let Some(r) = runs.next().await {
-        let (i, notes, result) = r?;
-        for n in notes {
-            progress.note(&n);
+        let (i, generation, checklist) = r?;
+        for n in &generation.notes {
+            progress.note(n);
         }
-        let (run_id, completed) = result.ok_or("a run ended without completing")?;
-        let result = completed.result.unwrap_or_default();
-        match result.result {
-            Some(gw::run_result::Result::Checklist(c)) if result.error.is_empty() => {
-                let mut v = checklist_json(&c);
-                v["run_id"] = run_id.into();
-                v["index"] = i.into();
-                writeln!(out, "{v}").map_err(|e| e.to_string())?;
-            }
-            Some(_) | None => {
+        let line = match checklist {
+            Ok(c) => checklist_line(&generation.run_id, i, &c),
+            Err(error) => {
                 failed += 1;
-                last_error.clone_from(&result.error);
-                let v = serde_json::json!({"run_id": run_id, "index": i, "error": result.error});
-                writeln!(out, "{v}").map_err(|e| e.to_string())?;
+                last_error.clone_from(&error);
+                failure_line(&generation.run_id, i, &error)
             }
-        }
+        };
+        writeln!(out, "{line}").map_err(|e| e.to_string())?;
         progress.inc(failed);
     }
     out.flush().map_err(|e| e.to_string())?;
@@ -148,4 +131,49 @@ async fn run_all(
         return Err(format!("generation failed: {last_error}"));
     }
     Ok(failed == 0)
+}
+
+/// Follows one generation run ([`run_and_follow`]): keeps its progress notes for the caller (runs
+/// go on at once; their notes are printed in order) and ends with the checklist or why there is
+/// none.
+#[derive(Default)]
+struct Generation {
+    run_id: String,
+    notes: Vec<String>,
+}
+
+impl RunFollower for Generation {
+    type Ending = Result<common::Checklist, String>;
+    type Error = String;
+
+    fn on_event(&mut self, ev: gw::RunEvent) -> Step<Result<Self::Ending, String>> {
+        use gw::run_event::Event;
+        self.run_id.clone_from(&ev.run_id);
+        match ev.event {
+            Some(Event::Progress(p)) => {
+                if let Some(p) = p.progress {
+                    self.notes.push(stage_progress_line(&p));
+                }
+            }
+            Some(Event::Completed(c)) => return Step::Done(Ok(self.completed(c.state, c.result))),
+            Some(_) | None => {}
+        }
+        Step::Continue
+    }
+
+    fn on_stream_end(&mut self, run: gw::Run) -> Option<Result<Self::Ending, String>> {
+        is_final(run.state).then(|| Ok(self.completed(run.state, run.result)))
+    }
+}
+
+impl Generation {
+    /// The run's checklist, or the error its line carries (the run's own reason when it gave one).
+    fn completed(&self, state: i32, result: Option<gw::RunResult>) -> Result<common::Checklist, String> {
+        match finished(state, result) {
+            Ok(gw::run_result::Result::Checklist(c)) => Ok(c),
+            Ok(_) => Err(NoResult::Missing("checklist").message(&self.run_id)),
+            Err(NoResult::Failed(why)) if !why.is_empty() => Err(why),
+            Err(e) => Err(e.message(&self.run_id)),
+        }
+    }
 }

@@ -1,5 +1,6 @@
-//! Reading command inputs: evaluation records and checklists from files, and the corpus arguments
-//! (observations, dimensions, samples, refiner chain) shared by `eval` and `generate`.
+//! Reading command inputs: evaluation records and checklists from files, the corpus arguments
+//! (observations, dimensions, samples, refiner chain) shared by `eval` and `generate`, the
+//! self-refine hook options shared by `refine` and `debate`, and model options.
 
 use std::path::{Path, PathBuf};
 
@@ -357,6 +358,55 @@ pub fn checklist_from_json(v: &Value) -> Result<common::Checklist, String> {
         })
         .collect::<Result<Vec<_>, String>>()?;
     Ok(common::Checklist { id, items, input, source_method: "explicit".into(), ..Default::default() })
+}
+
+/// The options of the self-refine hook on a pipeline's outputs (`assay refine`, `assay debate`).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct HookArgs {
+    /// Self-refine (critique and revise) every output once the pipeline is done; implied by the
+    /// other --self-refine-* options.
+    #[arg(long)]
+    pub self_refine: bool,
+    /// Critique/revise passes per output, 1 to 5 (default 1).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=5))]
+    pub self_refine_passes: Option<u32>,
+    /// Outputs shorter than this many bytes are kept as they are, no model call (default 200; 0
+    /// refines every output).
+    #[arg(long, value_name = "N")]
+    pub self_refine_min_bytes: Option<u32>,
+    /// An output to leave alone: a section or problem id, or a producer (original, human or model
+    /// for sections no stage changed, a human edited or a model wrote; debate for every answer).
+    /// Repeat it or separate ids with commas.
+    #[arg(long, value_name = "ID", value_delimiter = ',')]
+    pub self_refine_exclude: Vec<String>,
+}
+
+impl HookArgs {
+    /// The hook, when any option turned it on.
+    pub fn hook(&self) -> Option<ref_pb::SelfRefineHook> {
+        let on = self.self_refine
+            || self.self_refine_passes.is_some()
+            || self.self_refine_min_bytes.is_some()
+            || !self.self_refine_exclude.is_empty();
+        let exclude =
+            self.self_refine_exclude.iter().map(|e| e.trim()).filter(|e| !e.is_empty()).map(String::from).collect();
+        on.then(|| ref_pb::SelfRefineHook {
+            max_passes: self.self_refine_passes,
+            min_bytes: self.self_refine_min_bytes,
+            exclude,
+            ..Default::default()
+        })
+    }
+}
+
+/// A model option, `MODEL`, `MODEL@BACKEND` or `@BACKEND` (the backend's default model).
+pub fn model_spec(flag: &str, value: Option<&str>) -> Result<Option<common::ModelSpec>, String> {
+    let Some(value) = value else { return Ok(None) };
+    let (model, backend) = value.rsplit_once('@').unwrap_or((value, ""));
+    if model.trim().is_empty() && backend.trim().is_empty() {
+        return Err(format!("{flag} {value:?}: give MODEL, MODEL@BACKEND or @BACKEND"));
+    }
+    Ok(Some(common::ModelSpec { backend: backend.trim().into(), model: model.trim().into(), ..Default::default() }))
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 
 pub mod debate;
 pub mod eval;
+pub mod follow;
 pub mod generate;
 pub mod input;
 pub mod refine;

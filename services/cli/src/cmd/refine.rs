@@ -11,14 +11,15 @@ use assay_domain::document::MAX_JUDGES;
 use assay_proto::common::v1 as common;
 use assay_proto::gateway::v1 as gw;
 use assay_proto::scorer::v1 as scorer;
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 
 use super::Session;
-use super::refine_text::{HookArgs, self_refined_line};
-use super::runs::{
-    FollowError, RunFollower, Step, action_name, agreement_name, is_final, issue_json, mode_name, outcome_name,
-    progress_json, quality_name, refinement_result_json, run_and_follow, sections_json, severity_name, state_name,
-};
+use super::follow::{FollowError, NoResult, RunFollower, Step, finished, is_final, run_and_follow};
+use super::input::{HookArgs, model_spec};
+use super::render::json::{envelope, run_output, to_json};
+use super::render::self_refine::self_refined_line;
+use super::render::targeted_refinement::progress_line;
+use super::render::{mode_name, stage_progress_line, state_line};
 
 /// Exit code of unusable input: the document, an option, or a request the gateway rejected.
 pub const EXIT_BAD_INPUT: u8 = 2;
@@ -109,14 +110,10 @@ pub struct RefineArgs {
     pub hook: HookArgs,
 }
 
-/// Why `assay refine` failed.
-#[derive(Debug, PartialEq, Eq)]
-pub enum RefineError {
-    /// The document, an option, or the request as the gateway judged it (exit 2).
-    BadInput(String),
-    /// The connection, the gateway or the run failed, or the run was cancelled (exit 1).
-    Failed(String),
-}
+/// Why `assay refine` failed: the document, an option, or the request as the gateway judged it
+/// (`BadInput`, exit 2); the connection, the gateway or the run failed, or the run was cancelled
+/// (`Failed`, exit 1).
+pub type RefineError = FollowError;
 
 /// How `assay refine` ended when it did not fail.
 #[derive(Debug, PartialEq, Eq)]
@@ -129,15 +126,6 @@ pub enum Ending {
     AwaitingHuman,
     /// `--detach`: the run goes on without us: exit 0.
     Detached,
-}
-
-impl From<FollowError> for RefineError {
-    fn from(e: FollowError) -> Self {
-        match e {
-            FollowError::BadInput(e) => RefineError::BadInput(e),
-            FollowError::Failed(e) => RefineError::Failed(e),
-        }
-    }
 }
 
 /// The process exit of `assay refine`, printing the error if any.
@@ -255,16 +243,6 @@ fn brief_from_json(v: &Value) -> Result<common::Brief, String> {
     })
 }
 
-/// A model option, `MODEL`, `MODEL@BACKEND` or `@BACKEND` (the backend's default model).
-pub fn model_spec(flag: &str, value: Option<&str>) -> Result<Option<common::ModelSpec>, String> {
-    let Some(value) = value else { return Ok(None) };
-    let (model, backend) = value.rsplit_once('@').unwrap_or((value, ""));
-    if model.trim().is_empty() && backend.trim().is_empty() {
-        return Err(format!("{flag} {value:?}: give MODEL, MODEL@BACKEND or @BACKEND"));
-    }
-    Ok(Some(common::ModelSpec { backend: backend.trim().into(), model: model.trim().into(), ..Default::default() }))
-}
-
 /// `count` judges (default 3 when only a model is given) at temperatures spread evenly over 0.0 to
 /// 0.6; empty (the gateway's default panel) when neither is given. Ids are left to the gateway.
 pub fn judge_panel(count: Option<u32>, model: Option<common::ModelSpec>) -> Result<Vec<scorer::PanelJudge>, String> {
@@ -375,7 +353,7 @@ impl RunFollower for Follower {
         }
         match ev.event {
             Some(Event::Started(_)) if self.detach => {
-                println!("{}", json!({"run_id": self.run_id, "state": "running"}));
+                println!("{}", envelope(&self.run_id, gw::RunState::Running as i32, []));
                 let flag = self.gateway.as_deref().map(|g| format!(" --gateway {g}")).unwrap_or_default();
                 eprintln!("detached: follow it with `assay runs watch {}{flag}`", self.run_id);
                 Step::Done(Ok(Ending::Detached))
@@ -399,7 +377,7 @@ impl RunFollower for Follower {
             }
             Some(Event::Progress(p)) => {
                 if let Some(p) = p.progress.filter(|p| !p.message.is_empty() || p.total > 0) {
-                    eprintln!("  {}: {}/{} {}", p.stage, p.done, p.total, p.message);
+                    eprintln!("  {}", stage_progress_line(&p));
                 }
                 Step::Continue
             }
@@ -441,7 +419,8 @@ impl RunFollower for Follower {
             "run {id} waits for a human: `assay runs edit {id} --section ID --file NEW.md{flag}` then \
              `assay runs resume {id}{flag}`, or `assay runs accept|review {id}{flag}`"
         );
-        println!("{}", awaiting_json(id, self.escalation.as_ref(), run));
+        let v = awaiting_json(id, self.escalation.as_ref(), run).map_err(RefineError::Failed)?;
+        println!("{v}");
         Ok(Ending::AwaitingHuman)
     }
 }
@@ -450,38 +429,24 @@ impl Follower {
     /// The run completed: print the result, map the outcome.
     fn completed(&self, state: i32, result: Option<gw::RunResult>) -> Result<Ending, RefineError> {
         let id = &self.run_id;
-        let result = result.unwrap_or_default();
-        match gw::RunState::try_from(state) {
-            Ok(gw::RunState::Failed) => {
-                let why = if result.error.is_empty() { "no reason given" } else { result.error.as_str() };
-                Err(RefineError::Failed(format!("run {id} failed: {why}")))
-            }
-            Ok(gw::RunState::Cancelled) => Err(RefineError::Failed(format!("run {id} was cancelled"))),
-            Ok(gw::RunState::Succeeded | gw::RunState::Partial) => match result.result {
-                Some(gw::run_result::Result::TargetedRefinement(t)) => {
-                    println!("{}", result_json(id, state, &t));
-                    if !t.warning.is_empty() {
-                        eprintln!("warning: {}", t.warning);
-                    }
-                    ending_of(id, t.outcome)
-                }
-                Some(
-                    gw::run_result::Result::ChecklistEval(_)
-                    | gw::run_result::Result::Checklist(_)
-                    | gw::run_result::Result::SelfRefine(_)
-                    | gw::run_result::Result::Debate(_),
-                )
-                | None => Err(RefineError::Failed(format!("run {id} returned no refinement result"))),
-            },
+        let t = match finished(state, result) {
+            Ok(gw::run_result::Result::TargetedRefinement(t)) => t,
             Ok(
-                gw::RunState::Unspecified
-                | gw::RunState::Pending
-                | gw::RunState::Running
-                | gw::RunState::Paused
-                | gw::RunState::AwaitingHuman,
+                gw::run_result::Result::ChecklistEval(_)
+                | gw::run_result::Result::Checklist(_)
+                | gw::run_result::Result::SelfRefine(_)
+                | gw::run_result::Result::Debate(_),
             )
-            | Err(_) => Err(RefineError::Failed(format!("run {id} completed in state {}", state_name(state)))),
+            | Err(NoResult::Missing(_)) => {
+                return Err(RefineError::Failed(NoResult::Missing("refinement result").message(id)));
+            }
+            Err(e) => return Err(RefineError::Failed(e.message(id))),
+        };
+        println!("{}", result_json(id, state, &t).map_err(RefineError::Failed)?);
+        if !t.warning.is_empty() {
+            eprintln!("warning: {}", t.warning);
         }
+        ending_of(id, t.outcome)
     }
 }
 
@@ -501,217 +466,32 @@ fn ending_of(run_id: &str, outcome: i32) -> Result<Ending, RefineError> {
     }
 }
 
-/// The final result as `assay refine` prints it on standard output.
-pub fn result_json(run_id: &str, state: i32, t: &gw::TargetedRefinementResult) -> Value {
-    let mut v = refinement_result_json(t);
-    v["run_id"] = json!(run_id);
-    v["state"] = json!(state_name(state));
-    v["sections"] = sections_json(&t.sections);
-    v
+/// The final result as `assay refine` prints it on standard output: the result (with the
+/// document) in the proto3 JSON mapping, with the run's id and state.
+pub fn result_json(run_id: &str, state: i32, t: &gw::TargetedRefinementResult) -> Result<Value, String> {
+    run_output(run_id, state, t)
 }
 
 /// What `assay refine` prints on standard output when the run waits for a human: the escalation
-/// and, when the gateway gave it, the progress and the document as it stands.
-pub fn awaiting_json(run_id: &str, escalation: Option<&gw::EscalationTriggered>, run: Option<&gw::Run>) -> Value {
-    let escalation = escalation.map(|e| {
-        json!({"reason": e.reason, "best_score": e.best_score, "best_iteration": e.best_iteration,
-            "unresolved_issues": e.unresolved_issues.iter().map(issue_json).collect::<Vec<_>>()})
-    });
-    let mut v = json!({"run_id": run_id, "state": "awaiting_human", "escalation": escalation});
+/// and, when the gateway gave it, the progress with the document as it stands (`refinement`), in
+/// the proto3 JSON mapping.
+pub fn awaiting_json(
+    run_id: &str,
+    escalation: Option<&gw::EscalationTriggered>,
+    run: Option<&gw::Run>,
+) -> Result<Value, String> {
+    let escalation = escalation.map(to_json).transpose()?.unwrap_or(Value::Null);
+    let mut fields = vec![("escalation", escalation)];
     if let Some(gw::run::Progress::Refinement(p)) = run.and_then(|r| r.progress.as_ref()) {
-        v["refinement"] = progress_json(p);
-        v["sections"] = sections_json(&p.sections);
+        fields.push(("refinement", to_json(p)?));
     }
-    v
-}
-
-/// `1 task`, `2 tasks`; `batch` takes `es`.
-fn plural(n: usize, one: &str) -> String {
-    let many = if one.ends_with("ch") { "es" } else { "s" };
-    if n == 1 { format!("{n} {one}") } else { format!("{n} {one}{many}") }
-}
-
-fn scores(history: &[f64]) -> String {
-    history.iter().map(|s| format!("{s:.2}")).collect::<Vec<_>>().join(" → ")
-}
-
-/// A state change as `assay refine` prints it.
-pub fn state_line(s: &gw::RunStateChanged) -> String {
-    if s.reason.is_empty() {
-        format!("state: {}", state_name(s.state))
-    } else {
-        format!("state: {} ({})", state_name(s.state), s.reason)
-    }
-}
-
-/// The progress line of one refinement event, as `assay refine` prints it on standard error (a few
-/// indented lines more for judges that failed, hints and unresolved issues). None for an event
-/// without a payload.
-pub fn progress_line(run_id: &str, r: &gw::RefinementEvent) -> Option<String> {
-    use gw::refinement_event::Event as E;
-    let i = r.iteration;
-    Some(match r.event.as_ref()? {
-        E::Judged(j) => judged_line(i, j),
-        E::RefinementStart(s) => start_line(i, s),
-        E::BatchStarted(b) => format!(
-            "  batch {}/{}: {}",
-            b.batch_index.saturating_add(1),
-            b.batches_total,
-            if b.task_ids.is_empty() { "no tasks".to_string() } else { b.task_ids.join(", ") }
-        ),
-        E::TaskStarted(t) => task_line(t),
-        E::PatchApplied(p) => {
-            format!("  patch {}: {}", p.section_id, if p.diff_summary.is_empty() { "edited" } else { &p.diff_summary })
-        }
-        E::VerificationResult(v) => verification_line(v),
-        E::BatchComplete(b) => format!(
-            "  batch {} done: {} completed, {} failed, {} skipped",
-            b.batch_index.saturating_add(1),
-            b.tasks_completed,
-            b.tasks_failed,
-            b.tasks_skipped
-        ),
-        E::SectionLocked(s) => format!("  section {} locked ({})", s.section_id, plural(s.edit_count as usize, "edit")),
-        E::IterationComplete(c) => iteration_line(i, c),
-        E::ConvergenceDetected(c) => format!("converged: {}", c.reason),
-        E::BestEffortSelected(b) => best_effort_line(&b.best_effort.clone().unwrap_or_default()),
-        E::EscalationTriggered(e) => escalation_line(run_id, e),
-        E::RefinementComplete(c) => format!(
-            "refinement complete: {}, final score {:.2} after {}",
-            outcome_name(c.outcome),
-            c.final_score,
-            plural(c.iterations as usize, "iteration")
-        ),
-    })
-}
-
-fn judged_line(iteration: u32, j: &gw::Judged) -> String {
-    let ok = j.judges.iter().filter(|r| r.verdict.is_some()).count();
-    let when = if iteration == 0 { "document as given".to_string() } else { format!("iteration {iteration}") };
-    let mut line = format!(
-        "{when}: judged {:.2} by {ok}/{} judges, {} ({} critical)",
-        j.score,
-        j.judges.len(),
-        plural(j.open_issues as usize, "open issue"),
-        j.critical_issues
-    );
-    for r in j.judges.iter().filter(|r| r.verdict.is_none()) {
-        line.push_str(&format!("\n  judge {} failed: {}", r.judge_id, r.error));
-    }
-    line
-}
-
-fn start_line(iteration: u32, s: &gw::RefinementStart) -> String {
-    let plan = s.plan.clone().unwrap_or_default();
-    let in_batches: usize = plan.batches.iter().map(|b| b.tasks.len()).sum();
-    let tasks = if in_batches > 0 { in_batches } else { plan.routing.as_ref().map_or(0, |r| r.tasks.len()) };
-    let c = plan.consolidation.unwrap_or_default();
-    let mut agreement = match c.alpha {
-        Some(a) => format!("agreement {a:.2} {}", agreement_name(c.agreement)),
-        None => format!("agreement {}", agreement_name(c.agreement)),
-    };
-    if c.flagged_for_review {
-        agreement.push_str(", flagged for review");
-    }
-    let what = if s.full_regenerate {
-        format!("full regeneration ({})", s.full_regenerate_reason)
-    } else {
-        "plan".to_string()
-    };
-    let mut line = format!(
-        "iteration {iteration}: {what} {} in {} ({agreement}, ~{} tokens)",
-        plural(tasks, "task"),
-        plural(plan.batches.len(), "batch"),
-        plan.estimated_tokens
-    );
-    if !s.locked_section_ids.is_empty() {
-        line.push_str(&format!("; locked: {}", s.locked_section_ids.join(", ")));
-    }
-    line
-}
-
-fn task_line(t: &gw::TaskStarted) -> String {
-    let task = t.task.clone().unwrap_or_default();
-    let mut line = format!("  task {} {}: {}", task.id, task.section_id, action_name(task.action));
-    if !task.criterion.is_empty() {
-        line.push_str(&format!(" ({}, {})", task.criterion, severity_name(task.severity)));
-    }
-    if task.consistency_check {
-        line.push_str(", consistency check");
-    }
-    line
-}
-
-fn verification_line(v: &gw::VerificationResult) -> String {
-    let who = if v.human_edit { " (human edit)" } else { "" };
-    if v.accepted {
-        return format!("  verified {}{who}: accepted (edits {})", v.section_id, v.edit_count);
-    }
-    let reasons = v.verification.as_ref().map(|c| c.rejection_reasons.join("; ")).unwrap_or_default();
-    let reason = [v.reason.as_str(), reasons.as_str()].into_iter().find(|r| !r.is_empty()).unwrap_or("no reason given");
-    let undo = if v.rolled_back { ", rolled back" } else { "" };
-    format!("  verified {}{who}: rejected: {reason}{undo}", v.section_id)
-}
-
-fn iteration_line(iteration: u32, c: &gw::IterationComplete) -> String {
-    let mut line = format!(
-        "iteration {iteration} complete: score {:.2} (history {}), {} tokens",
-        c.score,
-        scores(&c.score_history),
-        c.tokens_used
-    );
-    if c.tasks_failed > 0 {
-        line.push_str(&format!(", {} tasks completed, {} failed", c.tasks_completed, c.tasks_failed));
-    }
-    if !c.restored_section_ids.is_empty() {
-        line.push_str(&format!("; restored (quality lock): {}", c.restored_section_ids.join(", ")));
-    }
-    line
-}
-
-fn best_effort_line(b: &gw::BestEffort) -> String {
-    let mut line = format!(
-        "best effort: {}, best score {:.2} at iteration {}, {}",
-        quality_name(b.quality),
-        b.best_score,
-        b.best_iteration,
-        plural(b.unresolved_issues_count as usize, "unresolved issue")
-    );
-    if !b.unresolved_categories.is_empty() {
-        line.push_str(&format!(" ({})", b.unresolved_categories.join(", ")));
-    }
-    for h in &b.improvement_hints {
-        line.push_str(&format!("\n  hint: {h}"));
-    }
-    line
-}
-
-/// Unresolved issues listed under an escalation before "and N more".
-const LISTED_ISSUES: usize = 10;
-
-fn escalation_line(run_id: &str, e: &gw::EscalationTriggered) -> String {
-    let mut line = format!(
-        "escalated: awaiting a human (run {run_id}): use assay runs edit/resume/accept/review\n  \
-         reason: {}; best score {:.2} at iteration {}, {}",
-        e.reason,
-        e.best_score,
-        e.best_iteration,
-        plural(e.unresolved_issues.len(), "unresolved issue")
-    );
-    for i in e.unresolved_issues.iter().take(LISTED_ISSUES) {
-        let at = if i.section_id.is_empty() { "(no section)" } else { i.section_id.as_str() };
-        line.push_str(&format!("\n  - [{}] {} in {at}: {}", severity_name(i.severity), i.criterion, i.description));
-    }
-    if e.unresolved_issues.len() > LISTED_ISSUES {
-        line.push_str(&format!("\n  ... and {} more", e.unresolved_issues.len() - LISTED_ISSUES));
-    }
-    line
+    Ok(envelope(run_id, gw::RunState::AwaitingHuman as i32, fields))
 }
 
 #[cfg(test)]
 mod tests {
-    use assay_proto::arbiter::v1 as arb;
     use clap::Parser;
+    use serde_json::json;
 
     use super::*;
 
@@ -846,116 +626,6 @@ mod tests {
         assert!(Cli::try_parse_from(["refine", "--doc", "x", "--self-refine-passes", "0"]).is_err());
     }
 
-    fn line(iteration: u32, event: gw::refinement_event::Event) -> String {
-        progress_line("run-1", &gw::RefinementEvent { iteration, event: Some(event) }).unwrap()
-    }
-
-    fn task(id: &str, section: &str) -> arb::FixTask {
-        arb::FixTask {
-            id: id.into(),
-            section_id: section.into(),
-            action: arb::FixAction::SurgicalEdit as i32,
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn progress_lines_speak_human() {
-        use gw::refinement_event::Event as E;
-        let plan = arb::PlanResponse {
-            consolidation: Some(arb::ConsolidateResponse {
-                alpha: Some(0.82),
-                agreement: arb::AgreementLevel::High as i32,
-                ..Default::default()
-            }),
-            batches: vec![
-                arb::Batch {
-                    index: 0,
-                    tasks: vec![task("t1", "stages"), task("t2", "summary")],
-                    estimated_tokens: 1600,
-                },
-                arb::Batch { index: 1, tasks: vec![task("t3", "intro")], estimated_tokens: 800 },
-            ],
-            estimated_tokens: 2400,
-            ..Default::default()
-        };
-        let start = E::RefinementStart(gw::RefinementStart { plan: Some(plan), ..Default::default() });
-        assert_eq!(line(1, start), "iteration 1: plan 3 tasks in 2 batches (agreement 0.82 high, ~2400 tokens)");
-        let started = E::TaskStarted(gw::TaskStarted { task: Some(task("t1", "stages")), batch_index: 0 });
-        assert_eq!(line(1, started), "  task t1 stages: surgical_edit");
-        let patch = E::PatchApplied(gw::PatchApplied {
-            section_id: "stages".into(),
-            diff_summary: "+2 -1 lines".into(),
-            ..Default::default()
-        });
-        assert_eq!(line(1, patch), "  patch stages: +2 -1 lines");
-        let ok = E::VerificationResult(gw::VerificationResult {
-            section_id: "stages".into(),
-            accepted: true,
-            edit_count: 1,
-            ..Default::default()
-        });
-        assert_eq!(line(1, ok), "  verified stages: accepted (edits 1)");
-        let rejected = E::VerificationResult(gw::VerificationResult {
-            section_id: "stages".into(),
-            rolled_back: true,
-            verification: Some(assay_proto::delta_judge::v1::VerifyResponse {
-                rejection_reasons: vec!["issue i1 not fixed".into()],
-                ..Default::default()
-            }),
-            ..Default::default()
-        });
-        assert_eq!(line(1, rejected), "  verified stages: rejected: issue i1 not fixed, rolled back");
-        let locked = E::SectionLocked(gw::SectionLocked { section_id: "stages".into(), edit_count: 2 });
-        assert_eq!(line(1, locked), "  section stages locked (2 edits)");
-        let done = E::IterationComplete(gw::IterationComplete {
-            score: 0.81,
-            score_history: vec![0.62, 0.81],
-            tokens_used: 2300,
-            ..Default::default()
-        });
-        assert_eq!(line(1, done), "iteration 1 complete: score 0.81 (history 0.62 → 0.81), 2300 tokens");
-        let converged = E::ConvergenceDetected(gw::ConvergenceDetected {
-            reason: "gain_below_threshold".into(),
-            ..Default::default()
-        });
-        assert_eq!(line(2, converged), "converged: gain_below_threshold");
-        let best = E::BestEffortSelected(gw::BestEffortSelected {
-            best_effort: Some(gw::BestEffort {
-                best_score: 0.68,
-                best_iteration: 2,
-                quality: gw::QualityStatus::BelowStandard as i32,
-                unresolved_issues_count: 1,
-                improvement_hints: vec!["Name the four stages".into()],
-                ..Default::default()
-            }),
-        });
-        assert_eq!(
-            line(2, best),
-            "best effort: below_standard, best score 0.68 at iteration 2, 1 unresolved issue\n  hint: Name the four stages"
-        );
-        let escalated = E::EscalationTriggered(gw::EscalationTriggered {
-            reason: "below the semi-auto thresholds".into(),
-            best_score: 0.7,
-            best_iteration: 1,
-            unresolved_issues: vec![common::JudgeIssue {
-                criterion: "completeness".into(),
-                severity: common::Severity::Major as i32,
-                section_id: "stages".into(),
-                description: "Stages not named".into(),
-                ..Default::default()
-            }],
-        });
-        let text = line(2, escalated);
-        assert!(
-            text.starts_with("escalated: awaiting a human (run run-1): use assay runs edit/resume/accept/review\n")
-        );
-        assert!(text.ends_with("\n  - [major] completeness in stages: Stages not named"), "{text}");
-        let batch = E::BatchStarted(gw::BatchStarted { batch_index: 0, batches_total: 2, task_ids: vec!["t1".into()] });
-        assert_eq!(line(1, batch), "  batch 1/2: t1");
-        assert_eq!(progress_line("run-1", &gw::RefinementEvent { iteration: 0, event: None }), None);
-    }
-
     #[test]
     fn outcomes_map_to_exit_codes() {
         assert_eq!(ending_of("r", gw::RefinementOutcome::Reviewed as i32), Ok(Ending::Accepted));
@@ -980,12 +650,30 @@ mod tests {
             }],
             ..Default::default()
         };
-        let v = result_json("run-1", gw::RunState::Succeeded as i32, &t);
-        assert_eq!(v["outcome"], "accepted_manual");
-        assert_eq!(v["quality"], "acceptable");
-        assert_eq!(v["state"], "succeeded");
-        assert_eq!(v["sections"][0], json!({"id": "a", "title": "A", "content": "text"}));
-        assert_eq!(v["audit_log"][0]["actor"], "alice");
-        assert_eq!(v["unresolved_issues"], 0);
+        let v = result_json("run-1", gw::RunState::Succeeded as i32, &t).unwrap();
+        assert_eq!(v["outcome"], "REFINEMENT_OUTCOME_ACCEPTED_MANUAL");
+        assert_eq!(v["quality"], "QUALITY_STATUS_ACCEPTABLE");
+        assert_eq!(v["state"], "RUN_STATE_SUCCEEDED");
+        assert_eq!(v["sections"][0], json!({"id": "a", "index": 0, "title": "A", "content": "text"}));
+        assert_eq!(v["auditLog"][0]["actor"], "alice");
+        assert_eq!(v["unresolvedIssues"], json!([]));
+    }
+
+    #[test]
+    fn a_run_waiting_for_a_human_prints_the_escalation_and_the_document() {
+        let escalation = gw::EscalationTriggered { reason: "below the thresholds".into(), ..Default::default() };
+        let run = gw::Run {
+            progress: Some(gw::run::Progress::Refinement(gw::RefinementProgress {
+                sections: vec![common::Section { id: "a".into(), content: "text".into(), ..Default::default() }],
+                ..Default::default()
+            })),
+            ..Default::default()
+        };
+        let v = awaiting_json("run-1", Some(&escalation), Some(&run)).unwrap();
+        assert_eq!((v["runId"].as_str(), v["state"].as_str()), (Some("run-1"), Some("RUN_STATE_AWAITING_HUMAN")));
+        assert_eq!(v["escalation"]["reason"], "below the thresholds");
+        assert_eq!(v["refinement"]["sections"][0]["content"], "text");
+        let v = awaiting_json("run-1", None, None).unwrap();
+        assert!(v["escalation"].is_null() && v.get("refinement").is_none());
     }
 }

@@ -11,11 +11,15 @@ use assay_domain::limits::MAX_TEXT_BYTES;
 use assay_domain::self_refine::{DEFAULT_MAX_PASSES, DEFAULT_MIN_BYTES};
 use assay_proto::gateway::v1 as gw;
 use assay_proto::refiners::v1 as rpb;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::Session;
-use super::refine::{RefineError, model_spec, state_line};
-use super::runs::{RunFollower, Step, is_final, run_and_follow, state_name, stop_reason_name, usage_json};
+use super::follow::{FollowError as RefineError, NoResult, RunFollower, Step, finished, is_final, run_and_follow};
+use super::input::model_spec;
+use super::render::json::run_output;
+use super::render::plural;
+use super::render::self_refine::{pass_line, summary_line};
+use super::render::state_line;
 
 /// Exit code of unusable input: the draft, an option, or a request the gateway rejected.
 pub const EXIT_BAD_INPUT: u8 = 2;
@@ -74,45 +78,6 @@ pub struct RefineTextArgs {
     /// Print the whole result as JSON (final text, passes, stop reason, usage) instead of the text.
     #[arg(long)]
     pub json: bool,
-}
-
-/// The options of the self-refine hook on a pipeline's outputs (`assay refine`, `assay debate`).
-#[derive(clap::Args, Clone, Debug, Default)]
-pub struct HookArgs {
-    /// Self-refine (critique and revise) every output once the pipeline is done; implied by the
-    /// other --self-refine-* options.
-    #[arg(long)]
-    pub self_refine: bool,
-    /// Critique/revise passes per output, 1 to 5 (default 1).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=5))]
-    pub self_refine_passes: Option<u32>,
-    /// Outputs shorter than this many bytes are kept as they are, no model call (default 200; 0
-    /// refines every output).
-    #[arg(long, value_name = "N")]
-    pub self_refine_min_bytes: Option<u32>,
-    /// An output to leave alone: a section or problem id, or a producer (original, human or model
-    /// for sections no stage changed, a human edited or a model wrote; debate for every answer).
-    /// Repeat it or separate ids with commas.
-    #[arg(long, value_name = "ID", value_delimiter = ',')]
-    pub self_refine_exclude: Vec<String>,
-}
-
-impl HookArgs {
-    /// The hook, when any option turned it on.
-    pub fn hook(&self) -> Option<rpb::SelfRefineHook> {
-        let on = self.self_refine
-            || self.self_refine_passes.is_some()
-            || self.self_refine_min_bytes.is_some()
-            || !self.self_refine_exclude.is_empty();
-        let exclude =
-            self.self_refine_exclude.iter().map(|e| e.trim()).filter(|e| !e.is_empty()).map(String::from).collect();
-        on.then(|| rpb::SelfRefineHook {
-            max_passes: self.self_refine_passes,
-            min_bytes: self.self_refine_min_bytes,
-            exclude,
-            ..Default::default()
-        })
-    }
 }
 
 /// The process exit of `assay refine-text`, printing the error if any: 0 done, 1 the run failed, 2
@@ -209,7 +174,8 @@ pub async fn refine_text(config: &AssayConfig, args: RefineTextArgs) -> Result<(
     let printed = outcome.and_then(|(state, r)| {
         eprintln!("{}", summary_line(&r, args.min_bytes.unwrap_or(DEFAULT_MIN_BYTES)));
         if args.json {
-            println!("{}", result_json(&follower.run_id, state, &r));
+            let v = result_json(&follower.run_id, state, &r).map_err(RefineError::Failed)?;
+            println!("{v}");
             Ok(())
         } else {
             write_text(&r.final_text)
@@ -286,183 +252,25 @@ impl RunFollower for Follower {
 impl Follower {
     /// The run completed: its self-refine result, or why there is none.
     fn completed(&self, state: i32, result: Option<gw::RunResult>) -> Result<Finished, RefineError> {
-        let id = &self.run_id;
-        let result = result.unwrap_or_default();
-        match gw::RunState::try_from(state) {
-            Ok(gw::RunState::Failed) => {
-                let why = if result.error.is_empty() { "no reason given" } else { result.error.as_str() };
-                Err(RefineError::Failed(format!("run {id} failed: {why}")))
-            }
-            Ok(gw::RunState::Cancelled) => Err(RefineError::Failed(format!("run {id} was cancelled"))),
-            Ok(gw::RunState::Succeeded | gw::RunState::Partial) => match result.result {
-                Some(gw::run_result::Result::SelfRefine(r)) => Ok((state, r)),
-                Some(
-                    gw::run_result::Result::ChecklistEval(_)
-                    | gw::run_result::Result::Checklist(_)
-                    | gw::run_result::Result::TargetedRefinement(_)
-                    | gw::run_result::Result::Debate(_),
-                )
-                | None => Err(RefineError::Failed(format!("run {id} returned no self-refine result"))),
-            },
+        match finished(state, result) {
+            Ok(gw::run_result::Result::SelfRefine(r)) => Ok((state, r)),
             Ok(
-                gw::RunState::Unspecified
-                | gw::RunState::Pending
-                | gw::RunState::Running
-                | gw::RunState::Paused
-                | gw::RunState::AwaitingHuman,
-            )
-            | Err(_) => Err(RefineError::Failed(format!("run {id} completed in state {}", state_name(state)))),
+                gw::run_result::Result::ChecklistEval(_)
+                | gw::run_result::Result::Checklist(_)
+                | gw::run_result::Result::TargetedRefinement(_)
+                | gw::run_result::Result::Debate(_),
+            ) => Err(NoResult::Missing("self-refine result")),
+            Err(NoResult::Missing(_)) => Err(NoResult::Missing("self-refine result")),
+            Err(e) => Err(e),
         }
+        .map_err(|e| RefineError::Failed(e.message(&self.run_id)))
     }
 }
 
-/// `1 pass`, `2 passes`.
-fn plural(n: usize, one: &str) -> String {
-    let many = if one.ends_with('s') || one.ends_with("ch") { "es" } else { "s" };
-    if n == 1 { format!("{n} {one}") } else { format!("{n} {one}{many}") }
-}
-
-/// The critique of a pass in a few words.
-fn critique_words(critique: &[String]) -> String {
-    match critique {
-        [] => "no critique".into(),
-        [only] if only.trim().eq_ignore_ascii_case("no material issues") => "no material issues".into(),
-        list => plural(list.len(), "critique point"),
-    }
-}
-
-/// The figure the cascade decided by, with its name; None when no comparison was made.
-fn decided_similarity(p: &rpb::SelfRefinePass) -> Option<String> {
-    let value = match p.decided_by.as_str() {
-        "" => return None,
-        "jaccard" => p.jaccard,
-        "embedding" => p.cosine,
-        _ => Some(p.char_similarity),
-    };
-    Some(match value {
-        Some(v) => format!("similarity {v:.2} ({})", p.decided_by),
-        None => format!("decided by {}", p.decided_by),
-    })
-}
-
-/// The progress line of one pass, as `assay refine-text` prints it on standard error.
-pub fn pass_line(p: &rpb::SelfRefinePass) -> String {
-    let mut parts = vec![critique_words(&p.critique)];
-    if let Some(s) = decided_similarity(p) {
-        parts.push(s);
-    }
-    if let Some(s) = p.similarity_to_original {
-        let measure =
-            if p.similarity_measure.is_empty() { String::new() } else { format!(" ({})", p.similarity_measure) };
-        let mut guard = format!("{s:.2} to the original{measure}");
-        if p.rolled_back
-            && let Some(t) = p.rollback_threshold
-        {
-            guard.push_str(&format!(" < {t:.2}"));
-        }
-        parts.push(guard);
-    }
-    if !p.degraded_from.is_empty() {
-        let why = if p.degraded_reason.is_empty() { String::new() } else { format!(": {}", p.degraded_reason) };
-        parts.push(format!("degraded from {}{why}", p.degraded_from));
-    }
-    if p.revised_block_missing {
-        parts.push("no <revised> block".into());
-    }
-    let verdict = if !p.error.is_empty() {
-        format!("error: {}; kept the previous draft", p.error)
-    } else if p.rolled_back {
-        "rolled back; kept the previous draft".to_string()
-    } else if p.converged {
-        "converged".to_string()
-    } else if p.diverged {
-        "revised (diverged)".to_string()
-    } else {
-        "revised".to_string()
-    };
-    parts.push(verdict);
-    format!("pass {}: {}", p.pass, parts.join("; "))
-}
-
-/// The progress line of one output through the self-refine hook, as `assay refine` and `assay
-/// debate` print it on standard error.
-pub fn self_refined_line(e: &gw::SelfRefined) -> String {
-    let what = format!("self-refine {} ({})", e.target, e.producer);
-    if !e.skipped.is_empty() {
-        return format!("{what}: skipped: {}", e.skipped);
-    }
-    if !e.error.is_empty() {
-        return format!("{what}: error: {}; kept the text", e.error);
-    }
-    let r = e.refine.clone().unwrap_or_default();
-    if r.skipped_too_short {
-        return format!("{what}: skipped: too_short");
-    }
-    format!(
-        "{what}: {} after {}, text {}",
-        stop_reason_name(r.stop_reason),
-        plural(r.passes.len(), "pass"),
-        if e.before == e.after { "unchanged" } else { "changed" }
-    )
-}
-
-/// How the run ended, one line on standard error.
-pub fn summary_line(r: &rpb::SelfRefineResponse, min_bytes: u32) -> String {
-    if r.skipped_too_short {
-        return format!(
-            "done: the draft is shorter than {min_bytes} bytes (--min-bytes): returned unchanged, no model call"
-        );
-    }
-    let u = r.usage.unwrap_or_default();
-    let mut line = format!(
-        "done: {} after {}, text {}, {} ({} tokens)",
-        stop_reason_name(r.stop_reason),
-        plural(r.passes.len(), "pass"),
-        if r.changed { "changed" } else { "unchanged" },
-        plural(u.calls as usize, "call"),
-        u.prompt_tokens + u.completion_tokens
-    );
-    if !r.degraded_from.is_empty() {
-        line.push_str(&format!("; decided without {} (degraded)", r.degraded_from));
-    }
-    line
-}
-
-/// One pass as JSON: the critique and every figure (the revision's size, not its text).
-pub fn pass_json(p: &rpb::SelfRefinePass) -> Value {
-    json!({
-        "pass": p.pass, "critique": p.critique, "revised_bytes": p.revised.len(),
-        "char_similarity": p.char_similarity, "jaccard": p.jaccard, "jaccard_confidence": p.jaccard_confidence,
-        "cosine": p.cosine, "decided_by": p.decided_by, "converged": p.converged, "diverged": p.diverged,
-        "rolled_back": p.rolled_back, "similarity_to_original": p.similarity_to_original,
-        "similarity_measure": p.similarity_measure, "rollback_threshold": p.rollback_threshold,
-        "degraded_from": p.degraded_from, "degraded_reason": p.degraded_reason,
-        "similarity_degraded_reason": p.similarity_degraded_reason, "embedding_cached": p.embedding_cached,
-        "revised_block_missing": p.revised_block_missing, "error": p.error, "usage": usage_json(p.usage.as_ref()),
-    })
-}
-
-/// A self-refine result as JSON, without the final text (see [`result_json`]).
-pub fn self_refine_result_json(r: &rpb::SelfRefineResponse) -> Value {
-    let model = r
-        .model
-        .as_ref()
-        .map(|m| json!({"phase": m.phase, "backend": m.backend, "model": m.model, "temperature": m.temperature}));
-    json!({
-        "stop_reason": stop_reason_name(r.stop_reason), "converged": r.converged, "rolled_back": r.rolled_back,
-        "changed": r.changed, "skipped_too_short": r.skipped_too_short, "degraded_from": r.degraded_from,
-        "passes": r.passes.iter().map(pass_json).collect::<Vec<_>>(), "usage": usage_json(r.usage.as_ref()),
-        "model": model,
-    })
-}
-
-/// The result as `assay refine-text --json` prints it.
-pub fn result_json(run_id: &str, state: i32, r: &rpb::SelfRefineResponse) -> Value {
-    let mut v = self_refine_result_json(r);
-    v["run_id"] = json!(run_id);
-    v["state"] = json!(state_name(state));
-    v["final_text"] = json!(r.final_text);
-    v
+/// The result as `assay refine-text --json` prints it: the response in the proto3 JSON mapping
+/// with the run's id and state.
+pub fn result_json(run_id: &str, state: i32, r: &rpb::SelfRefineResponse) -> Result<Value, String> {
+    run_output(run_id, state, r)
 }
 
 #[cfg(test)]
@@ -548,102 +356,7 @@ mod tests {
     }
 
     #[test]
-    fn pass_lines_speak_human() {
-        let revised = rpb::SelfRefinePass {
-            pass: 1,
-            critique: vec!["Too vague".into(), "No example".into(), "Jargon".into()],
-            revised: "New text".into(),
-            char_similarity: 0.71,
-            jaccard: Some(0.62),
-            decided_by: "jaccard".into(),
-            ..Default::default()
-        };
-        assert_eq!(pass_line(&revised), "pass 1: 3 critique points; similarity 0.62 (jaccard); revised");
-        let converged = rpb::SelfRefinePass {
-            pass: 2,
-            critique: vec!["No material issues".into()],
-            char_similarity: 0.994,
-            decided_by: "char".into(),
-            converged: true,
-            similarity_to_original: Some(0.93),
-            similarity_measure: "embedding".into(),
-            rollback_threshold: Some(0.8),
-            ..Default::default()
-        };
-        assert_eq!(
-            pass_line(&converged),
-            "pass 2: no material issues; similarity 0.99 (char); 0.93 to the original (embedding); converged"
-        );
-        let rolled = rpb::SelfRefinePass {
-            pass: 2,
-            critique: vec!["Rewrite all".into()],
-            char_similarity: 0.2,
-            decided_by: "char".into(),
-            diverged: true,
-            rolled_back: true,
-            similarity_to_original: Some(0.41),
-            similarity_measure: "jaccard".into(),
-            rollback_threshold: Some(0.74),
-            degraded_from: "embedding".into(),
-            degraded_reason: "breaker open".into(),
-            ..Default::default()
-        };
-        assert_eq!(
-            pass_line(&rolled),
-            "pass 2: 1 critique point; similarity 0.20 (char); 0.41 to the original (jaccard) < 0.74; degraded from \
-             embedding: breaker open; rolled back; kept the previous draft"
-        );
-        let failed = rpb::SelfRefinePass {
-            pass: 1,
-            error: "reply cut at the token limit".into(),
-            revised_block_missing: true,
-            ..Default::default()
-        };
-        assert_eq!(
-            pass_line(&failed),
-            "pass 1: no critique; no <revised> block; error: reply cut at the token limit; kept the previous draft"
-        );
-        let diverged = rpb::SelfRefinePass {
-            pass: 1,
-            critique: vec!["a".into(), "b".into()],
-            cosine: Some(0.5),
-            decided_by: "embedding".into(),
-            diverged: true,
-            ..Default::default()
-        };
-        assert_eq!(pass_line(&diverged), "pass 1: 2 critique points; similarity 0.50 (embedding); revised (diverged)");
-    }
-
-    #[test]
-    fn self_refined_lines_say_what_the_hook_did() {
-        let entry = |skipped: &str, error: &str, refine: Option<rpb::SelfRefineResponse>| gw::SelfRefined {
-            target: "stages".into(),
-            producer: "model".into(),
-            skipped: skipped.into(),
-            before: "Old.".into(),
-            after: if refine.is_some() { "New." } else { "Old." }.into(),
-            refine,
-            error: error.into(),
-        };
-        let refined = rpb::SelfRefineResponse {
-            passes: vec![rpb::SelfRefinePass::default(), rpb::SelfRefinePass::default()],
-            stop_reason: rpb::SelfRefineStopReason::Converged as i32,
-            changed: true,
-            ..Default::default()
-        };
-        assert_eq!(
-            self_refined_line(&entry("", "", Some(refined))),
-            "self-refine stages (model): converged after 2 passes, text changed"
-        );
-        assert_eq!(self_refined_line(&entry("excluded", "", None)), "self-refine stages (model): skipped: excluded");
-        assert_eq!(
-            self_refined_line(&entry("", "refiner unavailable", None)),
-            "self-refine stages (model): error: refiner unavailable; kept the text"
-        );
-    }
-
-    #[test]
-    fn the_summary_and_the_json_tell_how_it_ended() {
+    fn the_json_is_the_response_in_the_proto_mapping() {
         let r = rpb::SelfRefineResponse {
             final_text: "Better text.".into(),
             passes: vec![rpb::SelfRefinePass { pass: 1, revised: "Better text.".into(), ..Default::default() }],
@@ -654,23 +367,12 @@ mod tests {
             degraded_from: "embedding".into(),
             ..Default::default()
         };
-        assert_eq!(
-            summary_line(&r, 200),
-            "done: converged after 1 pass, text changed, 1 call (420 tokens); decided without embedding (degraded)"
-        );
-        let skipped = rpb::SelfRefineResponse {
-            skipped_too_short: true,
-            stop_reason: rpb::SelfRefineStopReason::TooShort as i32,
-            ..Default::default()
-        };
-        assert!(summary_line(&skipped, 200).contains("shorter than 200 bytes"));
-        let v = result_json("run-1", gw::RunState::Succeeded as i32, &r);
-        assert_eq!(v["final_text"], "Better text.");
-        assert_eq!((v["run_id"].as_str(), v["state"].as_str()), (Some("run-1"), Some("succeeded")));
-        assert_eq!(v["stop_reason"], "converged");
-        assert_eq!(v["passes"][0]["revised_bytes"], 12);
-        assert_eq!(v["usage"]["prompt_tokens"], 300);
-        assert_eq!(v["degraded_from"], "embedding");
-        assert!(self_refine_result_json(&r).get("final_text").is_none());
+        let v = result_json("run-1", gw::RunState::Succeeded as i32, &r).unwrap();
+        assert_eq!(v["finalText"], "Better text.");
+        assert_eq!((v["runId"].as_str(), v["state"].as_str()), (Some("run-1"), Some("RUN_STATE_SUCCEEDED")));
+        assert_eq!(v["stopReason"], "SELF_REFINE_STOP_REASON_CONVERGED");
+        assert_eq!(v["passes"][0]["revised"], "Better text.");
+        assert_eq!(v["usage"]["promptTokens"], "300");
+        assert_eq!(v["degradedFrom"], "embedding");
     }
 }

@@ -32,8 +32,9 @@ use assay_domain::debate::{
     answers_agree, majority_vote, normalize_answer, solver_temperature,
 };
 use assay_domain::template::template_sha256;
-use assay_domain::{EventSink, ModelHub, ModelRecord, ModelSpec, ResolvedChat, StageError, Usage};
-use assay_llm::{ChatRequest, ChatResponse, FinishReason, Message, ResponseFormat};
+use assay_domain::{EventSink, ModelRecord, ModelSpec, StageError, Usage};
+use assay_llm::json::reply_json;
+use assay_llm::{ChatRequest, ChatResponse, FinishReason, Message, ModelHub, Purpose, ResolvedChat, ResponseFormat};
 use serde_json::Value;
 
 /// Times a call that failed transiently (its client's retries spent) is made again.
@@ -66,7 +67,6 @@ struct Job<'a> {
     schema: Value,
     prompt: String,
     chat: &'a ResolvedChat,
-    spec: &'a ModelSpec,
     temperature: f64,
 }
 
@@ -79,18 +79,17 @@ struct Called<T> {
 }
 
 impl Job<'_> {
-    fn request(&self, messages: Vec<Message>, max_tokens: u32) -> ChatRequest {
-        let mut req = self.chat.settings.apply(ChatRequest {
-            messages,
+    /// The stage's part of every call of this job: room for the longest reply the schema allows,
+    /// at the temperature the debate chose (a solver's spread, the judge's default) from the spec.
+    fn purpose(&self) -> Purpose {
+        Purpose::new(reply::reply_tokens(&self.schema)).chosen_temperature(self.temperature)
+    }
+
+    fn request(&self, messages: Vec<Message>) -> ChatRequest {
+        ChatRequest {
             response_format: ResponseFormat::JsonSchema { name: self.schema_name.into(), schema: self.schema.clone() },
-            temperature: Some(self.temperature as f32),
-            top_p: self.spec.top_p.map(|p| p as f32),
-            max_tokens: Some(max_tokens),
-            cache: self.chat.cache,
-            ..Default::default()
-        });
-        req.max_tokens = Some(max_tokens);
-        req
+            ..self.chat.request(messages, self.purpose())
+        }
     }
 
     /// Why `reply` cannot be used, if it cannot.
@@ -100,7 +99,7 @@ impl Job<'_> {
         parse: &impl Fn(&Value) -> Result<T, String>,
     ) -> Result<T, String> {
         let cut = reply.finish_reason == FinishReason::Length;
-        let value = reply.json.clone().or_else(|| assay_llm::extract_json(&reply.text));
+        let value = reply_json(reply);
         let parsed = match value {
             Some(v) => parse(&v),
             None => Err("the reply holds no JSON object".into()),
@@ -109,10 +108,10 @@ impl Job<'_> {
     }
 
     /// One model call; a transient failure is tried again [`CALL_RETRIES`] times.
-    async fn call(&self, messages: Vec<Message>, max_tokens: u32) -> Result<ChatResponse, StageError> {
+    async fn call(&self, messages: Vec<Message>) -> Result<ChatResponse, StageError> {
         let mut failed = 0u32;
         loop {
-            match self.chat.model.chat(self.request(messages.clone(), max_tokens)).await {
+            match self.chat.model.chat(self.request(messages.clone())).await {
                 Ok(reply) => return Ok(reply),
                 Err(e) if e.is_transient() && failed < CALL_RETRIES => {
                     tracing::warn!(phase = self.phase, error = %e, again = failed + 1, "model call failed after its retries, calling again");
@@ -126,12 +125,12 @@ impl Job<'_> {
 
     /// The call, and one retry showing the model its unusable reply and why.
     async fn ask<T>(&self, parse: impl Fn(&Value) -> Result<T, String>) -> Result<Called<T>, StageError> {
-        // The configuration's limit, else room for the longest reply the schema allows.
-        let max_tokens = self.chat.settings.max_tokens.unwrap_or_else(|| reply::reply_tokens(&self.schema));
+        // The caller's or the configuration's limit, else room for the longest reply the schema allows.
+        let max_tokens = self.chat.max_tokens(self.purpose());
         let mut record = self.chat.record(self.phase, max_tokens, template_sha256(self.template), false);
         record.temperature = Some(self.temperature);
         let mut usage = Usage::default();
-        let first = self.call(vec![Message::user(self.prompt.clone())], max_tokens).await?;
+        let first = self.call(vec![Message::user(self.prompt.clone())]).await?;
         usage.add(&first.usage);
         let why = match Self::read(&first, max_tokens, &parse) {
             Ok(value) => return Ok(Called { value: Ok(value), usage, record }),
@@ -143,7 +142,7 @@ impl Job<'_> {
             Message::assistant(first.text.clone()),
             Message::user(prompt::retry(&why)),
         ];
-        let second = self.call(messages, max_tokens).await?;
+        let second = self.call(messages).await?;
         usage.add(&second.usage);
         let value = Self::read(&second, max_tokens, &parse)
             .map_err(|again| if again == why { why } else { format!("{why}; after the retry: {again}") });
@@ -199,7 +198,6 @@ impl DebateCore {
                 schema: reply::solution_schema(),
                 prompt: prompt::solve(problem, solver),
                 chat,
-                spec: &solver.model,
                 temperature: solver_temperature(&solver.model, configured_temperature(chat), i),
             };
             let called = job.ask(|v| reply::parse_solution(v, &solver.id)).await?;
@@ -242,7 +240,6 @@ impl DebateCore {
                 schema: reply::review_schema(),
                 prompt: prompt::review(problem, reviewer, target),
                 chat,
-                spec: &reviewer.model,
                 temperature: solver_temperature(&reviewer.model, configured_temperature(chat), r),
             };
             let called = job.ask(|v| reply::parse_review(v, &reviewer.id, &target.solver_id)).await?;
@@ -289,7 +286,6 @@ impl DebateCore {
                     schema: reply::refinement_schema(),
                     prompt: prompt::refine(problem, solver, own, &mine),
                     chat,
-                    spec: &solver.model,
                     temperature: solver_temperature(&solver.model, configured_temperature(chat), i),
                 };
                 let called = job.ask(|v| reply::parse_refinement(v, &solver.id, &own.final_answer)).await?;
@@ -332,7 +328,6 @@ impl DebateCore {
             schema: reply::judgment_schema(&ids),
             prompt: prompt::judge(problem, solutions, reviews, refined),
             chat,
-            spec,
             temperature: spec.temperature.or(configured_temperature(chat)).unwrap_or(DEFAULT_JUDGE_TEMPERATURE),
         };
         let called = job.ask(|v| reply::parse_judgment(v, &ids)).await?;

@@ -10,6 +10,7 @@ use assay_domain::debate::{
     MAX_ARTIFACT_ITEMS, MAX_ARTIFACT_TEXT_BYTES, RefinedSolution, RejectedCritique, Review, Solution, SolutionError,
     normalize_answer,
 };
+use assay_llm::json::lenient_bool;
 use serde_json::{Map, Value, json};
 
 /// Most characters of one text the schemas allow.
@@ -270,26 +271,13 @@ pub fn parse_review(v: &Value, reviewer_id: &str, target_solver_id: &str) -> Res
     })
 }
 
-/// A yes/no value: a boolean or a "true"/"false"/"yes"/"no" text.
-fn flag(v: &Value) -> Option<bool> {
-    match v {
-        Value::Bool(b) => Some(*b),
-        Value::String(s) => match s.trim().to_ascii_lowercase().as_str() {
-            "true" | "yes" => Some(true),
-            "false" | "no" => Some(false),
-            _ => None,
-        },
-        Value::Null | Value::Number(_) | Value::Array(_) | Value::Object(_) => None,
-    }
-}
-
 /// A stage 3 reply. Without a usable `changed_from_original`, whether the answer changed is read
 /// from the answers (normalised).
 pub fn parse_refinement(v: &Value, solver_id: &str, original_answer: &str) -> Result<RefinedSolution, String> {
     let o = object(v)?;
     let answer = final_answer(o)?;
     let changed = field(o, &["changed_from_original", "changed"])
-        .and_then(flag)
+        .and_then(lenient_bool)
         .unwrap_or_else(|| normalize_answer(&answer) != normalize_answer(original_answer));
     let critiques_rejected = match field(o, &["critiques_rejected"]) {
         Some(Value::Array(a)) => a

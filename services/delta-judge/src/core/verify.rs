@@ -6,20 +6,20 @@
 //! is broken and every issue is fixed; every reason it is not is named. A failed call leaves its
 //! issue unverified (a rejection reason), never a silent pass.
 //!
-//! CompareTexts runs the shared convergence cascade ([`assay_domain::similarity`]); the core holds
+//! CompareTexts runs the shared convergence cascade ([`assay_llm::convergence`]); the core holds
 //! one cascade (embedding cache and breaker) for its lifetime.
 
 use std::sync::Arc;
 
-use assay_domain::similarity::{Cascade, EmbeddingSource};
 use assay_domain::template::render;
 use assay_domain::verify::{
     CompareOutcome, CompareRequest, DeltaJudge, HeuristicCheck, IssueVerification, LockViolation, ReadabilityReport,
     VerifyOutcome, VerifyRequest,
 };
-use assay_domain::{Answer, ConfidenceLevel, JudgeIssue, ModelHub, ModelRecord, ResolvedChat, StageError, Usage};
+use assay_domain::{Answer, ConfidenceLevel, JudgeIssue, ModelRecord, StageError, Usage};
 use assay_domain::{Section, Violations};
-use assay_llm::{ChatRequest, ChatResponse, Message, ResponseFormat, TokenLogprob};
+use assay_llm::convergence::{Cascade, EmbeddingSource};
+use assay_llm::{ChatRequest, ChatResponse, Message, ModelHub, Purpose, ResolvedChat, ResponseFormat, TokenLogprob};
 use futures::StreamExt;
 
 use super::readability::{self, Readability};
@@ -317,18 +317,18 @@ pub fn prompt(issue: &JudgeIssue, before: &Section, after: &Section) -> String {
     )
 }
 
-async fn check_issue(chat: &ResolvedChat, max_tokens: u32, request: &VerifyRequest, issue: &JudgeIssue) -> IssueResult {
+async fn check_issue(
+    chat: &ResolvedChat,
+    purpose: Purpose,
+    request: &VerifyRequest,
+    issue: &JudgeIssue,
+) -> IssueResult {
     let req = ChatRequest {
-        messages: vec![Message::user(prompt(issue, &request.before, &request.after))],
         // The answer must be the first token for its logprobs to mean anything.
         response_format: ResponseFormat::Choice(vec!["YES".into(), "NO".into()]),
         top_logprobs: Some(5),
-        cache: chat.cache,
-        ..Default::default()
+        ..chat.request(vec![Message::user(prompt(issue, &request.before, &request.after))], purpose)
     };
-    let mut req = chat.settings.apply(req);
-    req.max_tokens = Some(max_tokens);
-    req.temperature = Some(req.temperature.unwrap_or(0.0));
     match chat.model.chat(req).await {
         Ok(reply) => interpret(&issue.id, &reply),
         Err(e) => {
@@ -383,12 +383,12 @@ impl DeltaJudge for DeltaJudgeCore {
             ModelRecord { phase: PHASE.into(), prompt_template_sha256: template_sha, ..ModelRecord::default() }
         } else {
             let chat = self.hub.chat(PHASE, &request.model, "model")?;
-            let max_tokens = chat.settings.max_tokens.unwrap_or(ANSWER_TOKENS);
-            let mut record = chat.record(PHASE, max_tokens, template_sha, true);
+            let purpose = Purpose::new(ANSWER_TOKENS);
+            let mut record = chat.record(PHASE, chat.max_tokens(purpose), template_sha, true);
             record.temperature = Some(record.temperature.unwrap_or(0.0));
             let (chat, req) = (&chat, &request);
             let results: Vec<IssueResult> = futures::stream::iter(0..request.issues.len())
-                .map(|i| check_issue(chat, max_tokens, req, &req.issues[i]))
+                .map(|i| check_issue(chat, purpose, req, &req.issues[i]))
                 .buffered(self.concurrency)
                 .collect()
                 .await;

@@ -423,17 +423,33 @@ impl RunCtx {
         rx: &mut mpsc::UnboundedReceiver<pb::Progress>,
         call: impl Future<Output = T>,
     ) -> Result<T, StageError> {
+        self.relay_with(rx, call, move |p| self.progress(service, p)).await
+    }
+
+    /// Await a stage call while handing each event it reports through `rx` (fed by the sink handed
+    /// to the stage) to `relay` (which emits it as the pipeline's run event), one at a time in
+    /// order; events left in the channel when the call ends are relayed before returning. The
+    /// first error of `relay` stops the relay (and drops the call).
+    pub async fn relay_with<E, T, R>(
+        &self,
+        rx: &mut mpsc::UnboundedReceiver<E>,
+        call: impl Future<Output = T>,
+        mut relay: impl FnMut(E) -> R,
+    ) -> Result<T, StageError>
+    where
+        R: Future<Output = Result<(), StageError>>,
+    {
         tokio::pin!(call);
         loop {
             tokio::select! {
                 biased;
                 out = &mut call => {
-                    while let Ok(p) = rx.try_recv() {
-                        self.progress(service, p).await?;
+                    while let Ok(e) = rx.try_recv() {
+                        relay(e).await?;
                     }
                     return Ok(out);
                 }
-                Some(p) = rx.recv() => self.progress(service, p).await?,
+                Some(e) = rx.recv() => relay(e).await?,
             }
         }
     }
@@ -771,6 +787,46 @@ mod tests {
 
     fn scored(i: u32) -> Event {
         Event::RecordScored(gw::RecordResult { index: i, ..Default::default() })
+    }
+
+    #[tokio::test]
+    async fn relay_hands_over_every_event_in_order_those_left_at_the_end_included() {
+        let ctx = RunCtx::new(gw::Run { run_id: "r".into(), ..Default::default() }, 0, None);
+        let (tx, mut rx) = mpsc::unbounded_channel::<u32>();
+        let call = async move {
+            for n in 0..10 {
+                tx.send(n).unwrap();
+                tokio::task::yield_now().await;
+            }
+            // Still in the channel when the call ends.
+            for n in 10..20 {
+                tx.send(n).unwrap();
+            }
+            "done"
+        };
+        let seen = Mutex::new(Vec::new());
+        let relay = |n| {
+            seen.lock().unwrap().push(n);
+            async { Ok(()) }
+        };
+        assert_eq!(ctx.relay_with(&mut rx, call, relay).await, Ok("done"));
+        assert_eq!(*seen.lock().unwrap(), (0..20).collect::<Vec<u32>>());
+    }
+
+    #[tokio::test]
+    async fn a_failed_relay_stops_the_call() {
+        let ctx = RunCtx::new(gw::Run { run_id: "r".into(), ..Default::default() }, 0, None);
+        let (tx, mut rx) = mpsc::unbounded_channel::<u32>();
+        let (held, dropped) = oneshot::channel::<()>();
+        let call = async move {
+            let _held = held;
+            tx.send(1).unwrap();
+            std::future::pending::<()>().await;
+        };
+        let relay = |_| async { Err(StageError::Unavailable("run store down".into())) };
+        let out = ctx.relay_with(&mut rx, call, relay).await;
+        assert_eq!(out, Err(StageError::Unavailable("run store down".into())));
+        assert!(dropped.await.is_err(), "the call was dropped");
     }
 
     #[tokio::test]

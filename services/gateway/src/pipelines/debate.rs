@@ -159,19 +159,7 @@ impl DebatePipeline {
             let _ = tx.send(e);
         };
         let call = debate.run_debate(request, &sink);
-        tokio::pin!(call);
-        let outcome: DebateOutcome = loop {
-            tokio::select! {
-                biased;
-                out = &mut call => {
-                    while let Ok(e) = rx.try_recv() {
-                        self.relay(ctx, i, &e).await?;
-                    }
-                    break out?;
-                }
-                Some(e) = rx.recv() => self.relay(ctx, i, &e).await?,
-            }
-        };
+        let outcome: DebateOutcome = ctx.relay_with(&mut rx, call, |e| self.relay(ctx, i, e)).await??;
         ctx.add_usage(&outcome.usage);
         for m in outcome.solutions.iter().filter_map(|s| s.model.as_ref()) {
             ctx.add_model(m);
@@ -193,11 +181,7 @@ impl DebatePipeline {
                     target: p.id.clone(),
                     producer: "debate",
                     text: outcome.final_answer.clone(),
-                    instruction: format!(
-                        "The text is the final answer to this problem. Keep the answer itself (its value or \
-                         conclusion) unchanged.\nProblem:\n{}",
-                        p.problem
-                    ),
+                    instruction: assay_domain::self_refine::final_answer_instruction(&p.problem),
                 };
                 Some(self_refine_hook::refine(&self.stages, ctx, hook, output).await?)
             }
@@ -273,11 +257,12 @@ impl DebatePipeline {
         })
     }
 
-    async fn relay(&self, ctx: &RunCtx, i: usize, e: &DebateEvent) -> Result<(), StageError> {
+    /// A finished stage of problem `i`'s debate, as a `debate_stage` event.
+    async fn relay(&self, ctx: &RunCtx, i: usize, e: DebateEvent) -> Result<(), StageError> {
         ctx.emit(Event::DebateStage(gw::DebateStageEvent {
             index: i as u32,
             problem_id: self.problems[i].id.clone(),
-            stage: Some(convert::debate::stage_completed_to(e)),
+            stage: Some(convert::debate::stage_completed_to(&e)),
         }))
         .await
     }

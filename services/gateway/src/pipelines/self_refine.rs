@@ -54,19 +54,7 @@ impl SelfRefine {
             let request =
                 SelfRefineRequest { prior_passes: passes.clone(), passes_this_call: 1, ..self.request.clone() };
             let call = self.stages.self_refiner()?.self_refine(request, &sink);
-            tokio::pin!(call);
-            let outcome = loop {
-                tokio::select! {
-                    biased;
-                    out = &mut call => {
-                        while let Ok(e) = rx.try_recv() {
-                            self.relay(ctx, e).await?;
-                        }
-                        break out?;
-                    }
-                    Some(e) = rx.recv() => self.relay(ctx, e).await?,
-                }
-            };
+            let outcome = ctx.relay_with(&mut rx, call, |e| Self::relay(ctx, e)).await??;
             // This call's passes (the earlier ones came back as they were sent).
             for p in outcome.passes.iter().skip(passes.len()) {
                 ctx.add_usage(&p.usage);
@@ -81,7 +69,8 @@ impl SelfRefine {
         }
     }
 
-    async fn relay(&self, ctx: &RunCtx, event: SelfRefinePassEvent) -> Result<(), StageError> {
+    /// A finished pass, as a `self_refine_pass` event (and one more step done).
+    async fn relay(ctx: &RunCtx, event: SelfRefinePassEvent) -> Result<(), StageError> {
         let SelfRefinePassEvent::PassFinished(pass) = event;
         ctx.add_done();
         ctx.emit(Event::SelfRefinePass(convert::self_refine::pass_to(&pass))).await

@@ -16,10 +16,8 @@ use assay_domain::generator::{
 use assay_domain::limits::MAX_QUESTION_BYTES;
 use assay_domain::refiners::ChecklistRefiner;
 use assay_domain::template::render;
-use assay_domain::{
-    Checklist, ChecklistItem, EventSink, GenerationLevel, ModelHub, ModelSpec, ResolvedChat, StageError, Usage,
-};
-use assay_llm::{ChatRequest, Message, ResponseFormat};
+use assay_domain::{Checklist, ChecklistItem, EventSink, GenerationLevel, ModelSpec, StageError, Usage};
+use assay_llm::{ChatRequest, Message, ModelHub, Purpose, ResolvedChat, ResponseFormat};
 use futures::StreamExt;
 
 pub use parse::{HARD_RULE, PRINCIPLE, ParsedItem, ParsedReply, normalize_category, parse_reply, schema};
@@ -166,19 +164,15 @@ impl Generator {
                 ("item_count", &item_count_text),
             ],
         );
-        let max_tokens =
-            chat.settings.max_tokens.unwrap_or_else(|| (TOKENS_PER_ITEM * max_items + 256).clamp(1024, 16_384));
+        // The preset's temperature unless the caller set one (not the phase's: presets differ).
+        let purpose =
+            Purpose::new((TOKENS_PER_ITEM * max_items + 256).clamp(1024, 16_384)).chosen_temperature(temperature);
+        let max_tokens = chat.max_tokens(purpose);
         let shape = preset.item_shape();
         let req = ChatRequest {
-            messages: vec![Message::user(prompt)],
-            temperature: Some(temperature as f32),
-            top_p: request.model.top_p.map(|p| p as f32),
-            max_tokens: Some(max_tokens),
             response_format: ResponseFormat::JsonSchema { name: "checklist".into(), schema: schema(shape, max_items) },
-            cache: chat.cache,
-            ..Default::default()
+            ..chat.request(vec![Message::user(prompt)], purpose)
         };
-        let req = chat.settings.apply(req);
         let reply = chat.model.chat(req).await?;
         usage.add(&reply.usage);
         let parsed = parse_reply(&reply, shape).map_err(|why| {
@@ -260,16 +254,9 @@ impl Generator {
         let replies: Vec<_> = futures::stream::iter(plan)
             .map(|(i, temperature, seed)| async move {
                 let chat = &chats[i].0;
-                let req = ChatRequest {
-                    messages: vec![Message::user(input.trim())],
-                    temperature: Some(temperature as f32),
-                    top_p: chats[i].1.top_p.map(|p| p as f32),
-                    seed,
-                    max_tokens: Some(chat.settings.max_tokens.unwrap_or(CANDIDATE_MAX_TOKENS)),
-                    cache: chat.cache,
-                    ..Default::default()
-                };
-                let reply = chat.model.chat(chat.settings.apply(req)).await;
+                let purpose = Purpose::new(CANDIDATE_MAX_TOKENS).chosen_temperature(temperature);
+                let req = ChatRequest { seed, ..chat.request(vec![Message::user(input.trim())], purpose) };
+                let reply = chat.model.chat(req).await;
                 (chat.model_name(), reply)
             })
             .buffered(self.concurrency)

@@ -1,6 +1,7 @@
 //! Reply schemas and lenient parsing of generator replies.
 
 use assay_llm::ChatResponse;
+use assay_llm::json::{preview, reply_json};
 use serde_json::{Map, Value, json};
 
 use assay_domain::generator::ItemShape;
@@ -72,11 +73,9 @@ const QUESTION_KEYS: &[&str] = &["question", "text", "criterion", "rubric", "ite
 /// `{"items": [...]}` (or `questions`, `checklist`, `criteria`, `rubric(s)`), a bare array, and
 /// entries that are plain strings. Errors say why nothing usable was found.
 pub fn parse_reply(reply: &ChatResponse, shape: ItemShape) -> Result<ParsedReply, String> {
-    let value = reply
-        .json
-        .clone()
-        .or_else(|| assay_llm::extract_json(&reply.text))
-        .ok_or_else(|| format!("the reply holds no JSON value (reply starts with {:?})", preview(&reply.text)))?;
+    let value = reply_json(reply).ok_or_else(|| {
+        format!("the reply holds no JSON value (reply starts with {:?})", preview(&reply.text, PREVIEW_CHARS))
+    })?;
     let list = assay_llm::json::find_list(&value, LIST_KEYS)
         .ok_or_else(|| "the reply's JSON has no list of questions".to_string())?;
     let mut out = ParsedReply::default();
@@ -89,14 +88,8 @@ pub fn parse_reply(reply: &ChatResponse, shape: ItemShape) -> Result<ParsedReply
     Ok(out)
 }
 
-pub(crate) fn preview(text: &str) -> String {
-    let t = text.trim();
-    let mut end = t.len().min(80);
-    while !t.is_char_boundary(end) {
-        end -= 1;
-    }
-    t[..end].to_string()
-}
+/// Characters of a reply quoted in an error about it.
+pub(crate) const PREVIEW_CHARS: usize = 80;
 
 fn parse_entry(entry: &Value, shape: ItemShape) -> Option<ParsedItem> {
     let (text, weight, category) = match entry {

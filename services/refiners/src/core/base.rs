@@ -5,9 +5,9 @@
 use std::sync::Arc;
 
 use assay_domain::refiners::{DEFAULT_CONCURRENCY, MAX_CONCURRENCY};
-use assay_domain::similarity::Cascade;
-use assay_domain::{ModelHub, ModelSpec, ResolvedChat, Scorer, StageError, Usage};
-use assay_llm::{ChatRequest, ChatResponse, Message, ResponseFormat};
+use assay_domain::{ModelSpec, Scorer, StageError, Usage};
+use assay_llm::convergence::Cascade;
+use assay_llm::{ChatRequest, Message, ModelHub, Purpose, ResolvedChat, ResponseFormat};
 
 /// Configuration phase the refiners resolve their models for.
 pub const PHASE: &str = "refiners";
@@ -94,38 +94,13 @@ impl ChecklistRefiners {
     }
 }
 
-/// A refiner chat request: one user message, temperature 0 unless configured, the phase's settings.
+/// A refiner chat request: one user message, the reply `format`, `max_tokens` unless the caller or
+/// the configuration sets a limit, temperature 0 unless they set one ([`ResolvedChat::request`]).
 pub(crate) fn chat_request(
     chat: &ResolvedChat,
-    spec: &ModelSpec,
     prompt: String,
     format: ResponseFormat,
     max_tokens: u32,
 ) -> ChatRequest {
-    let req = ChatRequest {
-        messages: vec![Message::user(prompt)],
-        response_format: format,
-        top_p: spec.top_p.map(|p| p as f32),
-        max_tokens: Some(chat.settings.max_tokens.unwrap_or(max_tokens)),
-        cache: chat.cache,
-        ..Default::default()
-    };
-    let mut req = chat.settings.apply(req);
-    req.temperature = Some(req.temperature.unwrap_or(0.0));
-    req
-}
-
-/// The JSON value of a reply: the structured value when the backend gave one, else the JSON found
-/// in the text.
-pub(crate) fn reply_json(reply: &ChatResponse) -> Option<serde_json::Value> {
-    reply.json.clone().or_else(|| assay_llm::extract_json(&reply.text))
-}
-
-/// First `max` characters of `s`, for reasons and errors.
-pub(crate) fn preview(s: &str, max: usize) -> String {
-    let t = s.trim();
-    match t.char_indices().nth(max) {
-        Some((i, _)) => format!("{}...", &t[..i]),
-        None => t.to_string(),
-    }
+    ChatRequest { response_format: format, ..chat.request(vec![Message::user(prompt)], Purpose::new(max_tokens)) }
 }

@@ -211,7 +211,7 @@ impl ChecklistRefiners {
         // Room for the whole section (four characters a token) and a margin.
         let expected = if expand { target * 2 } else { r.section.content.chars().count() / 4 * 5 / 4 };
         let max_tokens = (expected + 256).min(8_192) as u32;
-        let req = chat_request(&chat, &r.model, prompt, ResponseFormat::Text, max_tokens);
+        let req = chat_request(&chat, prompt, ResponseFormat::Text, max_tokens);
         let record: ModelRecord = chat.record(
             phase,
             req.max_tokens.unwrap_or(max_tokens),
@@ -221,7 +221,7 @@ impl ChecklistRefiners {
         let reply = chat.model.chat(req).await?;
         let text = extract_section(&reply.text);
         let refused = if reply.finish_reason == assay_llm::FinishReason::Length {
-            Some(format!("the reply was cut at the token limit ({max_tokens} tokens)"))
+            Some(format!("the reply was cut at the token limit ({} tokens)", record.max_tokens))
         } else {
             refuse(&r.section, &text, r.previous.as_ref(), r.next.as_ref())
         };

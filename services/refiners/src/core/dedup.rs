@@ -6,11 +6,12 @@ use std::collections::HashSet;
 
 use assay_domain::template::render;
 use assay_domain::{ChecklistItem, StageError, Usage};
+use assay_llm::json::{preview, reply_json};
 use assay_llm::{ChatResponse, ResponseFormat};
 use futures::StreamExt;
 use serde_json::{Value, json};
 
-use super::base::{ChecklistRefiners, MERGE_TEMPLATE, chat_request, preview, reply_json};
+use super::base::{ChecklistRefiners, MERGE_TEMPLATE, chat_request};
 use assay_domain::refiners::{ActionKind, DEFAULT_DEDUP_THRESHOLD, DedupOptions, RefinerAction, StepOutcome, names};
 
 /// Max tokens of a merge reply unless configured.
@@ -241,7 +242,6 @@ pub(super) async fn run(
             let prompt = render(MERGE_TEMPLATE, &[("questions", questions.trim_end())]);
             let req = chat_request(
                 chat,
-                &options.model,
                 prompt,
                 ResponseFormat::JsonSchema { name: "merged_question".into(), schema: merge_schema() },
                 MERGE_MAX_TOKENS,

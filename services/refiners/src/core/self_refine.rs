@@ -9,7 +9,7 @@
 //! enter the prompt only through [`fence_untrusted`], after the system message's rule that they
 //! are material, not instructions.
 //!
-//! Convergence is the shared cascade of [`assay_domain::similarity`] (char -> Jaccard ->
+//! Convergence is the shared cascade of [`assay_llm::convergence`] (char -> Jaccard ->
 //! embedding), held by the core for the service's lifetime so its embedding cache and breaker
 //! carry across requests, exactly as the delta judge's CompareTexts uses it.
 
@@ -17,9 +17,11 @@ use assay_domain::self_refine::{
     OriginalSimilarity, ROLLBACK_RATIO, SELF_REFINE_PHASE, SelfRefineOutcome, SelfRefinePass, SelfRefinePassEvent,
     SelfRefineRequest, SelfRefiner, StopReason,
 };
-use assay_domain::similarity::{CHAR_DIVERGED, DecidedBy, EmbeddingSource, jaccard};
+use assay_domain::similarity::{CHAR_DIVERGED, DecidedBy, jaccard};
 use assay_domain::template::{fence_untrusted, render, template_sha256};
-use assay_domain::{EventSink, ResolvedChat, StageError, Usage};
+use assay_domain::{EventSink, StageError, Usage};
+use assay_llm::ResolvedChat;
+use assay_llm::convergence::EmbeddingSource;
 use assay_llm::{FinishReason, Message, ResponseFormat};
 
 use super::ChecklistRefiners;
@@ -228,7 +230,7 @@ impl ChecklistRefiners {
         }
         let embeddings = embeddings.as_ref().map_err(String::clone);
         let max_tokens = reply_tokens(&r.draft);
-        let probe = chat_request(&chat, &r.model, String::new(), ResponseFormat::Text, max_tokens);
+        let probe = chat_request(&chat, String::new(), ResponseFormat::Text, max_tokens);
         let model = chat.record(SELF_REFINE_PHASE, probe.max_tokens.unwrap_or(max_tokens), prompt_sha256(), false);
         let instruction = if r.instruction.trim().is_empty() {
             "(not given: improve the draft on its own terms)"
@@ -265,7 +267,7 @@ impl ChecklistRefiners {
         for n in first..=last {
             let draft = fence_untrusted(&current);
             let prompt = render(USER_TEMPLATE, &[("instruction", instruction.as_ref()), ("draft", draft.as_ref())]);
-            let mut req = chat_request(&chat, &r.model, prompt, ResponseFormat::Text, max_tokens);
+            let mut req = chat_request(&chat, prompt, ResponseFormat::Text, max_tokens);
             req.messages.insert(0, Message::system(SYSTEM_TEMPLATE));
             let mut pass = SelfRefinePass { pass: n, ..Default::default() };
             let reply = match chat.model.chat(req).await {

@@ -5,11 +5,12 @@
 
 use assay_domain::template::render;
 use assay_domain::{ChecklistItem, StageError, Usage};
+use assay_llm::json::{lenient_bool, preview, reply_json};
 use assay_llm::{ChatResponse, ResponseFormat};
 use futures::StreamExt;
 use serde_json::{Value, json};
 
-use super::base::{ChecklistRefiners, TAG_TEMPLATE, chat_request, preview, reply_json};
+use super::base::{ChecklistRefiners, TAG_TEMPLATE, chat_request};
 use assay_domain::refiners::{ActionKind, ItemTag, RefinerAction, StepOutcome, TagOptions, names};
 
 /// Max tokens of a tagging reply unless configured.
@@ -28,19 +29,6 @@ fn tag_schema() -> Value {
         "required": ["reasoning", "generally_applicable", "section_specific"],
         "additionalProperties": false
     })
-}
-
-/// A boolean as models write it: `true`/`false`, or the strings true/false/yes/no (any case).
-fn lenient_bool(v: &Value) -> Option<bool> {
-    match v {
-        Value::Bool(b) => Some(*b),
-        Value::String(s) => match s.trim().to_ascii_lowercase().as_str() {
-            "true" | "yes" => Some(true),
-            "false" | "no" => Some(false),
-            _ => None,
-        },
-        Value::Null | Value::Number(_) | Value::Array(_) | Value::Object(_) => None,
-    }
 }
 
 /// (generally_applicable, section_specific, reasoning) of a reply, or why it cannot be read.
@@ -72,7 +60,6 @@ pub(super) async fn run(
             let prompt = render(TAG_TEMPLATE, &[("question", it.question.trim())]);
             let req = chat_request(
                 chat,
-                &options.model,
                 prompt,
                 ResponseFormat::JsonSchema { name: "question_tags".into(), schema: tag_schema() },
                 TAG_MAX_TOKENS,

@@ -16,10 +16,10 @@
 
 use assay_domain::template::render;
 use assay_domain::{
-    Answer, Checklist, ChecklistItem, ModelSpec, ResolvedChat, ScoreRequest, ScoreTarget, ScorerConfig, ScorerSettings,
-    ScoringMode, StageError, Usage,
+    Answer, Checklist, ChecklistItem, ModelSpec, ScoreRequest, ScoreTarget, ScorerConfig, ScorerSettings, ScoringMode,
+    StageError, Usage,
 };
-use assay_llm::ResponseFormat;
+use assay_llm::{ResolvedChat, ResponseFormat};
 use futures::StreamExt;
 
 use super::base::{ChecklistRefiners, REWRITE_TEMPLATE, chat_request};
@@ -176,8 +176,7 @@ pub(super) async fn run(
                 REWRITE_TEMPLATE,
                 &[("question", item.question.trim()), ("input", options.input.trim()), ("sample", sample.text.trim())],
             );
-            let req =
-                chat_request(chat, &options.model, prompt, ResponseFormat::Text, rewrite_max_tokens(&sample.text));
+            let req = chat_request(chat, prompt, ResponseFormat::Text, rewrite_max_tokens(&sample.text));
             let rewrite = match chat.model.chat(req).await {
                 Ok(r) => {
                     usage.add(&r.usage);

@@ -23,8 +23,9 @@ use assay_domain::judge::{
 };
 use assay_domain::limits::MAX_TEXT_BYTES;
 use assay_domain::template::render;
-use assay_domain::{Brief, EventSink, ModelRecord, ResolvedChat, Severity, StageError, Usage};
-use assay_llm::{ChatRequest, ChatResponse, Message, ResponseFormat};
+use assay_domain::{Brief, EventSink, ModelRecord, Severity, StageError, Usage};
+use assay_llm::json::reply_json;
+use assay_llm::{ChatRequest, ChatResponse, Message, Purpose, ResolvedChat, ResponseFormat};
 use futures::StreamExt;
 use serde_json::{Map, Value, json};
 
@@ -107,24 +108,18 @@ struct Panel<'a> {
 impl Panel<'_> {
     /// One judge: one call, then the parse. Never an error: failures are in the result.
     async fn run(&self, judge: &PanelJudge, chat: &ResolvedChat) -> JudgeResult {
-        let max_tokens = chat.settings.max_tokens.unwrap_or(self.max_tokens);
+        let purpose = Purpose::new(self.max_tokens);
+        let max_tokens = chat.max_tokens(purpose);
         // The judge's own temperature wins over the phase's; unset everywhere means 0. The record
         // keeps the caller's exact value (the wire request carries it as f32).
         let temperature = judge.model.temperature.or(chat.settings.temperature.map(f64::from)).unwrap_or(0.0);
         let mut record: ModelRecord = chat.record(PHASE, max_tokens, self.template_sha256.clone(), false);
         record.temperature = Some(temperature);
         let model = chat.model_name();
-        let mut req = chat.settings.apply(ChatRequest {
-            messages: vec![Message::user(self.prompt.clone())],
+        let req = ChatRequest {
             response_format: ResponseFormat::JsonSchema { name: "section_verdict".into(), schema: self.schema.clone() },
-            temperature: Some(temperature as f32),
-            top_p: judge.model.top_p.map(|p| p as f32),
-            max_tokens: Some(max_tokens),
-            cache: chat.cache,
-            deadline: None,
-            ..Default::default()
-        });
-        req.max_tokens = Some(max_tokens);
+            ..chat.request(vec![Message::user(self.prompt.clone())], purpose)
+        };
         let failed = |error: String, usage: Usage| {
             tracing::info!(judge = %judge.id, model = %model, error = %error, "judge failed");
             JudgeResult { judge_id: judge.id.clone(), verdict: None, error, usage, model_record: Some(record.clone()) }
@@ -134,7 +129,7 @@ impl Panel<'_> {
             // The backend gave no accounting for a failed call: its usage stays zero.
             Err(e) => return failed(format!("model call failed: {e}"), Usage::default()),
         };
-        let Some(value) = reply.json.clone().or_else(|| assay_llm::extract_json(&reply.text)) else {
+        let Some(value) = reply_json(&reply) else {
             return failed("the reply holds no JSON object".into(), reply.usage);
         };
         match parse_verdict(&value, &judge.id, self.sections, self.criteria) {

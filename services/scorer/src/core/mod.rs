@@ -9,11 +9,11 @@ use std::sync::Arc;
 use assay_domain::generator::default_scorer_for;
 use assay_domain::template::render;
 use assay_domain::{
-    AggregateScores, Checklist, ConfidenceLevel, EventSink, ItemScore, ItemStatus, ModelHub, ModelRecord, ResolvedChat,
-    Score, ScoreEvent, ScoreOutcome, ScoreRequest, ScoreTarget, Scorer, ScorerConfig, ScoringMode, ScoringPrompt,
-    StageError, Usage, Violations,
+    AggregateScores, Checklist, ConfidenceLevel, EventSink, ItemScore, ItemStatus, ModelRecord, Score, ScoreEvent,
+    ScoreOutcome, ScoreRequest, ScoreTarget, Scorer, ScorerConfig, ScoringMode, ScoringPrompt, StageError, Usage,
+    Violations,
 };
-use assay_llm::{ChatRequest, ChatResponse, Message, ResponseFormat};
+use assay_llm::{ChatRequest, ChatResponse, Message, ModelHub, Purpose, ResolvedChat, ResponseFormat};
 use futures::StreamExt;
 
 pub use parse::{BatchAnswer, map_batch_answers, parse_batch_reply, parse_item_reply};
@@ -86,10 +86,12 @@ impl Scorer for ScorerCore {
         let chat = self.hub.chat(PHASE, &request.model, "model")?;
         let template = config.prompt_template.as_deref().unwrap_or_else(|| builtin_template(config));
         let n = request.checklist.items.len() as u32;
-        let max_tokens = match config.mode {
-            ScoringMode::Batch => chat.settings.max_tokens.unwrap_or(0).max(TOKENS_PER_ITEM * n + 64),
-            ScoringMode::Item => chat.settings.max_tokens.unwrap_or(if config.capture_reasoning { 256 } else { 16 }),
+        // A batch reply needs room for every item: that bound wins over a smaller configured limit.
+        let purpose = match config.mode {
+            ScoringMode::Batch => Purpose::new(TOKENS_PER_ITEM * n + 64).at_least(TOKENS_PER_ITEM * n + 64),
+            ScoringMode::Item => Purpose::new(if config.capture_reasoning { 256 } else { 16 }),
         };
+        let max_tokens = chat.max_tokens(purpose);
         let logprobs = config.wants_logprobs();
         let record = {
             let mut r: ModelRecord =
@@ -103,7 +105,7 @@ impl Scorer for ScorerCore {
             checklist: &request.checklist,
             config,
             template,
-            max_tokens,
+            purpose,
             concurrency,
             calls: tokio::sync::Semaphore::new(concurrency),
         };
@@ -137,33 +139,20 @@ struct Job<'a> {
     checklist: &'a Checklist,
     config: &'a ScorerConfig,
     template: &'a str,
-    max_tokens: u32,
+    /// The stage's defaults and bound for every call ([`ResolvedChat::request`]).
+    purpose: Purpose,
     concurrency: usize,
     /// One permit per model call in flight.
     calls: tokio::sync::Semaphore,
 }
 
 impl Job<'_> {
-    fn request(
-        &self,
-        prompt: String,
-        format: ResponseFormat,
-        max_tokens: u32,
-        top_logprobs: Option<u8>,
-    ) -> ChatRequest {
-        let req = ChatRequest {
-            messages: vec![Message::user(prompt)],
+    fn request(&self, prompt: String, format: ResponseFormat, top_logprobs: Option<u8>) -> ChatRequest {
+        ChatRequest {
             response_format: format,
-            max_tokens: Some(max_tokens),
             top_logprobs,
-            cache: self.chat.cache,
-            deadline: None,
-            ..Default::default()
-        };
-        let mut req = self.chat.settings.apply(req);
-        req.max_tokens = Some(max_tokens);
-        req.temperature = Some(req.temperature.unwrap_or(0.0));
-        req
+            ..self.chat.request(vec![Message::user(prompt)], self.purpose)
+        }
     }
 
     /// The prompt for `t`. Record text is untrusted: it is fenced (see
@@ -211,7 +200,6 @@ impl Job<'_> {
         let req = self.request(
             self.render(t, questions.trim_end()),
             ResponseFormat::JsonSchema { name: "checklist_answers".into(), schema },
-            self.max_tokens,
             None,
         );
         let reply: ChatResponse = self.call(req).await?;
@@ -246,7 +234,7 @@ impl Job<'_> {
                         None,
                     )
                 };
-                let req = self.request(prompt, format, self.max_tokens, top);
+                let req = self.request(prompt, format, top);
                 (it, self.call(req).await)
             })
             .buffered(self.concurrency);

@@ -2,6 +2,7 @@
 
 use assay_domain::{Answer, Checklist, ItemScore, ItemStatus};
 use assay_llm::ChatResponse;
+use assay_llm::json::reply_json;
 use serde_json::{Value, json};
 
 /// Schema of a batch reply.
@@ -53,10 +54,6 @@ pub struct BatchAnswer {
     pub index: i64,
     pub answer: String,
     pub reasoning: Option<String>,
-}
-
-fn reply_json(reply: &ChatResponse) -> Option<Value> {
-    reply.json.clone().or_else(|| assay_llm::extract_json(&reply.text))
 }
 
 fn index_of(v: &Value) -> Option<i64> {

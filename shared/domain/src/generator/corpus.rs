@@ -2,8 +2,8 @@
 //! whole corpus instead of one instruction. Presets feedback (inductive), checkeval (deductive) and
 //! interacteval (interactive), their defaults, the request and its validation.
 
+use crate::Usage;
 use crate::limits::{MAX_CHECKLIST_ITEMS, MAX_TEXT_BYTES};
-use assay_llm::Usage;
 
 use crate::checklist::Checklist;
 use crate::error::{StageError, Violations};

@@ -5,8 +5,8 @@
 pub mod corpus;
 pub mod preset;
 
+use crate::Usage;
 use crate::limits::{MAX_CHECKLIST_ITEMS, MAX_TEXT_BYTES};
-use assay_llm::Usage;
 
 use crate::checklist::Checklist;
 use crate::error::{StageError, Violations};

@@ -6,23 +6,16 @@ use assay_domain::debate::{
 };
 use assay_domain::{EventSink, StageError};
 use assay_proto::convert::debate as convert;
-use assay_proto::debate::v1::RunDebateStreamRequest;
 use assay_proto::debate::v1::debate_service_client::DebateServiceClient;
 use assay_proto::debate::v1::run_debate_stream_response::Event;
+use assay_proto::debate::v1::{RunDebateStreamRequest, RunDebateStreamResponse};
 use tonic::codegen::InterceptedService;
 use tonic::transport::Channel;
 
 use crate::auth::BearerInterceptor;
 use crate::remote::ResendUnsent;
+use crate::stream::{Streamed, consume_stream};
 use crate::{from_status, outgoing};
-
-/// Field paths of a RunDebateStream error, back to the request's (`request.x` -> `x`).
-fn from_stream(e: StageError) -> StageError {
-    e.map_fields(|f| match f.strip_prefix("request.") {
-        Some(rest) => rest.to_string(),
-        None => f,
-    })
-}
 
 /// The debate service, reached over gRPC.
 #[derive(Clone)]
@@ -82,15 +75,13 @@ impl Debate for RemoteDebate {
     ) -> Result<DebateOutcome, StageError> {
         let msg = RunDebateStreamRequest { request: Some(convert::run_debate_request_to(&request)) };
         let mut client = self.client.clone();
-        let mut stream =
-            client.run_debate_stream(outgoing(msg)).await.map_err(|s| from_stream(from_status(s)))?.into_inner();
-        while let Some(reply) = stream.message().await.map_err(|s| from_stream(from_status(s)))? {
-            match reply.event {
-                Some(Event::StageCompleted(e)) => events(convert::stage_completed_from(e)?),
-                Some(Event::Result(r)) => return Ok(convert::run_debate_response_from(r)),
-                None => {}
-            }
-        }
-        Err(StageError::Unavailable("the debate stream ended without a result".into()))
+        let read = |reply: RunDebateStreamResponse| {
+            Ok(match reply.event {
+                Some(Event::StageCompleted(e)) => Streamed::Event(convert::stage_completed_from(e)?),
+                Some(Event::Result(r)) => Streamed::Done(convert::run_debate_response_from(r)),
+                None => Streamed::Skip,
+            })
+        };
+        consume_stream(client.run_debate_stream(outgoing(msg)), events, read, "the debate stream").await
     }
 }

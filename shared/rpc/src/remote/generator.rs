@@ -7,21 +7,14 @@ use assay_domain::{EventSink, StageError};
 use assay_proto::convert::generator as convert;
 use assay_proto::generator::v1::generate_corpus_stream_response::Event;
 use assay_proto::generator::v1::generator_service_client::GeneratorServiceClient;
-use assay_proto::generator::v1::{GenerateCorpusStreamRequest, ListPresetsRequest};
+use assay_proto::generator::v1::{GenerateCorpusStreamRequest, GenerateCorpusStreamResponse, ListPresetsRequest};
 use tonic::codegen::InterceptedService;
 use tonic::transport::Channel;
 
 use crate::auth::BearerInterceptor;
 use crate::remote::ResendUnsent;
+use crate::stream::{Streamed, consume_stream};
 use crate::{from_status, outgoing};
-
-/// Field paths of a GenerateCorpusStream error, back to the domain request's (`request.x` -> `x`).
-fn from_stream(e: StageError) -> StageError {
-    e.map_fields(|f| match f.strip_prefix("request.") {
-        Some(rest) => rest.to_string(),
-        None => f,
-    })
-}
 
 /// The generator stage over gRPC (deadline and trace context forwarded, bearer token attached).
 #[derive(Clone)]
@@ -58,16 +51,15 @@ impl ChecklistGenerator for RemoteGenerator {
     ) -> Result<CorpusOutcome, StageError> {
         let mut client = self.client.clone();
         let msg = GenerateCorpusStreamRequest { request: Some(convert::corpus_request_to(&request)) };
-        let mut stream =
-            client.generate_corpus_stream(outgoing(msg)).await.map_err(|s| from_stream(from_status(s)))?.into_inner();
-        while let Some(reply) = stream.message().await.map_err(|s| from_stream(from_status(s)))? {
-            match reply.event {
-                Some(Event::Progress(p)) => events(convert::progress_from(p)),
-                Some(Event::Result(r)) => return convert::corpus_response_from(r),
-                None => {}
-            }
-        }
-        Err(StageError::Unavailable("the generator's corpus stream ended without a result".into()))
+        let read = |reply: GenerateCorpusStreamResponse| {
+            Ok(match reply.event {
+                Some(Event::Progress(p)) => Streamed::Event(convert::progress_from(p)),
+                Some(Event::Result(r)) => Streamed::Done(convert::corpus_response_from(r)?),
+                None => Streamed::Skip,
+            })
+        };
+        let call = client.generate_corpus_stream(outgoing(msg));
+        consume_stream(call, events, read, "the generator's corpus stream").await
     }
 
     async fn list_presets(&self) -> Result<Vec<PresetInfo>, StageError> {

@@ -4,23 +4,16 @@
 use assay_domain::refiners::{ChainOutcome, ChecklistRefiner, RefinerStep, StepReport};
 use assay_domain::{ChecklistItem, EventSink, StageError};
 use assay_proto::convert::refiners as convert;
-use assay_proto::refiners::v1::RefineChecklistStreamRequest;
 use assay_proto::refiners::v1::refine_checklist_stream_response::Event;
 use assay_proto::refiners::v1::refiners_service_client::RefinersServiceClient;
+use assay_proto::refiners::v1::{RefineChecklistStreamRequest, RefineChecklistStreamResponse};
 use tonic::codegen::InterceptedService;
 use tonic::transport::Channel;
 
 use crate::auth::BearerInterceptor;
 use crate::remote::ResendUnsent;
+use crate::stream::{Streamed, consume_stream};
 use crate::{from_status, outgoing};
-
-/// Field paths of a RefineChecklistStream error, back to the chain's (`request.x` -> `x`).
-fn from_stream(e: StageError) -> StageError {
-    e.map_fields(|f| match f.strip_prefix("request.") {
-        Some(rest) => rest.to_string(),
-        None => f,
-    })
-}
 
 /// The refiners stage over gRPC (RefineChecklistStream: each finished step is reported as it
 /// completes).
@@ -49,25 +42,22 @@ impl ChecklistRefiner for RemoteRefiners {
     ) -> Result<ChainOutcome, StageError> {
         let mut client = self.client.clone();
         let msg = RefineChecklistStreamRequest { request: Some(convert::refine_checklist_request_to(&items, &steps)) };
-        let mut stream =
-            client.refine_checklist_stream(outgoing(msg)).await.map_err(|s| from_stream(from_status(s)))?.into_inner();
         let mut reports = Vec::new();
-        while let Some(reply) = stream.message().await.map_err(|s| from_stream(from_status(s)))? {
-            match reply.event {
+        let read = |reply: RefineChecklistStreamResponse| {
+            Ok(match reply.event {
                 Some(Event::StepCompleted(s)) => {
                     let report = convert::step_completed_from(s);
-                    events(report.clone());
-                    reports.push(report);
+                    reports.push(report.clone());
+                    Streamed::Event(report)
                 }
-                Some(Event::Result(r)) => {
-                    let mut out = convert::refine_checklist_response_from(r)?;
-                    out.steps = reports;
-                    return Ok(out);
-                }
-                Some(Event::Progress(_)) | None => {}
-            }
-        }
-        Err(StageError::Unavailable("the refiners' chain stream ended without a result".into()))
+                Some(Event::Result(r)) => Streamed::Done(convert::refine_checklist_response_from(r)?),
+                Some(Event::Progress(_)) | None => Streamed::Skip,
+            })
+        };
+        let call = client.refine_checklist_stream(outgoing(msg));
+        let mut out = consume_stream(call, events, read, "the refiners' chain stream").await?;
+        out.steps = reports;
+        Ok(out)
     }
 }
 
@@ -108,20 +98,19 @@ impl assay_domain::self_refine::SelfRefiner for RemoteRefiners {
     ) -> Result<assay_domain::self_refine::SelfRefineOutcome, StageError> {
         use assay_domain::self_refine::SelfRefinePassEvent;
         use assay_proto::convert::self_refine as sr;
-        use assay_proto::refiners::v1::SelfRefineStreamRequest;
         use assay_proto::refiners::v1::self_refine_stream_response::Event as SelfRefineEvent;
+        use assay_proto::refiners::v1::{SelfRefineStreamRequest, SelfRefineStreamResponse};
 
         let mut client = self.client.clone();
         let msg = SelfRefineStreamRequest { request: Some(sr::self_refine_request_to(&request)) };
-        let mut stream =
-            client.self_refine_stream(outgoing(msg)).await.map_err(|s| from_stream(from_status(s)))?.into_inner();
-        while let Some(reply) = stream.message().await.map_err(|s| from_stream(from_status(s)))? {
-            match reply.event {
-                Some(SelfRefineEvent::Pass(p)) => events(SelfRefinePassEvent::PassFinished(sr::pass_from(p))),
-                Some(SelfRefineEvent::Result(r)) => return Ok(sr::self_refine_response_from(r)),
-                None => {}
-            }
-        }
-        Err(StageError::Unavailable("the refiners' self-refine stream ended without a result".into()))
+        let read = |reply: SelfRefineStreamResponse| {
+            Ok(match reply.event {
+                Some(SelfRefineEvent::Pass(p)) => Streamed::Event(SelfRefinePassEvent::PassFinished(sr::pass_from(p))),
+                Some(SelfRefineEvent::Result(r)) => Streamed::Done(sr::self_refine_response_from(r)),
+                None => Streamed::Skip,
+            })
+        };
+        let call = client.self_refine_stream(outgoing(msg));
+        consume_stream(call, events, read, "the refiners' self-refine stream").await
     }
 }

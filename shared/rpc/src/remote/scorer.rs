@@ -4,23 +4,16 @@ use assay_domain::judge::{JudgeEvent, JudgeSectionsRequest, PanelOutcome, Sectio
 use assay_domain::{EventSink, ScoreEvent, ScoreOutcome, ScoreRequest, Scorer, StageError};
 use assay_proto::convert;
 use assay_proto::convert::judge as convert_judge;
-use assay_proto::scorer::v1::JudgeSectionsStreamRequest;
 use assay_proto::scorer::v1::judge_sections_stream_response::Event as JudgeStreamEvent;
 use assay_proto::scorer::v1::scorer_service_client::ScorerServiceClient;
+use assay_proto::scorer::v1::{JudgeSectionsStreamRequest, JudgeSectionsStreamResponse};
 use tonic::codegen::InterceptedService;
 use tonic::transport::Channel;
 
 use crate::auth::BearerInterceptor;
 use crate::remote::ResendUnsent;
+use crate::stream::{Streamed, consume_stream};
 use crate::{from_status, outgoing};
-
-/// Field paths of a JudgeSectionsStream error, back to the request's (`request.x` -> `x`).
-fn from_stream(e: StageError) -> StageError {
-    e.map_fields(|f| match f.strip_prefix("request.") {
-        Some(rest) => rest.to_string(),
-        None => f,
-    })
-}
 
 /// The scorer, reached over gRPC.
 #[derive(Clone)]
@@ -66,15 +59,14 @@ impl SectionJudge for RemoteScorer {
     ) -> Result<PanelOutcome, StageError> {
         let msg = JudgeSectionsStreamRequest { request: Some(convert_judge::judge_sections_request_to(&request)) };
         let mut client = self.client.clone();
-        let mut stream =
-            client.judge_sections_stream(outgoing(msg)).await.map_err(|s| from_stream(from_status(s)))?.into_inner();
-        while let Some(reply) = stream.message().await.map_err(|s| from_stream(from_status(s)))? {
-            match reply.event {
-                Some(JudgeStreamEvent::JudgeFinished(f)) => events(convert_judge::judge_finished_from(f)?),
-                Some(JudgeStreamEvent::Result(r)) => return convert_judge::judge_sections_response_from(r),
-                Some(JudgeStreamEvent::Progress(_)) | None => {}
-            }
-        }
-        Err(StageError::Unavailable("the scorer's judge stream ended without a result".into()))
+        let read = |reply: JudgeSectionsStreamResponse| {
+            Ok(match reply.event {
+                Some(JudgeStreamEvent::JudgeFinished(f)) => Streamed::Event(convert_judge::judge_finished_from(f)?),
+                Some(JudgeStreamEvent::Result(r)) => Streamed::Done(convert_judge::judge_sections_response_from(r)?),
+                Some(JudgeStreamEvent::Progress(_)) | None => Streamed::Skip,
+            })
+        };
+        let call = client.judge_sections_stream(outgoing(msg));
+        consume_stream(call, events, read, "the scorer's judge stream").await
     }
 }

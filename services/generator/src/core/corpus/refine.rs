@@ -17,7 +17,8 @@ use assay_domain::refiners::{
     ChecklistRefiner, CoverageEntry, DedupOptions, MAX_ITEMS, RefinerStep, Sample, SelectOptions, StepReport,
     TagOptions, UnitTestOptions,
 };
-use assay_domain::{ChecklistItem, ModelSpec, ResolvedChat, StageError};
+use assay_domain::{ChecklistItem, ModelSpec, StageError};
+use assay_llm::ResolvedChat;
 
 /// Configuration phase the refiners resolve their models for (the embedding backend is checked
 /// under it before any call).

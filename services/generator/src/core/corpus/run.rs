@@ -4,8 +4,11 @@
 use std::sync::Mutex;
 
 use assay_domain::generator::corpus::{CorpusProgress, CorpusRequest};
-use assay_domain::{ChecklistItem, EventSink, ResolvedChat, StageError, Usage};
-use assay_llm::{ChatRequest, Message, ResponseFormat};
+use assay_domain::{ChecklistItem, EventSink, StageError, Usage};
+use assay_llm::json::{preview, reply_json};
+use assay_llm::{ChatRequest, Message, Purpose, ResolvedChat, ResponseFormat};
+
+use crate::core::parse::PREVIEW_CHARS;
 use serde_json::Value;
 
 /// One corpus run: the resolved model, settings and the usage of every call so far.
@@ -54,17 +57,12 @@ impl<'a> Run<'a> {
             .map_err(|_| StageError::Internal("the call limiter of the corpus run was closed".into()))?;
         let chat = &self.chat;
         let req = ChatRequest {
-            messages: vec![Message::user(prompt)],
-            temperature: Some(temperature as f32),
-            top_p: self.request.model.top_p.map(|p| p as f32),
-            max_tokens: Some(chat.settings.max_tokens.unwrap_or(max_tokens)),
             response_format: ResponseFormat::JsonSchema { name: what.replace(' ', "_"), schema },
-            cache: chat.cache,
-            ..Default::default()
+            ..chat.request(vec![Message::user(prompt)], Purpose::new(max_tokens).chosen_temperature(temperature))
         };
-        let reply = chat.model.chat(chat.settings.apply(req)).await?;
+        let reply = chat.model.chat(req).await?;
         self.add_usage(&reply.usage);
-        let value = reply.json.clone().or_else(|| assay_llm::extract_json(&reply.text));
+        let value = reply_json(&reply);
         Ok((value, reply.text))
     }
 
@@ -82,7 +80,7 @@ impl<'a> Run<'a> {
             StageError::Unavailable(format!(
                 "the {what} reply of preset {} holds no JSON value (reply starts with {:?})",
                 self.request.preset,
-                crate::core::parse::preview(&text)
+                preview(&text, PREVIEW_CHARS)
             ))
         })
     }

@@ -1,16 +1,20 @@
-//! Start and stop the whole mesh in-process.
+//! The whole mesh in one process (`assay up`, the whole-mesh tests): every service on its own
+//! listener, built from the stage table, calling the others over real gRPC on loopback (the same
+//! code paths as separate Deployments).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use assay_config::AssayConfig;
-use assay_domain::ModelHub;
+use assay_llm::ModelHub;
 use assay_proto::service_names as names;
 use assay_rpc::Readiness;
-use assay_rpc::remote::{RemoteArbiter, RemoteDebate, RemoteDeltaJudge, RemoteGenerator, RemoteRefiners, RemoteScorer};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tonic::service::Routes;
+
+use crate::remotes::Remotes;
+use crate::table::{STAGES, Stage};
 
 /// Where each service listens.
 #[derive(Debug, Clone, Copy)]
@@ -39,6 +43,33 @@ impl MeshAddrs {
             (names::DEBATE, self.debate),
         ]
     }
+
+    /// Where `stage` listens.
+    pub fn of(&self, stage: Stage) -> SocketAddr {
+        match stage {
+            Stage::Gateway => self.gateway,
+            Stage::Generator => self.generator,
+            Stage::Refiners => self.refiners,
+            Stage::Scorer => self.scorer,
+            Stage::Arbiter => self.arbiter,
+            Stage::DeltaJudge => self.delta_judge,
+            Stage::Debate => self.debate,
+        }
+    }
+
+    /// Every address from `addr` of each stage.
+    fn from_fn(addr: impl Fn(Stage) -> SocketAddr, admin: Option<SocketAddr>) -> MeshAddrs {
+        MeshAddrs {
+            gateway: addr(Stage::Gateway),
+            generator: addr(Stage::Generator),
+            refiners: addr(Stage::Refiners),
+            scorer: addr(Stage::Scorer),
+            arbiter: addr(Stage::Arbiter),
+            delta_judge: addr(Stage::DeltaJudge),
+            debate: addr(Stage::Debate),
+            admin,
+        }
+    }
 }
 
 /// A running mesh.
@@ -62,11 +93,7 @@ impl Mesh {
         }
         // Registers every unfinished run before returning (their work continues in the background),
         // so a client reattaching right away follows them live.
-        match self.engine.resume_unfinished().await {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(runs = n, "resumed unfinished runs"),
-            Err(e) => tracing::error!(error = %e, "could not resume unfinished runs"),
-        }
+        crate::gateway::resume_unfinished(&self.engine).await;
         let (engine, lease) = (self.engine.clone(), self.lease);
         tokio::spawn(async move { engine.supervise(lease).await });
     }
@@ -114,87 +141,46 @@ async fn listener(config: &AssayConfig, port: u16) -> Result<TcpListener, String
     assay_runtime::bind(config, port).await.map_err(|e| format!("cannot bind {}:{port}: {e}", config.bind))
 }
 
+/// Clients to every stage the mesh's services call, at its listeners: the stages any row calls.
+pub fn loopback_remotes(config: &AssayConfig, addrs: &MeshAddrs) -> Result<Remotes, String> {
+    let called: Vec<Stage> = STAGES.iter().filter(|d| d.connect.is_some()).map(|d| d.stage).collect();
+    Remotes::loopback(config, |stage| addrs.of(stage), &called)
+}
+
 /// Bind every service at its configured port (0 = any free port) and serve. Services start
 /// NOT_SERVING; with `ready = true` they report SERVING at once.
 pub async fn start_mesh(config: &AssayConfig, hub: Arc<ModelHub>, ready: bool) -> Result<Mesh, String> {
-    let p = config.ports;
-    let gateway_l = listener(config, p.gateway).await?;
-    let generator_l = listener(config, p.generator).await?;
-    let refiners_l = listener(config, p.refiners).await?;
-    let scorer_l = listener(config, p.scorer).await?;
-    let arbiter_l = listener(config, p.arbiter).await?;
-    let delta_l = listener(config, p.delta_judge).await?;
-    let debate_l = listener(config, p.debate).await?;
-    let admin_l = match p.admin {
+    let mut listeners = Vec::with_capacity(STAGES.len());
+    for def in &STAGES {
+        listeners.push(listener(config, (def.port)(&config.ports)).await?);
+    }
+    let admin_l = match config.ports.admin {
         Some(port) => Some(listener(config, port).await?),
         None => None,
     };
     let addr = |l: &TcpListener| l.local_addr().map_err(|e| e.to_string());
-    let addrs = MeshAddrs {
-        gateway: addr(&gateway_l)?,
-        generator: addr(&generator_l)?,
-        refiners: addr(&refiners_l)?,
-        scorer: addr(&scorer_l)?,
-        arbiter: addr(&arbiter_l)?,
-        delta_judge: addr(&delta_l)?,
-        debate: addr(&debate_l)?,
-        admin: admin_l.as_ref().map(addr).transpose()?,
-    };
+    let mut bound = Vec::with_capacity(listeners.len());
+    for l in &listeners {
+        bound.push(addr(l)?);
+    }
+    let at = |stage: Stage| STAGES.iter().position(|d| d.stage == stage).map_or(bound[0], |i| bound[i]);
+    let addrs = MeshAddrs::from_fn(at, admin_l.as_ref().map(addr).transpose()?);
     let options = assay_runtime::serve_options(config)?;
-    let token = options.auth_token.clone();
 
     // Every stage reaches the others over real gRPC on loopback, as in Kubernetes (over TLS, and
     // presenting a client certificate when asked, when [tls] is set).
-    let tls = assay_runtime::client_tls(config)?;
-    let channel = |addr: SocketAddr| {
-        assay_rpc::remote::channel_with(&format!("http://{addr}"), tls.as_ref()).map_err(|e| e.to_string())
-    };
-    let token = token.as_deref();
-    let scorer_remote = Arc::new(RemoteScorer::new(channel(addrs.scorer)?, token));
-    let refiners_remote = Arc::new(RemoteRefiners::new(channel(addrs.refiners)?, token));
-    let generator_remote = Arc::new(RemoteGenerator::new(channel(addrs.generator)?, token));
-    let scorer_core = Arc::new(assay_scorer::ScorerCore::new(hub.clone(), config.scorer.concurrency as usize));
-    let store = assay_gateway::open_store(config).await.map_err(|e| e.to_string())?;
-    let stages = assay_gateway::Stages::new(scorer_remote.clone(), config.gateway.concurrency as usize)
-        .with_generator(generator_remote)
-        .with_refiners(refiners_remote.clone())
-        .with_refinement(assay_gateway::RefinementStages {
-            judge: scorer_remote.clone(),
-            arbiter: Arc::new(RemoteArbiter::new(channel(addrs.arbiter)?, token)),
-            editor: refiners_remote.clone(),
-            delta: Arc::new(RemoteDeltaJudge::new(channel(addrs.delta_judge)?, token)),
-        })
-        .with_self_refiner(refiners_remote.clone())
-        .with_debate(Arc::new(RemoteDebate::new(channel(addrs.debate)?, token)));
-    let engine = assay_gateway::Engine::new(store, Arc::new(assay_gateway::Pipelines::new(stages)))
-        .with_max_active_runs(config.gateway.max_active_runs as usize);
-    let services: Vec<(TcpListener, &'static str, Routes)> = vec![
-        (gateway_l, names::GATEWAY, assay_gateway::routes(engine.clone())),
-        (
-            generator_l,
-            names::GENERATOR,
-            assay_generator::routes(Arc::new(
-                assay_generator::Generator::new(hub.clone()).with_refiners(refiners_remote),
-            )),
-        ),
-        (
-            refiners_l,
-            names::REFINERS,
-            assay_refiners::routes(Arc::new(
-                assay_refiners::ChecklistRefiners::new(hub.clone())
-                    .with_concurrency(config.scorer.concurrency as usize)
-                    .with_scorer(scorer_remote),
-            )),
-        ),
-        (scorer_l, names::SCORER, assay_scorer::routes(scorer_core)),
-        (arbiter_l, names::ARBITER, assay_arbiter::routes(Arc::new(assay_arbiter::ArbiterCore::new(hub.clone())))),
-        (
-            delta_l,
-            names::DELTA_JUDGE,
-            assay_delta_judge::routes(Arc::new(assay_delta_judge::DeltaJudgeCore::new(hub.clone()))),
-        ),
-        (debate_l, names::DEBATE, assay_debate::routes(Arc::new(assay_debate::DebateCore::new(hub.clone())))),
-    ];
+    let remotes = loopback_remotes(config, &addrs)?;
+    let engine = crate::gateway::engine(config, &remotes).await?;
+    let mut services: Vec<(TcpListener, &'static str, Routes)> = Vec::with_capacity(STAGES.len());
+    for (def, l) in STAGES.iter().zip(listeners) {
+        let routes = match def.stage {
+            Stage::Gateway => assay_gateway::routes(engine.clone()),
+            Stage::Generator | Stage::Refiners | Stage::Scorer | Stage::Arbiter | Stage::DeltaJudge | Stage::Debate => {
+                def.build(config, hub.clone(), &remotes)?.core.routes()
+            }
+        };
+        services.push((l, def.service_name, routes));
+    }
     let (tx, rx) = tokio::sync::watch::channel(false);
     let admin_auth = assay_gateway::admin::AdminAuth::resolve(options.auth_token.as_deref(), config.admin.no_auth);
     let admin = admin_l.zip(addrs.admin).map(|(l, addr)| {

@@ -5,12 +5,27 @@
 //!   iteration. The refinement stops (`converged`) when the gain was under 0.02 (2 points of the
 //!   scale) for the last 2 iterations, or at a hard limit: 3 iterations, 15,000 tokens, 5 minutes.
 //! - A section locks after 2 edits. The best iteration is the first with the highest score.
+//!
+//! The targeted refinement loop's policy, pure functions the gateway's pipeline calls: [`decide`]
+//! (accept, stop or go on after a judging, and a document's [`quality`]), [`scores`] (the judging's
+//! score and mean scores, quality locks and the regressions that break them, the best judging) and
+//! [`regenerate`] (the tasks of a full regeneration).
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub mod decide;
+pub mod regenerate;
+pub mod scores;
+
 pub use crate::verify::{DEFAULT_LOCK_MAX_DROP as DEFAULT_MAX_DROP, LockViolation, QualityLock};
+pub use decide::{Acceptance, Decision, LastJudging, Mode, Quality, Standing, accepts, decide, quality};
+pub use regenerate::regeneration_tasks;
+pub use scores::{
+    DEFAULT_LOCK_THRESHOLD, MeanScore, SectionLock, best_judging, document_score, mean_scores, quality_locks,
+    regressions, verdict_score,
+};
 /// A gain under this (on the 0..1 scale) counts as no progress.
 pub const MIN_GAIN: f64 = 0.02;
 /// Iterations in a row without progress that end the refinement.

@@ -1,0 +1,137 @@
+//! What `assay eval` and `assay score` print: one line per record to `--out` (a contract: its
+//! format is fixed here and nowhere else), progress notes, and the run's summary (a line on
+//! standard error, or with `--json` the evaluation in the proto3 JSON mapping).
+
+use assay_proto::common::v1 as common;
+use assay_proto::gateway::v1 as gw;
+use serde_json::{Value, json};
+
+use super::json::run_output;
+
+/// One record's result as a JSON line of `--out`. A contract: `id`, `index`, `checklist_id`,
+/// `error`, the four scores, `unanswered` and `answers` (item id to yes / no / null), as they were
+/// when `assay eval` was first published; do not derive it from the proto.
+pub fn record_json(r: &gw::RecordResult) -> Value {
+    let answers: serde_json::Map<String, Value> = r
+        .score
+        .iter()
+        .flat_map(|s| s.item_scores.iter())
+        .map(|i| {
+            let a = match common::Answer::try_from(i.answer) {
+                Ok(common::Answer::Yes) => json!("yes"),
+                Ok(common::Answer::No) => json!("no"),
+                Ok(common::Answer::Unspecified) | Err(_) => Value::Null,
+            };
+            (i.item_id.clone(), a)
+        })
+        .collect();
+    json!({
+        "index": r.index,
+        "id": r.record_id,
+        "checklist_id": r.checklist_id,
+        "error": if r.error.is_empty() { Value::Null } else { r.error.clone().into() },
+        "pass_rate": r.score.as_ref().map(|s| s.pass_rate),
+        "weighted_score": r.score.as_ref().map(|s| s.weighted_score),
+        "normalized_score": r.score.as_ref().map(|s| s.normalized_score),
+        "primary_score": r.score.as_ref().map(|s| s.primary_score),
+        "unanswered": r.score.as_ref().map(|s| s.unanswered_count),
+        "answers": answers,
+    })
+}
+
+/// The note of a checklist ready for some records.
+pub fn checklist_ready_line(c: &gw::ChecklistReady) -> String {
+    let n = c.checklist.as_ref().map_or(0, |c| c.items.len());
+    format!("checklist ready: {n} items for {} records", c.record_indices.len())
+}
+
+/// The summary line on standard error.
+pub fn summary_line(run_id: &str, total: usize, failed: u64, e: &gw::EvaluateResponse, pipeline_s: f64) -> String {
+    let a = e.aggregate.clone().unwrap_or_default();
+    let u = e.usage.unwrap_or_default();
+    format!(
+        "run {run_id}: {total} records, {failed} failed; mean primary {:.3}, macro pass {:.3}, micro pass {:.3}; \
+         {} calls, {} cache hits; {pipeline_s:.2} s",
+        a.mean_primary_score, a.macro_pass_rate, a.micro_pass_rate, u.calls, u.cache_hits
+    )
+}
+
+/// The summary of `--json`: the evaluation in the proto3 JSON mapping without its per-record
+/// results (those are the lines), with the run, the record counts and the pipeline time.
+pub fn summary_json(
+    run_id: &str,
+    state: i32,
+    total: usize,
+    failed: u64,
+    e: &gw::EvaluateResponse,
+    pipeline_s: f64,
+) -> Result<Value, String> {
+    let summary = gw::EvaluateResponse { results: Vec::new(), ..e.clone() };
+    let mut v = run_output(run_id, state, &summary)?;
+    if let Value::Object(o) = &mut v {
+        o.remove("results");
+        o.insert("records".into(), total.into());
+        o.insert("failed".into(), failed.into());
+        o.insert("pipelineSeconds".into(), ((pipeline_s * 1e3).round() / 1e3).into());
+    }
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `--out` line is a contract: its exact text for a scored and a failed record.
+    #[test]
+    fn record_lines_keep_their_format() {
+        let scored = gw::RecordResult {
+            index: 1,
+            record_id: "r1".into(),
+            checklist_id: "c1".into(),
+            score: Some(common::Score {
+                pass_rate: 0.5,
+                weighted_score: 0.25,
+                normalized_score: 0.5,
+                primary_score: 0.5,
+                unanswered_count: 1,
+                item_scores: vec![
+                    common::ItemScore {
+                        item_id: "q1".into(),
+                        answer: common::Answer::Yes as i32,
+                        ..Default::default()
+                    },
+                    common::ItemScore { item_id: "q2".into(), answer: common::Answer::No as i32, ..Default::default() },
+                    common::ItemScore { item_id: "q3".into(), ..Default::default() },
+                ],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(
+            record_json(&scored).to_string(),
+            r#"{"answers":{"q1":"yes","q2":"no","q3":null},"checklist_id":"c1","error":null,"id":"r1","index":1,"normalized_score":0.5,"pass_rate":0.5,"primary_score":0.5,"unanswered":1,"weighted_score":0.25}"#
+        );
+        let failed =
+            gw::RecordResult { index: 2, record_id: "r2".into(), error: "scorer down".into(), ..Default::default() };
+        assert_eq!(
+            record_json(&failed).to_string(),
+            r#"{"answers":{},"checklist_id":"","error":"scorer down","id":"r2","index":2,"normalized_score":null,"pass_rate":null,"primary_score":null,"unanswered":null,"weighted_score":null}"#
+        );
+    }
+
+    #[test]
+    fn the_json_summary_is_the_evaluation_without_its_records() {
+        let e = gw::EvaluateResponse {
+            run_id: "r1".into(),
+            results: vec![gw::RecordResult::default()],
+            usage: Some(common::Usage { calls: 6, ..Default::default() }),
+            ..Default::default()
+        };
+        let v = summary_json("r1", gw::RunState::Partial as i32, 3, 1, &e, 1.23456).unwrap();
+        assert_eq!((v["records"].as_u64(), v["failed"].as_u64()), (Some(3), Some(1)));
+        assert_eq!((v["runId"].as_str(), v["state"].as_str()), (Some("r1"), Some("RUN_STATE_PARTIAL")));
+        assert_eq!(v["usage"]["calls"], 6);
+        assert_eq!(v["pipelineSeconds"], 1.235);
+        assert!(v.get("results").is_none() && v.get("aggregate").is_none());
+    }
+}

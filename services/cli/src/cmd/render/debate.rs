@@ -1,0 +1,107 @@
+//! The human lines of a debate: one per finished problem and the run's summary, as `assay debate`
+//! prints them on standard error and `assay runs watch` per event. A problem's JSON line is the
+//! problem's result in the proto3 JSON mapping ([`problem_json`]).
+
+use assay_proto::debate::v1 as dpb;
+use assay_proto::gateway::v1 as gw;
+use serde_json::Value;
+
+use super::json::to_json;
+use super::lower;
+
+fn pct(x: f64) -> String {
+    format!("{:.1}%", x * 100.0)
+}
+
+fn grade(c: Option<bool>) -> &'static str {
+    match c {
+        Some(true) => "correct",
+        Some(false) => "wrong",
+        None => "ungraded",
+    }
+}
+
+/// One progress line for a finished problem.
+pub fn problem_line(p: &gw::DebateProblemResult) -> String {
+    if !p.error.is_empty() {
+        return format!("{}: failed: {}", p.id, p.error);
+    }
+    let calls = p.debate.as_ref().and_then(|d| d.usage).map_or(0, |u| u.calls);
+    let mut line = format!(
+        "{}: {:?} ({}, {}, {calls} calls)",
+        p.id,
+        p.final_answer,
+        grade(p.correct),
+        decision_name(p.decided_by)
+    );
+    if let Some(b) = &p.baselines {
+        line.push_str(&format!(
+            "; single {:?} ({}), self-consistency {:?} ({}, {}/{} votes)",
+            b.single_model_answer,
+            grade(b.single_model_correct),
+            b.self_consistency_answer,
+            grade(b.self_consistency_correct),
+            b.votes,
+            b.samples
+        ));
+    }
+    line
+}
+
+/// A debate decision's name: judge, majority_vote, consensus.
+pub fn decision_name(d: i32) -> String {
+    lower(dpb::DebateDecision::try_from(d).map_or("unknown", |d| d.as_str_name()), "DEBATE_DECISION_")
+}
+
+/// One problem's output line: its result in the proto3 JSON mapping.
+pub fn problem_json(p: &gw::DebateProblemResult) -> Result<Value, String> {
+    to_json(p)
+}
+
+/// The summary printed on standard error.
+pub fn summary_text(run_id: &str, d: &gw::DebateRunResult, baselines: bool) -> String {
+    let mut s = format!("run {run_id}: {} problems, {} failed\n", d.problems_total, d.problems_failed);
+    match d.accuracy {
+        Some(a) => s.push_str(&format!("  debate accuracy      {} ({}/{})\n", pct(a), d.correct, d.graded)),
+        None => s.push_str("  debate accuracy      - (no references)\n"),
+    }
+    s.push_str(&format!("  consensus rate       {}\n", pct(d.consensus_rate)));
+    s.push_str(&format!("  changed-answer rate  {}\n", pct(d.changed_rate)));
+    let du = d.debate_usage.unwrap_or_default();
+    s.push_str(&format!(
+        "  debate usage         {} calls, {} tokens ({} prompt + {} completion), {} cache hits",
+        d.calls, d.tokens, du.prompt_tokens, du.completion_tokens, du.cache_hits
+    ));
+    if baselines {
+        let bu = d.baseline_usage.unwrap_or_default();
+        let acc = |a: Option<f64>| a.map_or_else(|| "- (no references)".to_string(), pct);
+        s.push_str(&format!("\n  single model         {}", acc(d.single_model_accuracy)));
+        s.push_str(&format!("\n  self-consistency     {}", acc(d.self_consistency_accuracy)));
+        s.push_str(&format!(
+            "\n  baseline usage       {} calls, {} tokens",
+            bu.calls,
+            bu.prompt_tokens + bu.completion_tokens
+        ));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn problem_lines_say_the_answer_its_grade_and_the_decision() {
+        let p = gw::DebateProblemResult {
+            id: "mul".into(),
+            final_answer: "391".into(),
+            correct: Some(true),
+            decided_by: dpb::DebateDecision::Judge as i32,
+            ..Default::default()
+        };
+        assert_eq!(problem_line(&p), "mul: \"391\" (correct, judge, 0 calls)");
+        let failed = gw::DebateProblemResult { error: "solver down".into(), ..p };
+        assert_eq!(problem_line(&failed), "mul: failed: solver down");
+        assert_eq!(decision_name(99), "unknown");
+    }
+}

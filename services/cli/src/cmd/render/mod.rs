@@ -1,0 +1,73 @@
+//! What the commands print. JSON comes from the proto3 JSON mapping ([`json`]); the human lines
+//! come from one module per pipeline, so a verb and `assay runs watch` word an event alike.
+
+pub mod checklist_eval;
+pub mod debate;
+pub mod generate_checklist;
+pub mod json;
+pub mod self_refine;
+pub mod targeted_refinement;
+
+use assay_proto::arbiter::v1 as arb;
+use assay_proto::common::v1 as common;
+use assay_proto::gateway::v1 as gw;
+use assay_proto::refiners::v1 as ref_pb;
+
+/// An enum name without its prefix, lower case (`RUN_STATE_AWAITING_HUMAN` -> `awaiting_human`).
+pub fn lower(name: &str, prefix: &str) -> String {
+    name.trim_start_matches(prefix).to_lowercase()
+}
+
+/// Lower-case names of the wire enums, as the human lines say them; an unknown number prints as
+/// the number.
+macro_rules! enum_names {
+    ($($(#[$doc:meta])* $name:ident: $ty:ty, $prefix:literal;)*) => {
+        $(
+            $(#[$doc])*
+            pub fn $name(v: i32) -> String {
+                <$ty>::try_from(v).map_or_else(|_| v.to_string(), |e| lower(e.as_str_name(), $prefix))
+            }
+        )*
+    };
+}
+
+enum_names! {
+    /// A run state (`awaiting_human`).
+    state_name: gw::RunState, "RUN_STATE_";
+    /// A pipeline kind (`targeted_refinement`).
+    kind_name: gw::PipelineKind, "PIPELINE_KIND_";
+    /// A refinement mode (`semi_auto`).
+    mode_name: gw::RefinementMode, "REFINEMENT_MODE_";
+    /// A quality status (`below_standard`).
+    quality_name: gw::QualityStatus, "QUALITY_STATUS_";
+    /// A refinement outcome (`accepted_with_warning`).
+    outcome_name: gw::RefinementOutcome, "REFINEMENT_OUTCOME_";
+    /// A fix action (`surgical_edit`).
+    action_name: arb::FixAction, "FIX_ACTION_";
+    /// An agreement level (`moderate`).
+    agreement_name: arb::AgreementLevel, "AGREEMENT_LEVEL_";
+    /// An issue severity (`critical`).
+    severity_name: common::Severity, "SEVERITY_";
+    /// Why self-refine stopped (`max_passes`).
+    stop_reason_name: ref_pb::SelfRefineStopReason, "SELF_REFINE_STOP_REASON_";
+}
+
+/// `1 task`, `2 tasks`, `2 passes`, `2 batches`.
+pub fn plural(n: usize, one: &str) -> String {
+    let many = if one.ends_with('s') || one.ends_with("ch") { "es" } else { "s" };
+    if n == 1 { format!("{n} {one}") } else { format!("{n} {one}{many}") }
+}
+
+/// A stage's progress report, as the verbs note it (`generate: 2/4 items`).
+pub fn stage_progress_line(p: &common::Progress) -> String {
+    format!("{}: {}/{} {}", p.stage, p.done, p.total, p.message)
+}
+
+/// A state change, as `assay refine`, `assay refine-text` and `assay runs watch` print it.
+pub fn state_line(s: &gw::RunStateChanged) -> String {
+    if s.reason.is_empty() {
+        format!("state: {}", state_name(s.state))
+    } else {
+        format!("state: {} ({})", state_name(s.state), s.reason)
+    }
+}

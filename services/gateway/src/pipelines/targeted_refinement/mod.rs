@@ -1,0 +1,427 @@
+//! The `targeted_refinement` pipeline (Stage 6, REFERENCE section 7): fix only what the judges
+//! found, keep what passed.
+//!
+//! ```text
+//! judge (the panel, or the request's verdicts) -> arbiter plan -> decide
+//!   accepted at the mode's threshold            -> done
+//!   a stop (convergence, a limit, nothing to do) -> full-auto: best effort / semi-auto: escalate
+//!   else one iteration: batches of tasks (patchers together, expanders alone), each task
+//!        refined -> verified by the delta judge (rejected -> rolled back) -> a section locks after
+//!        2 edits; then re-judge (quality locks: a regressed section is restored) -> decide again
+//! ```
+//!
+//! Everything the loop knows is one [`State`], checkpointed after every step (a task applied, a
+//! judging, a human action consumed), so a restarted gateway goes on where it was and never
+//! redoes an applied task. Human actions (edit a section, accept, mark reviewed, resume after an
+//! escalation) arrive through the engine's action inbox; pause is the engine's gate, observed
+//! before every task and every judging. With `self_refine` set, the final document's sections go
+//! through the self-refine hook before the result (each section's entry checkpointed).
+//!
+//! Its parts: `request` parses and validates the request; `state` is the checkpointed state;
+//! `judge` judges, plans and starts iterations; `execute` runs an iteration's tasks; `human` takes
+//! human actions (controls, the gate, escalation); `finish` stops and assembles the result. Here:
+//! the pipeline, its progress and the loop. The policy (acceptance, the stop/continue decision,
+//! quality, mean scores, regressions, regeneration tasks) is pure, in [`assay_domain::iteration`].
+
+mod execute;
+mod finish;
+mod human;
+mod judge;
+mod request;
+mod state;
+
+use std::sync::Mutex as StdMutex;
+use std::time::{Duration, Instant};
+
+use assay_domain::iteration::{self, Acceptance, Decision, LastJudging, Limits, Mode, Quality, Standing};
+use assay_domain::judge::PanelJudge;
+use assay_domain::self_refine::SelfRefineHook;
+use assay_domain::{Brief, Criterion, JudgeVerdict, ModelSpec, Section, StageError};
+use assay_proto::convert;
+use assay_proto::gateway::v1 as gw;
+use assay_proto::gateway::v1::refinement_event::Event as Ev;
+use assay_proto::gateway::v1::run_event::Event;
+use tokio::sync::Mutex;
+
+use super::stages::{RefinementStages, Stages};
+use crate::engine::{ControlEffect, Pipeline, RunCtx, RunOutcome};
+use judge::Judged;
+use state::{Halt, Human, Phase, State, Status};
+
+/// Checkpoint key of the loop's state.
+const STATE: &str = "refinement:state";
+/// Checkpoint key prefix of the self-refine hook's entries (by section id).
+const SELF_REFINED: &str = "refinement:self_refined:";
+
+/// Models of the phases (unset fields: the configured phase).
+#[derive(Debug, Clone, Default)]
+struct Models {
+    patcher: ModelSpec,
+    expander: ModelSpec,
+    delta: ModelSpec,
+    arbiter: ModelSpec,
+}
+
+/// A parsed targeted refinement.
+pub struct TargetedRefinement {
+    sections: Vec<Section>,
+    verdicts: Vec<JudgeVerdict>,
+    judges: Vec<PanelJudge>,
+    brief: Brief,
+    criteria: Vec<Criterion>,
+    mode: Mode,
+    limits: Limits,
+    max_parallel_patchers: u32,
+    lock_threshold: f64,
+    models: Models,
+    /// The self-refine hook on the final document.
+    hook: Option<SelfRefineHook>,
+    stages: Stages,
+    /// One task at a time waits at the gate (so a posted action is consumed once).
+    gate: Mutex<()>,
+    /// Set once a human accepted: every task still waiting at the gate stops too.
+    accepted: std::sync::atomic::AtomicBool,
+    clock: Clock,
+}
+
+/// Active time of the run: time paused or waiting for a human excluded, carried across restarts.
+struct Clock {
+    start: Instant,
+    waited: StdMutex<Duration>,
+}
+
+impl Clock {
+    fn active_ms(&self, base_ms: u64) -> u64 {
+        let waited = self.waited.lock().map(|w| *w).unwrap_or_default();
+        base_ms + self.start.elapsed().saturating_sub(waited).as_millis() as u64
+    }
+
+    fn add_wait(&self, d: Duration) {
+        if let Ok(mut w) = self.waited.lock() {
+            *w += d;
+        }
+    }
+}
+
+fn tokens(ctx: &RunCtx) -> u64 {
+    let u = ctx.usage();
+    u.prompt_tokens + u.completion_tokens
+}
+
+fn status_to(s: Status) -> gw::TaskStatus {
+    match s {
+        Status::Pending => gw::TaskStatus::Pending,
+        Status::Running => gw::TaskStatus::Running,
+        Status::Applied => gw::TaskStatus::Applied,
+        Status::Rejected => gw::TaskStatus::Rejected,
+        Status::Failed => gw::TaskStatus::Failed,
+        Status::Skipped => gw::TaskStatus::Skipped,
+    }
+}
+
+fn mode_to(m: Mode) -> gw::RefinementMode {
+    match m {
+        Mode::FullAuto => gw::RefinementMode::FullAuto,
+        Mode::SemiAuto => gw::RefinementMode::SemiAuto,
+    }
+}
+
+fn quality_to(q: Quality) -> gw::QualityStatus {
+    match q {
+        Quality::Good => gw::QualityStatus::Good,
+        Quality::Acceptable => gw::QualityStatus::Acceptable,
+        Quality::BelowStandard => gw::QualityStatus::BelowStandard,
+    }
+}
+
+/// The wire quality of a judged document.
+fn quality_of(score: f64, critical: bool) -> gw::QualityStatus {
+    quality_to(iteration::quality(score, critical))
+}
+
+/// The outcome and warning of an acceptance.
+fn acceptance_to(a: Acceptance) -> (gw::RefinementOutcome, String) {
+    match a {
+        Acceptance::Accepted => (gw::RefinementOutcome::Accepted, String::new()),
+        Acceptance::AcceptedWithWarning(warning) => (gw::RefinementOutcome::AcceptedWithWarning, warning),
+    }
+}
+
+/// A delta-judge verification as the loop uses it: accepted, the wire record, the rejection
+/// reasons. Its usage lands on the run; a failed verification rejects (only cancellation fails).
+fn verdict_of(
+    ctx: &RunCtx,
+    outcome: Result<assay_domain::verify::VerifyOutcome, StageError>,
+) -> Result<(bool, Option<assay_proto::delta_judge::v1::VerifyResponse>, String), StageError> {
+    match outcome {
+        Ok(o) => {
+            ctx.add_usage(&o.usage);
+            ctx.add_model(&o.model);
+            Ok((o.accepted, Some(convert::delta_judge::verify_response_to(&o)), o.rejection_reasons.join("; ")))
+        }
+        Err(e @ StageError::Cancelled(_)) => Err(e),
+        Err(e) => Ok((false, None, format!("verification failed: {e}"))),
+    }
+}
+
+impl TargetedRefinement {
+    fn stages(&self) -> Result<&RefinementStages, StageError> {
+        self.stages.refinement()
+    }
+
+    /// The limit reached once the token or time budget is spent (its stop reason): no stage call
+    /// starts then.
+    fn spent(&self, ctx: &RunCtx, active_ms: u64) -> Option<String> {
+        if tokens(ctx) >= self.limits.max_tokens {
+            Some(iteration::Stop::TokenBudget.name().into())
+        } else if self.clock.active_ms(active_ms) >= self.limits.max_elapsed_ms {
+            Some(iteration::Stop::TimeBudget.name().into())
+        } else {
+            None
+        }
+    }
+
+    async fn emit(&self, ctx: &RunCtx, iteration: u32, event: Ev) -> Result<(), StageError> {
+        ctx.emit(Event::Refinement(gw::RefinementEvent { iteration, event: Some(event) })).await
+    }
+
+    /// Save the state (checkpoint) and publish its progress on the run.
+    async fn save(&self, ctx: &RunCtx, st: &State, phase: &str) -> Result<(), StageError> {
+        let mut st = st.clone();
+        st.active_ms = self.clock.active_ms(st.active_ms);
+        ctx.checkpoint_json(STATE, &st).await?;
+        // A paused run says so, whatever its in-flight work is doing.
+        let phase = if ctx.is_paused() && !matches!(phase, "done" | "awaiting_human") { "paused" } else { phase };
+        ctx.set_progress(gw::run::Progress::Refinement(self.progress(ctx, &st, phase)));
+        Ok(())
+    }
+
+    /// FR-039 iteration progress.
+    fn progress(&self, ctx: &RunCtx, st: &State, phase: &str) -> gw::RefinementProgress {
+        let last = st.judged.last();
+        let count = |f: &dyn Fn(Status) -> bool| st.tasks.iter().filter(|t| f(t.status)).count() as u32;
+        gw::RefinementProgress {
+            iteration: st.iteration,
+            max_iterations: self.limits.max_iterations as u32,
+            score_history: st.history(),
+            tasks_total: st.tasks.len() as u32,
+            tasks_completed: count(&|s| s == Status::Applied),
+            tasks_failed: count(&|s| matches!(s, Status::Rejected | Status::Failed)),
+            locked_section_ids: st.locked.clone(),
+            quality: last.map_or(gw::QualityStatus::Unspecified, |j| quality_of(j.score, j.critical)) as i32,
+            converged: !st.stop_reason.is_empty(),
+            tokens_used: tokens(ctx),
+            token_limit: self.limits.max_tokens,
+            tasks: st
+                .tasks
+                .iter()
+                .map(|t| gw::RefinementTask {
+                    task: Some(convert::arbiter::task_to(&t.task)),
+                    batch_index: t.batch,
+                    status: status_to(t.status) as i32,
+                    locked: st.locked.contains(&t.task.section_id),
+                    edit_count: st.edits.get(&t.task.section_id).copied().unwrap_or(0),
+                    detail: t.detail.clone(),
+                })
+                .collect(),
+            mode: mode_to(self.mode) as i32,
+            phase: phase.to_string(),
+            sections: st.sections.iter().map(convert::document::section_to).collect(),
+            unresolved_issues: last
+                .map(|j| j.issues.iter().map(convert::document::issue_to).collect())
+                .unwrap_or_default(),
+            changed_section_ids: self.changed(&st.sections),
+        }
+    }
+
+    /// Sections whose content differs from the document as given.
+    fn changed(&self, sections: &[Section]) -> Vec<String> {
+        sections
+            .iter()
+            .zip(&self.sections)
+            .filter(|(now, given)| now.content != given.content)
+            .map(|(s, _)| s.id.clone())
+            .collect()
+    }
+
+    /// The decision after the last judging (see [`iteration::decide`]).
+    fn decide(&self, ctx: &RunCtx, st: &State) -> Decision {
+        let history = st.history();
+        iteration::decide(&Standing {
+            mode: self.mode,
+            last: st.judged.last().map(|j| LastJudging {
+                score: j.score,
+                critical: j.critical,
+                routing: &j.plan.routing,
+            }),
+            history: &history,
+            edits: &st.edits,
+            tokens_used: tokens(ctx),
+            elapsed_ms: self.clock.active_ms(st.active_ms),
+            limits: self.limits,
+            sections: &st.sections,
+            locked: &st.locked,
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl Pipeline for TargetedRefinement {
+    fn kind(&self) -> gw::PipelineKind {
+        gw::PipelineKind::TargetedRefinement
+    }
+
+    fn total(&self) -> u32 {
+        0
+    }
+
+    async fn run(&self, ctx: &RunCtx) -> Result<RunOutcome, StageError> {
+        // Cancel drops whatever is in flight (model calls included) at once.
+        tokio::select! {
+            biased;
+            () = ctx.cancelled() => Err(StageError::Cancelled("the run was cancelled".into())),
+            outcome = self.refine(ctx) => outcome,
+        }
+    }
+
+    async fn control(&self, ctx: &RunCtx, request: &gw::ControlRunRequest) -> Result<ControlEffect, StageError> {
+        self.take_control(ctx, request).await
+    }
+}
+
+impl TargetedRefinement {
+    /// The loop (see the module documentation), resumed from the state checkpoint.
+    async fn refine(&self, ctx: &RunCtx) -> Result<RunOutcome, StageError> {
+        let mut st = match ctx.load_json::<State>(STATE).await? {
+            Some(st) => st,
+            None => State::new(self.sections.clone()),
+        };
+        if let Some(f) = st.finishing.clone() {
+            let outcome = gw::RefinementOutcome::try_from(f.outcome).unwrap_or(gw::RefinementOutcome::BestEffort);
+            let best_effort = f.best_effort.then(|| self.best_effort(&st, f.judging));
+            return self.finish(ctx, &mut st, outcome, f.judging, f.warning, best_effort).await;
+        }
+        loop {
+            match st.phase {
+                Phase::Judge => {
+                    let shared = Mutex::new(st);
+                    let halt = self.checkpoint_gate(ctx, &shared).await?;
+                    st = shared.into_inner();
+                    let limit = match halt {
+                        Some(Halt::Accept) => {
+                            let last = st.judged.len().saturating_sub(1);
+                            return self
+                                .finish(ctx, &mut st, gw::RefinementOutcome::AcceptedManual, last, String::new(), None)
+                                .await;
+                        }
+                        // No judging starts once a budget is spent (the first one always runs).
+                        Some(Halt::Limit(reason)) if !st.judged.is_empty() => Some(reason),
+                        Some(Halt::Limit(_)) | None => None,
+                    };
+                    let judged = match limit {
+                        Some(reason) => Judged::Limit(reason),
+                        None => {
+                            self.save(ctx, &st, "judging").await?;
+                            if st.judged.is_empty() {
+                                self.judge(ctx, &st).await?
+                            } else {
+                                self.rejudge(ctx, &mut st).await?
+                            }
+                        }
+                    };
+                    let judging = match judged {
+                        Judged::Done(j) => Some(*j),
+                        Judged::Failed => None,
+                        Judged::Limit(reason) => {
+                            // The edits since the last judging were never judged: the best
+                            // judged iteration stands.
+                            if let Some(done) = self.stop(ctx, &mut st, reason).await? {
+                                return Ok(done);
+                            }
+                            continue;
+                        }
+                    };
+                    let Some(judging) = judging else {
+                        if st.judged.is_empty() {
+                            return Err(StageError::Unavailable(
+                                "every judge failed on the document as given (see the judged event)".into(),
+                            ));
+                        }
+                        if let Some(done) = self.stop(ctx, &mut st, "judges_failed".into()).await? {
+                            return Ok(done);
+                        }
+                        continue;
+                    };
+                    if st.judged.is_empty() {
+                        st.quality_locks = iteration::quality_locks(&judging.scores, self.lock_threshold);
+                    }
+                    st.judged.push(judging);
+                    self.save(ctx, &st, "planning").await?;
+                    match self.decide(ctx, &st) {
+                        Decision::Accept(acceptance) => {
+                            let (outcome, warning) = acceptance_to(acceptance);
+                            let last = st.judged.len() - 1;
+                            return self.finish(ctx, &mut st, outcome, last, warning, None).await;
+                        }
+                        Decision::Stop(reason) => {
+                            if let Some(done) = self.stop(ctx, &mut st, reason).await? {
+                                return Ok(done);
+                            }
+                        }
+                        Decision::Continue => {
+                            st.phase = Phase::Execute;
+                            self.start_iteration(ctx, &mut st).await?;
+                        }
+                    }
+                }
+                Phase::Execute => {
+                    let (next, halt) = self.execute(ctx, st).await?;
+                    st = next;
+                    match halt {
+                        Some(Halt::Accept) => {
+                            let last = st.judged.len().saturating_sub(1);
+                            return self
+                                .finish(ctx, &mut st, gw::RefinementOutcome::AcceptedManual, last, String::new(), None)
+                                .await;
+                        }
+                        Some(Halt::Limit(reason)) => {
+                            // The edits of an unfinished iteration were never judged: the best
+                            // judged iteration stands.
+                            if let Some(done) = self.stop(ctx, &mut st, reason).await? {
+                                return Ok(done);
+                            }
+                        }
+                        None => {
+                            st.phase = Phase::Judge;
+                            self.save(ctx, &st, "judging").await?;
+                        }
+                    }
+                }
+                Phase::Escalated => match self.await_human(ctx, &mut st).await? {
+                    Human::Accept => {
+                        let best = st.best();
+                        return self
+                            .finish(ctx, &mut st, gw::RefinementOutcome::AcceptedManual, best, String::new(), None)
+                            .await;
+                    }
+                    Human::Review => {
+                        let best = st.best();
+                        return self
+                            .finish(ctx, &mut st, gw::RefinementOutcome::Reviewed, best, String::new(), None)
+                            .await;
+                    }
+                    Human::Resume => {
+                        ctx.set_state(gw::RunState::Running, "resumed by a human").await?;
+                        if !st.unverified_edits.is_empty() {
+                            self.verify_human_edits(ctx, &mut st).await?;
+                        }
+                        st.before_iteration = st.sections.clone();
+                        st.tasks.clear();
+                        st.phase = Phase::Judge;
+                        self.save(ctx, &st, "judging").await?;
+                    }
+                },
+            }
+        }
+    }
+}

@@ -1,0 +1,275 @@
+//! After each judging of a targeted refinement: is the content accepted, does the loop stop, or
+//! does it run another iteration (FR-025, FR-027)? And how good is a judged document?
+//!
+//! - Full-auto accepts at [`FULL_AUTO_ACCEPT`], or with a warning at [`WARN_SCORE`] when no issue
+//!   is critical; below that it stops with its best effort.
+//! - Semi-auto accepts at [`SEMI_AUTO_ACCEPT`], or at [`SEMI_AUTO_NO_CRITICAL`] when no issue is
+//!   critical; below that it escalates to a human.
+//! - Otherwise the loop stops on convergence or a hard limit ([`convergence_within`]), or when
+//!   there is nothing left to fix; else it goes on.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::{Limits, convergence_within};
+use crate::arbiter::Routing;
+use crate::document::Section;
+
+/// Full-auto accepts at this score.
+pub const FULL_AUTO_ACCEPT: f64 = 0.85;
+/// Full-auto accepts with a warning at this score when no issue is critical.
+pub const WARN_SCORE: f64 = 0.75;
+/// Semi-auto accepts at this score.
+pub const SEMI_AUTO_ACCEPT: f64 = 0.90;
+/// Semi-auto accepts at this score when no issue is critical.
+pub const SEMI_AUTO_NO_CRITICAL: f64 = 0.85;
+/// Stop reason when no judging of the document succeeded.
+pub const JUDGES_FAILED: &str = "judges_failed";
+/// Stop reason when the plan has no task to run (or only locked sections to regenerate).
+pub const NOTHING_TO_FIX: &str = "nothing_to_fix";
+
+/// Who finishes a refinement that does not reach its thresholds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Mode {
+    /// The best iteration is returned as a best effort.
+    FullAuto,
+    /// A human is asked (escalation).
+    SemiAuto,
+}
+
+/// Quality band of a judged document (the same in both modes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Quality {
+    /// At least [`FULL_AUTO_ACCEPT`].
+    Good,
+    /// At least [`WARN_SCORE`] with no critical issue.
+    Acceptable,
+    BelowStandard,
+}
+
+/// The quality band of a document scored `score`, `critical` when an issue is critical.
+pub fn quality(score: f64, critical: bool) -> Quality {
+    if score >= FULL_AUTO_ACCEPT {
+        Quality::Good
+    } else if score >= WARN_SCORE && !critical {
+        Quality::Acceptable
+    } else {
+        Quality::BelowStandard
+    }
+}
+
+/// How the mode accepts a judged document.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Acceptance {
+    Accepted,
+    /// Accepted below the full-auto threshold; the warning says why.
+    AcceptedWithWarning(String),
+}
+
+/// The mode's acceptance of a document scored `score` (`critical`: an issue is critical), `None`
+/// when the mode does not accept it.
+pub fn accepts(mode: Mode, score: f64, critical: bool) -> Option<Acceptance> {
+    match mode {
+        Mode::FullAuto if score >= FULL_AUTO_ACCEPT => Some(Acceptance::Accepted),
+        Mode::FullAuto if score >= WARN_SCORE && !critical => Some(Acceptance::AcceptedWithWarning(format!(
+            "score {score:.2} is below {FULL_AUTO_ACCEPT:.2} but at least {WARN_SCORE:.2} with no critical issue"
+        ))),
+        Mode::SemiAuto if score >= SEMI_AUTO_ACCEPT || (score >= SEMI_AUTO_NO_CRITICAL && !critical) => {
+            Some(Acceptance::Accepted)
+        }
+        Mode::FullAuto | Mode::SemiAuto => None,
+    }
+}
+
+/// The last judging of the document, as the decision reads it.
+#[derive(Debug, Clone, Copy)]
+pub struct LastJudging<'a> {
+    pub score: f64,
+    /// An issue of the judging is critical.
+    pub critical: bool,
+    /// The arbiter's routing of its issues.
+    pub routing: &'a Routing,
+}
+
+/// Where a refinement stands after a judging: what [`decide`] reads.
+#[derive(Debug, Clone, Copy)]
+pub struct Standing<'a> {
+    pub mode: Mode,
+    /// The last judging; `None` when none succeeded.
+    pub last: Option<LastJudging<'a>>,
+    /// Score of every judging, the document as given first (the last judging included).
+    pub history: &'a [f64],
+    /// Accepted edits per section id.
+    pub edits: &'a BTreeMap<String, u32>,
+    pub tokens_used: u64,
+    /// Active time of the run (time paused or waiting for a human excluded).
+    pub elapsed_ms: u64,
+    pub limits: Limits,
+    /// The document as it stands.
+    pub sections: &'a [Section],
+    /// Ids of the sections locked against further edits.
+    pub locked: &'a [String],
+}
+
+/// The decision after a judging.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    Accept(Acceptance),
+    /// Stop iterating, for this reason (a [`super::Stop`] name, [`JUDGES_FAILED`] or
+    /// [`NOTHING_TO_FIX`]).
+    Stop(String),
+    /// Run another iteration from the last judging's plan.
+    Continue,
+}
+
+/// Accept, stop or go on: the mode's thresholds first, then convergence and the hard limits,
+/// then whether the plan has anything to do (a full regeneration needs an unlocked section, a
+/// targeted plan a task).
+pub fn decide(s: &Standing<'_>) -> Decision {
+    let Some(last) = s.last else { return Decision::Stop(JUDGES_FAILED.into()) };
+    if let Some(accept) = accepts(s.mode, last.score, last.critical) {
+        return Decision::Accept(accept);
+    }
+    let c = convergence_within(s.history, s.edits, s.tokens_used, s.elapsed_ms, s.limits);
+    if let Some(stop) = c.stop {
+        return Decision::Stop(stop.name().into());
+    }
+    let routing = last.routing;
+    let unlocked = s.sections.iter().any(|x| !s.locked.contains(&x.id));
+    if (routing.full_regenerate && !unlocked) || (!routing.full_regenerate && routing.tasks.is_empty()) {
+        return Decision::Stop(NOTHING_TO_FIX.into());
+    }
+    Decision::Continue
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arbiter::{FixAction, FixTask};
+
+    #[test]
+    fn quality_bands_are_the_full_auto_thresholds() {
+        assert_eq!(quality(0.85, true), Quality::Good);
+        assert_eq!(quality(0.849, false), Quality::Acceptable);
+        assert_eq!(quality(0.75, false), Quality::Acceptable);
+        assert_eq!(quality(0.75, true), Quality::BelowStandard);
+        assert_eq!(quality(0.749, false), Quality::BelowStandard);
+    }
+
+    #[test]
+    fn full_auto_accepts_at_its_threshold_or_warns_without_a_critical_issue() {
+        assert_eq!(accepts(Mode::FullAuto, 0.85, true), Some(Acceptance::Accepted));
+        assert_eq!(
+            accepts(Mode::FullAuto, 0.8, false),
+            Some(Acceptance::AcceptedWithWarning(
+                "score 0.80 is below 0.85 but at least 0.75 with no critical issue".into()
+            ))
+        );
+        assert_eq!(accepts(Mode::FullAuto, 0.8, true), None);
+        assert_eq!(accepts(Mode::FullAuto, 0.749, false), None);
+    }
+
+    #[test]
+    fn semi_auto_accepts_higher_and_never_warns() {
+        assert_eq!(accepts(Mode::SemiAuto, 0.90, true), Some(Acceptance::Accepted));
+        assert_eq!(accepts(Mode::SemiAuto, 0.85, false), Some(Acceptance::Accepted));
+        assert_eq!(accepts(Mode::SemiAuto, 0.89, true), None);
+        assert_eq!(accepts(Mode::SemiAuto, 0.84, false), None);
+    }
+
+    fn task(section: &str) -> FixTask {
+        FixTask {
+            id: format!("t-{section}"),
+            section_id: section.into(),
+            action: FixAction::SurgicalEdit,
+            instruction: "fix".into(),
+            constraints: Vec::new(),
+            issue_ids: Vec::new(),
+            consistency_check: false,
+            priority: 1,
+            criterion: "clarity".into(),
+            severity: None,
+            previous_section_id: String::new(),
+            next_section_id: String::new(),
+            estimated_tokens: 10,
+        }
+    }
+
+    fn sections(ids: &[&str]) -> Vec<Section> {
+        ids.iter().map(|id| Section { id: (*id).into(), ..Section::default() }).collect()
+    }
+
+    /// A full-auto standing after two judgings (0.5 then 0.6) with nothing locked.
+    fn standing<'a>(
+        routing: &'a Routing,
+        history: &'a [f64],
+        sections: &'a [Section],
+        locked: &'a [String],
+        edits: &'a BTreeMap<String, u32>,
+    ) -> Standing<'a> {
+        Standing {
+            mode: Mode::FullAuto,
+            last: Some(LastJudging { score: *history.last().unwrap_or(&0.0), critical: false, routing }),
+            history,
+            edits,
+            tokens_used: 0,
+            elapsed_ms: 0,
+            limits: Limits::default(),
+            sections,
+            locked,
+        }
+    }
+
+    #[test]
+    fn accepts_first_then_stops_on_a_limit_then_on_nothing_to_fix() {
+        let edits = BTreeMap::new();
+        let secs = sections(&["s1", "s2"]);
+        let with_task = Routing { tasks: vec![task("s1")], ..Routing::default() };
+        let history = [0.5, 0.6];
+        let s = standing(&with_task, &history, &secs, &[], &edits);
+        assert_eq!(decide(&s), Decision::Continue);
+        // No judging succeeded.
+        assert_eq!(decide(&Standing { last: None, ..s }), Decision::Stop(JUDGES_FAILED.into()));
+        // The thresholds win over a spent budget.
+        let accepted = [0.5, 0.9];
+        let s2 = Standing { tokens_used: u64::MAX, ..standing(&with_task, &accepted, &secs, &[], &edits) };
+        assert_eq!(decide(&s2), Decision::Accept(Acceptance::Accepted));
+        // A spent budget stops before the plan is looked at.
+        assert_eq!(decide(&Standing { tokens_used: 15_000, ..s }), Decision::Stop("token_budget".into()));
+        let stalled = [0.5, 0.51, 0.52];
+        assert_eq!(
+            decide(&standing(&with_task, &stalled, &secs, &[], &edits)),
+            Decision::Stop("gain_below_threshold".into())
+        );
+        // A targeted plan without tasks.
+        let empty = Routing::default();
+        assert_eq!(decide(&standing(&empty, &history, &secs, &[], &edits)), Decision::Stop(NOTHING_TO_FIX.into()));
+    }
+
+    #[test]
+    fn a_full_regeneration_goes_on_while_a_section_is_unlocked() {
+        let edits = BTreeMap::new();
+        let secs = sections(&["s1", "s2"]);
+        let full = Routing { full_regenerate: true, ..Routing::default() };
+        let history = [0.4];
+        let one_locked = ["s1".to_string()];
+        assert_eq!(decide(&standing(&full, &history, &secs, &one_locked, &edits)), Decision::Continue);
+        let all_locked = ["s1".to_string(), "s2".to_string()];
+        assert_eq!(
+            decide(&standing(&full, &history, &secs, &all_locked, &edits)),
+            Decision::Stop(NOTHING_TO_FIX.into())
+        );
+    }
+
+    #[test]
+    fn semi_auto_does_not_accept_what_full_auto_accepts_with_a_warning() {
+        let edits = BTreeMap::new();
+        let secs = sections(&["s1"]);
+        let with_task = Routing { tasks: vec![task("s1")], ..Routing::default() };
+        let history = [0.8];
+        let s = standing(&with_task, &history, &secs, &[], &edits);
+        assert!(matches!(decide(&s), Decision::Accept(Acceptance::AcceptedWithWarning(_))));
+        assert_eq!(decide(&Standing { mode: Mode::SemiAuto, ..s }), Decision::Continue);
+    }
+}
