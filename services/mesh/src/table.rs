@@ -176,38 +176,6 @@ impl StageDef {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_stage_has_its_own_row_and_binary() {
-        let all = [
-            Stage::Gateway,
-            Stage::Generator,
-            Stage::Refiners,
-            Stage::Scorer,
-            Stage::Arbiter,
-            Stage::DeltaJudge,
-            Stage::Debate,
-        ];
-        for s in all {
-            assert_eq!(s.def().stage, s, "{s:?} has a row");
-            assert_eq!(STAGES.iter().filter(|d| d.stage == s).count(), 1, "{s:?} has one row");
-        }
-        let mut binaries: Vec<_> = STAGES.iter().map(|d| d.binary).collect();
-        binaries.sort_unstable();
-        binaries.dedup();
-        assert_eq!(binaries.len(), STAGES.len());
-        // Every stage a row calls can be reached.
-        for d in &STAGES {
-            for c in d.calls {
-                assert!(c.def().connect.is_some(), "{:?} calls {c:?}, which has no remote client", d.stage);
-            }
-        }
-    }
-}
-
 /// Connecting the clients a stage's `calls` name, from the table's rows.
 impl Remotes {
     /// Clients to `stages` at the address `url` gives each, over TLS when `[tls]` is set and
@@ -247,5 +215,37 @@ impl Remotes {
         stages: &[Stage],
     ) -> Result<Remotes, String> {
         Self::connect(config, stages, |def| format!("http://{}", addr(def.stage)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_stage_has_its_own_row_and_binary() {
+        let all = [
+            Stage::Gateway,
+            Stage::Generator,
+            Stage::Refiners,
+            Stage::Scorer,
+            Stage::Arbiter,
+            Stage::DeltaJudge,
+            Stage::Debate,
+        ];
+        for s in all {
+            assert_eq!(s.def().stage, s, "{s:?} has a row");
+            assert_eq!(STAGES.iter().filter(|d| d.stage == s).count(), 1, "{s:?} has one row");
+        }
+        let mut binaries: Vec<_> = STAGES.iter().map(|d| d.binary).collect();
+        binaries.sort_unstable();
+        binaries.dedup();
+        assert_eq!(binaries.len(), STAGES.len());
+        // Every stage a row calls can be reached.
+        for d in &STAGES {
+            for c in d.calls {
+                assert!(c.def().connect.is_some(), "{:?} calls {c:?}, which has no remote client", d.stage);
+            }
+        }
     }
 }
