@@ -35,6 +35,10 @@ pub struct JudgeSectionsRequest {
     pub criteria: Vec<Criterion>,
     /// Empty: [`default_panel`].
     pub judges: Vec<PanelJudge>,
+    /// Read-only context (focused judging): sections of the same document shown beside the
+    /// judged ones (typically their neighbours), never judged. Empty: the sections are the whole
+    /// document.
+    pub context: Vec<Section>,
 }
 
 /// One judge's outcome.

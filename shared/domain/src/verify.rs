@@ -235,6 +235,34 @@ pub trait DeltaJudge: Send + Sync {
     async fn verify(&self, request: VerifyRequest) -> Result<VerifyOutcome, StageError>;
     /// The convergence cascade between two drafts.
     async fn compare_texts(&self, request: CompareRequest) -> Result<CompareOutcome, StageError>;
+    /// One YES/NO call: is `section` still consistent with the `previous` section (just
+    /// regenerated)? The N+1 consistency check (FR-049).
+    async fn check_consistency(&self, request: ConsistencyRequest) -> Result<ConsistencyOutcome, StageError> {
+        let _ = request;
+        Err(StageError::Unavailable("this delta judge does not check consistency".into()))
+    }
+}
+
+/// Check a section against the previous one after that one was regenerated.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ConsistencyRequest {
+    /// The previous section as it now stands (regenerated).
+    pub previous: Section,
+    /// The section to check (not edited).
+    pub section: Section,
+    pub model: ModelSpec,
+}
+
+/// The model's answer to a consistency check.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ConsistencyOutcome {
+    pub consistent: bool,
+    /// When inconsistent: what no longer fits (becomes the patch task's issue); else empty.
+    pub reason: String,
+    /// P(answer) from logprobs when the backend gives them.
+    pub confidence: Option<f64>,
+    pub usage: Usage,
+    pub model: Option<ModelRecord>,
 }
 
 #[cfg(test)]

@@ -38,7 +38,7 @@ pub fn judge_sections_request(
     let judges = dj::panel_or_default(judges);
     dj::check_judges(&judges, &judges_field, &mut v);
     v.into_result()?;
-    Ok(dj::JudgeSectionsRequest { sections, brief, criteria, judges })
+    Ok(dj::JudgeSectionsRequest { sections, brief, criteria, judges, context: Vec::new() })
 }
 
 /// A panel request on the wire (defaults already filled are sent explicitly).

@@ -42,6 +42,7 @@ impl TargetedRefinement {
                 brief: self.brief.clone(),
                 criteria: self.criteria.clone(),
                 judges: self.judges.clone(),
+                context: Vec::new(),
             };
             let outcome = stages.judge.judge_sections(request, &assay_domain::no_events).await?;
             ctx.add_usage(&outcome.usage);
