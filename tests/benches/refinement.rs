@@ -75,6 +75,9 @@ fn kind(r: &RecordedRequest) -> &'static str {
     if r.is_embeddings() {
         return "embeddings";
     }
+    if prompt_of(r).starts_with("You are checking one section of a document after the section before it") {
+        return "consistency";
+    }
     let schema = r.body.pointer("/response_format/json_schema/name").and_then(Value::as_str);
     match schema {
         Some("section_verdict") => "judge",
@@ -145,6 +148,10 @@ struct RunFigures {
     events: Vec<gw::RunEvent>,
     wall: Duration,
     tokens_by_kind: BTreeMap<&'static str, u64>,
+    /// Tokens of the first assessment: every call before the first edit.
+    assessment: u64,
+    /// Tokens of the full judging that confirms a focused judging's decision (and its plan).
+    confirmation: u64,
     result: gw::TargetedRefinementResult,
 }
 
@@ -189,37 +196,53 @@ async fn refine(targets: &'static [&'static str], structure: bool, parallel: u32
         })
         .expect("the run completes with a refinement result");
     let mut tokens_by_kind: BTreeMap<&'static str, u64> = BTreeMap::new();
-    for r in seen.lock().map(|l| l.clone()).unwrap_or_default() {
+    let calls = seen.lock().map(|l| l.clone()).unwrap_or_default();
+    let (mut assessment, mut confirmation) = (0u64, 0u64);
+    let (mut edited, mut focused, mut confirming) = (false, false, false);
+    for r in &calls {
         if debug {
-            println!("{} {:?}", kind(&r), prompt_of(&r).chars().take(120).collect::<String>());
+            println!("{} {:?}", kind(r), prompt_of(r).chars().take(120).collect::<String>());
         }
         if r.is_embeddings() {
             continue;
         }
-        *tokens_by_kind.entry(kind(&r)).or_default() += (prompt_of(&r).len() / 4) as u64 + REPLY_TOKENS;
+        let k = kind(r);
+        let t = (prompt_of(r).len() / 4) as u64 + REPLY_TOKENS;
+        *tokens_by_kind.entry(k).or_default() += t;
+        edited |= matches!(k, "patcher" | "expander");
+        if k == "judge" {
+            let part = prompt_of(r).contains("You see PART of a longer document");
+            focused |= part;
+            confirming = edited && focused && !part;
+        }
+        if !edited {
+            assessment += t;
+        } else if confirming && matches!(k, "judge" | "arbiter") {
+            confirmation += t;
+        }
     }
-    RunFigures { events, wall, tokens_by_kind, result }
+    RunFigures { events, wall, tokens_by_kind, assessment, confirmation, result }
 }
 
-/// Tokens of the refinement iteration: everything but the first judging and plan.
+/// Tokens of the refinement iteration (edits, verification, re-judging, planning): everything
+/// but the first assessment and the full judging that confirms a focused judging's decision.
 fn iteration_tokens(f: &RunFigures) -> u64 {
     let total: u64 = f.tokens_by_kind.values().sum();
-    // The first judging: three judge calls on the document as given, same prompt size as the
-    // re-judging; the first plan: one synthesis per section with issues.
-    let judges_each = f.tokens_by_kind.get("judge").copied().unwrap_or(0) / 2;
-    let arbiter_each = f.tokens_by_kind.get("arbiter").copied().unwrap_or(0) / 2;
-    total - judges_each - arbiter_each
+    total - f.assessment - f.confirmation
 }
 
 fn edits(f: &RunFigures) -> u64 {
-    ["patcher", "expander", "delta_judge"].iter().map(|k| f.tokens_by_kind.get(k).copied().unwrap_or(0)).sum()
+    ["patcher", "expander", "delta_judge", "consistency"]
+        .iter()
+        .map(|k| f.tokens_by_kind.get(k).copied().unwrap_or(0))
+        .sum()
 }
 
 fn compare(name: &str, targeted: &RunFigures, full: &RunFigures) {
     assert!(!targeted.result.full_regenerate && full.result.full_regenerate, "scenarios as designed");
     println!("\n{name}: tokens by call kind (characters / 4)");
     println!("{:<14} {:>10} {:>16}", "call kind", "targeted", "full_regenerate");
-    for k in ["judge", "arbiter", "patcher", "expander", "delta_judge"] {
+    for k in ["judge", "arbiter", "patcher", "expander", "delta_judge", "consistency"] {
         println!(
             "{k:<14} {:>10} {:>16}",
             targeted.tokens_by_kind.get(k).copied().unwrap_or(0),
@@ -230,6 +253,10 @@ fn compare(name: &str, targeted: &RunFigures, full: &RunFigures) {
     println!(
         "iteration (edits + verification + re-judge + plan): targeted {t_it}, full regenerate {f_it}: {:.0}%",
         100.0 * t_it as f64 / f_it as f64
+    );
+    println!(
+        "first assessment (apart from the budget): targeted {}, full regenerate {}; confirming full judging: targeted {}, full regenerate {}",
+        targeted.assessment, full.assessment, targeted.confirmation, full.confirmation
     );
     println!(
         "edits alone (refiner + delta judge): targeted {}, full regenerate {}: {:.0}%",

@@ -350,3 +350,30 @@ pub async fn admin_browser(mode: &str, args: &serde_json::Value, mut on_line: im
         out.join("\n")
     );
 }
+
+/// A lesson fixture (`{"brief": {...}, "sections": [{"id", "title", "content"}]}`): its brief and
+/// its sections, numbered in document order.
+pub fn lesson_fixture(json: &str) -> (pb::Brief, Vec<pb::Section>) {
+    let v: serde_json::Value = serde_json::from_str(json).expect("the fixture is JSON");
+    let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
+    let b = &v["brief"];
+    let brief = pb::Brief {
+        objectives: b["objectives"].as_array().map(|a| a.iter().map(text).collect()).unwrap_or_default(),
+        audience: text(&b["audience"]),
+        language: text(&b["language"]),
+        description: text(&b["description"]),
+    };
+    let sections = v["sections"]
+        .as_array()
+        .expect("the fixture has sections")
+        .iter()
+        .enumerate()
+        .map(|(i, s)| pb::Section {
+            id: text(&s["id"]),
+            index: i as u32,
+            title: text(&s["title"]),
+            content: text(&s["content"]),
+        })
+        .collect();
+    (brief, sections)
+}

@@ -433,3 +433,230 @@ async fn a_bad_problem_is_named_and_no_model_is_called() {
     assert_eq!(sandbox.llm.request_count(), 0, "no model call");
     sandbox.shutdown().await.unwrap();
 }
+
+// ---------------------------------------------------------------------------------------------
+// Raw replies, accuracy over every problem, reply schemas sized for a stronger model.
+
+/// The exact text the scripted backend sends for a call: pretty-printed JSON with a key the
+/// parser drops (`scratchpad`), so only the raw text shows what the model said.
+fn raw_text(r: &RecordedRequest) -> String {
+    let who = r.debate_speaker();
+    let retry = r.messages().len() > 1;
+    let s = problem_of(r);
+    let mut reply = match r.schema_name() {
+        "debate_solution" => json!({"approach": "direct", "reasoning_steps": [format!("step of {who}")],
+                                    "final_answer": s.original[solver_index(&who)], "confidence": 0.7}),
+        "debate_review" => json!({"strengths": ["clear"], "weaknesses": [], "errors": [],
+                                  "suggested_changes": ["double-check"]}),
+        "debate_refinement" => {
+            let i = solver_index(&who);
+            json!({"critiques_accepted": ["double-check"], "critiques_rejected": [],
+                   "refinement_reasoning": "checked again", "reasoning_steps": ["checked"],
+                   "final_answer": s.refined[i], "confidence": 0.8,
+                   "changed_from_original": s.refined[i] != s.original[i], "improvement_explanation": "checked"})
+        }
+        other => panic!("unexpected stage {other}"),
+    };
+    reply["scratchpad"] = json!(format!("{who} thinking aloud about {} (retry: {retry})", r.schema_name()));
+    serde_json::to_string_pretty(&reply).unwrap()
+}
+
+/// Every solve, review, refine and judge call's reply is in the artifacts exactly as the backend
+/// sent it; an unusable reply (solver_3's first solution, both of the judge's replies) is kept
+/// with why it could not be used, beside the retry's reply.
+#[tokio::test]
+async fn every_model_reply_is_kept_raw_in_the_debate_artifacts() {
+    let sandbox = MeshSandbox::start().await;
+    sandbox.llm.set_handler(|r| {
+        let retry = r.messages().len() > 1;
+        match (r.schema_name(), r.debate_speaker().as_str()) {
+            ("debate_solution", "solver_3") if !retry => Reply::text("I think it is 391, roughly."),
+            ("debate_judgment", _) => Reply::text(format!("The best is solver one (retry: {retry}).")),
+            _ => Reply::text(raw_text(r)),
+        }
+        .usage(50, 10)
+    });
+    let events =
+        sandbox.run_pipeline(gw::run_pipeline_request::Pipeline::Debate(pipeline(&[&SET[0]], false, false))).await;
+    let (state, d) = debate_result(&events);
+    assert_eq!(state, gw::RunState::Succeeded as i32, "{d:?}");
+    let debate = d.problems[0].debate.as_ref().unwrap();
+    // Every reply the backend sent, by (stage, speaker, target, retry).
+    let sent: Vec<(String, String, bool)> = sandbox
+        .llm
+        .requests()
+        .iter()
+        .map(|r| {
+            let retry = r.messages().len() > 1;
+            let text = match (r.schema_name(), r.debate_speaker().as_str()) {
+                ("debate_solution", "solver_3") if !retry => "I think it is 391, roughly.".to_string(),
+                ("debate_judgment", _) => format!("The best is solver one (retry: {retry})."),
+                _ => raw_text(r),
+            };
+            (r.schema_name().to_string(), text, retry)
+        })
+        .collect();
+    let kept = |raw: &[dpb::RawReply]| raw.iter().map(|x| x.text.clone()).collect::<Vec<_>>();
+    let was_sent = |stage: &str, text: &str| sent.iter().any(|(s, t, _)| s == stage && t == text);
+
+    for s in &debate.solutions {
+        let raw = &s.raw_replies;
+        if s.solver_id == "solver_3" {
+            assert_eq!(kept(raw)[0], "I think it is 391, roughly.");
+            assert!(raw[0].unusable_reason.contains("no JSON"), "{:?}", raw[0]);
+            assert_eq!(raw.len(), 2, "the first reply and the retry's");
+            assert!(raw[1].unusable_reason.is_empty() && raw[1].text.contains("(retry: true)"));
+        } else {
+            assert_eq!(raw.len(), 1, "{}", s.solver_id);
+            assert!(raw[0].unusable_reason.is_empty());
+        }
+        let used = raw.last().unwrap();
+        assert!(was_sent("debate_solution", &used.text), "kept as sent: {used:?}");
+        assert!(used.text.contains("\"scratchpad\"") && used.text.contains("\n  "), "the exact text: {used:?}");
+        assert_eq!((used.bytes as usize, used.finish_reason.as_str()), (used.text.len(), "stop"));
+    }
+    assert_eq!(debate.reviews.len(), 6);
+    for r in &debate.reviews {
+        assert_eq!(r.raw_replies.len(), 1);
+        assert!(was_sent("debate_review", &r.raw_replies[0].text), "{r:?}");
+        assert!(r.raw_replies[0].text.contains(&format!("{} thinking aloud about debate_review", r.reviewer_id)));
+    }
+    for r in &debate.refined {
+        assert_eq!(r.raw_replies.len(), 1);
+        assert!(was_sent("debate_refinement", &r.raw_replies[0].text), "{r:?}");
+    }
+    let j = debate.judgment.as_ref().unwrap();
+    assert!(j.majority_vote_fallback);
+    assert_eq!(
+        kept(&j.raw_replies),
+        ["The best is solver one (retry: false).", "The best is solver one (retry: true)."]
+    );
+    assert!(j.raw_replies.iter().all(|x| !x.unusable_reason.is_empty()));
+    // The stage events carry them too.
+    let solve_event = events
+        .iter()
+        .find_map(|e| match &e.event {
+            Some(Event::DebateStage(s)) if s.stage.as_ref().unwrap().stage == "solve" => s.stage.clone(),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(solve_event.solutions[2].raw_replies, debate.solutions[2].raw_replies);
+    sandbox.shutdown().await.unwrap();
+}
+
+/// A problem that fails counts as wrong in the accuracy over every problem, beside the accuracy
+/// over the graded ones; its error quotes the start of the unusable reply.
+#[tokio::test]
+async fn accuracy_counts_a_failed_problem_as_wrong_beside_the_graded_accuracy() {
+    let sandbox = MeshSandbox::start().await;
+    sandbox.llm.set_handler(|r| {
+        if problem_of(r).id == "capital" && r.debate_speaker() == "solver_2" {
+            return Reply::text("Paris, obviously; no JSON from me.").usage(5, 5);
+        }
+        answer(r)
+    });
+    let set: Vec<&Scripted> = SET.iter().collect();
+    let events = sandbox.run_pipeline(gw::run_pipeline_request::Pipeline::Debate(pipeline(&set, false, false))).await;
+    let (state, d) = debate_result(&events);
+    assert_eq!(state, gw::RunState::Partial as i32, "{d:?}");
+    let capital = &d.problems[2];
+    assert!(capital.error.contains("no usable solution"), "{}", capital.error);
+    assert!(capital.error.contains("Paris, obviously; no JSON from me."), "the reply is quoted: {}", capital.error);
+    // mul right, add wrong, capital failed.
+    assert_eq!((d.problems_total, d.problems_failed, d.graded, d.correct), (3, 1, 2, 1));
+    assert_eq!(d.accuracy, Some(0.5), "over the graded problems");
+    assert_eq!(d.failed_with_reference, 1);
+    let all = d.accuracy_all.expect("accuracy over every problem");
+    assert!((all - 1.0 / 3.0).abs() < 1e-9, "{all}");
+    sandbox.shutdown().await.unwrap();
+}
+
+/// `reply` cut to what `schema` allows, as a backend that enforces the schema (constrained
+/// decoding, strict structured output) would write it: lists stop at `maxItems`, texts at
+/// `maxLength` characters.
+fn fit(reply: &serde_json::Value, schema: &serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    let max = |k: &str| schema.get(k).and_then(Value::as_u64).map(|n| n as usize);
+    match reply {
+        Value::Object(o) => {
+            let props = &schema["properties"];
+            Value::Object(o.iter().map(|(k, v)| (k.clone(), fit(v, &props[k]))).collect())
+        }
+        Value::Array(a) => Value::Array(
+            a.iter().take(max("maxItems").unwrap_or(usize::MAX)).map(|v| fit(v, &schema["items"])).collect(),
+        ),
+        Value::String(s) => Value::String(s.chars().take(max("maxLength").unwrap_or(usize::MAX)).collect()),
+        other @ (Value::Null | Value::Bool(_) | Value::Number(_)) => other.clone(),
+    }
+}
+
+/// What a stronger model writes: 12 reasoning steps, a 200-character answer, reviews with five
+/// weaknesses, errors and suggestions each (ten critiques per review), refinements accepting six
+/// critiques and rejecting five.
+fn stronger_reply(r: &RecordedRequest) -> serde_json::Value {
+    let who = r.debate_speaker();
+    let steps: Vec<String> = (1..=12).map(|i| format!("step {i} of {who}: one line of careful working")).collect();
+    let answer = format!("391, because {}", "seventeen times twenty-three is three hundred ninety-one; ".repeat(4));
+    let answer = answer.chars().take(200).collect::<String>();
+    let list = |what: &str, n: usize| (1..=n).map(|i| format!("{what} {i}")).collect::<Vec<_>>();
+    match r.schema_name() {
+        "debate_solution" => json!({"approach": "long multiplication", "reasoning_steps": steps,
+                                    "final_answer": answer, "confidence": 0.9}),
+        "debate_review" => json!({
+            "strengths": list("strength", 5), "weaknesses": list("weakness", 5),
+            "errors": (1..=5).map(|i| json!({"location": format!("step {i}"), "error_type": "calculation",
+                                              "severity": "minor", "description": format!("error {i}")}))
+                             .collect::<Vec<_>>(),
+            "suggested_changes": list("suggestion", 5)}),
+        "debate_refinement" => json!({
+            "critiques_accepted": list("accepted", 6),
+            "critiques_rejected": (1..=5).map(|i| json!({"critique": format!("rejected {i}"), "reason": "wrong"}))
+                                         .collect::<Vec<_>>(),
+            "refinement_reasoning": "weighed every critique", "reasoning_steps": steps, "final_answer": answer,
+            "confidence": 0.95, "changed_from_original": false, "improvement_explanation": "clearer"}),
+        "debate_judgment" => json!({"reasoning": "all agree", "winner": "solver_1", "confidence": 0.9}),
+        other => panic!("unexpected stage {other}"),
+    }
+}
+
+/// A stronger model's longer reply keeps every step, critique and character of its answer as far
+/// as the request allows, through a backend that enforces the reply schema and its token limit.
+#[tokio::test]
+async fn a_stronger_models_longer_replies_are_not_cut_by_the_reply_schemas() {
+    let sandbox = MeshSandbox::start().await;
+    sandbox.llm.set_handler(|r| {
+        let schema = r.body.pointer("/response_format/json_schema/schema").cloned().unwrap_or_default();
+        let text = fit(&stronger_reply(r), &schema).to_string();
+        let limit = ["max_tokens", "max_completion_tokens"].iter().find_map(|k| r.body[*k].as_u64()).unwrap();
+        // A reply over its token limit (four characters a token) is cut there.
+        if text.len() as u64 > 4 * limit {
+            return Reply::text(text.chars().take(4 * limit as usize).collect::<String>()).finish_reason("length");
+        }
+        let tokens = text.len() as u64 / 4;
+        Reply::text(text).usage(500, tokens)
+    });
+    let problem = gw::DebateProblem { id: "mul".into(), problem: SET[0].problem.into(), reference: None };
+    let p = gw::DebatePipeline { problems: vec![problem], concurrency: 1, ..Default::default() };
+    let events = sandbox.run_pipeline(gw::run_pipeline_request::Pipeline::Debate(p)).await;
+    let (state, d) = debate_result(&events);
+    assert_eq!(state, gw::RunState::Succeeded as i32, "{d:?}");
+    let debate = d.problems[0].debate.as_ref().unwrap();
+    let answer = stronger_reply(&sandbox.llm.requests()[0])["final_answer"].as_str().unwrap().to_string();
+    assert_eq!(answer.len(), 200);
+    for s in &debate.solutions {
+        assert_eq!((s.reasoning_steps.len(), s.final_answer.as_str()), (12, answer.as_str()), "{}", s.solver_id);
+    }
+    for r in &debate.reviews {
+        let counts = (r.strengths.len(), r.weaknesses.len(), r.errors.len(), r.suggested_changes.len());
+        assert_eq!(counts, (5, 5, 5, 5), "{} on {}", r.reviewer_id, r.target_solver_id);
+    }
+    for r in &debate.refined {
+        let counts = (r.critiques_accepted.len(), r.critiques_rejected.len(), r.reasoning_steps.len());
+        assert_eq!(counts, (6, 5, 12), "{}", r.solver_id);
+        assert_eq!(r.final_answer, answer);
+    }
+    assert_eq!(d.problems[0].final_answer, answer);
+    // No call was cut at its token limit (no retry: 13 calls).
+    assert_eq!(sandbox.llm.request_count(), 13);
+    sandbox.shutdown().await.unwrap();
+}

@@ -1,11 +1,13 @@
 //! gRPC adapter of the delta-judge service: convert the request, call the core, map the result.
-//! Verify and CompareTexts go through a [`DeltaJudge`] (deadlines and cancellation propagate);
+//! Verify, CompareTexts and CheckConsistency go through a [`DeltaJudge`] (deadlines and
+//! cancellation propagate);
 //! Readability, CheckQualityLocks and CheckConvergence are pure and answered here.
 
 use assay_proto::delta_judge::v1::delta_judge_service_server::{DeltaJudgeService, DeltaJudgeServiceServer};
 use assay_proto::delta_judge::v1::{
-    CheckConvergenceRequest, CheckConvergenceResponse, CheckQualityLocksRequest, CheckQualityLocksResponse,
-    CompareTextsRequest, CompareTextsResponse, ReadabilityRequest, ReadabilityResponse, VerifyRequest, VerifyResponse,
+    CheckConsistencyRequest, CheckConsistencyResponse, CheckConvergenceRequest, CheckConvergenceResponse,
+    CheckQualityLocksRequest, CheckQualityLocksResponse, CompareTextsRequest, CompareTextsResponse, ReadabilityRequest,
+    ReadabilityResponse, VerifyRequest, VerifyResponse,
 };
 
 use assay_domain::limits::MAX_TEXT_BYTES;
@@ -171,5 +173,16 @@ impl DeltaJudgeService for DeltaJudgeGrpc {
         let core = self.core.clone();
         let out = run_with(ctx, async move { core.compare_texts(req).await }).await.map_err(to_status)?;
         Ok(Response::new(convert::compare_response_to(&out)))
+    }
+
+    async fn check_consistency(
+        &self,
+        request: Request<CheckConsistencyRequest>,
+    ) -> Result<Response<CheckConsistencyResponse>, Status> {
+        let ctx = CallContext::from_request(&request);
+        let req = convert::consistency_request(request.into_inner(), "").map_err(to_status)?;
+        let core = self.core.clone();
+        let out = run_with(ctx, async move { core.check_consistency(req).await }).await.map_err(to_status)?;
+        Ok(Response::new(convert::consistency_response_to(&out)))
     }
 }

@@ -138,7 +138,11 @@ async fn unfixed_and_failed_issues_are_rejected_with_reasons() {
     assert!(!r.issues[1].fixed && r.issues[1].error.is_empty());
     assert!(!r.issues[2].fixed && !r.issues[2].error.is_empty() && r.issues[2].confidence.is_none());
     assert_eq!(r.rejection_reasons.len(), 2, "{:?}", r.rejection_reasons);
-    assert_eq!(r.rejection_reasons[0], "issue i-2 not fixed (confidence 0.12)");
+    assert_eq!(r.rejection_reasons[0], "issue i-2 not fixed (the model answered NO, confidence 0.88)");
+    assert_eq!(
+        (r.issues[0].answer.as_str(), r.issues[1].answer.as_str(), r.issues[2].answer.as_str()),
+        ("YES", "NO", "")
+    );
     assert!(r.rejection_reasons[1].starts_with("issue i-3 not verified: "), "{:?}", r.rejection_reasons);
     assert_eq!(h.llm.request_count(), 3, "one call per issue, no retries");
     assert_eq!(r.usage.unwrap().calls, 2, "the failed call used nothing");

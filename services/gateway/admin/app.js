@@ -923,7 +923,8 @@
         if (tr.warning) lines.push(h('p', {class: 'warn-text'}, 'Warning: ', tr.warning));
       } else if (result.debate) {
         const d = result.debate;
-        lines.push(h('p', `${num(d.problemsTotal)} problems, ${num(d.problemsFailed)} failed · accuracy ${fmtPct(d.accuracy)}`));
+        lines.push(h('p', `${num(d.problemsTotal)} problems, ${num(d.problemsFailed)} failed · accuracy ${fmtPct(d.accuracy)}`
+          + (d.accuracyAll != null ? ` (graded) · ${fmtPct(d.accuracyAll)} over all problems, failed counted wrong` : '')));
       } else if (result.checklistEval) {
         const r = result.checklistEval;
         lines.push(h('p', `${plural((r.results || []).length, 'record')} · mean primary score ${fmtScore(r.aggregate && r.aggregate.meanPrimaryScore)}`));
@@ -1475,6 +1476,9 @@
           ['Problems', `${num(res.problemsTotal)} (${num(res.problemsFailed)} failed)`],
           ['Correct / graded', `${num(res.correct)}/${num(res.graded)}`],
           ['Accuracy', res.accuracy != null ? fmtPct(res.accuracy) : 'not graded'],
+          ['Accuracy over all problems', res.accuracyAll != null
+            ? `${fmtPct(res.accuracyAll)} (${num(res.correct)}/${num(res.graded) + num(res.failedWithReference)}, ${num(res.failedWithReference)} failed counted wrong)`
+            : null],
           ['Consensus rate', fmtPct(res.consensusRate)],
           ['Changed rate', fmtPct(res.changedRate)],
           ['Tokens', `${num(res.tokens)} in ${plural(num(res.calls), 'call')}`],
@@ -1485,10 +1489,13 @@
       }
       const ok = done.filter((p) => !p.done.error).map((p) => p.done);
       const graded = ok.filter((p) => p.correct != null);
+      const failedRef = done.filter((p) => p.done.error && p.done.reference).length;
       const share = (n) => (ok.length ? fmtPct(n / ok.length) : '—');
       return kv([
         ['Problems done', `${done.length} (so far)`],
         ['Correct / graded', `${graded.filter((p) => p.correct).length}/${graded.length}`],
+        ['Correct / all with a reference', failedRef
+          ? `${graded.filter((p) => p.correct).length}/${graded.length + failedRef} (${failedRef} failed counted wrong)` : null],
         ['Consensus rate', share(ok.filter((p) => p.consensus).length)],
         ['Changed rate', share(ok.filter((p) => p.answersChanged).length)],
         ['Tokens', String(tokensOf(run.usage))],
@@ -1583,6 +1590,18 @@
       : null;
   }
 
+  /** The model's raw replies behind an artifact (first call, then the retry), folded. */
+  function rawReplies(replies) {
+    if (!replies || !replies.length) return null;
+    return h('details', {class: 'raw-replies'},
+      h('summary', `Raw model ${replies.length > 1 ? `replies (${replies.length})` : 'reply'}`),
+      replies.map((r, i) => h('div', {class: 'raw-reply'},
+        h('p', {class: 'muted'}, `${i === 0 ? 'first call' : 'retry'} · finish ${r.finishReason || '?'} · ${num(r.bytes)} bytes`
+          + (num(r.bytes) > new TextEncoder().encode(r.text || '').length ? ' (cut to the first 16 KiB)' : ''),
+          r.unusableReason ? [' · ', h('span', {class: 'error-text'}, `unusable: ${r.unusableReason}`)] : null),
+        h('pre', {class: 'text'}, r.text || ''))));
+  }
+
   function solutionNode(sol) {
     return h('div', {class: 'artifact solution', 'data-solver-id': sol.solverId || ''},
       h('h5', sol.solverId || 'solver', h('span', {class: 'muted'}, ` · confidence ${fmtScore(sol.confidence)}`)),
@@ -1590,7 +1609,8 @@
         ['Approach', sol.approach ? h('span', {class: 'text'}, sol.approach) : null],
         ['Final answer', h('span', {class: 'text answer'}, sol.finalAnswer || '—')],
       ])),
-      textList('Reasoning', sol.reasoningSteps, 'ol'));
+      textList('Reasoning', sol.reasoningSteps, 'ol'),
+      rawReplies(sol.rawReplies));
   }
 
   function reviewNode(r) {
@@ -1601,7 +1621,8 @@
       textList('Weaknesses', r.weaknesses),
       errors.length ? [h('h6', 'Errors'), h('ul', {class: 'texts'}, errors.map((x) => h('li', {class: 'text'},
         tag(enumLabel(x.severity, 'SEVERITY_'), 'sev'), ` ${x.errorType || ''}${x.location ? ` @ ${x.location}` : ''}: ${x.description || ''}`)))] : null,
-      textList('Suggested changes', r.suggestedChanges));
+      textList('Suggested changes', r.suggestedChanges),
+      rawReplies(r.rawReplies));
   }
 
   function refinedNode(r) {
@@ -1617,7 +1638,8 @@
       textList('Critiques accepted', r.critiquesAccepted),
       rejected.length ? [h('h6', 'Critiques rejected'), h('ul', {class: 'texts'}, rejected.map((x) =>
         h('li', {class: 'text'}, x.critique || '', x.reason ? ` — ${x.reason}` : '')))] : null,
-      textList('Reasoning', r.reasoningSteps, 'ol'));
+      textList('Reasoning', r.reasoningSteps, 'ol'),
+      rawReplies(r.rawReplies));
   }
 
   function judgmentNode(j) {
@@ -1627,7 +1649,7 @@
       ['Final answer', h('span', {class: 'text answer'}, j.finalAnswer || '—')],
       ['Reasoning', j.reasoning ? h('span', {class: 'text'}, j.reasoning) : null],
       ['Majority-vote fallback', j.majorityVoteFallback ? `yes${j.fallbackReason ? `: ${j.fallbackReason}` : ''}` : null],
-    ])));
+    ])), rawReplies(j.rawReplies));
   }
 
   // ---------------------------------------------------------------- self-refine

@@ -16,6 +16,9 @@ pub struct CoreSettings {
     /// Model calls in flight per request when the request sets no cap of its own (the gateway:
     /// stage calls in flight per run); `None` = the core's built-in default.
     pub concurrency: Option<usize>,
+    /// Self-refine's embedding step (`[convergence] embedding_step`); `None` = the built-in
+    /// default.
+    pub embedding_step: Option<bool>,
 }
 
 /// A stage's core, ready to serve.
@@ -52,7 +55,7 @@ impl Core {
 
 /// The gateway: records scored (and checklists generated) at once per run.
 pub fn gateway_settings(config: &AssayConfig) -> CoreSettings {
-    CoreSettings { concurrency: Some(config.gateway.concurrency as usize) }
+    CoreSettings { concurrency: Some(config.gateway.concurrency as usize), ..CoreSettings::default() }
 }
 
 /// The generator: its built-in bound on candidate calls.
@@ -64,12 +67,15 @@ pub fn generator_settings(_config: &AssayConfig) -> CoreSettings {
 /// rewrite and the Tagger one model call per item: the same kind of fan-out the key bounds in the
 /// scorer (there is no key of their own).
 pub fn refiners_settings(config: &AssayConfig) -> CoreSettings {
-    CoreSettings { concurrency: Some(config.scorer.concurrency as usize) }
+    CoreSettings {
+        concurrency: Some(config.scorer.concurrency as usize),
+        embedding_step: Some(config.convergence.embedding_step),
+    }
 }
 
 /// The scorer: `scorer.concurrency`.
 pub fn scorer_settings(config: &AssayConfig) -> CoreSettings {
-    CoreSettings { concurrency: Some(config.scorer.concurrency as usize) }
+    CoreSettings { concurrency: Some(config.scorer.concurrency as usize), ..CoreSettings::default() }
 }
 
 /// Stages that take nothing from configuration (beyond the model hub).
@@ -89,6 +95,9 @@ pub fn build_refiners(settings: CoreSettings, hub: Arc<ModelHub>, remotes: &Remo
     let mut core = assay_refiners::ChecklistRefiners::new(hub).with_scorer(remotes.scorer()?);
     if let Some(c) = settings.concurrency {
         core = core.with_concurrency(c);
+    }
+    if let Some(on) = settings.embedding_step {
+        core = core.with_cascade(assay_llm::convergence::Cascade::new().with_embedding_step(on));
     }
     Ok(Built { core: Core::Refiners(Arc::new(core)), settings })
 }

@@ -80,7 +80,9 @@ impl Harness {
         cfg.base_backoff = Duration::from_millis(5);
         let hub = Arc::new(ModelHub::single_openai(cfg).unwrap());
         let clock = Arc::new(ManualClock::new());
-        let core = Arc::new(ChecklistRefiners::new(hub).with_cascade(Cascade::with_clock(clock.clone())));
+        let core = Arc::new(
+            ChecklistRefiners::new(hub).with_cascade(Cascade::with_clock(clock.clone()).with_embedding_step(true)),
+        );
         let server =
             TestServer::start(assay_refiners::routes(core.clone()), &[assay_proto::service_names::REFINERS]).await;
         Harness { llm, script, clock, core, server }

@@ -76,7 +76,24 @@ fn document() -> JudgeSectionsRequest {
         }),
         criteria: Vec::new(),
         judges: Vec::new(),
+        context: Vec::new(),
     }
+}
+
+/// A section at its place in the document.
+fn at(index: u32, id: &str, title: &str, content: &str) -> pb::Section {
+    pb::Section { index, ..section(id, title, content) }
+}
+
+/// Focused judging of the document's "stages" (index 1) with its neighbours as context.
+fn focused() -> JudgeSectionsRequest {
+    let mut r = document();
+    r.sections = vec![at(1, "stages", "The stages", "Awareness comes last.\n\nAction is where people buy.")];
+    r.context = vec![
+        at(0, "intro", "What a funnel is", "A sales funnel has four stages: awareness, interest, desire, action."),
+        at(2, "example", "An example", "A bakery posts photos online, offers a tasting, and sells a cake."),
+    ];
+    r
 }
 
 /// A well-formed reply: every default criterion at `score`, plus `issues`.
@@ -352,6 +369,29 @@ async fn bad_input_is_invalid_argument_naming_the_field_with_no_model_call() {
             with(&|r| r.criteria = vec![pb::Criterion { name: "a".into(), description: String::new(), priority: 0 }]),
             "criteria[0].priority",
         ),
+        // Focused judging: a context section is never also a judged one; document order needs
+        // distinct indexes; context entries follow the sections' rules.
+        (
+            with(&|r| {
+                r.sections[1].index = 1;
+                r.context = vec![at(2, "stages", "", "The stages again.")];
+            }),
+            "context[0].id",
+        ),
+        (
+            with(&|r| {
+                r.sections[1].index = 1;
+                r.context = vec![at(1, "example", "", "A bakery.")];
+            }),
+            "context[0].index",
+        ),
+        (
+            with(&|r| {
+                r.sections[1].index = 1;
+                r.context = vec![at(2, "example", "", " ")];
+            }),
+            "context[0].content",
+        ),
     ];
     for (req, field) in cases {
         let status = client.judge_sections(req.clone()).await.unwrap_err();
@@ -373,6 +413,45 @@ async fn bad_input_is_invalid_argument_naming_the_field_with_no_model_call() {
     let status = client.judge_sections_stream(JudgeSectionsStreamRequest { request: None }).await.err().unwrap();
     assert_eq!(status.code(), Code::InvalidArgument);
     assert_eq!(h.llm.request_count(), 0, "bad input never reaches the backend");
+}
+
+#[tokio::test]
+async fn focused_judging_quotes_context_read_only_and_drops_issues_on_it() {
+    let h = harness().await;
+    h.llm.set_handler(|_| {
+        let section_scores: Vec<Value> =
+            CRITERIA.iter().map(|c| json!({"section_id": "stages", "criterion": c, "score": 0.4})).collect();
+        let mut reply = verdict(0.4, json!([factual_issue("stages"), factual_issue("intro")]));
+        reply["section_scores"] = json!(section_scores);
+        Reply::json(reply)
+    });
+    let reply = h.client().await.judge_sections(focused()).await.unwrap().into_inner();
+    assert_eq!((reply.succeeded, reply.failed), (3, 0));
+    for r in h.llm.requests() {
+        let prompt = r.last_user_message().unwrap();
+        assert!(prompt.contains("You see PART of a longer document"), "{prompt}");
+        assert!(prompt.contains("<section id=\"stages\" title=\"The stages\">\nAwareness comes last."), "{prompt}");
+        assert!(prompt.contains("<context id=\"intro\" title=\"What a funnel is\" shows=\"all\">"), "{prompt}");
+        assert!(prompt.find("<context id=\"intro\"") < prompt.find("<section id=\"stages\""), "{prompt}");
+        assert!(prompt.find("<section id=\"stages\"") < prompt.find("<context id=\"example\""), "{prompt}");
+        let schema = &r.body["response_format"]["json_schema"]["schema"];
+        assert_eq!(schema["properties"]["issues"]["items"]["properties"]["section_id"]["enum"], json!(["stages"]));
+        assert_eq!(schema["properties"]["section_scores"]["minItems"], json!(6));
+        let limit = r.body.get("max_tokens").or_else(|| r.body.get("max_completion_tokens")).unwrap();
+        assert_eq!(limit, &json!(assay_scorer::core::judge::focused_max_tokens(1, 6)));
+    }
+    for r in &reply.results {
+        let v = r.verdict.as_ref().unwrap();
+        let on: Vec<&str> = v.issues.iter().map(|i| i.section_id.as_str()).collect();
+        assert_eq!(on, vec!["stages"], "the issue on the context section is dropped");
+        assert_eq!(v.unknown_section_issues, 0);
+        assert_eq!(v.section_scores.len(), 6);
+        assert!(r.error.contains("issue 2 names the context section \"intro\", which is read-only"), "{}", r.error);
+        assert_eq!(
+            r.model_record.as_ref().unwrap().prompt_template_sha256,
+            assay_domain::template::template_sha256(assay_scorer::core::judge::FOCUSED_TEMPLATE)
+        );
+    }
 }
 
 #[tokio::test]
@@ -407,6 +486,20 @@ async fn remote_scorer_is_a_section_judge_relaying_progress() {
     let assay_domain::StageError::InvalidArgument(v) = e else { panic!("expected invalid argument, got {e:?}") };
     assert!(v.iter().any(|f| f.field == "sections"), "{v:?}");
     assert_eq!(h.llm.request_count(), 3);
+
+    // The context travels with the request: the judges get the focused prompt, and a context id
+    // repeating a judged one comes back named.
+    let focused = assay_proto::convert::judge::judge_sections_request(focused(), "").unwrap();
+    remote.judge_sections(focused.clone(), &assay_domain::no_events).await.unwrap();
+    let prompts: Vec<String> = h.llm.requests()[3..].iter().map(|r| r.last_user_message().unwrap()).collect();
+    assert_eq!(prompts.len(), 3);
+    assert!(prompts.iter().all(|p| p.contains("<context id=\"example\" title=\"An example\"")), "{prompts:?}");
+    let mut clash = focused;
+    clash.context[0].id = "stages".into();
+    let e = remote.judge_sections(clash, &assay_domain::no_events).await.unwrap_err();
+    let assay_domain::StageError::InvalidArgument(v) = e else { panic!("expected invalid argument, got {e:?}") };
+    assert_eq!(v.iter().map(|f| f.field.as_str()).collect::<Vec<_>>(), vec!["context[0].id"], "{v:?}");
+    assert_eq!(h.llm.request_count(), 6);
 }
 
 #[tokio::test]

@@ -33,6 +33,29 @@ pub struct AssayConfig {
     pub tls: TlsConfig,
     #[serde(default)]
     pub admin: AdminConfig,
+    #[serde(default)]
+    pub convergence: ConvergenceConfig,
+}
+
+/// Self-refine's convergence cascade (`[convergence]`).
+#[derive(Debug, Clone, Deserialize)]
+pub struct ConvergenceConfig {
+    /// Run the cascade's embedding step when a self-refine request does not say
+    /// (`embedding_step`). Off by default: measured on the embedded backend, it costs an
+    /// embedding call per undecided comparison and turns more right decisions wrong than it fixes
+    /// (see `assay_domain::self_refine::DEFAULT_EMBEDDING_STEP`).
+    #[serde(default = "embedding_step")]
+    pub embedding_step: bool,
+}
+
+impl Default for ConvergenceConfig {
+    fn default() -> Self {
+        Self { embedding_step: embedding_step() }
+    }
+}
+
+fn embedding_step() -> bool {
+    assay_llm::convergence::DEFAULT_EMBEDDING_STEP
 }
 
 impl std::fmt::Debug for AssayConfig {
@@ -53,6 +76,7 @@ impl std::fmt::Debug for AssayConfig {
             models,
             tls,
             admin,
+            convergence,
         } = self;
         f.debug_struct("AssayConfig")
             .field("bind", bind)
@@ -68,6 +92,7 @@ impl std::fmt::Debug for AssayConfig {
             .field("models", models)
             .field("tls", tls)
             .field("admin", admin)
+            .field("convergence", convergence)
             .finish()
     }
 }
@@ -476,6 +501,13 @@ mod tests {
         c.auth_token = "tok-3f9a-secret".into();
         let text = format!("{c:?}");
         assert!(!text.contains("tok-3f9a-secret") && text.contains("auth_token: \"<redacted>\""), "{text}");
+    }
+
+    #[test]
+    fn the_embedding_step_is_off_by_default_and_configurable() {
+        assert!(!AssayConfig::defaults().convergence.embedding_step);
+        assert_eq!(AssayConfig::defaults().convergence.embedding_step, assay_llm::convergence::DEFAULT_EMBEDDING_STEP);
+        assert!(load_from("[convergence]\nembedding_step = true\n").unwrap().convergence.embedding_step);
     }
 
     #[test]

@@ -109,10 +109,44 @@ pub struct Consolidation {
     pub issues_merged: u32,
     pub unassigned_issues: u32,
     pub overall_score: f64,
-    /// "section_criterion" or "criterion".
+    /// "criterion", or "criterion+section_criterion" when section x criterion units scored by two
+    /// judges or more were pooled with the criteria.
     pub agreement_units: String,
+    /// Usage of every call: issue-matching embeddings, localization, synthesis.
     pub usage: Usage,
     pub model_record: Option<ModelRecord>,
+    /// One entry per kept issue that named no known section, in issue order: where localization
+    /// placed it (or why it could not).
+    pub localizations: Vec<IssueLocalization>,
+}
+
+/// Most sections one localized issue is routed to.
+pub const MAX_LOCALIZED_SECTIONS: usize = 3;
+
+/// Where a kept issue without a known section was placed.
+///
+/// Ids stay traceable: an issue placed in one section keeps its id; an issue placed in two or
+/// three sections becomes one copy per section with the id `<issue_id>@<section_id>` (each copy
+/// routed, patched and verified like any issue). `issue_ids` lists the ids the issue has in the
+/// consolidation after placement, so the original id maps to its copies.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct IssueLocalization {
+    /// The consolidated issue's id before placement.
+    pub issue_id: String,
+    /// The sections it was placed in, in document order (empty: it stays unassigned).
+    pub section_ids: Vec<String>,
+    /// The ids of the placed issue(s), one per section (empty when unassigned).
+    pub issue_ids: Vec<String>,
+    /// How it was placed: "embedding" (the issue against the sections' passages) or "model" (a
+    /// schema-constrained call naming section ids).
+    pub method: String,
+    /// Why it stays unassigned (empty when placed).
+    pub reason: String,
+}
+
+/// The id of the copy of a localized issue in one section, when it was placed in several.
+pub fn localized_issue_id(issue_id: &str, section_id: &str) -> String {
+    format!("{issue_id}@{section_id}")
 }
 
 /// Fix action for a section.

@@ -46,6 +46,15 @@ pub const MAX_PERSONA_BYTES: usize = 2 * 1024;
 pub const MAX_ARTIFACT_TEXT_BYTES: usize = 16 * 1024;
 /// Most entries of an artifact's list (steps, strengths, errors...).
 pub const MAX_ARTIFACT_ITEMS: usize = 64;
+/// Longest raw model reply kept with an artifact, bytes: a longer reply keeps its first
+/// `MAX_RAW_REPLY_BYTES` (cut on a character boundary) and its full length. 16 KiB holds every reply
+/// the reply schemas allow at their usual sizes; with at most [`MAX_RAW_REPLIES`] per artifact a
+/// one-round debate (13 artifacts) keeps at most 416 KiB of raw text.
+pub const MAX_RAW_REPLY_BYTES: usize = 16 * 1024;
+/// Raw replies kept per artifact: the first call's and its one retry's.
+pub const MAX_RAW_REPLIES: usize = 2;
+/// Longest finish reason of a raw reply, bytes.
+pub const MAX_FINISH_REASON_BYTES: usize = 64;
 /// Most review/refine rounds.
 pub const MAX_ROUNDS: u32 = 5;
 /// Rounds when the request sets none.
@@ -112,6 +121,56 @@ pub fn solver_temperature(spec: &ModelSpec, configured: Option<f64>, index: usiz
     spec.temperature.or(configured).unwrap_or(DEFAULT_SOLVER_TEMPERATURES[index % SOLVERS])
 }
 
+/// One model reply exactly as the backend returned it (bounded by [`MAX_RAW_REPLY_BYTES`]), kept
+/// with the artifact it produced so a user can see what the model said when parsing dropped,
+/// capped or rejected something.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct RawReply {
+    /// The reply's text, its first [`MAX_RAW_REPLY_BYTES`] when longer.
+    pub text: String,
+    /// The whole reply's length in bytes.
+    pub bytes: u64,
+    /// Why the backend stopped ("stop", "length", ...).
+    pub finish_reason: String,
+    /// Why the reply could not be used; empty when it was used.
+    pub unusable_reason: String,
+}
+
+impl RawReply {
+    /// `text` kept up to [`MAX_RAW_REPLY_BYTES`] (and `finish_reason` up to
+    /// [`MAX_FINISH_REASON_BYTES`]), with its full length.
+    pub fn new(text: &str, finish_reason: &str) -> Self {
+        RawReply {
+            text: head(text, MAX_RAW_REPLY_BYTES).to_string(),
+            bytes: text.len() as u64,
+            finish_reason: head(finish_reason, MAX_FINISH_REASON_BYTES).to_string(),
+            unusable_reason: String::new(),
+        }
+    }
+
+    /// The same reply marked unusable for `reason` (kept up to [`MAX_ARTIFACT_TEXT_BYTES`]).
+    pub fn unusable(self, reason: &str) -> Self {
+        RawReply { unusable_reason: head(reason, MAX_ARTIFACT_TEXT_BYTES).to_string(), ..self }
+    }
+
+    /// Whether the text was cut to [`MAX_RAW_REPLY_BYTES`].
+    pub fn truncated(&self) -> bool {
+        self.bytes > self.text.len() as u64
+    }
+}
+
+/// The first `max` bytes of `s`, cut on a character boundary.
+pub fn head(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
 /// A solution (stage 1).
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Solution {
@@ -122,6 +181,10 @@ pub struct Solution {
     /// In [0, 1], as stated by the solver.
     pub confidence: f64,
     pub model: Option<ModelRecord>,
+    /// The model's replies behind it: the first call's, then the retry's (at most
+    /// [`MAX_RAW_REPLIES`]).
+    #[serde(default)]
+    pub raw_replies: Vec<RawReply>,
 }
 
 /// An error a reviewer found.
@@ -144,6 +207,9 @@ pub struct Review {
     pub errors: Vec<SolutionError>,
     pub suggested_changes: Vec<String>,
     pub model: Option<ModelRecord>,
+    /// The model's replies behind it (see [`Solution::raw_replies`]).
+    #[serde(default)]
+    pub raw_replies: Vec<RawReply>,
 }
 
 /// A critique the solver rejected, with its reason.
@@ -167,6 +233,9 @@ pub struct RefinedSolution {
     pub changed: bool,
     pub improvement_explanation: String,
     pub model: Option<ModelRecord>,
+    /// The model's replies behind it (see [`Solution::raw_replies`]).
+    #[serde(default)]
+    pub raw_replies: Vec<RawReply>,
 }
 
 /// Stage 1.
@@ -242,6 +311,9 @@ pub struct Judgment {
     pub fallback_reason: String,
     pub usage: Usage,
     pub model: Option<ModelRecord>,
+    /// The judge's replies (see [`Solution::raw_replies`]); with the fallback, both unusable ones.
+    #[serde(default)]
+    pub raw_replies: Vec<RawReply>,
 }
 
 /// A whole debate.
@@ -623,6 +695,19 @@ pub fn check_solvers(solvers: &[Solver], prefix: &str, v: &mut Violations) {
     }
 }
 
+/// At most [`MAX_RAW_REPLIES`] raw replies, each within its bounds.
+fn check_raw_replies(replies: &[RawReply], field: &str, v: &mut Violations) {
+    let f = format!("{field}.raw_replies");
+    if replies.len() > MAX_RAW_REPLIES {
+        v.push(&f, format!("has {} entries; the limit is {MAX_RAW_REPLIES}", replies.len()));
+    }
+    for (i, r) in replies.iter().enumerate() {
+        check_text(&r.text, &format!("{f}[{i}].text"), MAX_RAW_REPLY_BYTES, v);
+        check_text(&r.finish_reason, &format!("{f}[{i}].finish_reason"), MAX_FINISH_REASON_BYTES, v);
+        check_text(&r.unusable_reason, &format!("{f}[{i}].unusable_reason"), MAX_ARTIFACT_TEXT_BYTES, v);
+    }
+}
+
 fn check_solution(s: &Solution, field: &str, v: &mut Violations) {
     check_text(&s.solver_id, &format!("{field}.solver_id"), MAX_ID_BYTES, v);
     check_list(&s.reasoning_steps, &format!("{field}.reasoning_steps"), v);
@@ -632,6 +717,7 @@ fn check_solution(s: &Solution, field: &str, v: &mut Violations) {
     check_text(&s.final_answer, &format!("{field}.final_answer"), MAX_ARTIFACT_TEXT_BYTES, v);
     check_text(&s.approach, &format!("{field}.approach"), MAX_ARTIFACT_TEXT_BYTES, v);
     check_confidence(s.confidence, &format!("{field}.confidence"), v);
+    check_raw_replies(&s.raw_replies, field, v);
 }
 
 fn check_review(r: &Review, field: &str, v: &mut Violations) {
@@ -646,6 +732,7 @@ fn check_review(r: &Review, field: &str, v: &mut Violations) {
             check_text(t, &format!("{field}.errors[{i}].{name}"), MAX_ARTIFACT_TEXT_BYTES, v);
         }
     }
+    check_raw_replies(&r.raw_replies, field, v);
 }
 
 fn check_refined(r: &RefinedSolution, field: &str, v: &mut Violations) {
@@ -672,6 +759,7 @@ fn check_refined(r: &RefinedSolution, field: &str, v: &mut Violations) {
         check_text(t, &format!("{field}.{name}"), MAX_ARTIFACT_TEXT_BYTES, v);
     }
     check_confidence(r.confidence, &format!("{field}.confidence"), v);
+    check_raw_replies(&r.raw_replies, field, v);
 }
 
 /// One solution per solver in `ids`: a solver without one, a solution of an unknown solver and a
@@ -1032,6 +1120,22 @@ mod tests {
             ..Default::default()
         };
         assert!(request.checked("").unwrap_err().to_string().contains("reviews itself"));
+    }
+
+    #[test]
+    fn raw_replies_are_bounded() {
+        let long = "é".repeat(MAX_RAW_REPLY_BYTES);
+        let r = RawReply::new(&long, "length");
+        assert_eq!((r.text.len(), r.bytes as usize), (MAX_RAW_REPLY_BYTES, 2 * MAX_RAW_REPLY_BYTES));
+        assert!(r.truncated() && !RawReply::new("{}", "stop").truncated());
+        let mut s = solution("a");
+        s.raw_replies = vec![RawReply::new("{}", "stop"); 3];
+        s.raw_replies[1].text = "x".repeat(MAX_RAW_REPLY_BYTES + 1);
+        let mut v = Violations::new();
+        check_solution(&s, "solutions[0]", &mut v);
+        let e = v.into_result().unwrap_err().to_string();
+        assert!(e.contains("solutions[0].raw_replies: has 3 entries; the limit is 2"), "{e}");
+        assert!(e.contains("solutions[0].raw_replies[1].text: is 16385 bytes; the limit is 16384 bytes"), "{e}");
     }
 
     #[test]

@@ -2,13 +2,15 @@
 //! document per criterion and raise targeted issues. One judge is one model call; a judge that
 //! fails is reported as failed (never as a zero score) and the other judges' verdicts stand.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use crate::Usage;
 
-use crate::document::{Brief, Criterion, JudgeVerdict, MAX_JUDGES, Section, check_criteria, check_sections};
+use crate::document::{
+    Brief, Criterion, JudgeVerdict, MAX_JUDGES, MAX_SECTIONS, Section, check_criteria, check_sections,
+};
 use crate::error::{StageError, Violations};
-use crate::limits::MAX_ID_BYTES;
+use crate::limits::{MAX_ID_BYTES, MAX_TEXT_BYTES};
 use crate::model::{ModelRecord, ModelSpec};
 use crate::stage::EventSink;
 
@@ -37,7 +39,7 @@ pub struct JudgeSectionsRequest {
     pub judges: Vec<PanelJudge>,
     /// Read-only context (focused judging): sections of the same document shown beside the
     /// judged ones (typically their neighbours), never judged. Empty: the sections are the whole
-    /// document.
+    /// document. See [`check_context`] for its rules.
     pub context: Vec<Section>,
 }
 
@@ -161,6 +163,83 @@ pub fn check_judges(judges: &[PanelJudge], field: &str, v: &mut Violations) {
     }
 }
 
+/// Check the read-only context of a focused judging against the judged `sections` (field names:
+/// `context_field[i].id`, `sections_field[i].index`). Empty context is always fine. Otherwise the
+/// same limits as sections apply to each entry (non-empty id of at most [`MAX_ID_BYTES`] bytes,
+/// unique, non-empty content; at most [`MAX_TEXT_BYTES`] of context text), plus:
+/// - no context id repeats a judged section's id (a section is judged or context, not both);
+/// - sections and context together are at most [`MAX_SECTIONS`] (they are parts of one document);
+/// - every section and context entry has a distinct `index`: the index is the document order that
+///   places each context excerpt before or after the judged sections.
+pub fn check_context(
+    sections: &[Section],
+    context: &[Section],
+    sections_field: &str,
+    context_field: &str,
+    v: &mut Violations,
+) {
+    if context.is_empty() {
+        return;
+    }
+    if sections.len() + context.len() > MAX_SECTIONS {
+        v.push(
+            context_field,
+            format!(
+                "has {} sections beside {} judged ones; the limit is {MAX_SECTIONS} together",
+                context.len(),
+                sections.len()
+            ),
+        );
+        return;
+    }
+    let judged: HashMap<&str, usize> = sections.iter().enumerate().map(|(i, s)| (s.id.as_str(), i)).collect();
+    let mut seen = HashSet::new();
+    let mut total = 0usize;
+    for (i, s) in context.iter().enumerate() {
+        let id = format!("{context_field}[{i}].id");
+        if s.id.trim().is_empty() {
+            v.push(id, "must not be empty");
+        } else if s.id.len() > MAX_ID_BYTES {
+            v.push(id, format!("is {} bytes; the limit is {MAX_ID_BYTES}", s.id.len()));
+        } else if let Some(j) = judged.get(s.id.as_str()) {
+            v.push(
+                id,
+                format!("repeats the id {:?} of {sections_field}[{j}]: a section is judged or context, not both", s.id),
+            );
+        } else if !seen.insert(s.id.as_str()) {
+            v.push(id, format!("duplicate section id {:?}", s.id));
+        }
+        if s.content.trim().is_empty() {
+            v.push(format!("{context_field}[{i}].content"), "must not be empty");
+        }
+        total += s.content.len() + s.title.len();
+    }
+    if total > MAX_TEXT_BYTES {
+        v.push(context_field, format!("hold {total} bytes of text; the limit is {MAX_TEXT_BYTES} bytes"));
+    }
+    // Document order: one index per section, judged or context.
+    let mut indexes: HashMap<u32, String> = HashMap::new();
+    let all = sections
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (sections_field, i, s))
+        .chain(context.iter().enumerate().map(|(i, s)| (context_field, i, s)));
+    for (field, i, s) in all {
+        let here = format!("{field}[{i}]");
+        if let Some(first) = indexes.get(&s.index) {
+            v.push(
+                format!("{here}.index"),
+                format!(
+                    "repeats index {} of {first}: with context, every section needs its own index (document order)",
+                    s.index
+                ),
+            );
+        } else {
+            indexes.insert(s.index, here);
+        }
+    }
+}
+
 /// Check a model spec's sampling ranges (the same rules as the wire conversion).
 pub fn check_model_spec(spec: &ModelSpec, field: &str, v: &mut Violations) {
     if spec.temperature.is_some_and(|t| !(0.0..=2.0).contains(&t)) {
@@ -176,11 +255,12 @@ pub fn check_model_spec(spec: &ModelSpec, field: &str, v: &mut Violations) {
 
 impl JudgeSectionsRequest {
     /// Every check of a domain request (in-process callers skip the wire conversion): sections,
-    /// criteria (must be non-empty here: defaults are filled at the edge), the panel and its
-    /// model specs.
+    /// the read-only context ([`check_context`]), criteria (must be non-empty here: defaults are
+    /// filled at the edge), the panel and its model specs.
     pub fn check(&self) -> Result<(), StageError> {
         let mut v = Violations::new();
         check_sections(&self.sections, "sections", &mut v);
+        check_context(&self.sections, &self.context, "sections", "context", &mut v);
         if self.criteria.is_empty() {
             v.push("criteria", "must not be empty (use document::default_criteria())");
         }
@@ -237,6 +317,36 @@ mod tests {
         let mut r = request();
         r.judges[2].model.temperature = Some(2.5);
         assert!(r.check().unwrap_err().to_string().contains("judges[2].model.temperature"));
+    }
+
+    fn section(id: &str, index: u32) -> Section {
+        Section { id: id.into(), index, content: "text".into(), ..Default::default() }
+    }
+
+    #[test]
+    fn context_is_checked_against_the_judged_sections() {
+        let mut r = request();
+        r.context = vec![section("s0", 1), section("s2", 2)];
+        assert!(r.check().is_ok());
+
+        // A context id repeating a judged one, a duplicate and a blank id, an empty content.
+        r.context = vec![section("s1", 1), section("s2", 2), section("s2", 3), section(" ", 4)];
+        r.context[3].content = " ".into();
+        let e = r.check().unwrap_err().to_string();
+        assert!(e.contains("context[0].id: repeats the id \"s1\" of sections[0]"), "{e}");
+        assert!(e.contains("context[2].id: duplicate section id \"s2\""), "{e}");
+        assert!(e.contains("context[3].id: must not be empty"), "{e}");
+        assert!(e.contains("context[3].content: must not be empty"), "{e}");
+
+        // Document order needs one index per section once there is context.
+        r.context = vec![section("s2", 0)];
+        let e = r.check().unwrap_err().to_string();
+        assert!(e.contains("context[0].index: repeats index 0 of sections[0]"), "{e}");
+
+        // Sections and context are one document: at most MAX_SECTIONS together.
+        r.context = (1..=MAX_SECTIONS as u32).map(|i| section(&format!("c{i}"), i)).collect();
+        let e = r.check().unwrap_err().to_string();
+        assert!(e.contains("context: has 200 sections beside 1 judged ones; the limit is 200 together"), "{e}");
     }
 
     #[test]

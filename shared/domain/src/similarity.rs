@@ -2,24 +2,26 @@
 //! cascade self-refine and the delta judge's CompareTexts share.
 //!
 //! 1. Character similarity: `>= 0.99` converged, `< 0.3` diverged.
-//! 2. Jaccard over normalised token sets (lower case, punctuation removed, English stop words and
-//!    one-character tokens dropped): `>= 0.95` with confidence `>= 0.6` converged.
+//! 2. Jaccard over normalised token sets (lower case, punctuation removed, English and Portuguese
+//!    stop words and one-character tokens dropped): `>= 0.95` with confidence `>= 0.6` converged.
 //! 3. Embedding cosine: `>= 0.92` converged, otherwise not.
 //!
 //! Embeddings unavailable (backend error, circuit breaker open, no backend): permissive mode decides
 //! by Jaccard alone (`>= 0.95`) and records `degraded_from = "embedding"`; strict mode refuses to
-//! converge. Everything here is pure: [`text_steps`] runs steps 1 and 2, [`embedding_step`] decides
-//! step 3 from a cosine (or the reason there is none). Fetching and caching vectors behind a circuit
+//! converge. The embedding step may also be turned off (self-refine's `embedding_step`): the same
+//! decision is then taken by choice, with nothing recorded as degraded ([`skip_embedding_step`]).
+//! Everything here is pure: [`text_steps`] runs steps 1 and 2, [`embedding_step`] decides step 3
+//! from a cosine (or the reason there is none). Fetching and caching vectors behind a circuit
 //! breaker is the model crate's (`assay_llm::convergence::Cascade`).
 //!
-//! Character similarity is `1 - edits / max(len)` over Unicode scalar values. The original scorer
-//! counted positional mismatches plus the length difference as `edits`; here `edits` is the
-//! Levenshtein distance (the cheapest alignment rather than the fixed one), so identical texts
-//! score 1, a pure length delta scores as before, and one inserted character no longer shifts every
-//! later position into a mismatch. Texts whose differing middle is too large for the quadratic
-//! distance fall back to the original positional count (an upper bound of the distance).
+//! Character similarity is `1 - levenshtein / max(len)` over Unicode scalar values, exact at every
+//! length: the distance comes from a bit-parallel algorithm (Hyyrö's, crate `rapidfuzz`) that takes
+//! milliseconds on 20 KB drafts, so a long draft with an early insertion scores one edit per inserted
+//! character, as a short one does (the original scorer's positional count, which called any early
+//! insertion "diverged", is gone).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
+use std::sync::LazyLock;
 
 use serde::{Deserialize, Serialize};
 
@@ -33,53 +35,57 @@ pub const JACCARD_CONVERGED: f64 = 0.95;
 pub const JACCARD_MIN_CONFIDENCE: f64 = 0.6;
 /// Embedding cosine at or above which drafts have converged.
 pub const EMBEDDING_CONVERGED: f64 = 0.92;
-/// Largest Levenshtein matrix (differing middle of both texts, in characters) computed exactly.
-pub const MAX_LEVENSHTEIN_CELLS: usize = 16_000_000;
 /// Slack for threshold comparisons (1 - 1/100 must count as 0.99).
 const EPS: f64 = 1e-9;
 
 /// English stop words (the original scorer's list).
-const STOP_WORDS: &[&str] = &[
+const STOP_WORDS_EN: &[&str] = &[
     "a", "an", "the", "and", "or", "but", "if", "then", "else", "as", "at", "by", "for", "in", "of", "on", "to",
     "with", "from", "is", "was", "are", "were", "be", "been", "being", "i", "you", "he", "she", "we", "they", "it",
     "this", "that", "do", "does", "did", "not", "no",
 ];
 
+/// Portuguese stop words (the seed's Jaccard scorer drops EN and PT ones): articles, contractions
+/// of prepositions and articles, prepositions, conjunctions, pronouns and the commonest forms of
+/// ser / estar / ter / haver. Words that are also English content words ("era", "sim") are left out.
+const STOP_WORDS_PT: &[&str] = &[
+    "o", "os", "as", "um", "uma", "uns", "umas", "de", "do", "da", "dos", "das", "em", "no", "na", "nos", "nas", "num",
+    "numa", "ao", "aos", "à", "às", "pelo", "pela", "pelos", "pelas", "por", "para", "com", "sem", "sob", "sobre",
+    "entre", "até", "desde", "e", "ou", "mas", "nem", "se", "que", "como", "quando", "onde", "porque", "pois", "não",
+    "é", "são", "foi", "foram", "ser", "sendo", "está", "estão", "estar", "esteve", "tem", "têm", "ter", "tinha", "há",
+    "havia", "eu", "tu", "ele", "ela", "nós", "vós", "eles", "elas", "você", "vocês", "me", "te", "lhe", "lhes", "seu",
+    "sua", "seus", "suas", "meu", "minha", "meus", "minhas", "nosso", "nossa", "este", "esta", "estes", "estas",
+    "isto", "esse", "essa", "esses", "essas", "isso", "aquele", "aquela", "aquilo", "qual", "quais", "também", "já",
+    "mais", "muito", "muita", "só", "ainda", "cada",
+];
+
+/// Every stop word [`tokens`] drops (lower case).
+static STOP_WORDS: LazyLock<HashSet<&'static str>> =
+    LazyLock::new(|| STOP_WORDS_EN.iter().chain(STOP_WORDS_PT).copied().collect());
+
+/// Whether `token` (lower case) is an English or Portuguese stop word.
+pub fn is_stop_word(token: &str) -> bool {
+    STOP_WORDS.contains(token)
+}
+
 /// Character similarity in [0, 1]: `1 - levenshtein / max(len)` over chars; two empty texts are 1.
+/// Exact at any length (bit-parallel Levenshtein: `O(len / 64 x len)`, milliseconds for 20 KB).
 pub fn char_similarity(a: &str, b: &str) -> f64 {
-    let a: Vec<char> = a.chars().collect();
-    let b: Vec<char> = b.chars().collect();
-    let longest = a.len().max(b.len());
+    let longest = a.chars().count().max(b.chars().count());
     if longest == 0 {
         return 1.0;
     }
-    // A common prefix and suffix never change the distance; strip them before the quadratic part.
-    let prefix = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
-    let rest = a.len().min(b.len()) - prefix;
-    let suffix = a.iter().rev().zip(b.iter().rev()).take(rest).take_while(|(x, y)| x == y).count();
-    let ma = &a[prefix..a.len() - suffix];
-    let mb = &b[prefix..b.len() - suffix];
-    let edits = if ma.len().saturating_mul(mb.len()) <= MAX_LEVENSHTEIN_CELLS {
-        strsim::generic_levenshtein(&ma.to_vec(), &mb.to_vec())
-    } else {
-        positional_edits(ma, mb)
-    };
+    let edits = rapidfuzz::distance::levenshtein::distance(a.chars(), b.chars());
     (1.0 - edits as f64 / longest as f64).clamp(0.0, 1.0)
 }
 
-/// Positional mismatches plus the length difference (the original char scorer's count).
-fn positional_edits(a: &[char], b: &[char]) -> usize {
-    let mismatches = a.iter().zip(b).filter(|(x, y)| x != y).count();
-    mismatches + a.len().abs_diff(b.len())
-}
-
-/// Normalised token set: lower case, split on anything that is not a letter or digit, English stop
-/// words and one-character tokens dropped.
+/// Normalised token set: lower case, split on anything that is not a letter or digit, English and
+/// Portuguese stop words and one-character tokens dropped.
 pub fn tokens(text: &str) -> BTreeSet<String> {
     text.split(|c: char| !c.is_alphanumeric())
         .filter(|t| t.chars().count() > 1)
         .map(str::to_lowercase)
-        .filter(|t| !STOP_WORDS.contains(&t.as_str()))
+        .filter(|t| !is_stop_word(t))
         .collect()
 }
 
@@ -236,6 +242,20 @@ pub fn embedding_step(
     out
 }
 
+/// Step 3 turned off (self-refine's `embedding_step = false`) on an undecided outcome of
+/// [`text_steps`]: decided as when embeddings are unavailable (permissive: Jaccard `>= 0.95` alone;
+/// strict: not converged), but by choice, so nothing is recorded as degraded and `decided_by` stays
+/// [`DecidedBy::Jaccard`].
+pub fn skip_embedding_step(mut out: CompareOutcome, mode: ConvergenceMode) -> CompareOutcome {
+    let jaccard = out.jaccard.map_or(0.0, |j| j.similarity);
+    out.decided_by = DecidedBy::Jaccard;
+    out.converged = match mode {
+        ConvergenceMode::Permissive => jaccard >= JACCARD_CONVERGED - EPS,
+        ConvergenceMode::Strict => false,
+    };
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -255,24 +275,71 @@ mod tests {
         assert!(close(char_similarity("xhello world", "hello world"), 1.0 - 1.0 / 12.0));
         // Characters, not bytes.
         assert!(close(char_similarity("Grüße", "Grüsse"), 1.0 - 2.0 / 6.0));
-        assert!(close(positional_edits(&['a', 'b', 'c'], &['b', 'c']) as f64, 3.0));
     }
 
     #[test]
-    fn char_similarity_large_inputs_fall_back_to_positional() {
+    fn long_texts_get_the_exact_distance() {
         let a = "ab".repeat(3000);
         let b = "ba".repeat(3000);
-        // 6000 x 6000 cells after trimming exceeds the budget: positional count (every char differs).
-        assert_eq!(char_similarity(&a, &b), 0.0);
+        // The positional count called these entirely different; one deletion and one insertion align them.
+        assert!(close(char_similarity(&a, &b), 1.0 - 2.0 / 6000.0));
         let c = format!("{a}x");
         assert!(close(char_similarity(&a, &c), 1.0 - 1.0 / 6001.0));
     }
 
+    /// About 20 KB of prose: distinct sentences, so no shift of the text lines up with itself.
+    fn long_draft() -> String {
+        let mut text = String::new();
+        let mut i = 0;
+        while text.len() < 20_000 {
+            text.push_str(&format!(
+                "Step {i}: the lesson explains how compound interest grows a deposit of {} euros over {} years. ",
+                100 + 7 * i,
+                1 + i % 30
+            ));
+            i += 1;
+        }
+        text
+    }
+
+    #[test]
+    fn a_20kb_draft_with_an_early_insertion_is_scored_by_edit_distance() {
+        let draft = long_draft();
+        let inserted = "A short reminder of what interest is comes first. ";
+        let revised = format!("{}{inserted}{}", &draft[..120], &draft[120..]);
+        let longest = revised.chars().count() as f64;
+        let expected = 1.0 - inserted.chars().count() as f64 / longest;
+        let got = char_similarity(&draft, &revised);
+        // One edit per inserted character, as in a short text (positional: nearly every char differs).
+        assert!(close(got, expected), "{got} != {expected}");
+        match text_steps(&draft, &revised) {
+            TextSteps::Decided(o) => assert!(o.converged && !o.diverged && o.decided_by == DecidedBy::Char, "{o:?}"),
+            TextSteps::NeedEmbedding(o) => panic!("a 50-character insertion in 20 KB is converged by char: {o:?}"),
+        }
+        // Edits spread all over the text are counted one by one too.
+        let edited = draft.replace("lesson", "lessons");
+        let changes = draft.matches("lesson").count() as f64;
+        assert!(close(char_similarity(&draft, &edited), 1.0 - changes / edited.chars().count() as f64));
+    }
     #[test]
     fn tokens_are_normalised() {
         let t = tokens("The Cat, the cat!  It's a DOG-friendly world; I x 42.");
         let got: Vec<&str> = t.iter().map(String::as_str).collect();
         assert_eq!(got, vec!["42", "cat", "dog", "friendly", "world"]);
+    }
+
+    #[test]
+    fn portuguese_stop_words_are_ignored() {
+        let t = tokens("O gato está na casa da avó, e não é muito grande.");
+        let got: Vec<&str> = t.iter().map(String::as_str).collect();
+        assert_eq!(got, vec!["avó", "casa", "gato", "grande"]);
+        // The same content words around different function words: identical sets.
+        let j = jaccard("O gato dorme na casa com a avó", "Um gato dorme numa casa pela avó");
+        assert!(close(j.similarity, 1.0), "{j:?}");
+        // English ones still go, and content words of either language stay.
+        let j = jaccard("the cat sleeps in the house", "o cat sleeps em uma house");
+        assert!(close(j.similarity, 1.0), "{j:?}");
+        assert!(is_stop_word("não") && is_stop_word("the") && !is_stop_word("era") && !is_stop_word("gato"));
     }
 
     #[test]
@@ -307,5 +374,18 @@ mod tests {
         assert!(!o.converged && o.degraded_from.is_none(), "{o:?}");
         let o = embedding_step(out, ConvergenceMode::Permissive, Err("down".into()));
         assert!(!o.converged && o.degraded_from.as_deref() == Some("embedding") && o.degraded_reason == "down");
+    }
+
+    #[test]
+    fn a_skipped_embedding_step_decides_by_jaccard_without_degrading() {
+        // Same tokens, different case: Jaccard 1 but too few tokens for its confidence.
+        let TextSteps::NeedEmbedding(out) = text_steps("Red green blue", "red Green Blue") else {
+            panic!("low confidence leaves the decision to embeddings");
+        };
+        let o = skip_embedding_step(out.clone(), ConvergenceMode::Permissive);
+        assert!(o.converged && o.decided_by == DecidedBy::Jaccard && o.degraded_from.is_none(), "{o:?}");
+        assert!(o.embedding_cosine.is_none() && o.degraded_reason.is_empty());
+        let o = skip_embedding_step(out, ConvergenceMode::Strict);
+        assert!(!o.converged && o.degraded_from.is_none(), "{o:?}");
     }
 }

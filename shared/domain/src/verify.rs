@@ -10,6 +10,7 @@ use crate::document::{JudgeIssue, Section, check_unit};
 use crate::error::{StageError, Violations};
 use crate::limits::{MAX_ID_BYTES, MAX_TEXT_BYTES};
 use crate::model::{ModelRecord, ModelSpec};
+use crate::score::Answer;
 
 pub use crate::similarity::{CompareOutcome, ConvergenceMode, DecidedBy, JaccardScore};
 
@@ -44,6 +45,11 @@ pub struct VerifyRequest {
     pub model: ModelSpec,
     pub min_length_ratio: f64,
     pub max_length_ratio: f64,
+    /// Least confidence (P(YES) from the first token's logprobs) for a YES to count as fixed.
+    /// `None` (the default): the model's YES/NO answer is the verdict, whatever its confidence.
+    /// When set, a YES below it, or a YES whose confidence is unknown (no logprobs), counts as not
+    /// fixed and the reason says so.
+    pub min_fix_confidence: Option<f64>,
 }
 
 impl Default for VerifyRequest {
@@ -57,6 +63,7 @@ impl Default for VerifyRequest {
             model: ModelSpec::default(),
             min_length_ratio: DEFAULT_MIN_LENGTH_RATIO,
             max_length_ratio: DEFAULT_MAX_LENGTH_RATIO,
+            min_fix_confidence: None,
         }
     }
 }
@@ -141,6 +148,9 @@ impl VerifyRequest {
         } else if lo.is_finite() && lo > hi {
             v.push(f("max_length_ratio"), format!("must be at least min_length_ratio ({lo}); got {hi}"));
         }
+        if let Some(m) = self.min_fix_confidence {
+            check_unit(m, &f("min_fix_confidence"), v);
+        }
     }
 }
 
@@ -156,9 +166,15 @@ pub struct HeuristicCheck {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct IssueVerification {
     pub issue_id: String,
+    /// The model answered YES (and, when the request set `min_fix_confidence`, with at least that
+    /// confidence).
     pub fixed: bool,
-    /// P(yes) / (P(yes) + P(no)) from the first token's logprobs, when the backend gave them.
+    /// The probability of the answer the model gave, from the first token's logprobs: P(yes) /
+    /// (P(yes) + P(no)) for a YES, P(no) / (P(yes) + P(no)) for a NO; unset when the backend gave
+    /// no logprobs or neither token among them.
     pub confidence: Option<f64>,
+    /// The model's answer; `None` when the call failed or the reply held none.
+    pub answer: Option<Answer>,
     /// Why the issue could not be verified (failed call, unparseable reply); empty otherwise.
     pub error: String,
 }
@@ -193,6 +209,9 @@ pub struct VerifyOutcome {
     pub lock_violations: Vec<LockViolation>,
     /// Every heuristic passed, no lock broken, every issue fixed.
     pub accepted: bool,
+    /// Changes reported but not held against the fix, one line each: a structure change an issue
+    /// asked for, sentences shortened under the 15-word target.
+    pub notes: Vec<String>,
     /// Readability of `after`.
     pub readability: ReadabilityReport,
     pub usage: Usage,
@@ -237,10 +256,7 @@ pub trait DeltaJudge: Send + Sync {
     async fn compare_texts(&self, request: CompareRequest) -> Result<CompareOutcome, StageError>;
     /// One YES/NO call: is `section` still consistent with the `previous` section (just
     /// regenerated)? The N+1 consistency check (FR-049).
-    async fn check_consistency(&self, request: ConsistencyRequest) -> Result<ConsistencyOutcome, StageError> {
-        let _ = request;
-        Err(StageError::Unavailable("this delta judge does not check consistency".into()))
-    }
+    async fn check_consistency(&self, request: ConsistencyRequest) -> Result<ConsistencyOutcome, StageError>;
 }
 
 /// Check a section against the previous one after that one was regenerated.
@@ -251,6 +267,34 @@ pub struct ConsistencyRequest {
     /// The section to check (not edited).
     pub section: Section,
     pub model: ModelSpec,
+}
+
+impl ConsistencyRequest {
+    /// Both sections non-empty and within [`MAX_TEXT_BYTES`], ids within [`MAX_ID_BYTES`] and not
+    /// the same section twice; field paths relative to `prefix` (may be empty).
+    pub fn check(&self, prefix: &str, v: &mut Violations) {
+        let f = |name: &str| if prefix.is_empty() { name.to_string() } else { format!("{prefix}.{name}") };
+        for (name, s) in [("previous", &self.previous), ("section", &self.section)] {
+            if s.content.trim().is_empty() {
+                v.push(f(&format!("{name}.content")), "must not be empty");
+            }
+            if s.content.len() > MAX_TEXT_BYTES {
+                v.push(
+                    f(&format!("{name}.content")),
+                    format!("is {} bytes; the limit is {MAX_TEXT_BYTES} bytes", s.content.len()),
+                );
+            }
+            if s.id.len() > MAX_ID_BYTES {
+                v.push(f(&format!("{name}.id")), format!("is {} bytes; the limit is {MAX_ID_BYTES}", s.id.len()));
+            }
+        }
+        if !self.section.id.is_empty() && self.section.id == self.previous.id {
+            v.push(
+                f("section.id"),
+                format!("is {:?}, the same as previous.id: check a section against another one", self.section.id),
+            );
+        }
+    }
 }
 
 /// The model's answer to a consistency check.
@@ -318,5 +362,29 @@ mod tests {
         let mut v = Violations::new();
         too_many.check("req", &mut v);
         assert!(v.into_result().unwrap_err().to_string().contains("req.issues: has 101 issues; the limit is 100"));
+    }
+
+    #[test]
+    fn min_fix_confidence_and_consistency_sections_are_checked() {
+        let r = VerifyRequest {
+            before: Section { content: "x".into(), ..Default::default() },
+            after: Section { content: "y".into(), ..Default::default() },
+            min_fix_confidence: Some(f64::NAN),
+            ..Default::default()
+        };
+        let mut v = Violations::new();
+        r.check("", &mut v);
+        assert!(v.into_result().unwrap_err().to_string().contains("min_fix_confidence"));
+        let c = ConsistencyRequest {
+            previous: Section { id: "a".into(), content: String::new(), ..Default::default() },
+            section: Section { id: "a".into(), content: "x".repeat(MAX_TEXT_BYTES + 1), ..Default::default() },
+            ..Default::default()
+        };
+        let mut v = Violations::new();
+        c.check("c", &mut v);
+        let e = v.into_result().unwrap_err().to_string();
+        for field in ["c.previous.content: must not be empty", "c.section.content: is", "c.section.id: is \"a\""] {
+            assert!(e.contains(field), "{field} missing from {e}");
+        }
     }
 }

@@ -3,11 +3,19 @@
 //! cached in a [`VectorCache`] (LRU, 256 entries, 5 minute TTL, keyed by [`embedding_text_key`]) and
 //! behind a [`CircuitBreaker`] (3 consecutive failures open it for 30 s, then one half-open trial
 //! call decides). Time comes from a [`Clock`] so tests drive it without sleeping.
+//!
+//! [`Cascade::compare`] always runs the embedding step when the text steps leave a comparison
+//! undecided (the delta judge's CompareTexts). Self-refine's step is a setting
+//! ([`Cascade::embedding_step`], from `convergence.embedding_step`, default
+//! [`DEFAULT_EMBEDDING_STEP`]) a request may override: [`Cascade::compare_with`].
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use assay_domain::similarity::{CompareOutcome, ConvergenceMode, TextSteps, cosine, embedding_step, text_steps};
+pub use assay_domain::self_refine::DEFAULT_EMBEDDING_STEP;
+use assay_domain::similarity::{
+    CompareOutcome, ConvergenceMode, TextSteps, cosine, embedding_step, skip_embedding_step, text_steps,
+};
 
 use crate::breaker::{BreakerState, CircuitBreaker, Outcome};
 use crate::cache::{VectorCache, embedding_text_key};
@@ -36,11 +44,17 @@ pub struct EmbeddingSource {
 pub struct Cascade {
     cache: VectorCache,
     breaker: Arc<CircuitBreaker>,
+    /// Whether [`Self::compare_with`] runs the embedding step when the caller leaves it open.
+    embedding_step: bool,
 }
 
 impl std::fmt::Debug for Cascade {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Cascade").field("cache", &self.cache).field("breaker", &self.breaker).finish()
+        f.debug_struct("Cascade")
+            .field("cache", &self.cache)
+            .field("breaker", &self.breaker)
+            .field("embedding_step", &self.embedding_step)
+            .finish()
     }
 }
 
@@ -61,7 +75,20 @@ impl Cascade {
         Self {
             cache: VectorCache::new(clock.clone(), CACHE_ENTRIES, CACHE_TTL),
             breaker: Arc::new(CircuitBreaker::with_clock(BREAKER_FAILURES, BREAKER_COOLDOWN, clock)),
+            embedding_step: DEFAULT_EMBEDDING_STEP,
         }
+    }
+
+    /// Run (or skip) the embedding step in [`Self::compare_with`] when a request does not say
+    /// (the service's `convergence.embedding_step`).
+    pub fn with_embedding_step(mut self, on: bool) -> Self {
+        self.embedding_step = on;
+        self
+    }
+
+    /// The embedding step setting requests fall back on.
+    pub fn embedding_step(&self) -> bool {
+        self.embedding_step
     }
 
     pub fn breaker_state(&self) -> BreakerState {
@@ -85,6 +112,26 @@ impl Cascade {
             TextSteps::NeedEmbedding(out) => {
                 embedding_step(out, mode, self.embedding_cosine(previous, current, embeddings).await)
             }
+        }
+    }
+
+    /// [`Self::compare`] with the embedding step on or off as `embedding_step` says (`None`: this
+    /// cascade's setting). Off, an undecided comparison is decided without embeddings, by choice
+    /// (no embedding call, nothing recorded as degraded).
+    pub async fn compare_with(
+        &self,
+        previous: &str,
+        current: &str,
+        mode: ConvergenceMode,
+        embeddings: Result<&EmbeddingSource, String>,
+        embedding_step: Option<bool>,
+    ) -> CompareOutcome {
+        if embedding_step.unwrap_or(self.embedding_step) {
+            return self.compare(previous, current, mode, embeddings).await;
+        }
+        match text_steps(previous, current) {
+            TextSteps::Decided(out) => out,
+            TextSteps::NeedEmbedding(out) => skip_embedding_step(out, mode),
         }
     }
 
@@ -281,6 +328,25 @@ mod tests {
         // Permissive mode decides by Jaccard alone.
         let o = run(c.compare(&short, &title_case(&short), ConvergenceMode::Permissive, none()));
         assert!(o.converged && o.decided_by == DecidedBy::Jaccard && o.degraded_from.is_some(), "{o:?}");
+    }
+
+    #[test]
+    fn the_embedding_step_follows_the_request_then_the_setting() {
+        let (e, src) = fake(Some(Box::new(|_: &str| vec![1.0, 0.0])));
+        let (a, b) = ("the cat sat on the mat today", "the dog sat on the rug today");
+        let off = Cascade::new().with_embedding_step(false);
+        let o = run(off.compare_with(a, b, ConvergenceMode::Permissive, Ok(&src), None));
+        assert!(!o.converged && o.decided_by == DecidedBy::Jaccard && o.degraded_from.is_none(), "{o:?}");
+        assert_eq!(e.calls.load(Ordering::SeqCst), 0, "no embedding call when the step is off");
+        let o = run(off.compare_with(a, b, ConvergenceMode::Permissive, Ok(&src), Some(true)));
+        assert!(o.converged && o.decided_by == DecidedBy::Embedding, "the request turns it on: {o:?}");
+        let on = Cascade::new().with_embedding_step(true);
+        assert!(on.embedding_step());
+        let o = run(on.compare_with(a, b, ConvergenceMode::Permissive, Ok(&src), Some(false)));
+        assert!(!o.converged && o.embedding_cosine.is_none(), "the request turns it off: {o:?}");
+        let o = run(on.compare_with(a, b, ConvergenceMode::Permissive, Ok(&src), None));
+        assert!(o.converged && o.decided_by == DecidedBy::Embedding, "{o:?}");
+        assert_eq!(e.calls.load(Ordering::SeqCst), 2);
     }
 
     #[test]

@@ -9,9 +9,9 @@ use assay_domain::document::{Criterion, JudgeIssue, JudgeVerdict, Section, Sever
 
 use super::alpha::{self, Level, Undefined};
 
-/// Units alpha is measured over.
-pub const UNITS_SECTION_CRITERION: &str = "section_criterion";
+/// Units alpha is measured over: criteria only, or criteria pooled with section x criterion units.
 pub const UNITS_CRITERION: &str = "criterion";
+pub const UNITS_POOLED: &str = "criterion+section_criterion";
 
 pub fn level(l: MeasurementLevel) -> Level {
     match l {
@@ -22,31 +22,49 @@ pub fn level(l: MeasurementLevel) -> Level {
     }
 }
 
-/// The reliability matrix of the verdicts: judges x units, where units are section x criterion
-/// pairs when every judge scored sections, else criteria (a judge without section scores would
-/// otherwise count as missing everywhere). Unit order is sorted (deterministic).
+/// One unit of the reliability matrix: a criterion of the whole document, or a criterion on one
+/// section.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Unit<'a> {
+    Criterion(&'a str),
+    Section(&'a str, &'a str),
+}
+
+/// The reliability matrix of the verdicts: judges x units, pooling the units at least two judges
+/// scored: the document-level criteria, plus the section x criterion units two judges or more
+/// scored. Sparse, volunteered section scores thus never replace the criteria (a unit one judge
+/// scored pairs with nothing and would not change alpha anyway). Unit order is sorted
+/// (criteria, then section x criterion; deterministic).
 pub fn ratings(verdicts: &[JudgeVerdict]) -> (alpha::Ratings, &'static str) {
-    if !verdicts.is_empty() && verdicts.iter().all(|v| !v.section_scores.is_empty()) {
-        let units: BTreeSet<(&str, &str)> = verdicts
-            .iter()
-            .flat_map(|v| v.section_scores.iter().map(|s| (s.section_id.as_str(), s.criterion.as_str())))
-            .collect();
-        let data = verdicts
-            .iter()
-            .map(|v| {
-                let by_unit: BTreeMap<(&str, &str), f64> =
-                    v.section_scores.iter().map(|s| ((s.section_id.as_str(), s.criterion.as_str()), s.score)).collect();
-                units.iter().map(|u| by_unit.get(u).copied()).collect()
-            })
-            .collect();
-        (data, UNITS_SECTION_CRITERION)
-    } else {
-        let units: BTreeSet<&str> =
-            verdicts.iter().flat_map(|v| v.criterion_scores.keys().map(String::as_str)).collect();
-        let data =
-            verdicts.iter().map(|v| units.iter().map(|u| v.criterion_scores.get(*u).copied()).collect()).collect();
-        (data, UNITS_CRITERION)
+    let mut raters: BTreeMap<Unit<'_>, usize> = BTreeMap::new();
+    for v in verdicts {
+        for c in v.criterion_scores.keys() {
+            *raters.entry(Unit::Criterion(c)).or_default() += 1;
+        }
+        let mut seen = BTreeSet::new();
+        for s in &v.section_scores {
+            if seen.insert((s.section_id.as_str(), s.criterion.as_str())) {
+                *raters.entry(Unit::Section(&s.section_id, &s.criterion)).or_default() += 1;
+            }
+        }
     }
+    let units: Vec<Unit<'_>> = raters.into_iter().filter(|(_, n)| *n >= 2).map(|(u, _)| u).collect();
+    let pooled = units.iter().any(|u| matches!(u, Unit::Section(..)));
+    let data = verdicts
+        .iter()
+        .map(|v| {
+            let by_section: BTreeMap<(&str, &str), f64> =
+                v.section_scores.iter().map(|s| ((s.section_id.as_str(), s.criterion.as_str()), s.score)).collect();
+            units
+                .iter()
+                .map(|u| match u {
+                    Unit::Criterion(c) => v.criterion_scores.get(*c).copied(),
+                    Unit::Section(s, c) => by_section.get(&(*s, *c)).copied(),
+                })
+                .collect()
+        })
+        .collect();
+    (data, if pooled { UNITS_POOLED } else { UNITS_CRITERION })
 }
 
 /// What the agreement measurement decided.
@@ -321,22 +339,46 @@ mod tests {
         }
     }
 
+    fn section(id: &str, criterion: &str, score: f64) -> SectionScore {
+        SectionScore { section_id: id.into(), criterion: criterion.into(), score }
+    }
+
     #[test]
-    fn units_are_criteria_unless_judges_score_sections() {
+    fn units_pool_criteria_with_section_units_two_judges_scored() {
         let a = verdict("a", &[("x", 0.5), ("y", 0.9)], vec![]);
         let b = verdict("b", &[("y", 0.8)], vec![]);
         let (data, units) = ratings(&[a.clone(), b.clone()]);
         assert_eq!(units, UNITS_CRITERION);
-        assert_eq!(data, vec![vec![Some(0.5), Some(0.9)], vec![None, Some(0.8)]]);
+        // x was scored by one judge only: it pairs with nothing and is left out.
+        assert_eq!(data, vec![vec![Some(0.9)], vec![Some(0.8)]]);
         let mut c = b;
-        c.section_scores = vec![SectionScore { section_id: "s1".into(), criterion: "y".into(), score: 0.7 }];
-        // One judge without section scores: criteria stay the units.
-        assert_eq!(ratings(&[a.clone(), c.clone()]).1, UNITS_CRITERION);
-        let mut d = a;
-        d.section_scores = vec![SectionScore { section_id: "s2".into(), criterion: "y".into(), score: 0.4 }];
+        c.section_scores = vec![section("s1", "y", 0.7)];
+        // One judge's volunteered section score: criteria stay the units.
+        assert_eq!(ratings(&[a.clone(), c.clone()]), (vec![vec![Some(0.9)], vec![Some(0.8)]], UNITS_CRITERION));
+        // Every judge scored a section, but never the same one: still the criteria (the old rule
+        // switched to section units here and found nothing to pair).
+        let mut d = a.clone();
+        d.section_scores = vec![section("s2", "y", 0.4)];
+        assert_eq!(ratings(&[d.clone(), c.clone()]).1, UNITS_CRITERION);
+        // A section unit both judges scored is pooled with the criteria.
+        d.section_scores.push(section("s1", "y", 0.6));
         let (data, units) = ratings(&[d, c]);
-        assert_eq!(units, UNITS_SECTION_CRITERION);
-        assert_eq!(data, vec![vec![None, Some(0.4)], vec![Some(0.7), None]]);
+        assert_eq!(units, UNITS_POOLED);
+        assert_eq!(data, vec![vec![Some(0.9), Some(0.6)], vec![Some(0.8), Some(0.7)]]);
+    }
+
+    #[test]
+    fn sparse_section_scores_never_collapse_agreement() {
+        let scores = [("x", 0.9), ("y", 0.6), ("z", 0.3)];
+        let near = [("x", 0.85), ("y", 0.6), ("z", 0.35)];
+        let mut vs = [verdict("a", &scores, vec![]), verdict("b", &near, vec![]), verdict("c", &scores, vec![])];
+        vs[0].section_scores = vec![section("s1", "x", 0.2), section("s2", "y", 0.95)];
+        vs[1].section_scores = vec![section("s3", "x", 0.9)];
+        vs[2].section_scores = vec![section("s4", "z", 0.1)];
+        let m = measure(&vs, Level::Interval);
+        assert_eq!(m.units, UNITS_CRITERION);
+        assert_eq!(m.band, Some(AgreementLevel::High), "{m:?}");
+        assert!(!m.flagged);
     }
 
     #[test]

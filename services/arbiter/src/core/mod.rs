@@ -1,17 +1,20 @@
-//! The arbiter's logic: no transport types here. Pure steps live in `alpha`, `consolidate` and
-//! `route`; [`ArbiterCore`] adds the model calls (description embeddings for issue matching, one
-//! synthesis call per section task).
+//! The arbiter's logic: no transport types here. Pure steps live in `alpha`, `consolidate`,
+//! `localize` and `route`; [`ArbiterCore`] adds the model calls (description embeddings for issue
+//! matching and for placing kept issues that name no known section, one synthesis call per
+//! section task).
 
 pub mod alpha;
 pub mod consolidate;
+pub mod localize;
 pub mod route;
 
 use std::sync::Arc;
 
 use assay_domain::arbiter::{
-    Arbiter, ConsolidateRequest, Consolidation, Plan, PlanRequest, RouteRequest, Routing, SectionInstruction,
+    Arbiter, ConsolidateRequest, Consolidation, IssueLocalization, Plan, PlanRequest, RouteRequest, Routing,
+    SectionInstruction,
 };
-use assay_domain::document::{Brief, mean_score};
+use assay_domain::document::{Brief, JudgeIssue, mean_score};
 use assay_domain::template::render;
 use assay_domain::{ModelRecord, StageError, Usage};
 use assay_llm::json::reply_json;
@@ -30,6 +33,46 @@ const SYNTHESIS_TOKENS: u32 = 400;
 pub const SECTION_EXCERPT_CHARS: usize = 6_000;
 
 const SYNTHESIS_TEMPLATE: &str = include_str!("../../prompts/synthesize.txt");
+/// Reply token limit of a localization call (a JSON list of up to three ids).
+const LOCALIZE_TOKENS: u32 = 120;
+
+/// How an issue that names no known section is placed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Locator {
+    /// One schema-constrained call (phase `stage_6_arbiter`, the request's `model`) naming up to
+    /// three of the document's section ids (prompt `prompts/localize.txt`). Measured against
+    /// the embedding on the embedded backend and not used by consolidation (see [`LOCATOR`]).
+    Model,
+    /// The issue's embedding against every section's passages (phase `embedding`, the request's
+    /// `embedding_model`): the best section when its best passage reaches `threshold`, with
+    /// the others within `margin` of it (see [`localize::pick`]).
+    Embedding { threshold: f64, margin: f64 },
+}
+
+/// Cosine similarity an issue must reach with a section's best passage to be placed there.
+pub const LOCALIZE_THRESHOLD: f64 = 0.35;
+/// How close to the best section another section must come to receive a copy of the issue.
+pub const LOCALIZE_MARGIN: f64 = 0.02;
+
+/// The locator consolidation uses, chosen by measurement on the embedded default backend
+/// (`tests/localize_measure.rs`: 12 judge-style issues without a section over the 8-section
+/// compound-interest lesson and the 12-section interview lesson, one of them about nothing the
+/// lesson holds). The embedding (all-MiniLM-L6-v2, threshold 0.35, margin 0.02) named the right
+/// section for 11 of 12 (9 exactly, 2 with the intro as an extra copy, the off-topic one left
+/// unplaced; one missed, best similarity 0.24) for about 490 embedding tokens and 1.5 s an issue
+/// in a debug build. The schema-constrained call of the local chat model named no section for any
+/// of them (right only for the off-topic one) for about 3,100 tokens and 12.6 s an issue.
+pub const LOCATOR: Locator = Locator::Embedding { threshold: LOCALIZE_THRESHOLD, margin: LOCALIZE_MARGIN };
+
+/// The placement of one issue: the section ids (document order; empty when not placed), why it
+/// was not placed, the usage of the calls and (embedding only) each section's best similarity.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Located {
+    pub section_ids: Vec<String>,
+    pub reason: String,
+    pub usage: Usage,
+    pub similarities: Vec<f64>,
+}
 
 /// The arbiter over a model hub.
 #[derive(Clone)]
@@ -194,6 +237,173 @@ impl ArbiterCore {
     }
 }
 
+impl ArbiterCore {
+    /// Place one issue in the document's sections with `locator`. A failed call or an unusable
+    /// reply of the model leaves it unplaced and says why; an unresolvable model or a failed
+    /// embedding call is an error.
+    pub async fn locate(
+        &self,
+        locator: Locator,
+        request: &ConsolidateRequest,
+        issue: &JudgeIssue,
+    ) -> Result<Located, StageError> {
+        match locator {
+            Locator::Model => {
+                let chat = self.hub.chat(PHASE, &request.model, "model")?;
+                Ok(self.locate_by_model(&chat, &request.brief, &request.sections, issue).await)
+            }
+            Locator::Embedding { threshold, margin } => {
+                let (mut found, usage) =
+                    self.locate_by_embedding(request, std::slice::from_ref(issue), threshold, margin).await?;
+                let mut one = found.pop().unwrap_or_default();
+                one.usage = usage;
+                Ok(one)
+            }
+        }
+    }
+
+    /// Every issue of `issues` placed by embedding, with one embedding call (the issues' texts and
+    /// every section's passages).
+    async fn locate_by_embedding(
+        &self,
+        request: &ConsolidateRequest,
+        issues: &[JudgeIssue],
+        threshold: f64,
+        margin: f64,
+    ) -> Result<(Vec<Located>, Usage), StageError> {
+        let passages: Vec<Vec<String>> = request.sections.iter().map(localize::passages).collect();
+        let mut texts: Vec<String> = issues.iter().map(localize::issue_text).collect();
+        texts.extend(passages.iter().flatten().cloned());
+        let (vectors, usage) = self
+            .hub
+            .embed(assay_llm::phases::EMBEDDING_PHASE, &request.embedding_model, "embedding_model", texts)
+            .await?;
+        if vectors.len() != issues.len() + passages.iter().map(Vec::len).sum::<usize>() {
+            return Err(StageError::Unavailable(format!(
+                "the embedding call returned {} vectors for {} texts",
+                vectors.len(),
+                issues.len() + passages.iter().map(Vec::len).sum::<usize>()
+            )));
+        }
+        let (queries, passage_vectors) = vectors.split_at(issues.len());
+        let located = queries
+            .iter()
+            .map(|q| {
+                let mut rest = passage_vectors.iter();
+                let best: Vec<f64> = passages
+                    .iter()
+                    .map(|ps| {
+                        ps.iter()
+                            .filter_map(|_| rest.next())
+                            .map(|v| assay_domain::similarity::cosine(q, v).unwrap_or(0.0))
+                            .fold(0.0, f64::max)
+                    })
+                    .collect();
+                let picked = localize::pick(&best, threshold, margin);
+                let reason = if picked.is_empty() {
+                    let top = best.iter().copied().fold(0.0, f64::max);
+                    format!("no section is similar enough to the issue (best {top:.2}, needs {threshold})")
+                } else {
+                    String::new()
+                };
+                Located {
+                    section_ids: picked.into_iter().map(|i| request.sections[i].id.clone()).collect(),
+                    reason,
+                    usage: Usage::default(),
+                    similarities: best,
+                }
+            })
+            .collect();
+        Ok((located, usage))
+    }
+
+    async fn locate_by_model(
+        &self,
+        chat: &ResolvedChat,
+        brief: &Brief,
+        sections: &[assay_domain::document::Section],
+        issue: &JudgeIssue,
+    ) -> Located {
+        let req = ChatRequest {
+            response_format: ResponseFormat::JsonSchema {
+                name: "issue_sections".into(),
+                schema: localize::localize_schema(sections),
+            },
+            ..chat.request(
+                vec![Message::user(localize::localize_prompt(brief, sections, issue))],
+                Purpose::new(LOCALIZE_TOKENS),
+            )
+        };
+        let unplaced = |reason: &str, usage: Usage| Located { reason: reason.into(), usage, ..Located::default() };
+        match chat.model.chat(req).await {
+            Ok(reply) => {
+                let usage = reply.usage;
+                match localize::read_reply(reply_json(&reply).as_ref(), sections) {
+                    Some(ids) if ids.is_empty() => unplaced("the localization call named no section", usage),
+                    Some(section_ids) => Located { section_ids, usage, ..Located::default() },
+                    None => unplaced("the localization reply had no section_ids list", usage),
+                }
+            }
+            Err(e) => unplaced(&format!("localization call failed ({e})"), Usage::default()),
+        }
+    }
+
+    /// Localize every issue that names no known section with [`LOCATOR`] (one embedding call for
+    /// them all): a placed issue is replaced by its placement (see [`localize::place`]), the
+    /// others stay as they were. Returns the issues, one entry per localized issue and the usage.
+    async fn localize_all(
+        &self,
+        request: &ConsolidateRequest,
+        issues: Vec<JudgeIssue>,
+    ) -> Result<(Vec<JudgeIssue>, Vec<IssueLocalization>, Usage), StageError> {
+        let known: std::collections::HashSet<&str> = request.sections.iter().map(|s| s.id.as_str()).collect();
+        let todo: Vec<JudgeIssue> = issues.iter().filter(|i| localize::unplaced(i, &known)).cloned().collect();
+        let (found, usage, method) = match LOCATOR {
+            Locator::Embedding { threshold, margin } => {
+                let (found, usage) = self.locate_by_embedding(request, &todo, threshold, margin).await?;
+                (found, usage, localize::METHOD_EMBEDDING)
+            }
+            Locator::Model => {
+                let chat = self.hub.chat(PHASE, &request.model, "model")?;
+                let (brief, sections, chat) = (&request.brief, &request.sections, &chat);
+                let found: Vec<Located> = futures::stream::iter(todo.clone())
+                    .map(|i| async move { self.locate_by_model(chat, brief, sections, &i).await })
+                    .buffered(SYNTHESIS_CONCURRENCY)
+                    .collect()
+                    .await;
+                let mut usage = Usage::default();
+                found.iter().for_each(|f| usage.add(&f.usage));
+                (found, usage, localize::METHOD_MODEL)
+            }
+        };
+        let mut found = found.into_iter();
+        let mut out = Vec::with_capacity(issues.len());
+        let mut localizations = Vec::new();
+        for issue in issues {
+            if !localize::unplaced(&issue, &known) {
+                out.push(issue);
+                continue;
+            }
+            let found = found.next().unwrap_or_default();
+            let placed =
+                if found.section_ids.is_empty() { vec![] } else { localize::place(&issue, &found.section_ids) };
+            localizations.push(IssueLocalization {
+                issue_id: issue.id.clone(),
+                section_ids: found.section_ids,
+                issue_ids: placed.iter().map(|i| i.id.clone()).collect(),
+                method: method.into(),
+                reason: found.reason,
+            });
+            if placed.is_empty() {
+                out.push(issue);
+            } else {
+                out.extend(placed);
+            }
+        }
+        Ok((out, localizations, usage))
+    }
+}
+
 #[async_trait::async_trait]
 impl Arbiter for ArbiterCore {
     async fn consolidate(&self, request: ConsolidateRequest) -> Result<Consolidation, StageError> {
@@ -231,6 +441,7 @@ impl ArbiterCore {
         request: ConsolidateRequest,
         locked: &[String],
     ) -> Result<Consolidation, StageError> {
+        let known: std::collections::HashSet<&str> = request.sections.iter().map(|s| s.id.as_str()).collect();
         // Resolve the synthesis model first: a bad backend name fails before any call.
         let chat = if request.skip_synthesis { None } else { Some(self.hub.chat(PHASE, &request.model, "model")?) };
         let measured = consolidate::measure(&request.verdicts, consolidate::level(request.level));
@@ -248,10 +459,17 @@ impl ArbiterCore {
         let merged: Vec<_> = clusters.iter().map(|c| consolidate::merge(&request.verdicts, &refs, c)).collect();
         let issues_merged = (refs.len() - merged.len()) as u32;
         let before = merged.len();
-        let known: std::collections::HashSet<&str> = request.sections.iter().map(|s| s.id.as_str()).collect();
         let issues: Vec<_> = merged.into_iter().filter(|i| consolidate::keep(measured.band, i)).collect();
         let issues_dropped = (before - issues.len()) as u32;
-        let unassigned_issues = issues.iter().filter(|i| !known.contains(i.section_id.as_str())).count() as u32;
+        // Kept issues without a known section are placed before anything is grouped by section.
+        let (issues, localizations) = if issues.iter().any(|i| localize::unplaced(i, &known)) {
+            let (issues, localizations, u) = self.localize_all(&request, issues).await?;
+            usage.add(&u);
+            (issues, localizations)
+        } else {
+            (issues, Vec::new())
+        };
+        let unassigned_issues = issues.iter().filter(|i| localize::unplaced(i, &known)).count() as u32;
         let mut demands = consolidate::section_demands(&request.sections, &issues, &request.criteria);
         demands.retain(|d| !locked.contains(&d.section.id));
         let conflicts = demands.iter().flat_map(|d| d.conflicts.clone()).collect();
@@ -286,6 +504,7 @@ impl ArbiterCore {
             agreement_units: measured.units.to_string(),
             usage,
             model_record,
+            localizations,
         })
     }
 }

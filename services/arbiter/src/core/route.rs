@@ -15,7 +15,8 @@ pub const REGENERATING_CRITERIA: [&str; 2] = ["factual_accuracy", "completeness"
 /// Criterion whose score decides a full regeneration.
 pub const STRUCTURE_CRITERION: &str = "pedagogical_structure";
 
-/// Instruction of a consistency check after the previous section was regenerated.
+/// Instruction of the patch a consistency check leads to when it finds section N+1 inconsistent
+/// with the regenerated section N.
 pub const CONSISTENCY_INSTRUCTION: &str = "The previous section was regenerated. Keep this section consistent with it: \
      fix references, terms and transitions that no longer fit, and change nothing else.";
 
@@ -40,10 +41,28 @@ const CALL_OVERHEAD: u32 = 250;
 /// Most characters of an anchor the fixer sees.
 pub const ANCHOR_CHARS: usize = 1_500;
 
+/// Completion tokens of a YES/NO consistency check.
+pub const CHECK_OUTPUT_TOKENS: u32 = 4;
+
+/// Estimated tokens of a consistency check of `section` against the regenerated `previous` (both
+/// sections in, the previous one a fifth longer as a regeneration writes it; a few tokens out).
+pub fn check_estimate(section: &Section, previous: Option<&Section>) -> u32 {
+    let previous = previous.map_or(0, |s| {
+        let body = tokens(&s.content) + tokens(&s.title);
+        body + body / 5
+    });
+    CALL_OVERHEAD + tokens(&section.content) + tokens(&section.title) + previous + CHECK_OUTPUT_TOKENS
+}
+
 /// Estimated tokens (prompt + completion) of a task: the fix call (the section, the anchors and
 /// the instruction in; the section out, a fifth longer when regenerated) and one verification
-/// call per issue (the section before and after in, one token out).
+/// call per issue (the section before and after in, one token out). A task that exists only for
+/// a consistency check (flagged, no issue) is estimated as the check ([`check_estimate`]): the
+/// patch happens only when the check says NO.
 pub fn estimate(task: &FixTask, section: &Section, previous: Option<&Section>, next: Option<&Section>) -> u32 {
+    if task.consistency_check && task.issue_ids.is_empty() {
+        return check_estimate(section, previous);
+    }
     let anchor = |s: Option<&Section>| s.map_or(0, |s| tokens(&s.content).min(ANCHOR_CHARS as u32 / 4));
     let body = tokens(&section.content) + tokens(&section.title);
     let instruction = tokens(&task.instruction) + task.constraints.iter().map(|c| tokens(c)).sum::<u32>();
@@ -140,7 +159,9 @@ pub fn route(request: &RouteRequest) -> Routing {
             estimated_tokens: 0,
         });
     }
-    // FR-049: the section after a regenerated one is re-checked for consistency.
+    // FR-049: the section after a regenerated one is re-checked for consistency: a task of its
+    // own is flagged; otherwise a check-only task (no issue) is added, which the caller runs as a
+    // YES/NO check and turns into a patch (with CONSISTENCY_INSTRUCTION) only on NO.
     for p in regenerated {
         let Some(next) = sections.get(p + 1) else { continue };
         if locked.contains(next.id.as_str()) {
@@ -190,37 +211,66 @@ pub fn route(request: &RouteRequest) -> Routing {
 
 /// Execution batches (FR-006, FR-050, FR-051): section expanders one per batch and alone;
 /// patchers of non-adjacent sections together, at most `max_patchers` per batch. Tasks are
-/// placed by priority (then document order) into the first batch that can take them; a
-/// consistency check runs after the regeneration of the section before it.
+/// placed by priority (then document order) into the first batch that can take them, except
+/// that anything done to the section after a regenerated one (its own task or its consistency
+/// check) goes in a later batch than that regeneration, whatever the priorities: the
+/// regeneration is placed first when it has not been yet.
 pub fn batches(tasks: &[FixTask], sections: &[Section], max_patchers: u32) -> Vec<Batch> {
     let position: HashMap<&str, usize> = sections.iter().enumerate().map(|(i, s)| (s.id.as_str(), i)).collect();
     let pos = |t: &FixTask| position.get(t.section_id.as_str()).copied().unwrap_or(usize::MAX);
-    let mut order: Vec<&FixTask> = tasks.iter().collect();
-    order.sort_by_key(|t| (t.action != FixAction::RegenerateSection, t.priority, pos(t)));
+    let mut order: Vec<usize> = (0..tasks.len()).collect();
+    order.sort_by_key(|&i| (tasks[i].action != FixAction::RegenerateSection, tasks[i].priority, pos(&tasks[i])));
+    // The regeneration task of each section, by position.
+    let regeneration: HashMap<usize, usize> = tasks
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| t.action == FixAction::RegenerateSection)
+        .map(|(i, t)| (pos(t), i))
+        .collect();
     let max = max_patchers.max(1) as usize;
     let mut out: Vec<Vec<&FixTask>> = Vec::new();
-    let mut batch_of: HashMap<usize, usize> = HashMap::new();
-    for t in order {
-        let p = pos(t);
-        // A consistency check waits for the regeneration of the section before it.
-        let earliest =
-            if t.consistency_check { p.checked_sub(1).and_then(|q| batch_of.get(&q)).map_or(0, |b| b + 1) } else { 0 };
-        let slot = match t.action {
-            FixAction::RegenerateSection | FixAction::FullRegenerate => None,
-            FixAction::SurgicalEdit => (earliest..out.len()).find(|&b| {
-                let batch = &out[b];
-                batch.len() < max && batch.iter().all(|o| o.action == FixAction::SurgicalEdit && pos(o).abs_diff(p) > 1)
-            }),
-        };
-        let b = match slot {
-            Some(b) => b,
-            None => {
-                out.push(Vec::new());
-                out.len() - 1
+    // Batch of each placed task (by index), and of the regeneration of each position.
+    let mut placed: HashMap<usize, usize> = HashMap::new();
+    let mut regenerated_in: HashMap<usize, usize> = HashMap::new();
+    for first in order {
+        // The chain of unplaced regenerations before this task, nearest last: placed first.
+        let mut chain = vec![first];
+        let mut p = pos(&tasks[first]);
+        while let Some(&r) = p.checked_sub(1).and_then(|q| regeneration.get(&q)) {
+            if placed.contains_key(&r) || chain.contains(&r) {
+                break;
             }
-        };
-        out[b].push(t);
-        batch_of.insert(p, b);
+            chain.push(r);
+            p -= 1;
+        }
+        for &i in chain.iter().rev() {
+            if placed.contains_key(&i) {
+                continue;
+            }
+            let t = &tasks[i];
+            let p = pos(t);
+            let earliest = p.checked_sub(1).and_then(|q| regenerated_in.get(&q)).map_or(0, |b| b + 1);
+            let slot = match t.action {
+                FixAction::RegenerateSection | FixAction::FullRegenerate => None,
+                FixAction::SurgicalEdit => (earliest..out.len()).find(|&b| {
+                    let batch = &out[b];
+                    batch.len() < max
+                        && batch.iter().all(|o| o.action == FixAction::SurgicalEdit && pos(o).abs_diff(p) > 1)
+                }),
+            };
+            let b = match slot {
+                Some(b) => b,
+                None => {
+                    out.push(Vec::new());
+                    out.len() - 1
+                }
+            };
+            out[b].push(t);
+            placed.insert(i, b);
+            if t.action == FixAction::RegenerateSection {
+                regenerated_in.insert(p, b);
+            }
+        }
     }
     out.into_iter()
         .enumerate()
@@ -391,5 +441,66 @@ mod tests {
         assert!(batch_of("s2") > batch_of("s1"));
         assert!(batch_of("s6") > batch_of("s5"));
         assert_eq!(b.iter().map(|x| x.tasks.len()).sum::<usize>(), tasks.len());
+    }
+    #[test]
+    fn a_check_only_task_has_no_issue_and_costs_a_check_not_a_patch() {
+        let out = route(&request(4, vec![issue("s2", "factual_accuracy", Severity::Critical)]));
+        let s3 = out.tasks.iter().find(|t| t.section_id == "s3").expect("s3 is checked");
+        assert!(s3.consistency_check && s3.issue_ids.is_empty(), "{s3:?}");
+        assert_eq!(s3.instruction, CONSISTENCY_INSTRUCTION);
+        let s = sections(4);
+        assert_eq!(s3.estimated_tokens, check_estimate(&s[2], Some(&s[1])));
+        // Both sections in, a few tokens out: far below the patch and its verification.
+        let body = tokens(&s[2].content) + tokens(&s[2].title);
+        let previous = tokens(&s[1].content) + tokens(&s[1].title);
+        assert_eq!(s3.estimated_tokens, CALL_OVERHEAD + body + previous + previous / 5 + CHECK_OUTPUT_TOKENS);
+        let patch = FixTask { consistency_check: false, ..s3.clone() };
+        assert!(s3.estimated_tokens * 2 < estimate(&patch, &s[2], Some(&s[1]), Some(&s[3])));
+        // A flagged task with its own issues keeps the estimate of its patch.
+        let out = route(&request(
+            3,
+            vec![
+                issue("s1", "factual_accuracy", Severity::Critical),
+                issue("s2", "clarity_readability", Severity::Minor),
+            ],
+        ));
+        let s2 = &out.tasks[1];
+        assert!(s2.consistency_check);
+        let unflagged = FixTask { consistency_check: false, ..s2.clone() };
+        let s = sections(3);
+        assert_eq!(s2.estimated_tokens, estimate(&unflagged, &s[1], Some(&s[0]), Some(&s[2])));
+    }
+
+    #[test]
+    fn section_n_plus_one_waits_for_the_regeneration_of_n_whatever_the_priorities() {
+        let s = sections(6);
+        // s2's regeneration (factual_accuracy, priority 1) outranks s1's (completeness, 6).
+        let tasks = route(&request(
+            6,
+            vec![
+                issue("s1", "completeness", Severity::Major),
+                issue("s2", "factual_accuracy", Severity::Critical),
+                issue("s4", "completeness", Severity::Major),
+                issue("s5", "clarity_readability", Severity::Minor),
+            ],
+        ))
+        .tasks;
+        let b = batches(&tasks, &s, 3);
+        let batch_of = |id: &str| b.iter().position(|x| x.tasks.iter().any(|t| t.section_id == id)).unwrap();
+        assert!(batch_of("s2") > batch_of("s1"), "{b:?}");
+        assert!(batch_of("s3") > batch_of("s2"), "{b:?}");
+        assert!(batch_of("s5") > batch_of("s4"), "{b:?}");
+        assert_eq!(b.iter().map(|x| x.tasks.len()).sum::<usize>(), tasks.len());
+        // A patch of N+1 not flagged as a check (a caller's own task list) waits too, even with
+        // the top priority.
+        let mut tasks = route(&request(3, vec![issue("s1", "completeness", Severity::Major)])).tasks;
+        tasks.retain(|t| t.section_id == "s1");
+        let mut patch = tasks[0].clone();
+        patch.section_id = "s2".into();
+        patch.action = FixAction::SurgicalEdit;
+        patch.priority = 1;
+        tasks.push(patch);
+        let b = batches(&tasks, &sections(3), 3);
+        assert_eq!(b.iter().map(ids).collect::<Vec<_>>(), vec![vec!["s1"], vec!["s2"]]);
     }
 }

@@ -18,6 +18,11 @@
 //!   debate with the agreed answer and no judge.
 //!
 //! Every model is resolved before the first call, so an unknown backend costs nothing.
+//!
+//! Every artifact (solution, review, refined solution, judgment) keeps the raw text of the model
+//! replies behind it (the first call's and the retry's, each up to
+//! [`assay_domain::debate::MAX_RAW_REPLY_BYTES`]), with why a reply could not be used; a stage that
+//! fails on unusable replies quotes the start of the last one in its error.
 
 pub mod prompt;
 pub mod reply;
@@ -27,9 +32,9 @@ use std::time::Duration;
 
 use assay_domain::debate::{
     DEFAULT_JUDGE_TEMPERATURE, Debate, DebateEvent, DebateOutcome, DebateRequest, DebateRound, DebateStage, Decision,
-    JUDGE_PHASE, JudgeRequest, Judgment, REFINER_PHASE, REVIEWER_PHASE, RefineOutcome, RefineRequest, RefinedSolution,
-    Review, ReviewOutcome, ReviewRequest, SOLVER_PHASE, Solution, SolveOutcome, SolveRequest, Solver, StageArtifacts,
-    answers_agree, majority_vote, normalize_answer, solver_temperature,
+    JUDGE_PHASE, JudgeRequest, Judgment, REFINER_PHASE, REVIEWER_PHASE, RawReply, RefineOutcome, RefineRequest,
+    RefinedSolution, Review, ReviewOutcome, ReviewRequest, SOLVER_PHASE, Solution, SolveOutcome, SolveRequest, Solver,
+    StageArtifacts, answers_agree, head, majority_vote, normalize_answer, solver_temperature,
 };
 use assay_domain::template::template_sha256;
 use assay_domain::{EventSink, ModelRecord, ModelSpec, StageError, Usage};
@@ -71,11 +76,48 @@ struct Job<'a> {
 }
 
 /// What a job produced: the parsed value or why the replies could not be used, with the usage of
-/// every call and the record of what made them.
+/// every call, the record of what made them and their raw replies.
 struct Called<T> {
     value: Result<T, String>,
     usage: Usage,
     record: ModelRecord,
+    raw: Vec<RawReply>,
+}
+
+/// Bytes of the last unusable reply quoted in a stage's error.
+const QUOTED_REPLY_BYTES: usize = 200;
+
+impl<T> Called<T> {
+    /// The value, or UNAVAILABLE naming what failed (`what`), why, and how the last reply began.
+    fn usable(self, what: impl FnOnce() -> String) -> Result<(T, Usage, ModelRecord, Vec<RawReply>), StageError> {
+        let Called { value, usage, record, raw } = self;
+        match value {
+            Ok(v) => Ok((v, usage, record, raw)),
+            Err(why) => {
+                let began = raw.last().map(|r| head(r.text.trim(), QUOTED_REPLY_BYTES).to_string()).unwrap_or_default();
+                Err(StageError::Unavailable(format!(
+                    "{} after one retry: {why}; the last reply began {began:?}",
+                    what()
+                )))
+            }
+        }
+    }
+}
+
+/// The name of why the backend stopped.
+fn finish_reason_name(reason: &FinishReason) -> &str {
+    match reason {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+        FinishReason::ContentFilter => "content_filter",
+        FinishReason::ToolCalls => "tool_calls",
+        FinishReason::Other(other) => other,
+    }
+}
+
+/// A reply's raw text as an artifact keeps it.
+fn raw_reply(reply: &ChatResponse) -> RawReply {
+    RawReply::new(&reply.text, finish_reason_name(&reply.finish_reason))
 }
 
 impl Job<'_> {
@@ -133,9 +175,10 @@ impl Job<'_> {
         let first = self.call(vec![Message::user(self.prompt.clone())]).await?;
         usage.add(&first.usage);
         let why = match Self::read(&first, max_tokens, &parse) {
-            Ok(value) => return Ok(Called { value: Ok(value), usage, record }),
+            Ok(value) => return Ok(Called { value: Ok(value), usage, record, raw: vec![raw_reply(&first)] }),
             Err(why) => why,
         };
+        let mut raw = vec![raw_reply(&first).unusable(&why)];
         tracing::info!(phase = self.phase, reason = %why, "unusable reply, retrying once");
         let messages = vec![
             Message::user(self.prompt.clone()),
@@ -144,9 +187,13 @@ impl Job<'_> {
         ];
         let second = self.call(messages).await?;
         usage.add(&second.usage);
-        let value = Self::read(&second, max_tokens, &parse)
-            .map_err(|again| if again == why { why } else { format!("{why}; after the retry: {again}") });
-        Ok(Called { value, usage, record })
+        let value = Self::read(&second, max_tokens, &parse);
+        raw.push(match &value {
+            Ok(_) => raw_reply(&second),
+            Err(again) => raw_reply(&second).unusable(again),
+        });
+        let value = value.map_err(|again| if again == why { why } else { format!("{why}; after the retry: {again}") });
+        Ok(Called { value, usage, record, raw })
     }
 }
 
@@ -201,13 +248,9 @@ impl DebateCore {
                 temperature: solver_temperature(&solver.model, configured_temperature(chat), i),
             };
             let called = job.ask(|v| reply::parse_solution(v, &solver.id)).await?;
-            match called.value {
-                Ok(solution) => Ok((Solution { model: Some(called.record), ..solution }, called.usage)),
-                Err(why) => Err(StageError::Unavailable(format!(
-                    "solver {:?} gave no usable solution after one retry: {why}",
-                    solver.id
-                ))),
-            }
+            let (solution, usage, record, raw) =
+                called.usable(|| format!("solver {:?} gave no usable solution", solver.id))?;
+            Ok::<_, StageError>((Solution { model: Some(record), raw_replies: raw, ..solution }, usage))
         });
         let done = futures::future::try_join_all(calls).await?;
         let mut usage = Usage::default();
@@ -237,19 +280,15 @@ impl DebateCore {
                 phase: REVIEWER_PHASE,
                 template: prompt::REVIEW_TEMPLATE,
                 schema_name: "debate_review",
-                schema: reply::review_schema(),
+                schema: reply::review_schema(target.reasoning_steps.len()),
                 prompt: prompt::review(problem, reviewer, target),
                 chat,
                 temperature: solver_temperature(&reviewer.model, configured_temperature(chat), r),
             };
             let called = job.ask(|v| reply::parse_review(v, &reviewer.id, &target.solver_id)).await?;
-            match called.value {
-                Ok(review) => Ok((Review { model: Some(called.record), ..review }, called.usage)),
-                Err(why) => Err(StageError::Unavailable(format!(
-                    "solver {:?} gave no usable review of {:?} after one retry: {why}",
-                    reviewer.id, target.solver_id
-                ))),
-            }
+            let (review, usage, record, raw) = called
+                .usable(|| format!("solver {:?} gave no usable review of {:?}", reviewer.id, target.solver_id))?;
+            Ok::<_, StageError>((Review { model: Some(record), raw_replies: raw, ..review }, usage))
         });
         let done = futures::future::try_join_all(calls).await?;
         let mut usage = Usage::default();
@@ -283,19 +322,15 @@ impl DebateCore {
                     phase: REFINER_PHASE,
                     template: prompt::REFINE_TEMPLATE,
                     schema_name: "debate_refinement",
-                    schema: reply::refinement_schema(),
+                    schema: reply::refinement_schema(own.reasoning_steps.len(), reply::critiques_of(&mine)),
                     prompt: prompt::refine(problem, solver, own, &mine),
                     chat,
                     temperature: solver_temperature(&solver.model, configured_temperature(chat), i),
                 };
                 let called = job.ask(|v| reply::parse_refinement(v, &solver.id, &own.final_answer)).await?;
-                match called.value {
-                    Ok(r) => Ok((RefinedSolution { model: Some(called.record), ..r }, called.usage)),
-                    Err(why) => Err(StageError::Unavailable(format!(
-                        "solver {:?} gave no usable refinement after one retry: {why}",
-                        solver.id
-                    ))),
-                }
+                let (r, usage, record, raw) =
+                    called.usable(|| format!("solver {:?} gave no usable refinement", solver.id))?;
+                Ok::<_, StageError>((RefinedSolution { model: Some(record), raw_replies: raw, ..r }, usage))
             }
         });
         let done = futures::future::try_join_all(calls).await?;
@@ -331,7 +366,7 @@ impl DebateCore {
             temperature: spec.temperature.or(configured_temperature(chat)).unwrap_or(DEFAULT_JUDGE_TEMPERATURE),
         };
         let called = job.ask(|v| reply::parse_judgment(v, &ids)).await?;
-        let Called { value, usage, record } = called;
+        let Called { value, usage, record, raw } = called;
         match value {
             Ok(j) => {
                 let final_answer = refined
@@ -350,6 +385,7 @@ impl DebateCore {
                     fallback_reason: String::new(),
                     usage,
                     model: Some(record),
+                    raw_replies: raw,
                 })
             }
             Err(why) => {
@@ -368,6 +404,7 @@ impl DebateCore {
                     fallback_reason: why,
                     usage,
                     model: Some(record),
+                    raw_replies: raw,
                 })
             }
         }
@@ -397,6 +434,7 @@ fn as_solution(r: &RefinedSolution, previous: &Solution) -> Solution {
         approach: previous.approach.clone(),
         confidence: r.confidence,
         model: r.model.clone(),
+        raw_replies: r.raw_replies.clone(),
     }
 }
 

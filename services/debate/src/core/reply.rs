@@ -1,6 +1,22 @@
 //! Reply schemas (strict-mode compatible: every property required, no extra keys, bounded lists
 //! and texts so a small constrained model finishes within its token budget) and tolerant parsers
-//! that never invent a value: a reply without a final answer or with a confidence that is missing,
+//! that never invent a value.
+//!
+//! The bounds must not cut what a stronger model writes, since a backend that enforces the schema
+//! (constrained decoding, strict structured output) stops a list or a text at its bound, and the
+//! reply token limit is derived from them. So they are sized from the request where the request
+//! says how much there is to say, and set well above what a careful answer needs elsewhere:
+//! - a review may list as many errors as the reviewed solution has steps (at least
+//!   [`SCHEMA_LIST`]), and up to [`SCHEMA_LIST`] strengths, weaknesses and suggested changes;
+//! - a refinement may accept, and reject, every critique (weakness, error, suggested change) of
+//!   the reviews it was given, and may write as many steps as the solution it refines had (at
+//!   least [`SCHEMA_STEPS`]);
+//! - a solution has up to [`SCHEMA_STEPS`] steps; an answer up to [`SCHEMA_ANSWER_CHARS`]
+//!   characters (a list of values, an expression, a sentence), every other text up to
+//!   [`SCHEMA_TEXT_CHARS`].
+//!
+//! Every list is also bounded by what a request may carry back ([`MAX_ARTIFACT_ITEMS`]). The
+//! parsers: a reply without a final answer or with a confidence that is missing,
 //! non-numeric or outside [0, 1] is unusable (the caller retries once), a missing list reads as
 //! empty, an error with an unknown severity is kept without one. Texts and lists are capped at the
 //! limits a request may carry them back with.
@@ -15,12 +31,14 @@ use serde_json::{Map, Value, json};
 
 /// Most characters of one text the schemas allow.
 pub const SCHEMA_TEXT_CHARS: usize = 240;
-/// Most characters of a final answer the schemas allow.
-pub const SCHEMA_ANSWER_CHARS: usize = 120;
-/// Most reasoning steps the schemas allow.
-pub const SCHEMA_STEPS: usize = 8;
-/// Most entries of a review's or a refinement's lists the schemas allow.
-pub const SCHEMA_LIST: usize = 3;
+/// Most characters of a final answer the schemas allow (was 120, which cut answers such as a list
+/// of values or a worded result).
+pub const SCHEMA_ANSWER_CHARS: usize = 1000;
+/// Most reasoning steps of a solution (was 8; a refinement may also match the solution it refines).
+pub const SCHEMA_STEPS: usize = 24;
+/// Most strengths, weaknesses and suggested changes of a review, and the least number of errors it
+/// may list (was 3 for every list of a review and of a refinement).
+pub const SCHEMA_LIST: usize = 8;
 
 fn text_schema(min: usize) -> Value {
     json!({"type": "string", "minLength": min, "maxLength": SCHEMA_TEXT_CHARS})
@@ -54,8 +72,10 @@ pub fn solution_schema() -> Value {
     ])
 }
 
-/// Stage 2: strengths, weaknesses, errors (location, type, severity, description), changes.
-pub fn review_schema() -> Value {
+/// Stage 2: strengths, weaknesses, errors (location, type, severity, description), changes. The
+/// reviewed solution has `target_steps` steps: the review may name an error in each.
+pub fn review_schema(target_steps: usize) -> Value {
+    let errors = target_steps.clamp(SCHEMA_LIST, MAX_ARTIFACT_ITEMS);
     let error = object_schema(&[
         ("location", json!({"type": "string", "maxLength": 80})),
         ("error_type", json!({"type": "string", "minLength": 1, "maxLength": 40})),
@@ -65,24 +85,33 @@ pub fn review_schema() -> Value {
     object_schema(&[
         ("strengths", list_schema(text_schema(1), 0, SCHEMA_LIST)),
         ("weaknesses", list_schema(text_schema(1), 0, SCHEMA_LIST)),
-        ("errors", list_schema(error, 0, SCHEMA_LIST)),
+        ("errors", list_schema(error, 0, errors)),
         ("suggested_changes", list_schema(text_schema(1), 0, SCHEMA_LIST)),
     ])
 }
 
-/// Stage 3: the critiques weighed, then the refined solution.
-pub fn refinement_schema() -> Value {
+/// Stage 3: the critiques weighed, then the refined solution. The reviews given hold `critiques`
+/// critiques (see [`critiques_of`]): each may be accepted or rejected; the refined solution may
+/// have as many steps as the solution it refines (`own_steps`), at least [`SCHEMA_STEPS`].
+pub fn refinement_schema(own_steps: usize, critiques: usize) -> Value {
+    let critiques = critiques.min(MAX_ARTIFACT_ITEMS);
+    let steps = own_steps.clamp(SCHEMA_STEPS, MAX_ARTIFACT_ITEMS);
     let rejected = object_schema(&[("critique", text_schema(1)), ("reason", text_schema(1))]);
     object_schema(&[
-        ("critiques_accepted", list_schema(text_schema(1), 0, SCHEMA_LIST)),
-        ("critiques_rejected", list_schema(rejected, 0, SCHEMA_LIST)),
+        ("critiques_accepted", list_schema(text_schema(1), 0, critiques)),
+        ("critiques_rejected", list_schema(rejected, 0, critiques)),
         ("refinement_reasoning", text_schema(1)),
-        ("reasoning_steps", list_schema(text_schema(1), 1, SCHEMA_STEPS)),
+        ("reasoning_steps", list_schema(text_schema(1), 1, steps)),
         ("final_answer", answer_schema()),
         ("confidence", confidence_schema()),
         ("changed_from_original", json!({"type": "boolean"})),
         ("improvement_explanation", text_schema(1)),
     ])
+}
+
+/// Critiques of `reviews` a refinement weighs: their weaknesses, errors and suggested changes.
+pub fn critiques_of(reviews: &[&Review]) -> usize {
+    reviews.iter().map(|r| r.weaknesses.len() + r.errors.len() + r.suggested_changes.len()).sum()
 }
 
 /// Stage 4: reasoning, then the winner (one of `ids`) and the confidence.
@@ -117,11 +146,18 @@ pub fn max_reply_chars(schema: &Value) -> usize {
     }
 }
 
+/// Most reply tokens [`reply_tokens`] asks for: the output ceiling of many hosted models (a
+/// backend may refuse a call asking for more), and 16 KiB of reply at the four characters a token
+/// of a large model's prose. The longest solution (7,153 characters) fits even at two characters a
+/// token; the longest review of a 3-step solution (9,356) and refinement with 6 critiques (12,024)
+/// fit at four. The phase's `max_tokens` setting (or the request's model spec) overrides it.
+pub const MAX_REPLY_TOKENS: u32 = 4_096;
+
 /// Reply tokens for `schema` when the configuration sets none: room for its longest reply at two
 /// characters a token (small models spend more tokens a character than prose needs), so a reply
-/// that fills every field still closes its JSON.
+/// that fills every field still closes its JSON, at most [`MAX_REPLY_TOKENS`].
 pub fn reply_tokens(schema: &Value) -> u32 {
-    (max_reply_chars(schema) / 2 + 64).min(8_192) as u32
+    (max_reply_chars(schema) / 2 + 64).min(MAX_REPLY_TOKENS as usize) as u32
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -228,6 +264,7 @@ pub fn parse_solution(v: &Value, solver_id: &str) -> Result<Solution, String> {
         reasoning_steps: texts(o, &["reasoning_steps", "steps", "reasoning"]),
         approach: text(o, &["approach", "method"]),
         model: None,
+        raw_replies: Vec::new(),
     })
 }
 
@@ -268,6 +305,7 @@ pub fn parse_review(v: &Value, reviewer_id: &str, target_solver_id: &str) -> Res
         errors,
         suggested_changes: texts(o, &["suggested_changes", "suggestions"]),
         model: None,
+        raw_replies: Vec::new(),
     })
 }
 
@@ -307,6 +345,7 @@ pub fn parse_refinement(v: &Value, solver_id: &str, original_answer: &str) -> Re
         changed,
         improvement_explanation: text(o, &["improvement_explanation"]),
         model: None,
+        raw_replies: Vec::new(),
     })
 }
 
@@ -413,15 +452,46 @@ mod tests {
         assert_eq!(max_reply_chars(&json!({"type": "string", "maxLength": 10})), 12);
         assert_eq!(max_reply_chars(&json!({"type": "array", "maxItems": 2, "items": {"type": "boolean"}})), 14);
         let ids: Vec<String> = vec!["solver_1".into()];
-        for schema in [solution_schema(), review_schema(), refinement_schema(), judgment_schema(&ids)] {
+        // At two characters a token (a small model) for the smaller schemas, at four (a large
+        // model's prose) for every schema at its usual size.
+        for schema in [solution_schema(), judgment_schema(&ids)] {
             let chars = max_reply_chars(&schema);
             assert!(reply_tokens(&schema) as usize * 2 > chars && chars > 100, "{chars}");
         }
+        for schema in [review_schema(3), refinement_schema(3, 6)] {
+            let chars = max_reply_chars(&schema);
+            assert!(reply_tokens(&schema) as usize * 4 > chars && chars > 100, "{chars}");
+        }
+        assert_eq!(reply_tokens(&refinement_schema(24, 48)), MAX_REPLY_TOKENS);
+    }
+
+    /// The bounds follow the request: errors per reviewed step, every critique of the reviews
+    /// given, as many steps as the refined solution had; never more than a request may carry.
+    #[test]
+    fn schema_bounds_are_sized_from_the_request() {
+        let max = |s: &Value, key: &str| s["properties"][key]["maxItems"].as_u64().unwrap() as usize;
+        assert_eq!(max(&review_schema(2), "errors"), SCHEMA_LIST);
+        assert_eq!(max(&review_schema(20), "errors"), 20);
+        assert_eq!(max(&review_schema(500), "errors"), MAX_ARTIFACT_ITEMS);
+        let r = refinement_schema(30, 14);
+        assert_eq!((max(&r, "critiques_accepted"), max(&r, "critiques_rejected")), (14, 14));
+        assert_eq!(max(&r, "reasoning_steps"), 30);
+        assert_eq!(max(&refinement_schema(2, 0), "reasoning_steps"), SCHEMA_STEPS);
+        assert_eq!(max(&refinement_schema(2, 999), "critiques_accepted"), MAX_ARTIFACT_ITEMS);
+        assert_eq!(solution_schema()["properties"]["final_answer"]["maxLength"], json!(SCHEMA_ANSWER_CHARS));
+        let review = Review {
+            weaknesses: vec!["w".into(); 4],
+            errors: vec![SolutionError::default(); 2],
+            suggested_changes: vec!["s".into(); 3],
+            strengths: vec!["not a critique".into()],
+            ..Review::default()
+        };
+        assert_eq!(critiques_of(&[&review, &review]), 18);
     }
 
     #[test]
     fn schemas_require_every_property() {
-        for schema in [solution_schema(), review_schema(), refinement_schema(), judgment_schema(&["a".into()])] {
+        for schema in [solution_schema(), review_schema(3), refinement_schema(3, 6), judgment_schema(&["a".into()])] {
             let props = schema["properties"].as_object().unwrap();
             let required: Vec<&str> = schema["required"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
             assert_eq!(props.len(), required.len());

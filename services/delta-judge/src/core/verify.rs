@@ -1,10 +1,22 @@
 //! Verify (FR-018..FR-020) and CompareTexts.
 //!
-//! Verify = heuristics (length ratio, language unchanged, markdown structure preserved, readability
-//! not regressed) + one YES/NO "was issue X fixed?" model call per issue, concurrently, with
+//! Verify = heuristics + one YES/NO "was issue X fixed?" model call per issue, concurrently, with
 //! first-token logprobs + quality locks. The fix is accepted when every heuristic passes, no lock
 //! is broken and every issue is fixed; every reason it is not is named. A failed call leaves its
-//! issue unverified (a rejection reason), never a silent pass.
+//! issue unverified (a rejection reason), never a silent pass. What the spec rejects, and only that
+//! (issue 31, point 6):
+//!
+//! - **Issue verdict** (FR-019): the model's YES/NO answer, whether or not the backend gives
+//!   logprobs; the answer's probability is reported as its confidence. A request may demand more
+//!   with `min_fix_confidence` (off by default): a YES below it, or a YES without logprobs, then
+//!   counts as not fixed, with that reason.
+//! - **Length** ratio and **language**: hard checks.
+//! - **Structure**: a drop of headings, list items or code blocks rejects the fix only when no
+//!   issue of the request asks to remove, merge or restructure (see [`super::asks`]); when one
+//!   does, the drop is a note naming the issue.
+//! - **Readability** rejects only a move away from the targets: a new sentence over 25 words, the
+//!   average sentence length leaving the 15-20 band upwards (from <= 20 to > 20), or the text
+//!   turning dense. Sentences shortened under 15 words on average are a note.
 //!
 //! CompareTexts runs the shared convergence cascade ([`assay_llm::convergence`]); the core holds
 //! one cascade (embedding cache and breaker) for its lifetime.
@@ -13,16 +25,17 @@ use std::sync::Arc;
 
 use assay_domain::template::render;
 use assay_domain::verify::{
-    CompareOutcome, CompareRequest, DeltaJudge, HeuristicCheck, IssueVerification, LockViolation, ReadabilityReport,
-    VerifyOutcome, VerifyRequest,
+    CompareOutcome, CompareRequest, ConsistencyOutcome, ConsistencyRequest, DeltaJudge, HeuristicCheck,
+    IssueVerification, LockViolation, ReadabilityReport, VerifyOutcome, VerifyRequest,
 };
-use assay_domain::{Answer, ConfidenceLevel, JudgeIssue, ModelRecord, StageError, Usage};
+use assay_domain::{Answer, JudgeIssue, ModelRecord, StageError, Usage};
 use assay_domain::{Section, Violations};
 use assay_llm::convergence::{Cascade, EmbeddingSource};
 use assay_llm::{ChatRequest, ChatResponse, Message, ModelHub, Purpose, ResolvedChat, ResponseFormat, TokenLogprob};
 use futures::StreamExt;
 
-use super::readability::{self, Readability};
+use super::asks;
+use super::readability::{self, MAX_SENTENCE_WORDS, Readability, TARGET_AVERAGE_WORDS};
 use assay_domain::iteration;
 
 /// Model phase of the issue checks (and of CompareTexts' embeddings).
@@ -62,14 +75,19 @@ impl DeltaJudgeCore {
     }
 }
 
-/// A check with the rejection reason it implies, if any.
+/// A check with the rejection reason it implies, if any, and a note to report even when it passed.
 pub struct Checked {
     pub check: HeuristicCheck,
     pub reason: Option<String>,
+    pub note: Option<String>,
 }
 
 fn checked(name: &str, passed: bool, detail: String, reason: Option<String>) -> Checked {
-    Checked { check: HeuristicCheck { name: name.into(), passed, detail }, reason: if passed { None } else { reason } }
+    Checked {
+        check: HeuristicCheck { name: name.into(), passed, detail },
+        reason: if passed { None } else { reason },
+        note: None,
+    }
 }
 
 /// len(after) / len(before) in characters within `[lo, hi]`.
@@ -190,8 +208,24 @@ pub fn structure_of(text: &str) -> Structure {
     s
 }
 
-/// Headings, list items and code blocks of `before` are still in `after`.
-pub fn structure_check(before: &str, after: &str) -> Checked {
+/// An issue of the request that asks for a structural change, and the word that asks.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Restructuring {
+    pub issue_id: String,
+    pub word: String,
+}
+
+/// The first issue that asks to remove, merge or restructure (see [`asks::asks_to_restructure`]).
+pub fn restructuring(issues: &[JudgeIssue]) -> Option<Restructuring> {
+    issues.iter().find_map(|i| {
+        asks::asks_to_restructure(&i.description, &i.fix_instruction)
+            .map(|word| Restructuring { issue_id: i.id.clone(), word })
+    })
+}
+
+/// Headings, list items and code blocks of `before` are still in `after`, unless `asked` (an issue
+/// asked for a structural change): then a drop passes and is reported as a note.
+pub fn structure_check(before: &str, after: &str, asked: Option<&Restructuring>) -> Checked {
     let (b, a) = (structure_of(before), structure_of(after));
     let mut remaining: Vec<String> = a.headings.iter().map(|h| h.to_lowercase()).collect();
     let mut lost = Vec::new();
@@ -217,26 +251,80 @@ pub fn structure_check(before: &str, after: &str) -> Checked {
             b.code_blocks
         );
         checked("structure", true, detail, None)
+    } else if let Some(a) = asked {
+        let what = format!("structure changed as issue {} asked ({:?}): {}", a.issue_id, a.word, lost.join(", "));
+        Checked { note: Some(what.clone()), ..checked("structure", true, what, None) }
     } else {
         let why = format!("structure lost: {}", lost.join(", "));
         checked("structure", false, why.clone(), Some(why))
     }
 }
 
-/// Readability of `after` does not fall out of the targets `before` met.
+/// Readability of `after` does not move away from the targets: no new sentence over 25 words (one
+/// whose text is not already among the long sentences of `before`), the average sentence length
+/// does not leave the 15-20 band upwards (<= 20 before, > 20 after), the text does not turn dense.
+/// An average that falls under 15 (from 15 or more) is a note, not a rejection.
 pub fn readability_check(before: &Readability, after: &Readability) -> Checked {
     let figures = format!(
-        "average {:.1} words a sentence, longest {}, paragraph break ratio {:.2}",
-        after.average_sentence_words, after.max_sentence_words, after.paragraph_break_ratio
+        "average {:.1} words a sentence (was {:.1}), longest {}, paragraph break ratio {:.2}",
+        after.average_sentence_words,
+        before.average_sentence_words,
+        after.max_sentence_words,
+        after.paragraph_break_ratio
     );
-    match (before.within_targets, after.within_targets) {
-        (true, false) => {
-            let why = format!("readability regressed: the text met the targets before and does not after ({figures})");
-            checked("readability", false, why.clone(), Some(why))
+    let (low, high) = TARGET_AVERAGE_WORDS;
+    let mut old_long: Vec<&str> = before.long_sentences.iter().map(String::as_str).collect();
+    let mut away = Vec::new();
+    for s in &after.long_sentences {
+        match old_long.iter().position(|o| *o == s.as_str()) {
+            Some(i) => {
+                old_long.swap_remove(i);
+            }
+            None => away.push(format!(
+                "a new sentence over {MAX_SENTENCE_WORDS} words ({} words: {:?})",
+                readability::measure(s).max_sentence_words,
+                preview(s, 60)
+            )),
         }
-        (_, true) => checked("readability", true, format!("within targets ({figures})"), None),
-        (false, false) => checked("readability", true, format!("outside targets, as before ({figures})"), None),
     }
+    if before.average_sentence_words <= high && after.average_sentence_words > high {
+        away.push(format!(
+            "the average sentence length left the {low}-{high} word band upwards ({:.1} -> {:.1})",
+            before.average_sentence_words, after.average_sentence_words
+        ));
+    }
+    if !before.dense_text && after.dense_text {
+        away.push(format!(
+            "the text turned dense (paragraph break ratio {:.2} -> {:.2})",
+            before.paragraph_break_ratio, after.paragraph_break_ratio
+        ));
+    }
+    if !away.is_empty() {
+        let why = format!("readability regressed: {} ({figures})", away.join("; "));
+        return checked("readability", false, why.clone(), Some(why));
+    }
+    let mut c = if after.within_targets {
+        checked("readability", true, format!("within targets ({figures})"), None)
+    } else {
+        checked("readability", true, format!("no move away from the targets ({figures})"), None)
+    };
+    if after.sentences > 0 && before.average_sentence_words >= low && after.average_sentence_words < low {
+        c.note = Some(format!(
+            "shorter sentences: the average fell from {:.1} to {:.1} words, under the {low}-{high} word target \
+             (a note, not a regression)",
+            before.average_sentence_words, after.average_sentence_words
+        ));
+    }
+    c
+}
+
+/// The first `chars` characters of `text`, with an ellipsis when cut.
+fn preview(text: &str, chars: usize) -> String {
+    let mut out: String = text.chars().take(chars).collect();
+    if text.chars().count() > chars {
+        out.push('…');
+    }
+    out
 }
 
 pub fn report(r: &Readability) -> ReadabilityReport {
@@ -255,6 +343,12 @@ pub fn report(r: &Readability) -> ReadabilityReport {
 /// P(yes) / (P(yes) + P(no)) over the first token's alternatives (lower-cased, trimmed); 0.5 when
 /// neither appears.
 pub fn yes_confidence(alts: &[TokenLogprob]) -> f64 {
+    answer_probability(alts, Answer::Yes).unwrap_or(0.5)
+}
+
+/// The probability of `answer` among YES and NO over the first token's alternatives
+/// (lower-cased, trimmed); `None` when neither appears.
+pub fn answer_probability(alts: &[TokenLogprob], answer: Answer) -> Option<f64> {
     let (mut p_yes, mut p_no) = (0.0f64, 0.0f64);
     for a in alts {
         match a.token.trim().to_lowercase().as_str() {
@@ -263,38 +357,81 @@ pub fn yes_confidence(alts: &[TokenLogprob]) -> f64 {
             _ => {}
         }
     }
-    if p_yes + p_no < 1e-9 { 0.5 } else { p_yes / (p_yes + p_no) }
+    if p_yes + p_no < 1e-9 {
+        return None;
+    }
+    let p = p_yes / (p_yes + p_no);
+    Some(match answer {
+        Answer::Yes => p,
+        Answer::No => 1.0 - p,
+    })
 }
 
-/// One issue's check: the verification, its usage, and whether logprobs were missing.
+/// The answer a reply opens with: its first word, else (a reply that opens otherwise) the likelier
+/// of YES and NO among the first token's alternatives.
+pub fn reply_answer(reply: &ChatResponse) -> Option<Answer> {
+    let first = reply.text.split_whitespace().next().and_then(|w| {
+        // "NO," / "YES." / "NO:" open a sentence too.
+        Answer::parse(w.split([',', '.', ':', ';', '-']).next().unwrap_or(w))
+    });
+    first.or_else(|| {
+        let alts = reply.first_token_logprobs.as_deref()?;
+        answer_probability(alts, Answer::Yes)
+            .filter(|p| (*p - 0.5).abs() > 1e-9)
+            .map(|p| if p > 0.5 { Answer::Yes } else { Answer::No })
+    })
+}
+
+/// One issue's check: the verification, its usage, whether logprobs were missing, and why a YES
+/// did not count (below `min_fix_confidence`).
 struct IssueResult {
     verification: IssueVerification,
     usage: Usage,
     logprobs_missing: bool,
+    demand_unmet: Option<String>,
 }
 
-fn interpret(issue_id: &str, reply: &ChatResponse) -> IssueResult {
-    let mut v =
-        IssueVerification { issue_id: issue_id.to_string(), fixed: false, confidence: None, error: String::new() };
-    let mut logprobs_missing = false;
-    match reply.first_token_logprobs.as_deref().filter(|l| !l.is_empty()) {
-        Some(alts) => {
-            let c = yes_confidence(alts);
-            v.confidence = Some(c);
-            v.fixed = ConfidenceLevel::of(c).answer() == Answer::Yes;
-        }
-        None => {
-            logprobs_missing = true;
-            match reply.text.split_whitespace().next().and_then(Answer::parse) {
-                Some(answer) => v.fixed = answer == Answer::Yes,
-                None => {
-                    let shown: String = reply.text.chars().take(60).collect();
-                    v.error = format!("the reply holds no yes/no answer: {shown:?}");
+/// The verdict of one reply: the model's answer; with `min_fix_confidence`, a YES must also reach it.
+fn interpret(issue_id: &str, reply: &ChatResponse, min_fix_confidence: Option<f64>) -> IssueResult {
+    let mut v = IssueVerification {
+        issue_id: issue_id.to_string(),
+        fixed: false,
+        confidence: None,
+        answer: reply_answer(reply),
+        error: String::new(),
+    };
+    let alts = reply.first_token_logprobs.as_deref().filter(|l| !l.is_empty());
+    let logprobs_missing = alts.is_none();
+    let mut demand_unmet = None;
+    match v.answer {
+        Some(answer) => {
+            v.confidence = alts.and_then(|a| answer_probability(a, answer));
+            v.fixed = answer == Answer::Yes;
+            if let (true, Some(min)) = (v.fixed, min_fix_confidence) {
+                match v.confidence {
+                    Some(c) if c >= min => {}
+                    Some(c) => {
+                        v.fixed = false;
+                        demand_unmet = Some(format!(
+                            "issue {issue_id} answered YES at confidence {c:.2}, below min_fix_confidence {min:.2}"
+                        ));
+                    }
+                    None => {
+                        v.fixed = false;
+                        demand_unmet = Some(format!(
+                            "issue {issue_id} answered YES with no confidence to hold against min_fix_confidence \
+                             {min:.2} (the backend gave no logprobs)"
+                        ));
+                    }
                 }
             }
         }
+        None => {
+            let shown: String = reply.text.chars().take(60).collect();
+            v.error = format!("the reply holds no yes/no answer: {shown:?}");
+        }
     }
-    IssueResult { verification: v, usage: reply.usage, logprobs_missing }
+    IssueResult { verification: v, usage: reply.usage, logprobs_missing, demand_unmet }
 }
 
 /// The verification prompt of one issue. The issue (a judge's text) and both versions of the
@@ -330,7 +467,7 @@ async fn check_issue(
         ..chat.request(vec![Message::user(prompt(issue, &request.before, &request.after))], purpose)
     };
     match chat.model.chat(req).await {
-        Ok(reply) => interpret(&issue.id, &reply),
+        Ok(reply) => interpret(&issue.id, &reply, request.min_fix_confidence),
         Err(e) => {
             tracing::warn!(issue = %issue.id, error = %e, "issue check failed");
             IssueResult {
@@ -338,23 +475,28 @@ async fn check_issue(
                     issue_id: issue.id.clone(),
                     fixed: false,
                     confidence: None,
+                    answer: None,
                     error: e.to_string(),
                 },
                 usage: Usage::default(),
                 logprobs_missing: false,
+                demand_unmet: None,
             }
         }
     }
 }
 
-fn issue_reason(v: &IssueVerification) -> Option<String> {
+fn issue_reason(r: &IssueResult) -> Option<String> {
+    let v = &r.verification;
     if !v.error.is_empty() {
         Some(format!("issue {} not verified: {}", v.issue_id, v.error))
     } else if v.fixed {
         None
+    } else if let Some(why) = &r.demand_unmet {
+        Some(why.clone())
     } else {
         Some(match v.confidence {
-            Some(c) => format!("issue {} not fixed (confidence {c:.2})", v.issue_id),
+            Some(c) => format!("issue {} not fixed (the model answered NO, confidence {c:.2})", v.issue_id),
             None => format!("issue {} not fixed (the model answered NO)", v.issue_id),
         })
     }
@@ -369,16 +511,18 @@ impl DeltaJudge for DeltaJudgeCore {
         let (before, after) = (&request.before.content, &request.after.content);
         let read_before = readability::measure(before);
         let read_after = readability::measure(after);
+        let asked = restructuring(&request.issues);
         let checks = [
             length_check(before, after, request.min_length_ratio, request.max_length_ratio),
             language_check(before, after),
-            structure_check(before, after),
+            structure_check(before, after, asked.as_ref()),
             readability_check(&read_before, &read_after),
         ];
         let template_sha = assay_domain::template::template_sha256(VERIFY_TEMPLATE);
         let mut usage = Usage::default();
         let mut logprobs_unavailable = false;
         let mut issues = Vec::with_capacity(request.issues.len());
+        let mut issue_reasons = Vec::new();
         let model = if request.issues.is_empty() {
             ModelRecord { phase: PHASE.into(), prompt_template_sha256: template_sha, ..ModelRecord::default() }
         } else {
@@ -395,6 +539,7 @@ impl DeltaJudge for DeltaJudgeCore {
             for r in results {
                 usage.add(&r.usage);
                 logprobs_unavailable |= r.logprobs_missing;
+                issue_reasons.extend(issue_reason(&r));
                 issues.push(r.verification);
             }
             record
@@ -402,7 +547,8 @@ impl DeltaJudge for DeltaJudgeCore {
         let lock_violations: Vec<LockViolation> = iteration::lock_violations(&request.locks, &request.criterion_scores);
 
         let mut rejection_reasons: Vec<String> = checks.iter().filter_map(|c| c.reason.clone()).collect();
-        rejection_reasons.extend(issues.iter().filter_map(issue_reason));
+        rejection_reasons.extend(issue_reasons);
+        let notes: Vec<String> = checks.iter().filter_map(|c| c.note.clone()).collect();
         rejection_reasons.extend(
             lock_violations
                 .iter()
@@ -413,6 +559,7 @@ impl DeltaJudge for DeltaJudgeCore {
             issues,
             lock_violations,
             accepted: rejection_reasons.is_empty(),
+            notes,
             readability: report(&read_after),
             usage,
             model,
@@ -433,6 +580,10 @@ impl DeltaJudge for DeltaJudgeCore {
         };
         let source = source.as_ref().map_err(String::clone);
         Ok(self.cascade.compare(&request.previous, &request.current, request.mode, source).await)
+    }
+
+    async fn check_consistency(&self, request: ConsistencyRequest) -> Result<ConsistencyOutcome, StageError> {
+        super::consistency::check(&self.hub, request).await
     }
 }
 
@@ -492,9 +643,139 @@ mod tests {
         );
         assert_eq!(s.headings, vec!["Title".to_string(), "Usage".to_string()]);
         assert_eq!((s.list_items, s.code_blocks), (4, 2));
-        let c = structure_check("# A\n## B\n- x\n- y\n```\ncode\n```\n", "# A\n- x\n- y\n- z\n");
+        let c = structure_check("# A\n## B\n- x\n- y\n```\ncode\n```\n", "# A\n- x\n- y\n- z\n", None);
         assert_eq!(c.reason.as_deref(), Some("structure lost: heading \"B\", code blocks 1 -> 0"));
-        assert!(structure_check("# A\n- x\n", "# a\n\n- x\n- y\n").check.passed);
+        assert!(structure_check("# A\n- x\n", "# a\n\n- x\n- y\n", None).check.passed);
+    }
+
+    fn issue(id: &str, description: &str, fix_instruction: &str) -> JudgeIssue {
+        JudgeIssue {
+            id: id.into(),
+            criterion: "pedagogical_structure".into(),
+            severity: assay_domain::Severity::Minor,
+            section_id: String::new(),
+            description: description.into(),
+            fix_instruction: fix_instruction.into(),
+            location: String::new(),
+            raised_by: vec![],
+            context_window: String::new(),
+        }
+    }
+
+    /// A drop of list items an issue asked for passes with a note; the same drop with no such issue,
+    /// or with the request negated, is still a rejection.
+    #[test]
+    fn structure_drops_an_issue_asked_for_are_notes() {
+        let before = "## Tools\n\nYou need a pan.\n\n- a pan\n- a spoon\n- a bowl\n\nThe pan matters most.\n";
+        let after = "## Tools\n\nYou need a pan, a spoon and a bowl. The pan matters most.\n";
+        let asked = vec![
+            issue("other", "The intro is vague.", "Say what the dish is."),
+            issue("dup", "The list repeats the sentence above it.", "Remove the redundant list."),
+        ];
+        let r = restructuring(&asked).expect("the second issue asks for a removal");
+        assert_eq!(r, Restructuring { issue_id: "dup".into(), word: "remove".into() });
+        let c = structure_check(before, after, Some(&r));
+        assert!(c.check.passed && c.reason.is_none());
+        assert_eq!(c.note.as_deref(), Some("structure changed as issue dup asked (\"remove\"): list items 3 -> 0"));
+
+        let not_asked = vec![issue("vague", "The intro is vague.", "Do not remove the list; say what the dish is.")];
+        assert_eq!(restructuring(&not_asked), None);
+        let c = structure_check(before, after, restructuring(&not_asked).as_ref());
+        assert_eq!(c.reason.as_deref(), Some("structure lost: list items 3 -> 0"));
+        assert!(c.note.is_none());
+    }
+
+    fn sentence(words: usize) -> String {
+        // A capital after the full stop: UAX #29 does not end a sentence before a lower-case word.
+        format!("Word{}.", " word".repeat(words - 1))
+    }
+
+    fn text(lengths: &[usize]) -> String {
+        // One paragraph per three sentences: never dense.
+        lengths
+            .chunks(3)
+            .map(|c| c.iter().map(|n| sentence(*n)).collect::<Vec<_>>().join(" "))
+            .collect::<Vec<_>>()
+            .join("\n\n")
+    }
+
+    /// Shorter sentences (18 -> 10 words on average) are a note; the old rule rejected them.
+    #[test]
+    fn shorter_sentences_are_a_note_not_a_rejection() {
+        let before = readability::measure(&text(&[18, 18, 18, 18]));
+        let after = readability::measure(&text(&[10, 10, 10, 10, 10, 10, 10]));
+        assert!(before.within_targets && !after.within_targets);
+        let c = readability_check(&before, &after);
+        assert!(c.check.passed && c.reason.is_none(), "{}", c.check.detail);
+        let note = c.note.expect("a note");
+        assert!(note.starts_with("shorter sentences: the average fell from 18.0 to 10.0 words"), "{note}");
+        // Already short before: no note.
+        assert!(readability_check(&after, &after).note.is_none());
+    }
+
+    /// Moves away from the targets still reject: a new long sentence, the average leaving 15-20
+    /// upwards, the text turning dense; a long sentence that was already there does not.
+    #[test]
+    fn moves_away_from_the_targets_are_rejections() {
+        let before = readability::measure(&text(&[16, 16, 16, 16]));
+        let c = readability_check(&before, &readability::measure(&text(&[16, 16, 16, 16, 30])));
+        let why = c.reason.expect("a new 30-word sentence");
+        assert!(why.starts_with("readability regressed: a new sentence over 25 words (30 words"), "{why}");
+
+        let c = readability_check(&before, &readability::measure(&text(&[22, 22, 22, 22])));
+        let why = c.reason.expect("the average left the band upwards");
+        assert!(why.contains("the average sentence length left the 15-20 word band upwards (16.0 -> 22.0)"), "{why}");
+
+        let dense = (0..13).map(|_| sentence(16)).collect::<Vec<_>>().join(" ");
+        let c = readability_check(&before, &readability::measure(&dense));
+        assert!(c.reason.expect("dense").contains("the text turned dense"));
+
+        // The same long sentence before and after, average already over 20: no move away.
+        let long_before = readability::measure(&text(&[30, 22, 22]));
+        let c = readability_check(&long_before, &readability::measure(&text(&[30, 22, 24])));
+        assert!(c.check.passed, "{}", c.check.detail);
+    }
+
+    fn reply(text: &str, p_yes: Option<f64>) -> ChatResponse {
+        ChatResponse {
+            text: text.into(),
+            first_token_logprobs: p_yes.map(|p| {
+                vec![
+                    TokenLogprob { token: "YES".into(), logprob: p.ln() },
+                    TokenLogprob { token: "NO".into(), logprob: (1.0 - p).ln() },
+                ]
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// The verdict is the model's answer with or without logprobs; P(answer) is the confidence;
+    /// min_fix_confidence, when set, may demand more of a YES.
+    #[test]
+    fn the_verdict_is_the_answer_and_min_fix_confidence_demands_more() {
+        let r = interpret("i", &reply("YES", Some(0.55)), None);
+        assert!(r.verification.fixed && r.demand_unmet.is_none());
+        assert_eq!(r.verification.answer, Some(Answer::Yes));
+        assert!((r.verification.confidence.unwrap() - 0.55).abs() < 1e-12);
+        let r = interpret("i", &reply("YES", None), None);
+        assert!(r.verification.fixed && r.logprobs_missing && r.verification.confidence.is_none());
+
+        let r = interpret("i", &reply("YES", Some(0.55)), Some(0.6));
+        assert!(!r.verification.fixed);
+        assert_eq!(
+            r.demand_unmet.as_deref(),
+            Some("issue i answered YES at confidence 0.55, below min_fix_confidence 0.60")
+        );
+        assert!(interpret("i", &reply("YES", Some(0.6)), Some(0.6)).verification.fixed);
+        let r = interpret("i", &reply("YES", None), Some(0.6));
+        assert!(!r.verification.fixed && r.demand_unmet.unwrap().contains("no logprobs"));
+
+        let r = interpret("i", &reply("NO", Some(0.2)), None);
+        assert!(!r.verification.fixed);
+        assert!((r.verification.confidence.unwrap() - 0.8).abs() < 1e-12, "P(NO) is the confidence of a NO");
+        assert_eq!(issue_reason(&r).as_deref(), Some("issue i not fixed (the model answered NO, confidence 0.80)"));
+        let r = interpret("i", &reply("maybe", None), None);
+        assert!(!r.verification.fixed && r.verification.answer.is_none() && !r.verification.error.is_empty());
     }
 
     #[test]

@@ -2,7 +2,9 @@
 //! review, refine, judge; RunDebateStream), its stage events relayed as `debate_stage` events with
 //! the problem's id, one checkpoint per problem (a restarted gateway never redoes a finished
 //! problem), then the aggregates: accuracy against the references, consensus and changed-answer
-//! rates, tokens and calls.
+//! rates, tokens and calls. Accuracy comes twice: over the graded problems (those with a reference
+//! that did not fail), and over every problem with a reference, a failed one counted as wrong, so
+//! a run whose hard problems fail cannot report a better figure than one that answered them.
 //!
 //! With `baselines`, every problem is also answered without debate by the first solver's model:
 //! single model (its first sample) and self-consistency (the majority answer, after normalisation,
@@ -313,6 +315,8 @@ pub fn aggregate(mut problems: Vec<gw::DebateProblemResult>, total: usize) -> gw
     let ok: Vec<&gw::DebateProblemResult> = problems.iter().filter(|p| p.error.is_empty()).collect();
     let graded: Vec<&&gw::DebateProblemResult> = ok.iter().filter(|p| p.correct.is_some()).collect();
     let correct = graded.iter().filter(|p| p.correct == Some(true)).count();
+    let failed_with_reference = problems.iter().filter(|p| !p.error.is_empty() && !p.reference.is_empty()).count();
+    let with_reference = graded.len() + failed_with_reference;
     let mut debate_usage = Usage::default();
     let mut baseline_usage = Usage::default();
     for p in &ok {
@@ -330,6 +334,8 @@ pub fn aggregate(mut problems: Vec<gw::DebateProblemResult>, total: usize) -> gw
         graded: graded.len() as u32,
         correct: correct as u32,
         accuracy: (!graded.is_empty()).then(|| rate(correct, graded.len())),
+        failed_with_reference: failed_with_reference as u32,
+        accuracy_all: (with_reference > 0).then(|| rate(correct, with_reference)),
         consensus_rate: rate(ok.iter().filter(|p| p.consensus).count(), ok.len()),
         changed_rate: rate(ok.iter().filter(|p| p.answers_changed).count(), ok.len()),
         tokens: debate_usage.prompt_tokens + debate_usage.completion_tokens,

@@ -128,6 +128,14 @@ impl DeltaJudge for Gated<dyn DeltaJudge> {
         stage_gate().await?;
         self.0.compare_texts(request).await
     }
+
+    async fn check_consistency(
+        &self,
+        request: verify::ConsistencyRequest,
+    ) -> Result<verify::ConsistencyOutcome, StageError> {
+        stage_gate().await?;
+        self.0.check_consistency(request).await
+    }
 }
 
 #[async_trait::async_trait]

@@ -11,7 +11,12 @@
 //!
 //! Convergence is the shared cascade of [`assay_llm::convergence`] (char -> Jaccard ->
 //! embedding), held by the core for the service's lifetime so its embedding cache and breaker
-//! carry across requests, exactly as the delta judge's CompareTexts uses it.
+//! carry across requests, as the delta judge's CompareTexts uses it; its embedding step runs as the
+//! request's `embedding_step` says, else as the cascade's setting (`convergence.embedding_step`).
+//!
+//! On a rollback the loop returns the best draft seen: the kept revision the guard scored highest
+//! (similarity to the original, in the measure the rolling-back guard used; the earlier one on a
+//! tie), or the original when no revision was kept; `returned_pass` names it.
 
 use assay_domain::self_refine::{
     OriginalSimilarity, ROLLBACK_RATIO, SELF_REFINE_PHASE, SelfRefineOutcome, SelfRefinePass, SelfRefinePassEvent,
@@ -154,6 +159,38 @@ struct GuardPoint {
     cosine: Option<f64>,
 }
 
+impl GuardPoint {
+    /// The score in `measure` ([`DecidedBy::Embedding`]: cosine, anything else: Jaccard).
+    fn score(&self, measure: DecidedBy) -> Option<f64> {
+        match measure {
+            DecidedBy::Embedding => self.cosine,
+            DecidedBy::Jaccard | DecidedBy::Char => Some(self.jaccard),
+        }
+    }
+}
+
+/// A revision the loop kept, with the guard's figures for it.
+#[derive(Debug, Clone)]
+struct KeptDraft {
+    pass: u32,
+    text: String,
+    point: GuardPoint,
+}
+
+/// The best kept draft in `measure`: the highest score, the earliest on a tie; `None` when none
+/// has a score in it (nothing kept: the original is the best).
+fn best_kept(kept: &[KeptDraft], measure: DecidedBy) -> Option<&KeptDraft> {
+    let mut best: Option<(&KeptDraft, f64)> = None;
+    for k in kept {
+        if let Some(score) = k.point.score(measure)
+            && best.is_none_or(|(_, b)| score > b)
+        {
+            best = Some((k, score));
+        }
+    }
+    best.map(|(k, _)| k)
+}
+
 /// The regression guard's measurement of `revised` against `original`, given the revisions kept so
 /// far. Cosine when both this revision and every kept one have it (the same measure throughout),
 /// else Jaccard; the threshold is [`ROLLBACK_RATIO`] x the best kept similarity in that measure.
@@ -242,7 +279,9 @@ impl ChecklistRefiners {
         let guarded = r.max_passes > 1;
         let instruction = fence_untrusted(instruction);
         let mut current = r.draft.clone();
-        let mut kept: Vec<GuardPoint> = Vec::new();
+        // Which draft `current` is (0: the original).
+        let mut current_pass = 0u32;
+        let mut kept: Vec<KeptDraft> = Vec::new();
         let mut passes: Vec<SelfRefinePass> = Vec::new();
         let mut usage = Usage::default();
         let mut stop_reason = StopReason::MaxPasses;
@@ -252,9 +291,11 @@ impl ChecklistRefiners {
             usage.add(&p.usage);
             if p.kept() {
                 current.clone_from(&p.revised);
+                current_pass = p.pass;
                 if let Some(g) = &p.original_similarity {
                     let cosine = (g.measure == DecidedBy::Embedding).then_some(g.similarity);
-                    kept.push(GuardPoint { jaccard: jaccard(&r.draft, &p.revised).similarity, cosine });
+                    let point = GuardPoint { jaccard: jaccard(&r.draft, &p.revised).similarity, cosine };
+                    kept.push(KeptDraft { pass: p.pass, text: p.revised.clone(), point });
                 }
             }
             passes.push(p.clone());
@@ -303,7 +344,8 @@ impl ChecklistRefiners {
                 passes.push(pass);
                 break;
             }
-            let mut comparison = self.cascade.compare(&current, &pass.revised, r.mode, embeddings.clone()).await;
+            let mut comparison =
+                self.cascade.compare_with(&current, &pass.revised, r.mode, embeddings.clone(), r.embedding_step).await;
             if pass.revised_block_missing && comparison.diverged {
                 // Taken whole, a reply that is not a rewrite (a refusal, a bare "YES", an answer
                 // to the draft) would replace the text, and a next pass would converge on it.
@@ -328,7 +370,8 @@ impl ChecklistRefiners {
                     Err(reason) => (None, reason),
                 };
                 let point = GuardPoint { jaccard: jaccard(&r.draft, &pass.revised).similarity, cosine };
-                pass.original_similarity = Some(guard(point, &embedding_error, &kept, comparison.diverged));
+                let points: Vec<GuardPoint> = kept.iter().map(|k| k.point).collect();
+                pass.original_similarity = Some(guard(point, &embedding_error, &points, comparison.diverged));
                 Some(point)
             } else {
                 None
@@ -339,9 +382,17 @@ impl ChecklistRefiners {
                 // A discarded revision never counts as converged.
                 comparison.converged = false;
                 stop_reason = StopReason::RolledBack;
+                // Back to the best draft seen, in the measure this guard used: not necessarily the
+                // previous one (a kept revision may have drifted less than the rollback ratio).
+                let measure = pass.original_similarity.as_ref().map_or(DecidedBy::Jaccard, |g| g.measure);
+                if let Some(best) = best_kept(&kept, measure) {
+                    current.clone_from(&best.text);
+                    current_pass = best.pass;
+                }
             } else {
                 current = pass.revised.clone();
-                kept.extend(point);
+                current_pass = n;
+                kept.extend(point.map(|point| KeptDraft { pass: n, text: pass.revised.clone(), point }));
                 pass.converged = comparison.converged;
                 if pass.converged {
                     stop_reason = StopReason::Converged;
@@ -358,6 +409,7 @@ impl ChecklistRefiners {
         let degraded_from = passes.iter().find_map(|p| p.degraded_from().map(str::to_string));
         let outcome = SelfRefineOutcome {
             changed: current != r.draft,
+            returned_pass: current_pass,
             final_text: current,
             converged: stop_reason == StopReason::Converged,
             skipped_too_short: false,
@@ -372,6 +424,7 @@ impl ChecklistRefiners {
             passes = outcome.passes.len(),
             converged = outcome.converged,
             rolled_back = outcome.rolled_back,
+            returned_pass = outcome.returned_pass,
             degraded = outcome.degraded_from.is_some(),
             stop = ?outcome.stop_reason,
             "self-refine finished"
@@ -462,6 +515,19 @@ mod tests {
         // Later passes keep the kept revisions' baseline, diverged or not.
         let g = guard(GuardPoint { jaccard: 0.1, cosine: Some(0.5) }, "", &kept, true);
         assert!((g.threshold.unwrap() - 0.85 * 0.95).abs() < 1e-12);
+    }
+
+    #[test]
+    fn the_best_kept_draft_is_the_highest_scored_in_the_guards_measure() {
+        let k = |pass: u32, jaccard: f64, cosine: Option<f64>| KeptDraft {
+            pass,
+            text: format!("draft {pass}"),
+            point: GuardPoint { jaccard, cosine },
+        };
+        let kept = [k(1, 0.6, Some(0.97)), k(2, 0.8, Some(0.88)), k(3, 0.8, Some(0.97))];
+        assert_eq!(best_kept(&kept, DecidedBy::Embedding).map(|b| b.pass), Some(1), "earliest on a tie");
+        assert_eq!(best_kept(&kept, DecidedBy::Jaccard).map(|b| b.pass), Some(2));
+        assert!(best_kept(&[], DecidedBy::Embedding).is_none(), "nothing kept: the original");
     }
 
     #[test]

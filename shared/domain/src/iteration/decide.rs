@@ -67,22 +67,29 @@ pub enum Acceptance {
     AcceptedWithWarning(String),
 }
 
-/// The mode's acceptance of a document scored `score` (`critical`: an issue is critical), `None`
-/// when the mode does not accept it.
+/// The mode's top threshold is met: 0.85 full-auto, 0.90 semi-auto. Both modes try to reach it
+/// before they settle.
+pub fn meets_top(mode: Mode, score: f64) -> bool {
+    match mode {
+        Mode::FullAuto => score >= FULL_AUTO_ACCEPT,
+        Mode::SemiAuto => score >= SEMI_AUTO_ACCEPT,
+    }
+}
+
+/// Acceptance once the loop stops (convergence, a limit, nothing left to fix): the top threshold,
+/// else the lower tier (full-auto: at least 0.75 with no critical issue, with a warning;
+/// semi-auto: at least 0.85 with no critical issue).
 pub fn accepts(mode: Mode, score: f64, critical: bool) -> Option<Acceptance> {
     match mode {
-        Mode::FullAuto if score >= FULL_AUTO_ACCEPT => Some(Acceptance::Accepted),
+        _ if meets_top(mode, score) => Some(Acceptance::Accepted),
         Mode::FullAuto if score >= WARN_SCORE && !critical => Some(Acceptance::AcceptedWithWarning(format!(
             "score {score:.2} is below {FULL_AUTO_ACCEPT:.2} but at least {WARN_SCORE:.2} with no critical issue"
         ))),
-        Mode::SemiAuto if score >= SEMI_AUTO_ACCEPT || (score >= SEMI_AUTO_NO_CRITICAL && !critical) => {
-            Some(Acceptance::Accepted)
-        }
+        Mode::SemiAuto if score >= SEMI_AUTO_NO_CRITICAL && !critical => Some(Acceptance::Accepted),
         Mode::FullAuto | Mode::SemiAuto => None,
     }
 }
 
-/// The last judging of the document, as the decision reads it.
 #[derive(Debug, Clone, Copy)]
 pub struct LastJudging<'a> {
     pub score: f64,
@@ -115,32 +122,48 @@ pub struct Standing<'a> {
 /// The decision after a judging.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Decision {
+    /// The mode's top threshold is met.
     Accept(Acceptance),
-    /// Stop iterating, for this reason (a [`super::Stop`] name, [`JUDGES_FAILED`] or
+    /// The loop stopped (the reason) and a lower tier accepts what it reached.
+    Settle(Acceptance, String),
+    /// Stop iterating below every tier, for this reason (a [`super::Stop`] name, [`JUDGES_FAILED`] or
     /// [`NOTHING_TO_FIX`]).
     Stop(String),
     /// Run another iteration from the last judging's plan.
     Continue,
 }
 
-/// Accept, stop or go on: the mode's thresholds first, then convergence and the hard limits,
+/// Accept, stop or go on: the mode's top threshold first; then convergence and the hard limits,
 /// then whether the plan has anything to do (a full regeneration needs an unlocked section, a
-/// targeted plan a task).
+/// targeted plan a task); a stop settles at a lower tier when one accepts (see [`accepts`]).
 pub fn decide(s: &Standing<'_>) -> Decision {
     let Some(last) = s.last else { return Decision::Stop(JUDGES_FAILED.into()) };
-    if let Some(accept) = accepts(s.mode, last.score, last.critical) {
-        return Decision::Accept(accept);
+    if meets_top(s.mode, last.score) {
+        return Decision::Accept(Acceptance::Accepted);
     }
+    let stop = stop_reason(s, last);
+    match stop {
+        None => Decision::Continue,
+        Some(reason) => match accepts(s.mode, last.score, last.critical) {
+            Some(a) => Decision::Settle(a, reason),
+            None => Decision::Stop(reason),
+        },
+    }
+}
+
+/// Why the loop stops after this judging, if it does: convergence or a limit, else nothing left
+/// to fix.
+fn stop_reason(s: &Standing<'_>, last: LastJudging<'_>) -> Option<String> {
     let c = convergence_within(s.history, s.edits, s.tokens_used, s.elapsed_ms, s.limits);
     if let Some(stop) = c.stop {
-        return Decision::Stop(stop.name().into());
+        return Some(stop.name().into());
     }
     let routing = last.routing;
     let unlocked = s.sections.iter().any(|x| !s.locked.contains(&x.id));
     if (routing.full_regenerate && !unlocked) || (!routing.full_regenerate && routing.tasks.is_empty()) {
-        return Decision::Stop(NOTHING_TO_FIX.into());
+        return Some(NOTHING_TO_FIX.into());
     }
-    Decision::Continue
+    None
 }
 
 #[cfg(test)]
@@ -269,7 +292,21 @@ mod tests {
         let with_task = Routing { tasks: vec![task("s1")], ..Routing::default() };
         let history = [0.8];
         let s = standing(&with_task, &history, &secs, &[], &edits);
-        assert!(matches!(decide(&s), Decision::Accept(Acceptance::AcceptedWithWarning(_))));
+        // Both modes try for their top threshold first.
+        assert_eq!(decide(&s), Decision::Continue);
         assert_eq!(decide(&Standing { mode: Mode::SemiAuto, ..s }), Decision::Continue);
+        // Once the loop stops, full-auto settles with a warning; semi-auto does not.
+        let empty = Routing::default();
+        let s = standing(&empty, &history, &secs, &[], &edits);
+        assert!(
+            matches!(decide(&s), Decision::Settle(Acceptance::AcceptedWithWarning(_), ref r) if r == NOTHING_TO_FIX)
+        );
+        assert_eq!(decide(&Standing { mode: Mode::SemiAuto, ..s }), Decision::Stop(NOTHING_TO_FIX.into()));
+        let high = [0.87];
+        let s = standing(&empty, &high, &secs, &[], &edits);
+        assert_eq!(
+            decide(&Standing { mode: Mode::SemiAuto, ..s }),
+            Decision::Settle(Acceptance::Accepted, NOTHING_TO_FIX.into())
+        );
     }
 }

@@ -15,12 +15,13 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub mod board;
 pub mod decide;
 pub mod regenerate;
 pub mod scores;
 
 pub use crate::verify::{DEFAULT_LOCK_MAX_DROP as DEFAULT_MAX_DROP, LockViolation, QualityLock};
-pub use decide::{Acceptance, Decision, LastJudging, Mode, Quality, Standing, accepts, decide, quality};
+pub use decide::{Acceptance, Decision, LastJudging, Mode, Quality, Standing, accepts, decide, meets_top, quality};
 pub use regenerate::regeneration_tasks;
 pub use scores::{
     DEFAULT_LOCK_THRESHOLD, MeanScore, SectionLock, best_judging, document_score, mean_scores, quality_locks,
@@ -33,6 +34,16 @@ pub const STALLED_ITERATIONS: usize = 2;
 /// Default hard limits.
 pub const MAX_ITERATIONS: usize = 3;
 pub const MAX_TOKENS: u64 = 15_000;
+/// The default token budget per document token (characters / 4): about what regenerating the
+/// whole document would cost (read and write every section, verify each), so targeted
+/// refinement never spends more by default than starting over.
+pub const BUDGET_PER_DOCUMENT_TOKEN: u64 = 5;
+
+/// The default token budget of a refinement (the first assessment is counted apart): the larger
+/// of [`MAX_TOKENS`] and [`BUDGET_PER_DOCUMENT_TOKEN`] times the document's tokens.
+pub fn default_token_budget(document_chars: usize) -> u64 {
+    MAX_TOKENS.max(BUDGET_PER_DOCUMENT_TOKEN * (document_chars as u64).div_ceil(4))
+}
 pub const MAX_ELAPSED_MS: u64 = 300_000;
 /// Edits after which a section is locked.
 pub const EDITS_TO_LOCK: u32 = 2;

@@ -29,32 +29,26 @@ pub fn document_score(verdicts: &[JudgeVerdict]) -> f64 {
     verdicts.iter().map(verdict_score).sum::<f64>() / verdicts.len() as f64
 }
 
-/// Mean scores per (section, criterion) over the verdicts that scored sections; per criterion
-/// (empty section id) when none did. Sorted by section id, then criterion.
+/// Mean scores of the verdicts at both levels: per criterion (under an empty section id) over the
+/// verdicts that scored it, and per (section, criterion) over the verdicts that scored that
+/// section explicitly. Quality locks and regressions compare the same unit in both judgings.
 pub fn mean_scores(verdicts: &[JudgeVerdict]) -> Vec<MeanScore> {
     let mut sums: BTreeMap<(String, String), (f64, u32)> = BTreeMap::new();
-    let sectioned: Vec<&JudgeVerdict> = verdicts.iter().filter(|v| !v.section_scores.is_empty()).collect();
-    if sectioned.is_empty() {
-        for v in verdicts {
-            for (c, x) in &v.criterion_scores {
-                let e = sums.entry((String::new(), c.clone())).or_default();
-                e.0 += x;
-                e.1 += 1;
-            }
+    for v in verdicts {
+        for (c, x) in &v.criterion_scores {
+            let e = sums.entry((String::new(), c.clone())).or_default();
+            e.0 += x;
+            e.1 += 1;
         }
-    } else {
-        for v in sectioned {
-            for s in &v.section_scores {
-                let e = sums.entry((s.section_id.clone(), s.criterion.clone())).or_default();
-                e.0 += s.score;
-                e.1 += 1;
-            }
+        for s in &v.section_scores {
+            let e = sums.entry((s.section_id.clone(), s.criterion.clone())).or_default();
+            e.0 += s.score;
+            e.1 += 1;
         }
     }
     sums.into_iter().map(|((s, c), (sum, n))| (s, c, sum / f64::from(n))).collect()
 }
 
-/// A per-(section, criterion) quality lock; an empty section id locks the document's criterion.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SectionLock {
     pub section_id: String,
@@ -74,10 +68,11 @@ pub fn quality_locks(scores: &[MeanScore], threshold: f64) -> Vec<SectionLock> {
         .collect()
 }
 
-/// Sections edited since `before` (their content differs; paired by position) that break a
-/// quality lock under the judging's mean `scores`, in document order, with the violations. A
-/// section is held to its own locks and the document's (empty section id), scored by its own
-/// means and the document's.
+/// Quality-lock regressions of the sections edited since `before`: for each edited section and
+/// locked criterion, like is compared with like. The section's own unit (section x criterion)
+/// when both the lock's judging and the current one scored it; else the criterion's
+/// document-level unit in both. A document-level lock is never compared with a volunteered
+/// section score, nor the reverse.
 pub fn regressions(
     sections: &[Section],
     before: &[Section],
@@ -85,13 +80,27 @@ pub fn regressions(
     scores: &[MeanScore],
 ) -> Vec<(String, Vec<LockViolation>)> {
     let edited = sections.iter().zip(before).filter(|(now, was)| now.content != was.content).map(|(s, _)| &s.id);
+    let score = |section: &str, criterion: &str| {
+        scores.iter().find(|(s, c, _)| s == section && c == criterion).map(|(_, _, x)| *x)
+    };
+    let lock = |section: &str, criterion: &str| {
+        locks.iter().find(|l| l.section_id == section && l.lock.criterion == criterion).map(|l| &l.lock)
+    };
+    let mut criteria: Vec<&str> = locks.iter().map(|l| l.lock.criterion.as_str()).collect();
+    criteria.sort_unstable();
+    criteria.dedup();
     let mut out = Vec::new();
     for id in edited {
-        let held: Vec<QualityLock> =
-            locks.iter().filter(|l| l.section_id.is_empty() || l.section_id == *id).map(|l| l.lock.clone()).collect();
-        let scored: BTreeMap<String, f64> =
-            scores.iter().filter(|(s, _, _)| s.is_empty() || s == id).map(|(_, c, x)| (c.clone(), *x)).collect();
-        let broken = lock_violations(&held, &scored);
+        let mut broken = Vec::new();
+        for c in &criteria {
+            // The section's own unit when both judgings scored it, else the document's.
+            let own = lock(id, c).zip(score(id, c));
+            let pair = own.or_else(|| lock("", c).zip(score("", c)));
+            if let Some((l, current)) = pair {
+                let scored: BTreeMap<String, f64> = [(l.criterion.clone(), current)].into();
+                broken.extend(lock_violations(std::slice::from_ref(l), &scored));
+            }
+        }
         if !broken.is_empty() {
             out.push((id.clone(), broken));
         }
@@ -148,25 +157,38 @@ mod tests {
     }
 
     #[test]
-    fn means_are_per_section_when_a_verdict_scored_sections() {
+    fn means_are_kept_at_both_levels() {
         let vs = [
             verdict(&[("clarity", 0.1)], &[("s2", "clarity", 0.6), ("s1", "clarity", 0.9)], 0.0),
             verdict(&[("clarity", 0.2)], &[("s2", "clarity", 0.8)], 0.0),
-            // Criterion scores only: left out once any verdict scored sections.
             verdict(&[("clarity", 0.0)], &[], 0.0),
         ];
         let m = mean_scores(&vs);
-        assert_eq!(m.len(), 2);
-        assert_eq!((m[0].0.as_str(), m[0].1.as_str(), m[0].2), ("s1", "clarity", 0.9));
-        assert_eq!((m[1].0.as_str(), m[1].1.as_str()), ("s2", "clarity"));
-        assert!((m[1].2 - 0.7).abs() < 1e-12);
-    }
-
-    #[test]
-    fn means_are_per_criterion_when_no_verdict_scored_sections() {
+        assert_eq!(m.len(), 3);
+        assert_eq!((m[0].0.as_str(), m[0].1.as_str()), ("", "clarity"));
+        assert!((m[0].2 - 0.1).abs() < 1e-12);
+        assert_eq!((m[1].0.as_str(), m[1].1.as_str(), m[1].2), ("s1", "clarity", 0.9));
+        assert!((m[2].2 - 0.7).abs() < 1e-12);
         let vs = [verdict(&[("tone", 0.5), ("accuracy", 1.0)], &[], 0.0), verdict(&[("tone", 0.7)], &[], 0.0)];
         assert_eq!(mean_scores(&vs), vec![ms("", "accuracy", 1.0), ms("", "tone", 0.6)]);
         assert!(mean_scores(&[]).is_empty());
+    }
+
+    #[test]
+    fn a_document_lock_is_never_compared_with_a_volunteered_section_score() {
+        let before = [section("s1", "a"), section("s2", "b")];
+        let now = [section("s1", "a2"), section("s2", "b")];
+        // The first judging scored clarity for the document only (0.9): a document lock.
+        let locks = quality_locks(&[ms("", "clarity", 0.9)], 0.85);
+        // The re-judging volunteers a low score for s1 but the document's clarity held.
+        let r = regressions(&now, &before, &locks, &[ms("", "clarity", 0.9), ms("s1", "clarity", 0.5)]);
+        assert!(r.is_empty(), "{r:?}");
+        // A section lock whose section was not scored again falls back to the document unit in
+        // both judgings.
+        let locks = quality_locks(&[ms("s1", "clarity", 0.95), ms("", "clarity", 0.9)], 0.85);
+        assert!(regressions(&now, &before, &locks, &[ms("", "clarity", 0.88)]).is_empty());
+        let r = regressions(&now, &before, &locks, &[ms("", "clarity", 0.7)]);
+        assert_eq!((r[0].1[0].baseline, r[0].1[0].current), (0.9, 0.7));
     }
 
     #[test]

@@ -316,7 +316,23 @@ pub fn consolidation_to(c: &a::Consolidation) -> pb::ConsolidateResponse {
         agreement_units: c.agreement_units.clone(),
         usage: Some(usage_to(&c.usage)),
         model_record: c.model_record.as_ref().map(model_record_to),
+        localizations: c.localizations.iter().map(localization_to).collect(),
     }
+}
+
+fn localization_to(l: &a::IssueLocalization) -> pb::IssueLocalization {
+    pb::IssueLocalization {
+        issue_id: l.issue_id.clone(),
+        section_ids: l.section_ids.clone(),
+        issue_ids: l.issue_ids.clone(),
+        method: l.method.clone(),
+        reason: l.reason.clone(),
+    }
+}
+
+fn localization_from(p: pb::IssueLocalization) -> a::IssueLocalization {
+    let pb::IssueLocalization { issue_id, section_ids, issue_ids, method, reason } = p;
+    a::IssueLocalization { issue_id, section_ids, issue_ids, method, reason }
 }
 
 /// A consolidation from the wire (trusted: it comes from the arbiter).
@@ -347,6 +363,7 @@ pub fn consolidation_from(p: pb::ConsolidateResponse) -> a::Consolidation {
         agreement_units: p.agreement_units,
         usage: usage_from(p.usage),
         model_record: p.model_record.map(|r| model_record_from(Some(r))),
+        localizations: p.localizations.into_iter().map(localization_from).collect(),
     }
 }
 

@@ -26,6 +26,29 @@ fn record_from(r: Option<common::ModelRecord>) -> Option<d::ModelRecord> {
 // ---------------------------------------------------------------------------------------------
 // Artifacts.
 
+/// A raw reply; its bounds are checked with the artifact that carries it.
+fn raw_reply(p: pb::RawReply) -> dd::RawReply {
+    let pb::RawReply { text, bytes, finish_reason, unusable_reason } = p;
+    dd::RawReply { text, bytes, finish_reason, unusable_reason }
+}
+
+fn raw_reply_to(r: &dd::RawReply) -> pb::RawReply {
+    pb::RawReply {
+        text: r.text.clone(),
+        bytes: r.bytes,
+        finish_reason: r.finish_reason.clone(),
+        unusable_reason: r.unusable_reason.clone(),
+    }
+}
+
+fn raw_replies(p: Vec<pb::RawReply>) -> Vec<dd::RawReply> {
+    p.into_iter().map(raw_reply).collect()
+}
+
+fn raw_replies_to(r: &[dd::RawReply]) -> Vec<pb::RawReply> {
+    r.iter().map(raw_reply_to).collect()
+}
+
 pub fn solver(p: pb::Solver, field: &str, v: &mut Violations) -> dd::Solver {
     let pb::Solver { id, persona, model } = p;
     dd::Solver { id, persona, model: model_spec(model, &format!("{field}.model"), v) }
@@ -41,8 +64,16 @@ fn solvers(p: Vec<pb::Solver>, field: &str, v: &mut Violations) -> Vec<dd::Solve
 
 /// A solution; its checks against the other artifacts are the domain's.
 pub fn solution(p: pb::Solution) -> dd::Solution {
-    let pb::Solution { solver_id, reasoning_steps, final_answer, approach, confidence, model } = p;
-    dd::Solution { solver_id, reasoning_steps, final_answer, approach, confidence, model: record_from(model) }
+    let pb::Solution { solver_id, reasoning_steps, final_answer, approach, confidence, model, raw_replies: raw } = p;
+    dd::Solution {
+        solver_id,
+        reasoning_steps,
+        final_answer,
+        approach,
+        confidence,
+        model: record_from(model),
+        raw_replies: raw_replies(raw),
+    }
 }
 
 pub fn solution_to(s: &dd::Solution) -> pb::Solution {
@@ -53,6 +84,7 @@ pub fn solution_to(s: &dd::Solution) -> pb::Solution {
         approach: s.approach.clone(),
         confidence: s.confidence,
         model: record_to(&s.model),
+        raw_replies: raw_replies_to(&s.raw_replies),
     }
 }
 
@@ -83,7 +115,16 @@ fn solution_error_to(e: &dd::SolutionError) -> pb::SolutionError {
 }
 
 pub fn review(p: pb::Review, field: &str, v: &mut Violations) -> dd::Review {
-    let pb::Review { reviewer_id, target_solver_id, strengths, weaknesses, errors, suggested_changes, model } = p;
+    let pb::Review {
+        reviewer_id,
+        target_solver_id,
+        strengths,
+        weaknesses,
+        errors,
+        suggested_changes,
+        model,
+        raw_replies: raw,
+    } = p;
     dd::Review {
         reviewer_id,
         target_solver_id,
@@ -96,6 +137,7 @@ pub fn review(p: pb::Review, field: &str, v: &mut Violations) -> dd::Review {
             .collect(),
         suggested_changes,
         model: record_from(model),
+        raw_replies: raw_replies(raw),
     }
 }
 
@@ -108,6 +150,7 @@ pub fn review_to(r: &dd::Review) -> pb::Review {
         errors: r.errors.iter().map(solution_error_to).collect(),
         suggested_changes: r.suggested_changes.clone(),
         model: record_to(&r.model),
+        raw_replies: raw_replies_to(&r.raw_replies),
     }
 }
 
@@ -132,6 +175,7 @@ pub fn refined(p: pb::RefinedSolution) -> dd::RefinedSolution {
         changed,
         improvement_explanation,
         model,
+        raw_replies: raw,
     } = p;
     dd::RefinedSolution {
         solver_id,
@@ -147,6 +191,7 @@ pub fn refined(p: pb::RefinedSolution) -> dd::RefinedSolution {
         changed,
         improvement_explanation,
         model: record_from(model),
+        raw_replies: raw_replies(raw),
     }
 }
 
@@ -166,6 +211,7 @@ pub fn refined_to(r: &dd::RefinedSolution) -> pb::RefinedSolution {
         changed: r.changed,
         improvement_explanation: r.improvement_explanation.clone(),
         model: record_to(&r.model),
+        raw_replies: raw_replies_to(&r.raw_replies),
     }
 }
 
@@ -320,6 +366,7 @@ pub fn judgment_to(j: &dd::Judgment) -> pb::JudgeDebateResponse {
         usage: Some(usage_to(&j.usage)),
         model: record_to(&j.model),
         fallback_reason: j.fallback_reason.clone(),
+        raw_replies: raw_replies_to(&j.raw_replies),
     }
 }
 
@@ -333,6 +380,7 @@ pub fn judgment_from(p: pb::JudgeDebateResponse) -> dd::Judgment {
         usage,
         model,
         fallback_reason,
+        raw_replies: raw,
     } = p;
     dd::Judgment {
         winner_solver_id,
@@ -343,6 +391,7 @@ pub fn judgment_from(p: pb::JudgeDebateResponse) -> dd::Judgment {
         fallback_reason,
         usage: usage_from(usage),
         model: record_from(model),
+        raw_replies: raw_replies(raw),
     }
 }
 
@@ -578,10 +627,18 @@ mod tests {
                     errors: vec![dd::SolutionError { severity: None, ..Default::default() }],
                     ..Default::default()
                 }],
-                refined: vec![dd::RefinedSolution { solver_id: "a".into(), ..Default::default() }],
+                refined: vec![dd::RefinedSolution {
+                    solver_id: "a".into(),
+                    raw_replies: vec![dd::RawReply::new("{\"final_answer\": \"1\"}", "length")],
+                    ..Default::default()
+                }],
                 consensus: true,
             }],
-            judgment: Some(dd::Judgment { winner_solver_id: "a".into(), ..Default::default() }),
+            judgment: Some(dd::Judgment {
+                winner_solver_id: "a".into(),
+                raw_replies: vec![dd::RawReply::new("{\"winner\": 7}", "stop").unusable("winner is not a solver id")],
+                ..Default::default()
+            }),
             final_answer: "1".into(),
             winner_solver_id: "a".into(),
             decided_by: dd::Decision::Judge,

@@ -1,4 +1,4 @@
-//! Delta judge Verify and CompareTexts: wire <-> domain. Incoming requests are checked field by field
+//! Delta judge Verify, CompareTexts and CheckConsistency: wire <-> domain. Incoming requests are checked field by field
 //! with full paths; outgoing conversions are infallible.
 
 use assay_domain as d;
@@ -16,8 +16,17 @@ fn join(prefix: &str, field: &str) -> String {
 /// Verify request from the wire, validated (field names relative to `prefix`). Empty issue ids
 /// become `"1".."n"`; unset length ratios take 0.5 and 2.0.
 pub fn verify_request(p: pb::VerifyRequest, prefix: &str) -> Result<dv::VerifyRequest, d::StageError> {
-    let pb::VerifyRequest { before, after, issues, locks, criterion_scores, model, min_length_ratio, max_length_ratio } =
-        p;
+    let pb::VerifyRequest {
+        before,
+        after,
+        issues,
+        locks,
+        criterion_scores,
+        model,
+        min_length_ratio,
+        max_length_ratio,
+        min_fix_confidence,
+    } = p;
     let mut v = Violations::new();
     let required = |s: Option<crate::common::v1::Section>, name: &str, v: &mut Violations| match s {
         Some(s) => section(s),
@@ -59,6 +68,7 @@ pub fn verify_request(p: pb::VerifyRequest, prefix: &str) -> Result<dv::VerifyRe
         model,
         min_length_ratio: min_length_ratio.unwrap_or(dv::DEFAULT_MIN_LENGTH_RATIO),
         max_length_ratio: max_length_ratio.unwrap_or(dv::DEFAULT_MAX_LENGTH_RATIO),
+        min_fix_confidence,
     };
     request.check(prefix, &mut v);
     v.into_result()?;
@@ -79,6 +89,7 @@ pub fn verify_request_to(r: &dv::VerifyRequest) -> pb::VerifyRequest {
         model: Some(model_spec_to(&r.model)),
         min_length_ratio: Some(r.min_length_ratio),
         max_length_ratio: Some(r.max_length_ratio),
+        min_fix_confidence: r.min_fix_confidence,
     }
 }
 
@@ -137,6 +148,7 @@ pub fn verify_response_to(o: &dv::VerifyOutcome) -> pb::VerifyResponse {
                 fixed: i.fixed,
                 confidence: i.confidence,
                 error: i.error.clone(),
+                answer: answer_to(i.answer).to_string(),
             })
             .collect(),
         lock_violations: o.lock_violations.iter().map(lock_violation_to).collect(),
@@ -146,6 +158,16 @@ pub fn verify_response_to(o: &dv::VerifyOutcome) -> pb::VerifyResponse {
         model: Some(model_record_to(&o.model)),
         rejection_reasons: o.rejection_reasons.clone(),
         logprobs_unavailable: o.logprobs_unavailable,
+        notes: o.notes.clone(),
+    }
+}
+
+/// `"YES"`, `"NO"`, or empty for no answer.
+fn answer_to(a: Option<d::Answer>) -> &'static str {
+    match a {
+        Some(d::Answer::Yes) => "YES",
+        Some(d::Answer::No) => "NO",
+        None => "",
     }
 }
 
@@ -160,6 +182,7 @@ pub fn verify_response_from(p: pb::VerifyResponse) -> dv::VerifyOutcome {
         model,
         rejection_reasons,
         logprobs_unavailable,
+        notes,
     } = p;
     dv::VerifyOutcome {
         heuristics: heuristics
@@ -168,11 +191,12 @@ pub fn verify_response_from(p: pb::VerifyResponse) -> dv::VerifyOutcome {
             .collect(),
         issues: issues
             .into_iter()
-            .map(|pb::IssueVerification { issue_id, fixed, confidence, error }| dv::IssueVerification {
+            .map(|pb::IssueVerification { issue_id, fixed, confidence, error, answer }| dv::IssueVerification {
                 issue_id,
                 fixed,
                 confidence,
                 error,
+                answer: d::Answer::parse(&answer),
             })
             .collect(),
         lock_violations: lock_violations
@@ -190,6 +214,7 @@ pub fn verify_response_from(p: pb::VerifyResponse) -> dv::VerifyOutcome {
         model: model_record_from(model),
         rejection_reasons,
         logprobs_unavailable,
+        notes,
     }
 }
 
@@ -269,6 +294,59 @@ pub fn compare_response_from(p: pb::CompareTextsResponse) -> dv::CompareOutcome 
     }
 }
 
+/// CheckConsistency request from the wire, validated (field names relative to `prefix`): both
+/// sections required, non-empty and within the text limit.
+pub fn consistency_request(
+    p: pb::CheckConsistencyRequest,
+    prefix: &str,
+) -> Result<dv::ConsistencyRequest, d::StageError> {
+    let pb::CheckConsistencyRequest { previous, section: current, model } = p;
+    let mut v = Violations::new();
+    let mut required = |s: Option<crate::common::v1::Section>, name: &str| match s {
+        Some(s) => section(s),
+        None => {
+            v.push(join(prefix, name), "is required");
+            d::Section::default()
+        }
+    };
+    let previous = required(previous, "previous");
+    let current = required(current, "section");
+    let model = model_spec(model, &join(prefix, "model"), &mut v);
+    let request = dv::ConsistencyRequest { previous, section: current, model };
+    request.check(prefix, &mut v);
+    v.into_result()?;
+    Ok(request)
+}
+
+pub fn consistency_request_to(r: &dv::ConsistencyRequest) -> pb::CheckConsistencyRequest {
+    pb::CheckConsistencyRequest {
+        previous: Some(section_to(&r.previous)),
+        section: Some(section_to(&r.section)),
+        model: Some(model_spec_to(&r.model)),
+    }
+}
+
+pub fn consistency_response_to(o: &dv::ConsistencyOutcome) -> pb::CheckConsistencyResponse {
+    pb::CheckConsistencyResponse {
+        consistent: o.consistent,
+        reason: o.reason.clone(),
+        confidence: o.confidence,
+        usage: Some(usage_to(&o.usage)),
+        model: o.model.as_ref().map(model_record_to),
+    }
+}
+
+pub fn consistency_response_from(p: pb::CheckConsistencyResponse) -> dv::ConsistencyOutcome {
+    let pb::CheckConsistencyResponse { consistent, reason, confidence, usage, model } = p;
+    dv::ConsistencyOutcome {
+        consistent,
+        reason,
+        confidence,
+        usage: usage_from(usage),
+        model: model.map(|m| model_record_from(Some(m))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -323,6 +401,67 @@ mod tests {
         assert_eq!(d.issues[0].id, "1");
         let back = verify_request(verify_request_to(&d), "").unwrap();
         assert_eq!(back, d);
+    }
+
+    #[test]
+    fn consistency_round_trips_and_names_bad_fields() {
+        let e = consistency_request(
+            pb::CheckConsistencyRequest { previous: None, section: Some(sec("s2", " ")), model: None },
+            "r",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("r.previous: is required") && e.contains("r.section.content: must not be empty"), "{e}");
+        let e = consistency_request(
+            pb::CheckConsistencyRequest { previous: Some(sec("s1", "a")), section: Some(sec("s1", "b")), model: None },
+            "",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("section.id"), "{e}");
+        let req = consistency_request(
+            pb::CheckConsistencyRequest { previous: Some(sec("s1", "a")), section: Some(sec("s2", "b")), model: None },
+            "",
+        )
+        .unwrap();
+        assert_eq!(consistency_request(consistency_request_to(&req), "").unwrap(), req);
+        let o = dv::ConsistencyOutcome {
+            consistent: false,
+            reason: "the term changed".into(),
+            confidence: Some(0.8),
+            usage: d::Usage { calls: 1, ..Default::default() },
+            model: Some(d::ModelRecord { phase: "stage_6_delta_judge".into(), ..Default::default() }),
+        };
+        assert_eq!(consistency_response_from(consistency_response_to(&o)), o);
+    }
+
+    #[test]
+    fn verify_carries_min_fix_confidence_answers_and_notes() {
+        let req = pb::VerifyRequest {
+            before: Some(sec("s1", "old")),
+            after: Some(sec("s1", "new")),
+            min_fix_confidence: Some(1.5),
+            ..Default::default()
+        };
+        let e = verify_request(req.clone(), "").unwrap_err().to_string();
+        assert!(e.contains("min_fix_confidence"), "{e}");
+        let d = verify_request(pb::VerifyRequest { min_fix_confidence: Some(0.6), ..req }, "").unwrap();
+        assert_eq!(d.min_fix_confidence, Some(0.6));
+        assert_eq!(verify_request(verify_request_to(&d), "").unwrap(), d);
+        let o = dv::VerifyOutcome {
+            issues: vec![dv::IssueVerification {
+                issue_id: "i".into(),
+                fixed: false,
+                confidence: Some(0.55),
+                answer: Some(d::Answer::Yes),
+                error: String::new(),
+            }],
+            notes: vec!["shorter sentences".into()],
+            ..Default::default()
+        };
+        let back = verify_response_from(verify_response_to(&o));
+        assert_eq!(back.issues, o.issues);
+        assert_eq!(back.notes, o.notes);
     }
 
     #[test]

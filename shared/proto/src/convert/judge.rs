@@ -6,7 +6,7 @@ use assay_domain as d;
 use assay_domain::Violations;
 use assay_domain::judge as dj;
 
-use super::document::{brief, brief_to, criteria, criterion_to, section_to, sections, verdict, verdict_to};
+use super::document::{brief, brief_to, criteria, criterion_to, section, section_to, sections, verdict, verdict_to};
 use super::{model_record_from, model_record_to, model_spec, model_spec_to, usage_from, usage_to};
 use crate::scorer::v1 as pb;
 
@@ -16,14 +16,18 @@ fn join(prefix: &str, field: &str) -> String {
 
 /// A panel request from the wire, validated (field names are relative to `prefix`). Empty criteria
 /// become the six defaults; an empty panel becomes the default three judges; empty judge ids become
-/// "judge-<i+1>".
+/// "judge-<i+1>". The read-only context is checked against the judged sections
+/// ([`dj::check_context`]: `context[i].id` repeating a judged id, limits, distinct indexes).
 pub fn judge_sections_request(
     p: pb::JudgeSectionsRequest,
     prefix: &str,
 ) -> Result<dj::JudgeSectionsRequest, d::StageError> {
-    let pb::JudgeSectionsRequest { sections: secs, brief: b, criteria: crit, judges } = p;
+    let pb::JudgeSectionsRequest { sections: secs, brief: b, criteria: crit, judges, context: ctx } = p;
     let mut v = Violations::new();
-    let sections = sections(secs, &join(prefix, "sections"), &mut v);
+    let sections_field = join(prefix, "sections");
+    let sections = sections(secs, &sections_field, &mut v);
+    let context: Vec<d::Section> = ctx.into_iter().map(section).collect();
+    dj::check_context(&sections, &context, &sections_field, &join(prefix, "context"), &mut v);
     let brief = brief(b, &join(prefix, "brief"), &mut v);
     let criteria = criteria(crit, &join(prefix, "criteria"), &mut v);
     let judges_field = join(prefix, "judges");
@@ -38,7 +42,7 @@ pub fn judge_sections_request(
     let judges = dj::panel_or_default(judges);
     dj::check_judges(&judges, &judges_field, &mut v);
     v.into_result()?;
-    Ok(dj::JudgeSectionsRequest { sections, brief, criteria, judges, context: Vec::new() })
+    Ok(dj::JudgeSectionsRequest { sections, brief, criteria, judges, context })
 }
 
 /// A panel request on the wire (defaults already filled are sent explicitly).
@@ -52,6 +56,7 @@ pub fn judge_sections_request_to(r: &dj::JudgeSectionsRequest) -> pb::JudgeSecti
             .iter()
             .map(|j| pb::PanelJudge { id: j.id.clone(), model: Some(model_spec_to(&j.model)) })
             .collect(),
+        context: r.context.iter().map(section_to).collect(),
     }
 }
 
@@ -171,6 +176,21 @@ mod tests {
     }
 
     #[test]
+    fn context_ids_must_not_repeat_a_judged_section() {
+        let at = |id: &str, index: u32| common::Section { index, ..section(id, "x") };
+        let req = pb::JudgeSectionsRequest {
+            sections: vec![at("a", 0), at("b", 1)],
+            context: vec![at("b", 2), at("c", 1), at("d", 3)],
+            ..Default::default()
+        };
+        let e = judge_sections_request(req, "request").unwrap_err();
+        let text = e.to_string();
+        assert!(text.contains("request.context[0].id: repeats the id \"b\" of request.sections[1]"), "{text}");
+        assert!(text.contains("request.context[1].index: repeats index 1 of request.sections[1]"), "{text}");
+        assert_eq!(fields(e), vec!["request.context[0].id".to_string(), "request.context[1].index".to_string()]);
+    }
+
+    #[test]
     fn request_and_outcome_round_trip() {
         let r = judge_sections_request(
             pb::JudgeSectionsRequest { sections: vec![section("a", "x")], ..Default::default() },
@@ -178,6 +198,18 @@ mod tests {
         )
         .unwrap();
         assert_eq!(judge_sections_request(judge_sections_request_to(&r), "").unwrap(), r);
+        let focused = judge_sections_request(
+            pb::JudgeSectionsRequest {
+                sections: vec![section("a", "x")],
+                context: vec![common::Section { index: 1, title: "Next".into(), ..section("b", "y") }],
+                ..Default::default()
+            },
+            "",
+        )
+        .unwrap();
+        assert_eq!(focused.context.len(), 1);
+        assert_eq!(focused.context[0].title, "Next");
+        assert_eq!(judge_sections_request(judge_sections_request_to(&focused), "").unwrap(), focused);
 
         let verdict = d::JudgeVerdict {
             judge_id: "judge-1".into(),

@@ -31,6 +31,7 @@ pub fn self_refine_request(p: pb::SelfRefineRequest, prefix: &str) -> Result<Sel
         embedding_model,
         prior_passes,
         passes_this_call,
+        embedding_step,
     } = p;
     let mut v = Violations::new();
     let mode = convergence_mode_from(convergence_mode, &join(prefix, "convergence_mode"), &mut v);
@@ -40,6 +41,7 @@ pub fn self_refine_request(p: pb::SelfRefineRequest, prefix: &str) -> Result<Sel
         max_passes: max_passes.unwrap_or(DEFAULT_MAX_PASSES),
         min_bytes: min_bytes.unwrap_or(DEFAULT_MIN_BYTES),
         mode,
+        embedding_step,
         model: model_spec(model, &join(prefix, "model"), &mut v),
         embedding_model: model_spec(embedding_model, &join(prefix, "embedding_model"), &mut v),
         prior_passes: prior_passes.into_iter().map(pass_from).collect(),
@@ -64,12 +66,14 @@ pub fn self_refine_request(p: pb::SelfRefineRequest, prefix: &str) -> Result<Sel
 /// A self-refine hook from the wire; invalid fields are added to `v` with their paths under
 /// `prefix`. Unset `max_passes` / `min_bytes` take the loop's defaults (1 / 200).
 pub fn self_refine_hook(p: pb::SelfRefineHook, prefix: &str, v: &mut Violations) -> SelfRefineHook {
-    let pb::SelfRefineHook { max_passes, min_bytes, exclude, convergence_mode, model, embedding_model } = p;
+    let pb::SelfRefineHook { max_passes, min_bytes, exclude, convergence_mode, model, embedding_model, embedding_step } =
+        p;
     let hook = SelfRefineHook {
         max_passes: max_passes.unwrap_or(DEFAULT_MAX_PASSES),
         min_bytes: min_bytes.unwrap_or(DEFAULT_MIN_BYTES),
         exclude,
         mode: convergence_mode_from(convergence_mode, &join(prefix, "convergence_mode"), v),
+        embedding_step,
         model: model_spec(model, &join(prefix, "model"), v),
         embedding_model: model_spec(embedding_model, &join(prefix, "embedding_model"), v),
     };
@@ -107,6 +111,7 @@ pub fn self_refine_request_to(r: &SelfRefineRequest) -> pb::SelfRefineRequest {
         embedding_model: Some(model_spec_to(&r.embedding_model)),
         prior_passes: r.prior_passes.iter().map(pass_to).collect(),
         passes_this_call: (r.passes_this_call > 0).then_some(r.passes_this_call),
+        embedding_step: r.embedding_step,
     }
 }
 
@@ -257,6 +262,7 @@ pub fn self_refine_response_to(o: &SelfRefineOutcome) -> pb::SelfRefineResponse 
         changed,
         usage,
         model,
+        returned_pass,
     } = o;
     pb::SelfRefineResponse {
         final_text: final_text.clone(),
@@ -270,6 +276,7 @@ pub fn self_refine_response_to(o: &SelfRefineOutcome) -> pb::SelfRefineResponse 
         degraded_from: degraded_from.clone().unwrap_or_default(),
         stop_reason: stop_reason_to(*stop_reason) as i32,
         changed: *changed,
+        returned_pass: *returned_pass,
     }
 }
 
@@ -285,6 +292,7 @@ pub fn self_refine_response_from(p: pb::SelfRefineResponse) -> SelfRefineOutcome
         degraded_from,
         stop_reason,
         changed,
+        returned_pass,
     } = p;
     SelfRefineOutcome {
         final_text,
@@ -297,6 +305,7 @@ pub fn self_refine_response_from(p: pb::SelfRefineResponse) -> SelfRefineOutcome
         changed,
         usage: usage_from(usage),
         model: model_record_from(model),
+        returned_pass,
     }
 }
 
@@ -321,8 +330,10 @@ mod tests {
             "",
         )
         .unwrap();
-        assert_eq!((r.max_passes, r.min_bytes, r.mode), (2, 0, ConvergenceMode::Strict));
+        assert_eq!((r.max_passes, r.min_bytes, r.mode, r.embedding_step), (2, 0, ConvergenceMode::Strict, None));
         assert_eq!(self_refine_request(self_refine_request_to(&r), "").unwrap(), r);
+        let on = SelfRefineRequest { embedding_step: Some(true), ..r };
+        assert_eq!(self_refine_request(self_refine_request_to(&on), "").unwrap(), on);
     }
 
     #[test]
@@ -392,7 +403,9 @@ mod tests {
             changed: true,
             usage: Usage { calls: 2, ..Default::default() },
             model: ModelRecord { phase: "self_refine".into(), ..Default::default() },
+            returned_pass: 1,
         };
+        assert_eq!(self_refine_response_to(&o).returned_pass, 1);
         assert_eq!(self_refine_response_from(self_refine_response_to(&o)), o);
         let skipped = SelfRefineOutcome {
             final_text: "short".into(),

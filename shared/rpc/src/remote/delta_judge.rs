@@ -1,7 +1,9 @@
 //! The delta judge service over gRPC.
 
 use assay_domain::StageError;
-use assay_domain::verify::{CompareOutcome, CompareRequest, DeltaJudge, VerifyOutcome, VerifyRequest};
+use assay_domain::verify::{
+    CompareOutcome, CompareRequest, ConsistencyOutcome, ConsistencyRequest, DeltaJudge, VerifyOutcome, VerifyRequest,
+};
 use assay_proto::convert::delta_judge as convert;
 use assay_proto::delta_judge::v1::delta_judge_service_client::DeltaJudgeServiceClient;
 use tonic::codegen::InterceptedService;
@@ -39,5 +41,12 @@ impl DeltaJudge for RemoteDeltaJudge {
         let mut client = self.client.clone();
         let reply = client.compare_texts(outgoing(convert::compare_request_to(&request))).await.map_err(from_status)?;
         Ok(convert::compare_response_from(reply.into_inner()))
+    }
+
+    async fn check_consistency(&self, request: ConsistencyRequest) -> Result<ConsistencyOutcome, StageError> {
+        let mut client = self.client.clone();
+        let reply =
+            client.check_consistency(outgoing(convert::consistency_request_to(&request))).await.map_err(from_status)?;
+        Ok(convert::consistency_response_from(reply.into_inner()))
     }
 }

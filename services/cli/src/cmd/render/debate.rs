@@ -62,8 +62,22 @@ pub fn problem_json(p: &gw::DebateProblemResult) -> Result<Value, String> {
 pub fn summary_text(run_id: &str, d: &gw::DebateRunResult, baselines: bool) -> String {
     let mut s = format!("run {run_id}: {} problems, {} failed\n", d.problems_total, d.problems_failed);
     match d.accuracy {
-        Some(a) => s.push_str(&format!("  debate accuracy      {} ({}/{})\n", pct(a), d.correct, d.graded)),
+        Some(a) => s.push_str(&format!(
+            "  debate accuracy      {} ({}/{}) over the graded problems\n",
+            pct(a),
+            d.correct,
+            d.graded
+        )),
         None => s.push_str("  debate accuracy      - (no references)\n"),
+    }
+    if let Some(a) = d.accuracy_all {
+        s.push_str(&format!(
+            "  over all problems    {} ({}/{}, {} failed counted wrong)\n",
+            pct(a),
+            d.correct,
+            d.graded + d.failed_with_reference,
+            d.failed_with_reference
+        ));
     }
     s.push_str(&format!("  consensus rate       {}\n", pct(d.consensus_rate)));
     s.push_str(&format!("  changed-answer rate  {}\n", pct(d.changed_rate)));
@@ -103,5 +117,23 @@ mod tests {
         let failed = gw::DebateProblemResult { error: "solver down".into(), ..p };
         assert_eq!(problem_line(&failed), "mul: failed: solver down");
         assert_eq!(decision_name(99), "unknown");
+    }
+
+    #[test]
+    fn the_summary_gives_accuracy_over_graded_and_over_all_problems() {
+        let d = gw::DebateRunResult {
+            problems_total: 4,
+            problems_failed: 1,
+            graded: 3,
+            correct: 2,
+            accuracy: Some(2.0 / 3.0),
+            failed_with_reference: 1,
+            accuracy_all: Some(0.5),
+            ..Default::default()
+        };
+        let s = summary_text("r1", &d, false);
+        assert!(s.contains("run r1: 4 problems, 1 failed"), "{s}");
+        assert!(s.contains("debate accuracy      66.7% (2/3) over the graded problems"), "{s}");
+        assert!(s.contains("over all problems    50.0% (2/4, 1 failed counted wrong)"), "{s}");
     }
 }

@@ -30,6 +30,12 @@ pub fn progress_line(run_id: &str, r: &gw::RefinementEvent) -> Option<String> {
             format!("  patch {}: {}", p.section_id, if p.diff_summary.is_empty() { "edited" } else { &p.diff_summary })
         }
         E::VerificationResult(v) => verification_line(v),
+        E::ConsistencyChecked(c) => {
+            let verdict = if c.consistent { "consistent, no edit" } else { "inconsistent, patching" };
+            let confidence = c.confidence.map(|p| format!(" (p={p:.2})")).unwrap_or_default();
+            let reason = if c.reason.is_empty() { String::new() } else { format!(": {}", c.reason) };
+            format!("  check {} after {}: {verdict}{confidence}{reason}", c.section_id, c.previous_section_id)
+        }
         E::BatchComplete(b) => format!(
             "  batch {} done: {} completed, {} failed, {} skipped",
             b.batch_index.saturating_add(1),
@@ -54,6 +60,7 @@ pub fn progress_line(run_id: &str, r: &gw::RefinementEvent) -> Option<String> {
 fn judged_line(iteration: u32, j: &gw::Judged) -> String {
     let ok = j.judges.iter().filter(|r| r.verdict.is_some()).count();
     let when = if iteration == 0 { "document as given".to_string() } else { format!("iteration {iteration}") };
+    let when = if j.focused { format!("{when} ({} re-judged)", j.judged_section_ids.join(", ")) } else { when };
     let mut line = format!(
         "{when}: judged {:.2} by {ok}/{} judges, {} ({} critical)",
         j.score,

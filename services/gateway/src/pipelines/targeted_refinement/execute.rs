@@ -2,18 +2,18 @@
 //! verified by the delta judge, applied or rolled back; a section locks after
 //! [`EDITS_TO_LOCK`] accepted edits.
 
-use assay_domain::arbiter::FixAction;
+use assay_domain::arbiter::{FixAction, FixTask};
 use assay_domain::content::SectionEditRequest;
-use assay_domain::iteration::EDITS_TO_LOCK;
-use assay_domain::verify::VerifyRequest;
-use assay_domain::{JudgeIssue, Section, StageError};
+use assay_domain::iteration::{self, EDITS_TO_LOCK, board};
+use assay_domain::verify::{ConsistencyRequest, VerifyRequest};
+use assay_domain::{JudgeIssue, Section, Severity, StageError};
 use assay_proto::convert;
 use assay_proto::gateway::v1 as gw;
 use assay_proto::gateway::v1::refinement_event::Event as Ev;
 use futures::StreamExt;
 use tokio::sync::Mutex;
 
-use super::state::{Halt, State, Status, TaskState};
+use super::state::{EDITING, Halt, State, Status, TaskState, VERIFICATION};
 use super::{TargetedRefinement, verdict_of};
 use crate::engine::RunCtx;
 
@@ -87,8 +87,7 @@ impl TargetedRefinement {
                         };
                         return Ok::<_, StageError>(Some(h));
                     }
-                    self.run_task(ctx, shared_ref, i).await?;
-                    Ok(None)
+                    self.run_task(ctx, shared_ref, i).await
                 })
                 .buffer_unordered(width);
             while let Some(r) = runs.next().await {
@@ -115,10 +114,14 @@ impl TargetedRefinement {
         Ok((shared.into_inner(), halt))
     }
 
-    /// One task: refine the section, verify the fix, apply or roll back, lock after 2 edits.
-    async fn run_task(&self, ctx: &RunCtx, shared: &Mutex<State>, i: usize) -> Result<(), StageError> {
+    /// One task: refine the section, verify the fix, apply or roll back, lock after 2 edits. A
+    /// task whose estimate (plus the reserve for the final judging) no longer fits the budget
+    /// does not start (`Some`: the iteration stops); a task that started always completes,
+    /// verification included. A consistency check (the section after a regenerated one) asks
+    /// the delta judge first and edits only when the section no longer fits.
+    async fn run_task(&self, ctx: &RunCtx, shared: &Mutex<State>, i: usize) -> Result<Option<Halt>, StageError> {
         let stages = self.stages()?;
-        let (task, request, iteration, batch, active_ms) = {
+        let (task, mut request, iteration, batch, previous_changed) = {
             let mut st = shared.lock().await;
             let task = st.tasks[i].task.clone();
             if st.human_edited.contains(&task.section_id) || st.locked.contains(&task.section_id) {
@@ -128,13 +131,24 @@ impl TargetedRefinement {
                 } else {
                     "a human edited the section".into()
                 };
-                return Ok(());
+                return Ok(None);
             }
             let Some(pos) = st.sections.iter().position(|s| s.id == task.section_id) else {
                 st.tasks[i].status = Status::Failed;
                 st.tasks[i].detail = format!("no section {:?}", task.section_id);
-                return Ok(());
+                return Ok(None);
             };
+            let reserve = self.reserve(&st, &task.section_id);
+            let used = self.budget_used(ctx, &st);
+            if used + u64::from(task.estimated_tokens) + reserve > self.limits.max_tokens {
+                st.tasks[i].status = Status::Skipped;
+                st.tasks[i].detail = format!(
+                    "not run: token_budget ({used} of {} tokens used; this task needs about {} and the final \
+                     judging of the changed sections about {reserve})",
+                    self.limits.max_tokens, task.estimated_tokens
+                );
+                return Ok(Some(Halt::Limit(iteration::Stop::TokenBudget.name().into())));
+            }
             let issues: Vec<JudgeIssue> = st
                 .judged
                 .last()
@@ -154,9 +168,20 @@ impl TargetedRefinement {
                     FixAction::RegenerateSection | FixAction::FullRegenerate => self.models.expander.clone(),
                 },
             };
+            let previous_changed = request.previous.as_ref().is_some_and(|p| {
+                st.before_iteration.iter().find(|b| b.id == p.id).is_some_and(|b| b.content != p.content)
+            });
+            if task.consistency_check && request.issues.is_empty() && !previous_changed {
+                st.tasks[i].status = Status::Skipped;
+                st.tasks[i].detail = "no consistency check: the section before it was not changed".into();
+                return Ok(None);
+            }
+            let (edit, verify) = split_estimate(&task, &request.section);
+            st.expect(VERIFICATION, verify);
+            st.expect(EDITING, edit);
             st.tasks[i].status = Status::Running;
             self.save(ctx, &st, "executing").await?;
-            (task, request, st.iteration, st.tasks[i].batch, st.active_ms)
+            (task, request, st.iteration, st.tasks[i].batch, previous_changed)
         };
         self.emit(
             ctx,
@@ -164,6 +189,26 @@ impl TargetedRefinement {
             Ev::TaskStarted(gw::TaskStarted { task: Some(convert::arbiter::task_to(&task)), batch_index: batch }),
         )
         .await?;
+        if task.consistency_check {
+            match self.check_consistency(ctx, shared, &task, &request, previous_changed, iteration).await? {
+                Consistency::Fits(detail) if request.issues.is_empty() => {
+                    let mut st = shared.lock().await;
+                    st.tasks[i].status = Status::Skipped;
+                    st.tasks[i].detail = detail;
+                    self.save(ctx, &st, "executing").await?;
+                    return Ok(None);
+                }
+                Consistency::Fits(_) => {}
+                Consistency::Broken(issue) => {
+                    request.instruction = if request.instruction.trim().is_empty() {
+                        issue.fix_instruction.clone()
+                    } else {
+                        format!("{} {}", request.instruction.trim(), issue.fix_instruction)
+                    };
+                    request.issues.push(issue);
+                }
+            }
+        }
         let before = request.section.clone();
         let issues = request.issues.clone();
         let edit = match task.action {
@@ -182,14 +227,19 @@ impl TargetedRefinement {
         };
         let edit = match edit {
             Err(e @ StageError::Cancelled(_)) => return Err(e),
-            Err(e) => return self.task_failed(ctx, shared, i, failure(format!("refiner failed: {e}"))).await,
+            Err(e) => {
+                return self.task_failed(ctx, shared, i, failure(format!("refiner failed: {e}"))).await.map(|()| None);
+            }
             Ok(edit) => edit,
         };
-        ctx.add_usage(&edit.usage);
         ctx.add_model(&edit.model);
+        {
+            let mut st = shared.lock().await;
+            self.charge(ctx, &mut st, EDITING, &edit.usage);
+        }
         let Some(after) = edit.section.clone() else {
             let reason = format!("refiner refused its reply: {}", edit.rejected_reason);
-            return self.task_failed(ctx, shared, i, failure(reason)).await;
+            return self.task_failed(ctx, shared, i, failure(reason)).await.map(|()| None);
         };
         let after = Section { id: before.id.clone(), index: before.index, ..after };
         self.emit(
@@ -205,23 +255,22 @@ impl TargetedRefinement {
             }),
         )
         .await?;
-        // Once a budget is spent the fix is not verified: rolled back (the iteration is not judged).
-        let (accepted, verification, reason) = match self.spent(ctx, active_ms) {
-            Some(limit) => (false, None, format!("not verified: {limit}")),
-            None => {
-                let verified = stages
-                    .delta
-                    .verify(VerifyRequest {
-                        before: before.clone(),
-                        after: after.clone(),
-                        issues,
-                        model: self.models.delta.clone(),
-                        ..VerifyRequest::default()
-                    })
-                    .await;
-                verdict_of(ctx, verified)?
-            }
-        };
+        // A task that started completes: its fix is verified whatever the budget says now.
+        let verified = stages
+            .delta
+            .verify(VerifyRequest {
+                before: before.clone(),
+                after: after.clone(),
+                issues,
+                model: self.models.delta.clone(),
+                ..VerifyRequest::default()
+            })
+            .await;
+        if let Ok(o) = &verified {
+            let mut st = shared.lock().await;
+            st.tally(VERIFICATION, &o.usage);
+        }
+        let (accepted, verification, reason) = verdict_of(ctx, verified)?;
         let mut st = shared.lock().await;
         let mut locked_now = None;
         if accepted {
@@ -268,7 +317,101 @@ impl TargetedRefinement {
             )
             .await?;
         }
-        Ok(())
+        Ok(None)
+    }
+
+    /// Tokens kept for the final judging: a focused judging of the sections changed since the
+    /// last judging plus `section`.
+    fn reserve(&self, st: &State, section: &str) -> u64 {
+        let judged = st.judged.last().map(|j| j.sections.clone()).unwrap_or_default();
+        let mut now = st.sections.clone();
+        // Count the task's section as changed.
+        if let Some(s) = now.iter_mut().find(|s| s.id == section) {
+            s.content.push(' ');
+        }
+        let (focus, context) = board::focus(&now, &judged);
+        self.judging_estimate(st, &focus, context.len())
+    }
+
+    /// The N+1 consistency check: one YES/NO call of the delta judge on the section against
+    /// the regenerated one before it. Announced by a consistency_checked event.
+    async fn check_consistency(
+        &self,
+        ctx: &RunCtx,
+        shared: &Mutex<State>,
+        task: &FixTask,
+        request: &SectionEditRequest,
+        previous_changed: bool,
+        iteration: u32,
+    ) -> Result<Consistency, StageError> {
+        let Some(previous) = request.previous.clone().filter(|_| previous_changed) else {
+            return Ok(Consistency::Fits("no check: the section before it was not changed".into()));
+        };
+        let outcome = self
+            .stages()?
+            .delta
+            .check_consistency(ConsistencyRequest {
+                previous: previous.clone(),
+                section: request.section.clone(),
+                model: self.models.delta.clone(),
+            })
+            .await;
+        let (consistent, reason, confidence, usage) = match outcome {
+            Err(e @ StageError::Cancelled(_)) => return Err(e),
+            // A check that cannot run edits nothing (no evidence the section is wrong).
+            Err(e) => (true, format!("the consistency check failed: {e}"), None, Default::default()),
+            Ok(o) => {
+                if let Some(m) = &o.model {
+                    ctx.add_model(m);
+                }
+                (o.consistent, o.reason, o.confidence, o.usage)
+            }
+        };
+        {
+            let mut st = shared.lock().await;
+            st.expect(VERIFICATION, 0);
+            self.charge(ctx, &mut st, VERIFICATION, &usage);
+        }
+        self.emit(
+            ctx,
+            iteration,
+            Ev::ConsistencyChecked(gw::ConsistencyChecked {
+                task_id: task.id.clone(),
+                section_id: task.section_id.clone(),
+                previous_section_id: previous.id.clone(),
+                consistent,
+                reason: reason.clone(),
+                confidence,
+                usage: Some(convert::usage_to(&usage)),
+            }),
+        )
+        .await?;
+        if consistent {
+            let detail = if reason.is_empty() {
+                format!("consistent with the regenerated section {:?}: no edit", previous.id)
+            } else {
+                format!("no edit: {reason}")
+            };
+            return Ok(Consistency::Fits(detail));
+        }
+        let why = if reason.trim().is_empty() {
+            format!("The section no longer fits the regenerated section {:?} before it.", previous.id)
+        } else {
+            reason.trim().to_string()
+        };
+        Ok(Consistency::Broken(JudgeIssue {
+            id: format!("{}-consistency", task.id),
+            criterion: if task.criterion.is_empty() { "pedagogical_structure".into() } else { task.criterion.clone() },
+            severity: Severity::Major,
+            section_id: task.section_id.clone(),
+            description: why.clone(),
+            fix_instruction: format!(
+                "Keep this section consistent with the section before it, which was rewritten: {why} Change nothing else."
+            ),
+            location: String::new(),
+            raised_by: vec!["consistency_check".into()],
+            context_window: String::new(),
+        }))
     }
 
     async fn task_failed(
@@ -288,4 +431,21 @@ impl TargetedRefinement {
         drop(st);
         self.emit(ctx, iteration, Ev::VerificationResult(event)).await
     }
+}
+
+/// What the consistency check found.
+enum Consistency {
+    /// The section fits (or no check was needed): the detail.
+    Fits(String),
+    /// It no longer fits: the issue the patch fixes.
+    Broken(JudgeIssue),
+}
+
+/// A task's estimate split into the edit and its verification (one check per issue: the section
+/// before and after in, one token out; about 250 tokens of instructions a call).
+fn split_estimate(task: &FixTask, section: &Section) -> (u64, u64) {
+    let body = (section.content.chars().count() as u64).div_ceil(4);
+    let checks = task.issue_ids.len().max(1) as u64;
+    let verify = (checks * (250 + 2 * body + 1)).min(u64::from(task.estimated_tokens));
+    (u64::from(task.estimated_tokens) - verify, verify)
 }

@@ -6,23 +6,33 @@ use std::collections::BTreeMap;
 use assay_domain::iteration::Mode;
 use assay_domain::self_refine::SelfRefineHook;
 use assay_domain::self_refine::polish_instruction;
-use assay_domain::{JudgeIssue, StageError};
+use assay_domain::{JudgeIssue, StageError, Usage};
 use assay_proto::convert;
 use assay_proto::gateway::v1 as gw;
 use assay_proto::gateway::v1::refinement_event::Event as Ev;
 use assay_proto::gateway::v1::run_event::Event;
 use futures::{StreamExt, TryStreamExt};
 
-use super::state::{Finishing, Phase, State};
-use super::{SELF_REFINED, TargetedRefinement, quality_of};
+use super::state::{Finishing, Phase, SELF_REFINE, State};
+use super::{SELF_REFINED, TargetedRefinement, quality_of, tokens};
 use crate::engine::{RunCtx, RunOutcome};
 use crate::pipelines::self_refine_hook::{self, Output};
 
 impl TargetedRefinement {
-    /// The best iteration's content becomes the document (best effort, escalation).
+    /// The judging a stopped loop reports, and the content it returns. Every fix the delta
+    /// judge accepted stays: fixes no judging scored (a budget stopped the loop before the final
+    /// judging) are returned with the last judging flagged as predating them. Only a judging
+    /// that scored the current content lower than an earlier one sends the document back to that
+    /// earlier judged content.
     fn take_best(&self, st: &mut State) -> usize {
+        let last = st.judged.len().saturating_sub(1);
+        if !st.stale.is_empty() {
+            return last;
+        }
         let best = st.best();
-        if let Some(j) = st.judged.get(best) {
+        if best != last
+            && let Some(j) = st.judged.get(best)
+        {
             st.sections = j.sections.clone();
         }
         best
@@ -153,6 +163,15 @@ impl TargetedRefinement {
             models: ctx.models().iter().map(convert::model_record_to).collect(),
             score_predates_self_refine: self_refined.iter().any(|e| e.after != e.before),
             self_refined,
+            phase_usage: super::phase_usage(st),
+            score_predates_fixes: !st.stale.is_empty(),
+            stale_section_ids: st.stale.clone(),
+            full_judgings: st
+                .judged
+                .iter()
+                .filter(|j| !j.focused && (j.iteration != 0 || self.verdicts.is_empty()))
+                .count() as u32,
+            focused_judgings: st.judged.iter().filter(|j| j.focused).count() as u32,
         };
         Ok(RunOutcome {
             state: gw::RunState::Succeeded,
@@ -192,15 +211,17 @@ impl TargetedRefinement {
                 Output { target: s.id.clone(), producer, text: s.content.clone(), instruction }
             })
             .collect();
-        let active_ms = st.active_ms;
+        let limit = self.spent(ctx, st);
+        let before = tokens(ctx);
         let entries: Vec<gw::SelfRefined> = futures::stream::iter(outputs)
             .map(|o| {
                 let done = done.get(&o.target).filter(|e| e.before == o.text).cloned();
+                let limit = limit.clone();
                 async move {
                     if let Some(e) = done {
                         return Ok(e);
                     }
-                    let e = match self.spent(ctx, active_ms) {
+                    let e = match limit {
                         // No loop starts once a budget is spent: the text is kept.
                         Some(limit) => {
                             let e = gw::SelfRefined {
@@ -226,6 +247,8 @@ impl TargetedRefinement {
             .buffered(self.stages.concurrency)
             .try_collect()
             .await?;
+        let used = tokens(ctx).saturating_sub(before);
+        st.tally(SELF_REFINE, &Usage { prompt_tokens: used, ..Usage::default() });
         for e in &entries {
             if let Some(s) = st.sections.iter_mut().find(|s| s.id == e.target) {
                 s.content.clone_from(&e.after);

@@ -4,7 +4,6 @@
 
 use std::time::Instant;
 
-use assay_domain::iteration;
 use assay_domain::limits::MAX_TEXT_BYTES;
 use assay_domain::verify::VerifyRequest;
 use assay_domain::{JudgeIssue, StageError, Violations};
@@ -14,7 +13,7 @@ use assay_proto::gateway::v1::refinement_event::Event as Ev;
 use tokio::sync::Mutex;
 
 use super::state::{Halt, Human, State};
-use super::{STATE, TargetedRefinement, tokens, verdict_of};
+use super::{STATE, TargetedRefinement, verdict_of};
 use crate::engine::{ControlEffect, RunCtx};
 
 impl TargetedRefinement {
@@ -59,14 +58,7 @@ impl TargetedRefinement {
         if !st.unverified_edits.is_empty() {
             self.verify_human_edits(ctx, &mut st).await?;
         }
-        let active = self.clock.active_ms(st.active_ms);
-        if tokens(ctx) >= self.limits.max_tokens {
-            return Ok(Some(Halt::Limit(iteration::Stop::TokenBudget.name().into())));
-        }
-        if active >= self.limits.max_elapsed_ms {
-            return Ok(Some(Halt::Limit(iteration::Stop::TimeBudget.name().into())));
-        }
-        Ok(None)
+        Ok(self.spent(ctx, &st).map(Halt::Limit))
     }
 
     fn apply_human_edit(&self, st: &mut State, e: &gw::EditSection) {
@@ -97,7 +89,7 @@ impl TargetedRefinement {
                 .last()
                 .map(|j| j.issues.iter().filter(|i| i.section_id == id).cloned().collect())
                 .unwrap_or_default();
-            let (accepted, verification, reason) = match self.spent(ctx, st.active_ms) {
+            let (accepted, verification, reason) = match self.spent(ctx, st) {
                 // The edit stands; it is reported unverified.
                 Some(limit) => (false, None, format!("not verified: {limit}")),
                 None => {
@@ -110,6 +102,9 @@ impl TargetedRefinement {
                             ..VerifyRequest::default()
                         })
                         .await;
+                    if let Ok(o) = &outcome {
+                        st.tally(super::state::VERIFICATION, &o.usage);
+                    }
                     verdict_of(ctx, outcome)?
                 }
             };

@@ -4,14 +4,14 @@
 use std::collections::BTreeMap;
 
 use assay_domain::arbiter::{ConsolidateRequest, Consolidation, MeasurementLevel, Plan, PlanRequest};
-use assay_domain::iteration;
-use assay_domain::judge::JudgeSectionsRequest;
+use assay_domain::iteration::{self, board, board::Board};
+use assay_domain::judge::{JudgeResult, JudgeSectionsRequest};
 use assay_domain::{JudgeIssue, JudgeVerdict, ModelSpec, Severity, StageError};
 use assay_proto::convert;
 use assay_proto::gateway::v1 as gw;
 use assay_proto::gateway::v1::refinement_event::Event as Ev;
 
-use super::state::{Judging, State, Status, TaskState};
+use super::state::{self, Judging, State, Status, TaskState};
 use super::{TargetedRefinement, mode_to, tokens};
 use crate::engine::RunCtx;
 
@@ -25,18 +25,21 @@ pub(super) enum Judged {
 }
 
 impl TargetedRefinement {
-    /// Judge the document as it stands (the request's verdicts the first time, when given) and
-    /// plan from the verdicts. Once a budget is spent no stage call starts: a re-judging does not
-    /// start, and a judging whose panel spent it is not planned (its issues unconsolidated).
-    pub(super) async fn judge(&self, ctx: &RunCtx, st: &State) -> Result<Judged, StageError> {
+    /// Judge the whole document as it stands (the request's verdicts the first time, when given)
+    /// and plan from the verdicts. The first judging always runs (there is no result without
+    /// one); a later full judging does not start once a budget is spent, and a judging whose
+    /// panel spent it is not planned (its issues unconsolidated).
+    pub(super) async fn judge(&self, ctx: &RunCtx, st: &mut State) -> Result<Judged, StageError> {
         let stages = self.stages()?;
+        let phase = st.judging_phase();
         let (verdicts, results) = if st.judged.is_empty() && !self.verdicts.is_empty() {
             (self.verdicts.clone(), Vec::new())
         } else {
-            // The first judging always runs: there is no result without one.
-            if let Some(reason) = self.spent(ctx, st.active_ms).filter(|_| !st.judged.is_empty()) {
+            if let Some(reason) = self.spent(ctx, st).filter(|_| !st.judged.is_empty()) {
                 return Ok(Judged::Limit(reason));
             }
+            let estimate = self.judging_estimate(st, &st.sections, 0);
+            st.expect(phase, estimate);
             let request = JudgeSectionsRequest {
                 sections: st.sections.clone(),
                 brief: self.brief.clone(),
@@ -45,7 +48,11 @@ impl TargetedRefinement {
                 context: Vec::new(),
             };
             let outcome = stages.judge.judge_sections(request, &assay_domain::no_events).await?;
-            ctx.add_usage(&outcome.usage);
+            self.charge(ctx, st, phase, &outcome.usage);
+            if st.judging_scale.is_none() && estimate > 0 {
+                let used = outcome.usage.prompt_tokens + outcome.usage.completion_tokens;
+                st.judging_scale = Some(used as f64 / estimate as f64).filter(|x| *x > 0.0);
+            }
             for r in &outcome.results {
                 if let Some(m) = &r.model_record {
                     ctx.add_model(m);
@@ -55,17 +62,43 @@ impl TargetedRefinement {
         };
         let judges: Vec<_> = results.iter().map(convert::judge::judge_result_to).collect();
         if verdicts.is_empty() {
-            let why: Vec<String> = results.iter().map(|r| format!("{}: {}", r.judge_id, r.error)).collect();
-            self.emit(
-                ctx,
-                st.iteration,
-                Ev::Judged(gw::Judged { score: 0.0, judges, open_issues: 0, critical_issues: 0 }),
-            )
-            .await?;
-            tracing::warn!(run_id = %ctx.run_id(), "every judge failed: {}", why.join("; "));
-            return Ok(Judged::Failed);
+            return self.all_failed(ctx, st, &results, judges).await;
         }
-        let plan = if self.spent(ctx, st.active_ms).is_some() {
+        let board = Board::from_full(&verdicts);
+        self.planned(ctx, st, board, judges, Vec::new()).await
+    }
+
+    /// Every judge failed: say so (the judged event) and why.
+    async fn all_failed(
+        &self,
+        ctx: &RunCtx,
+        st: &State,
+        results: &[JudgeResult],
+        judges: Vec<assay_proto::scorer::v1::JudgeResult>,
+    ) -> Result<Judged, StageError> {
+        let why: Vec<String> = results.iter().map(|r| format!("{}: {}", r.judge_id, r.error)).collect();
+        self.emit(
+            ctx,
+            st.iteration,
+            Ev::Judged(gw::Judged { score: 0.0, judges, open_issues: 0, critical_issues: 0, ..Default::default() }),
+        )
+        .await?;
+        tracing::warn!(run_id = %ctx.run_id(), "every judge failed: {}", why.join("; "));
+        Ok(Judged::Failed)
+    }
+
+    /// The judging of the document as `board` stands: planned from the board's verdicts (unless
+    /// a budget is spent, or the loop stops after this judging anyway), announced.
+    async fn planned(
+        &self,
+        ctx: &RunCtx,
+        st: &mut State,
+        board: Board,
+        judges: Vec<assay_proto::scorer::v1::JudgeResult>,
+        judged_ids: Vec<String>,
+    ) -> Result<Judged, StageError> {
+        let verdicts = board.verdicts();
+        let plan = if self.spent(ctx, st).is_some() || st.pending_stop.is_some() {
             Plan {
                 consolidation: Consolidation { issues: unconsolidated(&verdicts), ..Consolidation::default() },
                 ..Plan::default()
@@ -76,10 +109,18 @@ impl TargetedRefinement {
         let score = iteration::document_score(&verdicts);
         let issues = plan.consolidation.issues.clone();
         let critical_issues = issues.iter().filter(|i| i.severity == Severity::Critical).count() as u32;
+        let focused = !judged_ids.is_empty();
         self.emit(
             ctx,
             st.iteration,
-            Ev::Judged(gw::Judged { score, judges, open_issues: issues.len() as u32, critical_issues }),
+            Ev::Judged(gw::Judged {
+                score,
+                judges,
+                open_issues: issues.len() as u32,
+                critical_issues,
+                focused,
+                judged_section_ids: judged_ids,
+            }),
         )
         .await?;
         Ok(Judged::Done(Box::new(Judging {
@@ -95,11 +136,13 @@ impl TargetedRefinement {
                 .last()
                 .is_some_and(|j| j.sections.iter().zip(&st.sections).any(|(a, b)| a.content != b.content))
                 && !st.human_edited.is_empty(),
+            board,
+            focused,
         })))
     }
 
     /// The arbiter's plan from the verdicts (its usage and model land on the run).
-    async fn plan(&self, ctx: &RunCtx, st: &State, verdicts: &[JudgeVerdict]) -> Result<Plan, StageError> {
+    async fn plan(&self, ctx: &RunCtx, st: &mut State, verdicts: &[JudgeVerdict]) -> Result<Plan, StageError> {
         let plan = self
             .stages()?
             .arbiter
@@ -119,61 +162,85 @@ impl TargetedRefinement {
                 max_parallel_patchers: self.max_parallel_patchers,
             })
             .await?;
-        ctx.add_usage(&plan.consolidation.usage);
+        let phase = st.arbiter_phase();
+        self.charge(ctx, st, phase, &plan.consolidation.usage);
         if let Some(m) = &plan.consolidation.model_record {
             ctx.add_model(m);
         }
         Ok(plan)
     }
 
-    /// Judge after an iteration: restore sections whose edits broke a quality lock (then judge
-    /// once more), emit iteration_complete.
+    /// Judge after an iteration, incrementally: the panel judges only the sections changed since
+    /// the last judging (their neighbours as read-only context) and the rest is carried (see
+    /// [`assay_domain::iteration::board`]). Sections whose edits broke a quality lock are
+    /// restored (with their earlier verdicts). Emits iteration_complete.
     pub(super) async fn rejudge(&self, ctx: &RunCtx, st: &mut State) -> Result<Judged, StageError> {
-        let mut judging = match self.judge(ctx, st).await? {
-            Judged::Done(j) => *j,
-            other @ (Judged::Failed | Judged::Limit(_)) => return Ok(other),
-        };
-        let regressions =
-            iteration::regressions(&st.sections, &st.before_iteration, &st.quality_locks, &judging.scores);
+        let Some(last) = st.judged.last().cloned() else { return self.judge(ctx, st).await };
+        let (mut judged, mut context) = board::focus(&st.sections, &last.sections);
+        // A panel whose judges have no standing view yet (the first judging was the request's
+        // verdicts) judges the whole document.
+        let known = |id: &str| last.board.judges.iter().any(|b| b.verdict.judge_id == id);
+        if !judged.is_empty() && !self.judges.iter().any(|j| known(&j.id)) {
+            judged = st.sections.clone();
+            context.clear();
+        }
         let mut restored = Vec::new();
-        if !regressions.is_empty() {
-            for (id, broken) in regressions {
-                let Some(before) = st.before_iteration.iter().find(|s| s.id == id).cloned() else { continue };
-                st.set_section(&before);
-                let reasons: Vec<String> = broken
-                    .iter()
-                    .map(|v| {
-                        format!(
-                            "quality lock: {} dropped from {:.2} to {:.2} (at most {:.2} allowed)",
-                            v.criterion, v.baseline, v.current, v.max_drop
-                        )
-                    })
-                    .collect();
-                let verification = gw_verification_of_locks(&broken, &reasons);
-                self.emit(
-                    ctx,
-                    st.iteration,
-                    Ev::VerificationResult(gw::VerificationResult {
-                        task_id: String::new(),
-                        section_id: id.clone(),
-                        accepted: false,
-                        rolled_back: true,
-                        verification: Some(verification),
-                        reason: reasons.join("; "),
-                        human_edit: false,
-                        edit_count: st.edits.get(&id).copied().unwrap_or(0),
-                    }),
-                )
-                .await?;
-                restored.push(id);
+        let mut judging = if judged.is_empty() {
+            // Nothing changed: the last judging stands (no call), its plan too.
+            self.emit(
+                ctx,
+                st.iteration,
+                Ev::Judged(gw::Judged {
+                    score: last.score,
+                    open_issues: last.issues.len() as u32,
+                    critical_issues: last.issues.iter().filter(|i| i.severity == Severity::Critical).count() as u32,
+                    focused: true,
+                    ..Default::default()
+                }),
+            )
+            .await?;
+            Judging { iteration: st.iteration, human_edited: false, focused: true, ..last.clone() }
+        } else {
+            if let Some(reason) = self.spent(ctx, st) {
+                return Ok(Judged::Limit(reason));
             }
-            self.save(ctx, st, "judging").await?;
-            // The restored document is judged again so the iteration's score is its own.
-            match self.judge(ctx, st).await? {
-                Judged::Done(j) => judging = *j,
+            let estimate = self.judging_estimate(st, &judged, context.len());
+            st.expect(state::JUDGING, estimate);
+            let ids: Vec<String> = judged.iter().map(|s| s.id.clone()).collect();
+            let request = JudgeSectionsRequest {
+                sections: judged,
+                brief: self.brief.clone(),
+                criteria: self.criteria.clone(),
+                judges: self.judges.clone(),
+                context,
+            };
+            let outcome = self.stages()?.judge.judge_sections(request, &assay_domain::no_events).await?;
+            self.charge(ctx, st, state::JUDGING, &outcome.usage);
+            for r in &outcome.results {
+                if let Some(m) = &r.model_record {
+                    ctx.add_model(m);
+                }
+            }
+            let verdicts = outcome.verdicts();
+            let judges: Vec<_> = outcome.results.iter().map(convert::judge::judge_result_to).collect();
+            if verdicts.is_empty() {
+                return self.all_failed(ctx, st, &outcome.results, judges).await;
+            }
+            // Every section changed: a full judging (its board starts afresh).
+            let whole = ids.len() == st.sections.len();
+            let mut board = if whole { Board::from_full(&verdicts) } else { last.board.clone() };
+            if !whole {
+                board.update_focused(&verdicts, &ids);
+            }
+            restored = self.restore_regressions(ctx, st, &last, &mut board).await?;
+            let ids: Vec<String> =
+                if whole { Vec::new() } else { ids.into_iter().filter(|id| !restored.contains(id)).collect() };
+            match self.planned(ctx, st, board, judges, ids).await? {
+                Judged::Done(j) => Judging { sections: st.sections.clone(), ..*j },
                 other @ (Judged::Failed | Judged::Limit(_)) => return Ok(other),
             }
-        }
+        };
+        judging.iteration = st.iteration;
         let mut history = st.history();
         history.push(judging.score);
         let done = st.tasks.iter().filter(|t| t.status == Status::Applied).count() as u32;
@@ -192,6 +259,55 @@ impl TargetedRefinement {
         )
         .await?;
         Ok(Judged::Done(Box::new(judging)))
+    }
+
+    /// Restore the sections whose edits broke a quality lock (content and verdicts as the last
+    /// judging had them), each announced by a rolled-back verification result.
+    async fn restore_regressions(
+        &self,
+        ctx: &RunCtx,
+        st: &mut State,
+        last: &Judging,
+        board: &mut Board,
+    ) -> Result<Vec<String>, StageError> {
+        let scores = iteration::mean_scores(&board.verdicts());
+        let regressions = iteration::regressions(&st.sections, &last.sections, &st.quality_locks, &scores);
+        let mut restored = Vec::new();
+        for (id, broken) in regressions {
+            let Some(before) = last.sections.iter().find(|s| s.id == id).cloned() else { continue };
+            st.set_section(&before);
+            let reasons: Vec<String> = broken
+                .iter()
+                .map(|v| {
+                    format!(
+                        "quality lock: {} dropped from {:.2} to {:.2} (at most {:.2} allowed)",
+                        v.criterion, v.baseline, v.current, v.max_drop
+                    )
+                })
+                .collect();
+            let verification = gw_verification_of_locks(&broken, &reasons);
+            self.emit(
+                ctx,
+                st.iteration,
+                Ev::VerificationResult(gw::VerificationResult {
+                    task_id: String::new(),
+                    section_id: id.clone(),
+                    accepted: false,
+                    rolled_back: true,
+                    verification: Some(verification),
+                    reason: reasons.join("; "),
+                    human_edit: false,
+                    edit_count: st.edits.get(&id).copied().unwrap_or(0),
+                }),
+            )
+            .await?;
+            restored.push(id);
+        }
+        if !restored.is_empty() {
+            board.restore(&last.board, &restored);
+            self.save(ctx, st, "judging").await?;
+        }
+        Ok(restored)
     }
 
     /// Start the next iteration from the last judging's plan.

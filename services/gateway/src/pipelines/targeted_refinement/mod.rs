@@ -33,7 +33,7 @@ mod state;
 use std::sync::Mutex as StdMutex;
 use std::time::{Duration, Instant};
 
-use assay_domain::iteration::{self, Acceptance, Decision, LastJudging, Limits, Mode, Quality, Standing};
+use assay_domain::iteration::{self, Acceptance, Decision, LastJudging, Limits, Mode, Quality, Standing, board};
 use assay_domain::judge::PanelJudge;
 use assay_domain::self_refine::SelfRefineHook;
 use assay_domain::{Brief, Criterion, JudgeVerdict, ModelSpec, Section, StageError};
@@ -46,7 +46,7 @@ use tokio::sync::Mutex;
 use super::stages::{RefinementStages, Stages};
 use crate::engine::{ControlEffect, Pipeline, RunCtx, RunOutcome};
 use judge::Judged;
-use state::{Halt, Human, Phase, State, Status};
+use state::{Halt, Human, PHASES, Phase, State, Status};
 
 /// Checkpoint key of the loop's state.
 const STATE: &str = "refinement:state";
@@ -106,6 +106,22 @@ impl Clock {
 fn tokens(ctx: &RunCtx) -> u64 {
     let u = ctx.usage();
     u.prompt_tokens + u.completion_tokens
+}
+
+/// Tokens by phase, in the contract's order.
+fn phase_usage(st: &State) -> Vec<gw::PhaseUsage> {
+    PHASES
+        .iter()
+        .filter_map(|p| {
+            let t = st.phases.get(*p)?;
+            Some(gw::PhaseUsage {
+                phase: (*p).to_string(),
+                estimated_tokens: t.estimated,
+                usage: Some(convert::usage_to(&t.usage)),
+                budgeted: *p != state::ASSESSMENT,
+            })
+        })
+        .collect()
 }
 
 fn status_to(s: Status) -> gw::TaskStatus {
@@ -169,16 +185,33 @@ impl TargetedRefinement {
         self.stages.refinement()
     }
 
-    /// The limit reached once the token or time budget is spent (its stop reason): no stage call
-    /// starts then.
-    fn spent(&self, ctx: &RunCtx, active_ms: u64) -> Option<String> {
-        if tokens(ctx) >= self.limits.max_tokens {
+    /// Tokens counted against the budget: everything after the first assessment.
+    fn budget_used(&self, ctx: &RunCtx, st: &State) -> u64 {
+        st.assessment_tokens.map_or(0, |a| tokens(ctx).saturating_sub(a))
+    }
+
+    /// The limit reached once the token or time budget is spent (its stop reason).
+    fn spent(&self, ctx: &RunCtx, st: &State) -> Option<String> {
+        if self.budget_used(ctx, st) >= self.limits.max_tokens {
             Some(iteration::Stop::TokenBudget.name().into())
-        } else if self.clock.active_ms(active_ms) >= self.limits.max_elapsed_ms {
+        } else if self.clock.active_ms(st.active_ms) >= self.limits.max_elapsed_ms {
             Some(iteration::Stop::TimeBudget.name().into())
         } else {
             None
         }
+    }
+
+    /// A stage call's usage: on the run and on the phase.
+    fn charge(&self, ctx: &RunCtx, st: &mut State, phase: &str, usage: &assay_domain::Usage) {
+        ctx.add_usage(usage);
+        st.tally(phase, usage);
+    }
+
+    /// Estimated tokens of a panel judging of `judged` with `context` excerpts, scaled by what
+    /// the first judging cost against its own estimate.
+    fn judging_estimate(&self, st: &State, judged: &[Section], context: usize) -> u64 {
+        let raw = board::judging_estimate(self.judges.len(), self.brief.prompt_text().len(), judged, context);
+        (raw as f64 * st.judging_scale.unwrap_or(1.0)).ceil() as u64
     }
 
     async fn emit(&self, ctx: &RunCtx, iteration: u32, event: Ev) -> Result<(), StageError> {
@@ -231,6 +264,8 @@ impl TargetedRefinement {
                 .map(|j| j.issues.iter().map(convert::document::issue_to).collect())
                 .unwrap_or_default(),
             changed_section_ids: self.changed(&st.sections),
+            phase_usage: phase_usage(st),
+            budget_tokens_used: self.budget_used(ctx, st),
         }
     }
 
@@ -242,6 +277,38 @@ impl TargetedRefinement {
             .filter(|(now, given)| now.content != given.content)
             .map(|(s, _)| s.id.clone())
             .collect()
+    }
+
+    /// The decision after the final judging of a stopped loop: the top threshold, else a lower
+    /// tier, else the stop.
+    fn final_decision(&self, st: &State, reason: String) -> Decision {
+        let Some(last) = st.judged.last() else { return Decision::Stop(reason) };
+        if iteration::meets_top(self.mode, last.score) {
+            return Decision::Accept(Acceptance::Accepted);
+        }
+        match iteration::accepts(self.mode, last.score, last.critical) {
+            Some(a) => Decision::Settle(a, reason),
+            None => Decision::Stop(reason),
+        }
+    }
+
+    /// A focused judging's final decision is confirmed by a full judging when the budget and
+    /// the time allow one.
+    fn confirms(&self, ctx: &RunCtx, st: &State) -> bool {
+        let Some(last) = st.judged.last() else { return false };
+        // Nothing changed since the last full judging: it still describes the document.
+        let full = st.judged.iter().rev().find(|j| !j.focused);
+        let changed = full.is_none_or(|f| f.sections.iter().zip(&st.sections).any(|(a, b)| a.content != b.content));
+        last.focused
+            && changed
+            && self.spent(ctx, st).is_none()
+            && self.budget_used(ctx, st) + self.judging_estimate(st, &st.sections, 0) <= self.limits.max_tokens
+    }
+
+    /// The sections changed since the last judging hold fixes no judging scored.
+    fn mark_stale(&self, st: &mut State) {
+        let judged = st.judged.last().map(|j| j.sections.clone()).unwrap_or_default();
+        st.stale = board::focus(&st.sections, &judged).0.into_iter().map(|s| s.id).collect();
     }
 
     /// The decision after the last judging (see [`iteration::decide`]).
@@ -256,7 +323,7 @@ impl TargetedRefinement {
             }),
             history: &history,
             edits: &st.edits,
-            tokens_used: tokens(ctx),
+            tokens_used: self.budget_used(ctx, st),
             elapsed_ms: self.clock.active_ms(st.active_ms),
             limits: self.limits,
             sections: &st.sections,
@@ -322,8 +389,8 @@ impl TargetedRefinement {
                         Some(reason) => Judged::Limit(reason),
                         None => {
                             self.save(ctx, &st, "judging").await?;
-                            if st.judged.is_empty() {
-                                self.judge(ctx, &st).await?
+                            if st.judged.is_empty() || st.confirming {
+                                self.judge(ctx, &mut st).await?
                             } else {
                                 self.rejudge(ctx, &mut st).await?
                             }
@@ -333,8 +400,9 @@ impl TargetedRefinement {
                         Judged::Done(j) => Some(*j),
                         Judged::Failed => None,
                         Judged::Limit(reason) => {
-                            // The edits since the last judging were never judged: the best
-                            // judged iteration stands.
+                            // The fixes since the last judging stay; its score is flagged as
+                            // describing the document before them.
+                            self.mark_stale(&mut st);
                             if let Some(done) = self.stop(ctx, &mut st, reason).await? {
                                 return Ok(done);
                             }
@@ -347,6 +415,7 @@ impl TargetedRefinement {
                                 "every judge failed on the document as given (see the judged event)".into(),
                             ));
                         }
+                        self.mark_stale(&mut st);
                         if let Some(done) = self.stop(ctx, &mut st, "judges_failed".into()).await? {
                             return Ok(done);
                         }
@@ -354,11 +423,47 @@ impl TargetedRefinement {
                     };
                     if st.judged.is_empty() {
                         st.quality_locks = iteration::quality_locks(&judging.scores, self.lock_threshold);
+                        st.assessment_tokens = Some(tokens(ctx));
+                    }
+                    let mut judging = judging;
+                    if std::mem::take(&mut st.confirming) {
+                        // The full judging measures the same content as the focused one: it
+                        // takes its place (a human's edit in it stays one).
+                        if let Some(replaced) = st.judged.pop() {
+                            judging.human_edited |= replaced.human_edited;
+                            judging.iteration = replaced.iteration;
+                        }
                     }
                     st.judged.push(judging);
+                    st.stale.clear();
                     self.save(ctx, &st, "planning").await?;
-                    match self.decide(ctx, &st) {
+                    let decision = match st.pending_stop.take() {
+                        // The final judging after a budget stop: accept or stop, never go on.
+                        Some(reason) => self.final_decision(&st, reason),
+                        None => self.decide(ctx, &st),
+                    };
+                    if !matches!(decision, Decision::Continue) && self.confirms(ctx, &st) {
+                        st.confirming = true;
+                        self.save(ctx, &st, "judging").await?;
+                        continue;
+                    }
+                    match decision {
                         Decision::Accept(acceptance) => {
+                            let (outcome, warning) = acceptance_to(acceptance);
+                            let last = st.judged.len() - 1;
+                            return self.finish(ctx, &mut st, outcome, last, warning, None).await;
+                        }
+                        Decision::Settle(acceptance, reason) => {
+                            st.stop_reason.clone_from(&reason);
+                            self.emit(
+                                ctx,
+                                st.iteration,
+                                Ev::ConvergenceDetected(gw::ConvergenceDetected {
+                                    reason,
+                                    score_history: st.history(),
+                                }),
+                            )
+                            .await?;
                             let (outcome, warning) = acceptance_to(acceptance);
                             let last = st.judged.len() - 1;
                             return self.finish(ctx, &mut st, outcome, last, warning, None).await;
@@ -385,10 +490,22 @@ impl TargetedRefinement {
                                 .await;
                         }
                         Some(Halt::Limit(reason)) => {
-                            // The edits of an unfinished iteration were never judged: the best
-                            // judged iteration stands.
-                            if let Some(done) = self.stop(ctx, &mut st, reason).await? {
-                                return Ok(done);
+                            // Every verified fix stays: the changed sections get one final
+                            // (focused) judging from the budget's reserve, then the loop stops.
+                            if board::focus(
+                                &st.sections,
+                                &st.judged.last().map(|j| j.sections.clone()).unwrap_or_default(),
+                            )
+                            .0
+                            .is_empty()
+                            {
+                                if let Some(done) = self.stop(ctx, &mut st, reason).await? {
+                                    return Ok(done);
+                                }
+                            } else {
+                                st.pending_stop = Some(reason);
+                                st.phase = Phase::Judge;
+                                self.save(ctx, &st, "judging").await?;
                             }
                         }
                         None => {

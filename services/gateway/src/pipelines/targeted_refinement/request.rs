@@ -83,7 +83,9 @@ impl TargetedRefinement {
         if !(1..=MAX_ITERATIONS).contains(&max_iterations) {
             v.push(field("max_iterations"), format!("is {max_iterations}; it must be between 1 and {MAX_ITERATIONS}"));
         }
-        let token_budget = token_budget.unwrap_or(iteration::MAX_TOKENS);
+        // The first assessment is counted apart; unset, the budget scales with the document.
+        let document_chars: usize = sections.iter().map(|s| s.content.chars().count() + s.title.chars().count()).sum();
+        let token_budget = token_budget.unwrap_or_else(|| iteration::default_token_budget(document_chars));
         if !(TOKEN_BUDGET.0..=TOKEN_BUDGET.1).contains(&token_budget) {
             v.push(
                 field("token_budget"),

@@ -4,8 +4,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use assay_domain::arbiter::{FixTask, Plan};
+use assay_domain::iteration::board::Board;
 use assay_domain::iteration::{self, MeanScore, SectionLock};
-use assay_domain::{JudgeIssue, Section};
+use assay_domain::{JudgeIssue, Section, Usage};
 use serde::{Deserialize, Serialize};
 
 /// One judging of the document.
@@ -25,7 +26,29 @@ pub(super) struct Judging {
     /// The content judged holds edits a human made since the previous judging.
     #[serde(default)]
     pub(super) human_edited: bool,
+    /// Each judge's standing view, section by section (carried by focused judgings).
+    #[serde(default)]
+    pub(super) board: Board,
+    /// Only the changed sections were judged (their neighbours as context), the rest carried.
+    #[serde(default)]
+    pub(super) focused: bool,
 }
+
+/// Tokens of one phase: estimated before spending, used by the calls.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub(super) struct PhaseTally {
+    pub(super) estimated: u64,
+    pub(super) usage: Usage,
+}
+
+/// Phases of the token accounting (see `PhaseUsage` in the gateway contract).
+pub(super) const ASSESSMENT: &str = "assessment";
+pub(super) const JUDGING: &str = "judging";
+pub(super) const ARBITER: &str = "arbiter";
+pub(super) const EDITING: &str = "editing";
+pub(super) const VERIFICATION: &str = "verification";
+pub(super) const SELF_REFINE: &str = "self_refine";
+pub(super) const PHASES: [&str; 6] = [ASSESSMENT, JUDGING, ARBITER, EDITING, VERIFICATION, SELF_REFINE];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub(super) enum Status {
@@ -94,6 +117,26 @@ pub(super) struct State {
     pub(super) stop_reason: String,
     pub(super) tasks_completed: u32,
     pub(super) tasks_failed: u32,
+    /// Tokens of the first assessment (judging and plan of the document as given), counted
+    /// apart from the token budget; `None` until it is done.
+    #[serde(default)]
+    pub(super) assessment_tokens: Option<u64>,
+    /// Tokens by phase.
+    #[serde(default)]
+    pub(super) phases: BTreeMap<String, PhaseTally>,
+    /// The loop stops after the final judging of the current edits (the reason).
+    #[serde(default)]
+    pub(super) pending_stop: Option<String>,
+    /// What the first judging cost against its estimate: later judging estimates (the reserve
+    /// among them) are scaled by it.
+    #[serde(default)]
+    pub(super) judging_scale: Option<f64>,
+    /// The next judging is a full one confirming a focused judging's decision (it replaces it).
+    #[serde(default)]
+    pub(super) confirming: bool,
+    /// Sections holding verified fixes that no judging scored (the final judging could not run).
+    #[serde(default)]
+    pub(super) stale: Vec<String>,
 }
 
 impl State {
@@ -120,7 +163,32 @@ impl State {
             stop_reason: String::new(),
             tasks_completed: 0,
             tasks_failed: 0,
+            assessment_tokens: None,
+            phases: BTreeMap::new(),
+            pending_stop: None,
+            confirming: false,
+            judging_scale: None,
+            stale: Vec::new(),
         }
+    }
+
+    /// Record a phase's usage.
+    pub(super) fn tally(&mut self, phase: &str, usage: &Usage) {
+        self.phases.entry(phase.to_string()).or_default().usage.add(usage);
+    }
+
+    /// Record a phase's estimate.
+    pub(super) fn expect(&mut self, phase: &str, tokens: u64) {
+        self.phases.entry(phase.to_string()).or_default().estimated += tokens;
+    }
+
+    /// The judging phase now: the first assessment until it is done.
+    pub(super) fn judging_phase(&self) -> &'static str {
+        if self.assessment_tokens.is_none() { ASSESSMENT } else { JUDGING }
+    }
+
+    pub(super) fn arbiter_phase(&self) -> &'static str {
+        if self.assessment_tokens.is_none() { ASSESSMENT } else { ARBITER }
     }
 
     pub(super) fn history(&self) -> Vec<f64> {
