@@ -1596,6 +1596,35 @@ fn table(ch: &Channels) -> Table {
         "issues[1].id",
         unary!(delta, verify, verify_request(|r| r.issues.push(issue("stages")))),
     );
+    t.invalid(
+        VERIFY,
+        OutOfRange,
+        "min_fix_confidence",
+        unary!(delta, verify, verify_request(|r| r.min_fix_confidence = Some(1.5))),
+    );
+    const CONSISTENCY: &str = "delta_judge.CheckConsistency";
+    let consistency = |f: &dyn Fn(&mut dj::CheckConsistencyRequest)| {
+        let mut r = dj::CheckConsistencyRequest {
+            previous: Some(sections()[0].clone()),
+            section: Some(sections()[1].clone()),
+            ..Default::default()
+        };
+        f(&mut r);
+        r
+    };
+    t.invalid(
+        CONSISTENCY,
+        Empty,
+        "section.content",
+        unary!(delta, check_consistency, consistency(&|r| r.section.as_mut().unwrap().content.clear())),
+    );
+    t.invalid(CONSISTENCY, Empty, "previous", unary!(delta, check_consistency, consistency(&|r| r.previous = None)));
+    t.invalid(
+        CONSISTENCY,
+        Huge,
+        "previous.content",
+        unary!(delta, check_consistency, consistency(&|r| r.previous.as_mut().unwrap().content = huge_text())),
+    );
     const READABILITY: &str = "delta_judge.Readability";
     t.invalid(READABILITY, Empty, "text", unary!(delta, readability, dj::ReadabilityRequest { text: String::new() }));
     t.invalid(

@@ -58,7 +58,7 @@ pub const FOCUSED_TEMPLATE: &str = include_str!("../../prompts/judge_sections_fo
 /// section, its start when it comes after one): about two paragraphs, enough to judge a
 /// transition, about 150 tokens. A context section at most this long (twice this between two judged
 /// sections) is shown whole.
-pub const CONTEXT_EXCERPT_CHARS: usize = 600;
+pub const CONTEXT_EXCERPT_CHARS: usize = 250;
 
 /// Reply tokens allowed per required section score of a focused judging (one small JSON object).
 const SECTION_SCORE_TOKENS: usize = 25;
