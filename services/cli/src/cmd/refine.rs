@@ -60,7 +60,8 @@ pub struct RefineArgs {
     /// Rounds of edits, 1 to 10 (default 3).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=10))]
     pub max_iterations: Option<u32>,
-    /// Tokens over every model call of the run, 1000 to 10000000 (default 15000).
+    /// Tokens of the refinement after the first assessment, 1000 to 10000000 (default: the larger
+    /// of 15000 and 5 per document token).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1_000..=10_000_000))]
     pub token_budget: Option<u64>,
     /// Seconds of work, pauses and waits for a human excluded, 1 to 86400 (default 300).
