@@ -1068,6 +1068,52 @@ async fn us1_1_only_the_section_with_the_factual_error_changes() {
     sandbox.shutdown().await.unwrap();
 }
 
+/// Both modes try for their top threshold before they settle: a document at 0.82 with no critical
+/// issue (full-auto's lower tier) and one at 0.87 (semi-auto's lower tier) are refined, not
+/// accepted as given, and come back accepted at the top threshold after one iteration.
+#[tokio::test]
+async fn both_modes_try_for_their_top_threshold_before_they_settle() {
+    for (mode, base, penalty) in [(gw::RefinementMode::FullAuto, 0.92, 0.6), (gw::RefinementMode::SemiAuto, 0.95, 0.5)]
+    {
+        let lesson = five();
+        let (doc, stages) = garbled(lesson.clone(), "stages", "major", penalty);
+        let script = Script::new(&lesson, base).defect(stages);
+        let s0 = script.score(&doc.sections);
+        let (lower, top) = match mode {
+            gw::RefinementMode::SemiAuto => (0.85, 0.90),
+            _ => (0.75, 0.85),
+        };
+        assert!(s0 >= lower && s0 < top, "{mode:?}: {s0} is in the lower tier");
+        let sandbox = MeshSandbox::start().await;
+        script.install(&sandbox.llm);
+        let mut run = Run::start(&sandbox, pipeline(&doc.sections, &doc.brief, mode)).await;
+        let result = run.finish().await;
+        assert_eq!(result.outcome(), gw::RefinementOutcome::Accepted, "{mode:?}: {result:#?}");
+        assert_eq!(result.iterations, 1, "{mode:?}: edited before accepting");
+        assert!(result.warning.is_empty() && result.final_score >= top, "{mode:?}: {result:#?}");
+        assert_eq!(result.sections, lesson.sections, "{mode:?}");
+        sandbox.shutdown().await.unwrap();
+    }
+}
+
+/// A document meeting the top threshold at the first judging is accepted with zero edits.
+#[tokio::test]
+async fn a_document_at_the_top_threshold_is_accepted_with_zero_edits() {
+    let lesson = five();
+    let (doc, stages) = garbled(lesson.clone(), "stages", "minor", 0.2);
+    let script = Script::new(&lesson, 0.92).defect(stages);
+    assert!(script.score(&doc.sections) >= 0.85);
+    let sandbox = MeshSandbox::start().await;
+    script.install(&sandbox.llm);
+    let mut run = Run::start(&sandbox, pipeline(&doc.sections, &doc.brief, gw::RefinementMode::FullAuto)).await;
+    let result = run.finish().await;
+    assert_eq!(result.outcome(), gw::RefinementOutcome::Accepted, "{result:#?}");
+    assert_eq!((result.iterations, result.tasks_completed), (0, 0));
+    assert_eq!(result.sections, doc.sections);
+    assert_eq!(script.count(&sandbox.llm, |c| matches!(c, Call::Patch(_) | Call::Expand(_))), 0);
+    sandbox.shutdown().await.unwrap();
+}
+
 /// US1-2, FR-026, FR-052: the score never reaches a threshold; after max_iterations the best
 /// iteration (not the last) is returned as BEST_EFFORT, BELOW_STANDARD, with the unresolved
 /// issues' fix instructions as hints.
