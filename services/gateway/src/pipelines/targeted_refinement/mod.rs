@@ -187,7 +187,12 @@ impl TargetedRefinement {
 
     /// Tokens counted against the budget: everything after the first assessment.
     fn budget_used(&self, ctx: &RunCtx, st: &State) -> u64 {
-        st.assessment_tokens.map_or(0, |a| tokens(ctx).saturating_sub(a))
+        match st.assessment_tokens {
+            Some(a) => tokens(ctx).saturating_sub(a),
+            None if st.judged.is_empty() => 0,
+            // A run checkpointed before the assessment was counted apart: every token counts.
+            None => tokens(ctx),
+        }
     }
 
     /// The limit reached once the token or time budget is spent (its stop reason).
@@ -437,12 +442,13 @@ impl TargetedRefinement {
                     st.judged.push(judging);
                     st.stale.clear();
                     self.save(ctx, &st, "planning").await?;
-                    let decision = match st.pending_stop.take() {
+                    let stopped = st.pending_stop.take();
+                    let decision = match stopped.clone() {
                         // The final judging after a budget stop: accept or stop, never go on.
                         Some(reason) => self.final_decision(&st, reason),
                         None => self.decide(ctx, &st),
                     };
-                    if !matches!(decision, Decision::Continue) && self.confirms(ctx, &st) {
+                    if stopped.is_none() && !matches!(decision, Decision::Continue) && self.confirms(ctx, &st) {
                         st.confirming = true;
                         self.save(ctx, &st, "judging").await?;
                         continue;
