@@ -162,6 +162,15 @@ enum Command {
         #[command(flatten)]
         backend: BackendArgs,
     },
+    /// Compare two evaluation result files (the JSON lines of `assay eval --out`), records paired
+    /// by id: candidate minus baseline with its interval and p (evalconfidence's methods), a paired
+    /// bootstrap interval, the items that flipped and the worst regressions. Files only for now (run
+    /// ids from the store are not accepted yet). Exit codes: 0 done, 1 a significant regression
+    /// under --fail-on-regression, 2 bad input.
+    Compare {
+        #[command(flatten)]
+        args: cmd::compare::CompareArgs,
+    },
     /// List, inspect, follow and control runs on a running gateway.
     Runs {
         #[command(subcommand)]
@@ -697,6 +706,7 @@ async fn run() -> ExitCode {
             };
             return cmd::debate::exit(outcome.await);
         }
+        Command::Compare { args } => return cmd::compare::run(args),
         Command::Runs { command, gateway, json } => {
             match load_config(cli.config.as_deref(), &BackendArgs { backend: None, model: None }) {
                 Ok(config) => {

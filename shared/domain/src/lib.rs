@@ -17,6 +17,7 @@ pub mod score;
 pub mod self_refine;
 pub mod similarity;
 pub mod stage;
+pub mod stats;
 pub mod template;
 pub mod usage;
 pub mod verify;

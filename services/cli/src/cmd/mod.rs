@@ -1,6 +1,7 @@
 //! Client commands: they talk to a gateway over gRPC, either one already running (`--gateway`) or a
 //! mesh started in this process on ephemeral ports for the duration of the command.
 
+pub mod compare;
 pub mod debate;
 pub mod eval;
 pub mod follow;

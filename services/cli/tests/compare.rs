@@ -1,0 +1,206 @@
+//! `assay compare` end to end: the real binary on generated `assay eval --out` files; the
+//! regression gate's exit codes, the JSON report and the bad-input exits.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::{Value, json};
+
+fn assay(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_assay")).args(args).env("RUST_LOG", "warn").output().expect("assay runs")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A small deterministic generator (no randomness crate needed): uniform in [0, 1).
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self) -> f64 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (self.0 >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// One record's line as `assay eval --out` writes it: 8 items, the score their pass rate.
+fn line(id: &str, answers: &[bool]) -> Value {
+    let yes = answers.iter().filter(|a| **a).count() as f64 / answers.len() as f64;
+    let map: serde_json::Map<String, Value> = answers
+        .iter()
+        .enumerate()
+        .map(|(i, a)| (format!("q{}", i + 1), json!(if *a { "yes" } else { "no" })))
+        .collect();
+    json!({"index": 0, "id": id, "checklist_id": "c", "error": null, "pass_rate": yes, "weighted_score": yes,
+           "normalized_score": yes, "primary_score": yes, "unanswered": 0, "answers": map})
+}
+
+fn write(dir: &Path, name: &str, lines: &[Value]) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+    path
+}
+
+/// Baseline and candidate answers for `n` records: the candidate's yes-probability shifted by
+/// `shift` per item (shared record difficulty, so the pairing matters).
+/// Records of one run: id and the answers to its 8 items.
+type Run = Vec<(String, Vec<bool>)>;
+
+fn runs(n: usize, shift: f64, seed: u64) -> (Run, Run) {
+    let mut rng = Lcg(seed);
+    let (mut base, mut cand) = (Vec::new(), Vec::new());
+    for i in 0..n {
+        let p = 0.2 + 0.6 * rng.next();
+        let b: Vec<bool> = (0..8).map(|_| rng.next() < p).collect();
+        let c: Vec<bool> = (0..8).map(|_| rng.next() < (p + shift).clamp(0.0, 1.0)).collect();
+        base.push((format!("r{i:03}"), b));
+        cand.push((format!("r{i:03}"), c));
+    }
+    (base, cand)
+}
+
+fn files(dir: &Path, n: usize, shift: f64) -> (PathBuf, PathBuf) {
+    let (b, c) = runs(n, shift, 7);
+    let b: Vec<Value> = b.iter().map(|(id, a)| line(id, a)).collect();
+    let c: Vec<Value> = c.iter().map(|(id, a)| line(id, a)).collect();
+    (write(dir, "baseline.jsonl", &b), write(dir, "candidate.jsonl", &c))
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn a_planted_regression_fails_the_gate() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b, c) = files(dir.path(), 80, -0.25);
+    let out = assay(&["compare", s(&b), s(&c), "--fail-on-regression"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("regression: diff -0."), "{}", stderr(&out));
+    // The same drop under a larger minimum effect passes.
+    let out = assay(&["compare", s(&b), s(&c), "--fail-on-regression", "--min-effect", "0.9"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stderr(&out).contains("no significant regression"), "{}", stderr(&out));
+}
+
+#[test]
+fn an_improvement_passes_the_gate() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b, c) = files(dir.path(), 80, 0.2);
+    let out = assay(&["compare", s(&b), s(&c), "--fail-on-regression"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stderr(&out).contains("no significant regression: diff +0."), "{}", stderr(&out));
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("paired_t") && table.contains("significant") && table.contains("bootstrap"), "{table}");
+    // Swapped, the improvement is a regression.
+    let out = assay(&["compare", s(&c), s(&b), "--fail-on-regression"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+}
+
+#[test]
+fn json_reports_the_comparison_and_the_detail() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut base, mut cand) = runs(60, 0.0, 11);
+    // A planted worst record, all yes -> all no; an unmatched record on each side.
+    base[5].1 = vec![true; 8];
+    cand[5].1 = vec![false; 8];
+    base.push(("only-in-baseline".into(), vec![true; 8]));
+    cand.push(("only-in-candidate".into(), vec![false; 8]));
+    let expected_q1 = (
+        base.iter().zip(&cand).take(60).filter(|(b, c)| b.1[0] && !c.1[0]).count(),
+        base.iter().zip(&cand).take(60).filter(|(b, c)| !b.1[0] && c.1[0]).count(),
+    );
+    let score = |a: &[bool]| a.iter().filter(|x| **x).count() as f64 / 8.0;
+    let diff: f64 = base.iter().zip(&cand).take(60).map(|(b, c)| score(&c.1) - score(&b.1)).sum::<f64>() / 60.0;
+    let b = write(dir.path(), "b.jsonl", &base.iter().map(|(id, a)| line(id, a)).collect::<Vec<_>>());
+    let c = write(dir.path(), "c.jsonl", &cand.iter().map(|(id, a)| line(id, a)).collect::<Vec<_>>());
+    let out = assay(&["compare", s(&b), s(&c), "--json", "--seed", "42"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    for field in [
+        "method",
+        "n_pairs",
+        "mean_baseline",
+        "mean_candidate",
+        "diff",
+        "ci_low",
+        "ci_high",
+        "p_value",
+        "significant",
+        "variance_reduction",
+        "effective_n",
+        "bootstrap_ci_low",
+        "bootstrap_ci_high",
+        "bootstrap_seed",
+        "warnings",
+        "items",
+        "worst_regressions",
+        "unmatched",
+    ] {
+        assert!(v.get(field).is_some(), "no {field} in {v}");
+    }
+    assert_eq!(v["method"], "paired_t");
+    assert_eq!(v["n_pairs"], 60);
+    assert_eq!(v["bootstrap_seed"], 42);
+    assert!((v["diff"].as_f64().unwrap() - diff).abs() < 1e-12, "{v}");
+    assert!(v["ci_low"].as_f64().unwrap() < diff && diff < v["ci_high"].as_f64().unwrap());
+    assert!(v["bootstrap_ci_low"].as_f64().unwrap() < diff && diff < v["bootstrap_ci_high"].as_f64().unwrap());
+    assert!(v["variance_reduction"].as_f64().unwrap() > 1.0, "shared difficulty: pairing helps: {v}");
+    assert_eq!(v["worst_regressions"][0]["id"], "r005");
+    assert_eq!(v["worst_regressions"][0]["diff"], -1.0);
+    assert_eq!(v["unmatched"]["baseline_only"], json!(["only-in-baseline"]));
+    assert_eq!(v["unmatched"]["candidate_only"], json!(["only-in-candidate"]));
+    let q1 = v["items"].as_array().unwrap().iter().find(|i| i["item"] == "q1").expect("q1 flips");
+    assert_eq!((q1["yes_to_no"].as_u64().unwrap() as usize, q1["no_to_yes"].as_u64().unwrap() as usize), expected_q1);
+    assert_eq!(q1["compared"], 60);
+    // The same seed gives the same bootstrap interval.
+    let again: Value =
+        serde_json::from_slice(&assay(&["compare", s(&b), s(&c), "--json", "--seed", "42"]).stdout).unwrap();
+    assert_eq!(again["bootstrap_ci_low"], v["bootstrap_ci_low"]);
+}
+
+#[test]
+fn binary_scores_use_mcnemar() {
+    let dir = tempfile::tempdir().unwrap();
+    let (base, cand) = runs(100, -0.3, 3);
+    // One item per record: pass rate 0 or 1.
+    let b: Vec<Value> = base.iter().map(|(id, a)| line(id, &a[..1])).collect();
+    let c: Vec<Value> = cand.iter().map(|(id, a)| line(id, &a[..1])).collect();
+    let (b, c) = (write(dir.path(), "b.jsonl", &b), write(dir.path(), "c.jsonl", &c));
+    let out = assay(&["compare", s(&b), s(&c), "--metric", "pass_rate", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["method"], "mcnemar", "{v}");
+    assert!(v["n_discordant"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn bad_input_exits_2_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b, c) = files(dir.path(), 10, 0.0);
+    let other = write(dir.path(), "other.jsonl", &[line("x1", &[true, false]), line("x2", &[false, true])]);
+    let malformed = dir.path().join("malformed.jsonl");
+    let text = std::fs::read_to_string(&b).unwrap();
+    let mut lines: Vec<&str> = text.lines().collect();
+    lines[2] = "{\"id\": \"r002\", \"primary_score\": ";
+    std::fs::write(&malformed, lines.join("\n")).unwrap();
+    let no_metric = write(dir.path(), "no_metric.jsonl", &[json!({"id": "r000"})]);
+    let missing = dir.path().join("missing.jsonl");
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec![s(&missing), s(&c)], "missing.jsonl"),
+        (vec![s(&b), s(&other)], "no shared records"),
+        (vec![s(&b), s(&c), "--metric", "accuracy"], "invalid value 'accuracy'"),
+        (vec![s(&malformed), s(&c)], "malformed.jsonl line 3: not JSON"),
+        (vec![s(&no_metric), s(&c)], "no \"primary_score\" field"),
+        (vec![s(&b), s(&c), "--alpha", "1.5"], "--alpha must be in (0, 1)"),
+    ];
+    for (args, message) in cases {
+        let mut full = vec!["compare"];
+        full.extend(args);
+        full.push("--fail-on-regression");
+        let out = assay(&full);
+        assert_eq!(out.status.code(), Some(2), "{full:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(message), "{full:?}: want {message:?} in {}", stderr(&out));
+    }
+}
