@@ -1096,6 +1096,34 @@ async fn both_modes_try_for_their_top_threshold_before_they_settle() {
     }
 }
 
+/// The full judging that confirms a focused judging's acceptance fails (every judge replies with
+/// prose): the focused judging's decision stands, the run is accepted with the fix.
+#[tokio::test]
+async fn a_failed_confirming_judging_leaves_the_focused_decision_standing() {
+    let lesson = five();
+    let doc = lesson.clone().with("stages", STAGES_RIGHT, STAGES_WRONG);
+    let judged = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = judged.clone();
+    let script = Script::new(&lesson, 0.92).defect(wrong_first_stage(0.5)).tweak(move |call, reply| {
+        // The first full judging and the focused one answer; the confirming judging does not.
+        if matches!(call, Call::Judge(_)) && seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst) >= 6 {
+            Reply::text("I would rather not grade this lesson today.")
+        } else {
+            reply
+        }
+    });
+    let sandbox = MeshSandbox::start().await;
+    script.install(&sandbox.llm);
+    let mut run = Run::start(&sandbox, pipeline(&doc.sections, &doc.brief, gw::RefinementMode::FullAuto)).await;
+    let result = run.finish().await;
+    assert_eq!(result.outcome(), gw::RefinementOutcome::Accepted, "{result:#?}");
+    assert_eq!(result.sections, lesson.sections);
+    assert!(close(result.final_score, script.score(&lesson.sections)));
+    assert_eq!(judged.load(std::sync::atomic::Ordering::SeqCst), 9, "the confirming judging was tried");
+    assert_eq!(result.focused_judgings, 1, "the focused judging is the one reported");
+    sandbox.shutdown().await.unwrap();
+}
+
 /// A document meeting the top threshold at the first judging is accepted with zero edits.
 #[tokio::test]
 async fn a_document_at_the_top_threshold_is_accepted_with_zero_edits() {

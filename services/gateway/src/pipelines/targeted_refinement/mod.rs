@@ -284,6 +284,36 @@ impl TargetedRefinement {
             .collect()
     }
 
+    /// Carry out a decision: `Some` is the run's outcome; `None` goes on with the loop (the next
+    /// iteration started, or a semi-auto escalation waiting for a human).
+    async fn act(&self, ctx: &RunCtx, st: &mut State, decision: Decision) -> Result<Option<RunOutcome>, StageError> {
+        match decision {
+            Decision::Accept(acceptance) => {
+                let (outcome, warning) = acceptance_to(acceptance);
+                let last = st.judged.len() - 1;
+                self.finish(ctx, st, outcome, last, warning, None).await.map(Some)
+            }
+            Decision::Settle(acceptance, reason) => {
+                st.stop_reason.clone_from(&reason);
+                self.emit(
+                    ctx,
+                    st.iteration,
+                    Ev::ConvergenceDetected(gw::ConvergenceDetected { reason, score_history: st.history() }),
+                )
+                .await?;
+                let (outcome, warning) = acceptance_to(acceptance);
+                let last = st.judged.len() - 1;
+                self.finish(ctx, st, outcome, last, warning, None).await.map(Some)
+            }
+            Decision::Stop(reason) => self.stop(ctx, st, reason).await,
+            Decision::Continue => {
+                st.phase = Phase::Execute;
+                self.start_iteration(ctx, st).await?;
+                Ok(None)
+            }
+        }
+    }
+
     /// The decision after the final judging of a stopped loop: the top threshold, else a lower
     /// tier, else the stop.
     fn final_decision(&self, st: &State, reason: String) -> Decision {
@@ -403,6 +433,16 @@ impl TargetedRefinement {
                     };
                     let judging = match judged {
                         Judged::Done(j) => Some(*j),
+                        Judged::Limit(_) | Judged::Failed if st.confirming => {
+                            // The confirming judging could not run: the focused judging's
+                            // decision stands.
+                            st.confirming = false;
+                            let decision = self.decide(ctx, &st);
+                            if let Some(done) = self.act(ctx, &mut st, decision).await? {
+                                return Ok(done);
+                            }
+                            continue;
+                        }
                         Judged::Failed => None,
                         Judged::Limit(reason) => {
                             // The fixes since the last judging stay; its score is flagged as
@@ -453,36 +493,8 @@ impl TargetedRefinement {
                         self.save(ctx, &st, "judging").await?;
                         continue;
                     }
-                    match decision {
-                        Decision::Accept(acceptance) => {
-                            let (outcome, warning) = acceptance_to(acceptance);
-                            let last = st.judged.len() - 1;
-                            return self.finish(ctx, &mut st, outcome, last, warning, None).await;
-                        }
-                        Decision::Settle(acceptance, reason) => {
-                            st.stop_reason.clone_from(&reason);
-                            self.emit(
-                                ctx,
-                                st.iteration,
-                                Ev::ConvergenceDetected(gw::ConvergenceDetected {
-                                    reason,
-                                    score_history: st.history(),
-                                }),
-                            )
-                            .await?;
-                            let (outcome, warning) = acceptance_to(acceptance);
-                            let last = st.judged.len() - 1;
-                            return self.finish(ctx, &mut st, outcome, last, warning, None).await;
-                        }
-                        Decision::Stop(reason) => {
-                            if let Some(done) = self.stop(ctx, &mut st, reason).await? {
-                                return Ok(done);
-                            }
-                        }
-                        Decision::Continue => {
-                            st.phase = Phase::Execute;
-                            self.start_iteration(ctx, &mut st).await?;
-                        }
+                    if let Some(done) = self.act(ctx, &mut st, decision).await? {
+                        return Ok(done);
                     }
                 }
                 Phase::Execute => {
