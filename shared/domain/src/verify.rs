@@ -68,23 +68,29 @@ impl Default for VerifyRequest {
     }
 }
 
+/// A section a request quotes: content non-empty and within [`MAX_TEXT_BYTES`], id within
+/// [`MAX_ID_BYTES`] (fields named `<field>.content`, `<field>.id`).
+fn check_quoted_section(s: &Section, field: &str, v: &mut Violations) {
+    if s.content.trim().is_empty() {
+        v.push(format!("{field}.content"), "must not be empty");
+    }
+    if s.content.len() > MAX_TEXT_BYTES {
+        v.push(
+            format!("{field}.content"),
+            format!("is {} bytes; the limit is {MAX_TEXT_BYTES} bytes", s.content.len()),
+        );
+    }
+    if s.id.len() > MAX_ID_BYTES {
+        v.push(format!("{field}.id"), format!("is {} bytes; the limit is {MAX_ID_BYTES}", s.id.len()));
+    }
+}
+
 impl VerifyRequest {
     /// Check everything the domain requires; field paths are relative to `prefix` (may be empty).
     pub fn check(&self, prefix: &str, v: &mut Violations) {
         let f = |name: &str| if prefix.is_empty() { name.to_string() } else { format!("{prefix}.{name}") };
         for (name, s) in [("before", &self.before), ("after", &self.after)] {
-            if s.content.trim().is_empty() {
-                v.push(f(&format!("{name}.content")), "must not be empty");
-            }
-            if s.content.len() > MAX_TEXT_BYTES {
-                v.push(
-                    f(&format!("{name}.content")),
-                    format!("is {} bytes; the limit is {MAX_TEXT_BYTES} bytes", s.content.len()),
-                );
-            }
-            if s.id.len() > MAX_ID_BYTES {
-                v.push(f(&format!("{name}.id")), format!("is {} bytes; the limit is {MAX_ID_BYTES}", s.id.len()));
-            }
+            check_quoted_section(s, &f(name), v);
         }
         if self.before.id != self.after.id {
             v.push(
@@ -275,18 +281,7 @@ impl ConsistencyRequest {
     pub fn check(&self, prefix: &str, v: &mut Violations) {
         let f = |name: &str| if prefix.is_empty() { name.to_string() } else { format!("{prefix}.{name}") };
         for (name, s) in [("previous", &self.previous), ("section", &self.section)] {
-            if s.content.trim().is_empty() {
-                v.push(f(&format!("{name}.content")), "must not be empty");
-            }
-            if s.content.len() > MAX_TEXT_BYTES {
-                v.push(
-                    f(&format!("{name}.content")),
-                    format!("is {} bytes; the limit is {MAX_TEXT_BYTES} bytes", s.content.len()),
-                );
-            }
-            if s.id.len() > MAX_ID_BYTES {
-                v.push(f(&format!("{name}.id")), format!("is {} bytes; the limit is {MAX_ID_BYTES}", s.id.len()));
-            }
+            check_quoted_section(s, &f(name), v);
         }
         if !self.section.id.is_empty() && self.section.id == self.previous.id {
             v.push(
