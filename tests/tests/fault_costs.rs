@@ -5,7 +5,8 @@
 //! answered 429 (no `Retry-After`), 10% a 5xx (500, 502 or 503, in turn) and 5% never answered.
 //! Prints one table: pipeline, fault-free time, faulted time, ratio, run outcome (the median of
 //! `FAULT_REPEATS` runs, default 3, and the slowest). `FAULT_FLOOR_MS` sets the adaptive timeout
-//! floor of the sandbox's backend client (default: the client's default, 1 s). Run:
+//! floor of the sandbox's backend client (default: the client's default, 1 s); `FAULT_HEDGE` its
+//! `hedge_factor` (default: the client's default, 0: only the last attempt is hedged). Run:
 //!
 //! `cargo test -p assay-tests --test fault_costs -- --ignored --nocapture`
 //!
@@ -312,9 +313,15 @@ fn outcome(events: &[gw::RunEvent]) -> String {
 async fn run_once(make: Scenario, faults: Option<Faults>, seed: u64) -> Run {
     let latency = Duration::from_millis(env_u64("FAULT_LATENCY_MS", 50));
     let mut options = SandboxOptions::default();
-    if let Some(floor) = std::env::var("FAULT_FLOOR_MS").ok().and_then(|v| v.parse().ok()) {
-        options.adaptive_timeout =
-            Some(assay_llm::AdaptiveTimeout { floor: Duration::from_millis(floor), ..Default::default() });
+    let floor = std::env::var("FAULT_FLOOR_MS").ok().and_then(|v| v.parse().ok());
+    let hedge = std::env::var("FAULT_HEDGE").ok().and_then(|v| v.parse::<f64>().ok());
+    if floor.is_some() || hedge.is_some() {
+        let default = assay_llm::AdaptiveTimeout::default();
+        options.adaptive_timeout = Some(assay_llm::AdaptiveTimeout {
+            floor: floor.map_or(default.floor, Duration::from_millis),
+            hedge_factor: hedge.unwrap_or(default.hedge_factor),
+            ..default
+        });
     }
     let sandbox = MeshSandbox::start_with(options).await;
     let (pipeline, base) = make();
@@ -374,8 +381,9 @@ async fn fault_costs_of_the_sequential_pipelines() {
     }
     println!(
         "\nfaults per attempt: 20% 429 (no Retry-After), 10% 5xx, 5% unanswered; backend latency {} ms; \
-         median of {repeats} runs",
-        env_u64("FAULT_LATENCY_MS", 50)
+         hedge_factor {}; median of {repeats} runs",
+        env_u64("FAULT_LATENCY_MS", 50),
+        std::env::var("FAULT_HEDGE").unwrap_or_else(|_| "default".into())
     );
     println!(
         "| {:<19} | {:>12} | {:>10} | {:>6} | {:>12} | {:<28} | {:<28} |",

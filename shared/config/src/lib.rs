@@ -226,6 +226,12 @@ pub struct BackendConfig {
     /// Adaptive timeout = this x the p95 of recent latencies (0 = the client's 4).
     #[serde(default)]
     pub timeout_multiplier: f64,
+    /// Hedged requests: an attempt unanswered after this x its expected latency gets a
+    /// duplicate beside it (when a concurrency slot is free), the first success taken. 0 = only
+    /// the last attempt is hedged (after a first attempt's timeout), the default: a duplicate is
+    /// paid for; 2 suits self-hosted backends.
+    #[serde(default)]
+    pub hedge_factor: f64,
 }
 
 fn yes() -> bool {

@@ -171,6 +171,16 @@ impl AdaptiveLimit {
         }
     }
 
+    /// A slot if one is free now (a hedged duplicate takes one only then: it never queues, so
+    /// hedging cannot add load to a backend already at its limit).
+    pub fn try_acquire(self: &Arc<Self>) -> Option<Permit> {
+        let mut s = self.state();
+        (s.in_flight < s.limit as usize).then(|| {
+            s.in_flight += 1;
+            Permit { limit: Arc::clone(self), done: false }
+        })
+    }
+
     fn release(&self, class: Option<&str>, signal: Signal) {
         let mut s = self.state();
         let filled = s.in_flight as f64 >= s.limit / 2.0;

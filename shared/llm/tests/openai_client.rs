@@ -514,7 +514,8 @@ fn hang_first_attempts(
     }
 }
 
-/// Four calls at once, a 30 s ceiling, adaptive timeouts from a 100 ms floor.
+/// Four calls at once, a 30 s ceiling, adaptive timeouts from a 100 ms floor, no hedging before
+/// the last attempt (these tests are about the timeouts).
 fn adaptive_client(server: &ScriptedLlm) -> OpenAiClient {
     OpenAiClient::new(OpenAiConfig {
         max_concurrency: 4,
@@ -523,10 +524,76 @@ fn adaptive_client(server: &ScriptedLlm) -> OpenAiClient {
             enabled: true,
             floor: Duration::from_millis(100),
             multiplier: 4.0,
+            hedge_factor: 0.0,
         },
         ..config(server)
     })
     .unwrap()
+}
+
+/// A client whose attempt timeouts cannot be what rescues a hang (a 20 s floor), hedging after
+/// twice the usual latency, with a fixed concurrency limit of `slots`.
+fn hedging_client(server: &ScriptedLlm, slots: usize) -> OpenAiClient {
+    OpenAiClient::new(OpenAiConfig {
+        max_concurrency: slots,
+        initial_concurrency: 0,
+        request_timeout: Duration::from_secs(30),
+        adaptive_timeout: assay_llm::AdaptiveTimeout {
+            enabled: true,
+            floor: Duration::from_secs(20),
+            multiplier: 4.0,
+            hedge_factor: 2.0,
+        },
+        ..config(server)
+    })
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_hung_first_attempt_is_answered_by_its_hedge_long_before_any_timeout() {
+    let server = ScriptedLlm::start().await;
+    server.set_handler(hang_first_attempts(Duration::from_millis(20), vec!["slow".into()]));
+    let client = hedging_client(&server, 4);
+    for i in 0..10 {
+        client.chat(ask(&format!("warm{i}"))).await.unwrap();
+    }
+    let started = Instant::now();
+    assert_eq!(client.chat(ask("slow")).await.unwrap().text, "echo slow");
+    // Without the hedge the first attempt would wait for its 20 s floor.
+    assert!(started.elapsed() < Duration::from_secs(10), "took {:?}", started.elapsed());
+    assert_eq!(server.request_count(), 12, "the hung attempt and one duplicate, no retry");
+    assert!(
+        eventually(Duration::from_secs(5), || server.cancelled_count() == 1).await,
+        "the hung original is dropped once the duplicate answers"
+    );
+}
+
+#[tokio::test]
+async fn a_hedge_never_queues_for_a_slot() {
+    let server = ScriptedLlm::start().await;
+    server.set_handler(hang_first_attempts(Duration::from_millis(20), vec!["slow".into()]));
+    // One slot, held by the hung attempt itself: no duplicate can go out, so the attempt waits for
+    // its timeout (the 20 s floor here would be too long for a test: 300 ms instead).
+    let client = OpenAiClient::new(OpenAiConfig {
+        max_concurrency: 1,
+        initial_concurrency: 0,
+        request_timeout: Duration::from_secs(30),
+        adaptive_timeout: assay_llm::AdaptiveTimeout {
+            enabled: true,
+            floor: Duration::from_millis(300),
+            multiplier: 4.0,
+            hedge_factor: 2.0,
+        },
+        ..config(&server)
+    })
+    .unwrap();
+    for i in 0..10 {
+        client.chat(ask(&format!("warm{i}"))).await.unwrap();
+    }
+    let started = Instant::now();
+    assert_eq!(client.chat(ask("slow")).await.unwrap().text, "echo slow");
+    assert!(started.elapsed() >= Duration::from_millis(300), "answered before the timeout: {:?}", started.elapsed());
+    assert_eq!(server.request_count(), 12, "the hung attempt, cut at its timeout, and one retry");
 }
 
 #[tokio::test]

@@ -128,6 +128,16 @@ pub fn openai_client(entry: &assay_config::BackendConfig) -> Result<OpenAiClient
     if entry.timeout_multiplier > 0.0 {
         c.adaptive_timeout.multiplier = entry.timeout_multiplier;
     }
+    if !entry.hedge_factor.is_finite()
+        || entry.hedge_factor < 0.0
+        || (entry.hedge_factor > 0.0 && entry.hedge_factor < 1.0)
+    {
+        return Err(format!(
+            "backend openai: hedge_factor must be 0 (hedge only the last attempt) or a finite number >= 1 (a duplicate before the usual latency doubles every call), got {}",
+            entry.hedge_factor
+        ));
+    }
+    c.adaptive_timeout.hedge_factor = entry.hedge_factor;
     c.supports_json_schema = entry.supports_json_schema;
     c.supports_logprobs = entry.supports_logprobs;
     OpenAiClient::new(c).map_err(|e| format!("backend openai: {e}"))

@@ -22,7 +22,9 @@
 //! reason still completes exactly as it would without adaptive timeouts; only the time lost to a
 //! hang shrinks. (Once that attempt has gone unanswered for a first attempt's timeout, the
 //! transport sends a duplicate beside it and takes the first success: a hung last attempt costs
-//! about one adaptive timeout, not the ceiling.)
+//! about one adaptive timeout, not the ceiling.) With `hedge_factor` set, every attempt unanswered
+//! after that many times its class's expected latency gets such a duplicate, when a concurrency
+//! slot is free ([`LatencyBook::hedge_delay`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
@@ -52,11 +54,18 @@ pub struct AdaptiveTimeout {
     pub floor: Duration,
     /// Times the p95 of recent latencies.
     pub multiplier: f64,
+    /// An attempt still unanswered after this many times its class's expected latency (the
+    /// p95, or a cold class's prior) gets a duplicate beside it, and the first success is taken
+    /// (a hedged request). No floor applies: a hedge cancels nothing, so an early one costs a
+    /// duplicate call, never a result; it pays for the duplicate of every straggler, so it is off
+    /// by default (for self-hosted backends, where a duplicate costs little, 2 is a good value).
+    /// 0 = hedge only the last attempt, after a first attempt's timeout.
+    pub hedge_factor: f64,
 }
 
 impl Default for AdaptiveTimeout {
     fn default() -> Self {
-        Self { enabled: true, floor: Duration::from_secs(1), multiplier: 4.0 }
+        Self { enabled: true, floor: Duration::from_secs(1), multiplier: 4.0, hedge_factor: 0.0 }
     }
 }
 
@@ -204,6 +213,21 @@ impl LatencyBook {
         Some(times(estimate, PRIOR_MARGIN))
     }
 
+    /// The latency a call of this class is expected to take: its own p95 once warm, else the
+    /// prior borrowed from other classes; `None` while the backend has no usable sample.
+    pub(super) fn expected(&self, class: &CallClass) -> Option<Duration> {
+        self.p95(class).or_else(|| self.prior(class))
+    }
+
+    /// How long an attempt waits unanswered before a duplicate goes out beside it:
+    /// `hedge_factor x` the expected latency; `None` when hedging is off or nothing is known yet.
+    pub(super) fn hedge_delay(&self, policy: &AdaptiveTimeout, class: &CallClass) -> Option<Duration> {
+        if !policy.enabled || policy.hedge_factor.is_nan() || policy.hedge_factor <= 0.0 {
+            return None;
+        }
+        self.expected(class).map(|latency| times(latency, policy.hedge_factor))
+    }
+
     /// The timeout of attempt `attempt` (0 = first) of a call that may make `max_retries` retries.
     pub(super) fn attempt_timeout(
         &self,
@@ -216,7 +240,7 @@ impl LatencyBook {
         if !policy.enabled || attempt >= max_retries {
             return ceiling;
         }
-        let Some(latency) = self.p95(class).or_else(|| self.prior(class)) else { return ceiling };
+        let Some(latency) = self.expected(class) else { return ceiling };
         let base = times(latency, policy.multiplier.max(1.0)).max(policy.floor);
         let scaled = base.saturating_mul(1u32.checked_shl(attempt).unwrap_or(u32::MAX));
         scaled.min(ceiling)
@@ -230,7 +254,7 @@ mod tests {
     const CEILING: Duration = Duration::from_secs(120);
 
     fn policy() -> AdaptiveTimeout {
-        AdaptiveTimeout { enabled: true, floor: Duration::from_millis(100), multiplier: 4.0 }
+        AdaptiveTimeout { enabled: true, floor: Duration::from_millis(100), multiplier: 4.0, hedge_factor: 2.0 }
     }
 
     fn class(key: &str) -> CallClass {

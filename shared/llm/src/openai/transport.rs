@@ -181,19 +181,31 @@ impl Transport {
         }
         let started = Instant::now();
         let mut samples = self.latency.subscribe();
-        // The last attempt gets the ceiling (see [`LatencyBook`]); once it has gone unanswered as
-        // long as a first attempt may, a duplicate goes out beside it (a hedge; up to
-        // [`MAX_HEDGES`], each replacing an unanswered one) and the first success is taken: a hang
-        // there costs about one adaptive timeout, not the ceiling, and a call slow for good reason
-        // still has the whole ceiling.
-        let mut hedge =
-            if attempt >= config.max_retries && config.adaptive_timeout.enabled { builder.try_clone() } else { None };
-        let hedge_after = self.latency.attempt_timeout(&config.adaptive_timeout, class, 0, 1, config.request_timeout);
-        if hedge_after >= config.request_timeout {
-            hedge = None;
-        }
+        // Hedged requests: once an attempt has gone unanswered for `hedge_factor` times its class's
+        // expected latency, a duplicate goes out beside it (when the concurrency limit has a free
+        // slot: a hedge never queues) and the first success is taken. A hang then costs about
+        // twice the usual latency, not an attempt timeout (whose floor guards against cutting a
+        // slow answer; a hedge cuts nothing, so it needs no floor). The last attempt, which has
+        // the ceiling, may be hedged up to [`MAX_HEDGES`] times, each duplicate replacing an
+        // unanswered one, and at the latest after a first attempt's timeout; a call slow for
+        // good reason still has the whole ceiling.
+        // The wait is recomputed as samples arrive (a call sent before the backend answered anything
+        // is hedged once its siblings set the pace).
+        let last = attempt >= config.max_retries;
+        let hedge_after = || {
+            let first_timeout =
+                self.latency.attempt_timeout(&config.adaptive_timeout, class, 0, 1, config.request_timeout);
+            match self.latency.hedge_delay(&config.adaptive_timeout, class) {
+                Some(delay) => delay.min(first_timeout),
+                None if last => first_timeout,
+                None => config.request_timeout,
+            }
+        };
+        let max_hedges = if last { MAX_HEDGES } else { 1 };
+        let hedge = config.adaptive_timeout.enabled.then(|| builder.try_clone()).flatten();
         let mut hedges = 0u32;
-        let mut next_hedge = started + hedge_after;
+        // When the last duplicate (or the attempt itself) went out.
+        let mut hedged_from = started;
         let send = |builder: reqwest::RequestBuilder| async move {
             let response = builder.send().await?;
             let status = response.status().as_u16();
@@ -210,6 +222,9 @@ impl Transport {
         let mut hedged = None;
         let mut answered_since = started;
         let (status, retry_after, bytes) = loop {
+            let wait = hedge_after();
+            let hedging = hedge.is_some() && hedges < max_hedges && wait < config.request_timeout;
+            let next_hedge = hedged_from + wait.saturating_mul(1 << hedges);
             let budget = self.latency.attempt_timeout(
                 &config.adaptive_timeout,
                 class,
@@ -225,19 +240,35 @@ impl Transport {
             let limit = deadline.map_or(by_budget, |d| d.min(by_budget));
             tokio::select! {
                 answered = &mut exchange => break answered.map_err(|e| transport_error(e, deadline))?,
-                () = tokio::time::sleep_until(next_hedge.into()), if hedge.is_some() && hedges < MAX_HEDGES => {
-                    debug!(backend = %config.backend_name, hedge = hedges + 1, "last attempt unanswered, hedging it");
+                () = tokio::time::sleep_until(next_hedge.into()), if hedging => {
+                    // A duplicate takes a free slot and never queues for one: with none free it waits
+                    // another round, except beside the last attempt (which would otherwise sit out
+                    // the ceiling): that one goes out regardless, as it always has.
+                    let slot = self.limit.try_acquire();
+                    if slot.is_none() && !last {
+                        hedged_from = Instant::now();
+                        continue;
+                    }
+                    debug!(backend = %config.backend_name, attempt, hedge = hedges + 1, "attempt unanswered, hedging it");
                     crate::metrics::retried(&config.backend_name, "hedge");
                     hedges += 1;
                     // A hedge that has not answered either is replaced: it may have hung too.
-                    hedged = hedge.as_ref().and_then(reqwest::RequestBuilder::try_clone).map(|b| (Instant::now(), Box::pin(send(b))));
-                    next_hedge = Instant::now() + hedge_after.saturating_mul(1 << hedges);
+                    hedged = hedge
+                        .as_ref()
+                        .and_then(reqwest::RequestBuilder::try_clone)
+                        .map(|b| (Instant::now(), slot, Box::pin(send(b))));
+                    hedged_from = Instant::now();
                     continue;
                 }
-                answered = async { hedged.as_mut().map(|(_, h)| h).expect("guarded by is_some").await }, if hedged.is_some() => {
+                answered = async { hedged.as_mut().map(|(_, _, h)| h).expect("guarded by is_some").await }, if hedged.is_some() => {
                     match answered {
                         Ok(reply) if (200..300).contains(&reply.0) => {
-                            answered_since = hedged.map_or(started, |(at, _)| at);
+                            if let Some((at, slot, _)) = hedged.take() {
+                                answered_since = at;
+                                if let Some(slot) = slot {
+                                    slot.finish(&class.key, Signal::Answered(at.elapsed()));
+                                }
+                            }
                             break reply;
                         }
                         // The duplicate failed: the first request may still answer.
