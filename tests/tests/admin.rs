@@ -545,3 +545,172 @@ async fn answers_say_nosniff_and_errors_quote_a_bounded_prefix_of_the_input() {
     assert!(text.len() < 1_000, "{}", text.len());
     sandbox.shutdown().await.unwrap();
 }
+
+// ---------------------------------------------------------------------------------------------
+// Compare view
+
+/// A judge by scorer model: `good` answers YES to both items; `worse` answers NO to the second
+/// item of every even record (the target says `item-<n>`).
+fn compare_judge(r: &RecordedRequest) -> Reply {
+    let prompt = r.last_user_message().unwrap_or_default();
+    let n: usize = prompt
+        .split("item-")
+        .nth(1)
+        .and_then(|t| t.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("a record number in {prompt}"));
+    let second = if r.model() == Some("worse") && n.is_multiple_of(2) { "NO" } else { "YES" };
+    Reply::json(json!({"answers": [
+        {"question_index": 1, "answer": "YES"},
+        {"question_index": 2, "answer": second},
+    ]}))
+}
+
+fn compare_pipeline(judge: &str, hostile_id: &str, hostile_question: &str) -> gw::ChecklistEvalPipeline {
+    gw::ChecklistEvalPipeline {
+        source: Some(gw::ChecklistSource {
+            source: Some(gw::checklist_source::Source::Checklist(pb::Checklist {
+                id: "c".into(),
+                items: vec![
+                    pb::ChecklistItem { id: "a".into(), question: "Is it polite?".into(), ..Default::default() },
+                    pb::ChecklistItem { id: "b".into(), question: hostile_question.into(), ..Default::default() },
+                ],
+                ..Default::default()
+            })),
+        }),
+        records: (0..10)
+            .map(|i| gw::EvalRecord {
+                id: if i == 0 { hostile_id.to_string() } else { format!("rec-{i}") },
+                target: format!("item-{i}"),
+                ..Default::default()
+            })
+            .collect(),
+        scorer_model: Some(pb::ModelSpec { model: judge.into(), ..Default::default() }),
+        ..Default::default()
+    }
+}
+
+/// The compare view's checks in headless Chromium, with the helpers of `admin_page.py`: pick two
+/// runs in the list's compare form, see both means, the difference with its interval as a forest
+/// plot (zero line, interval, point), method and p-value, the flipped item and the worst records,
+/// untrusted text as characters; a run's detail shows the mean's interval when the aggregate has one.
+const COMPARE_CHECKS: &str = r##"
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import admin_page as P
+from selenium.webdriver.common.by import By
+
+args = json.loads(sys.argv[2])
+P.ARGS = args
+d = P.browser()
+try:
+    P.login(d, args)
+    P.wait(d, "the compare form", lambda d: P.shown(d, "#compare-form"))
+    P.wait(d, "the runs in the form's choices",
+           lambda d: len(d.find_elements(By.CSS_SELECTOR, "#eval-runs option")) >= 2)
+    P.one(d, "#compare-baseline").send_keys(args["baseline"])
+    P.one(d, "#compare-candidate").send_keys(args["candidate"])
+    P.one(d, "#compare-submit").click()
+    P.wait(d, "the comparison", lambda d: P.one(d, "#compare[data-method]"))
+    want = args["expected"]
+    fmt3 = lambda v: f"{v:.3f}"
+    fmt4 = lambda v: f"{'+' if v >= 0 else ''}{v:.4f}"
+    assert P.one(d, "#mean-baseline").text == fmt3(want["meanBaseline"]), P.one(d, "#mean-baseline").text
+    assert P.one(d, "#mean-candidate").text == fmt3(want["meanCandidate"]), P.one(d, "#mean-candidate").text
+    assert P.one(d, "#compare-diff").text == fmt4(want["diff"]), P.one(d, "#compare-diff").text
+    assert P.one(d, "#compare-ci").text == f"[{fmt4(want['ciLow'])}, {fmt4(want['ciHigh'])}]", P.one(d, "#compare-ci").text
+    assert P.one(d, "#compare-method").text == "paired_t", P.one(d, "#compare-method").text
+    assert P.one(d, "#compare-p").text.strip(), "a p-value"
+    assert "worse" in P.one(d, "#compare-verdict").text, P.one(d, "#compare-verdict").text
+    # The forest plot: the interval lies left of the zero line and holds the point.
+    num = lambda e, a: float(e.get_attribute(a))
+    zero = P.one(d, "#forest line.zero")
+    ci = P.one(d, "#forest line.interval.ci")
+    point = P.one(d, "#forest g.ci circle.point")
+    assert zero and ci and point, "zero line, interval and point"
+    assert num(ci, "x1") < num(point, "cx") < num(ci, "x2") < num(zero, "x1"), "a regression: all below zero"
+    assert P.one(d, "#forest line.interval.bootstrap"), "the bootstrap interval"
+    # Flipped items and worst records; untrusted text as characters.
+    flips = [r.text for r in d.find_elements(By.CSS_SELECTOR, "#flips tr.flip")]
+    assert len(flips) == 1, flips
+    worst = [r.get_attribute("data-record-id") for r in d.find_elements(By.CSS_SELECTOR, "#worst tr.worst")]
+    assert sorted(worst) == sorted(want["worst"]), worst
+    text = d.execute_script("return document.getElementById('compare').textContent;")
+    for hostile in args["hostile"]:
+        assert hostile in text, f"{hostile!r} is shown as text"
+    assert d.execute_script("return window.__xss === undefined;"), "injected markup ran"
+    assert not d.find_elements(By.CSS_SELECTOR, "#compare img[src='x'], #compare script"), "markup was parsed"
+    P.shot(d, args, "compare")
+    # An unknown run: the error, not a plot.
+    d.get(f"{args['url']}/#/compare/no-such-run/{args['candidate']}")
+    P.wait(d, "the error", lambda d: P.one(d, "#compare-error"))
+    assert "NOT_FOUND" in P.one(d, "#compare-error").text, P.one(d, "#compare-error").text
+    # The run's detail: the mean's interval when the aggregate has one.
+    P.open_run(d, args, args["baseline"])
+    P.wait(d, "the aggregates", lambda d: P.one(d, "#aggregates dd"))
+    u = args.get("uncertainty")
+    if u:
+        P.wait(d, "the mean's interval", lambda d: P.one(d, "#mean-ci"))
+        assert P.one(d, "#mean-ci").text == f"[{fmt3(u['ciLow'])}, {fmt3(u['ciHigh'])}]", P.one(d, "#mean-ci").text
+    else:
+        assert not P.one(d, "#mean-ci"), "no interval without one in the aggregate"
+finally:
+    d.quit()
+print("OK", flush=True)
+"##;
+
+/// In headless Chromium: the compare view of a planted regression (see [`COMPARE_CHECKS`]); its
+/// numbers are CompareRuns' answer through the admin API.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_compare_view_plots_the_difference_and_lists_flips_and_worst_records() {
+    let sandbox = MeshSandbox::start_with(SandboxOptions { admin: true, ..Default::default() }).await;
+    sandbox.llm.set_handler(compare_judge);
+    let hostile_id = r#"<img src=x onerror="window.__xss=1">"#;
+    let hostile_question = "<script>window.__xss=2</script>Is it short?";
+    let mut ids = Vec::new();
+    for judge in ["good", "worse"] {
+        let p = compare_pipeline(judge, hostile_id, hostile_question);
+        let events = sandbox.run_pipeline(gw::run_pipeline_request::Pipeline::ChecklistEval(p)).await;
+        ids.push(events[0].run_id.clone());
+    }
+    let token = sandbox.admin_token().expect("a generated token");
+    let body = json!({"baselineRunId": ids[0], "candidateRunId": ids[1]}).to_string();
+    let (status, expected) = post(&sandbox.admin_url(), "CompareRuns", Some(&token), &body).await;
+    assert_eq!(status, 200, "{expected}");
+    assert_eq!(expected["method"], "COMPARE_METHOD_PAIRED_T");
+    assert!((expected["diff"].as_f64().unwrap() + 0.25).abs() < 1e-12, "{expected}");
+    let worst: Vec<Value> =
+        expected["worstRegressions"].as_array().unwrap().iter().map(|w| w["recordId"].clone()).collect();
+    assert_eq!(worst.len(), 5);
+    let (_, run) = post(&sandbox.admin_url(), "GetRun", Some(&token), &json!({"runId": ids[0]}).to_string()).await;
+    let uncertainty = run.pointer("/run/result/checklistEval/aggregate/uncertainty").cloned();
+    let args = json!({
+        "url": sandbox.admin_url(),
+        "token": token,
+        "baseline": ids[0],
+        "candidate": ids[1],
+        "expected": {
+            "meanBaseline": expected["meanBaseline"], "meanCandidate": expected["meanCandidate"],
+            "diff": expected["diff"], "ciLow": expected["ciLow"], "ciHigh": expected["ciHigh"], "worst": worst,
+        },
+        "uncertainty": uncertainty,
+        "hostile": [hostile_id, hostile_question],
+        "shots": format!("{}/admin-screenshots", env!("CARGO_TARGET_TMPDIR")),
+    });
+    let out = tokio::process::Command::new("python3")
+        .arg("-c")
+        .arg(COMPARE_CHECKS)
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/python"))
+        .arg(args.to_string())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("python3 runs (scripts/setup-deps.sh installs selenium, chromium and chromium-driver)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.lines().last() == Some("OK"),
+        "compare view checks failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    sandbox.shutdown().await.unwrap();
+}

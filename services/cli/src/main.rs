@@ -83,6 +83,13 @@ enum Command {
         /// Checklist file (JSON).
         #[arg(long)]
         checklist: PathBuf,
+        /// Judge each item this many times (1 to 10): per item the majority answer, its yes-share
+        /// and a flaky flag; per record the mean over samples and its spread.
+        #[arg(long)]
+        samples: Option<u32>,
+        /// A judge model for the samples, used round-robin (repeat for several).
+        #[arg(long = "sample-model")]
+        sample_models: Vec<String>,
         #[command(flatten)]
         scoring: ScoringArgs,
         #[command(flatten)]
@@ -162,14 +169,32 @@ enum Command {
         #[command(flatten)]
         backend: BackendArgs,
     },
-    /// Compare two evaluation result files (the JSON lines of `assay eval --out`), records paired
-    /// by id: candidate minus baseline with its interval and p (evalconfidence's methods), a paired
-    /// bootstrap interval, the items that flipped and the worst regressions. Files only for now (run
-    /// ids from the store are not accepted yet). Exit codes: 0 done, 1 a significant regression
-    /// under --fail-on-regression, 2 bad input.
+    /// Compare two evaluations (run ids in the gateway's store, or the JSON-lines files of `assay
+    /// eval --out`), records paired by id: candidate minus baseline with its interval and p
+    /// (evalconfidence's methods), a paired bootstrap interval, the items that flipped and the worst
+    /// regressions. Exit codes: 0 done, 1 a significant regression under --fail-on-regression, 2 bad
+    /// input.
     Compare {
         #[command(flatten)]
         args: cmd::compare::CompareArgs,
+    },
+    /// Plan a comparison from a pilot (run ids or `assay eval --out` files): the records needed to detect a
+    /// difference of --mde, or the smallest difference --n records detect (both: the power
+    /// achieved), as evalconfidence's `power` computes it. One file plans an unpaired comparison from
+    /// its per-record variance, --candidate a paired one from the per-record differences. Exit codes:
+    /// 0 done, 2 bad input.
+    Power {
+        #[command(flatten)]
+        args: cmd::power::PowerArgs,
+    },
+    /// Agreement of the judge of an evaluation (a run id or an `assay eval --out` file) with human labels (JSON lines
+    /// {"id","score"} and/or {"id","items":{item:"yes"|"no"}}): accuracy, Cohen's kappa,
+    /// Krippendorff's alpha, the confusion table, and the prediction-powered mean (the judge's mean
+    /// corrected by the labels) beside the judge-only and gold-only means. Exit codes: 0 done, 2 bad
+    /// input.
+    Agreement {
+        #[command(flatten)]
+        args: cmd::agreement::AgreementArgs,
     },
     /// List, inspect, follow and control runs on a running gateway.
     Runs {
@@ -383,6 +408,8 @@ impl ScoringArgs {
             prompt_template,
             concurrency: self.scorer_concurrency,
             prompt: prompt as i32,
+            samples: None,
+            sample_models: Vec::new(),
         };
         Ok(Some(config).filter(|c| *c != common::ScorerConfig::default()))
     }
@@ -630,10 +657,12 @@ async fn run() -> ExitCode {
             };
             return exit_of(outcome.await);
         }
-        Command::Score { checklist, scoring, run, backend } => {
+        Command::Score { checklist, samples, sample_models, scoring, run, backend } => {
             let outcome = async {
                 let config = load_config(cli.config.as_deref(), &backend)?;
-                let scorer = scoring.config()?.unwrap_or_default();
+                let mut scorer = scoring.config()?.unwrap_or_default();
+                scorer.samples = samples;
+                scorer.sample_models = sample_models;
                 cmd::eval::score(&config, &checklist, scorer, run.into_cmd()).await
             };
             return exit_of(outcome.await);
@@ -706,7 +735,17 @@ async fn run() -> ExitCode {
             };
             return cmd::debate::exit(outcome.await);
         }
-        Command::Compare { args } => return cmd::compare::run(args),
+        Command::Compare { args } => {
+            return match load_config(cli.config.as_deref(), &BackendArgs { backend: None, model: None }) {
+                Ok(config) => cmd::compare::run_with(&config, args).await,
+                Err(e) => {
+                    eprintln!("assay compare: {e}");
+                    ExitCode::from(cmd::compare::EXIT_BAD_INPUT)
+                }
+            };
+        }
+        Command::Power { args } => return cmd::power::run(args),
+        Command::Agreement { args } => return cmd::agreement::run(args),
         Command::Runs { command, gateway, json } => {
             match load_config(cli.config.as_deref(), &BackendArgs { backend: None, model: None }) {
                 Ok(config) => {

@@ -204,3 +204,206 @@ fn bad_input_exits_2_with_the_reason() {
         assert!(stderr(&out).contains(message), "{full:?}: want {message:?} in {}", stderr(&out));
     }
 }
+
+// --- run ids: against a running gateway -------------------------------------------------------
+
+mod runs {
+    use std::path::Path;
+    use std::process::{Command, Output};
+
+    use assay_testkit::{RecordedRequest, Reply, ScriptedLlm};
+    use serde_json::{Value, json};
+
+    fn config_file(dir: &Path, backend: &ScriptedLlm) -> std::path::PathBuf {
+        let path = dir.join("assay.toml");
+        let toml = format!(
+            "[backends.openai]\nbase_url = \"{}\"\nmodel = \"scripted\"\n\n[models.default]\nbackend = \"openai\"\n\n\
+             [gateway]\nstore = \":memory:\"\n\n[cache]\nenabled = false\n",
+            backend.base_url()
+        );
+        std::fs::write(&path, toml).unwrap();
+        path
+    }
+
+    /// Run the binary off the test's runtime (the scripted backend and the mesh live on it).
+    async fn assay(config: &Path, args: &[&str]) -> Output {
+        let config = config.to_path_buf();
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        tokio::task::spawn_blocking(move || {
+            Command::new(env!("CARGO_BIN_EXE_assay"))
+                .arg("--config")
+                .arg(&config)
+                .args(&args)
+                .env("OPENAI_API_KEY", "test")
+                .env_remove("OPENAI_BASE_URL")
+                .env("RUST_LOG", "warn")
+                .output()
+                .expect("assay runs")
+        })
+        .await
+        .unwrap()
+    }
+
+    fn stderr(o: &Output) -> String {
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    }
+
+    /// A judge: YES to both items, except (when `worse`) NO to the second item of every third
+    /// record (the target says `record-<n>`).
+    fn judge(worse: bool) -> impl Fn(&RecordedRequest) -> Reply + Send + Sync + 'static {
+        move |r| {
+            let prompt = r.last_user_message().unwrap_or_default();
+            let n: usize = prompt
+                .split("record-")
+                .nth(1)
+                .and_then(|t| t.split(|c: char| !c.is_ascii_digit()).next())
+                .and_then(|t| t.parse().ok())
+                .unwrap_or_else(|| panic!("a record number in {prompt}"));
+            let first = if n % 4 == 1 { "NO" } else { "YES" };
+            let second = if worse && n.is_multiple_of(3) { "NO" } else { "YES" };
+            Reply::json(json!({"answers": [
+                {"question_index": 1, "answer": first},
+                {"question_index": 2, "answer": second},
+            ]}))
+        }
+    }
+
+    /// `assay score` through the gateway; (run id, --out file).
+    async fn score(config: &Path, dir: &Path, gateway: &str, name: &str) -> (String, std::path::PathBuf) {
+        let out = dir.join(format!("{name}.jsonl"));
+        let o = assay(
+            config,
+            &[
+                "score",
+                "--checklist",
+                dir.join("checklist.json").to_str().unwrap(),
+                "--data",
+                dir.join("records.jsonl").to_str().unwrap(),
+                "--out",
+                out.to_str().unwrap(),
+                "--gateway",
+                gateway,
+            ],
+        )
+        .await;
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(0), "{err}");
+        let run_id = err
+            .lines()
+            .find_map(|l| l.strip_prefix("run ").and_then(|l| l.split_once(": ")).map(|(id, _)| id.to_string()))
+            .unwrap_or_else(|| panic!("the run id in {err}"));
+        (run_id, out)
+    }
+
+    /// The numbers of a `--json` report that must not depend on where the records came from.
+    fn numbers(v: &Value) -> Value {
+        let mut items: Vec<(u64, u64, u64)> = v["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| {
+                (i["yes_to_no"].as_u64().unwrap(), i["no_to_yes"].as_u64().unwrap(), i["compared"].as_u64().unwrap())
+            })
+            .collect();
+        items.sort_unstable();
+        let mut out = serde_json::Map::new();
+        for k in [
+            "method",
+            "paired",
+            "n_pairs",
+            "n_baseline",
+            "n_candidate",
+            "mean_baseline",
+            "mean_candidate",
+            "diff",
+            "ci_low",
+            "ci_high",
+            "p_value",
+            "significant",
+            "variance_reduction",
+            "effective_n",
+            "n_discordant",
+            "bootstrap_ci_low",
+            "bootstrap_ci_high",
+            "bootstrap_seed",
+            "warnings",
+            "worst_regressions",
+            "unmatched",
+            "unscored",
+            "regression",
+            "gate",
+        ] {
+            out.insert(k.into(), v[k].clone());
+        }
+        out.insert("items".into(), json!(items));
+        Value::Object(out)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn run_ids_files_and_a_mix_give_the_same_numbers() {
+        let backend = ScriptedLlm::start().await;
+        let dir = tempfile::tempdir().unwrap();
+        let config_path = config_file(dir.path(), &backend);
+        std::fs::write(
+            dir.path().join("checklist.json"),
+            json!({"id": "c", "items": [{"id": "a", "question": "Is it polite?"}, {"id": "b", "question": "Is it short?"}]})
+                .to_string(),
+        )
+        .unwrap();
+        let records: String = (0..40)
+            .map(|i| {
+                format!("{}\n", json!({"id": format!("r{i:02}"), "input": "Greet.", "target": format!("record-{i}")}))
+            })
+            .collect();
+        std::fs::write(dir.path().join("records.jsonl"), records).unwrap();
+        let mut config = assay_config::load(Some(&config_path)).unwrap();
+        config.ports = assay_config::Ports::ephemeral();
+        let (hub, loading) = assay_runtime::build_hub(&config, &[]).unwrap();
+        loading.await.unwrap();
+        let mesh = assay_cli::start_mesh(&config, std::sync::Arc::new(hub), true).await.unwrap();
+        let gateway = format!("http://{}", mesh.addrs.gateway);
+
+        backend.set_handler(judge(false));
+        let (base_run, base_file) = score(&config_path, dir.path(), &gateway, "baseline").await;
+        backend.set_handler(judge(true));
+        let (cand_run, cand_file) = score(&config_path, dir.path(), &gateway, "candidate").await;
+        let (bf, cf) = (base_file.to_str().unwrap(), cand_file.to_str().unwrap());
+
+        let report = |o: &Output| -> Value {
+            assert_eq!(o.status.code(), Some(1), "a regression under the gate: {}", stderr(o));
+            serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("one JSON object: {e}: {}", stderr(o)))
+        };
+        let gate = ["--json", "--fail-on-regression", "--gateway", gateway.as_str()];
+        let files = report(&assay(&config_path, &[&["compare", bf, cf][..], &gate].concat()).await);
+        let ids = report(
+            &assay(&config_path, &[&["compare", base_run.as_str(), cand_run.as_str()][..], &gate].concat()).await,
+        );
+        let mixed = report(&assay(&config_path, &[&["compare", bf, cand_run.as_str()][..], &gate].concat()).await);
+        assert_eq!(files["method"], "paired_t", "{files}");
+        assert!(files["diff"].as_f64().unwrap() < 0.0, "{files}");
+        assert_eq!(numbers(&ids), numbers(&files), "CompareRuns by id and the --out files");
+        assert_eq!(numbers(&mixed), numbers(&files), "a file and a run id");
+        // By id the items are named by their question text.
+        assert!(ids["items"].as_array().unwrap().iter().any(|i| i["item"] == "Is it short?"), "{ids}");
+
+        // The table names the runs.
+        let o = assay(&config_path, &["compare", base_run.as_str(), cand_run.as_str(), "--gateway", &gateway]).await;
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let table = String::from_utf8_lossy(&o.stdout);
+        assert!(table.contains(&format!("run {base_run}")) && table.contains("paired_t"), "{table}");
+
+        // Bad input: unknown run id, unreachable gateway.
+        let o = assay(&config_path, &["compare", bf, "nosuchrun", "--gateway", &gateway]).await;
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        assert!(stderr(&o).contains("unknown run id \"nosuchrun\""), "{}", stderr(&o));
+        let o = assay(&config_path, &["compare", "nosuchrun", base_run.as_str(), "--gateway", &gateway]).await;
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        assert!(stderr(&o).contains("unknown run id: baseline run nosuchrun"), "{}", stderr(&o));
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let o = assay(&config_path, &["compare", bf, cand_run.as_str(), "--gateway", &closed.to_string()]).await;
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        assert!(stderr(&o).contains("unreachable"), "{}", stderr(&o));
+
+        mesh.shutdown().await.unwrap();
+    }
+}

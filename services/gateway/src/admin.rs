@@ -2,7 +2,7 @@
 //! process on its own port (`ports.admin`) with its assets compiled in.
 //!
 //! The page speaks the gateway's own contract. This adapter is a thin HTTP face of the gRPC
-//! service, not a second API: `POST /api/<Method>` (GetRun, ListRuns, ControlRun) takes the
+//! service, not a second API: `POST /api/<Method>` (GetRun, ListRuns, ControlRun, CompareRuns) takes the
 //! request message in the canonical proto3 JSON mapping and answers the response message the same
 //! way, and `GET /api/WatchRun?run_id=..&after_sequence=..` relays WatchRun as server-sent events
 //! (`id` = the event's sequence). Every call goes through the same [`GatewayGrpc`] methods a gRPC
@@ -381,8 +381,10 @@ async fn unary(State(admin): State<Admin>, Path(method): Path<String>, headers: 
         "GetRun" => call(&body, "GetRunRequest", "GetRunResponse", |r| grpc.get_run(r)).await,
         "ListRuns" => call(&body, "ListRunsRequest", "ListRunsResponse", |r| grpc.list_runs(r)).await,
         "ControlRun" => call(&body, "ControlRunRequest", "ControlRunResponse", |r| grpc.control_run(r)).await,
+        "CompareRuns" => call(&body, "CompareRunsRequest", "CompareRunsResponse", |r| grpc.compare_runs(r)).await,
         other => Err(tonic::Status::not_found(format!(
-            "no method {:?} here; the admin API has GetRun, ListRuns, ControlRun (POST) and WatchRun (GET, events)",
+            "no method {:?} here; the admin API has GetRun, ListRuns, ControlRun, CompareRuns (POST) and WatchRun \
+             (GET, events)",
             bounded(other, 64)
         ))),
     };

@@ -7,9 +7,9 @@ use assay_domain::limits::{MAX_ACTOR_CHARS, MAX_REASON_CHARS};
 use assay_domain::{StageError, Violations};
 use assay_proto::gateway::v1::gateway_service_server::{GatewayService, GatewayServiceServer};
 use assay_proto::gateway::v1::{
-    ControlRunRequest, ControlRunResponse, EvaluateRequest, EvaluateResponse, GetRunRequest, GetRunResponse,
-    ListRunsRequest, ListRunsResponse, RunPipelineRequest, RunPipelineResponse, WatchRunRequest, WatchRunResponse,
-    run_pipeline_request, run_result,
+    CompareRunsRequest, CompareRunsResponse, ControlRunRequest, ControlRunResponse, EvaluateRequest, EvaluateResponse,
+    GetRunRequest, GetRunResponse, ListRunsRequest, ListRunsResponse, RunPipelineRequest, RunPipelineResponse,
+    WatchRunRequest, WatchRunResponse, run_pipeline_request, run_result,
 };
 use assay_rpc::{CallContext, run_with, to_status};
 use futures::{Stream, StreamExt};
@@ -17,6 +17,8 @@ use tonic::service::Routes;
 use tonic::{Request, Response, Status};
 
 use crate::engine::Engine;
+
+pub mod compare;
 
 /// The gateway's gRPC face.
 #[derive(Clone)]
@@ -175,5 +177,14 @@ impl GatewayService for GatewayGrpc {
         check_control(&req).map_err(to_status)?;
         let run = self.engine.control(req).await.map_err(to_status)?;
         Ok(Response::new(ControlRunResponse { run: Some(run) }))
+    }
+
+    /// Two stored checklist_eval runs compared by the core `assay compare` uses.
+    async fn compare_runs(
+        &self,
+        request: Request<CompareRunsRequest>,
+    ) -> Result<Response<CompareRunsResponse>, Status> {
+        let reply = compare::compare_runs(&self.engine, request.into_inner()).await.map_err(to_status)?;
+        Ok(Response::new(reply))
     }
 }

@@ -79,6 +79,15 @@ pub struct ItemScore {
     pub reasoning: Option<String>,
     pub status: ItemStatus,
     pub error: String,
+    /// With several samples: each sample's answer in sample order (`None`: that sample abstained).
+    /// Empty with one sample.
+    pub sample_answers: Vec<Option<Answer>>,
+    /// YES samples / answered samples; `None` with one sample or when no sample answered.
+    pub yes_share: Option<f64>,
+    /// The answered samples disagree.
+    pub flaky: bool,
+    /// Samples with no answer for this item (unparseable, unanswered or failed), never a NO.
+    pub abstentions: u32,
 }
 
 impl ItemScore {
@@ -91,6 +100,10 @@ impl ItemScore {
             reasoning: None,
             status: ItemStatus::Answered,
             error: String::new(),
+            sample_answers: Vec::new(),
+            yes_share: None,
+            flaky: false,
+            abstentions: 0,
         }
     }
 
@@ -103,11 +116,56 @@ impl ItemScore {
             reasoning: None,
             status,
             error: error.into(),
+            sample_answers: Vec::new(),
+            yes_share: None,
+            flaky: false,
+            abstentions: 0,
         }
     }
 
     pub fn is_yes(&self) -> bool {
         self.answer == Some(Answer::Yes)
+    }
+
+    /// One item judged by several samples (`samples[i]` is sample i's score of this item, at least
+    /// one): the majority over the samples that answered (a tie is NO, and flaky), the yes-share,
+    /// the abstentions (samples without an answer, never counted as NO). Answered when at least one
+    /// sample answered, else the first sample's status and error. Confidence is the mean of the
+    /// answered samples' confidences; reasoning the first one agreeing with the majority.
+    pub fn majority(samples: &[ItemScore]) -> ItemScore {
+        let answered: Vec<&ItemScore> =
+            samples.iter().filter(|s| s.status == ItemStatus::Answered && s.answer.is_some()).collect();
+        let sample_answers: Vec<Option<Answer>> =
+            samples.iter().map(|s| if s.status == ItemStatus::Answered { s.answer } else { None }).collect();
+        let abstentions = (samples.len() - answered.len()) as u32;
+        let Some(first) = samples.first() else {
+            return ItemScore::missing("", ItemStatus::Unanswered, "no sample");
+        };
+        if answered.is_empty() {
+            return ItemScore {
+                sample_answers,
+                abstentions,
+                ..ItemScore::missing(&first.item_id, first.status, &first.error)
+            };
+        }
+        let yes = answered.iter().filter(|s| s.is_yes()).count();
+        let no = answered.len() - yes;
+        let answer = if yes > no { Answer::Yes } else { Answer::No };
+        let confidences: Vec<f64> = answered.iter().filter_map(|s| s.confidence).collect();
+        let confidence = (!confidences.is_empty()).then(|| confidences.iter().sum::<f64>() / confidences.len() as f64);
+        ItemScore {
+            item_id: first.item_id.clone(),
+            answer: Some(answer),
+            confidence,
+            confidence_level: confidence.map(ConfidenceLevel::of),
+            reasoning: answered.iter().find(|s| s.answer == Some(answer)).and_then(|s| s.reasoning.clone()),
+            status: ItemStatus::Answered,
+            error: String::new(),
+            sample_answers,
+            yes_share: Some(yes as f64 / answered.len() as f64),
+            flaky: yes > 0 && no > 0,
+            abstentions,
+        }
     }
 }
 
@@ -144,8 +202,13 @@ pub enum ScoringPrompt {
 /// `{question}` (the numbered questions in batch mode), as the original library calls it.
 pub const SCORER_PLACEHOLDERS: &[&str] = &["input", "target", "question", "checklist", "history", "reference"];
 
+/// Most samples per target ([`ScorerConfig::samples`]).
+pub const MAX_JUDGE_SAMPLES: u32 = 10;
+/// Most judge models of [`ScorerConfig::sample_models`].
+pub const MAX_SAMPLE_MODELS: usize = 10;
+
 /// Scorer options, every field decided.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ScorerConfig {
     pub mode: ScoringMode,
     pub primary_metric: PrimaryMetric,
@@ -156,6 +219,28 @@ pub struct ScorerConfig {
     /// Most model calls of one scoring request in flight at once, over all its targets and items
     /// (0 = the service's default). The backend's own limit applies under it.
     pub concurrency: u32,
+    /// Times each target is scored as a whole (1 to [`MAX_JUDGE_SAMPLES`]; 1 is one scoring as
+    /// without repeated judging). Sample i > 0 sends seed (spec seed or 0) + i.
+    pub samples: u32,
+    /// Judge model names used round-robin over the samples (sample i: `sample_models[i % len]`
+    /// on the scorer's backend); empty = the scorer's model.
+    pub sample_models: Vec<String>,
+}
+
+impl Default for ScorerConfig {
+    fn default() -> Self {
+        Self {
+            mode: ScoringMode::default(),
+            primary_metric: PrimaryMetric::default(),
+            capture_reasoning: false,
+            use_logprobs: false,
+            prompt: ScoringPrompt::default(),
+            prompt_template: None,
+            concurrency: 0,
+            samples: 1,
+            sample_models: Vec::new(),
+        }
+    }
 }
 
 impl ScorerConfig {
@@ -192,11 +277,31 @@ impl ScorerConfig {
                 );
             }
         }
+        if !(1..=MAX_JUDGE_SAMPLES).contains(&self.samples) {
+            v.push(format!("{field}.samples"), format!("is {}; must be 1 to {MAX_JUDGE_SAMPLES}", self.samples));
+        }
+        check_sample_models(&self.sample_models, field, v);
         if self.mode == ScoringMode::Batch && self.wants_logprobs() {
             v.push(
                 format!("{field}.mode"),
                 "logprob confidence (use_logprobs or the normalized metric) needs item mode: the first token of a batch reply is not an answer",
             );
+        }
+    }
+}
+
+/// What is wrong with a list of judge models (fields `{field}.sample_models*`): more than
+/// [`MAX_SAMPLE_MODELS`] entries, blank entries.
+pub fn check_sample_models(models: &[String], field: &str, v: &mut crate::Violations) {
+    if models.len() > MAX_SAMPLE_MODELS {
+        v.push(
+            format!("{field}.sample_models"),
+            format!("has {} models; the limit is {MAX_SAMPLE_MODELS}", models.len()),
+        );
+    }
+    for (i, m) in models.iter().enumerate() {
+        if m.trim().is_empty() {
+            v.push(format!("{field}.sample_models[{i}]"), "must not be blank");
         }
     }
 }
@@ -212,6 +317,10 @@ pub struct ScorerSettings {
     pub prompt: Option<ScoringPrompt>,
     pub prompt_template: Option<String>,
     pub concurrency: Option<u32>,
+    /// Samples per target; unset = the defaults' (1).
+    pub samples: Option<u32>,
+    /// Judge models round-robin; empty = the defaults'.
+    pub sample_models: Vec<String>,
 }
 
 impl ScorerSettings {
@@ -225,6 +334,8 @@ impl ScorerSettings {
             prompt: Some(c.prompt),
             prompt_template: c.prompt_template.clone(),
             concurrency: Some(c.concurrency),
+            samples: Some(c.samples),
+            sample_models: c.sample_models.clone(),
         }
     }
 
@@ -243,6 +354,12 @@ impl ScorerSettings {
             prompt: self.prompt.unwrap_or(defaults.prompt),
             prompt_template: self.prompt_template.clone().or_else(|| defaults.prompt_template.clone()),
             concurrency: self.concurrency.unwrap_or(defaults.concurrency),
+            samples: self.samples.unwrap_or(defaults.samples),
+            sample_models: if self.sample_models.is_empty() {
+                defaults.sample_models.clone()
+            } else {
+                self.sample_models.clone()
+            },
         }
     }
 }
@@ -263,6 +380,13 @@ pub struct Score {
     pub unanswered_count: u32,
     pub logprobs_unavailable: bool,
     pub schema_fallback: bool,
+    /// With several samples: each sample's primary score on its own, in sample order; empty with
+    /// one sample.
+    pub sample_primary_scores: Vec<f64>,
+    /// Sample standard deviation (n - 1) of `sample_primary_scores`; `None` with one sample.
+    pub sample_spread: Option<f64>,
+    /// Item abstentions summed over items.
+    pub abstentions: u32,
 }
 
 impl Score {
@@ -301,6 +425,50 @@ impl Score {
             primary_score,
             logprobs_unavailable: false,
             schema_fallback: false,
+            sample_primary_scores: Vec::new(),
+            sample_spread: None,
+            abstentions: 0,
+        }
+    }
+
+    /// A target scored several times (each sample through [`Score::compute`] on its own items,
+    /// aligned with the checklist): every aggregate is the mean over samples of the sample's
+    /// aggregate; the items carry the majority ([`ItemScore::majority`]) and the answered and
+    /// unanswered counts count those; the per-sample primary scores and their spread are kept.
+    /// One sample is returned as it is.
+    pub fn combine_samples(checklist: &Checklist, mut samples: Vec<Score>, primary: PrimaryMetric) -> Score {
+        if samples.len() <= 1 {
+            return samples.pop().unwrap_or_else(|| Score::compute(checklist, Vec::new(), primary));
+        }
+        let k = samples.len() as f64;
+        let mean_of = |f: fn(&Score) -> f64| samples.iter().map(f).sum::<f64>() / k;
+        let n_items = samples.iter().map(|s| s.item_scores.len()).max().unwrap_or(0);
+        let item_scores: Vec<ItemScore> = (0..n_items)
+            .map(|j| {
+                let per_sample: Vec<ItemScore> = samples.iter().filter_map(|s| s.item_scores.get(j).cloned()).collect();
+                ItemScore::majority(&per_sample)
+            })
+            .collect();
+        let sample_primary_scores: Vec<f64> = samples.iter().map(|s| s.primary_score).collect();
+        let answered = item_scores.iter().filter(|s| s.status == ItemStatus::Answered).count() as u32;
+        let first = &samples[0];
+        Score {
+            checklist_id: first.checklist_id.clone(),
+            target_id: first.target_id.clone(),
+            pass_rate: mean_of(|s| s.pass_rate),
+            weighted_score: mean_of(|s| s.weighted_score),
+            normalized_score: mean_of(|s| s.normalized_score),
+            scaled_score_1_5: mean_of(|s| s.scaled_score_1_5),
+            primary_metric: primary,
+            primary_score: mean_of(|s| s.primary_score),
+            answered_count: answered,
+            unanswered_count: item_scores.len() as u32 - answered,
+            logprobs_unavailable: samples.iter().any(|s| s.logprobs_unavailable),
+            schema_fallback: samples.iter().any(|s| s.schema_fallback),
+            sample_spread: Some(crate::stats::sd(&sample_primary_scores)),
+            sample_primary_scores,
+            abstentions: item_scores.iter().map(|s| s.abstentions).sum(),
+            item_scores,
         }
     }
 }
@@ -313,6 +481,47 @@ pub struct CategoryPassRate {
     pub items: u32,
 }
 
+/// The uncertainty of a mean score, as [`crate::stats::standard_error`] reports it (flattened).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct ScoreUncertainty {
+    pub mean: f64,
+    /// Observations: targets, or target samples.
+    pub observations: u32,
+    /// Distinct targets when some target has several observations (clustered), else 0.
+    pub clusters: u32,
+    pub alpha: f64,
+    pub se_naive: f64,
+    pub ci_naive: (f64, f64),
+    pub se_clustered: Option<f64>,
+    pub ci_clustered: Option<(f64, f64)>,
+    pub inflation: Option<f64>,
+    /// The honest standard error: clustered when available, else naive.
+    pub se: f64,
+    /// The honest interval: clustered when available, else naive.
+    pub ci: (f64, f64),
+}
+
+impl From<&crate::stats::StandardError> for ScoreUncertainty {
+    fn from(e: &crate::stats::StandardError) -> Self {
+        Self {
+            mean: e.mean,
+            observations: e.n as u32,
+            clusters: e.n_clusters.unwrap_or(0) as u32,
+            alpha: e.alpha,
+            se_naive: e.se_naive,
+            ci_naive: e.ci_naive,
+            se_clustered: e.se_clustered,
+            ci_clustered: e.ci_clustered,
+            inflation: e.inflation,
+            se: e.se(),
+            ci: e.ci(),
+        }
+    }
+}
+
+/// Significance level of the intervals on aggregates (95% intervals).
+pub const UNCERTAINTY_ALPHA: f64 = 0.05;
+
 /// Aggregates over many scores.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct AggregateScores {
@@ -322,6 +531,9 @@ pub struct AggregateScores {
     pub micro_pass_rate: f64,
     pub category_pass_rates: Vec<CategoryPassRate>,
     pub unanswered_items: u32,
+    /// Standard error and interval of the mean primary score over the observations (one per
+    /// target, or one per sample clustered by target); `None` under 2 observations.
+    pub uncertainty: Option<ScoreUncertainty>,
 }
 
 impl AggregateScores {
@@ -334,7 +546,15 @@ impl AggregateScores {
         let mut items_all = 0usize;
         let mut unanswered = 0u32;
         let mut cats: Vec<(String, usize, usize)> = Vec::new();
+        // (cluster key, primary score): targets are clusters, an empty target id stands alone.
+        let mut observations: Vec<(String, f64)> = Vec::new();
         for (score, checklist) in scores {
+            let key = if score.target_id.is_empty() { format!("#{targets}") } else { score.target_id.clone() };
+            if score.sample_primary_scores.is_empty() {
+                observations.push((key, score.primary_score));
+            } else {
+                observations.extend(score.sample_primary_scores.iter().map(|p| (key.clone(), *p)));
+            }
             targets += 1;
             primary_sum += score.primary_score;
             rate_sum += score.pass_rate;
@@ -360,6 +580,9 @@ impl AggregateScores {
             }
         }
         let t = f64::from(targets);
+        let obs: Vec<(&str, f64)> = observations.iter().map(|(k, p)| (k.as_str(), *p)).collect();
+        let uncertainty =
+            crate::stats::standard_error(&obs, UNCERTAINTY_ALPHA).ok().map(|e| ScoreUncertainty::from(&e));
         AggregateScores {
             targets,
             mean_primary_score: if targets == 0 { 0.0 } else { primary_sum / t },
@@ -370,6 +593,7 @@ impl AggregateScores {
                 .map(|(category, y, n)| CategoryPassRate { category, pass_rate: y as f64 / n as f64, items: n as u32 })
                 .collect(),
             unanswered_items: unanswered,
+            uncertainty,
         }
     }
 }
@@ -541,5 +765,143 @@ mod tests {
         assert_eq!(agg.category_pass_rates[0].category, "x");
         assert_eq!(agg.category_pass_rates[1].category, UNGROUPED);
         assert!((agg.category_pass_rates[1].pass_rate - 2.0 / 3.0).abs() < 1e-12);
+    }
+
+    fn sample(cl: &Checklist, target: &str, answers: &[Option<Answer>]) -> Score {
+        let items = cl
+            .items
+            .iter()
+            .zip(answers)
+            .map(|(it, a)| match a {
+                Some(a) => ItemScore::answered(&it.id, *a),
+                None => ItemScore::missing(&it.id, ItemStatus::Unparseable, "no yes/no"),
+            })
+            .collect();
+        let mut s = Score::compute(cl, items, PrimaryMetric::Weighted);
+        s.target_id = target.into();
+        s
+    }
+
+    #[test]
+    fn the_majority_counts_abstentions_apart_and_a_tie_is_a_flaky_no() {
+        use Answer::{No, Yes};
+        let item = |a: Option<Answer>| match a {
+            Some(a) => ItemScore::answered("a", a),
+            None => ItemScore::missing("a", ItemStatus::Unparseable, "garbled"),
+        };
+        let m = ItemScore::majority(&[item(Some(Yes)), item(None), item(Some(No)), item(Some(Yes))]);
+        assert_eq!((m.answer, m.status, m.flaky, m.abstentions), (Some(Yes), ItemStatus::Answered, true, 1));
+        assert_eq!(m.yes_share, Some(2.0 / 3.0));
+        assert_eq!(m.sample_answers, vec![Some(Yes), None, Some(No), Some(Yes)]);
+        // An abstention is never a NO: one YES and two abstentions is a unanimous YES.
+        let m = ItemScore::majority(&[item(None), item(Some(Yes)), item(None)]);
+        assert_eq!((m.answer, m.flaky, m.abstentions, m.yes_share), (Some(Yes), false, 2, Some(1.0)));
+        let tie = ItemScore::majority(&[item(Some(Yes)), item(Some(No))]);
+        assert_eq!((tie.answer, tie.flaky, tie.yes_share), (Some(No), true, Some(0.5)));
+        let none = ItemScore::majority(&[item(None), item(None)]);
+        assert_eq!((none.answer, none.status, none.yes_share), (None, ItemStatus::Unparseable, None));
+        assert_eq!((none.error.as_str(), none.abstentions), ("garbled", 2));
+    }
+
+    #[test]
+    fn samples_combine_into_mean_aggregates_and_majority_items() {
+        use Answer::{No, Yes};
+        let cl = checklist();
+        let samples = vec![
+            sample(&cl, "t", &[Some(Yes), Some(Yes), Some(No)]),
+            sample(&cl, "t", &[Some(Yes), Some(No), None]),
+            sample(&cl, "t", &[Some(No), Some(Yes), Some(No)]),
+        ];
+        let primaries: Vec<f64> = samples.iter().map(|s| s.primary_score).collect();
+        assert_eq!(primaries, vec![0.8, 0.5, 0.3]);
+        let s = Score::combine_samples(&cl, samples.clone(), PrimaryMetric::Weighted);
+        assert!((s.primary_score - 1.6 / 3.0).abs() < 1e-12);
+        assert!((s.weighted_score - 1.6 / 3.0).abs() < 1e-12);
+        assert!((s.pass_rate - (2.0 / 3.0 + 1.0 / 3.0 + 1.0 / 3.0) / 3.0).abs() < 1e-12);
+        assert!((s.scaled_score_1_5 - (s.pass_rate * 4.0 + 1.0)).abs() < 1e-12);
+        assert_eq!(s.sample_primary_scores, primaries);
+        assert!((s.sample_spread.unwrap() - crate::stats::sd(&primaries)).abs() < 1e-15);
+        assert!((s.sample_spread.unwrap() - 0.25166114784235827).abs() < 1e-12);
+        let answers: Vec<_> = s.item_scores.iter().map(|i| (i.answer, i.flaky)).collect();
+        assert_eq!(answers, vec![(Some(Yes), true), (Some(Yes), true), (Some(No), false)]);
+        assert_eq!((s.abstentions, s.answered_count, s.unanswered_count, s.target_id.as_str()), (1, 3, 0, "t"));
+        // One sample is the sample itself.
+        assert_eq!(Score::combine_samples(&cl, samples[..1].to_vec(), PrimaryMetric::Weighted), samples[0]);
+    }
+
+    #[test]
+    fn uncertainty_is_the_standard_error_of_the_observations() {
+        use Answer::{No, Yes};
+        let cl = checklist();
+        let one = |t: &str, a: &[Option<Answer>]| sample(&cl, t, a);
+        // One sample per target: naive only, one observation per target.
+        let scores = [
+            one("r1", &[Some(Yes), Some(Yes), Some(No)]),
+            one("r2", &[Some(No), Some(Yes), Some(No)]),
+            one("r3", &[Some(Yes), Some(Yes), Some(Yes)]),
+        ];
+        let agg = AggregateScores::compute(scores.iter().map(|s| (s, &cl)));
+        let want = crate::stats::standard_error(&[("r1", 0.8), ("r2", 0.3), ("r3", 1.0)], 0.05).unwrap();
+        let u = agg.uncertainty.clone().unwrap();
+        assert_eq!(u, ScoreUncertainty::from(&want));
+        assert_eq!((u.observations, u.clusters, u.se_clustered), (3, 0, None));
+        assert_eq!((u.se, u.ci), (want.se_naive, want.ci_naive));
+        assert!((u.mean - agg.mean_primary_score).abs() < 1e-12);
+        // Several samples per target: one observation per sample, clustered by target.
+        let a = Score::combine_samples(
+            &cl,
+            vec![one("r1", &[Some(Yes), Some(Yes), Some(No)]), one("r1", &[Some(Yes), Some(No), Some(No)])],
+            PrimaryMetric::Weighted,
+        );
+        let b = Score::combine_samples(
+            &cl,
+            vec![one("r2", &[Some(No), Some(No), Some(No)]), one("r2", &[Some(No), Some(Yes), Some(No)])],
+            PrimaryMetric::Weighted,
+        );
+        let c = Score::combine_samples(
+            &cl,
+            vec![one("r3", &[Some(Yes), Some(Yes), Some(Yes)]), one("r3", &[Some(Yes), Some(Yes), Some(No)])],
+            PrimaryMetric::Weighted,
+        );
+        let agg = AggregateScores::compute([(&a, &cl), (&b, &cl), (&c, &cl)]);
+        let obs = [("r1", 0.8), ("r1", 0.5), ("r2", 0.0), ("r2", 0.3), ("r3", 1.0), ("r3", 0.8)];
+        let want = crate::stats::standard_error(&obs, 0.05).unwrap();
+        let u = agg.uncertainty.unwrap();
+        assert_eq!(u, ScoreUncertainty::from(&want));
+        assert_eq!((u.observations, u.clusters), (6, 3));
+        assert_eq!(Some(u.se), want.se_clustered);
+        assert_eq!(Some(u.ci), want.ci_clustered);
+        assert!(u.inflation.is_some());
+        // Fewer than two observations: no uncertainty.
+        let single = one("r1", &[Some(Yes), Some(Yes), Some(No)]);
+        assert_eq!(AggregateScores::compute([(&single, &cl)]).uncertainty, None);
+        assert_eq!(AggregateScores::compute(std::iter::empty()).uncertainty, None);
+    }
+
+    #[test]
+    fn sample_settings_are_checked_with_their_limits() {
+        let check = |samples: u32, models: &[&str]| {
+            let mut v = crate::Violations::new();
+            ScorerConfig {
+                samples,
+                sample_models: models.iter().map(|m| m.to_string()).collect(),
+                ..Default::default()
+            }
+            .check("config", &mut v);
+            v.into_result().err().map(|e| e.to_string()).unwrap_or_default()
+        };
+        assert_eq!(check(1, &[]), "");
+        assert_eq!(check(10, &["a", "b"]), "");
+        assert!(check(0, &[]).contains("config.samples") && check(0, &[]).contains("1 to 10"));
+        assert!(check(11, &[]).contains("config.samples"));
+        assert!(check(2, &["a", " "]).contains("config.sample_models[1]"));
+        let many = ["m"; 11];
+        assert!(check(2, &many).contains("config.sample_models") && check(2, &many).contains("limit is 10"));
+        // Unset settings keep the defaults: one sample, the scorer's model.
+        let c = ScorerSettings::default().resolve(&ScorerConfig::default());
+        assert_eq!((c.samples, c.sample_models.len()), (1, 0));
+        let c = ScorerSettings { samples: Some(3), sample_models: vec!["j".into()], ..Default::default() }
+            .resolve(&ScorerConfig::default());
+        assert_eq!((c.samples, c.sample_models), (3, vec!["j".to_string()]));
     }
 }

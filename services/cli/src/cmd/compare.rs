@@ -1,26 +1,34 @@
-//! `assay compare BASELINE CANDIDATE`: the paired comparison of two evaluation result files (the
-//! JSON lines of `assay eval --out` / `assay score --out`), records paired by `id`, with the
-//! statistics of [`assay_domain::stats`], the per-item flips, the worst regressions, the records
-//! found in only one file, and an optional regression gate for CI.
+//! `assay compare BASELINE CANDIDATE`: the paired comparison of two evaluation runs, each a
+//! results file (the JSON lines of `assay eval --out` / `assay score --out`) or a run id in the
+//! gateway's store, records paired by `id`, with the core of
+//! [`assay_domain::stats::runs`] (the one `GatewayService.CompareRuns` uses): the statistics, the
+//! per-item flips, the worst regressions, the records found on one side only, and an optional
+//! regression gate for CI. Two run ids are compared by the gateway (CompareRuns); a file and a run
+//! id locally, the run fetched with GetRun. The numbers are the same either way.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use assay_domain::stats::{self, BOOTSTRAP_RESAMPLES, BootstrapInterval, Comparison, DEFAULT_BOOTSTRAP_SEED};
-use serde_json::{Value, json};
+use assay_config::AssayConfig;
+use assay_domain::stats::runs::{self, CompareOptions, Gate, ItemFlips, RecordDiff, RunComparison, RunMetric};
+use assay_domain::stats::{BootstrapInterval, Comparison, DEFAULT_BOOTSTRAP_SEED, Method};
+use assay_proto::gateway::v1 as gw;
+
+use super::source::{self, Spec};
+use super::{client, status_text};
 
 /// Exit code of `--fail-on-regression` when the candidate is significantly worse.
 pub const EXIT_REGRESSION: u8 = 1;
-/// Exit code for bad input (missing file, malformed line, no shared records, bad option).
+/// Exit code for bad input (missing file, malformed line, no shared records, bad option, unknown
+/// run id, unreachable gateway, a run that is not a finished checklist_eval run).
 pub const EXIT_BAD_INPUT: u8 = 2;
-/// Records listed as the worst regressions.
-const WORST: usize = 10;
+/// Records listed as the worst regressions in the table.
+const WORST: usize = runs::WORST_RECORDS;
 
 /// The per-record score compared.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Metric {
-    /// `primary_score`: the scorer's primary metric.
+    /// `primary_score`: the scorer's primary metric (per-sample scores, when judged several
+    /// times, averaged per record first).
     Primary,
     /// `pass_rate`: the share of items answered yes.
     #[value(name = "pass_rate")]
@@ -32,13 +40,22 @@ pub enum Metric {
 }
 
 impl Metric {
-    /// The field of an `assay eval --out` line.
-    pub fn field(self) -> &'static str {
+    /// The core's metric.
+    pub fn run_metric(self) -> RunMetric {
         match self {
-            Self::Primary => "primary_score",
-            Self::PassRate => "pass_rate",
-            Self::Weighted => "weighted_score",
-            Self::Normalized => "normalized_score",
+            Self::Primary => RunMetric::Primary,
+            Self::PassRate => RunMetric::PassRate,
+            Self::Weighted => RunMetric::Weighted,
+            Self::Normalized => RunMetric::Normalized,
+        }
+    }
+
+    fn to_proto(self) -> gw::CompareMetric {
+        match self {
+            Self::Primary => gw::CompareMetric::Primary,
+            Self::PassRate => gw::CompareMetric::PassRate,
+            Self::Weighted => gw::CompareMetric::Weighted,
+            Self::Normalized => gw::CompareMetric::Normalized,
         }
     }
 }
@@ -46,11 +63,11 @@ impl Metric {
 /// Options of `assay compare`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct CompareArgs {
-    /// Baseline results: a JSON-lines file written by `assay eval --out` or `assay score --out`
-    /// (files only for now: run ids from the store are not accepted yet).
-    pub baseline: PathBuf,
-    /// Candidate results, the same format; the difference is candidate minus baseline.
-    pub candidate: PathBuf,
+    /// Baseline results: a JSON-lines file written by `assay eval --out` or `assay score --out`,
+    /// or the id of a checklist_eval run in the gateway's store.
+    pub baseline: String,
+    /// Candidate results, a file or a run id; the difference is candidate minus baseline.
+    pub candidate: String,
     /// The per-record score to compare.
     #[arg(long, value_enum, default_value = "primary")]
     pub metric: Metric,
@@ -70,160 +87,28 @@ pub struct CompareArgs {
     /// Seed of the paired bootstrap interval (10,000 resamples).
     #[arg(long, default_value_t = DEFAULT_BOOTSTRAP_SEED)]
     pub seed: u64,
+    /// Gateway address for run ids (default: the configured gateway port on this machine).
+    #[arg(long)]
+    pub gateway: Option<String>,
 }
 
-/// One line of a results file.
-struct Line {
-    id: String,
-    /// None: the record failed or carries no score.
-    score: Option<f64>,
-    /// Item (question text when the line has it, else item id) -> yes (true) / no (false).
-    answers: BTreeMap<String, bool>,
-}
-
-/// A results file, its lines in order.
-struct Results {
-    path: PathBuf,
-    lines: Vec<Line>,
-}
-
-impl Results {
-    fn read(path: &Path, metric: Metric) -> Result<Self, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let mut lines = Vec::new();
-        for (i, raw) in text.lines().enumerate() {
-            if raw.trim().is_empty() {
-                continue;
-            }
-            let at = || format!("{} line {}", path.display(), i + 1);
-            let v: Value = serde_json::from_str(raw).map_err(|e| format!("{}: not JSON: {e}", at()))?;
-            let Value::Object(o) = v else {
-                return Err(format!("{}: expected a JSON object (a line of `assay eval --out`)", at()));
-            };
-            let id = match o.get("id") {
-                Some(Value::String(s)) if !s.is_empty() => s.clone(),
-                Some(Value::Number(n)) => n.to_string(),
-                _ => return Err(format!("{}: no record \"id\" (a non-empty string)", at())),
-            };
-            let field = metric.field();
-            let score = match o.get(field) {
-                Some(Value::Number(n)) => match n.as_f64().filter(|x| x.is_finite()) {
-                    Some(x) => Some(x),
-                    None => return Err(format!("{}: {field:?} is not a finite number", at())),
-                },
-                Some(Value::Null) => None,
-                None => {
-                    return Err(format!(
-                        "{}: no {field:?} field (--metric {}; is this a file written by `assay eval --out`?)",
-                        at(),
-                        field.trim_end_matches("_score")
-                    ));
-                }
-                Some(other) => return Err(format!("{}: {field:?} must be a number or null, got {other}", at())),
-            };
-            let questions = o.get("questions").and_then(Value::as_object);
-            let answers = o
-                .get("answers")
-                .and_then(Value::as_object)
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|(item, ans)| {
-                            let yes = match ans.as_str()? {
-                                "yes" => true,
-                                "no" => false,
-                                _ => return None,
-                            };
-                            let key = questions
-                                .and_then(|q| q.get(item))
-                                .and_then(Value::as_str)
-                                .map_or_else(|| item.clone(), str::to_string);
-                            Some((key, yes))
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
-            lines.push(Line { id, score, answers });
-        }
-        Ok(Self { path: path.to_path_buf(), lines })
-    }
-
-    /// Scored observations `(id, score)`, repeats kept (they are samples of one record).
-    fn observations(&self) -> Vec<(&str, f64)> {
-        self.lines.iter().filter_map(|l| l.score.map(|s| (l.id.as_str(), s))).collect()
-    }
-
-    /// Per-record mean scores.
-    fn means(&self) -> BTreeMap<&str, f64> {
-        let mut by: BTreeMap<&str, (f64, usize)> = BTreeMap::new();
-        for (id, s) in self.observations() {
-            let e = by.entry(id).or_insert((0.0, 0));
-            e.0 += s;
-            e.1 += 1;
-        }
-        by.into_iter().map(|(k, (s, n))| (k, s / n as f64)).collect()
-    }
-
-    fn ids(&self) -> BTreeSet<&str> {
-        self.lines.iter().map(|l| l.id.as_str()).collect()
-    }
-
-    /// Records without a score on any line.
-    fn unscored(&self) -> Vec<&str> {
-        let scored: BTreeSet<&str> = self.lines.iter().filter(|l| l.score.is_some()).map(|l| l.id.as_str()).collect();
-        self.ids().into_iter().filter(|id| !scored.contains(id)).collect()
-    }
-
-    /// The first line of each record (its checklist answers).
-    fn first_lines(&self) -> BTreeMap<&str, &Line> {
-        let mut m = BTreeMap::new();
-        for l in &self.lines {
-            m.entry(l.id.as_str()).or_insert(l);
-        }
-        m
-    }
-}
-
-/// How often one checklist item flipped across the shared records.
-struct ItemFlips {
-    item: String,
-    compared: usize,
-    yes_to_no: usize,
-    no_to_yes: usize,
-}
-
-/// Everything `assay compare` reports.
-struct Report {
-    metric: Metric,
-    comparison: Comparison,
-    bootstrap: Option<BootstrapInterval>,
-    items: Vec<ItemFlips>,
-    /// (id, baseline mean, candidate mean), most negative difference first.
-    worst: Vec<(String, f64, f64)>,
-    baseline_only: Vec<String>,
-    candidate_only: Vec<String>,
-    unscored_baseline: Vec<String>,
-    unscored_candidate: Vec<String>,
-}
-
-/// Run `assay compare`: 0 done (no significant regression under the gate), 1 a regression under
-/// `--fail-on-regression`, 2 bad input.
-pub fn run(args: CompareArgs) -> ExitCode {
-    match report(&args) {
+/// Run `assay compare` with `config` (its token and TLS settings reach the gateway).
+pub async fn run_with(config: &AssayConfig, args: CompareArgs) -> ExitCode {
+    match report(config, &args).await {
         Err(e) => {
             eprintln!("assay compare: {e}");
             ExitCode::from(EXIT_BAD_INPUT)
         }
-        Ok(r) => {
-            let gate = args.fail_on_regression.then(|| gate(&r, args.min_effect.unwrap_or(0.0)));
+        Ok((r, labels)) => {
             if args.json {
-                println!("{}", to_json(&r, gate.as_ref()));
+                println!("{}", runs::to_json(&r));
             } else {
-                print!("{}", table(&r, &args));
+                print!("{}", table(&r, &labels));
             }
-            match gate {
-                Some((regressed, why)) => {
-                    eprintln!("{why}");
-                    if regressed { ExitCode::from(EXIT_REGRESSION) } else { ExitCode::SUCCESS }
+            match &r.gate {
+                Some(g) => {
+                    eprintln!("{}", g.reason);
+                    if g.regressed { ExitCode::from(EXIT_REGRESSION) } else { ExitCode::SUCCESS }
                 }
                 None => ExitCode::SUCCESS,
             }
@@ -231,7 +116,8 @@ pub fn run(args: CompareArgs) -> ExitCode {
     }
 }
 
-fn report(args: &CompareArgs) -> Result<Report, String> {
+/// The report and the two sides' labels (path, or `run <id>`).
+async fn report(config: &AssayConfig, args: &CompareArgs) -> Result<(RunComparison, [String; 2]), String> {
     if !(args.alpha > 0.0 && args.alpha < 1.0) {
         return Err(format!("--alpha must be in (0, 1), got {}", args.alpha));
     }
@@ -240,119 +126,151 @@ fn report(args: &CompareArgs) -> Result<Report, String> {
     {
         return Err(format!("--min-effect must be a finite number >= 0, got {m}"));
     }
-    let base = Results::read(&args.baseline, args.metric)?;
-    let cand = Results::read(&args.candidate, args.metric)?;
-    let (bm, cm) = (base.means(), cand.means());
-    let shared: Vec<&str> = bm.keys().filter(|k| cm.contains_key(*k)).copied().collect();
-    if shared.is_empty() {
-        return Err(format!(
-            "no shared records: {} ({} scored) and {} ({} scored) have no scored record id in common",
-            base.path.display(),
-            bm.len(),
-            cand.path.display(),
-            cm.len()
-        ));
+    let metric = args.metric.run_metric();
+    let (base, cand) = (Spec::parse(&args.baseline)?, Spec::parse(&args.candidate)?);
+    let labels = [base.label(), cand.label()];
+    let min_effect = args.fail_on_regression.then(|| args.min_effect.unwrap_or(0.0));
+    let url = source::gateway_url(config, args.gateway.as_deref());
+    if let (Spec::Run(b), Spec::Run(c)) = (&base, &cand) {
+        let request = gw::CompareRunsRequest {
+            baseline_run_id: b.clone(),
+            candidate_run_id: c.clone(),
+            metric: args.metric.to_proto() as i32,
+            alpha: args.alpha,
+            min_effect,
+            bootstrap_seed: Some(args.seed),
+        };
+        let reply = client(config, &url)?.compare_runs(request).await.map_err(|s| {
+            let code = s.code();
+            if code == tonic::Code::Unavailable || code == tonic::Code::Unknown {
+                format!("the gateway at {url} is unreachable to compare runs {b} and {c}: {}", status_text(&s))
+            } else if code == tonic::Code::NotFound {
+                format!("unknown run id: {} (not a file either) on the gateway at {url}", s.message())
+            } else {
+                status_text(&s)
+            }
+        })?;
+        return Ok((from_response(reply.into_inner())?, labels));
     }
-    let comparison = stats::compare(&cand.observations(), &base.observations(), args.alpha)
-        .map_err(|e| format!("cannot compare: {e}"))?;
-    let bootstrap = if comparison.paired {
-        let diffs: Vec<f64> = comparison.pairs.iter().map(|(_, a, b)| a - b).collect();
-        stats::paired_bootstrap(&diffs, args.alpha, BOOTSTRAP_RESAMPLES, args.seed)
-    } else {
-        None
-    };
-    let mut worst: Vec<(String, f64, f64)> =
-        shared.iter().map(|id| ((*id).to_string(), bm[id], cm[id])).filter(|(_, b, c)| c < b).collect();
-    worst.sort_by(|x, y| (x.2 - x.1).total_cmp(&(y.2 - y.1)).then_with(|| x.0.cmp(&y.0)));
-    worst.truncate(WORST);
-    let (bids, cids) = (base.ids(), cand.ids());
-    Ok(Report {
-        metric: args.metric,
-        items: flips(&base, &cand),
-        bootstrap,
-        worst,
-        baseline_only: bids.difference(&cids).map(|s| (*s).to_string()).collect(),
-        candidate_only: cids.difference(&bids).map(|s| (*s).to_string()).collect(),
-        unscored_baseline: base.unscored().into_iter().map(str::to_string).collect(),
-        unscored_candidate: cand.unscored().into_iter().map(str::to_string).collect(),
-        comparison,
-    })
-}
-
-/// Per item (question text, else item id) over the records in both files: yes->no and no->yes.
-fn flips(base: &Results, cand: &Results) -> Vec<ItemFlips> {
-    let (bl, cl) = (base.first_lines(), cand.first_lines());
-    let mut by: BTreeMap<&str, ItemFlips> = BTreeMap::new();
-    for (id, b) in &bl {
-        let Some(c) = cl.get(id) else { continue };
-        for (item, yes_b) in &b.answers {
-            let Some(yes_c) = c.answers.get(item) else { continue };
-            let e = by.entry(item.as_str()).or_insert_with(|| ItemFlips {
-                item: item.clone(),
-                compared: 0,
-                yes_to_no: 0,
-                no_to_yes: 0,
-            });
-            e.compared += 1;
-            e.yes_to_no += usize::from(*yes_b && !yes_c);
-            e.no_to_yes += usize::from(!yes_b && *yes_c);
+    let load = |spec: Spec| {
+        let url = url.clone();
+        async move {
+            match spec {
+                Spec::File(p) => source::read_file(&p, metric),
+                Spec::Run(id) => source::fetch_run(config, &url, &id, metric).await,
+            }
         }
-    }
-    let mut items: Vec<ItemFlips> = by.into_values().collect();
-    items.sort_by(|x, y| y.yes_to_no.cmp(&x.yes_to_no).then(y.no_to_yes.cmp(&x.no_to_yes)).then(x.item.cmp(&y.item)));
-    items
+    };
+    let (b, c) = (load(base).await?, load(cand).await?);
+    let options = CompareOptions { metric, alpha: args.alpha, seed: args.seed, min_effect };
+    let r = runs::compare_runs(&b, &c, options).map_err(|e| match e {
+        runs::RunCompareError::NoSharedRecords { baseline, candidate } => format!(
+            "no shared records: {} ({baseline} scored) and {} ({candidate} scored) have no scored record id in common",
+            labels[0], labels[1]
+        ),
+        runs::RunCompareError::Stats(s) => format!("cannot compare: {s}"),
+    })?;
+    Ok((r, labels))
 }
 
-/// (regressed, the line saying why).
-fn gate(r: &Report, min_effect: f64) -> (bool, String) {
-    let c = &r.comparison;
-    let conf = 100.0 * (1.0 - c.alpha);
-    let interval = format!("diff {:+.4}, {conf:.0}% CI [{:+.4}, {:+.4}]", c.diff, c.ci.0, c.ci.1);
-    if c.ci.1 < -min_effect {
-        (true, format!("regression: {interval} lies entirely below -{min_effect} ({})", c.method.as_str()))
-    } else {
-        (false, format!("no significant regression: {interval} does not lie entirely below -{min_effect}"))
-    }
-}
-
-fn to_json(r: &Report, gate: Option<&(bool, String)>) -> Value {
-    let c = &r.comparison;
-    json!({
-        "metric": r.metric.field(),
-        "method": c.method.as_str(),
-        "paired": c.paired,
-        "alpha": c.alpha,
-        "n_pairs": c.n_pairs,
-        "n_baseline": c.n_records_b,
-        "n_candidate": c.n_records_a,
-        "mean_baseline": c.mean_b,
-        "mean_candidate": c.mean_a,
-        "diff": c.diff,
-        "ci_low": c.ci.0,
-        "ci_high": c.ci.1,
-        "p_value": c.p_value,
-        "significant": c.significant(),
-        "variance_reduction": c.variance_reduction,
-        "effective_n": c.effective_n,
-        "n_discordant": c.n_discordant,
-        "odds_ratio": c.odds_ratio,
-        "ci_odds_ratio": c.ci_odds_ratio.map(|(l, h)| json!([l, h])),
-        "bootstrap_ci_low": r.bootstrap.map(|b| b.low),
-        "bootstrap_ci_high": r.bootstrap.map(|b| b.high),
-        "bootstrap_resamples": r.bootstrap.map(|b| b.resamples),
-        "bootstrap_seed": r.bootstrap.map(|b| b.seed),
-        "warnings": c.warnings,
-        "notes": c.notes,
-        "items": r.items.iter().map(|i| json!({
-            "item": i.item, "compared": i.compared, "yes_to_no": i.yes_to_no, "no_to_yes": i.no_to_yes,
-        })).collect::<Vec<_>>(),
-        "worst_regressions": r.worst.iter().map(|(id, b, c)| json!({
-            "id": id, "baseline": b, "candidate": c, "diff": c - b,
-        })).collect::<Vec<_>>(),
-        "unmatched": {"baseline_only": r.baseline_only, "candidate_only": r.candidate_only},
-        "unscored": {"baseline": r.unscored_baseline, "candidate": r.unscored_candidate},
-        "regression": gate.map(|g| g.0),
-        "gate": gate.map(|g| g.1.clone()),
+/// CompareRuns' answer as the core's report (what the table and `--json` print).
+fn from_response(r: gw::CompareRunsResponse) -> Result<RunComparison, String> {
+    let gw::CompareRunsResponse {
+        baseline_run_id: _,
+        candidate_run_id: _,
+        metric,
+        method,
+        paired,
+        alpha,
+        n_pairs,
+        n_baseline,
+        n_candidate,
+        mean_baseline,
+        mean_candidate,
+        diff,
+        ci_low,
+        ci_high,
+        p_value,
+        significant: _,
+        variance_reduction,
+        effective_n,
+        n_discordant,
+        odds_ratio,
+        odds_ratio_ci_low,
+        odds_ratio_ci_high,
+        bootstrap,
+        warnings,
+        notes,
+        items,
+        worst_regressions,
+        baseline_only,
+        candidate_only,
+        unscored_baseline,
+        unscored_candidate,
+        gate,
+    } = r;
+    let method = match gw::CompareMethod::try_from(method) {
+        Ok(gw::CompareMethod::PairedT) => Method::PairedT,
+        Ok(gw::CompareMethod::Mcnemar) => Method::McNemar,
+        Ok(gw::CompareMethod::WelchT) => Method::WelchT,
+        Ok(gw::CompareMethod::TwoProportion) => Method::TwoProportion,
+        Ok(gw::CompareMethod::Unspecified) | Err(_) => return Err(format!("the gateway answered method {method}")),
+    };
+    let metric = match gw::CompareMetric::try_from(metric) {
+        Ok(gw::CompareMetric::Primary | gw::CompareMetric::Unspecified) => RunMetric::Primary,
+        Ok(gw::CompareMetric::PassRate) => RunMetric::PassRate,
+        Ok(gw::CompareMetric::Weighted) => RunMetric::Weighted,
+        Ok(gw::CompareMetric::Normalized) => RunMetric::Normalized,
+        Err(_) => return Err(format!("the gateway answered metric {metric}")),
+    };
+    let comparison = Comparison {
+        method,
+        paired,
+        n_records_a: n_candidate as usize,
+        n_records_b: n_baseline as usize,
+        n_pairs: n_pairs.map(|n| n as usize),
+        mean_a: mean_candidate,
+        mean_b: mean_baseline,
+        diff,
+        ci: (ci_low, ci_high),
+        p_value,
+        alpha,
+        variance_reduction,
+        effective_n,
+        odds_ratio,
+        ci_odds_ratio: odds_ratio_ci_low.zip(odds_ratio_ci_high),
+        n_discordant,
+        pairs: Vec::new(),
+        warnings,
+        notes,
+    };
+    Ok(RunComparison {
+        metric,
+        comparison,
+        bootstrap: bootstrap.map(|b| BootstrapInterval {
+            low: b.ci_low,
+            high: b.ci_high,
+            resamples: b.resamples as usize,
+            seed: b.seed,
+        }),
+        items: items
+            .into_iter()
+            .map(|i| ItemFlips {
+                item: i.item,
+                compared: i.compared as usize,
+                yes_to_no: i.yes_to_no as usize,
+                no_to_yes: i.no_to_yes as usize,
+            })
+            .collect(),
+        worst: worst_regressions
+            .into_iter()
+            .map(|w| RecordDiff { id: w.record_id, baseline: w.baseline, candidate: w.candidate })
+            .collect(),
+        baseline_only,
+        candidate_only,
+        unscored_baseline,
+        unscored_candidate,
+        gate: gate.map(|g| Gate { regressed: g.regressed, min_effect: g.min_effect, reason: g.reason }),
     })
 }
 
@@ -365,15 +283,15 @@ fn list(ids: &[String]) -> String {
     s
 }
 
-fn table(r: &Report, args: &CompareArgs) -> String {
+fn table(r: &RunComparison, labels: &[String; 2]) -> String {
     use std::fmt::Write;
     let c = &r.comparison;
     let conf = format!("{:.0}%", 100.0 * (1.0 - c.alpha));
     let mut s = String::new();
     let _ = writeln!(s, "{} (candidate - baseline), {}", r.metric.field(), c.method.as_str());
-    let _ = writeln!(s, "  {:<11} {:>10}  {:>8}  file", "", "records", "mean");
-    let _ = writeln!(s, "  {:<11} {:>10}  {:>8.4}  {}", "baseline", c.n_records_b, c.mean_b, args.baseline.display());
-    let _ = writeln!(s, "  {:<11} {:>10}  {:>8.4}  {}", "candidate", c.n_records_a, c.mean_a, args.candidate.display());
+    let _ = writeln!(s, "  {:<11} {:>10}  {:>8}  results", "", "records", "mean");
+    let _ = writeln!(s, "  {:<11} {:>10}  {:>8.4}  {}", "baseline", c.n_records_b, c.mean_b, labels[0]);
+    let _ = writeln!(s, "  {:<11} {:>10}  {:>8.4}  {}", "candidate", c.n_records_a, c.mean_a, labels[1]);
     let pairs = c.n_pairs.map_or_else(|| "unpaired".to_string(), |n| format!("{n} pairs"));
     let _ = writeln!(
         s,
@@ -411,8 +329,8 @@ fn table(r: &Report, args: &CompareArgs) -> String {
     }
     if !r.worst.is_empty() {
         let _ = writeln!(s, "largest regressions:");
-        for (id, b, cd) in &r.worst {
-            let _ = writeln!(s, "  {id}: {b:.4} -> {cd:.4} ({:+.4})", cd - b);
+        for w in &r.worst {
+            let _ = writeln!(s, "  {}: {:.4} -> {:.4} ({:+.4})", w.id, w.baseline, w.candidate, w.diff());
         }
     }
     if !r.baseline_only.is_empty() {

@@ -40,6 +40,8 @@ pub async fn eval(
     args: RunArgs,
 ) -> Result<Outcome, String> {
     let preset = super::preset(preset)?;
+    // `--samples N` / `--sample-model`: repeated judging, over the scoring options.
+    let scorer = corpus.with_sampling(scorer)?;
     let records = read_records(&args.data)?;
     let source = if is_corpus(preset) {
         gw::checklist_source::Source::Corpus(corpus_request(preset, corpus)?)

@@ -57,12 +57,19 @@ pub struct CorpusArgs {
     #[arg(long)]
     pub alpha: Option<f64>,
     /// Refiners to run on the checklist, in order (comma separated): deduplicator, tagger,
-    /// unit_tester (needs --samples), selector.
+    /// unit_tester (needs --samples FILE), selector.
     #[arg(long, value_delimiter = ',')]
     pub refine: Vec<String>,
-    /// unit_tester: scored sample responses, JSON lines {"id", "text", "answers": {"<item id>": "yes"|"no"}}.
-    #[arg(long)]
-    pub samples: Option<PathBuf>,
+    /// A number N (eval, 1 to 10): judge every record N times (seeds differ per sample; items take
+    /// the majority, scores the mean, the summary reports flaky items). Or a file (unit_tester):
+    /// scored sample responses, JSON lines {"id", "text", "answers": {"<item id>": "yes"|"no"}}.
+    /// Give it twice for both.
+    #[arg(long, value_name = "N|FILE")]
+    pub samples: Vec<SamplesArg>,
+    /// eval with --samples N: a judge model name on the scorer's backend, used round-robin over
+    /// the samples (repeat for several; at most 10). Unset: the scorer's model.
+    #[arg(long = "sample-model", value_name = "MODEL")]
+    pub sample_models: Vec<String>,
     /// feedback: run the UnitTester on these sample responses (one per line, .txt, or JSON strings /
     /// {"text"} objects, .jsonl; at most 20), after the Tagger.
     #[arg(long)]
@@ -74,7 +81,72 @@ pub struct CorpusArgs {
     pub candidate_models: Vec<String>,
 }
 
+/// One `--samples` value: digits are a judge sample count, anything else a scored-samples file.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SamplesArg {
+    /// Judge every record this many times (1 to 10).
+    Count(u32),
+    /// The unit tester's scored sample responses.
+    File(PathBuf),
+}
+
+impl std::str::FromStr for SamplesArg {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+            return Ok(SamplesArg::File(PathBuf::from(s)));
+        }
+        match s.parse::<u32>() {
+            Ok(n) if (1..=assay_domain::MAX_JUDGE_SAMPLES).contains(&n) => Ok(SamplesArg::Count(n)),
+            Ok(_) | Err(_) => Err(format!(
+                "{s} judge samples: give 1 to {} (a file named by digits only: write it as ./{s})",
+                assay_domain::MAX_JUDGE_SAMPLES
+            )),
+        }
+    }
+}
+
 impl CorpusArgs {
+    /// The judge sample count of `--samples N` (the last one given).
+    pub fn judge_samples(&self) -> Option<u32> {
+        self.samples.iter().rev().find_map(|s| match s {
+            SamplesArg::Count(n) => Some(*n),
+            SamplesArg::File(_) => None,
+        })
+    }
+
+    /// The unit tester's scored-samples file of `--samples FILE` (the last one given).
+    pub fn scored_samples(&self) -> Option<&Path> {
+        self.samples.iter().rev().find_map(|s| match s {
+            SamplesArg::File(p) => Some(p.as_path()),
+            SamplesArg::Count(_) => None,
+        })
+    }
+
+    /// The scorer settings with repeated judging (`--samples N`, `--sample-model`) over them;
+    /// unchanged when neither is given.
+    pub fn with_sampling(&self, scorer: Option<common::ScorerConfig>) -> Result<Option<common::ScorerConfig>, String> {
+        let samples = self.judge_samples();
+        if samples.is_none() && self.sample_models.is_empty() {
+            return Ok(scorer);
+        }
+        if let Some(m) = self.sample_models.iter().find(|m| m.trim().is_empty()) {
+            return Err(format!("--sample-model {m:?}: give a model name"));
+        }
+        if self.sample_models.len() > assay_domain::MAX_SAMPLE_MODELS {
+            return Err(format!(
+                "--sample-model given {} times; the limit is {}",
+                self.sample_models.len(),
+                assay_domain::MAX_SAMPLE_MODELS
+            ));
+        }
+        let mut scorer = scorer.unwrap_or_default();
+        scorer.samples = samples.or(scorer.samples);
+        scorer.sample_models = self.sample_models.iter().map(|m| m.trim().to_string()).collect();
+        Ok(Some(scorer))
+    }
+
     /// The candidate models as model specs.
     pub fn candidate_specs(&self) -> Result<Vec<assay_proto::common::v1::ModelSpec>, String> {
         self.candidate_models
@@ -98,7 +170,7 @@ impl CorpusArgs {
 
     /// The refiner chain; `input` is the instruction the unit tester's samples answer.
     pub fn steps(&self, input: &str) -> Result<Vec<ref_pb::RefinerStep>, String> {
-        let samples = match &self.samples {
+        let samples = match self.scored_samples() {
             Some(path) => Some(read_samples(path)?),
             None => None,
         };
@@ -114,7 +186,9 @@ impl CorpusArgs {
                     }),
                     "tagger" => ref_pb::refiner_step::Step::Tag(ref_pb::TagRequest::default()),
                     "unit_tester" => ref_pb::refiner_step::Step::UnitTest(ref_pb::UnitTestRequest {
-                        samples: samples.clone().ok_or("--refine unit_tester needs --samples (scored responses)")?,
+                        samples: samples
+                            .clone()
+                            .ok_or("--refine unit_tester needs --samples FILE (scored responses; a number is a judge sample count)")?,
                         input: input.to_string(),
                         ..Default::default()
                     }),
@@ -414,6 +488,37 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn samples_are_a_count_or_a_file_and_reach_the_scorer_settings() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            corpus: CorpusArgs,
+        }
+        let parse = |args: &[&str]| Cli::try_parse_from(std::iter::once("assay").chain(args.iter().copied()));
+        let c = parse(&["--samples", "3", "--samples", "scored.jsonl", "--sample-model", "j1", "--sample-model", "j2"])
+            .unwrap()
+            .corpus;
+        assert_eq!(c.judge_samples(), Some(3));
+        assert_eq!(c.scored_samples(), Some(Path::new("scored.jsonl")));
+        let scorer = c.with_sampling(None).unwrap().unwrap();
+        assert_eq!((scorer.samples, scorer.sample_models), (Some(3), vec!["j1".to_string(), "j2".to_string()]));
+        // Other settings are kept.
+        let mode = common::ScorerConfig { mode: common::ScoringMode::Item as i32, ..Default::default() };
+        let scorer = c.with_sampling(Some(mode)).unwrap().unwrap();
+        assert_eq!((scorer.mode, scorer.samples), (common::ScoringMode::Item as i32, Some(3)));
+        // Nothing given: the settings as they were (one sample, no field set).
+        let none = parse(&[]).unwrap().corpus;
+        assert_eq!(none.with_sampling(None).unwrap(), None);
+        assert!(parse(&["--samples", "0"]).is_err() && parse(&["--samples", "11"]).is_err());
+        let blank = parse(&["--samples", "2", "--sample-model", " "]).unwrap().corpus;
+        assert!(blank.with_sampling(None).unwrap_err().contains("--sample-model"));
+        // A count is not the unit tester's file.
+        let count_only = parse(&["--samples", "2", "--refine", "unit_tester"]).unwrap().corpus;
+        assert!(count_only.steps("").unwrap_err().contains("needs --samples"));
+    }
 
     #[test]
     fn records_reject_wrong_types() {

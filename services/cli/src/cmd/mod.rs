@@ -1,16 +1,19 @@
 //! Client commands: they talk to a gateway over gRPC, either one already running (`--gateway`) or a
 //! mesh started in this process on ephemeral ports for the duration of the command.
 
+pub mod agreement;
 pub mod compare;
 pub mod debate;
 pub mod eval;
 pub mod follow;
 pub mod generate;
 pub mod input;
+pub mod power;
 pub mod refine;
 pub mod refine_text;
 pub mod render;
 pub mod runs;
+pub mod source;
 
 use std::sync::Arc;
 

@@ -147,12 +147,24 @@ struct Job<'a> {
 }
 
 impl Job<'_> {
-    fn request(&self, prompt: String, format: ResponseFormat, top_logprobs: Option<u8>) -> ChatRequest {
-        ChatRequest {
+    /// The request of sample `sample` (0-based). Sample 0 is the request as it is without repeated
+    /// judging; sample i > 0 sends seed (the spec's seed, or 0) + i, so every sample is its own
+    /// response-cache entry and an identical re-run hits them all. With judge models, sample i
+    /// asks for `sample_models[i % len]`.
+    fn request(&self, prompt: String, format: ResponseFormat, top_logprobs: Option<u8>, sample: u32) -> ChatRequest {
+        let mut req = ChatRequest {
             response_format: format,
             top_logprobs,
             ..self.chat.request(vec![Message::user(prompt)], self.purpose)
+        };
+        if sample > 0 {
+            req.seed = Some(req.seed.unwrap_or(0) + u64::from(sample));
         }
+        let models = &self.config.sample_models;
+        if !models.is_empty() {
+            req.model = Some(models[sample as usize % models.len()].clone());
+        }
+        req
     }
 
     /// The prompt for `t`. Record text is untrusted: it is fenced (see
@@ -181,19 +193,35 @@ impl Job<'_> {
         self.chat.model.chat(req).await
     }
 
+    /// Score `t` once per sample (concurrently; every call under the request's cap) and combine the
+    /// samples ([`Score::combine_samples`]: one sample is the score itself).
     async fn score_target(&self, t: &ScoreTarget) -> Result<TargetResult, StageError> {
+        let samples = self.config.samples.max(1);
+        let runs = futures::future::try_join_all((0..samples).map(|i| self.score_sample(t, i))).await?;
+        let mut usage = Usage::default();
+        let mut scores = Vec::with_capacity(runs.len());
+        for (score, u) in runs {
+            usage.add(&u);
+            scores.push(score);
+        }
+        let score = Score::combine_samples(self.checklist, scores, self.config.primary_metric);
+        Ok(TargetResult { score, usage })
+    }
+
+    /// One sample's scoring of `t`: every item, every aggregate.
+    async fn score_sample(&self, t: &ScoreTarget, sample: u32) -> Result<(Score, Usage), StageError> {
         let (items, usage, schema_fallback, logprobs_unavailable) = match self.config.mode {
-            ScoringMode::Batch => self.batch(t).await?,
-            ScoringMode::Item => self.items(t).await?,
+            ScoringMode::Batch => self.batch(t, sample).await?,
+            ScoringMode::Item => self.items(t, sample).await?,
         };
         let mut score = Score::compute(self.checklist, items, self.config.primary_metric);
         score.target_id = t.id.clone();
         score.schema_fallback = schema_fallback;
         score.logprobs_unavailable = logprobs_unavailable;
-        Ok(TargetResult { score, usage })
+        Ok((score, usage))
     }
 
-    async fn batch(&self, t: &ScoreTarget) -> Result<(Vec<ItemScore>, Usage, bool, bool), StageError> {
+    async fn batch(&self, t: &ScoreTarget, sample: u32) -> Result<(Vec<ItemScore>, Usage, bool, bool), StageError> {
         let questions: String =
             self.checklist.items.iter().enumerate().map(|(i, it)| format!("Q{}: {}\n", i + 1, it.question)).collect();
         let schema = parse::batch_schema(self.config.capture_reasoning);
@@ -201,6 +229,7 @@ impl Job<'_> {
             self.render(t, questions.trim_end()),
             ResponseFormat::JsonSchema { name: "checklist_answers".into(), schema },
             None,
+            sample,
         );
         let reply: ChatResponse = self.call(req).await?;
         let items = match parse_batch_reply(&reply) {
@@ -215,7 +244,7 @@ impl Job<'_> {
         Ok((items, reply.usage, reply.schema_fallback, false))
     }
 
-    async fn items(&self, t: &ScoreTarget) -> Result<(Vec<ItemScore>, Usage, bool, bool), StageError> {
+    async fn items(&self, t: &ScoreTarget, sample: u32) -> Result<(Vec<ItemScore>, Usage, bool, bool), StageError> {
         let logprobs = self.config.wants_logprobs();
         let items = &self.checklist.items;
         let per_item = futures::stream::iter(0..items.len())
@@ -234,7 +263,7 @@ impl Job<'_> {
                         None,
                     )
                 };
-                let req = self.request(prompt, format, top);
+                let req = self.request(prompt, format, top, sample);
                 (it, self.call(req).await)
             })
             .buffered(self.concurrency);

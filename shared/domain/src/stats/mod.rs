@@ -6,10 +6,14 @@
 //! Inputs are observations `(record id, score)`; a record may repeat (several samples): records
 //! are then clusters for the standard error, and per-record means for a comparison.
 
+pub mod agreement;
 mod bootstrap;
 pub mod dist;
+pub mod krippendorff;
+pub mod power;
+pub mod runs;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::collections::BTreeMap;
 

@@ -11,7 +11,8 @@ use super::*;
 
 const TOL: f64 = 1e-9;
 
-fn fixtures() -> Vec<Value> {
+/// Every fixture case (the `kind` field says which function it checks).
+pub(super) fn fixtures() -> Vec<Value> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/stats");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .expect("fixtures directory")
@@ -22,7 +23,8 @@ fn fixtures() -> Vec<Value> {
     files.iter().map(|p| serde_json::from_str(&std::fs::read_to_string(p).expect("read")).expect("json")).collect()
 }
 
-fn obs(v: &Value) -> Vec<(&str, f64)> {
+/// A fixture's observations `[[record id, score], ...]`.
+pub(super) fn obs(v: &Value) -> Vec<(&str, f64)> {
     v.as_array()
         .expect("observations")
         .iter()
@@ -30,8 +32,9 @@ fn obs(v: &Value) -> Vec<(&str, f64)> {
         .collect()
 }
 
+/// `got` equals the fixture's `want` to 1e-9 (null: unset; "inf": infinite).
 #[track_caller]
-fn close(name: &str, field: &str, got: Option<f64>, want: &Value) {
+pub(super) fn close(name: &str, field: &str, got: Option<f64>, want: &Value) {
     match (got, want.as_f64()) {
         (None, None) => assert!(want.is_null(), "{name}.{field}: got None, want {want}"),
         (Some(g), Some(w)) => assert!((g - w).abs() <= TOL, "{name}.{field}: got {g:.17}, want {w:.17}"),

@@ -193,6 +193,8 @@ pub fn scorer_config(p: Option<pb::ScorerConfig>, field: &str, v: &mut Violation
         prompt_template,
         concurrency,
         prompt,
+        samples,
+        sample_models,
     }) = p
     else {
         return d::ScorerSettings::default();
@@ -214,6 +216,10 @@ pub fn scorer_config(p: Option<pb::ScorerConfig>, field: &str, v: &mut Violation
     if concurrency > 256 {
         v.push(format!("{field}.concurrency"), format!("is {concurrency}; the limit is 256"));
     }
+    if let Some(n) = samples.filter(|n| !(1..=d::MAX_JUDGE_SAMPLES).contains(n)) {
+        v.push(format!("{field}.samples"), format!("is {n}; must be 1 to {}", d::MAX_JUDGE_SAMPLES));
+    }
+    d::check_sample_models(&sample_models, field, v);
     d::ScorerSettings {
         mode: match mode {
             Some(pb::ScoringMode::Item) => Some(d::ScoringMode::Item),
@@ -234,6 +240,8 @@ pub fn scorer_config(p: Option<pb::ScorerConfig>, field: &str, v: &mut Violation
         },
         prompt_template: Some(prompt_template).filter(|t| !t.is_empty()),
         concurrency: Some(concurrency).filter(|c| *c > 0),
+        samples,
+        sample_models,
     }
 }
 
@@ -277,6 +285,8 @@ pub fn scorer_settings_to(c: &d::ScorerSettings) -> pb::ScorerConfig {
             Some(d::ScoringPrompt::Rlcf) => pb::ScoringPrompt::Rlcf,
             Some(d::ScoringPrompt::RocketEval) => pb::ScoringPrompt::Rocketeval,
         } as i32,
+        samples: c.samples,
+        sample_models: c.sample_models.clone(),
     }
 }
 
@@ -352,14 +362,27 @@ fn level_from(l: i32) -> Option<d::ConfidenceLevel> {
     }
 }
 
+fn answer_to(a: Option<d::Answer>) -> i32 {
+    let a = match a {
+        Some(d::Answer::Yes) => pb::Answer::Yes,
+        Some(d::Answer::No) => pb::Answer::No,
+        None => pb::Answer::Unspecified,
+    };
+    a as i32
+}
+
+fn answer_from(a: i32) -> Option<d::Answer> {
+    match pb::Answer::try_from(a) {
+        Ok(pb::Answer::Yes) => Some(d::Answer::Yes),
+        Ok(pb::Answer::No) => Some(d::Answer::No),
+        Ok(pb::Answer::Unspecified) | Err(_) => None,
+    }
+}
+
 pub fn item_score_to(s: &d::ItemScore) -> pb::ItemScore {
     pb::ItemScore {
         item_id: s.item_id.clone(),
-        answer: match s.answer {
-            Some(d::Answer::Yes) => pb::Answer::Yes,
-            Some(d::Answer::No) => pb::Answer::No,
-            None => pb::Answer::Unspecified,
-        } as i32,
+        answer: answer_to(s.answer),
         confidence: s.confidence,
         confidence_level: s.confidence_level.map_or(pb::ConfidenceLevel::Unspecified, level_to) as i32,
         reasoning: s.reasoning.clone(),
@@ -370,18 +393,30 @@ pub fn item_score_to(s: &d::ItemScore) -> pb::ItemScore {
             d::ItemStatus::Failed => pb::ItemStatus::Failed,
         } as i32,
         error: s.error.clone(),
+        sample_answers: s.sample_answers.iter().map(|a| answer_to(*a)).collect(),
+        yes_share: s.yes_share,
+        flaky: s.flaky,
+        abstentions: s.abstentions,
     }
 }
 
 pub fn item_score_from(p: pb::ItemScore) -> d::ItemScore {
-    let pb::ItemScore { item_id, answer, confidence, confidence_level, reasoning, status, error } = p;
+    let pb::ItemScore {
+        item_id,
+        answer,
+        confidence,
+        confidence_level,
+        reasoning,
+        status,
+        error,
+        sample_answers,
+        yes_share,
+        flaky,
+        abstentions,
+    } = p;
     d::ItemScore {
         item_id,
-        answer: match pb::Answer::try_from(answer) {
-            Ok(pb::Answer::Yes) => Some(d::Answer::Yes),
-            Ok(pb::Answer::No) => Some(d::Answer::No),
-            Ok(pb::Answer::Unspecified) | Err(_) => None,
-        },
+        answer: answer_from(answer),
         confidence,
         confidence_level: level_from(confidence_level),
         reasoning,
@@ -392,6 +427,10 @@ pub fn item_score_from(p: pb::ItemScore) -> d::ItemScore {
             Ok(pb::ItemStatus::Failed | pb::ItemStatus::Unspecified) | Err(_) => d::ItemStatus::Failed,
         },
         error,
+        sample_answers: sample_answers.into_iter().map(answer_from).collect(),
+        yes_share,
+        flaky,
+        abstentions,
     }
 }
 
@@ -410,6 +449,9 @@ pub fn score_to(s: &d::Score) -> pb::Score {
         unanswered_count: s.unanswered_count,
         logprobs_unavailable: s.logprobs_unavailable,
         schema_fallback: s.schema_fallback,
+        sample_primary_scores: s.sample_primary_scores.clone(),
+        sample_spread: s.sample_spread,
+        abstentions: s.abstentions,
     }
 }
 
@@ -428,6 +470,9 @@ pub fn score_from(p: pb::Score) -> d::Score {
         unanswered_count: p.unanswered_count,
         logprobs_unavailable: p.logprobs_unavailable,
         schema_fallback: p.schema_fallback,
+        sample_primary_scores: p.sample_primary_scores,
+        sample_spread: p.sample_spread,
+        abstentions: p.abstentions,
     }
 }
 
@@ -443,6 +488,58 @@ pub fn aggregate_to(a: &d::AggregateScores) -> pb::AggregateScores {
             .map(|c| pb::CategoryPassRate { category: c.category.clone(), pass_rate: c.pass_rate, items: c.items })
             .collect(),
         unanswered_items: a.unanswered_items,
+        uncertainty: a.uncertainty.as_ref().map(uncertainty_to),
+    }
+}
+
+pub fn uncertainty_to(u: &d::ScoreUncertainty) -> pb::ScoreUncertainty {
+    pb::ScoreUncertainty {
+        mean: u.mean,
+        observations: u.observations,
+        clusters: u.clusters,
+        alpha: u.alpha,
+        se_naive: u.se_naive,
+        ci_naive_low: u.ci_naive.0,
+        ci_naive_high: u.ci_naive.1,
+        se_clustered: u.se_clustered,
+        ci_clustered_low: u.ci_clustered.map(|c| c.0),
+        ci_clustered_high: u.ci_clustered.map(|c| c.1),
+        inflation: u.inflation,
+        se: u.se,
+        ci_low: u.ci.0,
+        ci_high: u.ci.1,
+    }
+}
+
+pub fn uncertainty_from(p: pb::ScoreUncertainty) -> d::ScoreUncertainty {
+    let pb::ScoreUncertainty {
+        mean,
+        observations,
+        clusters,
+        alpha,
+        se_naive,
+        ci_naive_low,
+        ci_naive_high,
+        se_clustered,
+        ci_clustered_low,
+        ci_clustered_high,
+        inflation,
+        se,
+        ci_low,
+        ci_high,
+    } = p;
+    d::ScoreUncertainty {
+        mean,
+        observations,
+        clusters,
+        alpha,
+        se_naive,
+        ci_naive: (ci_naive_low, ci_naive_high),
+        se_clustered,
+        ci_clustered: ci_clustered_low.zip(ci_clustered_high),
+        inflation,
+        se,
+        ci: (ci_low, ci_high),
     }
 }
 
@@ -459,6 +556,7 @@ pub fn aggregate_from(p: Option<pb::AggregateScores>) -> d::AggregateScores {
             .map(|c| d::CategoryPassRate { category: c.category, pass_rate: c.pass_rate, items: c.items })
             .collect(),
         unanswered_items: p.unanswered_items,
+        uncertainty: p.uncertainty.map(uncertainty_from),
     }
 }
 
@@ -601,5 +699,35 @@ mod tests {
         let s = v.into_result().unwrap_err().to_string();
         assert!(s.contains("checklist.items[0].weight"), "{s}");
         assert!(s.contains("checklist.items[1].id: duplicate id"), "{s}");
+    }
+
+    #[test]
+    fn sample_fields_and_the_uncertainty_round_trip() {
+        let mut item = d::ItemScore::answered("q1", d::Answer::No);
+        item.sample_answers = vec![Some(d::Answer::Yes), None, Some(d::Answer::No), Some(d::Answer::No)];
+        item.yes_share = Some(1.0 / 3.0);
+        item.flaky = true;
+        item.abstentions = 1;
+        let score = d::Score {
+            item_scores: vec![item],
+            sample_primary_scores: vec![1.0, 0.0, 0.0, 0.0],
+            sample_spread: Some(0.5),
+            abstentions: 1,
+            ..Default::default()
+        };
+        let wire = score_to(&score);
+        assert_eq!(wire.item_scores[0].sample_answers, vec![1, 0, 2, 2]);
+        assert_eq!(score_from(wire), score);
+        let aggregate = d::AggregateScores::compute([(&score, &d::Checklist::default())]);
+        let u = aggregate.uncertainty.clone().expect("four observations");
+        assert_eq!(aggregate_from(Some(aggregate_to(&aggregate))), aggregate);
+        let wire = aggregate_to(&aggregate).uncertainty.unwrap();
+        assert_eq!((wire.observations, wire.se, wire.ci_low), (4, u.se, u.ci.0));
+        let settings = d::ScorerSettings { samples: Some(3), sample_models: vec!["j".into()], ..Default::default() };
+        let mut v = Violations::new();
+        assert_eq!(scorer_config(Some(scorer_settings_to(&settings)), "config", &mut v), settings);
+        assert!(v.is_empty());
+        let _ = scorer_config(Some(pb::ScorerConfig { samples: Some(0), ..Default::default() }), "config", &mut v);
+        assert!(v.into_result().unwrap_err().to_string().contains("config.samples"));
     }
 }

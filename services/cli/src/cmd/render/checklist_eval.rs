@@ -10,7 +10,10 @@ use super::json::run_output;
 
 /// One record's result as a JSON line of `--out`. A contract: `id`, `index`, `checklist_id`,
 /// `error`, the four scores, `unanswered` and `answers` (item id to yes / no / null), as they were
-/// when `assay eval` was first published; do not derive it from the proto.
+/// when `assay eval` was first published; do not derive it from the proto. Additive since: with
+/// repeated judging `sample_scores` (each sample's primary score) and `flaky_items` (ids of the
+/// items the samples disagreed on), and `abstentions` when some sample gave no answer. A record
+/// judged once has none of them.
 pub fn record_json(r: &gw::RecordResult) -> Value {
     let answers: serde_json::Map<String, Value> = r
         .score
@@ -25,7 +28,7 @@ pub fn record_json(r: &gw::RecordResult) -> Value {
             (i.item_id.clone(), a)
         })
         .collect();
-    json!({
+    let mut line = json!({
         "index": r.index,
         "id": r.record_id,
         "checklist_id": r.checklist_id,
@@ -36,7 +39,30 @@ pub fn record_json(r: &gw::RecordResult) -> Value {
         "primary_score": r.score.as_ref().map(|s| s.primary_score),
         "unanswered": r.score.as_ref().map(|s| s.unanswered_count),
         "answers": answers,
-    })
+    });
+    if let (Some(s), Value::Object(o)) = (&r.score, &mut line) {
+        if !s.sample_primary_scores.is_empty() {
+            o.insert("sample_scores".into(), json!(s.sample_primary_scores));
+            let flaky: Vec<&str> = s.item_scores.iter().filter(|i| i.flaky).map(|i| i.item_id.as_str()).collect();
+            o.insert("flaky_items".into(), json!(flaky));
+        }
+        if s.abstentions > 0 {
+            o.insert("abstentions".into(), s.abstentions.into());
+        }
+    }
+    line
+}
+
+/// The mean primary score with the half-width of its 95% interval when the aggregate has one:
+/// `0.676 ± 0.054 (95% CI)`.
+pub fn mean_with_interval(a: &common::AggregateScores) -> String {
+    match &a.uncertainty {
+        Some(u) => {
+            let level = ((1.0 - u.alpha) * 100.0).round();
+            format!("{:.3} ± {:.3} ({level}% CI)", a.mean_primary_score, (u.ci_high - u.ci_low) / 2.0)
+        }
+        None => format!("{:.3}", a.mean_primary_score),
+    }
 }
 
 /// The note of a checklist ready for some records.
@@ -49,10 +75,23 @@ pub fn checklist_ready_line(c: &gw::ChecklistReady) -> String {
 pub fn summary_line(run_id: &str, total: usize, failed: u64, e: &gw::EvaluateResponse, pipeline_s: f64) -> String {
     let a = e.aggregate.clone().unwrap_or_default();
     let u = e.usage.unwrap_or_default();
+    let scores = || e.results.iter().filter_map(|r| r.score.as_ref());
+    // With repeated judging: the items the samples disagreed on, and the samples that gave no answer.
+    let sampled = if scores().any(|s| !s.sample_primary_scores.is_empty()) {
+        let flaky: usize = scores().map(|s| s.item_scores.iter().filter(|i| i.flaky).count()).sum();
+        let abstentions: u32 = scores().map(|s| s.abstentions).sum();
+        format!("{flaky} flaky items, {abstentions} abstentions; ")
+    } else {
+        String::new()
+    };
     format!(
-        "run {run_id}: {total} records, {failed} failed; mean primary {:.3}, macro pass {:.3}, micro pass {:.3}; \
-         {} calls, {} cache hits; {pipeline_s:.2} s",
-        a.mean_primary_score, a.macro_pass_rate, a.micro_pass_rate, u.calls, u.cache_hits
+        "run {run_id}: {total} records, {failed} failed; mean primary {}, macro pass {:.3}, micro pass {:.3}; \
+         {sampled}{} calls, {} cache hits; {pipeline_s:.2} s",
+        mean_with_interval(&a),
+        a.macro_pass_rate,
+        a.micro_pass_rate,
+        u.calls,
+        u.cache_hits
     )
 }
 
@@ -117,6 +156,84 @@ mod tests {
             record_json(&failed).to_string(),
             r#"{"answers":{},"checklist_id":"","error":"scorer down","id":"r2","index":2,"normalized_score":null,"pass_rate":null,"primary_score":null,"unanswered":null,"weighted_score":null}"#
         );
+    }
+
+    /// With repeated judging the `--out` line gains `sample_scores`, `flaky_items` and
+    /// `abstentions`, every older field as it was.
+    #[test]
+    fn sampled_record_lines_add_their_fields() {
+        let flaky = common::ItemScore {
+            item_id: "q1".into(),
+            answer: common::Answer::No as i32,
+            flaky: true,
+            sample_answers: vec![common::Answer::Yes as i32, common::Answer::No as i32, 0],
+            abstentions: 1,
+            ..Default::default()
+        };
+        let steady =
+            common::ItemScore { item_id: "q2".into(), answer: common::Answer::Yes as i32, ..Default::default() };
+        let scored = gw::RecordResult {
+            index: 0,
+            record_id: "r1".into(),
+            checklist_id: "c1".into(),
+            score: Some(common::Score {
+                pass_rate: 0.5,
+                weighted_score: 0.5,
+                normalized_score: 0.5,
+                primary_score: 0.5,
+                sample_primary_scores: vec![1.0, 0.5, 0.0],
+                sample_spread: Some(0.5),
+                abstentions: 1,
+                item_scores: vec![flaky, steady],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(
+            record_json(&scored).to_string(),
+            r#"{"abstentions":1,"answers":{"q1":"no","q2":"yes"},"checklist_id":"c1","error":null,"flaky_items":["q1"],"id":"r1","index":0,"normalized_score":0.5,"pass_rate":0.5,"primary_score":0.5,"sample_scores":[1.0,0.5,0.0],"unanswered":0,"weighted_score":0.5}"#
+        );
+    }
+
+    #[test]
+    fn the_summary_line_shows_the_interval_and_the_flaky_items() {
+        let uncertainty =
+            common::ScoreUncertainty { mean: 0.676, alpha: 0.05, ci_low: 0.622, ci_high: 0.73, ..Default::default() };
+        let aggregate = common::AggregateScores {
+            mean_primary_score: 0.676,
+            macro_pass_rate: 0.7,
+            micro_pass_rate: 0.71,
+            uncertainty: Some(uncertainty),
+            ..Default::default()
+        };
+        let mut e = gw::EvaluateResponse {
+            aggregate: Some(aggregate),
+            usage: Some(common::Usage { calls: 6, cache_hits: 2, ..Default::default() }),
+            ..Default::default()
+        };
+        let line = summary_line("r1", 3, 0, &e, 1.5);
+        assert_eq!(
+            line,
+            "run r1: 3 records, 0 failed; mean primary 0.676 ± 0.054 (95% CI), macro pass 0.700, micro pass 0.710; \
+             6 calls, 2 cache hits; 1.50 s"
+        );
+        let sampled = |flaky: bool, abstentions: u32| gw::RecordResult {
+            score: Some(common::Score {
+                sample_primary_scores: vec![1.0, 0.0],
+                abstentions,
+                item_scores: vec![common::ItemScore { flaky, ..Default::default() }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        e.results = vec![sampled(true, 1), sampled(true, 0), sampled(false, 2), gw::RecordResult::default()];
+        assert!(
+            summary_line("r1", 4, 1, &e, 1.5)
+                .contains("(95% CI), macro pass 0.700, micro pass 0.710; 2 flaky items, 3 abstentions; 6 calls")
+        );
+        // No interval (fewer than two observations): the mean alone.
+        e.aggregate.as_mut().unwrap().uncertainty = None;
+        assert!(summary_line("r1", 1, 0, &e, 1.5).contains("mean primary 0.676, macro"));
     }
 
     #[test]

@@ -1,0 +1,264 @@
+//! Evaluation results from "a run id or a file", for the commands that read them (`assay compare`,
+//! `assay power`, `assay agreement`): an argument naming an existing file is a JSON-lines file
+//! written by `assay eval --out` / `assay score --out`; otherwise it is a run id, fetched from the
+//! gateway with GetRun. Both become the same [`RunResults`]: a run's records go through the very
+//! `--out` line writer ([`record_json`]) and the same line reader, so a run and its `--out` file
+//! give the same numbers.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use assay_config::AssayConfig;
+use assay_domain::stats::runs::{RecordLine, RunMetric, RunResults};
+use assay_proto::gateway::v1 as gw;
+use serde_json::Value;
+
+use super::render::checklist_eval::record_json;
+use super::render::{kind_name, state_name};
+use super::{client, configured_gateway, status_text};
+
+/// What a command-line argument names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Spec {
+    /// A results file.
+    File(PathBuf),
+    /// A run in the gateway's store.
+    Run(String),
+}
+
+impl Spec {
+    /// An existing file is a file; an argument that looks like a path (a separator or an
+    /// extension; run ids have neither) is a missing file; anything else is a run id.
+    pub fn parse(arg: &str) -> Result<Spec, String> {
+        let path = Path::new(arg);
+        if path.is_file() {
+            return Ok(Spec::File(path.to_path_buf()));
+        }
+        if arg.trim().is_empty() {
+            return Err("a run id or a results file is required, got an empty argument".into());
+        }
+        if arg.contains(['/', '\\', '.']) || path.exists() {
+            return Err(format!("{arg}: no such results file (an existing file, or a run id)"));
+        }
+        Ok(Spec::Run(arg.to_string()))
+    }
+
+    /// How the results are named in messages and tables: the path, or `run <id>`.
+    pub fn label(&self) -> String {
+        match self {
+            Spec::File(p) => p.display().to_string(),
+            Spec::Run(id) => format!("run {id}"),
+        }
+    }
+}
+
+/// The `--out` lines (one JSON object a line) of the stored run `run_id`, fetched from `gateway`
+/// (default: the configured gateway) with the configuration of the defaults and the `ASSAY__*`
+/// environment: what `assay power` and `assay agreement` read for a run id. Blocks in place,
+/// inside or outside the async runtime.
+pub fn run_out_text(run_id: &str, gateway: Option<&str>) -> Result<String, String> {
+    let config = assay_config::load(None).map_err(|e| e.to_string())?;
+    let e = block_on(fetch_evaluation(&config, &gateway_url(&config, gateway), run_id))?;
+    Ok(out_lines(&e).iter().map(|l| format!("{l}\n")).collect())
+}
+
+/// The gateway URL: `--gateway`, else the configured gateway port on this machine.
+pub fn gateway_url(config: &AssayConfig, gateway: Option<&str>) -> String {
+    gateway.map_or_else(|| configured_gateway(config), str::to_string)
+}
+
+/// Run `f` to completion from synchronous code, inside or outside a Tokio runtime.
+pub fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) => tokio::task::block_in_place(|| h.block_on(f)),
+        Err(_) => match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+            Ok(rt) => rt.block_on(f),
+            Err(e) => panic!("cannot start an async runtime: {e}"),
+        },
+    }
+}
+
+/// A stored run's evaluation, through GetRun: an unknown id, an unreachable gateway, a run that
+/// is not a checklist_eval run or not finished are errors saying so.
+pub async fn fetch_evaluation(config: &AssayConfig, url: &str, run_id: &str) -> Result<gw::EvaluateResponse, String> {
+    let mut c = client(config, url)?;
+    let run = c
+        .get_run(gw::GetRunRequest { run_id: run_id.to_string() })
+        .await
+        .map_err(|s| {
+            let code = s.code();
+            if code == tonic::Code::NotFound {
+                format!("unknown run id {run_id:?} (not a file either) on the gateway at {url}")
+            } else if code == tonic::Code::Unavailable || code == tonic::Code::Unknown {
+                format!(
+                    "{run_id:?} is not a file, and the gateway at {url} is unreachable to fetch it as a run: {}",
+                    status_text(&s)
+                )
+            } else {
+                format!("run {run_id}: {}", status_text(&s))
+            }
+        })?
+        .into_inner()
+        .run
+        .unwrap_or_default();
+    if run.kind != gw::PipelineKind::ChecklistEval as i32 {
+        return Err(format!("run {run_id} is a {} run, not a checklist_eval run", kind_name(run.kind)));
+    }
+    if run.state != gw::RunState::Succeeded as i32 && run.state != gw::RunState::Partial as i32 {
+        return Err(format!(
+            "run {run_id} is {}; only checklist_eval runs that succeeded or ended partial can be compared",
+            state_name(run.state)
+        ));
+    }
+    match run.result.and_then(|r| r.result) {
+        Some(gw::run_result::Result::ChecklistEval(e)) => Ok(e),
+        Some(
+            gw::run_result::Result::Checklist(_)
+            | gw::run_result::Result::SelfRefine(_)
+            | gw::run_result::Result::Debate(_)
+            | gw::run_result::Result::TargetedRefinement(_),
+        )
+        | None => Err(format!("run {run_id} holds no evaluation result")),
+    }
+}
+
+/// A stored run's records for `metric`.
+pub async fn fetch_run(config: &AssayConfig, url: &str, run_id: &str, metric: RunMetric) -> Result<RunResults, String> {
+    let e = fetch_evaluation(config, url, run_id).await?;
+    from_evaluation(&e, metric, &format!("run {run_id}"))
+}
+
+/// An evaluation's records as its `--out` lines say them (with the items' question texts from
+/// its checklists), read back by the line reader.
+pub fn from_evaluation(e: &gw::EvaluateResponse, metric: RunMetric, label: &str) -> Result<RunResults, String> {
+    let mut records = Vec::with_capacity(e.results.len());
+    for (i, line) in out_lines(e).iter().enumerate() {
+        records.push(parse_line(line, metric, &|| format!("{label} record {}", i + 1))?);
+    }
+    Ok(RunResults { records })
+}
+
+/// An evaluation's records as `--out` lines, each with its items' question texts (`questions`)
+/// from the evaluation's checklists.
+pub fn out_lines(e: &gw::EvaluateResponse) -> Vec<Value> {
+    let questions: BTreeMap<&str, serde_json::Map<String, Value>> = e
+        .checklists
+        .iter()
+        .map(|c| (c.id.as_str(), c.items.iter().map(|i| (i.id.clone(), Value::from(i.question.clone()))).collect()))
+        .collect();
+    e.results
+        .iter()
+        .map(|r| {
+            let mut line = record_json(r);
+            if let (Value::Object(o), Some(q)) = (&mut line, questions.get(r.checklist_id.as_str())) {
+                o.insert("questions".into(), Value::Object(q.clone()));
+            }
+            line
+        })
+        .collect()
+}
+
+/// A results file (JSON lines of `assay eval --out`), its lines in order.
+pub fn read_file(path: &Path, metric: RunMetric) -> Result<RunResults, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut records = Vec::new();
+    for (i, raw) in text.lines().enumerate() {
+        if raw.trim().is_empty() {
+            continue;
+        }
+        let at = || format!("{} line {}", path.display(), i + 1);
+        let v: Value = serde_json::from_str(raw).map_err(|e| format!("{}: not JSON: {e}", at()))?;
+        records.push(parse_line(&v, metric, &at)?);
+    }
+    Ok(RunResults { records })
+}
+
+/// One `--out` line: `id`, the metric's field (a number, or null for a failed record),
+/// `sample_scores` (the primary metric's per-sample scores, when judged several times), `answers`
+/// (item id -> "yes" / "no" / null) and optionally `questions` (item id -> question text).
+fn parse_line(v: &Value, metric: RunMetric, at: &dyn Fn() -> String) -> Result<RecordLine, String> {
+    let Value::Object(o) = v else {
+        return Err(format!("{}: expected a JSON object (a line of `assay eval --out`)", at()));
+    };
+    let id = match o.get("id") {
+        Some(Value::String(s)) if !s.is_empty() => s.clone(),
+        Some(Value::Number(n)) => n.to_string(),
+        _ => return Err(format!("{}: no record \"id\" (a non-empty string)", at())),
+    };
+    let field = metric.field();
+    let score = match o.get(field) {
+        Some(Value::Number(n)) => match n.as_f64().filter(|x| x.is_finite()) {
+            Some(x) => Some(x),
+            None => return Err(format!("{}: {field:?} is not a finite number", at())),
+        },
+        Some(Value::Null) => None,
+        None => {
+            return Err(format!(
+                "{}: no {field:?} field (--metric {}; is this a file written by `assay eval --out`?)",
+                at(),
+                field.trim_end_matches("_score")
+            ));
+        }
+        Some(other) => return Err(format!("{}: {field:?} must be a number or null, got {other}", at())),
+    };
+    let samples = match (metric, o.get("sample_scores")) {
+        (RunMetric::Primary, Some(Value::Array(a))) if score.is_some() => {
+            let s: Option<Vec<f64>> = a.iter().map(|x| x.as_f64().filter(|x| x.is_finite())).collect();
+            s.ok_or_else(|| format!("{}: \"sample_scores\" must hold finite numbers", at()))?
+        }
+        (RunMetric::Primary, Some(Value::Array(_) | Value::Null) | None)
+        | (RunMetric::PassRate | RunMetric::Weighted | RunMetric::Normalized, _) => Vec::new(),
+        (RunMetric::Primary, Some(other)) => {
+            return Err(format!("{}: \"sample_scores\" must be a list of numbers, got {other}", at()));
+        }
+    };
+    let answers = o
+        .get("answers")
+        .and_then(Value::as_object)
+        .map(|a| {
+            a.iter()
+                .filter_map(|(item, ans)| match ans.as_str()? {
+                    "yes" => Some((item.clone(), true)),
+                    "no" => Some((item.clone(), false)),
+                    _ => None,
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let questions = o
+        .get("questions")
+        .and_then(Value::as_object)
+        .map(|q| q.iter().filter_map(|(item, text)| Some((item.clone(), text.as_str()?.to_string()))).collect())
+        .unwrap_or_default();
+    Ok(RecordLine { id, score, samples: if samples.len() > 1 { samples } else { Vec::new() }, answers, questions })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn parse(v: Value, metric: RunMetric) -> Result<RecordLine, String> {
+        parse_line(&v, metric, &|| "l".to_string())
+    }
+
+    #[test]
+    fn sample_scores_are_read_for_the_primary_metric_only() {
+        let v =
+            json!({"id": "r", "primary_score": 0.5, "pass_rate": 0.5, "sample_scores": [0.25, 0.75], "answers": {}});
+        assert_eq!(parse(v.clone(), RunMetric::Primary).unwrap().samples, vec![0.25, 0.75]);
+        assert!(parse(v, RunMetric::PassRate).unwrap().samples.is_empty());
+        let bad = json!({"id": "r", "primary_score": 0.5, "sample_scores": "x"});
+        assert!(parse(bad, RunMetric::Primary).unwrap_err().contains("sample_scores"));
+    }
+
+    #[test]
+    fn a_run_id_a_file_and_a_missing_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("b.jsonl");
+        std::fs::write(&f, "").unwrap();
+        assert_eq!(Spec::parse(f.to_str().unwrap()).unwrap(), Spec::File(f.clone()));
+        assert_eq!(Spec::parse("01JRUNID").unwrap(), Spec::Run("01JRUNID".into()));
+        assert!(Spec::parse("missing.jsonl").unwrap_err().contains("missing.jsonl: no such results file"));
+    }
+}

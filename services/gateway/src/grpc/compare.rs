@@ -1,0 +1,326 @@
+//! `CompareRuns`: two stored checklist_eval runs read through the engine (as GetRun reads them),
+//! turned into [`RunResults`] and compared by the core `assay compare` uses
+//! ([`assay_domain::stats::runs`]), so a comparison by run id and one of the runs' `--out` files
+//! give the same numbers.
+
+use std::collections::BTreeMap;
+
+use assay_domain::stats::DEFAULT_BOOTSTRAP_SEED;
+use assay_domain::stats::runs::{
+    self, CompareOptions, RecordLine, RunCompareError, RunComparison, RunMetric, RunResults,
+};
+use assay_domain::stats::{Method, StatsError};
+use assay_domain::{StageError, Violations};
+use assay_proto::common::v1 as common;
+use assay_proto::gateway::v1 as gw;
+
+use crate::engine::Engine;
+
+/// The significance level when the request gives 0.
+const DEFAULT_ALPHA: f64 = 0.05;
+
+/// A request checked at the edge.
+struct Parsed {
+    baseline: String,
+    candidate: String,
+    options: CompareOptions,
+}
+
+fn metric_of(m: gw::CompareMetric) -> RunMetric {
+    match m {
+        gw::CompareMetric::Unspecified | gw::CompareMetric::Primary => RunMetric::Primary,
+        gw::CompareMetric::PassRate => RunMetric::PassRate,
+        gw::CompareMetric::Weighted => RunMetric::Weighted,
+        gw::CompareMetric::Normalized => RunMetric::Normalized,
+    }
+}
+
+fn metric_to_proto(m: RunMetric) -> gw::CompareMetric {
+    match m {
+        RunMetric::Primary => gw::CompareMetric::Primary,
+        RunMetric::PassRate => gw::CompareMetric::PassRate,
+        RunMetric::Weighted => gw::CompareMetric::Weighted,
+        RunMetric::Normalized => gw::CompareMetric::Normalized,
+    }
+}
+
+fn method_to_proto(m: Method) -> gw::CompareMethod {
+    match m {
+        Method::PairedT => gw::CompareMethod::PairedT,
+        Method::McNemar => gw::CompareMethod::Mcnemar,
+        Method::WelchT => gw::CompareMethod::WelchT,
+        Method::TwoProportion => gw::CompareMethod::TwoProportion,
+    }
+}
+
+fn parse(req: gw::CompareRunsRequest) -> Result<Parsed, StageError> {
+    let gw::CompareRunsRequest { baseline_run_id, candidate_run_id, metric, alpha, min_effect, bootstrap_seed } = req;
+    let mut v = Violations::new();
+    for (field, id) in [("baseline_run_id", &baseline_run_id), ("candidate_run_id", &candidate_run_id)] {
+        if id.is_empty() {
+            v.push(field, "must not be empty");
+        }
+    }
+    let metric = match gw::CompareMetric::try_from(metric) {
+        Ok(m) => metric_of(m),
+        Err(_) => {
+            v.push("metric", format!("unknown enum value {metric}"));
+            RunMetric::Primary
+        }
+    };
+    let alpha = if alpha == 0.0 { DEFAULT_ALPHA } else { alpha };
+    if !(alpha > 0.0 && alpha < 1.0) {
+        v.push("alpha", format!("must be in (0, 1) (0 = {DEFAULT_ALPHA}), got {alpha}"));
+    }
+    if let Some(m) = min_effect
+        && !(m.is_finite() && m >= 0.0)
+    {
+        v.push("min_effect", format!("must be a finite number >= 0, got {m}"));
+    }
+    v.into_result()?;
+    Ok(Parsed {
+        baseline: baseline_run_id,
+        candidate: candidate_run_id,
+        options: CompareOptions { metric, alpha, seed: bootstrap_seed.unwrap_or(DEFAULT_BOOTSTRAP_SEED), min_effect },
+    })
+}
+
+/// A stored run's evaluation: NOT_FOUND for an unknown id; FAILED_PRECONDITION naming the run and
+/// its kind or state unless it is a checklist_eval run that SUCCEEDED or ended PARTIAL.
+async fn evaluation(engine: &Engine, side: &str, run_id: &str) -> Result<gw::EvaluateResponse, StageError> {
+    let run = engine.get(run_id).await;
+    if let Err(StageError::NotFound(_)) = &run {
+        return Err(StageError::NotFound(format!("{side} run {run_id}")));
+    }
+    let run = run?;
+    let kind = gw::PipelineKind::try_from(run.kind).unwrap_or(gw::PipelineKind::Unspecified);
+    let state = gw::RunState::try_from(run.state).unwrap_or(gw::RunState::Unspecified);
+    if kind != gw::PipelineKind::ChecklistEval {
+        return Err(StageError::FailedPrecondition(format!(
+            "{side} run {run_id} is a {} run; CompareRuns compares checklist_eval runs",
+            kind.as_str_name().trim_start_matches("PIPELINE_KIND_").to_ascii_lowercase()
+        )));
+    }
+    if !matches!(state, gw::RunState::Succeeded | gw::RunState::Partial) {
+        return Err(StageError::FailedPrecondition(format!(
+            "{side} run {run_id} is in state {}; CompareRuns compares runs that SUCCEEDED or ended PARTIAL",
+            state.as_str_name().trim_start_matches("RUN_STATE_")
+        )));
+    }
+    match run.result.and_then(|r| r.result) {
+        Some(gw::run_result::Result::ChecklistEval(e)) => Ok(e),
+        Some(
+            gw::run_result::Result::Checklist(_)
+            | gw::run_result::Result::SelfRefine(_)
+            | gw::run_result::Result::Debate(_)
+            | gw::run_result::Result::TargetedRefinement(_),
+        )
+        | None => Err(StageError::FailedPrecondition(format!("{side} run {run_id} holds no evaluation result"))),
+    }
+}
+
+/// The per-sample primary scores of a score (empty when it was judged once).
+fn sample_primary_scores(score: &common::Score) -> Vec<f64> {
+    score.sample_primary_scores.clone()
+}
+
+/// A checklist evaluation's records as a comparison sees them: the metric's score (None for a
+/// failed record), the per-sample primary scores, the yes/no answers and the items' question
+/// texts from the run's checklists.
+pub fn run_results(e: &gw::EvaluateResponse, metric: RunMetric) -> RunResults {
+    let questions: BTreeMap<&str, BTreeMap<String, String>> = e
+        .checklists
+        .iter()
+        .map(|c| (c.id.as_str(), c.items.iter().map(|i| (i.id.clone(), i.question.clone())).collect()))
+        .collect();
+    let records = e
+        .results
+        .iter()
+        .map(|r| {
+            let score = r.score.as_ref().filter(|_| r.error.is_empty());
+            let value = score.map(|s| match metric {
+                RunMetric::Primary => s.primary_score,
+                RunMetric::PassRate => s.pass_rate,
+                RunMetric::Weighted => s.weighted_score,
+                RunMetric::Normalized => s.normalized_score,
+            });
+            let samples = match (metric, score) {
+                (RunMetric::Primary, Some(s)) => sample_primary_scores(s),
+                (RunMetric::Primary | RunMetric::PassRate | RunMetric::Weighted | RunMetric::Normalized, _) => {
+                    Vec::new()
+                }
+            };
+            let answers = score
+                .iter()
+                .flat_map(|s| s.item_scores.iter())
+                .filter_map(|i| match common::Answer::try_from(i.answer) {
+                    Ok(common::Answer::Yes) => Some((i.item_id.clone(), true)),
+                    Ok(common::Answer::No) => Some((i.item_id.clone(), false)),
+                    Ok(common::Answer::Unspecified) | Err(_) => None,
+                })
+                .collect();
+            RecordLine {
+                id: r.record_id.clone(),
+                score: value,
+                samples: if samples.len() > 1 { samples } else { Vec::new() },
+                answers,
+                questions: questions.get(r.checklist_id.as_str()).cloned().unwrap_or_default(),
+            }
+        })
+        .collect();
+    RunResults { records }
+}
+
+/// The report as the response message.
+fn response(baseline: String, candidate: String, r: &RunComparison) -> gw::CompareRunsResponse {
+    let c = &r.comparison;
+    let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+    gw::CompareRunsResponse {
+        baseline_run_id: baseline,
+        candidate_run_id: candidate,
+        metric: metric_to_proto(r.metric) as i32,
+        method: method_to_proto(c.method) as i32,
+        paired: c.paired,
+        alpha: c.alpha,
+        n_pairs: c.n_pairs.map(count),
+        n_baseline: count(c.n_records_b),
+        n_candidate: count(c.n_records_a),
+        mean_baseline: c.mean_b,
+        mean_candidate: c.mean_a,
+        diff: c.diff,
+        ci_low: c.ci.0,
+        ci_high: c.ci.1,
+        p_value: c.p_value,
+        significant: c.significant(),
+        variance_reduction: c.variance_reduction,
+        effective_n: c.effective_n,
+        n_discordant: c.n_discordant,
+        odds_ratio: c.odds_ratio,
+        odds_ratio_ci_low: c.ci_odds_ratio.map(|x| x.0),
+        odds_ratio_ci_high: c.ci_odds_ratio.map(|x| x.1),
+        bootstrap: r.bootstrap.map(|b| gw::CompareBootstrap {
+            ci_low: b.low,
+            ci_high: b.high,
+            resamples: count(b.resamples),
+            seed: b.seed,
+        }),
+        warnings: c.warnings.clone(),
+        notes: c.notes.clone(),
+        items: r
+            .items
+            .iter()
+            .map(|i| gw::CompareItemFlips {
+                item: i.item.clone(),
+                compared: count(i.compared),
+                yes_to_no: count(i.yes_to_no),
+                no_to_yes: count(i.no_to_yes),
+            })
+            .collect(),
+        worst_regressions: r
+            .worst
+            .iter()
+            .map(|w| gw::CompareRecordDiff {
+                record_id: w.id.clone(),
+                baseline: w.baseline,
+                candidate: w.candidate,
+                diff: w.diff(),
+            })
+            .collect(),
+        baseline_only: r.baseline_only.clone(),
+        candidate_only: r.candidate_only.clone(),
+        unscored_baseline: r.unscored_baseline.clone(),
+        unscored_candidate: r.unscored_candidate.clone(),
+        gate: r.gate.as_ref().map(|g| gw::CompareGate {
+            regressed: g.regressed,
+            min_effect: g.min_effect,
+            reason: g.reason.clone(),
+        }),
+    }
+}
+
+/// Compare the request's two runs.
+pub async fn compare_runs(engine: &Engine, req: gw::CompareRunsRequest) -> Result<gw::CompareRunsResponse, StageError> {
+    let Parsed { baseline, candidate, options } = parse(req)?;
+    let base = evaluation(engine, "baseline", &baseline).await?;
+    let cand = evaluation(engine, "candidate", &candidate).await?;
+    let (b, c) = (run_results(&base, options.metric), run_results(&cand, options.metric));
+    let report = runs::compare_runs(&b, &c, options).map_err(|e| match e {
+        RunCompareError::NoSharedRecords { .. } => {
+            StageError::FailedPrecondition(format!("runs {baseline} and {candidate}: {e}"))
+        }
+        RunCompareError::Stats(StatsError::Alpha(a)) => {
+            StageError::invalid("alpha", format!("must be in (0, 1), got {a}"))
+        }
+        RunCompareError::Stats(s @ (StatsError::TooFew { .. } | StatsError::NotFinite(_))) => {
+            StageError::FailedPrecondition(format!("runs {baseline} and {candidate}: cannot compare: {s}"))
+        }
+    })?;
+    Ok(response(baseline, candidate, &report))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_alpha_metric_min_effect_and_empty_ids_are_named() {
+        let req = gw::CompareRunsRequest {
+            baseline_run_id: String::new(),
+            candidate_run_id: "b".into(),
+            metric: 99,
+            alpha: 1.5,
+            min_effect: Some(-0.1),
+            bootstrap_seed: None,
+        };
+        let Err(StageError::InvalidArgument(v)) = parse(req) else { panic!("invalid") };
+        let fields: Vec<&str> = v.iter().map(|f| f.field.as_str()).collect();
+        assert_eq!(fields, ["baseline_run_id", "metric", "alpha", "min_effect"]);
+    }
+
+    #[test]
+    fn zero_alpha_is_the_default_and_the_seed_defaults() {
+        let req =
+            gw::CompareRunsRequest { baseline_run_id: "a".into(), candidate_run_id: "b".into(), ..Default::default() };
+        let p = parse(req).unwrap_or_else(|_| panic!("valid"));
+        assert_eq!(p.options.alpha, 0.05);
+        assert_eq!(p.options.seed, DEFAULT_BOOTSTRAP_SEED);
+        assert_eq!(p.options.metric, RunMetric::Primary);
+        assert_eq!(p.options.min_effect, None);
+    }
+
+    #[test]
+    fn failed_records_are_unscored_and_questions_come_from_the_checklist() {
+        let e = gw::EvaluateResponse {
+            results: vec![
+                gw::RecordResult {
+                    record_id: "r1".into(),
+                    checklist_id: "c".into(),
+                    score: Some(common::Score {
+                        pass_rate: 0.5,
+                        primary_score: 0.25,
+                        item_scores: vec![common::ItemScore {
+                            item_id: "q1".into(),
+                            answer: common::Answer::Yes as i32,
+                            ..Default::default()
+                        }],
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+                gw::RecordResult { record_id: "r2".into(), error: "scorer down".into(), ..Default::default() },
+            ],
+            checklists: vec![common::Checklist {
+                id: "c".into(),
+                items: vec![common::ChecklistItem { id: "q1".into(), question: "Short?".into(), ..Default::default() }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let r = run_results(&e, RunMetric::PassRate);
+        assert_eq!(r.records[0].score, Some(0.5));
+        assert_eq!(r.records[0].questions["q1"], "Short?");
+        assert!(r.records[0].answers["q1"]);
+        assert_eq!(r.records[1].score, None);
+        assert_eq!(run_results(&e, RunMetric::Primary).records[0].score, Some(0.25));
+    }
+}
