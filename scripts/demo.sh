@@ -4,7 +4,7 @@
 # through the gateway over gRPC, print it, stop. Pass `--backend openai` to use OPENAI_BASE_URL.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ASSAY_SKIP_PY=1 scripts/setup-deps.sh
+ASSAY_SKIP_PY=1 ASSAY_SKIP_CLIENTS=1 scripts/setup-deps.sh
 cargo build --release -p assay-cli --bin assay
 ./target/release/assay models fetch
 exec ./target/release/assay demo --ephemeral-ports "$@"

@@ -2,8 +2,8 @@
 # Installs what building and testing Assay needs on a fresh Debian/Ubuntu machine, when missing:
 # cmake + clang + libclang-dev (llama.cpp for the embedded model), chromium + chromium-driver and
 # Python selenium (the admin page's browser tests), Python gRPC packages (external client tests,
-# grpcurl), postgresql (the shared run store's tests), and buf (contract lint). Safe to run
-# repeatedly.
+# grpcurl), postgresql (the shared run store's tests), buf (contract lint), and what the client
+# libraries' suites need (python3-venv, openssl, Node.js with npm). Safe to run repeatedly.
 set -euo pipefail
 
 need_apt=()
@@ -17,6 +17,13 @@ fi
 # PostgreSQL server binaries: the shared run store's tests start a throwaway server on loopback.
 if [ "${ASSAY_SKIP_POSTGRES:-0}" != "1" ]; then
   ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || need_apt+=(postgresql)
+fi
+# The client libraries' suites: a Python venv (pip inside it), openssl (the TLS test's
+# certificate) and Node.js >= 20 with npm (the TypeScript client).
+if [ "${ASSAY_SKIP_CLIENTS:-0}" != "1" ]; then
+  command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
+  python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
+  command -v npm >/dev/null 2>&1 || need_apt+=(nodejs npm)
 fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "installing build dependencies: ${need_apt[*]}"

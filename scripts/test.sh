@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run the whole test suite: unit, adapter, per-service (port 0), whole-mesh, external-client
-# (Python grpcio) and embedded-model tests. Fetches the embedded models first (idempotent).
+# (Python grpcio) and embedded-model tests, then the Python and TypeScript client libraries'
+# suites against a mesh they start. Fetches the embedded models first (idempotent).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup-deps.sh
@@ -11,3 +12,4 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
   cargo test --workspace --no-fail-fast
 fi
+scripts/test-clients.sh

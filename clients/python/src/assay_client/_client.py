@@ -1,0 +1,381 @@
+"""The synchronous client."""
+
+from __future__ import annotations
+
+import time
+import warnings
+from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+
+import grpc
+
+from . import _common, _compat, _convert
+from ._errors import AssayError, from_rpc_error
+from ._proto.assay.gateway.v1 import gateway_pb2
+from ._types import Evaluation, Event
+
+#: A stored run as GetRun, ListRuns and ControlRun return it (``assay.gateway.v1.Run``).
+RunRecord = gateway_pb2.Run
+
+class Run:
+    """A pipeline run's event stream (from RunPipeline or WatchRun).
+
+    Iterate it for :class:`Event` values as they arrive; after the ``completed`` event,
+    ``result`` holds the ``assay.gateway.v1.RunResult`` and ``state`` the final state. When the
+    stream breaks (UNAVAILABLE, a reset connection) the run is reattached with WatchRun from the
+    last sequence seen, up to ``reconnect`` times without progress; no event is yielded twice.
+    Leaving the loop early (or Ctrl-C) drops the stream only: the run goes on in the gateway
+    unless ``cancel()`` is called (or the Run was made with ``cancel_on_interrupt=True``).
+    """
+
+    def __init__(
+        self,
+        client: "Assay",
+        call: Any,
+        *,
+        run_id: str = "",
+        after: int = 0,
+        reconnect: int = 5,
+        cancel_on_interrupt: bool = False,
+    ) -> None:
+        self._client = client
+        self._call = call
+        self.run_id = run_id
+        self.last_sequence = after
+        self._reconnect = reconnect
+        self._attempts = 0
+        self._cancel_on_interrupt = cancel_on_interrupt
+        self._done = False
+        self.completed: Optional[gateway_pb2.RunCompleted] = None
+        #: How many times the stream was reattached.
+        self.reattached = 0
+
+    def __iter__(self) -> Iterator[Event]:
+        return self
+
+    def __enter__(self) -> "Run":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __next__(self) -> Event:
+        while not self._done:
+            try:
+                message = next(self._call)
+            except StopIteration:
+                if self._may_reattach():
+                    self._reattach()
+                    continue
+                self._done = True
+                break
+            except grpc.RpcError as e:
+                if e.code() in _common.RETRYABLE and self._may_reattach():
+                    self._reattach()
+                    continue
+                self._done = True
+                raise from_rpc_error(e) from None
+            except BaseException:
+                self._interrupted()
+                raise
+            event = message.event
+            if event.sequence <= self.last_sequence:
+                continue  # replayed after a reattach
+            self.last_sequence = event.sequence
+            self.run_id = event.run_id or self.run_id
+            self._attempts = 0
+            if event.WhichOneof("event") == "completed":
+                self.completed = event.completed
+                self._done = True
+            return Event.from_proto(event)
+        raise StopIteration
+
+    def _may_reattach(self) -> bool:
+        return bool(self.run_id) and self.completed is None and self._attempts < self._reconnect
+
+    def _reattach(self) -> None:
+        self._attempts += 1
+        time.sleep(min(0.1 * 2**self._attempts, 2.0))
+        self.reattached += 1
+        self._call = self._client._watch_call(self.run_id, self.last_sequence)
+
+    def _interrupted(self) -> None:
+        self._call.cancel()
+        self._done = True
+        if self._cancel_on_interrupt and self.run_id:
+            self._client.cancel(self.run_id, reason="client interrupted")
+
+    def close(self) -> None:
+        """Drop the stream (the run goes on in the gateway)."""
+        self._call.cancel()
+        self._done = True
+
+    def cancel(self, reason: str = "", actor: str = "") -> RunRecord:
+        """Cancel the run in the gateway (it ends CANCELLED); the stream then delivers the end."""
+        if not self.run_id:
+            self._first_event()
+        return self._client.cancel(self.run_id, reason=reason, actor=actor)
+
+    def _first_event(self) -> None:
+        for _ in self:
+            if self.run_id:
+                return
+
+    def wait(self) -> gateway_pb2.RunResult:
+        """Consume the remaining events and return the run's result."""
+        for _ in self:
+            pass
+        if self.completed is None:
+            raise AssayError(grpc.StatusCode.UNAVAILABLE, f"the event stream of run {self.run_id!r} ended early")
+        return self.completed.result
+
+    @property
+    def state(self) -> int:
+        """The final ``RunState`` number (RUN_STATE_UNSPECIFIED until the run completed)."""
+        return self.completed.state if self.completed is not None else gateway_pb2.RUN_STATE_UNSPECIFIED
+
+    @property
+    def state_name(self) -> str:
+        """The final state's short name (``succeeded``, ``cancelled``, ...), or ``""``."""
+        return gateway_pb2.RunState.Name(self.state)[len("RUN_STATE_") :].lower()
+
+    @property
+    def result(self) -> Optional[gateway_pb2.RunResult]:
+        """The run's result once completed."""
+        return self.completed.result if self.completed is not None else None
+
+    @property
+    def evaluation(self) -> Optional[Evaluation]:
+        """The result of a checklist_eval run, once completed."""
+        result = self.result
+        if result is None or result.WhichOneof("result") != "checklist_eval":
+            return None
+        return Evaluation(result.checklist_eval)
+
+class Assay:
+    """A client of the Assay gateway.
+
+    ``target`` is ``host:port``; ``token`` the bearer token (``auth_token`` of the server's
+    configuration); ``tls`` None for plaintext, True for TLS with the system roots, or a
+    :class:`TLS`. ``timeout`` is the default deadline in seconds of the unary calls (None: none).
+    Use as a context manager, or call :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        target: str = "localhost:50051",
+        token: Optional[str] = None,
+        tls: Union[_common.TLS, bool, None] = None,
+        *,
+        timeout: Optional[float] = None,
+        options: Sequence[Tuple[str, Any]] = (),
+    ) -> None:
+        creds, opts = _common.channel_settings(tls, options)
+        if creds is None:
+            self._channel = grpc.insecure_channel(target, options=opts)
+        else:
+            self._channel = grpc.secure_channel(target, creds, options=opts)
+        self._metadata = _common.metadata(token)
+        self.timeout = timeout
+        self._unary = {
+            name: self._channel.unary_unary(
+                _common.method(name), request_serializer=req.SerializeToString, response_deserializer=resp.FromString
+            )
+            for name, (req, resp) in _common.UNARY.items()
+        }
+        self._streams = {
+            name: self._channel.unary_stream(
+                _common.method(name), request_serializer=req.SerializeToString, response_deserializer=resp.FromString
+            )
+            for name, (req, resp) in _common.STREAMS.items()
+        }
+
+    def close(self) -> None:
+        """Close the channel."""
+        self._channel.close()
+
+    def __enter__(self) -> "Assay":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, name: str, request: Any, timeout: Optional[float]) -> Any:
+        future = self._unary[name].future(
+            request, metadata=self._metadata, timeout=timeout if timeout is not None else self.timeout
+        )
+        try:
+            return future.result()
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+        except BaseException:
+            future.cancel()  # Ctrl-C: the gateway sees the call cancelled and stops its work
+            raise
+
+    def _watch_call(self, run_id: str, after: int) -> Any:
+        request = gateway_pb2.WatchRunRequest(run_id=run_id, after_sequence=after)
+        return self._streams["WatchRun"](request, metadata=self._metadata, wait_for_ready=True)
+
+    def check_server(self, timeout: float = 10.0) -> List[str]:
+        """Compare the server's protos (by reflection) with the client's: the messages, fields,
+        enum values and methods the server has and this client lacks (empty: compatible). A
+        non-empty answer also warns :class:`ServerNewerWarning`: v1 only grows, so the client
+        still works, without the new parts."""
+        call = self._channel.stream_stream(_compat.REFLECTION)
+        try:
+            responses = call(iter([_compat.request_bytes()]), metadata=self._metadata, timeout=timeout)
+            found = _compat.differences(_compat.files_of(responses))
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+        if found:
+            warnings.warn(
+                f"the server's protos are newer than this client's: {', '.join(found[:10])}",
+                _compat.ServerNewerWarning,
+                stacklevel=2,
+            )
+        return found
+
+    def evaluate(
+        self,
+        records: Iterable[_convert.RecordLike],
+        preset: Union[str, int] = "tick",
+        *,
+        checklist: Any = None,
+        max_items: Optional[int] = None,
+        record_concurrency: int = 0,
+        generator_model: Optional[_convert.ModelLike] = None,
+        scorer_model: Optional[_convert.ModelLike] = None,
+        timeout: Optional[float] = None,
+        **scorer_options: Any,
+    ) -> Evaluation:
+        """Evaluate ``records`` (dicts or dataclasses with ``input``, ``target``, ...) and wait.
+
+        The checklist is ``checklist`` (a list of questions, item dicts or a Checklist) for every
+        record, else one generated per input with ``preset`` (``tick``, ``rocketeval``, ...).
+        ``scorer_options`` are ScorerConfig fields (``mode="item"``, ``samples=3``, ...).
+        """
+        pipeline = _convert.checklist_eval(
+            records,
+            preset=preset,
+            checklist_given=checklist,
+            max_items=max_items,
+            record_concurrency=record_concurrency,
+            generator_model=generator_model,
+            scorer_model=scorer_model,
+            scorer_options=scorer_options,
+        )
+        response = self._call("Evaluate", gateway_pb2.EvaluateRequest(pipeline=pipeline), timeout)
+        return Evaluation(response)
+
+    def run(
+        self,
+        pipeline: Any,
+        *,
+        label: str = "",
+        timeout: Optional[float] = None,
+        reconnect: int = 5,
+        cancel_on_interrupt: bool = False,
+    ) -> Run:
+        """Start a pipeline (a RunPipelineRequest, a pipeline message, or its dict form such as
+        ``{"checklist_eval": {...}}``) and return its event stream."""
+        request = _convert.pipeline_request(pipeline, label)
+        call = self._streams["RunPipeline"](request, metadata=self._metadata, timeout=timeout)
+        return Run(self, call, reconnect=reconnect, cancel_on_interrupt=cancel_on_interrupt)
+
+    def watch(self, run_id: str, after: int = 0, *, reconnect: int = 5) -> Run:
+        """Follow a run's events with sequence > ``after`` (replayed, then live)."""
+        return Run(self, self._watch_call(run_id, after), run_id=run_id, after=after, reconnect=reconnect)
+
+    def get_run(self, run_id: str, *, timeout: Optional[float] = None) -> RunRecord:
+        """A run's state, progress and result."""
+        response = self._call("GetRun", gateway_pb2.GetRunRequest(run_id=_common.run_id_of(run_id)), timeout)
+        run: RunRecord = response.run
+        return run
+
+    def list_runs(
+        self,
+        kind: Union[str, int, None] = None,
+        state: Union[str, int, None] = None,
+        *,
+        limit: Optional[int] = None,
+        page_size: int = 0,
+        timeout: Optional[float] = None,
+    ) -> List[RunRecord]:
+        """Runs, newest first, following pages up to ``limit`` runs (kind and state by short
+        name, e.g. ``"checklist_eval"``, ``"succeeded"``)."""
+        runs: List[RunRecord] = []
+        token = ""
+        while True:
+            request = _common.list_request(kind, state, page_size, token)
+            response = self._call("ListRuns", request, timeout)
+            runs.extend(response.runs)
+            token = response.next_page_token
+            if not token or (limit is not None and len(runs) >= limit):
+                return runs[:limit] if limit is not None else runs
+
+    def _control(self, run_id: Any, action: str, actor: str, reason: str, **fields: Any) -> RunRecord:
+        request = _common.control(_common.run_id_of(run_id), action, actor, reason, **fields)
+        run: RunRecord = self._call("ControlRun", request, None).run
+        return run
+
+    def pause(self, run_id: Any, *, reason: str = "", actor: str = "") -> RunRecord:
+        """Pause a run after its current task."""
+        return self._control(run_id, "pause", actor, reason)
+
+    def resume(self, run_id: Any, *, reason: str = "", actor: str = "") -> RunRecord:
+        """Resume a paused or interrupted run."""
+        return self._control(run_id, "resume", actor, reason)
+
+    def cancel(self, run_id: Any, *, reason: str = "", actor: str = "") -> RunRecord:
+        """Cancel a run."""
+        return self._control(run_id, "cancel", actor, reason)
+
+    def accept(self, run_id: Any, *, reason: str = "", actor: str = "") -> RunRecord:
+        """Accept a targeted refinement's current content as final."""
+        return self._control(run_id, "accept", actor, reason)
+
+    def review(self, run_id: Any, *, reason: str = "", actor: str = "") -> RunRecord:
+        """Mark an escalated refinement as reviewed."""
+        return self._control(run_id, "review", actor, reason)
+
+    def edit_section(
+        self, run_id: Any, section_id: str, content: str, *, reason: str = "", actor: str = ""
+    ) -> RunRecord:
+        """Replace a section of a paused (or escalated) targeted refinement."""
+        return self._control(run_id, "edit_section", actor, reason, section_id=section_id, content=content)
+
+    def refine(
+        self,
+        document: Union[str, Sequence[_convert.SectionLike]],
+        mode: Union[str, int] = "full_auto",
+        *,
+        label: str = "",
+        **options: Any,
+    ) -> Run:
+        """Start a targeted refinement of ``document`` (section dicts, or text) in ``mode``
+        (``full_auto`` or ``semi_auto``); options are TargetedRefinementPipeline fields."""
+        return self.run(_common.refine_pipeline(document, mode, options), label=label)
+
+    def debate(self, problems: Iterable[Any], baselines: bool = True, *, label: str = "", **options: Any) -> Run:
+        """Start a debate over ``problems`` (text, or dicts with ``problem`` and ``reference``)."""
+        return self.run(_common.debate_pipeline(problems, baselines, options), label=label)
+
+    def self_refine(self, text: str, instruction: str = "", *, label: str = "", **options: Any) -> Run:
+        """Start a self-refine run of ``text``; options are SelfRefineRequest fields."""
+        request = _convert.self_refine_request(text, instruction, **options)
+        return self.run(gateway_pb2.SelfRefinePipeline(request=request), label=label)
+
+    def compare(
+        self,
+        baseline: Any,
+        candidate: Any,
+        *,
+        metric: Union[str, int, None] = None,
+        alpha: float = 0.0,
+        min_effect: Optional[float] = None,
+        bootstrap_seed: Optional[int] = None,
+        timeout: Optional[float] = None,
+    ) -> gateway_pb2.CompareRunsResponse:
+        """Compare two checklist_eval runs (ids, Runs or Evaluations): candidate minus baseline."""
+        request = _common.compare_request(baseline, candidate, metric, alpha, min_effect, bootstrap_seed)
+        response: gateway_pb2.CompareRunsResponse = self._call("CompareRuns", request, timeout)
+        return response

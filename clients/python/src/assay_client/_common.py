@@ -1,0 +1,161 @@
+"""What the sync and asyncio clients share: channel settings, method paths, request builders."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Type, Union
+
+import grpc
+from google.protobuf.message import Message
+
+from . import _convert
+from ._proto.assay.gateway.v1 import gateway_pb2
+
+SERVICE = "assay.gateway.v1.GatewayService"
+#: Status codes after which a broken event stream is reattached from its last sequence.
+RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN})
+Metadata = Tuple[Tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class TLS:
+    """TLS settings: PEM file paths or bytes.
+
+    ``ca`` verifies the server (default: the system roots); ``cert`` and ``key`` are the client's
+    certificate for mutual TLS; ``server_name`` overrides the name checked against the server's
+    certificate (when the target is an IP address, say).
+    """
+
+    ca: Union[str, bytes, None] = None
+    cert: Union[str, bytes, None] = None
+    key: Union[str, bytes, None] = None
+    server_name: Optional[str] = None
+
+
+def _pem(value: Union[str, bytes, None]) -> Optional[bytes]:
+    if value is None or isinstance(value, bytes):
+        return value
+    return Path(value).read_bytes()
+
+
+def channel_settings(
+    tls: Union[TLS, bool, None], options: Sequence[Tuple[str, Any]] = ()
+) -> Tuple[Optional[grpc.ChannelCredentials], List[Tuple[str, Any]]]:
+    """(credentials or None for plaintext, channel options) for ``tls``."""
+    opts = list(options)
+    if tls is None or tls is False:
+        return None, opts
+    if tls is True:
+        return grpc.ssl_channel_credentials(), opts
+    if (tls.cert is None) != (tls.key is None):
+        raise ValueError("tls: set both cert and key (mutual TLS) or neither")
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=_pem(tls.ca), private_key=_pem(tls.key), certificate_chain=_pem(tls.cert)
+    )
+    if tls.server_name:
+        opts.append(("grpc.ssl_target_name_override", tls.server_name))
+    return creds, opts
+
+
+def metadata(token: Optional[str]) -> Metadata:
+    """Call metadata: the bearer token when one is set."""
+    return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+def method(name: str) -> str:
+    """The full path of a gateway method."""
+    return f"/{SERVICE}/{name}"
+
+
+#: (method, request class, response class) of every gateway RPC.
+UNARY: Dict[str, Tuple[Type[Message], Type[Message]]] = {
+    "Evaluate": (gateway_pb2.EvaluateRequest, gateway_pb2.EvaluateResponse),
+    "GetRun": (gateway_pb2.GetRunRequest, gateway_pb2.GetRunResponse),
+    "ListRuns": (gateway_pb2.ListRunsRequest, gateway_pb2.ListRunsResponse),
+    "ControlRun": (gateway_pb2.ControlRunRequest, gateway_pb2.ControlRunResponse),
+    "CompareRuns": (gateway_pb2.CompareRunsRequest, gateway_pb2.CompareRunsResponse),
+}
+STREAMS: Dict[str, Tuple[Type[Message], Type[Message]]] = {
+    "RunPipeline": (gateway_pb2.RunPipelineRequest, gateway_pb2.RunPipelineResponse),
+    "WatchRun": (gateway_pb2.WatchRunRequest, gateway_pb2.WatchRunResponse),
+}
+
+
+def run_id_of(value: Any) -> str:
+    """A run id from a string or anything with a ``run_id`` (Run, Evaluation, messages)."""
+    if isinstance(value, str):
+        return value
+    run_id = getattr(value, "run_id", None)
+    if not isinstance(run_id, str) or not run_id:
+        raise ValueError(f"no run id in {type(value).__name__}")
+    return run_id
+
+
+def control(run_id: str, action: str, actor: str, reason: str, **fields: Any) -> gateway_pb2.ControlRunRequest:
+    """A ControlRunRequest taking ``action`` (pause, resume, cancel, accept, review, edit_section)."""
+    request = gateway_pb2.ControlRunRequest(run_id=run_id, actor=actor, reason=reason)
+    getattr(request, action).SetInParent()
+    for key, value in fields.items():
+        setattr(getattr(request, action), key, value)
+    return request
+
+
+def list_request(
+    kind: Union[str, int, None], state: Union[str, int, None], page_size: int, page_token: str
+) -> gateway_pb2.ListRunsRequest:
+    """A ListRunsRequest (kind and state by short name, e.g. ``checklist_eval``, ``running``)."""
+    request = gateway_pb2.ListRunsRequest(page_size=page_size, page_token=page_token)
+    if kind is not None:
+        request.kind = _convert.enum_value(gateway_pb2.PipelineKind.DESCRIPTOR, kind, "kind")
+    if state is not None:
+        request.state = _convert.enum_value(gateway_pb2.RunState.DESCRIPTOR, state, "state")
+    return request
+
+
+def refine_pipeline(
+    document: Union[str, Sequence[_convert.SectionLike]], mode: Union[str, int], options: Mapping[str, Any]
+) -> gateway_pb2.TargetedRefinementPipeline:
+    """A targeted refinement of ``document``; options named like the pipeline's fields."""
+    pipeline = gateway_pb2.TargetedRefinementPipeline(
+        sections=_convert.sections(document),
+        mode=_convert.enum_value(gateway_pb2.RefinementMode.DESCRIPTOR, mode, "mode"),
+    )
+    rest = dict(options)
+    if "brief" in rest:
+        pipeline.brief.CopyFrom(_convert.to_message(rest.pop("brief"), type(pipeline.brief), "brief"))
+    if rest:
+        extra = _convert.to_message(rest, gateway_pb2.TargetedRefinementPipeline, "refine options")
+        pipeline.MergeFrom(extra)
+    return pipeline
+
+
+def debate_pipeline(problems: Iterable[Any], baselines: bool, options: Mapping[str, Any]) -> gateway_pb2.DebatePipeline:
+    """A debate over ``problems`` (strings or dicts with ``problem`` and ``reference``)."""
+    pipeline = gateway_pb2.DebatePipeline(
+        problems=[_convert.debate_problem(p, i) for i, p in enumerate(problems)], baselines=baselines
+    )
+    if options:
+        pipeline.MergeFrom(_convert.to_message(dict(options), gateway_pb2.DebatePipeline, "debate options"))
+    return pipeline
+
+
+def compare_request(
+    baseline: Any,
+    candidate: Any,
+    metric: Union[str, int, None],
+    alpha: float,
+    min_effect: Optional[float],
+    bootstrap_seed: Optional[int],
+) -> gateway_pb2.CompareRunsRequest:
+    """A CompareRunsRequest (candidate minus baseline)."""
+    request = gateway_pb2.CompareRunsRequest(
+        baseline_run_id=run_id_of(baseline), candidate_run_id=run_id_of(candidate), alpha=alpha
+    )
+    if metric is not None:
+        request.metric = _convert.enum_value(gateway_pb2.CompareMetric.DESCRIPTOR, metric, "metric")
+    if min_effect is not None:
+        request.min_effect = min_effect
+    if bootstrap_seed is not None:
+        request.bootstrap_seed = bootstrap_seed
+    return request

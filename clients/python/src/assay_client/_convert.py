@@ -1,0 +1,211 @@
+"""Build request messages from plain Python values (dicts, dataclasses, strings)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
+
+from google.protobuf import json_format
+from google.protobuf.descriptor import EnumDescriptor
+from google.protobuf.message import Message
+
+from ._proto.assay.common.v1 import common_pb2
+from ._proto.assay.gateway.v1 import gateway_pb2
+from ._proto.assay.generator.v1 import generator_pb2
+from ._proto.assay.refiners.v1 import refiners_pb2
+
+#: A record to evaluate: a dict or a dataclass with the fields of ``assay.gateway.v1.EvalRecord``
+#: (``id``, ``input``, ``target``, ``reference``, ``history``, ``candidates``), or the message.
+RecordLike = Union[Mapping[str, Any], gateway_pb2.EvalRecord, Any]
+#: One document section: a dict (``id``, ``title``, ``content``), the message, or bare text.
+SectionLike = Union[Mapping[str, Any], common_pb2.Section, str]
+#: A model spec: a dict of ``assay.common.v1.ModelSpec`` fields, the message, or a model name.
+ModelLike = Union[Mapping[str, Any], common_pb2.ModelSpec, str]
+
+
+def enum_value(descriptor: EnumDescriptor, value: Union[int, str], field: str) -> Any:
+    """An enum number from an int, a full name (``PRESET_TICK``) or its short form (``tick``).
+
+    Typed Any: the generated stubs type each enum field with its own enum class."""
+    if isinstance(value, int):
+        return value
+    prefix = descriptor.values[0].name[: -len("UNSPECIFIED")]
+    for name in (value, prefix + value.upper()):
+        if name in descriptor.values_by_name:
+            return int(descriptor.values_by_name[name].number)
+    names = ", ".join(v.name[len(prefix) :].lower() for v in descriptor.values[1:])
+    raise ValueError(f"{field}: unknown value {value!r} (one of: {names})")
+
+
+def _plain(value: Any) -> Any:
+    """A dataclass as a dict; anything else unchanged."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return value
+
+
+def to_message(value: Any, cls: Any, field: str) -> Any:
+    """``value`` (a message of ``cls``, a dict or a dataclass) as a message of ``cls``."""
+    if isinstance(value, cls):
+        return value
+    value = _plain(value)
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{field}: expected a dict, a dataclass or {cls.__name__}, got {type(value).__name__}")
+    try:
+        return json_format.ParseDict(dict(value), cls())
+    except json_format.ParseError as e:
+        raise ValueError(f"{field}: {e}") from e
+
+
+def record(value: RecordLike, index: int) -> gateway_pb2.EvalRecord:
+    """One evaluation record."""
+    if isinstance(value, str):
+        return gateway_pb2.EvalRecord(target=value)
+    message: gateway_pb2.EvalRecord = to_message(value, gateway_pb2.EvalRecord, f"records[{index}]")
+    return message
+
+
+def model(value: Optional[ModelLike], field: str) -> Optional[common_pb2.ModelSpec]:
+    """A model spec, or None when unset."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return common_pb2.ModelSpec(model=value)
+    spec: common_pb2.ModelSpec = to_message(value, common_pb2.ModelSpec, field)
+    return spec
+
+
+def checklist(value: Any) -> common_pb2.Checklist:
+    """A checklist from a list of questions (strings or item dicts), a dict or the message."""
+    if isinstance(value, common_pb2.Checklist):
+        return value
+    if isinstance(value, Mapping):
+        result: common_pb2.Checklist = to_message(value, common_pb2.Checklist, "checklist")
+        return result
+    items: List[common_pb2.ChecklistItem] = []
+    for i, item in enumerate(value):
+        if isinstance(item, str):
+            items.append(common_pb2.ChecklistItem(id=f"q{i + 1}", question=item))
+        else:
+            items.append(to_message(item, common_pb2.ChecklistItem, f"checklist[{i}]"))
+    return common_pb2.Checklist(items=items)
+
+
+_SCORER_ENUMS = {
+    "mode": common_pb2.ScoringMode.DESCRIPTOR,
+    "primary_metric": common_pb2.PrimaryMetric.DESCRIPTOR,
+    "prompt": common_pb2.ScoringPrompt.DESCRIPTOR,
+}
+
+
+def scorer_config(options: Mapping[str, Any]) -> Optional[common_pb2.ScorerConfig]:
+    """A ScorerConfig from keyword options named like its fields (enums by short name)."""
+    if not options:
+        return None
+    known = set(common_pb2.ScorerConfig.DESCRIPTOR.fields_by_name)
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise TypeError(f"unknown scorer option(s) {unknown}; known: {sorted(known)}")
+    config = common_pb2.ScorerConfig()
+    for key, value in options.items():
+        if key in _SCORER_ENUMS:
+            setattr(config, key, enum_value(_SCORER_ENUMS[key], value, f"scorer.{key}"))
+        elif key == "sample_models":
+            config.sample_models.extend(value)
+        else:
+            setattr(config, key, value)
+    return config
+
+
+def checklist_eval(
+    records: Iterable[RecordLike],
+    *,
+    preset: Union[str, int] = "tick",
+    checklist_given: Any = None,
+    max_items: Optional[int] = None,
+    record_concurrency: int = 0,
+    generator_model: Optional[ModelLike] = None,
+    scorer_model: Optional[ModelLike] = None,
+    scorer_options: Optional[Mapping[str, Any]] = None,
+) -> gateway_pb2.ChecklistEvalPipeline:
+    """The checklist_eval pipeline: a given checklist, or one generated per input by ``preset``."""
+    pipeline = gateway_pb2.ChecklistEvalPipeline(
+        records=[record(r, i) for i, r in enumerate(records)], concurrency=record_concurrency
+    )
+    if checklist_given is not None:
+        pipeline.source.checklist.CopyFrom(checklist(checklist_given))
+    else:
+        pipeline.source.preset = enum_value(generator_pb2.Preset.DESCRIPTOR, preset, "preset")
+    if max_items is not None:
+        pipeline.max_items = max_items
+    for name, spec in (("generator_model", generator_model), ("scorer_model", scorer_model)):
+        message = model(spec, name)
+        if message is not None:
+            getattr(pipeline, name).CopyFrom(message)
+    config = scorer_config(scorer_options or {})
+    if config is not None:
+        pipeline.scorer.CopyFrom(config)
+    return pipeline
+
+
+def sections(document: Union[str, Sequence[SectionLike]]) -> List[common_pb2.Section]:
+    """Document sections; bare text is one section per string (ids ``s1``, ``s2``, ...)."""
+    parts: Sequence[SectionLike] = [document] if isinstance(document, str) else document
+    result: List[common_pb2.Section] = []
+    for i, part in enumerate(parts):
+        if isinstance(part, str):
+            result.append(common_pb2.Section(id=f"s{i + 1}", index=i, content=part))
+        else:
+            section: common_pb2.Section = to_message(part, common_pb2.Section, f"sections[{i}]")
+            result.append(section)
+    return result
+
+
+def debate_problem(value: Any, index: int) -> gateway_pb2.DebateProblem:
+    """A debate problem from text, a dict or the message."""
+    if isinstance(value, str):
+        return gateway_pb2.DebateProblem(problem=value)
+    problem: gateway_pb2.DebateProblem = to_message(value, gateway_pb2.DebateProblem, f"problems[{index}]")
+    return problem
+
+
+def pipeline_request(pipeline: Any, label: str = "") -> gateway_pb2.RunPipelineRequest:
+    """A RunPipelineRequest from a request, one of the pipeline messages, or a dict such as
+    ``{"checklist_eval": {...}}`` (the request's JSON form)."""
+    if isinstance(pipeline, gateway_pb2.RunPipelineRequest):
+        if label and not pipeline.label:
+            pipeline.label = label
+        return pipeline
+    request = gateway_pb2.RunPipelineRequest(label=label)
+    fields: Dict[type, str] = {
+        gateway_pb2.ChecklistEvalPipeline: "checklist_eval",
+        gateway_pb2.GenerateChecklistPipeline: "generate_checklist",
+        gateway_pb2.TargetedRefinementPipeline: "targeted_refinement",
+        gateway_pb2.SelfRefinePipeline: "self_refine",
+        gateway_pb2.DebatePipeline: "debate",
+    }
+    if isinstance(pipeline, Message):
+        name = fields.get(type(pipeline))
+        if name is None:
+            raise TypeError(f"pipeline: {type(pipeline).__name__} is not a pipeline message")
+        getattr(request, name).CopyFrom(pipeline)
+        return request
+    parsed: gateway_pb2.RunPipelineRequest = to_message(pipeline, gateway_pb2.RunPipelineRequest, "pipeline")
+    if label and not parsed.label:
+        parsed.label = label
+    return parsed
+
+
+def self_refine_request(text: str, instruction: str = "", **options: Any) -> refiners_pb2.SelfRefineRequest:
+    """A SelfRefineRequest for ``text``; options named like its fields."""
+    request = refiners_pb2.SelfRefineRequest(draft=text, instruction=instruction)
+    for key, value in options.items():
+        if key == "convergence_mode":
+            value = enum_value(refiners_pb2.ConvergenceMode.DESCRIPTOR, value, key)
+        if key in ("model", "embedding_model"):
+            getattr(request, key).CopyFrom(model(value, key))
+            continue
+        if key not in refiners_pb2.SelfRefineRequest.DESCRIPTOR.fields_by_name:
+            raise TypeError(f"unknown self-refine option {key!r}")
+        setattr(request, key, value)
+    return request

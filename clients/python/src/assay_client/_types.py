@@ -1,0 +1,136 @@
+"""Results of the client's calls: typed events and the evaluation table."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
+
+from google.protobuf.message import Message
+
+from ._proto.assay.common.v1 import common_pb2
+from ._proto.assay.gateway.v1 import gateway_pb2
+
+if TYPE_CHECKING:
+    import pandas
+
+
+@dataclass(frozen=True)
+class Event:
+    """One run event.
+
+    ``kind`` names the event (``started``, ``progress``, ``checklist_ready``, ``record_scored``,
+    ``aggregate``, ``refinement``, ``self_refine_pass``, ``debate_stage``, ``state_changed``,
+    ``completed``, ``debate_problem_done``, ``self_refined``); ``payload`` is its message and
+    ``raw`` the whole ``assay.gateway.v1.RunEvent``.
+    """
+
+    run_id: str
+    sequence: int
+    kind: str
+    payload: Optional[Message]
+    raw: gateway_pb2.RunEvent
+
+    @classmethod
+    def from_proto(cls, event: gateway_pb2.RunEvent) -> "Event":
+        """Wrap a RunEvent."""
+        kind = event.WhichOneof("event") or ""
+        payload: Optional[Message] = getattr(event, kind) if kind else None
+        return cls(run_id=event.run_id, sequence=event.sequence, kind=kind, payload=payload, raw=event)
+
+    @property
+    def completed(self) -> Optional[gateway_pb2.RunCompleted]:
+        """The RunCompleted payload when this is the last event of the run."""
+        return self.raw.completed if self.kind == "completed" else None
+
+
+_ANSWERS = {common_pb2.ANSWER_YES: "YES", common_pb2.ANSWER_NO: "NO"}
+
+
+class Evaluation:
+    """A checklist evaluation: per-record scores, the aggregate, checklists and usage.
+
+    The message is ``raw`` (``assay.gateway.v1.EvaluateResponse``); ``to_records()`` flattens it
+    into one dict per record and ``to_dataframe()`` into a pandas DataFrame.
+    """
+
+    def __init__(self, response: gateway_pb2.EvaluateResponse) -> None:
+        self.raw = response
+
+    @property
+    def run_id(self) -> str:
+        """The run that produced the evaluation."""
+        return self.raw.run_id
+
+    @property
+    def results(self) -> List[gateway_pb2.RecordResult]:
+        """Per-record results, in record order."""
+        return list(self.raw.results)
+
+    @property
+    def aggregate(self) -> common_pb2.AggregateScores:
+        """Aggregates over the scored records."""
+        return self.raw.aggregate
+
+    @property
+    def checklists(self) -> List[common_pb2.Checklist]:
+        """The checklists used."""
+        return list(self.raw.checklists)
+
+    @property
+    def usage(self) -> common_pb2.Usage:
+        """Model calls and tokens."""
+        return self.raw.usage
+
+    @property
+    def mean_score(self) -> float:
+        """Mean primary score over the scored records."""
+        return self.raw.aggregate.mean_primary_score
+
+    def __len__(self) -> int:
+        return len(self.raw.results)
+
+    def __repr__(self) -> str:
+        return f"Evaluation(run_id={self.run_id!r}, records={len(self)}, mean_score={self.mean_score:.3f})"
+
+    def to_records(self) -> List[Dict[str, Any]]:
+        """One flat dict per record: ids, every aggregate of its score, its error, and one
+        ``item:<item id>`` column per checklist item ("YES", "NO" or None when unanswered)."""
+        rows: List[Dict[str, Any]] = []
+        for result in self.raw.results:
+            row: Dict[str, Any] = {
+                "index": result.index,
+                "record_id": result.record_id,
+                "checklist_id": result.checklist_id,
+                "error": result.error or None,
+            }
+            if result.HasField("score"):
+                score = result.score
+                row.update(
+                    primary_score=score.primary_score,
+                    pass_rate=score.pass_rate,
+                    weighted_score=score.weighted_score,
+                    normalized_score=score.normalized_score,
+                    answered=score.answered_count,
+                    unanswered=score.unanswered_count,
+                )
+                for item in score.item_scores:
+                    row[f"item:{item.item_id}"] = _ANSWERS.get(item.answer)
+            else:
+                row.update(
+                    primary_score=None,
+                    pass_rate=None,
+                    weighted_score=None,
+                    normalized_score=None,
+                    answered=0,
+                    unanswered=0,
+                )
+            rows.append(row)
+        return rows
+
+    def to_dataframe(self) -> "pandas.DataFrame":
+        """:meth:`to_records` as a DataFrame (needs the ``pandas`` extra)."""
+        try:
+            import pandas
+        except ImportError as e:  # pragma: no cover - depends on the environment
+            raise ImportError("to_dataframe needs pandas: pip install 'assay-client[pandas]'") from e
+        return pandas.DataFrame(self.to_records())

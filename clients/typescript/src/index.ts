@@ -1,0 +1,352 @@
+/**
+ * `@assay/client`: a typed client for the Assay gateway (`assay.gateway.v1.GatewayService`) over
+ * gRPC (HTTP/2). `new Assay({ target })`, then `evaluate`, `run` (an async iterator of events),
+ * `watch`, `getRun`, `listRuns`, the run controls, `compare`, `refine`, `debate`, `selfRefine`.
+ * The generated messages are re-exported under `pb`.
+ */
+import { create, type MessageInitShape } from "@bufbuild/protobuf";
+import { type Client, type Interceptor, createClient } from "@connectrpc/connect";
+import { createGrpcTransport } from "@connectrpc/connect-node";
+
+import { ChecklistSchema } from "./gen/assay/common/v1/common_pb.js";
+import { Preset } from "./gen/assay/generator/v1/generator_pb.js";
+import type { SelfRefineRequestSchema } from "./gen/assay/refiners/v1/refiners_pb.js";
+import {
+  type ChecklistEvalPipelineSchema,
+  CompareMetric,
+  type CompareRunsResponse,
+  type DebatePipelineSchema,
+  type EvalRecordSchema,
+  type EvaluateResponse,
+  GatewayService,
+  type ListRunsResponse,
+  type PipelineKind,
+  RefinementMode,
+  type Run,
+  type RunPipelineRequestSchema,
+  type RunState,
+  type TargetedRefinementPipelineSchema,
+} from "./gen/assay/gateway/v1/gateway_pb.js";
+import { decorated } from "./errors.js";
+import { RunStream, type RunStreamOptions } from "./run-stream.js";
+
+export { type AssayError, fieldViolations } from "./errors.js";
+export { RunStream, type RunStreamOptions } from "./run-stream.js";
+export { Code, ConnectError } from "@connectrpc/connect";
+export * as pb from "./gen/assay/gateway/v1/gateway_pb.js";
+export * as common from "./gen/assay/common/v1/common_pb.js";
+export * as generator from "./gen/assay/generator/v1/generator_pb.js";
+export * as refiners from "./gen/assay/refiners/v1/refiners_pb.js";
+
+/** TLS settings: PEM contents (not paths). */
+export interface TlsOptions {
+  /** CA bundle the server's certificate must chain to (default: Node's roots). */
+  ca?: string | Buffer;
+  /** Client certificate chain and key, for mutual TLS. */
+  cert?: string | Buffer;
+  key?: string | Buffer;
+  /** Name checked in the server's certificate (default: the target's host). */
+  serverName?: string;
+}
+
+/** How to reach the gateway. */
+export interface AssayOptions {
+  /** The gateway's URL, e.g. `http://127.0.0.1:50051` (`https://` or `tls` for TLS). */
+  target: string;
+  /** Bearer token (the mesh's `auth_token`). */
+  token?: string;
+  /** TLS: `true` for Node's roots, or the certificates. */
+  tls?: boolean | TlsOptions;
+  /** Default deadline of every unary call, milliseconds (none when unset). */
+  timeoutMs?: number;
+}
+
+/** Per-call options. */
+export interface CallOptions {
+  signal?: AbortSignal;
+  timeoutMs?: number;
+}
+
+/** One record to evaluate (`id` defaults to its index). */
+export type RecordInit = MessageInitShape<typeof EvalRecordSchema>;
+
+/** A checklist preset by name (`"tick"`, `"rocketeval"`, `"rlcf_direct"`, ...) or value. */
+export type PresetName = Lowercase<Exclude<keyof typeof Preset, "UNSPECIFIED">> | Preset;
+
+/** What `evaluate` scores with: a preset, or a checklist (questions, or a full Checklist). */
+export type EvaluateOptions = CallOptions &
+  Omit<MessageInitShape<typeof ChecklistEvalPipelineSchema>, "records" | "source" | "$typeName"> & {
+    preset?: PresetName;
+    checklist?: string[] | MessageInitShape<typeof ChecklistSchema>;
+  };
+
+/** Who acts on a run, for its audit log. */
+export interface ControlOptions extends CallOptions {
+  actor?: string;
+  reason?: string;
+}
+
+/** Pipeline fields of a targeted refinement besides the sections, with `mode` by name. */
+export type RefineOptions = RunStreamOptions &
+  Omit<MessageInitShape<typeof TargetedRefinementPipelineSchema>, "sections" | "mode" | "$typeName"> & {
+    mode?: "full_auto" | "semi_auto" | RefinementMode;
+    label?: string;
+  };
+
+/** A section of a document to refine (`index` defaults to its position). */
+export interface SectionInit {
+  id: string;
+  title?: string;
+  content: string;
+  index?: number;
+}
+
+/** A debate problem: its text, or the full message. */
+export type ProblemInit = string | { id?: string; problem: string; reference?: string };
+
+/** Debate settings besides the problems. */
+export type DebateOptions = RunStreamOptions &
+  Omit<MessageInitShape<typeof DebatePipelineSchema>, "problems" | "$typeName"> & { label?: string };
+
+/** Self-refine settings besides the draft. */
+export type SelfRefineOptions = RunStreamOptions &
+  Omit<MessageInitShape<typeof SelfRefineRequestSchema>, "draft" | "$typeName"> & { label?: string };
+
+/** Options of `compare`. */
+export interface CompareOptions extends CallOptions {
+  metric?: "primary" | "pass_rate" | "weighted" | "normalized" | CompareMetric;
+  /** Significance level (default 0.05). */
+  alpha?: number;
+  /** Regression gate: the smallest drop that counts. */
+  minEffect?: number;
+  bootstrapSeed?: bigint | number;
+}
+
+/** Filters and paging of `listRuns`. */
+export interface ListRunsOptions extends CallOptions {
+  pageSize?: number;
+  pageToken?: string;
+  kind?: PipelineKind;
+  state?: RunState;
+}
+
+function presetValue(p: PresetName): Preset {
+  if (typeof p === "number") {
+    return p;
+  }
+  const v = Preset[p.toUpperCase() as keyof typeof Preset];
+  if (v === undefined) {
+    throw new TypeError(`unknown preset "${p}"`);
+  }
+  return v;
+}
+
+function checklistInit(c: string[] | MessageInitShape<typeof ChecklistSchema>): MessageInitShape<typeof ChecklistSchema> {
+  if (Array.isArray(c)) {
+    return { items: c.map((question, i) => ({ id: `q${i + 1}`, question })) };
+  }
+  return c;
+}
+
+function enumByName<E extends Record<string, string | number>>(e: E, name: string | number, what: string): number {
+  if (typeof name === "number") {
+    return name;
+  }
+  const v = e[name.toUpperCase() as keyof E];
+  if (typeof v !== "number") {
+    throw new TypeError(`unknown ${what} "${name}"`);
+  }
+  return v;
+}
+
+/** A connection to one gateway. */
+export class Assay {
+  /** The generated client, for anything the helpers below do not cover. */
+  readonly client: Client<typeof GatewayService>;
+  private readonly timeoutMs: number | undefined;
+
+  constructor(options: AssayOptions) {
+    const tls = options.tls;
+    let baseUrl = options.target.includes("://") ? options.target : `http://${options.target}`;
+    if (tls !== undefined && tls !== false && baseUrl.startsWith("http://")) {
+      baseUrl = `https://${baseUrl.slice("http://".length)}`;
+    }
+    const interceptors: Interceptor[] = [];
+    const token = options.token;
+    if (token !== undefined && token !== "") {
+      interceptors.push((next) => (req) => {
+        req.header.set("authorization", `Bearer ${token}`);
+        return next(req);
+      });
+    }
+    const nodeOptions =
+      typeof tls === "object" ? { ca: tls.ca, cert: tls.cert, key: tls.key, servername: tls.serverName } : undefined;
+    const transport = createGrpcTransport({ baseUrl, interceptors, nodeOptions });
+    this.client = createClient(GatewayService, transport);
+    this.timeoutMs = options.timeoutMs;
+  }
+
+  private call(o: CallOptions | undefined): { signal?: AbortSignal; timeoutMs?: number } {
+    return { signal: o?.signal, timeoutMs: o?.timeoutMs ?? this.timeoutMs };
+  }
+
+  /** Checklist evaluation of `records`, waited for (aborting `signal` stops the work). */
+  evaluate(records: RecordInit[], options: EvaluateOptions = {}): Promise<EvaluateResponse> {
+    const { signal, timeoutMs, preset, checklist, ...pipeline } = options;
+    const source =
+      checklist !== undefined
+        ? { source: { case: "checklist" as const, value: checklistInit(checklist) } }
+        : { source: { case: "preset" as const, value: presetValue(preset ?? "tick") } };
+    return decorated(() =>
+      this.client.evaluate({ pipeline: { ...pipeline, records, source } }, this.call({ signal, timeoutMs })),
+    );
+  }
+
+  /** Start any pipeline and iterate its events; `await stream.result()` for the outcome. */
+  run(request: MessageInitShape<typeof RunPipelineRequestSchema>, options: RunStreamOptions = {}): RunStream {
+    return new RunStream(
+      (runId, after, signal) =>
+        runId === undefined
+          ? this.client.runPipeline(request, { signal })
+          : this.client.watchRun({ runId, afterSequence: after }, { signal }),
+      (runId) => this.cancel(runId, { reason: "aborted by the client" }),
+      options,
+    );
+  }
+
+  /** Reattach to a run's events after sequence `after` (0: from the start), live ones followed. */
+  watch(runId: string, after: bigint | number = 0, options: RunStreamOptions = {}): RunStream {
+    return new RunStream(
+      (id, seq, signal) => this.client.watchRun({ runId: id ?? runId, afterSequence: seq }, { signal }),
+      (id) => this.cancel(id, { reason: "aborted by the client" }),
+      options,
+      runId,
+      BigInt(after),
+    );
+  }
+
+  /** A run's state, progress and result. */
+  async getRun(runId: string, options?: CallOptions): Promise<Run> {
+    const res = await decorated(() => this.client.getRun({ runId }, this.call(options)));
+    if (res.run === undefined) {
+      throw new Error(`the gateway returned no run for ${runId}`);
+    }
+    return res.run;
+  }
+
+  /** A page of runs, newest first. */
+  listRuns(options: ListRunsOptions = {}): Promise<ListRunsResponse> {
+    const { signal, timeoutMs, ...req } = options;
+    return decorated(() => this.client.listRuns(req, this.call({ signal, timeoutMs })));
+  }
+
+  private async control(
+    runId: string,
+    action: MessageInitShape<typeof GatewayService.method.controlRun.input>["action"],
+    o: ControlOptions = {},
+  ): Promise<Run> {
+    const res = await decorated(() =>
+      this.client.controlRun({ runId, action, actor: o.actor ?? "", reason: o.reason ?? "" }, this.call(o)),
+    );
+    if (res.run === undefined) {
+      throw new Error(`the gateway returned no run for ${runId}`);
+    }
+    return res.run;
+  }
+
+  /** Pause after the current task. */
+  pause(runId: string, o?: ControlOptions): Promise<Run> {
+    return this.control(runId, { case: "pause", value: {} }, o);
+  }
+
+  /** Resume a paused or interrupted run. */
+  resume(runId: string, o?: ControlOptions): Promise<Run> {
+    return this.control(runId, { case: "resume", value: {} }, o);
+  }
+
+  /** Cancel the run. */
+  cancel(runId: string, o?: ControlOptions): Promise<Run> {
+    return this.control(runId, { case: "cancel", value: {} }, o);
+  }
+
+  /** Targeted refinement: accept the content as it stands. */
+  accept(runId: string, o?: ControlOptions): Promise<Run> {
+    return this.control(runId, { case: "accept", value: {} }, o);
+  }
+
+  /** Targeted refinement: mark an escalation as reviewed. */
+  review(runId: string, o?: ControlOptions): Promise<Run> {
+    return this.control(runId, { case: "review", value: {} }, o);
+  }
+
+  /** Targeted refinement: replace a section's content (while paused or awaiting a human). */
+  editSection(runId: string, sectionId: string, content: string, o?: ControlOptions): Promise<Run> {
+    return this.control(runId, { case: "editSection", value: { sectionId, content } }, o);
+  }
+
+  /** The paired comparison of two checklist_eval runs (candidate minus baseline). */
+  compare(baselineRunId: string, candidateRunId: string, options: CompareOptions = {}): Promise<CompareRunsResponse> {
+    const { signal, timeoutMs, metric, alpha, minEffect, bootstrapSeed } = options;
+    return decorated(() =>
+      this.client.compareRuns(
+        {
+          baselineRunId,
+          candidateRunId,
+          metric: metric === undefined ? CompareMetric.UNSPECIFIED : enumByName(CompareMetric, metric, "metric"),
+          alpha: alpha ?? 0,
+          minEffect,
+          bootstrapSeed: bootstrapSeed === undefined ? undefined : BigInt(bootstrapSeed),
+        },
+        this.call({ signal, timeoutMs }),
+      ),
+    );
+  }
+
+  /** Judge-targeted refinement of a sectioned document, as a run. */
+  refine(sections: SectionInit[], options: RefineOptions = {}): RunStream {
+    const { signal, cancelRunOnAbort, reconnects, label, mode, ...pipeline } = options;
+    return this.run(
+      {
+        label: label ?? "",
+        pipeline: {
+          case: "targetedRefinement",
+          value: {
+            ...pipeline,
+            mode: mode === undefined ? RefinementMode.UNSPECIFIED : enumByName(RefinementMode, mode, "mode"),
+            sections: sections.map((s, i) => ({ id: s.id, title: s.title ?? "", content: s.content, index: s.index ?? i })),
+          },
+        },
+      },
+      { signal, cancelRunOnAbort, reconnects },
+    );
+  }
+
+  /** A multi-LLM debate over `problems`, as a run. */
+  debate(problems: ProblemInit[], options: DebateOptions = {}): RunStream {
+    const { signal, cancelRunOnAbort, reconnects, label, ...pipeline } = options;
+    return this.run(
+      {
+        label: label ?? "",
+        pipeline: {
+          case: "debate",
+          value: { ...pipeline, problems: problems.map((p) => (typeof p === "string" ? { problem: p } : p)) },
+        },
+      },
+      { signal, cancelRunOnAbort, reconnects },
+    );
+  }
+
+  /** Self-refine a draft (critique, revise, until converged), as a run. */
+  selfRefine(draft: string, options: SelfRefineOptions = {}): RunStream {
+    const { signal, cancelRunOnAbort, reconnects, label, ...request } = options;
+    return this.run(
+      { label: label ?? "", pipeline: { case: "selfRefine", value: { request: { ...request, draft } } } },
+      { signal, cancelRunOnAbort, reconnects },
+    );
+  }
+}
+
+/** Build a Checklist message (for `evaluate({ checklist })` or a pipeline). */
+export function checklist(questions: string[], id = ""): ReturnType<typeof create<typeof ChecklistSchema>> {
+  return create(ChecklistSchema, { id, items: questions.map((question, i) => ({ id: `q${i + 1}`, question })) });
+}

@@ -1,0 +1,295 @@
+/**
+ * The client against a real mesh: `assay up --backend openai` over a scripted OpenAI-compatible
+ * server, with a bearer token.
+ */
+import assert from "node:assert/strict";
+import net from "node:net";
+import { after, before, describe, test } from "node:test";
+
+import { Assay, Code, ConnectError, type RunStream, fieldViolations, pb } from "../src/index.js";
+import { Mesh, ScriptedLlm } from "./support/mesh.js";
+
+const TOKEN = "ts-client-secret";
+const QUESTIONS = ["Is the answer polite?", "Does it answer the question?"];
+
+let llm: ScriptedLlm;
+let mesh: Mesh;
+let assay: Assay;
+
+before(async () => {
+  llm = await ScriptedLlm.start();
+  mesh = await Mesh.start(llm, TOKEN);
+  assay = new Assay({ target: mesh.target, token: TOKEN, timeoutMs: 60_000 });
+});
+
+after(async () => {
+  await mesh?.stop();
+  await llm?.close();
+});
+
+function records(tag: string): Array<{ id: string; input: string; target: string }> {
+  return [
+    { id: `${tag}-a`, input: "Say hello.", target: `Hello there (${tag}).` },
+    { id: `${tag}-b`, input: "What is 2+2?", target: `4 (${tag})` },
+  ];
+}
+
+function evalRun(tag: string): Parameters<Assay["run"]>[0] {
+  return {
+    label: tag,
+    pipeline: {
+      case: "checklistEval",
+      value: { records: records(tag), source: { source: { case: "checklist", value: { items: QUESTIONS.map((question, i) => ({ id: `q${i + 1}`, question })) } } } },
+    },
+  };
+}
+
+/** Iterates `stream` until the run has started and the scripted server holds its model call. */
+async function untilHeld(stream: RunStream): Promise<{ it: AsyncIterator<pb.RunEvent>; runId: string }> {
+  const it = stream[Symbol.asyncIterator]();
+  const first = await it.next();
+  assert.equal(first.done, false);
+  assert.equal(first.value.event.case, "started");
+  await llm.nextHeld();
+  return { it, runId: first.value.runId };
+}
+
+/** Reads `it` after an abort (events already received may still come) until it rejects. */
+async function rejection(it: AsyncIterator<pb.RunEvent>): Promise<unknown> {
+  for (;;) {
+    try {
+      const r = await it.next();
+      assert.equal(r.done, false, "the stream must fail, not end, when aborted");
+      assert.notEqual(r.value.event.case, "completed");
+    } catch (e) {
+      return e;
+    }
+  }
+}
+
+const isCanceled = (e: unknown): boolean => e instanceof ConnectError && e.code === Code.Canceled;
+
+describe("@assay/client against assay up", () => {
+  test("evaluate with a given checklist scores every record on every question", async () => {
+    const before = llm.calls.length;
+    const res = await assay.evaluate(records("eval"), { checklist: QUESTIONS });
+    assert.equal(res.results.length, 2);
+    for (const r of res.results) {
+      assert.equal(r.error, "");
+      assert.equal(r.score?.answeredCount, 2);
+      assert.equal(r.score?.passRate, 1);
+    }
+    assert.deepEqual(
+      res.results.map((r) => r.recordId),
+      ["eval-a", "eval-b"],
+    );
+    assert.equal(res.aggregate?.targets, 2);
+    const scoring = llm.calls.slice(before).filter((c) => c.schema === "checklist_answers");
+    assert.equal(scoring.length, 2, "one batch scoring call per record");
+    for (const c of scoring) {
+      assert.match(c.prompt, /^Q1: Is the answer polite\?$/m);
+      assert.match(c.prompt, /^Q2: Does it answer the question\?$/m);
+    }
+    const run = await assay.getRun(res.runId);
+    assert.equal(run.state, pb.RunState.SUCCEEDED);
+    const page = await assay.listRuns({ kind: pb.PipelineKind.CHECKLIST_EVAL });
+    assert.ok(page.runs.some((r) => r.runId === res.runId));
+  });
+
+  test("run streams typed events in sequence to the final result, and watch replays them", async () => {
+    const stream = assay.run(evalRun("stream"));
+    const events: pb.RunEvent[] = [];
+    for await (const ev of stream) {
+      events.push(ev);
+    }
+    assert.deepEqual(
+      events.map((e) => e.sequence),
+      events.map((_, i) => BigInt(i + 1)),
+      "sequences 1..n without gaps",
+    );
+    assert.equal(events[0]?.event.case, "started");
+    assert.equal(events.filter((e) => e.event.case === "recordScored").length, 2);
+    const last = events.at(-1)!;
+    assert.equal(last.event.case, "completed");
+    const done = await stream.result();
+    assert.equal(done.state, pb.RunState.SUCCEEDED);
+    assert.equal(done.result?.result.case, "checklistEval");
+    if (done.result?.result.case === "checklistEval") {
+      assert.deepEqual(
+        done.result.result.value.results.map((r) => r.score?.passRate),
+        [1, 1],
+      );
+    }
+    assert.equal(stream.runId, last.runId);
+
+    const replay: bigint[] = [];
+    for await (const ev of assay.watch(last.runId, 2)) {
+      replay.push(ev.sequence);
+    }
+    assert.deepEqual(replay, events.slice(2).map((e) => e.sequence), "watch replays after the sequence given");
+  });
+
+  test("cancel via ControlRun ends the streamed run CANCELLED", async () => {
+    llm.holdOn("HOLD-CONTROL");
+    try {
+      const stream = assay.run(evalRun("HOLD-CONTROL"));
+      const { it, runId } = await untilHeld(stream);
+      const cancelled = await assay.cancel(runId, { actor: "ts-test", reason: "test" });
+      assert.equal(cancelled.runId, runId);
+      for (let r = await it.next(); !r.done; r = await it.next()) {
+        // Drain to the end.
+      }
+      assert.equal(stream.completed?.state, pb.RunState.CANCELLED);
+      const run = await assay.getRun(runId);
+      assert.equal(run.state, pb.RunState.CANCELLED);
+      assert.ok(run.auditLog.some((a) => a.actor === "ts-test" && a.action.includes("cancel")));
+    } finally {
+      llm.releaseAll();
+    }
+  });
+
+  test("aborting a run's signal stops the stream, and cancels the run only when asked", async () => {
+    llm.holdOn("HOLD-ABORT");
+    try {
+      // cancelRunOnAbort: the gateway cancels the run.
+      const controller = new AbortController();
+      const stream = assay.run(evalRun("HOLD-ABORT-1"), { signal: controller.signal, cancelRunOnAbort: true });
+      const { it, runId } = await untilHeld(stream);
+      controller.abort();
+      assert.ok(isCanceled(await rejection(it)));
+      const end = await assay.watch(runId).result();
+      assert.equal(end.state, pb.RunState.CANCELLED);
+
+      // Without it, the run goes on and finishes once the model answers.
+      const c2 = new AbortController();
+      const s2 = assay.run(evalRun("HOLD-ABORT-2"), { signal: c2.signal });
+      const h2 = await untilHeld(s2);
+      c2.abort();
+      assert.ok(isCanceled(await rejection(h2.it)));
+      assert.notEqual((await assay.getRun(h2.runId)).state, pb.RunState.CANCELLED);
+      llm.releaseAll();
+      const end2 = await assay.watch(h2.runId).result();
+      assert.equal(end2.state, pb.RunState.SUCCEEDED);
+    } finally {
+      llm.releaseAll();
+    }
+  });
+
+  test("a broken stream is reattached with WatchRun from the last sequence", async () => {
+    // A TCP proxy in front of the gateway whose connections the test cuts.
+    const gateway = new URL(mesh.target);
+    const sockets = new Set<net.Socket>();
+    const proxy = net.createServer((client) => {
+      const upstream = net.connect(Number(gateway.port), gateway.hostname);
+      for (const s of [client, upstream]) {
+        sockets.add(s);
+        s.on("error", () => undefined);
+        s.on("close", () => sockets.delete(s));
+      }
+      client.pipe(upstream).pipe(client);
+    });
+    await new Promise<void>((resolve) => proxy.listen(0, "127.0.0.1", resolve));
+    llm.holdOn("HOLD-BREAK");
+    try {
+      const port = (proxy.address() as net.AddressInfo).port;
+      const viaProxy = new Assay({ target: `http://127.0.0.1:${port}`, token: TOKEN });
+      const stream = viaProxy.run(evalRun("HOLD-BREAK"));
+      const { it, runId } = await untilHeld(stream);
+      const seen: bigint[] = [1n];
+      for (const s of sockets) {
+        s.destroy();
+      }
+      llm.releaseAll();
+      for (let r = await it.next(); !r.done; r = await it.next()) {
+        seen.push(r.value.sequence);
+      }
+      assert.equal(stream.reattached, 1);
+      assert.deepEqual(seen, seen.map((_, i) => BigInt(i + 1)), "every event once, in order");
+      assert.equal(stream.completed?.state, pb.RunState.SUCCEEDED);
+      assert.equal(stream.runId, runId);
+    } finally {
+      llm.releaseAll();
+      proxy.close();
+      for (const s of sockets) {
+        s.destroy();
+      }
+    }
+  });
+
+  test("aborting evaluate rejects CANCELLED and drops the model call", async () => {
+    llm.holdOn("HOLD-EVAL");
+    try {
+      const controller = new AbortController();
+      const call = assay.evaluate(records("HOLD-EVAL"), { checklist: QUESTIONS, signal: controller.signal });
+      const held = await llm.nextHeld();
+      controller.abort();
+      await assert.rejects(call, (e: unknown) => e instanceof ConnectError && e.code === Code.Canceled);
+      await held.closed;
+    } finally {
+      llm.releaseAll();
+    }
+  });
+
+  test("compare pairs two evaluations by record id", async () => {
+    const a = await assay.evaluate(records("cmp"), { checklist: QUESTIONS });
+    const b = await assay.evaluate(records("cmp"), { checklist: QUESTIONS });
+    const cmp = await assay.compare(a.runId, b.runId, { metric: "pass_rate", minEffect: 0.1 });
+    assert.equal(cmp.baselineRunId, a.runId);
+    assert.equal(cmp.candidateRunId, b.runId);
+    assert.equal(cmp.metric, pb.CompareMetric.PASS_RATE);
+    assert.equal(cmp.paired, true);
+    assert.equal(cmp.nPairs, 2);
+    assert.equal(cmp.diff, 0);
+    assert.equal(cmp.gate?.regressed, false);
+  });
+
+  test("pause and resume a run, watched to its end", async () => {
+    llm.holdOn("HOLD-PAUSE");
+    try {
+      const stream = assay.run(evalRun("HOLD-PAUSE"));
+      const { runId } = await untilHeld(stream);
+      const paused = await assay.pause(runId, { actor: "ts-test" });
+      assert.equal(paused.runId, runId);
+      assert.equal(paused.state, pb.RunState.PAUSED);
+      const resumed = await assay.resume(runId, { actor: "ts-test" });
+      assert.equal(resumed.state, pb.RunState.RUNNING);
+      llm.releaseAll();
+      const end = await assay.watch(runId).result();
+      assert.equal(end.state, pb.RunState.SUCCEEDED);
+      const actions = (await assay.getRun(runId)).auditLog.map((e) => e.action);
+      assert.ok(actions.some((a) => a.includes("pause")) && actions.some((a) => a.includes("resume")), actions.join(","));
+    } finally {
+      llm.releaseAll();
+    }
+  });
+
+  test("a refused request carries its field violations", async () => {
+    const bad = [
+      { input: "Say hello.", target: "Hello." },
+      { input: "Say hello.", target: "" },
+    ];
+    const err = await assay.evaluate(bad, { checklist: QUESTIONS }).then(
+      () => assert.fail("an empty target must be refused"),
+      (e: unknown) => e,
+    );
+    assert.ok(err instanceof ConnectError);
+    assert.equal(err.code, Code.InvalidArgument);
+    const fields = fieldViolations(err);
+    assert.deepEqual(Object.keys(fields), ["pipeline.records[1].target"]);
+    assert.deepEqual((err as ConnectError & { fields: Record<string, string> }).fields, fields);
+    assert.deepEqual(fieldViolations(new Error("not a gRPC error")), {});
+  });
+
+  test("bearer auth: without the token or with a wrong one UNAUTHENTICATED", async () => {
+    for (const token of [undefined, "wrong"]) {
+      const other = new Assay({ target: mesh.target, token });
+      await assert.rejects(other.listRuns(), (e: unknown) => e instanceof ConnectError && e.code === Code.Unauthenticated);
+      await assert.rejects(
+        other.run(evalRun("auth")).result(),
+        (e: unknown) => e instanceof ConnectError && e.code === Code.Unauthenticated,
+      );
+    }
+    const page = await assay.listRuns({ pageSize: 1 });
+    assert.equal(page.runs.length, 1);
+  });
+});
