@@ -12,8 +12,8 @@ echo "== clients/python"
 venv="$(mktemp -d)/venv"
 python3 -m venv "$venv"
 "$venv/bin/pip" install -q --disable-pip-version-check './clients/python[test,pandas]' mypy types-protobuf
-(cd clients/python && "$venv/bin/python" -m pytest -q && "$venv/bin/mypy" --strict -p assay_client)
+(cd clients/python && timeout 900 "$venv/bin/python" -m pytest -q && "$venv/bin/mypy" --strict -p assay_client)
 rm -rf "$(dirname "$venv")"
 
 echo "== clients/typescript"
-(cd clients/typescript && npm ci --no-audit --no-fund --silent && npm run --silent build && npm test --silent)
+(cd clients/typescript && npm ci --no-audit --no-fund --silent && npm run --silent build && timeout 900 npm test --silent)

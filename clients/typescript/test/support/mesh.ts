@@ -200,17 +200,26 @@ export class Mesh {
     const exited = new Promise<void>((resolve) => child.once("exit", () => resolve()));
     let out = "";
     const target = await new Promise<string>((resolve, reject) => {
+      const timer = setTimeout(() => {
+        child.kill("SIGKILL");
+        reject(new Error(`assay up was not serving after 120 s:\n${out}`));
+      }, 120_000);
       const onData = (chunk: Buffer) => {
         out += chunk.toString("utf8");
-        const m = /assay mesh is up: gateway on (\S+)/.exec(out);
+        // The whole line: a chunk may end inside the address (then `\S+` would stop at the host).
+        const m = /assay mesh is up: gateway on (\S+) \(/.exec(out);
         if (m !== null) {
+          clearTimeout(timer);
           resolve(`http://${m[1]}`);
         }
       };
       child.stdout!.on("data", onData);
       child.stderr!.on("data", onData);
       child.once("error", reject);
-      child.once("exit", (code) => reject(new Error(`assay up exited (${code}) before serving:\n${out}`)));
+      child.once("exit", (code) => {
+        clearTimeout(timer);
+        reject(new Error(`assay up exited (${code}) before serving:\n${out}`));
+      });
     });
     const mesh = new Mesh(child, dir, target, exited);
     child.stderr!.on("data", (c: Buffer) => (mesh.stderr += c.toString("utf8")));
