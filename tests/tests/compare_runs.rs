@@ -108,7 +108,7 @@ async fn records(client: &mut Client, run_id: &str) -> RunResults {
                     answers: s
                         .item_scores
                         .iter()
-                        .map(|i| (i.item_id.clone(), i.answer == pb::Answer::Yes as i32))
+                        .map(|i| (i.item_id.clone(), Some(i.answer == pb::Answer::Yes as i32)))
                         .collect(),
                     questions: questions.clone(),
                 }

@@ -3,8 +3,6 @@
 //! confusion table) and per record score (mean absolute difference, Krippendorff's alpha), and the
 //! judge's mean score corrected by the labels (prediction-powered inference) beside the judge-only
 //! and the gold-only means, with the statistics of [`assay_domain::stats::agreement`].
-//!
-//! Also home of the small reader of `--out` files that `assay power` shares.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write as _;
@@ -15,133 +13,11 @@ use assay_domain::stats::agreement::{Confusion, MeanInterval, PredictionPowered,
 use assay_domain::stats::krippendorff::{self, Level};
 use serde_json::{Value, json};
 
-use super::source::{self, Spec};
+use super::compare::Metric;
+use super::source::{self, label, record_id};
 
 /// Exit code for bad input (missing file, malformed line, unknown record or item, bad option).
 pub const EXIT_BAD_INPUT: u8 = 2;
-
-/// The per-record score read from a results file.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Metric {
-    /// `primary_score`: the scorer's primary metric.
-    Primary,
-    /// `pass_rate`: the share of items answered yes.
-    #[value(name = "pass_rate")]
-    PassRate,
-    /// `weighted_score`.
-    Weighted,
-    /// `normalized_score`.
-    Normalized,
-}
-
-impl Metric {
-    /// The field of an `assay eval --out` line.
-    pub fn field(self) -> &'static str {
-        match self {
-            Self::Primary => "primary_score",
-            Self::PassRate => "pass_rate",
-            Self::Weighted => "weighted_score",
-            Self::Normalized => "normalized_score",
-        }
-    }
-}
-
-/// One line of an `assay eval --out` file.
-pub struct EvalLine {
-    pub id: String,
-    /// None: the record failed or carries no score.
-    pub score: Option<f64>,
-    /// Item id -> yes (Some(true)), no (Some(false)) or unanswered (None).
-    pub answers: BTreeMap<String, Option<bool>>,
-    /// Item id -> question text, when the line carries `questions`.
-    pub questions: BTreeMap<String, String>,
-}
-
-/// Read an `assay eval --out` file: `id`, the metric's field (a number or null), `answers` and the
-/// optional `questions`. Errors name the file and the line.
-pub fn read_results(path: &Path, metric: Metric) -> Result<Vec<EvalLine>, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    parse_results(&text, &path.display().to_string(), metric)
-}
-
-/// The results `spec` names: an existing file, or a run id fetched from `gateway` (default: the
-/// configured gateway) as its `--out` lines.
-pub fn load_results(spec: &str, gateway: Option<&str>, metric: Metric) -> Result<Vec<EvalLine>, String> {
-    match Spec::parse(spec)? {
-        Spec::File(path) => read_results(&path, metric),
-        Spec::Run(id) => parse_results(&source::run_out_text(&id, gateway)?, &format!("run {id}"), metric),
-    }
-}
-
-/// How `spec` is named in messages: the path, or `run <id>`.
-pub fn label(spec: &str) -> String {
-    Spec::parse(spec).map_or_else(|_| spec.to_string(), |s| s.label())
-}
-
-/// `--out` lines read from `label` (a file's path, or `run <id>`).
-fn parse_results(text: &str, label: &str, metric: Metric) -> Result<Vec<EvalLine>, String> {
-    let mut lines = Vec::new();
-    for (i, raw) in text.lines().enumerate() {
-        if raw.trim().is_empty() {
-            continue;
-        }
-        let at = || format!("{label} line {}", i + 1);
-        let Ok(Value::Object(o)) = serde_json::from_str::<Value>(raw) else {
-            return Err(format!("{}: expected a JSON object (a line of `assay eval --out`)", at()));
-        };
-        let id = record_id(o.get("id")).ok_or_else(|| format!("{}: no record \"id\" (a non-empty string)", at()))?;
-        let field = metric.field();
-        let score = match o.get(field) {
-            Some(Value::Number(n)) => match n.as_f64().filter(|x| x.is_finite()) {
-                Some(x) => Some(x),
-                None => return Err(format!("{}: {field:?} is not a finite number", at())),
-            },
-            Some(Value::Null) => None,
-            None => {
-                return Err(format!("{}: no {field:?} field (is this a file written by `assay eval --out`?)", at()));
-            }
-            Some(other) => return Err(format!("{}: {field:?} must be a number or null, got {other}", at())),
-        };
-        let mut answers = BTreeMap::new();
-        if let Some(a) = o.get("answers").and_then(Value::as_object) {
-            for (item, ans) in a {
-                let answer = match ans.as_str() {
-                    Some("yes") => Some(true),
-                    Some("no") => Some(false),
-                    None if ans.is_null() => None,
-                    Some(_) | None => {
-                        return Err(format!(
-                            "{}: answer of item {item:?} must be \"yes\", \"no\" or null, got {ans}",
-                            at()
-                        ));
-                    }
-                };
-                answers.insert(item.clone(), answer);
-            }
-        }
-        let questions = o
-            .get("questions")
-            .and_then(Value::as_object)
-            .map(|q| q.iter().filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string()))).collect())
-            .unwrap_or_default();
-        lines.push(EvalLine { id, score, answers, questions });
-    }
-    Ok(lines)
-}
-
-/// A record id: a non-empty string, or a number written as text.
-fn record_id(v: Option<&Value>) -> Option<String> {
-    match v? {
-        Value::String(s) if !s.is_empty() => Some(s.clone()),
-        Value::Number(n) => Some(n.to_string()),
-        Value::String(_) | Value::Null | Value::Bool(_) | Value::Array(_) | Value::Object(_) => None,
-    }
-}
-
-/// Scored observations `(id, score)` of a results file, repeated lines kept (samples of a record).
-pub fn observations(lines: &[EvalLine]) -> Vec<(&str, f64)> {
-    lines.iter().filter_map(|l| l.score.map(|s| (l.id.as_str(), s))).collect()
-}
 
 /// Options of `assay agreement`.
 #[derive(clap::Args, Clone, Debug)]
@@ -281,22 +157,14 @@ fn report(args: &AgreementArgs) -> Result<Report, String> {
         return Err(format!("--alpha must be in (0, 1), got {}", args.alpha));
     }
     let gold = read_gold(&args.labels)?;
-    let lines = load_results(&args.results, args.gateway.as_deref(), args.metric)?;
-    if lines.is_empty() {
+    let results = source::load(&args.results, args.gateway.as_deref(), args.metric.run_metric())?;
+    if results.records.is_empty() {
         return Err(format!("{}: no records", label(&args.results)));
     }
-    // Per record: the mean judge score over its lines, and its first line (the item answers).
-    let mut sums: BTreeMap<&str, (f64, usize)> = BTreeMap::new();
-    for (id, s) in observations(&lines) {
-        let e = sums.entry(id).or_insert((0.0, 0));
-        e.0 += s;
-        e.1 += 1;
-    }
-    let judge_score: BTreeMap<&str, f64> = sums.into_iter().map(|(k, (s, n))| (k, s / n as f64)).collect();
-    let mut first: BTreeMap<&str, &EvalLine> = BTreeMap::new();
-    for l in &lines {
-        first.entry(l.id.as_str()).or_insert(l);
-    }
+    // Per record: the mean judge score over its lines and samples, and its first line (the item
+    // answers).
+    let judge_score = results.means();
+    let first = results.first_lines();
 
     let mut score_pairs: Vec<(f64, f64)> = Vec::new();
     let mut item_pairs: Vec<(bool, bool)> = Vec::new();

@@ -40,6 +40,11 @@ pub enum Metric {
 }
 
 impl Metric {
+    /// The field of an `assay eval --out` line.
+    pub fn field(self) -> &'static str {
+        self.run_metric().field()
+    }
+
     /// The core's metric.
     pub fn run_metric(self) -> RunMetric {
         match self {

@@ -10,7 +10,9 @@ use std::process::ExitCode;
 use assay_domain::stats::power::{Design, Pilot, Plan, Question, power};
 use serde_json::{Value, json};
 
-use super::agreement::{EXIT_BAD_INPUT, Metric, label, load_results, observations};
+use super::agreement::EXIT_BAD_INPUT;
+use super::compare::Metric;
+use super::source::{self, label};
 
 /// Options of `assay power`.
 #[derive(clap::Args, Clone, Debug)]
@@ -83,10 +85,11 @@ fn plan(args: &PowerArgs) -> Result<Plan, String> {
     {
         return Err(format!("--n must be at least 2, got {n}"));
     }
-    let base = load_results(&args.baseline, args.gateway.as_deref(), args.metric)?;
-    let base_obs = observations(&base);
-    let cand = args.candidate.as_deref().map(|c| load_results(c, args.gateway.as_deref(), args.metric)).transpose()?;
-    let cand_obs = cand.as_deref().map(observations);
+    let metric = args.metric.run_metric();
+    let base = source::load(&args.baseline, args.gateway.as_deref(), metric)?;
+    let base_obs = base.observations();
+    let cand = args.candidate.as_deref().map(|c| source::load(c, args.gateway.as_deref(), metric)).transpose()?;
+    let cand_obs = cand.as_ref().map(|c| c.observations());
     let pilot = match &cand_obs {
         Some(c) => Pilot::Paired { a: c, b: &base_obs },
         None => Pilot::Single(&base_obs),

@@ -1,19 +1,19 @@
 //! Evaluation results from "a run id or a file", for the commands that read them (`assay compare`,
 //! `assay power`, `assay agreement`): an argument naming an existing file is a JSON-lines file
 //! written by `assay eval --out` / `assay score --out`; otherwise it is a run id, fetched from the
-//! gateway with GetRun. Both become the same [`RunResults`]: a run's records go through the very
-//! `--out` line writer ([`record_json`]) and the same line reader, so a run and its `--out` file
-//! give the same numbers.
+//! gateway with GetRun and read by [`run_results`], the conversion `CompareRuns` uses. Both become
+//! the same [`RunResults`] (the whole-mesh tests check a run and its `--out` file give the same
+//! numbers).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use assay_config::AssayConfig;
 use assay_domain::stats::runs::{RecordLine, RunMetric, RunResults};
+use assay_proto::convert::runs::run_results;
 use assay_proto::gateway::v1 as gw;
 use serde_json::Value;
 
-use super::render::checklist_eval::record_json;
 use super::render::{kind_name, state_name};
 use super::{client, configured_gateway, status_text};
 
@@ -52,14 +52,22 @@ impl Spec {
     }
 }
 
-/// The `--out` lines (one JSON object a line) of the stored run `run_id`, fetched from `gateway`
-/// (default: the configured gateway) with the configuration of the defaults and the `ASSAY__*`
-/// environment: what `assay power` and `assay agreement` read for a run id. Blocks in place,
-/// inside or outside the async runtime.
-pub fn run_out_text(run_id: &str, gateway: Option<&str>) -> Result<String, String> {
-    let config = assay_config::load(None).map_err(|e| e.to_string())?;
-    let e = block_on(fetch_evaluation(&config, &gateway_url(&config, gateway), run_id))?;
-    Ok(out_lines(&e).iter().map(|l| format!("{l}\n")).collect())
+/// The results `spec` names, for `metric`: an existing file read as `--out` lines, or a run id
+/// fetched from `gateway` (default: the configured gateway) with the configuration of the
+/// defaults and the `ASSAY__*` environment. Blocks in place, inside or outside the async runtime.
+pub fn load(spec: &str, gateway: Option<&str>, metric: RunMetric) -> Result<RunResults, String> {
+    match Spec::parse(spec)? {
+        Spec::File(path) => read_file(&path, metric),
+        Spec::Run(id) => {
+            let config = assay_config::load(None).map_err(|e| e.to_string())?;
+            block_on(fetch_run(&config, &gateway_url(&config, gateway), &id, metric))
+        }
+    }
+}
+
+/// How `spec` is named in messages: the path, or `run <id>`.
+pub fn label(spec: &str) -> String {
+    Spec::parse(spec).map_or_else(|_| spec.to_string(), |s| s.label())
 }
 
 /// The gateway URL: `--gateway`, else the configured gateway port on this machine.
@@ -122,40 +130,9 @@ pub async fn fetch_evaluation(config: &AssayConfig, url: &str, run_id: &str) -> 
     }
 }
 
-/// A stored run's records for `metric`.
+/// A stored run's records for `metric`, as `CompareRuns` reads them.
 pub async fn fetch_run(config: &AssayConfig, url: &str, run_id: &str, metric: RunMetric) -> Result<RunResults, String> {
-    let e = fetch_evaluation(config, url, run_id).await?;
-    from_evaluation(&e, metric, &format!("run {run_id}"))
-}
-
-/// An evaluation's records as its `--out` lines say them (with the items' question texts from
-/// its checklists), read back by the line reader.
-pub fn from_evaluation(e: &gw::EvaluateResponse, metric: RunMetric, label: &str) -> Result<RunResults, String> {
-    let mut records = Vec::with_capacity(e.results.len());
-    for (i, line) in out_lines(e).iter().enumerate() {
-        records.push(parse_line(line, metric, &|| format!("{label} record {}", i + 1))?);
-    }
-    Ok(RunResults { records })
-}
-
-/// An evaluation's records as `--out` lines, each with its items' question texts (`questions`)
-/// from the evaluation's checklists.
-pub fn out_lines(e: &gw::EvaluateResponse) -> Vec<Value> {
-    let questions: BTreeMap<&str, serde_json::Map<String, Value>> = e
-        .checklists
-        .iter()
-        .map(|c| (c.id.as_str(), c.items.iter().map(|i| (i.id.clone(), Value::from(i.question.clone()))).collect()))
-        .collect();
-    e.results
-        .iter()
-        .map(|r| {
-            let mut line = record_json(r);
-            if let (Value::Object(o), Some(q)) = (&mut line, questions.get(r.checklist_id.as_str())) {
-                o.insert("questions".into(), Value::Object(q.clone()));
-            }
-            line
-        })
-        .collect()
+    Ok(run_results(&fetch_evaluation(config, url, run_id).await?, metric))
 }
 
 /// A results file (JSON lines of `assay eval --out`), its lines in order.
@@ -180,11 +157,7 @@ fn parse_line(v: &Value, metric: RunMetric, at: &dyn Fn() -> String) -> Result<R
     let Value::Object(o) = v else {
         return Err(format!("{}: expected a JSON object (a line of `assay eval --out`)", at()));
     };
-    let id = match o.get("id") {
-        Some(Value::String(s)) if !s.is_empty() => s.clone(),
-        Some(Value::Number(n)) => n.to_string(),
-        _ => return Err(format!("{}: no record \"id\" (a non-empty string)", at())),
-    };
+    let id = record_id(o.get("id")).ok_or_else(|| format!("{}: no record \"id\" (a non-empty string)", at()))?;
     let field = metric.field();
     let score = match o.get(field) {
         Some(Value::Number(n)) => match n.as_f64().filter(|x| x.is_finite()) {
@@ -212,25 +185,38 @@ fn parse_line(v: &Value, metric: RunMetric, at: &dyn Fn() -> String) -> Result<R
             return Err(format!("{}: \"sample_scores\" must be a list of numbers, got {other}", at()));
         }
     };
-    let answers = o
-        .get("answers")
-        .and_then(Value::as_object)
-        .map(|a| {
-            a.iter()
-                .filter_map(|(item, ans)| match ans.as_str()? {
-                    "yes" => Some((item.clone(), true)),
-                    "no" => Some((item.clone(), false)),
-                    _ => None,
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let mut answers = BTreeMap::new();
+    if let Some(a) = o.get("answers").and_then(Value::as_object) {
+        for (item, ans) in a {
+            let answer = match ans {
+                Value::String(s) if s == "yes" => Some(true),
+                Value::String(s) if s == "no" => Some(false),
+                Value::Null => None,
+                other => {
+                    return Err(format!(
+                        "{}: answer of item {item:?} must be \"yes\", \"no\" or null, got {other}",
+                        at()
+                    ));
+                }
+            };
+            answers.insert(item.clone(), answer);
+        }
+    }
     let questions = o
         .get("questions")
         .and_then(Value::as_object)
         .map(|q| q.iter().filter_map(|(item, text)| Some((item.clone(), text.as_str()?.to_string()))).collect())
         .unwrap_or_default();
     Ok(RecordLine { id, score, samples: if samples.len() > 1 { samples } else { Vec::new() }, answers, questions })
+}
+
+/// A record id: a non-empty string, or a number written as text.
+pub fn record_id(v: Option<&Value>) -> Option<String> {
+    match v? {
+        Value::String(s) if !s.is_empty() => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        Value::String(_) | Value::Null | Value::Bool(_) | Value::Array(_) | Value::Object(_) => None,
+    }
 }
 
 #[cfg(test)]

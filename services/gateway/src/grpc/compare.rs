@@ -3,16 +3,13 @@
 //! ([`assay_domain::stats::runs`]), so a comparison by run id and one of the runs' `--out` files
 //! give the same numbers.
 
-use std::collections::BTreeMap;
-
 use assay_domain::stats::DEFAULT_BOOTSTRAP_SEED;
-use assay_domain::stats::runs::{
-    self, CompareOptions, RecordLine, RunCompareError, RunComparison, RunMetric, RunResults,
-};
+use assay_domain::stats::runs::{self, CompareOptions, RunCompareError, RunComparison, RunMetric};
 use assay_domain::stats::{Method, StatsError};
 use assay_domain::{StageError, Violations};
-use assay_proto::common::v1 as common;
 use assay_proto::gateway::v1 as gw;
+
+use assay_proto::convert::runs::run_results;
 
 use crate::engine::Engine;
 
@@ -117,58 +114,6 @@ async fn evaluation(engine: &Engine, side: &str, run_id: &str) -> Result<gw::Eva
         )
         | None => Err(StageError::FailedPrecondition(format!("{side} run {run_id} holds no evaluation result"))),
     }
-}
-
-/// The per-sample primary scores of a score (empty when it was judged once).
-fn sample_primary_scores(score: &common::Score) -> Vec<f64> {
-    score.sample_primary_scores.clone()
-}
-
-/// A checklist evaluation's records as a comparison sees them: the metric's score (None for a
-/// failed record), the per-sample primary scores, the yes/no answers and the items' question
-/// texts from the run's checklists.
-pub fn run_results(e: &gw::EvaluateResponse, metric: RunMetric) -> RunResults {
-    let questions: BTreeMap<&str, BTreeMap<String, String>> = e
-        .checklists
-        .iter()
-        .map(|c| (c.id.as_str(), c.items.iter().map(|i| (i.id.clone(), i.question.clone())).collect()))
-        .collect();
-    let records = e
-        .results
-        .iter()
-        .map(|r| {
-            let score = r.score.as_ref().filter(|_| r.error.is_empty());
-            let value = score.map(|s| match metric {
-                RunMetric::Primary => s.primary_score,
-                RunMetric::PassRate => s.pass_rate,
-                RunMetric::Weighted => s.weighted_score,
-                RunMetric::Normalized => s.normalized_score,
-            });
-            let samples = match (metric, score) {
-                (RunMetric::Primary, Some(s)) => sample_primary_scores(s),
-                (RunMetric::Primary | RunMetric::PassRate | RunMetric::Weighted | RunMetric::Normalized, _) => {
-                    Vec::new()
-                }
-            };
-            let answers = score
-                .iter()
-                .flat_map(|s| s.item_scores.iter())
-                .filter_map(|i| match common::Answer::try_from(i.answer) {
-                    Ok(common::Answer::Yes) => Some((i.item_id.clone(), true)),
-                    Ok(common::Answer::No) => Some((i.item_id.clone(), false)),
-                    Ok(common::Answer::Unspecified) | Err(_) => None,
-                })
-                .collect();
-            RecordLine {
-                id: r.record_id.clone(),
-                score: value,
-                samples: if samples.len() > 1 { samples } else { Vec::new() },
-                answers,
-                questions: questions.get(r.checklist_id.as_str()).cloned().unwrap_or_default(),
-            }
-        })
-        .collect();
-    RunResults { records }
 }
 
 /// The report as the response message.
@@ -286,41 +231,5 @@ mod tests {
         assert_eq!(p.options.seed, DEFAULT_BOOTSTRAP_SEED);
         assert_eq!(p.options.metric, RunMetric::Primary);
         assert_eq!(p.options.min_effect, None);
-    }
-
-    #[test]
-    fn failed_records_are_unscored_and_questions_come_from_the_checklist() {
-        let e = gw::EvaluateResponse {
-            results: vec![
-                gw::RecordResult {
-                    record_id: "r1".into(),
-                    checklist_id: "c".into(),
-                    score: Some(common::Score {
-                        pass_rate: 0.5,
-                        primary_score: 0.25,
-                        item_scores: vec![common::ItemScore {
-                            item_id: "q1".into(),
-                            answer: common::Answer::Yes as i32,
-                            ..Default::default()
-                        }],
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                },
-                gw::RecordResult { record_id: "r2".into(), error: "scorer down".into(), ..Default::default() },
-            ],
-            checklists: vec![common::Checklist {
-                id: "c".into(),
-                items: vec![common::ChecklistItem { id: "q1".into(), question: "Short?".into(), ..Default::default() }],
-                ..Default::default()
-            }],
-            ..Default::default()
-        };
-        let r = run_results(&e, RunMetric::PassRate);
-        assert_eq!(r.records[0].score, Some(0.5));
-        assert_eq!(r.records[0].questions["q1"], "Short?");
-        assert!(r.records[0].answers["q1"]);
-        assert_eq!(r.records[1].score, None);
-        assert_eq!(run_results(&e, RunMetric::Primary).records[0].score, Some(0.25));
     }
 }

@@ -50,8 +50,9 @@ pub struct RecordLine {
     /// Per-sample scores of the primary metric when the record was judged several times (empty
     /// otherwise); when present they are the record's observations instead of `score`.
     pub samples: Vec<f64>,
-    /// Checklist item id -> answered yes (true) / no (false); unanswered items are absent.
-    pub answers: BTreeMap<String, bool>,
+    /// Checklist item id -> answered yes (`Some(true)`), no (`Some(false)`) or left unanswered
+    /// (`None`).
+    pub answers: BTreeMap<String, Option<bool>>,
     /// Checklist item id -> question text, when known (flips are then keyed by the text).
     pub questions: BTreeMap<String, String>,
 }
@@ -108,7 +109,7 @@ impl RunResults {
     }
 
     /// The first line of each record (its checklist answers).
-    fn first_lines(&self) -> BTreeMap<&str, &RecordLine> {
+    pub fn first_lines(&self) -> BTreeMap<&str, &RecordLine> {
         let mut m = BTreeMap::new();
         for l in &self.records {
             m.entry(l.id.as_str()).or_insert(l);
@@ -250,8 +251,8 @@ fn flips(base: &RunResults, cand: &RunResults) -> Vec<ItemFlips> {
         let Some(c) = cl.get(id) else { continue };
         let by_text = !b.questions.is_empty() && !c.questions.is_empty();
         let cand_answers: BTreeMap<&str, bool> =
-            c.answers.iter().map(|(item, yes)| (c.key(item, by_text), *yes)).collect();
-        for (item, yes_b) in &b.answers {
+            c.answers.iter().filter_map(|(item, yes)| Some((c.key(item, by_text), (*yes)?))).collect();
+        for (item, yes_b) in b.answers.iter().filter_map(|(item, yes)| Some((item, yes.as_ref()?))) {
             let key = b.key(item, by_text);
             let Some(yes_c) = cand_answers.get(key) else { continue };
             let e = by.entry(key.to_string()).or_insert_with(|| ItemFlips {
@@ -337,7 +338,7 @@ mod tests {
             id: id.into(),
             score,
             samples: samples.to_vec(),
-            answers: answers.iter().map(|(k, v)| ((*k).to_string(), *v)).collect(),
+            answers: answers.iter().map(|(k, v)| ((*k).to_string(), Some(*v))).collect(),
             questions: BTreeMap::new(),
         }
     }

@@ -8,6 +8,7 @@ pub mod document;
 pub mod generator;
 pub mod judge;
 pub mod refiners;
+pub mod runs;
 pub mod self_refine;
 
 use std::collections::BTreeMap;
