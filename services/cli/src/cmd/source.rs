@@ -188,13 +188,13 @@ fn parse_line(v: &Value, metric: RunMetric, at: &dyn Fn() -> String) -> Result<R
     let mut answers = BTreeMap::new();
     if let Some(a) = o.get("answers").and_then(Value::as_object) {
         for (item, ans) in a {
-            let answer = match ans {
-                Value::String(s) if s == "yes" => Some(true),
-                Value::String(s) if s == "no" => Some(false),
-                Value::Null => None,
-                other => {
+            let answer = match ans.as_str() {
+                Some("yes") => Some(true),
+                Some("no") => Some(false),
+                None if ans.is_null() => None,
+                Some(_) | None => {
                     return Err(format!(
-                        "{}: answer of item {item:?} must be \"yes\", \"no\" or null, got {other}",
+                        "{}: answer of item {item:?} must be \"yes\", \"no\" or null, got {ans}",
                         at()
                     ));
                 }
