@@ -4,27 +4,11 @@
 //! truth where the judge's does not; and the bad-input exits naming file and line.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use serde_json::{Value, json};
 
-fn assay(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_assay")).args(args).env("RUST_LOG", "warn").output().expect("assay runs")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// A small deterministic generator: uniform in [0, 1).
-struct Lcg(u64);
-
-impl Lcg {
-    fn next(&mut self) -> f64 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        (self.0 >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
+mod common;
+use common::{Lcg, assay, stderr};
 
 const ITEMS: usize = 4;
 

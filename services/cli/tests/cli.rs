@@ -4,38 +4,13 @@
 #![allow(clippy::wildcard_enum_match_arm)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 use std::sync::Arc;
 
 use assay_testkit::{RecordedRequest, Reply, ScriptedLlm, schema_reply};
 use serde_json::Value;
 
-fn config_file(dir: &Path, backend: &ScriptedLlm, store: &str) -> PathBuf {
-    let path = dir.join("assay.toml");
-    let toml = format!(
-        "[backends.openai]\nbase_url = \"{}\"\nmodel = \"scripted\"\n\n[models.default]\nbackend = \"openai\"\n\n\
-         [gateway]\nstore = \"{store}\"\n\n[cache]\nenabled = false\n",
-        backend.base_url()
-    );
-    std::fs::write(&path, toml).unwrap();
-    path
-}
-
-fn assay(config: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_assay"))
-        .arg("--config")
-        .arg(config)
-        .args(args)
-        .env("OPENAI_API_KEY", "test")
-        .env_remove("OPENAI_BASE_URL")
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("assay runs")
-}
-
-fn lines(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
-}
+mod common;
+use common::{assay_with as assay, config_file, lines};
 
 fn write_records(dir: &Path, n: usize, failing: Option<usize>) -> PathBuf {
     let path = dir.join("records.jsonl");

@@ -2,27 +2,11 @@
 //! regression gate's exit codes, the JSON report and the bad-input exits.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use serde_json::{Value, json};
 
-fn assay(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_assay")).args(args).env("RUST_LOG", "warn").output().expect("assay runs")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// A small deterministic generator (no randomness crate needed): uniform in [0, 1).
-struct Lcg(u64);
-
-impl Lcg {
-    fn next(&mut self) -> f64 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        (self.0 >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
+mod common;
+use common::{Lcg, assay, stderr};
 
 /// One record's line as `assay eval --out` writes it: 8 items, the score their pass rate.
 fn line(id: &str, answers: &[bool]) -> Value {
@@ -209,44 +193,12 @@ fn bad_input_exits_2_with_the_reason() {
 
 mod runs {
     use std::path::Path;
-    use std::process::{Command, Output};
+    use std::process::Output;
 
     use assay_testkit::{RecordedRequest, Reply, ScriptedLlm};
     use serde_json::{Value, json};
 
-    fn config_file(dir: &Path, backend: &ScriptedLlm) -> std::path::PathBuf {
-        let path = dir.join("assay.toml");
-        let toml = format!(
-            "[backends.openai]\nbase_url = \"{}\"\nmodel = \"scripted\"\n\n[models.default]\nbackend = \"openai\"\n\n\
-             [gateway]\nstore = \":memory:\"\n\n[cache]\nenabled = false\n",
-            backend.base_url()
-        );
-        std::fs::write(&path, toml).unwrap();
-        path
-    }
-
-    /// Run the binary off the test's runtime (the scripted backend and the mesh live on it).
-    async fn assay(config: &Path, args: &[&str]) -> Output {
-        let config = config.to_path_buf();
-        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-        tokio::task::spawn_blocking(move || {
-            Command::new(env!("CARGO_BIN_EXE_assay"))
-                .arg("--config")
-                .arg(&config)
-                .args(&args)
-                .env("OPENAI_API_KEY", "test")
-                .env_remove("OPENAI_BASE_URL")
-                .env("RUST_LOG", "warn")
-                .output()
-                .expect("assay runs")
-        })
-        .await
-        .unwrap()
-    }
-
-    fn stderr(o: &Output) -> String {
-        String::from_utf8_lossy(&o.stderr).into_owned()
-    }
+    use super::common::{assay_async as assay, config_file, stderr};
 
     /// A judge: YES to both items, except (when `worse`) NO to the second item of every third
     /// record (the target says `record-<n>`).
@@ -343,7 +295,7 @@ mod runs {
     async fn run_ids_files_and_a_mix_give_the_same_numbers() {
         let backend = ScriptedLlm::start().await;
         let dir = tempfile::tempdir().unwrap();
-        let config_path = config_file(dir.path(), &backend);
+        let config_path = config_file(dir.path(), &backend, ":memory:");
         std::fs::write(
             dir.path().join("checklist.json"),
             json!({"id": "c", "items": [{"id": "a", "question": "Is it polite?"}, {"id": "b", "question": "Is it short?"}]})

@@ -3,17 +3,12 @@
 //! exactly; and the bad-input exits.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 use serde_json::{Value, json};
 
-fn assay(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_assay")).args(args).env("RUST_LOG", "warn").output().expect("assay runs")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
+mod common;
+use common::{assay, stderr};
 
 fn fixture(name: &str) -> Value {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../../tests/fixtures/stats/{name}.json"));

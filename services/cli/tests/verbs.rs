@@ -4,48 +4,12 @@
 #![allow(clippy::wildcard_enum_match_arm)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use assay_testkit::{RecordedRequest, Reply, ScriptedLlm, hash_embedding};
 use serde_json::{Value, json};
 
-fn config_file(dir: &Path, backend: &ScriptedLlm) -> PathBuf {
-    let path = dir.join("assay.toml");
-    let toml = format!(
-        "[backends.openai]\nbase_url = \"{}\"\nmodel = \"scripted\"\n\n[models.default]\nbackend = \"openai\"\n\n\
-         [gateway]\nstore = \":memory:\"\n\n[cache]\nenabled = false\n",
-        backend.base_url()
-    );
-    std::fs::write(&path, toml).unwrap();
-    path
-}
-
-/// Run the binary off the test's runtime (the scripted backend lives on it).
-async fn assay(config: &Path, args: &[&str]) -> Output {
-    let config = config.to_path_buf();
-    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-    tokio::task::spawn_blocking(move || {
-        Command::new(env!("CARGO_BIN_EXE_assay"))
-            .arg("--config")
-            .arg(&config)
-            .args(&args)
-            .env("OPENAI_API_KEY", "test")
-            .env_remove("OPENAI_BASE_URL")
-            .env("RUST_LOG", "warn")
-            .output()
-            .expect("assay runs")
-    })
-    .await
-    .unwrap()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn lines(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
-}
+mod common;
+use common::{assay_async as assay, config_file, lines, stderr};
 
 /// The first user message of a chat call.
 fn prompt(r: &RecordedRequest) -> String {
@@ -154,7 +118,7 @@ async fn debate_writes_one_line_per_problem_and_prints_the_accuracy() {
     let backend = ScriptedLlm::start().await;
     backend.set_handler(debate_answer);
     let dir = tempfile::tempdir().unwrap();
-    let config = config_file(dir.path(), &backend);
+    let config = config_file(dir.path(), &backend, ":memory:");
     let data = write_problems(dir.path());
     let out = dir.path().join("out.jsonl");
     let o = assay(&config, &["debate", "--data", data.to_str().unwrap(), "--out", out.to_str().unwrap()]).await;
@@ -186,7 +150,7 @@ async fn debate_refuses_a_problem_file_naming_the_bad_line() {
     let backend = ScriptedLlm::start().await;
     backend.set_handler(debate_answer);
     let dir = tempfile::tempdir().unwrap();
-    let config = config_file(dir.path(), &backend);
+    let config = config_file(dir.path(), &backend, ":memory:");
     let data = dir.path().join("problems.jsonl");
     std::fs::write(&data, "{\"id\": \"a\", \"problem\": \"What is 2 + 2?\"}\n{\"id\": \"b\", \"reference\": \"4\"}\n")
         .unwrap();
@@ -205,7 +169,7 @@ async fn debate_with_self_refine_puts_the_hook_entry_in_each_line() {
     let backend = ScriptedLlm::start().await;
     backend.set_handler(debate_answer);
     let dir = tempfile::tempdir().unwrap();
-    let config = config_file(dir.path(), &backend);
+    let config = config_file(dir.path(), &backend, ":memory:");
     let data = write_problems(dir.path());
     let out = dir.path().join("out.jsonl");
     let o = assay(
@@ -276,7 +240,7 @@ async fn refine_text_prints_the_revised_text() {
         }
     });
     let dir = tempfile::tempdir().unwrap();
-    let config = config_file(dir.path(), &backend);
+    let config = config_file(dir.path(), &backend, ":memory:");
     let input = dir.path().join("draft.txt");
     std::fs::write(&input, DRAFT).unwrap();
     let o = assay(
@@ -313,7 +277,7 @@ async fn refine_text_json_is_the_response_in_the_proto_mapping() {
         }
     });
     let dir = tempfile::tempdir().unwrap();
-    let config = config_file(dir.path(), &backend);
+    let config = config_file(dir.path(), &backend, ":memory:");
     let input = dir.path().join("draft.txt");
     std::fs::write(&input, DRAFT).unwrap();
     let o = assay(&config, &["refine-text", "--input", input.to_str().unwrap(), "--json"]).await;
@@ -335,7 +299,7 @@ async fn runs_show_and_watch_render_the_self_refine_entries_of_a_debate() {
     let backend = ScriptedLlm::start().await;
     backend.set_handler(debate_answer);
     let dir = tempfile::tempdir().unwrap();
-    let config_path = config_file(dir.path(), &backend);
+    let config_path = config_file(dir.path(), &backend, ":memory:");
     let mut config = assay_config::load(Some(&config_path)).unwrap();
     config.ports = assay_config::Ports::ephemeral();
     let (hub, loading) = assay_runtime::build_hub(&config, &[]).unwrap();
