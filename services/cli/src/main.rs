@@ -20,6 +20,11 @@ struct Cli {
     /// Configuration file (TOML), layered over the compiled defaults; ASSAY__* variables override both.
     #[arg(long, global = true, env = "ASSAY_CONFIG")]
     config: Option<PathBuf>,
+    /// More log lines on stderr: -v the services' info lines, -vv debug (`RUST_LOG`, when set,
+    /// decides instead). Without it a command shows its progress, warnings and errors; `assay up`
+    /// logs info lines.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
     #[command(subcommand)]
     command: Command,
 }
@@ -37,7 +42,9 @@ struct BackendArgs {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the whole mesh in this process, every service on its own port, until SIGTERM/SIGINT.
+    /// Run the whole mesh (seven services and the admin page) until Ctrl-C.
+    ///
+    /// Every service on its own port, in this process, until SIGTERM/SIGINT.
     Up {
         #[command(flatten)]
         backend: BackendArgs,
@@ -48,7 +55,9 @@ enum Command {
         #[arg(long)]
         no_admin_auth: bool,
     },
-    /// Start the mesh, run an example checklist evaluation through the gateway, print it, stop.
+    /// Start the mesh, evaluate two example records, print the result, stop.
+    ///
+    /// A checklist evaluation run through the gateway, as `assay eval` runs one.
     Demo {
         #[command(flatten)]
         backend: BackendArgs,
@@ -56,9 +65,12 @@ enum Command {
         #[arg(long)]
         ephemeral_ports: bool,
     },
-    /// Evaluate a JSON-lines file of records ({"id","input","target","reference","history","candidates"})
-    /// with a preset: generate a checklist per distinct input, score every record. Writes one JSON line
-    /// per record. Exit codes: 0 all scored, 3 some records failed, 1 the run failed.
+    /// Evaluate records: generate a checklist per input and score each record against it.
+    ///
+    /// Records are JSON lines ({"id","input","target","reference","history","candidates"}). The
+    /// preset generates one checklist per distinct input, then every record is scored against its
+    /// input's checklist. Writes one JSON line per record. Exit codes: 0 all scored, 3 some records
+    /// failed, 1 the run failed.
     Eval {
         /// Preset: tick, rocketeval, rlcf_direct, rlcf_candidate, rlcf_candidates_only,
         /// openrubrics_pairwise, openrubrics_listwise; or a corpus preset (feedback, checkeval,
@@ -77,8 +89,10 @@ enum Command {
         #[command(flatten)]
         backend: BackendArgs,
     },
-    /// Score a JSON-lines file of records against one checklist (a JSON file: {"id","items":[...]} or a
-    /// list of questions). Same output and exit codes as `eval`.
+    /// Score records against one given checklist.
+    ///
+    /// Records are JSON lines; the checklist a JSON file: {"id","items":[...]} or a list of
+    /// questions. Same output and exit codes as `eval`.
     Score {
         /// Checklist file (JSON).
         #[arg(long)]
@@ -97,7 +111,9 @@ enum Command {
         #[command(flatten)]
         backend: BackendArgs,
     },
-    /// Generate checklists: instance presets from --input (or one per record of --data), corpus presets
+    /// Generate checklists (or refine a given one) without scoring.
+    ///
+    /// Instance presets from --input (or one per record of --data), corpus presets
     /// (feedback, checkeval, interacteval) from --observations / --dimensions; or refine a given
     /// checklist (--checklist with --refine). One checklist JSON per line.
     Generate {
@@ -134,8 +150,9 @@ enum Command {
         #[command(flatten)]
         backend: BackendArgs,
     },
-    /// Refine a sectioned document (JSON: {"brief", "sections": [{"id", "title", "content"}]}) where the
-    /// judges find issues: judge, plan, patch or regenerate sections, verify, re-judge, until a
+    /// Improve a sectioned document where a panel of judges finds issues.
+    ///
+    /// The document is JSON: {"brief", "sections": [{"id", "title", "content"}]}. The loop: judge, plan, patch or regenerate sections, verify, re-judge, until a
     /// threshold, convergence or a limit. Progress on stderr; the result as JSON on stdout. Exit codes:
     /// 0 accepted (also with a warning, by a human, or reviewed), 3 best effort, 4 waiting for a human
     /// (semi-auto escalation; see `assay runs edit|resume|accept|review`), 1 the run failed or was
@@ -146,7 +163,9 @@ enum Command {
         #[command(flatten)]
         backend: BackendArgs,
     },
-    /// Critique and revise one text (self-refine): up to --max-passes critique/revise passes, stopped
+    /// Critique and revise one text (self-refine).
+    ///
+    /// Up to --max-passes critique/revise passes, stopped
     /// when a revision converges, rolled back when it drifts from the original. One progress line
     /// per pass on stderr; the final text on stdout (the whole result as JSON with --json). Exit
     /// codes: 0 done, 1 the run failed or was cancelled, 2 bad input.
@@ -158,7 +177,9 @@ enum Command {
         #[arg(long)]
         backend: Option<String>,
     },
-    /// Debate a problem set (JSON lines {"id","problem","reference"}): three solvers solve, review
+    /// Debate problems with three solvers and a judge; grade the answers.
+    ///
+    /// Problems are JSON lines {"id","problem","reference"}: three solvers solve, review
     /// each other, refine, and a judge picks the final answer; answers are graded against the
     /// references after normalisation. One JSON line per problem; progress and a summary (accuracy,
     /// consensus and changed-answer rates, tokens; baselines with --baselines) on stderr. Exit codes:
@@ -169,8 +190,10 @@ enum Command {
         #[command(flatten)]
         backend: BackendArgs,
     },
-    /// Compare two evaluations (run ids in the gateway's store, or the JSON-lines files of `assay
-    /// eval --out`), records paired by id: candidate minus baseline with its interval and p
+    /// Compare two evaluations record by record: difference, interval, p, regression gate.
+    ///
+    /// Each side is a run id in the gateway's store or a JSON-lines file of `assay eval --out`;
+    /// records pair by id: candidate minus baseline with its interval and p
     /// (evalconfidence's methods), a paired bootstrap interval, the items that flipped and the worst
     /// regressions. Exit codes: 0 done, 1 a significant regression under --fail-on-regression, 2 bad
     /// input.
@@ -178,7 +201,9 @@ enum Command {
         #[command(flatten)]
         args: cmd::compare::CompareArgs,
     },
-    /// Plan a comparison from a pilot (run ids or `assay eval --out` files): the records needed to detect a
+    /// Plan a comparison: records needed for a difference, or the difference a size detects.
+    ///
+    /// From a pilot (run ids or `assay eval --out` files): the records needed to detect a
     /// difference of --mde, or the smallest difference --n records detect (both: the power
     /// achieved), as evalconfidence's `power` computes it. One file plans an unpaired comparison from
     /// its per-record variance, --candidate a paired one from the per-record differences. Exit codes:
@@ -187,7 +212,9 @@ enum Command {
         #[command(flatten)]
         args: cmd::power::PowerArgs,
     },
-    /// Agreement of the judge of an evaluation (a run id or an `assay eval --out` file) with human labels (JSON lines
+    /// Check a judge against human labels: kappa, alpha, a corrected mean.
+    ///
+    /// The evaluation is a run id or an `assay eval --out` file; the labels JSON lines
     /// {"id","score"} and/or {"id","items":{item:"yes"|"no"}}): accuracy, Cohen's kappa,
     /// Krippendorff's alpha, the confusion table, and the prediction-powered mean (the judge's mean
     /// corrected by the labels) beside the judge-only and gold-only means. Exit codes: 0 done, 2 bad
@@ -576,6 +603,56 @@ fn example_request() -> gw::EvaluateRequest {
     }
 }
 
+/// The kind of the configured backend `name` (`local`, `openai`), or the name itself.
+fn backend_kind<'a>(config: &'a AssayConfig, name: &'a str) -> &'a str {
+    config.backends.get(name).map_or(name, |b| b.kind.as_str())
+}
+
+/// `model: smollm2-135m-instruct (embedded, backend local), temperature 0.0, for the scorer`.
+fn model_line(config: &AssayConfig, m: &common::ModelRecord) -> String {
+    let kind = backend_kind(config, &m.backend);
+    let place = if kind == "local" {
+        format!("embedded, backend {}", m.backend)
+    } else {
+        format!("backend {} ({kind})", m.backend)
+    };
+    let temperature = m
+        .temperature
+        .map_or_else(|| "the backend's default temperature".to_string(), |t| format!("temperature {t:.1}"));
+    format!("model: {} ({place}), {temperature}, for the {}", m.model, m.phase.replace('_', " "))
+}
+
+/// What the demo's reader should know and try next.
+fn demo_next_steps(embedded: bool) -> Vec<String> {
+    let mut lines = Vec::new();
+    if embedded {
+        lines.push(
+            "This ran on the embedded model, a 135M-parameter model that runs offline: it shows the pipeline \
+             working, not a judge to trust (it is at chance on the bench's judge set, 15/30)."
+                .to_string(),
+        );
+        lines.push("The same demo against any OpenAI-compatible server (OpenAI, vLLM, Ollama, LiteLLM):".to_string());
+        lines.push(
+            "  OPENAI_BASE_URL=http://127.0.0.1:11434/v1 OPENAI_API_KEY=... ./target/release/assay demo --backend openai --model MODEL"
+                .to_string(),
+        );
+    }
+    lines.push("Next:".to_string());
+    lines.push(
+        "  ./target/release/assay refine examples/lesson.json      improve a document where judges find issues"
+            .to_string(),
+    );
+    lines.push(
+        "  ./target/release/assay debate examples/problems.jsonl   three solvers and a judge on a problem set"
+            .to_string(),
+    );
+    lines.push(
+        "  ./target/release/assay up                               the mesh and its admin page (URL printed)"
+            .to_string(),
+    );
+    lines
+}
+
 async fn demo(mut config: AssayConfig, ephemeral: bool) -> Result<(), String> {
     if ephemeral {
         config.ports = assay_config::Ports::ephemeral();
@@ -593,7 +670,7 @@ async fn demo(mut config: AssayConfig, ephemeral: bool) -> Result<(), String> {
         let reply = client
             .evaluate(example_request())
             .await
-            .map_err(|s| format!("evaluate failed: {}: {}", s.code(), s.message()))?;
+            .map_err(|s| format!("evaluate failed: {}", cmd::status_text(&s)))?;
         let r = reply.into_inner();
         println!("evaluation {} through {url} in {:.2?}", r.run_id, started.elapsed());
         for rec in &r.results {
@@ -620,7 +697,12 @@ async fn demo(mut config: AssayConfig, ephemeral: bool) -> Result<(), String> {
             );
         }
         for m in &r.models {
-            println!("model: {} on {} (phase {}, temperature {:?})", m.model, m.backend, m.phase, m.temperature);
+            println!("{}", model_line(&config, m));
+        }
+        let embedded = r.models.iter().any(|m| backend_kind(&config, &m.backend) == "local");
+        println!();
+        for line in demo_next_steps(embedded) {
+            println!("{line}");
         }
         Ok::<(), String>(())
     }
@@ -640,7 +722,12 @@ fn main() -> ExitCode {
 
 async fn run() -> ExitCode {
     let cli = Cli::parse();
-    let _telemetry = assay_telemetry::init("assay");
+    let level = match (cli.verbose, &cli.command) {
+        (0, Command::Up { .. }) | (1, _) => "info",
+        (0, _) => "warn",
+        _ => "debug",
+    };
+    let _telemetry = assay_telemetry::init_at("assay", level);
     let outcome = match cli.command {
         Command::Up { backend, no_admin_auth } => match load_config(cli.config.as_deref(), &backend) {
             Ok(mut c) => {

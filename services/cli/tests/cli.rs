@@ -154,7 +154,7 @@ async fn bad_input_exits_1_naming_the_problem() {
     .unwrap();
     assert_eq!(o.status.code(), Some(1));
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("InvalidArgument") && err.contains("pipeline.records[0].reference"), "{err}");
+    assert!(err.contains("INVALID_ARGUMENT") && err.contains("pipeline.records[0].reference"), "{err}");
     assert_eq!(backend.request_count(), 0);
     let o = tokio::task::spawn_blocking({
         let (config, data) = (config.clone(), data.clone());
@@ -249,7 +249,7 @@ async fn generate_and_runs_against_a_running_gateway() {
     .await
     .unwrap();
     assert_eq!(o.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("NotFound"));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("NOT_FOUND"));
     mesh.shutdown().await.unwrap();
 }
 
@@ -302,4 +302,25 @@ async fn generate_refines_a_given_checklist() {
     .unwrap();
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("needs --samples"));
+}
+
+/// `assay --help` fits on one screen: every command on one line of at most 100 characters, the
+/// whole under 40 lines; each command's own help keeps the detail.
+#[test]
+fn top_level_help_fits_on_one_screen() {
+    let o = common::assay(&["--help"]);
+    assert_eq!(o.status.code(), Some(0));
+    let help = String::from_utf8_lossy(&o.stdout);
+    assert!(help.lines().count() < 40, "{} lines:\n{help}", help.lines().count());
+    let commands: Vec<&str> =
+        help.lines().skip_while(|l| *l != "Commands:").skip(1).take_while(|l| !l.is_empty()).collect();
+    assert!(commands.len() >= 10, "{help}");
+    for line in &commands {
+        assert!(line.len() <= 100, "a long command line: {line}");
+    }
+    let eval = common::assay(&["eval", "--help"]);
+    assert!(
+        String::from_utf8_lossy(&eval.stdout).contains("Exit codes: 0 all scored"),
+        "the detail stays in eval --help"
+    );
 }

@@ -89,5 +89,10 @@ impl EmbeddingModel for LazyBackend {
 pub trait BackendLoader: Send + Sync {
     /// Backend kind this loader builds (e.g. `local`).
     fn kind(&self) -> &str;
+    /// The model name responses report for `config` (before the load completes): its `model`, or
+    /// the kind when blank.
+    fn model_name(&self, config: &assay_config::BackendConfig) -> String {
+        if config.model.is_empty() { self.kind().to_string() } else { config.model.clone() }
+    }
     async fn load(&self, name: &str, config: &assay_config::BackendConfig) -> Result<BackendPair, String>;
 }

@@ -172,8 +172,7 @@ pub fn build_hub(config: &AssayConfig, loaders: &[&'static dyn BackendLoader]) -
             if !used.iter().any(|u| u == name) {
                 continue;
             }
-            let model = if entry.model.is_empty() { entry.kind.clone() } else { entry.model.clone() };
-            let (lazy, setter) = lazy::LazyBackend::new(name, &entry.kind, &model);
+            let (lazy, setter) = lazy::LazyBackend::new(name, &entry.kind, &loader.model_name(entry));
             let (loader, name, entry) = (*loader, name.clone(), entry.clone());
             pending.push(tokio::spawn(async move {
                 let r = loader.load(&name, &entry).await;

@@ -31,6 +31,10 @@ impl BackendLoader for LocalLoader {
         "local"
     }
 
+    fn model_name(&self, entry: &assay_config::BackendConfig) -> String {
+        choice(&entry.model).map_or_else(|_| entry.model.clone(), |c| c.model_name().to_string())
+    }
+
     async fn load(&self, name: &str, entry: &assay_config::BackendConfig) -> Result<BackendPair, String> {
         let dir = models_dir(entry);
         let which = choice(&entry.model)?;

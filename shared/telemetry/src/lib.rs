@@ -55,14 +55,23 @@ pub const DURATION_BUCKETS: &[f64] =
 /// Initialise logging (and OTLP export when configured). `RUST_LOG` filters (default `info`),
 /// `ASSAY_LOG_FORMAT=json` switches to JSON lines. Safe to call more than once (later calls no-op).
 pub fn init(service_name: &str) -> TelemetryGuard {
+    init_at(service_name, "info")
+}
+
+/// [`init`] with `default_filter` (e.g. `warn`) where `RUST_LOG` is unset.
+pub fn init_at(service_name: &str, default_filter: &str) -> TelemetryGuard {
     let endpoint = std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok().filter(|e| !e.is_empty());
-    init_with(service_name, endpoint.as_deref())
+    init_filtered(service_name, endpoint.as_deref(), default_filter)
 }
 
 /// [`init`] with the OTLP endpoint given (none: logs only), whatever the environment says.
 pub fn init_with(service_name: &str, endpoint: Option<&str>) -> TelemetryGuard {
+    init_filtered(service_name, endpoint, "info")
+}
+
+fn init_filtered(service_name: &str, endpoint: Option<&str>, default_filter: &str) -> TelemetryGuard {
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
     let json = std::env::var("ASSAY_LOG_FORMAT").is_ok_and(|v| v.eq_ignore_ascii_case("json"));
     let fmt = if json {
         tracing_subscriber::fmt::layer().json().with_writer(std::io::stderr).boxed()

@@ -311,9 +311,9 @@ mod tests {
     #[test]
     fn a_broken_stream_says_how_to_follow_the_run() {
         let s = tonic::Status::unavailable("connection reset");
-        assert_eq!(interrupted(&s, ""), "Unavailable: connection reset", "before the run is known: the status");
+        assert_eq!(interrupted(&s, ""), "UNAVAILABLE: connection reset", "before the run is known: the status");
         let text = interrupted(&s, "01run");
-        assert!(text.starts_with("Unavailable: connection reset\nrun 01run is stored in the gateway"), "{text}");
+        assert!(text.starts_with("UNAVAILABLE: connection reset\nrun 01run is stored in the gateway"), "{text}");
         assert!(text.contains("`assay runs watch 01run`"), "{text}");
     }
 }

@@ -103,11 +103,15 @@ pub fn configured_gateway(config: &AssayConfig) -> String {
 
 /// A gRPC status as a one-line message.
 pub fn status_text(s: &tonic::Status) -> String {
-    let mut text = format!("{:?}: {}", s.code(), s.message());
+    let mut text = format!("{}: {}", assay_rpc::status::code_name(s.code()), s.message());
     use tonic_types::StatusExt;
     if let Some(details) = s.get_error_details().bad_request() {
         for v in &details.field_violations {
-            text.push_str(&format!("\n  {}: {}", v.field, v.description));
+            let line = format!("{}: {}", v.field, v.description);
+            // The message often says the first violation already.
+            if !s.message().contains(&line) {
+                text.push_str(&format!("\n  {line}"));
+            }
         }
     }
     text

@@ -23,23 +23,60 @@ pub fn config_file(dir: &Path, backend: &ScriptedLlm, store: &str) -> PathBuf {
     path
 }
 
+/// Rust debug formatting that must never reach a user: an `Option`'s or a `Result`'s debug form,
+/// and the debug names of gRPC codes.
+const DEBUG_FORMS: [&str; 14] = [
+    "Some(",
+    "None,",
+    "None)",
+    " None\n",
+    "Ok(",
+    "Err(",
+    "InvalidArgument",
+    "FailedPrecondition",
+    "NotFound",
+    "DeadlineExceeded",
+    "ResourceExhausted",
+    "PermissionDenied",
+    "AlreadyExists",
+    "Unauthenticated:",
+];
+
+/// Fails when the command's stdout or stderr carries Rust debug formatting, or (the binary runs
+/// without `RUST_LOG`) info log lines, which belong to `-v`. Every run of the binary in these tests
+/// goes through it, so every verb's human and `--json` output is checked.
+pub fn assert_plain(o: &Output) {
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains(" INFO "), "info log lines without -v:\n{err}");
+    for (stream, bytes) in [("stdout", &o.stdout), ("stderr", &o.stderr)] {
+        let text = String::from_utf8_lossy(bytes);
+        for form in DEBUG_FORMS {
+            assert!(!text.contains(form), "debug formatting {form:?} in the {stream} of assay:\n{text}");
+        }
+    }
+}
+
 /// The binary with `args` and no config (commands that read files only).
 pub fn assay(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_assay")).args(args).env("RUST_LOG", "warn").output().expect("assay runs")
+    let o = Command::new(env!("CARGO_BIN_EXE_assay")).args(args).env_remove("RUST_LOG").output().expect("assay runs");
+    assert_plain(&o);
+    o
 }
 
 /// The binary with `--config config` and `args`, the backend's key set and no `OPENAI_BASE_URL`
 /// from the environment.
 pub fn assay_with(config: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_assay"))
+    let o = Command::new(env!("CARGO_BIN_EXE_assay"))
         .arg("--config")
         .arg(config)
         .args(args)
         .env("OPENAI_API_KEY", "test")
         .env_remove("OPENAI_BASE_URL")
-        .env("RUST_LOG", "warn")
+        .env_remove("RUST_LOG")
         .output()
-        .expect("assay runs")
+        .expect("assay runs");
+    assert_plain(&o);
+    o
 }
 
 /// [`assay_with`] off the test's runtime (the scripted backend, and a mesh the test started,
