@@ -622,6 +622,13 @@ fn model_line(config: &AssayConfig, m: &common::ModelRecord) -> String {
     format!("model: {} ({place}), {temperature}, for the {}", m.model, m.phase.replace('_', " "))
 }
 
+/// The commands the demo suggests next (arguments of `assay`), and what each does.
+const DEMO_NEXT: [(&str, &str); 3] = [
+    ("refine --doc examples/lesson.json", "improve a document where judges find issues"),
+    ("debate --data examples/problems.jsonl", "three solvers and a judge on a problem set"),
+    ("up", "the mesh and its admin page (URL printed)"),
+];
+
 /// What the demo's reader should know and try next.
 fn demo_next_steps(embedded: bool) -> Vec<String> {
     let mut lines = Vec::new();
@@ -638,18 +645,9 @@ fn demo_next_steps(embedded: bool) -> Vec<String> {
         );
     }
     lines.push("Next:".to_string());
-    lines.push(
-        "  ./target/release/assay refine examples/lesson.json      improve a document where judges find issues"
-            .to_string(),
-    );
-    lines.push(
-        "  ./target/release/assay debate examples/problems.jsonl   three solvers and a judge on a problem set"
-            .to_string(),
-    );
-    lines.push(
-        "  ./target/release/assay up                               the mesh and its admin page (URL printed)"
-            .to_string(),
-    );
+    for (args, what) in DEMO_NEXT {
+        lines.push(format!("  ./target/release/assay {args:<45} {what}"));
+    }
     lines
 }
 
@@ -853,5 +851,23 @@ async fn run() -> ExitCode {
             eprintln!("assay: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The demo's suggestions are commands this binary accepts as written.
+    #[test]
+    fn the_demo_suggests_commands_that_parse() {
+        for (args, _) in DEMO_NEXT {
+            let argv = std::iter::once("assay").chain(args.split_whitespace());
+            if let Err(e) = Cli::try_parse_from(argv) {
+                panic!("assay {args}: {e}");
+            }
+        }
+        let openai = ["assay", "demo", "--backend", "openai", "--model", "MODEL"];
+        assert!(Cli::try_parse_from(openai).is_ok());
     }
 }
