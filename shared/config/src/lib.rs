@@ -232,6 +232,35 @@ pub struct BackendConfig {
     /// paid for; 2 suits self-hosted backends.
     #[serde(default)]
     pub hedge_factor: f64,
+    /// Prices of this backend's models, USD per million tokens, by model name (`"*"`: any model
+    /// without its own entry). A model without a price costs "unknown", never zero.
+    #[serde(default)]
+    pub prices: BTreeMap<String, Price>,
+    /// Requests per minute this backend (this process) may send: a token bucket in front of the
+    /// adaptive concurrency limit (openai backends; 0 = no limit).
+    #[serde(default)]
+    pub requests_per_minute: u32,
+    /// Tokens (prompt + completion) per minute this backend (this process) may use (openai
+    /// backends; 0 = no limit).
+    #[serde(default)]
+    pub tokens_per_minute: u64,
+    /// Spend cap per UTC day in USD across every run of every gateway sharing the run store
+    /// (0 = none). Needs prices for the backend's models.
+    #[serde(default)]
+    pub daily_spend_usd: f64,
+}
+
+/// A model's price, USD per million tokens.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq)]
+pub struct Price {
+    /// Prompt tokens.
+    pub input: f64,
+    /// Completion tokens.
+    pub output: f64,
+    /// Prompt tokens the provider served from its prompt cache (`prompt_tokens_details.
+    /// cached_tokens`); absent = the input price.
+    #[serde(default)]
+    pub cached_input: Option<f64>,
 }
 
 fn yes() -> bool {

@@ -106,6 +106,8 @@ pub fn openai_client(entry: &assay_config::BackendConfig) -> Result<OpenAiClient
         c.max_concurrency = entry.max_concurrency as usize;
     }
     c.initial_concurrency = entry.initial_concurrency as usize;
+    c.requests_per_minute = entry.requests_per_minute;
+    c.tokens_per_minute = entry.tokens_per_minute;
     if entry.request_timeout_secs > 0 {
         c.request_timeout = std::time::Duration::from_secs(entry.request_timeout_secs);
     }

@@ -68,6 +68,11 @@ pub struct OpenAiConfig {
     pub supports_logprobs: bool,
     /// 5xx statuses that are deterministic and never retried (default 501, 505).
     pub deterministic_statuses: Vec<u16>,
+    /// Requests per minute this client may send (a token bucket in front of the concurrency
+    /// limit; 0 = no limit).
+    pub requests_per_minute: u32,
+    /// Prompt + completion tokens per minute this client may use (0 = no limit).
+    pub tokens_per_minute: u64,
 }
 
 impl Default for OpenAiConfig {
@@ -93,6 +98,8 @@ impl Default for OpenAiConfig {
             supports_json_schema: true,
             supports_logprobs: true,
             deterministic_statuses: vec![501, 505],
+            requests_per_minute: 0,
+            tokens_per_minute: 0,
         }
     }
 }
@@ -120,6 +127,8 @@ impl fmt::Debug for OpenAiConfig {
             .field("supports_json_schema", &self.supports_json_schema)
             .field("supports_logprobs", &self.supports_logprobs)
             .field("deterministic_statuses", &self.deterministic_statuses)
+            .field("requests_per_minute", &self.requests_per_minute)
+            .field("tokens_per_minute", &self.tokens_per_minute)
             .finish()
     }
 }
