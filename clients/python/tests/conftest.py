@@ -51,6 +51,7 @@ class ScriptedLlm:
         self.handlers: Dict[str, Handler] = {"checklist_answers": leaves_answers}
         self.requests: List[str] = []
         self._lock = threading.Lock()
+        self._local = threading.local()
         llm = self
 
         class Http(BaseHTTPRequestHandler):
@@ -76,6 +77,7 @@ class ScriptedLlm:
                 with llm._lock:
                     llm.requests.append(name)
                 handler = llm.handlers.get(name)
+                llm._local.connection = self.connection
                 if handler is None:
                     self.reply(400, {"error": {"message": f"scripted backend: no handler for {name!r}"}})
                     return
@@ -108,6 +110,11 @@ class ScriptedLlm:
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def connection(self) -> socket.socket:
+        """The socket of the chat call the calling handler is answering (to see the mesh drop it)."""
+        conn: socket.socket = self._local.connection
+        return conn
 
     def calls(self, name: str) -> int:
         with self._lock:

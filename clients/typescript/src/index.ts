@@ -5,8 +5,10 @@
  * The generated messages are re-exported under `pb`.
  */
 import { create, type MessageInitShape } from "@bufbuild/protobuf";
-import { type Client, type Interceptor, createClient } from "@connectrpc/connect";
+import type { FileDescriptorProto } from "@bufbuild/protobuf/wkt";
+import { type Client, Code, ConnectError, type Interceptor, type Transport, createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
+import { debuglog } from "node:util";
 
 import { ChecklistSchema } from "./gen/assay/common/v1/common_pb.js";
 import { Preset } from "./gen/assay/generator/v1/generator_pb.js";
@@ -27,10 +29,12 @@ import {
   type RunState,
   type TargetedRefinementPipelineSchema,
 } from "./gen/assay/gateway/v1/gateway_pb.js";
+import { AUTO_CHECK_ATTEMPTS, AUTO_CHECK_TIMEOUT_MS, differences, emitServerNewer, reflectFiles } from "./compat.js";
 import { decorated } from "./errors.js";
 import { RunStream, type RunStreamOptions } from "./run-stream.js";
 
 export { type AssayError, fieldViolations } from "./errors.js";
+export { PROTO_VERSION, differences, emitServerNewer } from "./compat.js";
 export { RunStream, type RunStreamOptions } from "./run-stream.js";
 export { Code, ConnectError } from "@connectrpc/connect";
 export * as pb from "./gen/assay/gateway/v1/gateway_pb.js";
@@ -59,6 +63,18 @@ export interface AssayOptions {
   tls?: boolean | TlsOptions;
   /** Default deadline of every unary call, milliseconds (none when unset). */
   timeoutMs?: number;
+  /**
+   * Compare the server's protos with the client's (by reflection) once, when the first call
+   * starts, without delaying it (default true). A server without reflection or a failed check
+   * never fails a call (set `NODE_DEBUG=assay` to see why a check failed).
+   */
+  checkServer?: boolean;
+  /**
+   * Called with what a newer server has and this client lacks (by the automatic check, once per
+   * client, and by `checkServer()`). Default: `process.emitWarning` of type `ServerNewerWarning`
+   * (code `ASSAY_SERVER_NEWER`).
+   */
+  onServerNewer?: (differences: string[]) => void;
 }
 
 /** Per-call options. */
@@ -159,11 +175,18 @@ function enumByName<E extends Record<string, string | number>>(e: E, name: strin
   return v;
 }
 
+const debug = debuglog("assay");
+
 /** A connection to one gateway. */
 export class Assay {
   /** The generated client, for anything the helpers below do not cover. */
   readonly client: Client<typeof GatewayService>;
   private readonly timeoutMs: number | undefined;
+  private readonly transport: Transport;
+  private readonly onServerNewer: (differences: string[]) => void;
+  private checkPending: boolean;
+  private checkAttempts = 0;
+  private check: Promise<string[] | undefined> | undefined;
 
   constructor(options: AssayOptions) {
     const tls = options.tls;
@@ -171,7 +194,14 @@ export class Assay {
     if (tls !== undefined && tls !== false && baseUrl.startsWith("http://")) {
       baseUrl = `https://${baseUrl.slice("http://".length)}`;
     }
-    const interceptors: Interceptor[] = [];
+    const interceptors: Interceptor[] = [
+      (next) => (req) => {
+        if (req.service.typeName === GatewayService.typeName) {
+          this.autoCheck();
+        }
+        return next(req);
+      },
+    ];
     const token = options.token;
     if (token !== undefined && token !== "") {
       interceptors.push((next) => (req) => {
@@ -181,9 +211,80 @@ export class Assay {
     }
     const nodeOptions =
       typeof tls === "object" ? { ca: tls.ca, cert: tls.cert, key: tls.key, servername: tls.serverName } : undefined;
-    const transport = createGrpcTransport({ baseUrl, interceptors, nodeOptions });
-    this.client = createClient(GatewayService, transport);
+    this.transport = createGrpcTransport({ baseUrl, interceptors, nodeOptions });
+    this.client = createClient(GatewayService, this.transport);
     this.timeoutMs = options.timeoutMs;
+    this.checkPending = options.checkServer ?? true;
+    this.onServerNewer = options.onServerNewer ?? emitServerNewer;
+  }
+
+  /**
+   * The automatic check, once the first call started it: resolves (never rejects) with what
+   * the server has and this client lacks, or `undefined` when the check could not be made.
+   */
+  get serverCheck(): Promise<string[] | undefined> | undefined {
+    return this.check;
+  }
+
+  /**
+   * Compare the server's protos (by reflection) with the client's: the messages, fields, enum
+   * values and methods the server has and this client lacks (empty: compatible). A non-empty
+   * answer also goes to `onServerNewer`: `v1` only grows, so the client still works, without
+   * the new parts. Rejects when the server has no reflection (UNIMPLEMENTED) or refuses the call.
+   */
+  async checkServer(options: CallOptions = {}): Promise<string[]> {
+    const files = await decorated(() =>
+      this.serverFiles({ signal: options.signal, timeoutMs: options.timeoutMs ?? AUTO_CHECK_TIMEOUT_MS }),
+    );
+    this.checkPending = false;
+    const found = differences(files);
+    if (found.length > 0) {
+      this.onServerNewer(found);
+    }
+    return found;
+  }
+
+  /** The server's protos as its reflection serves them (the gateway's file and its imports). */
+  protected serverFiles(options: { signal?: AbortSignal; timeoutMs?: number }): Promise<FileDescriptorProto[]> {
+    return reflectFiles(this.transport, options);
+  }
+
+  /** Starts the automatic check unless it ran (or runs) already. */
+  private autoCheck(): void {
+    if (!this.checkPending || this.check !== undefined) {
+      return;
+    }
+    this.checkAttempts += 1;
+    const started = this.serverFiles({ timeoutMs: AUTO_CHECK_TIMEOUT_MS }).then(
+      (files) => {
+        if (!this.checkPending) {
+          return undefined; // an explicit checkServer() reported already
+        }
+        this.checkPending = false;
+        const found = differences(files);
+        if (found.length === 0) {
+          debug("the server's protos match this client's");
+          return found;
+        }
+        try {
+          this.onServerNewer(found);
+        } catch (err) {
+          debug("onServerNewer threw: %s", err); // nothing may fail a call from here
+        }
+        return found;
+      },
+      (err: unknown) => {
+        const ce = ConnectError.from(err);
+        debug("server check failed (%s); calls go on", ce.message);
+        if (ce.code === Code.Unavailable && this.checkAttempts < AUTO_CHECK_ATTEMPTS) {
+          this.check = undefined; // the next call tries again
+        } else {
+          this.checkPending = false;
+        }
+        return undefined;
+      },
+    );
+    this.check = started;
   }
 
   private call(o: CallOptions | undefined): { signal?: AbortSignal; timeoutMs?: number } {

@@ -6,6 +6,9 @@ import assert from "node:assert/strict";
 import net from "node:net";
 import { after, before, describe, test } from "node:test";
 
+import { create } from "@bufbuild/protobuf";
+import { type FileDescriptorProto, FieldDescriptorProto_Type, FieldDescriptorProtoSchema } from "@bufbuild/protobuf/wkt";
+
 import { Assay, Code, ConnectError, type RunStream, fieldViolations, pb } from "../src/index.js";
 import { Mesh, ScriptedLlm } from "./support/mesh.js";
 
@@ -280,6 +283,42 @@ describe("@assay/client against assay up", () => {
     assert.deepEqual(fieldViolations(new Error("not a gRPC error")), {});
   });
 
+  test("a semi-auto refinement escalates to a human, who edits a section and accepts", async () => {
+    const doc = [
+      { id: "intro", title: "Introduction", content: "Autumn is a season." },
+      { id: "why", title: "Why leaves fall", content: "Trees drop leaves to save water in winter." },
+    ];
+    const edited = "Autumn is the season between summer and winter, when leaves turn red and fall.";
+    const stream = assay.refine(doc, { mode: "semi_auto", brief: { audience: "children" }, label: "ts human edit" });
+    const kinds: string[] = [];
+    for await (const ev of stream) {
+      kinds.push(ev.event.case ?? "");
+      if (ev.event.case === "stateChanged" && ev.event.value.state === pb.RunState.AWAITING_HUMAN) {
+        const run = await assay.editSection(ev.runId, "intro", edited, { actor: "editor", reason: "clearer" });
+        assert.equal(run.runId, ev.runId);
+        await assay.accept(ev.runId, { actor: "editor", reason: "good enough" });
+      }
+    }
+    assert.ok(kinds.includes("refinement"), kinds.join(","));
+    assert.equal(kinds.at(-1), "completed");
+    const done = await stream.result();
+    assert.equal(done.state, pb.RunState.SUCCEEDED);
+    assert.equal(done.result?.result.case, "targetedRefinement");
+    if (done.result?.result.case === "targetedRefinement") {
+      const refined = done.result.result.value;
+      assert.equal(refined.outcome, pb.RefinementOutcome.ACCEPTED_MANUAL);
+      assert.deepEqual(
+        refined.sections.map((s) => [s.id, s.content]),
+        [
+          ["intro", edited],
+          ["why", doc[1]!.content],
+        ],
+      );
+      assert.ok(refined.changedSectionIds.includes("intro"));
+      assert.ok(refined.auditLog.some((a) => a.actor === "editor" && a.action === "accept"));
+    }
+  });
+
   test("bearer auth: without the token or with a wrong one UNAUTHENTICATED", async () => {
     for (const token of [undefined, "wrong"]) {
       const other = new Assay({ target: mesh.target, token });
@@ -291,5 +330,117 @@ describe("@assay/client against assay up", () => {
     }
     const page = await assay.listRuns({ pageSize: 1 });
     assert.equal(page.runs.length, 1);
+  });
+});
+
+/** A client that counts its reflection calls and can make the server look newer or reflection-less. */
+class Probed extends Assay {
+  reflections = 0;
+  constructor(
+    options: ConstructorParameters<typeof Assay>[0],
+    private readonly serverIs: "current" | "newer" | "without reflection" = "current",
+  ) {
+    super(options);
+  }
+
+  protected override async serverFiles(options: Parameters<Assay["checkServer"]>[0]): Promise<FileDescriptorProto[]> {
+    this.reflections += 1;
+    if (this.serverIs === "without reflection") {
+      throw new ConnectError("unknown service grpc.reflection.v1.ServerReflection", Code.Unimplemented);
+    }
+    const files = await super.serverFiles(options ?? {});
+    if (this.serverIs === "newer") {
+      // What a grown v1 looks like: one more field in Run.
+      const gateway = files.find((f) => f.name === "assay/gateway/v1/gateway.proto")!;
+      const run = gateway.messageType.find((m) => m.name === "Run")!;
+      run.field.push(create(FieldDescriptorProtoSchema, { name: "owner", number: 99, type: FieldDescriptorProto_Type.STRING }));
+    }
+    return files;
+  }
+}
+
+describe("the server's protos are checked once per client", () => {
+  test("a current server: one check, started by the first call, and no report", async () => {
+    const reports: string[][] = [];
+    const c = new Probed({ target: mesh.target, token: TOKEN, onServerNewer: (d) => reports.push(d) });
+    assert.equal(c.serverCheck, undefined, "nothing is sent before the first call");
+    const res = await c.evaluate(records("chk"), { checklist: QUESTIONS });
+    await c.getRun(res.runId);
+    await c.listRuns({ pageSize: 1 });
+    assert.deepEqual(await c.serverCheck, []);
+    await c.run(evalRun("chk")).result();
+    assert.equal(c.reflections, 1);
+    assert.deepEqual(reports, []);
+    // The real reflection answer holds the gateway's contract.
+    assert.deepEqual(await c.checkServer(), []);
+  });
+
+  test("a newer server is reported once across calls; a second client reports again", async () => {
+    const reports: string[][] = [];
+    const c = new Probed({ target: mesh.target, token: TOKEN, onServerNewer: (d) => reports.push(d) }, "newer");
+    const res = await c.evaluate(records("newer"), { checklist: QUESTIONS });
+    assert.equal(res.results.length, 2, "the call itself is unaffected");
+    await Promise.all([c.listRuns({ pageSize: 1 }), c.getRun(res.runId), c.run(evalRun("newer")).result()]);
+    assert.deepEqual(await c.serverCheck, ["field assay.gateway.v1.Run.owner = 99"]);
+    await c.listRuns({ pageSize: 1 });
+    assert.equal(c.reflections, 1);
+    assert.deepEqual(reports, [["field assay.gateway.v1.Run.owner = 99"]]);
+
+    // The default report: one process warning of type ServerNewerWarning.
+    const warned: Error[] = [];
+    const onWarning = (w: Error) => {
+      if (w.name === "ServerNewerWarning") {
+        warned.push(w);
+      }
+    };
+    process.on("warning", onWarning);
+    try {
+      const d = new Probed({ target: mesh.target, token: TOKEN }, "newer");
+      await d.listRuns({ pageSize: 1 });
+      await d.serverCheck;
+      await d.listRuns({ pageSize: 1 });
+      await new Promise((resolve) => setImmediate(resolve)); // warnings are emitted on the next tick
+      assert.equal(warned.length, 1);
+      assert.match(warned[0]!.message, /newer than this client's: field assay\.gateway\.v1\.Run\.owner = 99/);
+      assert.equal((warned[0] as Error & { code?: string }).code, "ASSAY_SERVER_NEWER");
+    } finally {
+      process.off("warning", onWarning);
+    }
+  });
+
+  test("checkServer: false makes no automatic check; checkServer() still reports", async () => {
+    const reports: string[][] = [];
+    const c = new Probed({ target: mesh.target, token: TOKEN, checkServer: false, onServerNewer: (d) => reports.push(d) }, "newer");
+    await c.listRuns({ pageSize: 1 });
+    await c.evaluate(records("quiet"), { checklist: QUESTIONS });
+    assert.equal(c.serverCheck, undefined);
+    assert.equal(c.reflections, 0);
+    assert.deepEqual(await c.checkServer(), ["field assay.gateway.v1.Run.owner = 99"]);
+    assert.deepEqual(reports, [["field assay.gateway.v1.Run.owner = 99"]]);
+  });
+
+  test("a server without reflection never fails a call, and is not asked twice", async () => {
+    const reports: string[][] = [];
+    const c = new Probed({ target: mesh.target, token: TOKEN, onServerNewer: (d) => reports.push(d) }, "without reflection");
+    const res = await c.evaluate(records("noreflect"), { checklist: QUESTIONS });
+    assert.equal(res.results.length, 2);
+    assert.equal(await c.serverCheck, undefined);
+    await c.listRuns({ pageSize: 1 });
+    assert.equal(c.reflections, 1);
+    await assert.rejects(c.checkServer(), (e: unknown) => e instanceof ConnectError && e.code === Code.Unimplemented);
+    assert.deepEqual(reports, []);
+  });
+
+  test("an unreachable server fails the call, not the check, which is retried a bounded number of times", async () => {
+    const closed = net.createServer();
+    await new Promise<void>((resolve) => closed.listen(0, "127.0.0.1", resolve));
+    const port = (closed.address() as net.AddressInfo).port;
+    await new Promise<void>((resolve) => closed.close(() => resolve()));
+    const c = new Probed({ target: `http://127.0.0.1:${port}`, token: TOKEN, timeoutMs: 5_000 });
+    for (let i = 0; i < 5; i++) {
+      await assert.rejects(c.listRuns(), (e: unknown) => e instanceof ConnectError && e.code === Code.Unavailable);
+      await c.serverCheck;
+    }
+    assert.equal(c.reflections, 3);
   });
 });

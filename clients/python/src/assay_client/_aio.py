@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import warnings
 from typing import Any, AsyncIterator, Iterable, List, Optional, Sequence, Tuple, Union
 
 import grpc
@@ -41,6 +40,7 @@ class AsyncRun:
         return self
 
     async def __anext__(self) -> Event:
+        await self._client._check.ensure_async(self._client._channel, self._client._metadata)
         while not self._done:
             try:
                 message = await self._iter.__anext__()
@@ -123,7 +123,9 @@ class AsyncRun:
 class AsyncAssay:
     """The asyncio client: the methods of :class:`assay_client.Assay`, awaited.
 
-    Create it inside a running event loop; use ``async with`` or await :meth:`close`.
+    Create it inside a running event loop; use ``async with`` or await :meth:`close`. The
+    server's protos are checked once before the first RPC, as by :class:`assay_client.Assay`
+    (``check_server=False``: no check).
     """
 
     def __init__(
@@ -134,8 +136,10 @@ class AsyncAssay:
         *,
         timeout: Optional[float] = None,
         options: Sequence[Tuple[str, Any]] = (),
+        check_server: bool = True,
     ) -> None:
         creds, opts = _common.channel_settings(tls, options)
+        self._check = _compat.AutoCheck(check_server)
         if creds is None:
             self._channel = grpc.aio.insecure_channel(target, options=opts)
         else:
@@ -166,6 +170,7 @@ class AsyncAssay:
         await self.close()
 
     async def _call(self, name: str, request: Any, timeout: Optional[float]) -> Any:
+        await self._check.ensure_async(self._channel, self._metadata)
         try:
             return await self._unary[name](
                 request, metadata=self._metadata, timeout=timeout if timeout is not None else self.timeout
@@ -179,18 +184,12 @@ class AsyncAssay:
 
     async def check_server(self, timeout: float = 10.0) -> List[str]:
         """See :meth:`assay_client.Assay.check_server`."""
-        call = self._channel.stream_stream(_compat.REFLECTION)
         try:
-            responses = [r async for r in call(iter([_compat.request_bytes()]), metadata=self._metadata, timeout=timeout)]
+            found = await _compat.reflect_async(self._channel, self._metadata, timeout)
         except grpc.aio.AioRpcError as e:
             raise from_rpc_error(e) from None
-        found = _compat.differences(_compat.files_of(responses))
-        if found:
-            warnings.warn(
-                f"the server's protos are newer than this client's: {', '.join(found[:10])}",
-                _compat.ServerNewerWarning,
-                stacklevel=2,
-            )
+        self._check.skip()
+        _compat.report(found)
         return found
 
     async def evaluate(

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
-import warnings
 from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import grpc
@@ -15,6 +16,38 @@ from ._types import Evaluation, Event
 
 #: A stored run as GetRun, ListRuns and ControlRun return it (``assay.gateway.v1.Run``).
 RunRecord = gateway_pb2.Run
+
+_END = object()
+
+
+def _pump(call: Any, out: "queue.SimpleQueue[Any]") -> None:
+    """Move a stream's messages (then its end or error) to ``out``, on a thread of its own.
+
+    The caller waits on ``out`` rather than inside grpc: a KeyboardInterrupt then lands in the
+    queue's wait and cannot leave one of the channel's locks held (which wedges every later call).
+    """
+    try:
+        for message in call:
+            out.put(message)
+        out.put(_END)
+    except BaseException as e:  # grpc.RpcError, or anything else the stream raised
+        out.put(e)
+
+
+def _take(out: "queue.SimpleQueue[Any]") -> Any:
+    """The next item of ``out``, waking every 0.1 s: a signal may be handled by another thread,
+    and the main thread only raises its KeyboardInterrupt when it runs Python code."""
+    while True:
+        try:
+            return out.get(timeout=0.1)
+        except queue.Empty:
+            continue
+
+
+def _stream(call: Any) -> "queue.SimpleQueue[Any]":
+    out: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+    threading.Thread(target=_pump, args=(call, out), daemon=True, name="assay-client-stream").start()
+    return out
 
 class Run:
     """A pipeline run's event stream (from RunPipeline or WatchRun).
@@ -39,6 +72,7 @@ class Run:
     ) -> None:
         self._client = client
         self._call = call
+        self._messages = _stream(call)
         self.run_id = run_id
         self.last_sequence = after
         self._reconnect = reconnect
@@ -61,22 +95,25 @@ class Run:
     def __next__(self) -> Event:
         while not self._done:
             try:
-                message = next(self._call)
-            except StopIteration:
+                message = _take(self._messages)
+            except BaseException:
+                self._interrupted()
+                raise
+            if message is _END:
                 if self._may_reattach():
                     self._reattach()
                     continue
                 self._done = True
                 break
-            except grpc.RpcError as e:
-                if e.code() in _common.RETRYABLE and self._may_reattach():
+            if isinstance(message, grpc.RpcError):
+                if message.code() in _common.RETRYABLE and self._may_reattach():
                     self._reattach()
                     continue
                 self._done = True
-                raise from_rpc_error(e) from None
-            except BaseException:
-                self._interrupted()
-                raise
+                raise from_rpc_error(message) from None
+            if isinstance(message, BaseException):
+                self._done = True
+                raise message
             event = message.event
             if event.sequence <= self.last_sequence:
                 continue  # replayed after a reattach
@@ -97,6 +134,7 @@ class Run:
         time.sleep(min(0.1 * 2**self._attempts, 2.0))
         self.reattached += 1
         self._call = self._client._watch_call(self.run_id, self.last_sequence)
+        self._messages = _stream(self._call)
 
     def _interrupted(self) -> None:
         self._call.cancel()
@@ -157,6 +195,9 @@ class Assay:
     ``target`` is ``host:port``; ``token`` the bearer token (``auth_token`` of the server's
     configuration); ``tls`` None for plaintext, True for TLS with the system roots, or a
     :class:`TLS`. ``timeout`` is the default deadline in seconds of the unary calls (None: none).
+    Before its first RPC the client compares the server's protos with its own by reflection
+    (once, within a few seconds): a newer server warns :class:`ServerNewerWarning`, and a server
+    without reflection or a failed check never fails the call (``check_server=False``: no check).
     Use as a context manager, or call :meth:`close`.
     """
 
@@ -168,8 +209,10 @@ class Assay:
         *,
         timeout: Optional[float] = None,
         options: Sequence[Tuple[str, Any]] = (),
+        check_server: bool = True,
     ) -> None:
         creds, opts = _common.channel_settings(tls, options)
+        self._check = _compat.AutoCheck(check_server)
         if creds is None:
             self._channel = grpc.insecure_channel(target, options=opts)
         else:
@@ -200,10 +243,14 @@ class Assay:
         self.close()
 
     def _call(self, name: str, request: Any, timeout: Optional[float]) -> Any:
+        self._check.ensure(self._channel, self._metadata)
         future = self._unary[name].future(
             request, metadata=self._metadata, timeout=timeout if timeout is not None else self.timeout
         )
+        done: "queue.SimpleQueue[None]" = queue.SimpleQueue()
+        future.add_done_callback(lambda _: done.put(None))
         try:
+            _take(done)  # Ctrl-C lands here, outside grpc's locks (see _pump)
             return future.result()
         except grpc.RpcError as e:
             raise from_rpc_error(e) from None
@@ -219,19 +266,14 @@ class Assay:
         """Compare the server's protos (by reflection) with the client's: the messages, fields,
         enum values and methods the server has and this client lacks (empty: compatible). A
         non-empty answer also warns :class:`ServerNewerWarning`: v1 only grows, so the client
-        still works, without the new parts."""
-        call = self._channel.stream_stream(_compat.REFLECTION)
+        still works, without the new parts. (The client also checks once on its own before its
+        first RPC; this call makes that unnecessary.)"""
         try:
-            responses = call(iter([_compat.request_bytes()]), metadata=self._metadata, timeout=timeout)
-            found = _compat.differences(_compat.files_of(responses))
+            found = _compat.reflect(self._channel, self._metadata, timeout)
         except grpc.RpcError as e:
             raise from_rpc_error(e) from None
-        if found:
-            warnings.warn(
-                f"the server's protos are newer than this client's: {', '.join(found[:10])}",
-                _compat.ServerNewerWarning,
-                stacklevel=2,
-            )
+        self._check.skip()
+        _compat.report(found)
         return found
 
     def evaluate(
@@ -278,11 +320,13 @@ class Assay:
         """Start a pipeline (a RunPipelineRequest, a pipeline message, or its dict form such as
         ``{"checklist_eval": {...}}``) and return its event stream."""
         request = _convert.pipeline_request(pipeline, label)
+        self._check.ensure(self._channel, self._metadata)
         call = self._streams["RunPipeline"](request, metadata=self._metadata, timeout=timeout)
         return Run(self, call, reconnect=reconnect, cancel_on_interrupt=cancel_on_interrupt)
 
     def watch(self, run_id: str, after: int = 0, *, reconnect: int = 5) -> Run:
         """Follow a run's events with sequence > ``after`` (replayed, then live)."""
+        self._check.ensure(self._channel, self._metadata)
         return Run(self, self._watch_call(run_id, after), run_id=run_id, after=after, reconnect=reconnect)
 
     def get_run(self, run_id: str, *, timeout: Optional[float] = None) -> RunRecord:

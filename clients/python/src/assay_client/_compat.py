@@ -1,16 +1,32 @@
 """Wire compatibility: compare the server's protos (by reflection) with the ones the client was
-generated from. v1 only grows, so a difference means a newer server; it is reported, not fatal."""
+generated from. v1 only grows, so a difference means a newer server; it is reported, not fatal.
+
+Both clients check once on their own, before their first RPC (:class:`AutoCheck`), unless made
+with ``check_server=False``; ``check_server()`` checks on demand.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Sequence
+import asyncio
+import logging
+import sys
+import threading
+import warnings
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
+import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool
 from google.protobuf.descriptor import Descriptor
 
 from . import _common
 
 REFLECTION = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"
+#: Deadline in seconds of the automatic check (the explicit ``check_server`` takes its own).
+AUTO_CHECK_TIMEOUT = 3.0
+#: Automatic checks that found the server unreachable before the client stops trying.
+AUTO_CHECK_ATTEMPTS = 3
+
+log = logging.getLogger("assay_client")
 
 
 class ServerNewerWarning(UserWarning):
@@ -86,3 +102,120 @@ def files_of(responses: Iterable[bytes]) -> List[descriptor_pb2.FileDescriptorPr
             proto = descriptor_pb2.FileDescriptorProto.FromString(blob)
             files[proto.name] = proto
     return list(files.values())
+
+
+def reflect(channel: grpc.Channel, metadata: Sequence[Tuple[str, str]], timeout: float) -> List[str]:
+    """What the server behind ``channel`` has and this client lacks (raises grpc.RpcError)."""
+    call = channel.stream_stream(REFLECTION)
+    return differences(files_of(call(iter([request_bytes()]), metadata=tuple(metadata), timeout=timeout)))
+
+
+async def reflect_async(channel: Any, metadata: Sequence[Tuple[str, str]], timeout: float) -> List[str]:
+    """:func:`reflect` over a ``grpc.aio`` channel."""
+    call = channel.stream_stream(REFLECTION)
+    responses = [r async for r in call(iter([request_bytes()]), metadata=tuple(metadata), timeout=timeout)]
+    return differences(files_of(responses))
+
+
+def _quietly(check: Any) -> Tuple[Optional[List[str]], Optional[BaseException]]:
+    try:
+        return check(), None
+    except Exception as e:  # the automatic check never fails a call
+        return None, e
+
+
+async def _quietly_async(
+    channel: Any, metadata: Sequence[Tuple[str, str]]
+) -> Tuple[Optional[List[str]], Optional[BaseException]]:
+    try:
+        return await reflect_async(channel, metadata, AUTO_CHECK_TIMEOUT), None
+    except Exception as e:  # the automatic check never fails a call
+        return None, e
+
+
+def report(found: List[str]) -> None:
+    """Warn :class:`ServerNewerWarning` about ``found`` (nothing when empty), attributed to the
+    first caller outside this package."""
+    if not found:
+        return
+    warnings.warn(
+        f"the server's protos are newer than this client's: {', '.join(found[:10])}"
+        + (f" and {len(found) - 10} more" if len(found) > 10 else ""),
+        ServerNewerWarning,
+        stacklevel=_outside_frames(),
+    )
+
+
+def _outside_frames() -> int:
+    """The ``stacklevel`` of the nearest frame outside ``assay_client``."""
+    level = 1
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__", "").startswith(__package__ or "assay_client"):
+        frame = frame.f_back  # type: ignore[assignment]
+        level += 1
+    return level
+
+
+class AutoCheck:
+    """The once-per-client automatic check of the server's protos.
+
+    ``due()`` says whether the next RPC should check first; ``done(found, error)`` records the
+    outcome: differences warn once; an error (no reflection service, auth, a timeout) is only
+    logged at debug level and never fails the call. An unreachable server (UNAVAILABLE) is tried
+    again on the next RPC, up to :data:`AUTO_CHECK_ATTEMPTS` times.
+    """
+
+    def __init__(self, enabled: bool) -> None:
+        self._pending = enabled
+        self._attempts = 0
+        self._lock = threading.Lock()
+        self._task: Optional["asyncio.Future[Tuple[Optional[List[str]], Optional[BaseException]]]"] = None
+
+    def ensure(self, channel: grpc.Channel, metadata: Sequence[Tuple[str, str]]) -> None:
+        """Check ``channel``'s server unless done already (sync client; concurrent first calls
+        check once)."""
+        if not self._pending:
+            return
+        with self._lock:
+            if self._pending:
+                self.done(*_quietly(lambda: reflect(channel, metadata, AUTO_CHECK_TIMEOUT)))
+
+    async def ensure_async(self, channel: Any, metadata: Sequence[Tuple[str, str]]) -> None:
+        """The asyncio form of :meth:`ensure` (concurrent first calls share one check; a
+        cancelled caller leaves it running for the next)."""
+        if not self._pending:
+            return
+        if self._task is None:
+            self._task = asyncio.ensure_future(_quietly_async(channel, metadata))
+        task = self._task
+        found, error = await asyncio.shield(task)
+        if self._task is task:
+            self._task = None
+            self.done(found, error)
+
+    def due(self) -> bool:
+        """Whether the server still has to be checked."""
+        return self._pending
+
+    def skip(self) -> None:
+        """No automatic check any more (an explicit one was made)."""
+        self._pending = False
+
+    def done(self, found: Optional[List[str]], error: Optional[BaseException] = None) -> None:
+        """Record a check's differences (``found``) or its ``error``."""
+        if not self._pending:
+            return
+        self._attempts += 1
+        if error is not None:
+            code = getattr(error, "code", None)
+            code = code() if callable(code) else code
+            log.debug("assay_client: server check failed (%s); calls go on", error)
+            if code == grpc.StatusCode.UNAVAILABLE and self._attempts < AUTO_CHECK_ATTEMPTS:
+                return
+            self._pending = False
+            return
+        self._pending = False
+        if found:
+            report(found)
+        else:
+            log.debug("assay_client: the server's protos match this client's")

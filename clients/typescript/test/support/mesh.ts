@@ -24,7 +24,8 @@ interface Held {
 
 /**
  * An OpenAI-compatible server: chat/completions answered by the JSON-schema name of the request
- * (`checklist_answers`: YES to every `Q<n>:` line of the prompt), `/v1/embeddings` answered with
+ * (`checklist_answers`: YES to every `Q<n>:` line of the prompt; `section_verdict`: every criterion
+ * at 0.5 and no issue), `/v1/embeddings` answered with
  * a small vector per input. A prompt containing `hold` as given to `holdOn` waits until released.
  */
 export class ScriptedLlm {
@@ -126,6 +127,13 @@ export class ScriptedLlm {
       case "checklist_answers": {
         const indices = [...prompt.matchAll(/^Q(\d+):/gm)].map((m) => Number(m[1]));
         content = { answers: indices.map((question_index) => ({ question_index, answer: "YES" })) };
+        break;
+      }
+      case "section_verdict": {
+        // Every criterion at 0.5 and no issue: below every threshold with nothing to fix, so a
+        // semi-auto refinement escalates to a human.
+        const names: string[] = body.response_format?.json_schema?.schema?.properties?.criterion_scores?.required ?? [];
+        content = { criterion_scores: Object.fromEntries(names.map((n) => [n, 0.5])), issues: [], section_scores: [] };
         break;
       }
       default:
