@@ -54,6 +54,7 @@ async fn main() {
             records: vec![gw::EvalRecord { target: "a response".into(), ..Default::default() }],
             ..Default::default()
         }),
+        budget: None,
     };
     let mut scorer =
         sc::scorer_service_client::ScorerServiceClient::new(sandbox.channel(sandbox.mesh().addrs.scorer).await);

@@ -16,7 +16,7 @@ use tonic::transport::Channel;
 pub async fn run_to_end(channel: Channel, pipeline: gw::run_pipeline_request::Pipeline) -> Vec<gw::RunEvent> {
     let mut client = gw::gateway_service_client::GatewayServiceClient::new(channel);
     let mut stream = client
-        .run_pipeline(gw::RunPipelineRequest { pipeline: Some(pipeline), label: "test".into() })
+        .run_pipeline(gw::RunPipelineRequest { pipeline: Some(pipeline), label: "test".into(), budget: None })
         .await
         .expect("run starts")
         .into_inner();
@@ -142,6 +142,7 @@ pub async fn clean_leaves_run(
     let request = gw::RunPipelineRequest {
         pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(leaves_eval(records))),
         label: "clean".into(),
+        budget: None,
     };
     let mut stream = client.run_pipeline(request).await.expect("run starts").into_inner();
     let mut last = None;
@@ -203,6 +204,9 @@ pub struct SandboxOptions {
     pub api_key: Option<String>,
     /// The backend client's adaptive attempt timeouts (default: the client's).
     pub adaptive_timeout: Option<assay_llm::AdaptiveTimeout>,
+    /// The backend's price table (default none: every call unpriced). The backend is always
+    /// wrapped as `assay up` wraps it: priced, and held to the work's budget.
+    pub prices: Option<std::collections::BTreeMap<String, assay_llm::pricing::Price>>,
 }
 
 impl MeshSandbox {
@@ -240,13 +244,18 @@ impl MeshSandbox {
             cfg.adaptive_timeout = adaptive;
         }
         let client = Arc::new(OpenAiClient::new(cfg).expect("client"));
+        let prices = assay_llm::pricing::Prices::new(options.prices.clone().unwrap_or_default());
+        let client_chat: Arc<dyn assay_llm::ChatModel> =
+            Arc::new(assay_llm::pricing::PricedChat::new(client.clone(), "openai", prices.clone()));
+        let client_embed: Arc<dyn assay_llm::EmbeddingModel> =
+            Arc::new(assay_llm::pricing::PricedEmbed::new(client, "openai", prices));
         let (chat, embed): (Arc<dyn assay_llm::ChatModel>, Arc<dyn assay_llm::EmbeddingModel>) = if options.cache {
             (
-                Arc::new(assay_llm::CachedChat::in_memory(client.clone())),
-                Arc::new(assay_llm::CachedEmbed::in_memory(client)),
+                Arc::new(assay_llm::CachedChat::in_memory(client_chat)),
+                Arc::new(assay_llm::CachedEmbed::in_memory(client_embed)),
             )
         } else {
-            (client.clone(), client)
+            (client_chat, client_embed)
         };
         let backends = Backends::new().with_chat("openai", chat).with_embedding("openai", embed);
         let hub = Arc::new(ModelHub::new(backends, config.models.clone()));

@@ -52,6 +52,7 @@ async fn evaluated(sandbox: &MeshSandbox, n: usize) -> String {
         .run_pipeline(gw::RunPipelineRequest {
             pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(pipeline(n))),
             label: "admin".into(),
+            budget: None,
         })
         .await
         .expect("the run starts")
@@ -196,6 +197,7 @@ async fn the_page_asks_for_the_token_follows_an_evaluation_live_and_renders_mark
         .run_pipeline(gw::RunPipelineRequest {
             pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(p)),
             label: "evaluation in the browser".into(),
+            budget: None,
         })
         .await
         .expect("the run starts")

@@ -215,11 +215,11 @@ fn eval_pipeline() -> gw::ChecklistEvalPipeline {
 fn evaluate(f: impl FnOnce(&mut gw::ChecklistEvalPipeline)) -> gw::EvaluateRequest {
     let mut p = eval_pipeline();
     f(&mut p);
-    gw::EvaluateRequest { pipeline: Some(p) }
+    gw::EvaluateRequest { pipeline: Some(p), budget: None }
 }
 
 fn run(pipeline: Pipeline) -> gw::RunPipelineRequest {
-    gw::RunPipelineRequest { pipeline: Some(pipeline), label: "bad input".into() }
+    gw::RunPipelineRequest { pipeline: Some(pipeline), label: "bad input".into(), budget: None }
 }
 
 fn items_of(p: &mut gw::ChecklistEvalPipeline) -> &mut Vec<pb::ChecklistItem> {
@@ -513,7 +513,12 @@ fn table(ch: &Channels) -> Table {
 
     // --- gateway.Evaluate (the checklist_eval pipeline, waited for)
     const EVALUATE: &str = "gateway.Evaluate";
-    t.invalid(EVALUATE, Empty, "pipeline", unary!(gateway, evaluate, gw::EvaluateRequest { pipeline: None }));
+    t.invalid(
+        EVALUATE,
+        Empty,
+        "pipeline",
+        unary!(gateway, evaluate, gw::EvaluateRequest { pipeline: None, budget: None }),
+    );
     t.invalid(EVALUATE, Empty, "pipeline.records", unary!(gateway, evaluate, evaluate(|p| p.records.clear())));
     t.invalid(
         EVALUATE,
@@ -627,7 +632,11 @@ fn table(ch: &Channels) -> Table {
         RUN,
         Empty,
         "pipeline",
-        streaming!(gateway, run_pipeline, gw::RunPipelineRequest { pipeline: None, label: String::new() }),
+        streaming!(
+            gateway,
+            run_pipeline,
+            gw::RunPipelineRequest { pipeline: None, label: String::new(), budget: None }
+        ),
     );
     t.invalid(
         RUN,
@@ -638,7 +647,8 @@ fn table(ch: &Channels) -> Table {
             run_pipeline,
             gw::RunPipelineRequest {
                 pipeline: Some(Pipeline::ChecklistEval(eval_pipeline())),
-                label: "l".repeat(4096)
+                label: "l".repeat(4096),
+                budget: None,
             }
         ),
     );
@@ -652,6 +662,7 @@ fn table(ch: &Channels) -> Table {
             corrupt(&gw::RunPipelineRequest {
                 pipeline: Some(Pipeline::ChecklistEval(eval_pipeline())),
                 label: MARK.into(),
+                budget: None,
             }),
             true,
         ),

@@ -170,6 +170,7 @@ async fn bad_corpus_and_refiner_input_is_rejected_before_any_model_call() {
         .run_pipeline(gw::RunPipelineRequest {
             pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(bad)),
             label: String::new(),
+            budget: None,
         })
         .await
         .unwrap_err();

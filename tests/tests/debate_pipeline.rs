@@ -276,6 +276,7 @@ async fn a_restarted_gateway_resumes_without_redoing_finished_problems() {
         .run_pipeline(gw::RunPipelineRequest {
             pipeline: Some(gw::run_pipeline_request::Pipeline::Debate(pipeline(&set, false, false))),
             label: "interrupted".into(),
+            budget: None,
         })
         .await
         .unwrap()
@@ -422,6 +423,7 @@ async fn a_bad_problem_is_named_and_no_model_is_called() {
             .run_pipeline(gw::RunPipelineRequest {
                 pipeline: Some(gw::run_pipeline_request::Pipeline::Debate(p)),
                 label: String::new(),
+                budget: None,
             })
             .await
             .expect_err("refused");

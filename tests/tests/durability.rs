@@ -66,6 +66,7 @@ async fn runs_survive_sigkill_of_the_whole_mesh_at_20_points() {
     let request = |label: String| gw::RunPipelineRequest {
         pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(leaves_eval(RECORDS))),
         label,
+        budget: None,
     };
     let clean = clean_leaves_run(&mut gateway, RECORDS).await;
 

@@ -46,6 +46,7 @@ async fn evaluate_on_the_embedded_default_and_repeat_from_cache() {
             }],
             ..Default::default()
         }),
+        budget: None,
     };
     let mut client = GatewayServiceClient::connect(format!("http://{}", mesh.addrs.gateway)).await.unwrap();
     let first = client.evaluate(request.clone()).await.unwrap().into_inner();

@@ -52,6 +52,7 @@ fn evaluate_request(targets: &[&str]) -> gw::EvaluateRequest {
             scorer: Some(pb::ScorerConfig { primary_metric: pb::PrimaryMetric::Weighted as i32, ..Default::default() }),
             ..Default::default()
         }),
+        budget: None,
     }
 }
 
@@ -197,7 +198,7 @@ async fn bad_input_names_the_field_and_limit() {
         (empty_checklist, "pipeline.source.checklist.items", "must not be empty"),
         (unknown_mode, "pipeline.scorer.mode", "unknown enum value 42"),
         (evaluate_request(&[huge.as_str()]), "pipeline.records[0].target", "the limit is 262144 bytes"),
-        (gw::EvaluateRequest { pipeline: None }, "pipeline", "is required"),
+        (gw::EvaluateRequest { pipeline: None, budget: None }, "pipeline", "is required"),
     ];
     for (req, field, text) in cases {
         let st = client.evaluate(req).await.unwrap_err();

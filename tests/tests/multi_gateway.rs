@@ -76,6 +76,7 @@ fn request(label: &str) -> gw::RunPipelineRequest {
     gw::RunPipelineRequest {
         label: label.into(),
         pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(leaves_eval(RECORDS))),
+        budget: None,
     }
 }
 

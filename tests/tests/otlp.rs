@@ -178,8 +178,11 @@ async fn one_evaluate_is_one_trace_across_every_hop_with_genai_model_spans() {
         records,
         ..Default::default()
     };
-    let reply =
-        client.evaluate(gw::EvaluateRequest { pipeline: Some(pipeline.clone()) }).await.expect("evaluate").into_inner();
+    let reply = client
+        .evaluate(gw::EvaluateRequest { pipeline: Some(pipeline.clone()), budget: None })
+        .await
+        .expect("evaluate")
+        .into_inner();
     assert_eq!(reply.results.len(), 2);
 
     // Export, then wait for the collector to hold the model-call spans and the Evaluate span (which
@@ -264,7 +267,10 @@ async fn one_evaluate_is_one_trace_across_every_hop_with_genai_model_spans() {
     // record whose first model call meets a 503 and is retried.
     let backend_calls = |llm: &assay_testkit::ScriptedLlm| llm.requests().into_iter().filter(|r| r.is_chat()).count();
     let first_calls = backend_calls(&sandbox.llm);
-    client.evaluate(gw::EvaluateRequest { pipeline: Some(pipeline.clone()) }).await.expect("evaluate again");
+    client
+        .evaluate(gw::EvaluateRequest { pipeline: Some(pipeline.clone()), budget: None })
+        .await
+        .expect("evaluate again");
     let cached_calls = first_calls - (backend_calls(&sandbox.llm) - first_calls);
     assert!(cached_calls >= 2, "the repeated call's judge calls are answered from the cache: {cached_calls}");
     sandbox.llm.push(assay_testkit::Reply::status(503));
@@ -275,7 +281,7 @@ async fn one_evaluate_is_one_trace_across_every_hop_with_genai_model_spans() {
         target: "Snow fell.".into(),
         ..Default::default()
     }];
-    client.evaluate(gw::EvaluateRequest { pipeline: Some(third) }).await.expect("evaluate with a retry");
+    client.evaluate(gw::EvaluateRequest { pipeline: Some(third), budget: None }).await.expect("evaluate with a retry");
     let all_calls = backend_calls(&sandbox.llm);
     let answered = all_calls - 1; // less the 503
 

@@ -209,7 +209,7 @@ async fn a_cancelled_caller_stops_its_backend_calls_within_100_ms() {
     // A unary Evaluate of 20 records whose caller goes away.
     let call = tokio::spawn({
         let mut client = client.clone();
-        async move { client.evaluate(gw::EvaluateRequest { pipeline: Some(explicit(20)) }).await }
+        async move { client.evaluate(gw::EvaluateRequest { pipeline: Some(explicit(20)), budget: None }).await }
     });
     assert!(eventually(Duration::from_secs(10), || sandbox.llm.request_count() == 20).await);
     let t0 = Instant::now();
@@ -221,6 +221,7 @@ async fn a_cancelled_caller_stops_its_backend_calls_within_100_ms() {
     let request = gw::RunPipelineRequest {
         pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(tick(20))),
         label: String::new(),
+        budget: None,
     };
     let mut stream = client.run_pipeline(request).await.unwrap().into_inner();
     let run_id = stream.message().await.unwrap().unwrap().event.unwrap().run_id;
@@ -278,6 +279,7 @@ async fn many_concurrent_runs_complete_with_a_bounded_latency_spread() {
             let request = gw::RunPipelineRequest {
                 pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(explicit(1))),
                 label: "load".into(),
+                budget: None,
             };
             let mut stream = client.run_pipeline(request).await?.into_inner();
             let mut last = None;
@@ -328,6 +330,7 @@ async fn a_full_gateway_sheds_new_runs_with_resource_exhausted() {
         let request = gw::RunPipelineRequest {
             pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(explicit(1))),
             label: String::new(),
+            budget: None,
         };
         client.run_pipeline(request).await.map(tonic::Response::into_inner)
     };
@@ -343,7 +346,7 @@ async fn a_full_gateway_sheds_new_runs_with_resource_exhausted() {
     assert!(st.message().contains("max_active_runs = 3"), "{}", st.message());
     let st = tokio::time::timeout(
         Duration::from_secs(5),
-        client.evaluate(gw::EvaluateRequest { pipeline: Some(explicit(1)) }),
+        client.evaluate(gw::EvaluateRequest { pipeline: Some(explicit(1)), budget: None }),
     )
     .await
     .expect("no hang")
@@ -355,7 +358,8 @@ async fn a_full_gateway_sheds_new_runs_with_resource_exhausted() {
     for mut stream in held {
         while stream.message().await.unwrap().is_some() {}
     }
-    let ok = client.evaluate(gw::EvaluateRequest { pipeline: Some(explicit(1)) }).await.expect("room again");
+    let ok =
+        client.evaluate(gw::EvaluateRequest { pipeline: Some(explicit(1)), budget: None }).await.expect("room again");
     assert_eq!(ok.into_inner().results.len(), 1);
     sandbox.shutdown().await.unwrap();
 }

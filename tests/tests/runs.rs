@@ -151,6 +151,7 @@ async fn a_cancelled_run_stops_and_says_so() {
         .run_pipeline(gw::RunPipelineRequest {
             pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(pipeline(3))),
             label: String::new(),
+            budget: None,
         })
         .await
         .unwrap()
@@ -218,6 +219,7 @@ async fn an_interrupted_run_resumes_after_a_restart_with_the_same_numbers() {
         .run_pipeline(gw::RunPipelineRequest {
             pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(pipeline(6))),
             label: "interrupted".into(),
+            budget: None,
         })
         .await
         .unwrap()
@@ -266,7 +268,8 @@ async fn evaluate_is_stored_as_a_run() {
     let sandbox = MeshSandbox::start().await;
     sandbox.llm.set_handler(answer);
     let mut client = GatewayServiceClient::new(sandbox.gateway().await);
-    let r = client.evaluate(gw::EvaluateRequest { pipeline: Some(pipeline(2)) }).await.unwrap().into_inner();
+    let r =
+        client.evaluate(gw::EvaluateRequest { pipeline: Some(pipeline(2)), budget: None }).await.unwrap().into_inner();
     // Evaluate stores its run off the response path: poll (bounded) until it is there.
     let mut run = None;
     for _ in 0..200 {
@@ -333,7 +336,7 @@ async fn tick_preset_generates_once_per_distinct_input_and_scores_every_record()
     assert_eq!(usage.calls, 2 + 4, "two generations, four scorings");
     // Unary Evaluate runs the same pipeline.
     let mut client = GatewayServiceClient::new(sandbox.gateway().await);
-    let r = client.evaluate(gw::EvaluateRequest { pipeline: Some(p) }).await.unwrap().into_inner();
+    let r = client.evaluate(gw::EvaluateRequest { pipeline: Some(p), budget: None }).await.unwrap().into_inner();
     assert_eq!(r.aggregate, result.aggregate);
     // A preset needing a reference names the field.
     let mut bad = pipeline(1);
@@ -341,7 +344,7 @@ async fn tick_preset_generates_once_per_distinct_input_and_scores_every_record()
         source: Some(gw::checklist_source::Source::Preset(assay_proto::generator::v1::Preset::RlcfDirect as i32)),
     });
     bad.records[0].input = "x".into();
-    let st = client.evaluate(gw::EvaluateRequest { pipeline: Some(bad) }).await.unwrap_err();
+    let st = client.evaluate(gw::EvaluateRequest { pipeline: Some(bad), budget: None }).await.unwrap_err();
     assert_eq!(st.code(), Code::InvalidArgument, "{st:?}");
     assert!(st.message().contains("reference"), "{}", st.message());
     sandbox.shutdown().await.unwrap();
@@ -451,6 +454,7 @@ async fn a_paused_run_stays_paused_across_a_restart_and_can_be_resumed_or_cancel
             .run_pipeline(gw::RunPipelineRequest {
                 pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(pipeline(5))),
                 label: "paused".into(),
+                budget: None,
             })
             .await
             .unwrap()
@@ -514,7 +518,7 @@ async fn evaluate_with_a_preset_stops_when_its_caller_goes_away() {
     sandbox.llm.set_handler(|_| Reply::hang());
     let p = preset_pipeline(40);
     let mut client = GatewayServiceClient::new(sandbox.gateway().await);
-    let mut request = tonic::Request::new(gw::EvaluateRequest { pipeline: Some(p) });
+    let mut request = tonic::Request::new(gw::EvaluateRequest { pipeline: Some(p), budget: None });
     request.set_timeout(Duration::from_millis(500));
     let err = client.evaluate(request).await.unwrap_err();
     assert!(matches!(err.code(), Code::DeadlineExceeded | Code::Cancelled), "{err:?}");
@@ -537,7 +541,8 @@ async fn evaluate_with_a_preset_stops_when_its_caller_cancels() {
     sandbox.llm.set_handler(|_| Reply::hang());
     let p = preset_pipeline(40);
     let mut client = GatewayServiceClient::new(sandbox.gateway().await);
-    let call = tokio::spawn(async move { client.evaluate(gw::EvaluateRequest { pipeline: Some(p) }).await });
+    let call =
+        tokio::spawn(async move { client.evaluate(gw::EvaluateRequest { pipeline: Some(p), budget: None }).await });
     assert!(assay_testkit::eventually(Duration::from_secs(10), || sandbox.llm.request_count() == 4).await);
     call.abort();
     assert!(call.await.unwrap_err().is_cancelled());
@@ -566,11 +571,12 @@ async fn evaluate_with_a_preset_keeps_the_cause_and_code_of_a_backend_failure() 
     let mut client = GatewayServiceClient::new(sandbox.gateway().await);
     for (status, code, cause) in [(429, Code::ResourceExhausted, "rate limited"), (503, Code::Unavailable, "503")] {
         sandbox.llm.set_handler(move |_| Reply::status(status));
-        let err = client.evaluate(gw::EvaluateRequest { pipeline: Some(p.clone()) }).await.unwrap_err();
+        let err = client.evaluate(gw::EvaluateRequest { pipeline: Some(p.clone()), budget: None }).await.unwrap_err();
         assert_eq!(err.code(), code, "{err:?}");
         assert!(err.message().contains(cause), "the cause is kept: {}", err.message());
         // The explicit-checklist path maps the same failure the same way.
-        let explicit = client.evaluate(gw::EvaluateRequest { pipeline: Some(pipeline(1)) }).await.unwrap_err();
+        let explicit =
+            client.evaluate(gw::EvaluateRequest { pipeline: Some(pipeline(1)), budget: None }).await.unwrap_err();
         assert_eq!(explicit.code(), code, "{explicit:?}");
     }
     sandbox.shutdown().await.unwrap();
@@ -587,6 +593,7 @@ async fn contract_edges_of_runs() {
         .run_pipeline(gw::RunPipelineRequest {
             pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(pipeline(0))),
             label: String::new(),
+            budget: None,
         })
         .await
         .unwrap_err();
@@ -604,6 +611,7 @@ async fn contract_edges_of_runs() {
         .run_pipeline(gw::RunPipelineRequest {
             pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(long_ids)),
             label: String::new(),
+            budget: None,
         })
         .await
         .unwrap_err();
@@ -627,6 +635,7 @@ async fn contract_edges_of_runs() {
         .run_pipeline(gw::RunPipelineRequest {
             pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(pipeline(1))),
             label: "l".repeat(4 << 20),
+            budget: None,
         })
         .await
         .unwrap_err();
@@ -664,6 +673,7 @@ async fn start(
     let request = gw::RunPipelineRequest {
         pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(p)),
         label: String::new(),
+        budget: None,
     };
     let mut stream = client.run_pipeline(request).await.unwrap().into_inner();
     let run_id = stream.message().await.unwrap().unwrap().event.unwrap().run_id;

@@ -79,7 +79,7 @@ async fn samples_reach_the_scorer_and_the_interval_is_clustered_by_record() {
 
     let mut client = GatewayServiceClient::new(sandbox.gateway().await);
     let together = client
-        .evaluate(gw::EvaluateRequest { pipeline: Some(pipeline(Some(3))) })
+        .evaluate(gw::EvaluateRequest { pipeline: Some(pipeline(Some(3))), budget: None })
         .await
         .expect("evaluate")
         .into_inner();
@@ -93,15 +93,18 @@ async fn samples_reach_the_scorer_and_the_interval_is_clustered_by_record() {
     check(&stored, "run");
 
     // One sample: one observation per record, no clusters.
-    let once =
-        client.evaluate(gw::EvaluateRequest { pipeline: Some(pipeline(None)) }).await.expect("evaluate").into_inner();
+    let once = client
+        .evaluate(gw::EvaluateRequest { pipeline: Some(pipeline(None)), budget: None })
+        .await
+        .expect("evaluate")
+        .into_inner();
     let u = once.aggregate.and_then(|a| a.uncertainty).expect("an interval");
     assert_eq!((u.observations, u.clusters, u.se_clustered), (RECORDS as u32, 0, None));
     assert!(once.results.iter().all(|r| r.score.as_ref().is_some_and(|s| s.sample_primary_scores.is_empty())));
 
     for (samples, field) in [(0, "pipeline.scorer.samples"), (11, "pipeline.scorer.samples")] {
         let status = client
-            .evaluate(gw::EvaluateRequest { pipeline: Some(pipeline(Some(samples))) })
+            .evaluate(gw::EvaluateRequest { pipeline: Some(pipeline(Some(samples))), budget: None })
             .await
             .expect_err("refused");
         assert_eq!(status.code(), Code::InvalidArgument);

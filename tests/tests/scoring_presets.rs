@@ -77,7 +77,7 @@ fn preset_pipeline(preset: Preset, scorer: Option<pb::ScorerConfig>) -> gw::Chec
 
 async fn evaluate(sandbox: &MeshSandbox, p: gw::ChecklistEvalPipeline) -> Result<gw::EvaluateResponse, tonic::Status> {
     let mut client = GatewayServiceClient::new(sandbox.gateway().await);
-    client.evaluate(gw::EvaluateRequest { pipeline: Some(p) }).await.map(tonic::Response::into_inner)
+    client.evaluate(gw::EvaluateRequest { pipeline: Some(p), budget: None }).await.map(tonic::Response::into_inner)
 }
 
 /// `rlcf_direct` and `rocketeval` with only `capture_reasoning` set are still scored in item mode

@@ -101,6 +101,7 @@ fn request(targets: &[&str]) -> gw::EvaluateRequest {
                 .collect(),
             ..Default::default()
         }),
+        budget: None,
     }
 }
 
@@ -219,6 +220,7 @@ async fn secrets_never_reach_logs_errors_or_debug_output() {
                 request(&["backend-401 again", "fine"]).pipeline.unwrap(),
             )),
             label: "secrets".into(),
+            budget: None,
         })
         .await
         .expect("the run starts")

@@ -96,6 +96,7 @@ async fn bad_requests_name_the_field_and_call_no_model() {
             .run_pipeline(gw::RunPipelineRequest {
                 pipeline: Some(gw::run_pipeline_request::Pipeline::SelfRefine(pipeline)),
                 label: String::new(),
+                budget: None,
             })
             .await
             .expect_err("refused");
@@ -210,6 +211,7 @@ async fn a_restart_mid_run_appends_only_new_pass_events() {
         .run_pipeline(gw::RunPipelineRequest {
             pipeline: Some(gw::run_pipeline_request::Pipeline::SelfRefine(request(3))),
             label: "interrupted".into(),
+            budget: None,
         })
         .await
         .unwrap()

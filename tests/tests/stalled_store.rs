@@ -34,6 +34,7 @@ fn request() -> gw::RunPipelineRequest {
     gw::RunPipelineRequest {
         label: "stalled store".into(),
         pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(pipeline)),
+        budget: None,
     }
 }
 

@@ -631,6 +631,7 @@ fn request(p: gw::TargetedRefinementPipeline) -> gw::RunPipelineRequest {
     gw::RunPipelineRequest {
         pipeline: Some(gw::run_pipeline_request::Pipeline::TargetedRefinement(p)),
         label: "targeted refinement test".into(),
+        budget: None,
     }
 }
 

@@ -43,6 +43,7 @@ fn evaluate_request() -> gw::EvaluateRequest {
             }],
             ..Default::default()
         }),
+        budget: None,
     }
 }
 

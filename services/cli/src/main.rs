@@ -284,6 +284,8 @@ struct RunArgs {
     /// Print the final summary as one JSON line on standard output.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    budget: cmd::BudgetArgs,
 }
 
 #[derive(Subcommand)]
@@ -444,7 +446,13 @@ impl ScoringArgs {
 
 impl RunArgs {
     fn into_cmd(self) -> cmd::eval::RunArgs {
-        cmd::eval::RunArgs { data: self.data, out: self.out, gateway: self.gateway, json: self.json }
+        cmd::eval::RunArgs {
+            data: self.data,
+            out: self.out,
+            gateway: self.gateway,
+            json: self.json,
+            budget: self.budget.budget(),
+        }
     }
 }
 
@@ -600,6 +608,7 @@ fn example_request() -> gw::EvaluateRequest {
             records,
             ..Default::default()
         }),
+        budget: None,
     }
 }
 
@@ -624,8 +633,8 @@ fn model_line(config: &AssayConfig, m: &common::ModelRecord) -> String {
 
 /// The commands the demo suggests next (arguments of `assay`), and what each does.
 const DEMO_NEXT: [(&str, &str); 3] = [
-    ("refine --doc examples/lesson.json", "improve a document where judges find issues"),
-    ("debate --data examples/problems.jsonl", "three solvers and a judge on a problem set"),
+    ("refine --doc examples/lesson.json", "improve a document where judges find issues (minutes here)"),
+    ("debate --data examples/problems-short.jsonl", "three solvers and a judge on 3 problems (50: problems.jsonl)"),
     ("up", "the mesh and its admin page (URL printed)"),
 ];
 
@@ -646,7 +655,7 @@ fn demo_next_steps(embedded: bool) -> Vec<String> {
     }
     lines.push("Next:".to_string());
     for (args, what) in DEMO_NEXT {
-        lines.push(format!("  ./target/release/assay {args:<45} {what}"));
+        lines.push(format!("  ./target/release/assay {args:<46} {what}"));
     }
     lines
 }
@@ -690,8 +699,12 @@ async fn demo(mut config: AssayConfig, ephemeral: bool) -> Result<(), String> {
         }
         if let Some(u) = &r.usage {
             println!(
-                "usage: {} calls, {} prompt + {} completion tokens, {} cache hits",
-                u.calls, u.prompt_tokens, u.completion_tokens, u.cache_hits
+                "usage: {} calls, {} prompt + {} completion tokens, {}, {} cache hits",
+                u.calls,
+                u.prompt_tokens,
+                u.completion_tokens,
+                cmd::render::cost_text(u),
+                u.cache_hits
             );
         }
         for m in &r.models {

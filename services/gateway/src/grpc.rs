@@ -82,13 +82,14 @@ impl GatewayService for GatewayGrpc {
     /// A checklist evaluation run to the end and answered at once (stored finished).
     async fn evaluate(&self, request: Request<EvaluateRequest>) -> Result<Response<EvaluateResponse>, Status> {
         let ctx = CallContext::from_request(&request);
-        let EvaluateRequest { pipeline } = request.into_inner();
+        let EvaluateRequest { pipeline, budget } = request.into_inner();
         let Some(pipeline) = pipeline else {
             return Err(to_status(StageError::invalid("pipeline", "is required")));
         };
         let request = RunPipelineRequest {
             pipeline: Some(run_pipeline_request::Pipeline::ChecklistEval(pipeline)),
             label: "evaluate".into(),
+            budget,
         };
         let engine = self.engine.clone();
         let run = run_with(ctx, async move { engine.run_unpersisted(request).await }).await.map_err(to_status)?;

@@ -22,7 +22,7 @@ fn run(id: &str, created: i64, state: gw::RunState, kind: gw::PipelineKind) -> g
 }
 
 fn request(label: &str) -> gw::RunPipelineRequest {
-    gw::RunPipelineRequest { label: label.into(), pipeline: None }
+    gw::RunPipelineRequest { label: label.into(), pipeline: None, budget: None }
 }
 
 async fn append(store: &RunStore, event: gw::RunEvent) -> Result<(), assay_domain::StageError> {

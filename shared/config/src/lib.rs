@@ -244,24 +244,10 @@ pub struct BackendConfig {
     /// backends; 0 = no limit).
     #[serde(default)]
     pub tokens_per_minute: u64,
-    /// Spend cap per UTC day in USD across every run of every gateway sharing the run store
-    /// (0 = none). Needs prices for the backend's models.
-    #[serde(default)]
-    pub daily_spend_usd: f64,
 }
 
 /// A model's price, USD per million tokens.
-#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq)]
-pub struct Price {
-    /// Prompt tokens.
-    pub input: f64,
-    /// Completion tokens.
-    pub output: f64,
-    /// Prompt tokens the provider served from its prompt cache (`prompt_tokens_details.
-    /// cached_tokens`); absent = the input price.
-    #[serde(default)]
-    pub cached_input: Option<f64>,
-}
+pub use assay_llm::pricing::Price;
 
 fn yes() -> bool {
     true

@@ -13,6 +13,15 @@ pub struct Usage {
     pub retries: u32,
     /// True when a backend rejected the JSON schema and the request was retried without it.
     pub schema_fallbacks: u32,
+    /// Prompt tokens the provider served from its own prompt cache (part of `prompt_tokens`).
+    #[serde(default)]
+    pub cached_prompt_tokens: u64,
+    /// Cost in USD of the priced calls.
+    #[serde(default)]
+    pub cost_usd: f64,
+    /// Calls whose model has no price: while any, the total cost is unknown.
+    #[serde(default)]
+    pub unpriced_calls: u32,
 }
 
 impl Usage {
@@ -23,5 +32,18 @@ impl Usage {
         self.cache_hits += other.cache_hits;
         self.retries += other.retries;
         self.schema_fallbacks += other.schema_fallbacks;
+        self.cached_prompt_tokens += other.cached_prompt_tokens;
+        self.cost_usd += other.cost_usd;
+        self.unpriced_calls += other.unpriced_calls;
+    }
+
+    /// The cost in USD, or None when some call's model has no price.
+    pub fn cost(&self) -> Option<f64> {
+        (self.unpriced_calls == 0).then_some(self.cost_usd)
+    }
+
+    /// Prompt plus completion tokens.
+    pub fn tokens(&self) -> u64 {
+        self.prompt_tokens + self.completion_tokens
     }
 }

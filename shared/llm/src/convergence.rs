@@ -213,7 +213,8 @@ fn breaker_outcome(e: &LlmError) -> Outcome {
         LlmError::InvalidRequest(_)
         | LlmError::Unauthorized(_)
         | LlmError::DeadlineExceeded
-        | LlmError::Unsupported(_) => Outcome::Neutral,
+        | LlmError::Unsupported(_)
+        | LlmError::BudgetExhausted(_) => Outcome::Neutral,
     }
 }
 

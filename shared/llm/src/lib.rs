@@ -23,6 +23,7 @@ pub mod limiter;
 pub mod metrics;
 pub mod openai;
 pub mod phases;
+pub mod pricing;
 pub mod retry;
 pub mod types;
 

@@ -130,6 +130,7 @@ fn error_type(e: &LlmError) -> &'static str {
         LlmError::DeadlineExceeded => "deadline_exceeded",
         LlmError::MalformedReply(_) => "malformed_reply",
         LlmError::Unsupported(_) => "unsupported",
+        LlmError::BudgetExhausted(_) => "budget_exhausted",
     }
 }
 

@@ -172,6 +172,10 @@ pub enum LlmError {
     /// The backend cannot do what was asked (e.g. embeddings on a chat-only backend).
     #[error("unsupported: {0}")]
     Unsupported(String),
+    /// The budget of the work is spent: no new model call starts (the reason starts with
+    /// `budget exhausted`).
+    #[error("{0}")]
+    BudgetExhausted(String),
 }
 
 impl LlmError {
@@ -183,7 +187,8 @@ impl LlmError {
             | LlmError::Unauthorized(_)
             | LlmError::DeadlineExceeded
             | LlmError::MalformedReply(_)
-            | LlmError::Unsupported(_) => false,
+            | LlmError::Unsupported(_)
+            | LlmError::BudgetExhausted(_) => false,
         }
     }
 }
@@ -205,6 +210,7 @@ impl From<LlmError> for StageError {
                 StageError::Unavailable(format!("model backend sent a malformed reply: {m}"))
             }
             LlmError::Unsupported(m) => StageError::FailedPrecondition(format!("model backend cannot do this: {m}")),
+            LlmError::BudgetExhausted(m) => StageError::ResourceExhausted(m),
         }
     }
 }

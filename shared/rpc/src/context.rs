@@ -1,5 +1,6 @@
-//! The context of one incoming call (deadline and W3C trace context), carried in a task-local so
-//! every outgoing hop made while serving it forwards both. tonic does not forward deadlines itself.
+//! The context of one incoming call (deadline, W3C trace context and budget), carried in a
+//! task-local so every outgoing hop made while serving it forwards them. tonic does not forward
+//! deadlines itself; budgets travel the same way ([`assay_budget`]).
 
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -14,6 +15,8 @@ pub struct CallContext {
     pub deadline: Option<Instant>,
     /// `traceparent` / `tracestate` as received.
     pub trace_headers: Vec<(String, String)>,
+    /// The budget the caller left for this call (`assay-budget-tokens` / `assay-budget-usd`).
+    pub budget: assay_budget::Limits,
 }
 
 impl CallContext {
@@ -28,7 +31,10 @@ impl CallContext {
             .iter()
             .filter_map(|k| metadata.get(*k).and_then(|v| v.to_str().ok()).map(|v| ((*k).to_string(), v.to_string())))
             .collect();
-        CallContext { deadline, trace_headers }
+        let header = |k: &str| metadata.get(k).and_then(|v| v.to_str().ok());
+        let budget =
+            assay_budget::Limits::from_headers(header(assay_budget::TOKENS_HEADER), header(assay_budget::USD_HEADER));
+        CallContext { deadline, trace_headers, budget }
     }
 
     pub fn from_request<T>(request: &tonic::Request<T>) -> CallContext {
@@ -77,6 +83,14 @@ pub fn outgoing<T>(message: T) -> tonic::Request<T> {
         request.set_timeout(left.max(Duration::from_millis(1)));
     }
     assay_telemetry::inject_current(request.metadata_mut());
+    // What is left of the work's budget goes with the call, as the deadline does.
+    if let Some(budget) = assay_budget::current() {
+        for (k, v) in budget.remaining().headers() {
+            if let Ok(v) = tonic::metadata::MetadataValue::try_from(v.as_str()) {
+                request.metadata_mut().insert(k, v);
+            }
+        }
+    }
     for (k, v) in &ctx.trace_headers {
         if request.metadata().get(k.as_str()).is_none()
             && let (Ok(key), Ok(val)) = (
@@ -102,15 +116,17 @@ where
         let left = d.saturating_duration_since(std::time::Instant::now());
         d - (left / 10).min(Duration::from_millis(50))
     });
-    ctx.scope(async move {
+    let limits = ctx.budget;
+    let work = ctx.scope(async move {
         match deadline {
             Some(d) => tokio::time::timeout_at(tokio::time::Instant::from_std(d), fut).await.unwrap_or_else(|_| {
                 Err(assay_domain::StageError::DeadlineExceeded("the call's deadline passed".into()))
             }),
             None => fut.await,
         }
-    })
-    .await
+    });
+    // A call with a budget: every model call made while serving it is held to it.
+    if limits.is_limited() { assay_budget::scope(assay_budget::Budget::new(limits), work).await } else { work.await }
 }
 
 #[cfg(test)]

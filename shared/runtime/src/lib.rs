@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use assay_config::{AssayConfig, Ports};
 use assay_llm::ModelHub;
+use assay_llm::pricing::{PricedChat, PricedEmbed, Prices};
 use assay_llm::{
     Backends, CacheConfig, CachedChat, CachedEmbed, ChatModel, EmbeddingModel, OpenAiClient, OpenAiConfig,
     ResponseCache,
@@ -145,6 +146,18 @@ pub fn openai_client(entry: &assay_config::BackendConfig) -> Result<OpenAiClient
     OpenAiClient::new(c).map_err(|e| format!("backend openai: {e}"))
 }
 
+/// The price table of backend `name`; a negative or non-finite rate is an error naming it.
+fn prices_of(name: &str, entry: &assay_config::BackendConfig) -> Result<Prices, String> {
+    for (model, price) in &entry.prices {
+        if !price.is_valid() {
+            return Err(format!(
+                "backends.{name}.prices.{model:?}: every rate must be a finite number >= 0 (USD per million tokens), got {price:?}"
+            ));
+        }
+    }
+    Ok(Prices::new(entry.prices.clone()))
+}
+
 /// Backends still loading; resolves when every one is ready (or one failed).
 pub type Loading = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>;
 
@@ -189,7 +202,10 @@ pub fn build_hub(config: &AssayConfig, loaders: &[&'static dyn BackendLoader]) -
             }
             continue;
         };
+        let prices = prices_of(name, entry)?;
         if let Some(chat) = chat {
+            // Priced and held to the budget under the cache: a cache hit costs nothing.
+            let chat: Arc<dyn ChatModel> = Arc::new(PricedChat::new(chat, name, prices.clone()));
             let chat: Arc<dyn ChatModel> = match &cache {
                 Some(c) => Arc::new(CachedChat::new(chat, c.clone())),
                 None => chat,
@@ -197,6 +213,7 @@ pub fn build_hub(config: &AssayConfig, loaders: &[&'static dyn BackendLoader]) -
             backends.insert_chat(name.clone(), chat);
         }
         if let Some(embed) = embed {
+            let embed: Arc<dyn EmbeddingModel> = Arc::new(PricedEmbed::new(embed, name, prices));
             let embed: Arc<dyn EmbeddingModel> = match &cache {
                 Some(c) => Arc::new(CachedEmbed::new(embed, c.clone())),
                 None => embed,

@@ -57,6 +57,8 @@ pub struct DebateArgs {
     /// answer).
     #[command(flatten)]
     pub hook: HookArgs,
+    #[command(flatten)]
+    pub budget: super::BudgetArgs,
 }
 
 /// Why `assay debate` failed.
@@ -170,8 +172,11 @@ pub async fn debate(config: &AssayConfig, args: DebateArgs) -> Result<Ending, De
     let total = problems.len();
     let pipeline = build_pipeline(problems, &args);
     let label = args.label.clone().unwrap_or_else(|| format!("assay debate {}", args.data.display()));
-    let request =
-        gw::RunPipelineRequest { pipeline: Some(gw::run_pipeline_request::Pipeline::Debate(pipeline)), label };
+    let request = gw::RunPipelineRequest {
+        pipeline: Some(gw::run_pipeline_request::Pipeline::Debate(pipeline)),
+        label,
+        budget: args.budget.budget(),
+    };
     let mut session = Session::open(config, args.gateway.as_deref()).await.map_err(DebateError::Failed)?;
     let outcome = follow(&mut session, request, total, &args).await;
     session.close().await.map_err(DebateError::Failed)?;

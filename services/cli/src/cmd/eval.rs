@@ -28,6 +28,7 @@ pub struct RunArgs {
     pub out: Option<PathBuf>,
     pub gateway: Option<String>,
     pub json: bool,
+    pub budget: Option<gw::RunBudget>,
 }
 
 /// `assay eval`: generate with a preset, score every record.
@@ -98,8 +99,11 @@ async fn stream(
     total: usize,
     args: &RunArgs,
 ) -> Result<Outcome, String> {
-    let request =
-        gw::RunPipelineRequest { pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(pipeline)), label };
+    let request = gw::RunPipelineRequest {
+        pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(pipeline)),
+        label,
+        budget: args.budget,
+    };
     // Pipeline time: from the request to the run's last event (no process or mesh start).
     let started = std::time::Instant::now();
     let events = start_run(&mut session.client, request).await?;

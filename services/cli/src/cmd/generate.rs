@@ -102,6 +102,7 @@ async fn run_all(
             let request = gw::RunPipelineRequest {
                 pipeline: Some(gw::run_pipeline_request::Pipeline::GenerateChecklist(p)),
                 label: format!("assay generate #{i}"),
+                budget: None,
             };
             let mut follower = Generation::default();
             let checklist = run_and_follow(&mut client, request, &mut follower).await?;

@@ -180,3 +180,24 @@ impl Progress {
         self.bar.finish_and_clear();
     }
 }
+
+/// A run's spending limit, on every verb that runs a pipeline.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct BudgetArgs {
+    /// Stop starting model calls once the run used this many tokens (prompt + completion); the
+    /// run then ends partial with what it has.
+    #[arg(long)]
+    pub max_tokens: Option<u64>,
+    /// Stop starting model calls once the run cost this many US dollars (from the backends'
+    /// price tables; a model without a price stops such a run).
+    #[arg(long)]
+    pub max_cost: Option<f64>,
+}
+
+impl BudgetArgs {
+    /// The request's budget; None when neither limit is given.
+    pub fn budget(&self) -> Option<assay_proto::gateway::v1::RunBudget> {
+        (self.max_tokens.is_some() || self.max_cost.is_some())
+            .then_some(assay_proto::gateway::v1::RunBudget { max_tokens: self.max_tokens, max_cost_usd: self.max_cost })
+    }
+}

@@ -109,6 +109,8 @@ pub struct RefineArgs {
     /// Self-refine the final document's sections.
     #[command(flatten)]
     pub hook: HookArgs,
+    #[command(flatten)]
+    pub budget: super::BudgetArgs,
 }
 
 /// Why `assay refine` failed: the document, an option, or the request as the gateway judged it
@@ -300,6 +302,7 @@ pub async fn refine(config: &AssayConfig, args: RefineArgs) -> Result<Ending, Re
     let request = gw::RunPipelineRequest {
         pipeline: Some(gw::run_pipeline_request::Pipeline::TargetedRefinement(pipeline)),
         label,
+        budget: args.budget.budget(),
     };
     let mut session = Session::open(config, args.gateway.as_deref()).await.map_err(RefineError::Failed)?;
     let gateway = args.gateway.clone().or_else(|| session.local_gateway());

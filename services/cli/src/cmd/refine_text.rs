@@ -78,6 +78,8 @@ pub struct RefineTextArgs {
     /// Print the whole result as JSON (final text, passes, stop reason, usage) instead of the text.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub budget: super::BudgetArgs,
 }
 
 /// The process exit of `assay refine-text`, printing the error if any: 0 done, 1 the run failed, 2
@@ -162,6 +164,7 @@ pub async fn refine_text(config: &AssayConfig, args: RefineTextArgs) -> Result<(
             request: Some(request),
         })),
         label,
+        budget: args.budget.budget(),
     };
     let mut session = Session::open(config, args.gateway.as_deref()).await.map_err(RefineError::Failed)?;
     let mut follower = Follower {

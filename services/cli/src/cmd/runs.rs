@@ -135,7 +135,13 @@ fn run_line(r: &gw::Run) -> String {
             let score = p.score_history.last().map_or_else(|| "-".to_string(), |s| format!("{s:.2}"));
             format!("{head} iteration {}/{} score {score} {}  {}", p.iteration, p.max_iterations, p.phase, r.label)
         }
-        None => format!("{head} {}/{} records  {}", r.records_done, r.records_total, r.label),
+        None => format!(
+            "{head} {}/{} records  {}  {}",
+            r.records_done,
+            r.records_total,
+            r.usage.as_ref().map_or_else(String::new, super::render::cost_text),
+            r.label
+        ),
     }
 }
 

@@ -189,6 +189,9 @@ pub struct RunCtx {
     journal: tokio::sync::Mutex<()>,
     /// Serialises the controls of the run (the engine's): each sees the state the one before left.
     pub(super) controls: tokio::sync::Mutex<()>,
+    /// The run's spending limit with what its stage calls reported so far (restored from the
+    /// stored usage after a restart).
+    budget: Option<Arc<assay_budget::Budget>>,
 }
 
 /// Checkpoint key prefix of the posted pipeline actions.
@@ -342,6 +345,10 @@ impl RunCtx {
         let capacity = if store.is_some() { 1024 } else { 1 };
         let events = broadcast::channel(capacity).0;
         let run_id = run.run_id.clone();
+        let budget = run.budget.as_ref().map(|b| {
+            let limits = assay_budget::Limits { max_tokens: b.max_tokens, max_cost_usd: b.max_cost_usd };
+            assay_budget::Budget::resumed(limits, &convert::usage_from(run.usage))
+        });
         let run = Arc::new(Mutex::new(run));
         let (writer, rx) = mpsc::unbounded_channel();
         tokio::spawn(write_events(run_id.clone(), seq, store.clone(), run.clone(), events.clone(), rx));
@@ -360,7 +367,39 @@ impl RunCtx {
             posted: watch::channel(0).0,
             journal: tokio::sync::Mutex::new(()),
             controls: tokio::sync::Mutex::new(()),
+            budget,
         }
+    }
+
+    /// Run `fut` (the pipeline) with the run's budget current: every stage call it makes carries
+    /// what is left of it.
+    pub(super) async fn budget_scope<F: std::future::Future>(&self, fut: F) -> F::Output {
+        match &self.budget {
+            Some(b) => assay_budget::scope(b.clone(), fut).await,
+            None => fut.await,
+        }
+    }
+
+    /// The run's token limit, if it has one.
+    pub fn token_limit(&self) -> Option<u64> {
+        self.budget.as_ref()?.limits().max_tokens
+    }
+
+    /// Whether the run has a spending limit.
+    pub fn has_budget(&self) -> bool {
+        self.budget.is_some()
+    }
+
+    /// Why the run may start no more model calls (its budget is spent), recorded in the run the
+    /// first time; None while it may.
+    pub fn budget_exhausted(&self) -> Option<String> {
+        let why = self.budget.as_ref()?.exhausted()?;
+        self.update(|r| {
+            if r.budget_exhausted.is_empty() {
+                r.budget_exhausted = why.clone();
+            }
+        });
+        Some(why)
     }
 
     /// The run's pause gate, for the stage calls of its pipeline.
@@ -736,6 +775,9 @@ impl RunCtx {
         self.update(|run| {
             let mut total = convert::usage_from(run.usage);
             total.add(usage);
+            if let Some(b) = &self.budget {
+                b.charge(usage);
+            }
             run.usage = Some(convert::usage_to(&total));
         });
     }

@@ -74,6 +74,21 @@ fn check_label(label: &str) -> Result<(), StageError> {
     Ok(())
 }
 
+/// A budget's limits: each set one positive and finite.
+fn check_budget(budget: Option<&gw::RunBudget>) -> Result<(), StageError> {
+    let Some(b) = budget else { return Ok(()) };
+    let mut v = assay_domain::Violations::default();
+    if b.max_tokens == Some(0) {
+        v.push("budget.max_tokens", "must be at least 1 (leave it unset for no token limit)");
+    }
+    if let Some(usd) = b.max_cost_usd
+        && !(usd.is_finite() && usd > 0.0)
+    {
+        v.push("budget.max_cost_usd", format!("must be a finite number above 0 (US dollars), got {usd}"));
+    }
+    v.into_result()
+}
+
 fn is_terminal(state: i32) -> bool {
     [gw::RunState::Succeeded, gw::RunState::Partial, gw::RunState::Failed, gw::RunState::Cancelled]
         .iter()
@@ -188,7 +203,7 @@ impl Engine {
         self.live.lock().ok().and_then(|m| m.get(run_id).cloned())
     }
 
-    fn new_run(pipeline: &dyn Pipeline, label: String) -> gw::Run {
+    fn new_run(pipeline: &dyn Pipeline, label: String, budget: Option<gw::RunBudget>) -> gw::Run {
         let t = now();
         gw::Run {
             run_id: uuid::Uuid::now_v7().to_string(),
@@ -204,6 +219,8 @@ impl Engine {
             usage: Some(pb::Usage::default()),
             progress: None,
             audit_log: Vec::new(),
+            budget,
+            budget_exhausted: String::new(),
         }
     }
 
@@ -211,9 +228,10 @@ impl Engine {
     /// before this returns).
     pub async fn start(&self, request: gw::RunPipelineRequest) -> Result<String, StageError> {
         check_label(&request.label)?;
+        check_budget(request.budget.as_ref())?;
         let pipeline = self.factory.parse(&request)?;
         let slot = self.admit()?;
-        let run = Self::new_run(pipeline.as_ref(), request.label.clone());
+        let run = Self::new_run(pipeline.as_ref(), request.label.clone(), request.budget);
         let run_id = run.run_id.clone();
         self.store.create(run.clone(), request).await?;
         let ctx = Arc::new(RunCtx::new(run, 0, Some(self.store.clone())));
@@ -226,11 +244,12 @@ impl Engine {
     /// finished, so GetRun and ListRuns see it. Bad input, and any error that would fail the run,
     /// are returned as errors.
     pub async fn run_unpersisted(&self, request: gw::RunPipelineRequest) -> Result<gw::Run, StageError> {
+        check_budget(request.budget.as_ref())?;
         let pipeline = self.factory.parse(&request)?;
         let _slot = self.admit()?;
-        let run = Self::new_run(pipeline.as_ref(), request.label.clone());
+        let run = Self::new_run(pipeline.as_ref(), request.label.clone(), request.budget);
         let ctx = RunCtx::new(run, 0, None);
-        let outcome = pipeline.run(&ctx).await?;
+        let outcome = ctx.budget_scope(pipeline.run(&ctx)).await?;
         let result = gw::RunResult { result: outcome.result, error: String::new() };
         ctx.update(|r| {
             r.state = outcome.state as i32;
@@ -274,7 +293,7 @@ impl Engine {
             // Every stage call of the pipeline waits at the run's pause gate.
             let gate = ctx.run_gate();
             tokio::select! {
-                outcome = gate.scope(live.pipeline.run(ctx)) => {
+                outcome = gate.scope(ctx.budget_scope(live.pipeline.run(ctx))) => {
                     if let Err(e) = this.finish(ctx, outcome).await {
                         tracing::error!(run_id = %run_id, error = %e, "could not record the end of a run");
                     }

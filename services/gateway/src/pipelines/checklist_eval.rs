@@ -228,8 +228,10 @@ impl Pipeline for ChecklistEval {
     /// input) and scoring overlap, so the run's critical path is one generation and one scoring.
     async fn run(&self, ctx: &RunCtx) -> Result<RunOutcome, StageError> {
         let (mut production, mut producing) = self.plan.production(ctx, &self.stages, &self.records).await?;
-        if ctx.is_ephemeral() && production.checklist_count() == 1 {
+        if ctx.is_ephemeral() && production.checklist_count() == 1 && !ctx.has_budget() {
             // Evaluate with one checklist: nothing to overlap; every record in one scorer call.
+            // (With a budget, records go one scorer call each, so those scored before it ran
+            // out are kept.)
             if let Some((k, out)) = producing.next().await {
                 production.accept(ctx, k, out).await?;
             }
@@ -262,6 +264,17 @@ impl Pipeline for ChecklistEval {
         // them in order, many per transaction, while this loop goes on starting scorer calls.
         let mut writes = Writes::default();
         loop {
+            // A spent budget starts no new record: the ones waiting are not run, and say why.
+            if let Some(why) = ctx.budget_exhausted().filter(|_| !queue.is_empty()) {
+                for i in std::mem::take(&mut queue) {
+                    let checklist_id =
+                        ready[production.record_checklist[i]].as_ref().map(|c| c.id.clone()).unwrap_or_default();
+                    let result = record_result(i, &self.records[i], &checklist_id, None, format!("not run: {why}"));
+                    writes.push(ctx.checkpoint_queued(&record_key(i), &result));
+                    ctx.add_done();
+                    writes.push(ctx.emit_queued(Event::RecordScored(result)));
+                }
+            }
             while scoring.len() < self.concurrency {
                 let Some(i) = queue.pop_front() else { break };
                 let Some(checklist) = ready[production.record_checklist[i]].clone() else { continue };
@@ -309,6 +322,9 @@ impl Pipeline for ChecklistEval {
                             r
                         }
                         Err(e @ (StageError::InvalidArgument(_) | StageError::FailedPrecondition(_) | StageError::Unimplemented(_))) => return Err(e),
+                        Err(StageError::ResourceExhausted(m)) if assay_budget::is_exhausted(&m) => {
+                            record_result(i, &self.records[i], &checklist_id, None, format!("not run: {m}"))
+                        }
                         Err(e) => record_result(i, &self.records[i], &checklist_id, None, e.to_string()),
                     };
                     writes.push(ctx.checkpoint_queued(&record_key(i), &result));

@@ -367,6 +367,10 @@ impl Pipeline for DebatePipeline {
             .map(|i| async move {
                 // Paused runs start no new problem; problems in flight finish.
                 ctx.gate().await?;
+                // A spent budget starts no new problem: finished ones are kept.
+                if let Some(why) = ctx.budget_exhausted() {
+                    return Ok((i, Err(StageError::ResourceExhausted(why))));
+                }
                 Ok::<_, StageError>((i, self.solve_one(ctx, i).await))
             })
             .buffer_unordered(self.concurrency);
@@ -390,6 +394,9 @@ impl Pipeline for DebatePipeline {
                                     format!("pipeline.{f}")
                                 }
                             }));
+                        }
+                        Err(StageError::ResourceExhausted(m)) if assay_budget::is_exhausted(&m) => {
+                            self.failed(i, format!("not run: {m}"))
                         }
                         Err(e) => self.failed(i, e.to_string()),
                     };

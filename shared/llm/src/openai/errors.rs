@@ -100,7 +100,7 @@ pub(super) fn breaker_outcome(error: &LlmError) -> Outcome {
     match error {
         LlmError::InvalidRequest(_) | LlmError::Unauthorized(_) | LlmError::Unsupported(_) => Outcome::Healthy,
         LlmError::RateLimited(_) | LlmError::Unavailable(_) | LlmError::MalformedReply(_) => Outcome::Failed,
-        LlmError::DeadlineExceeded => Outcome::Neutral,
+        LlmError::DeadlineExceeded | LlmError::BudgetExhausted(_) => Outcome::Neutral,
     }
 }
 

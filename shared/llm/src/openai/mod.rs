@@ -21,19 +21,24 @@
 //!   starts at `initial_concurrency`, grows while latency stays flat and is cut on 429 / 503,
 //!   timeouts and latency rises, never above `max_concurrency`. Slots are held per attempt, not
 //!   across backoff sleeps.
+//! - **Per-minute limits**: `requests_per_minute` and `tokens_per_minute` (0 = none) are token
+//!   buckets in front of the concurrency limit (see `rate`): every HTTP attempt, retries and
+//!   hedges included, takes one request and reserves its token estimate before its slot, waiting
+//!   in order within the deadline; the reply's usage corrects the reservation.
 //! - **Circuit breaker**: `breaker_failures` consecutive transient failures (after retries) open
 //!   it for `breaker_cooldown`; then one probe call decides.
 //! - **Cancellation**: nothing is spawned; dropping the returned future drops the HTTP request,
 //!   which closes its connection.
 //!
 //! Layout: `config` (the configuration), `format` (the schema fallback ladder), `request` (the
-//! chat body), `transport` (breaker, retries, attempts), `errors` (failure classification),
+//! chat body), `transport` (breaker, retries, attempts), `rate` (per-minute limits), `errors` (failure classification),
 //! `reply` and `wire` (reading replies); this module ties them into [`OpenAiClient`].
 
 mod config;
 mod errors;
 mod format;
 mod latency;
+mod rate;
 mod reply;
 mod request;
 mod transport;

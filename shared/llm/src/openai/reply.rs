@@ -71,6 +71,10 @@ pub(super) fn chat_response(
             cache_hits: 0,
             retries,
             schema_fallbacks: 0,
+            cached_prompt_tokens: wire_usage.cached_prompt_tokens(),
+            // Priced by the backend's price table where one is configured (assay-runtime).
+            cost_usd: 0.0,
+            unpriced_calls: 1,
         },
         schema_fallback: false,
         cached: false,
@@ -99,6 +103,9 @@ pub(super) fn embedding_response(list: wire::EmbeddingList, model: String, retri
             cache_hits: 0,
             retries,
             schema_fallbacks: 0,
+            cached_prompt_tokens: 0,
+            cost_usd: 0.0,
+            unpriced_calls: 1,
         },
     }
 }

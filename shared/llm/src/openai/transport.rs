@@ -1,5 +1,6 @@
 //! Sending one request: the circuit breaker around a call, the retry loop with backoff inside the
-//! deadline, and each HTTP attempt under the concurrency limit.
+//! deadline, and each HTTP attempt under the per-minute limits (see [`super::rate`]) and the
+//! concurrency limit.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -13,14 +14,17 @@ use super::errors::{
     transport_error,
 };
 use super::latency::{CallClass, LatencyBook, class_of};
+use super::rate::{self, RateLimits, ReportsUsage};
 use crate::breaker::{BreakerState, CircuitBreaker, Outcome};
 use crate::limiter::{AdaptiveLimit, Signal};
 use crate::retry::{WaitPlan, parse_retry_after, plan_wait};
 use crate::types::LlmError;
 
-/// The HTTP side of a client: connection pool, adaptive concurrency limit and circuit breaker.
+/// The HTTP side of a client: connection pool, per-minute limits, adaptive concurrency limit and
+/// circuit breaker.
 pub(super) struct Transport {
     http: reqwest::Client,
+    rate: RateLimits,
     limit: Arc<AdaptiveLimit>,
     breaker: Arc<CircuitBreaker>,
     latency: LatencyBook,
@@ -36,7 +40,8 @@ impl Transport {
         let limit = AdaptiveLimit::new(config.backend_name.clone(), config.limit_settings());
         let breaker = Arc::new(CircuitBreaker::new(config.breaker_failures, config.breaker_cooldown));
         crate::metrics::observe_backend(&config.backend_name, &limit, &breaker);
-        Ok(Self { http, limit, breaker, latency: LatencyBook::default() })
+        let rate = RateLimits::new(&config.backend_name, config.requests_per_minute, config.tokens_per_minute);
+        Ok(Self { http, rate, limit, breaker, latency: LatencyBook::default() })
     }
 
     /// The concurrency limit (current value, in flight).
@@ -50,7 +55,7 @@ impl Transport {
     }
 
     /// One call through the breaker, with retries.
-    pub(super) async fn call<T>(
+    pub(super) async fn call<T: ReportsUsage>(
         &self,
         config: &OpenAiConfig,
         url: &str,
@@ -73,7 +78,7 @@ impl Transport {
         result
     }
 
-    async fn call_with_retries<T>(
+    async fn call_with_retries<T: ReportsUsage>(
         &self,
         config: &OpenAiConfig,
         url: &str,
@@ -138,7 +143,11 @@ impl Transport {
     /// adaptive one (see [`LatencyBook`]); an attempt started before the class had enough samples
     /// recomputes it as samples arrive, so it is still cut short once the class has them; the
     /// request deadline caps it. A success's latency is noted under the class.
-    async fn attempt<T>(
+    ///
+    /// Before its slot, the attempt waits for the per-minute limits (one request and its token
+    /// estimate); that wait is queueing and is in no latency sample. A reply's reported usage
+    /// corrects the token reservation.
+    async fn attempt<T: ReportsUsage>(
         &self,
         config: &OpenAiConfig,
         url: &str,
@@ -147,6 +156,13 @@ impl Transport {
         (class, attempt): (&CallClass, u32),
         parse: &impl Fn(&[u8]) -> Result<T, String>,
     ) -> Result<T, AttemptError> {
+        // Dropped before the request goes out (deadline, cancellation), it gives its share back.
+        let admission = if self.rate.is_limited() {
+            let admitted = self.rate.admit(rate::estimate_tokens(body), deadline).await;
+            Some(admitted.map_err(|_| AttemptError::deadline())?)
+        } else {
+            None
+        };
         let acquire = self.limit.acquire();
         let slot = match deadline {
             Some(d) => tokio::time::timeout_at(d.into(), acquire).await.map_err(|_| AttemptError::deadline())?,
@@ -155,9 +171,15 @@ impl Transport {
         if deadline_passed(deadline) {
             return Err(AttemptError::deadline());
         }
+        let sent = admission.map(rate::Admission::sent);
         let started = Instant::now();
         let reply = self.exchange(config, url, body, deadline, (class, attempt), parse).await;
         slot.finish(&class.key, load_signal(&reply, started.elapsed()));
+        if let Some(sent) = sent {
+            // Whichever of the attempt and its hedges answered, one reservation is corrected by
+            // the usage; the others keep their estimates (the provider may have counted them).
+            sent.settle(reply.as_ref().ok().and_then(ReportsUsage::tokens_used));
+        }
         reply
     }
 
@@ -243,12 +265,20 @@ impl Transport {
                 () = tokio::time::sleep_until(next_hedge.into()), if hedging => {
                     // A duplicate takes a free slot and never queues for one: with none free it waits
                     // another round, except beside the last attempt (which would otherwise sit out
-                    // the ceiling): that one goes out regardless, as it always has.
+                    // the ceiling): that one goes out regardless, as it always has. It is a request
+                    // the provider counts, so it also takes one from the per-minute limits, only
+                    // when they have it now and nobody waits (never queueing there either, even
+                    // beside the last attempt).
+                    let Some(admitted) = self.rate.try_admit(rate::estimate_tokens(body)) else {
+                        hedged_from = Instant::now();
+                        continue;
+                    };
                     let slot = self.limit.try_acquire();
                     if slot.is_none() && !last {
                         hedged_from = Instant::now();
                         continue;
                     }
+                    let _kept = admitted.sent();
                     debug!(backend = %config.backend_name, attempt, hedge = hedges + 1, "attempt unanswered, hedging it");
                     crate::metrics::retried(&config.backend_name, "hedge");
                     hedges += 1;

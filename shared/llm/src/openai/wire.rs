@@ -64,6 +64,22 @@ pub(crate) struct WireUsage {
     pub prompt_tokens: Option<u64>,
     #[serde(default)]
     pub completion_tokens: Option<u64>,
+    /// `cached_tokens`: prompt tokens served from the provider's prompt cache.
+    #[serde(default)]
+    pub prompt_tokens_details: Option<PromptTokensDetails>,
+}
+
+#[derive(Debug, Default, Clone, Copy, Deserialize)]
+pub(crate) struct PromptTokensDetails {
+    #[serde(default)]
+    pub cached_tokens: Option<u64>,
+}
+
+impl WireUsage {
+    /// Prompt tokens served from the provider's prompt cache (0 when not reported).
+    pub fn cached_prompt_tokens(&self) -> u64 {
+        self.prompt_tokens_details.and_then(|d| d.cached_tokens).unwrap_or(0)
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]

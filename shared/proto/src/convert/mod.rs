@@ -299,7 +299,10 @@ pub fn usage_to(u: &d::Usage) -> pb::Usage {
         cache_hits: u.cache_hits,
         retries: u.retries,
         schema_fallbacks: u.schema_fallbacks,
-        cost_estimate_usd: 0.0,
+        cost_estimate_usd: u.cost_usd,
+        cached_prompt_tokens: u.cached_prompt_tokens,
+        cost_usd: u.cost(),
+        unpriced_calls: u.unpriced_calls,
     }
 }
 
@@ -312,6 +315,10 @@ pub fn usage_from(p: Option<pb::Usage>) -> d::Usage {
         cache_hits: p.cache_hits,
         retries: p.retries,
         schema_fallbacks: p.schema_fallbacks,
+        cached_prompt_tokens: p.cached_prompt_tokens,
+        cost_usd: p.cost_usd.unwrap_or(p.cost_estimate_usd),
+        // A sender that knows no prices sets neither field: its calls are unpriced.
+        unpriced_calls: if p.cost_usd.is_none() && p.unpriced_calls == 0 { p.calls } else { p.unpriced_calls },
     }
 }
 

@@ -86,11 +86,13 @@ pub fn summary_line(run_id: &str, total: usize, failed: u64, e: &gw::EvaluateRes
     };
     format!(
         "run {run_id}: {total} records, {failed} failed; mean primary {}, macro pass {:.3}, micro pass {:.3}; \
-         {sampled}{} calls, {} cache hits; {pipeline_s:.2} s",
+         {sampled}{} calls, {} tokens, {}, {} cache hits; {pipeline_s:.2} s",
         mean_with_interval(&a),
         a.macro_pass_rate,
         a.micro_pass_rate,
         u.calls,
+        u.prompt_tokens + u.completion_tokens,
+        super::cost_text(&u),
         u.cache_hits
     )
 }
@@ -208,14 +210,21 @@ mod tests {
         };
         let mut e = gw::EvaluateResponse {
             aggregate: Some(aggregate),
-            usage: Some(common::Usage { calls: 6, cache_hits: 2, ..Default::default() }),
+            usage: Some(common::Usage {
+                calls: 6,
+                cache_hits: 2,
+                prompt_tokens: 500,
+                completion_tokens: 100,
+                cost_usd: Some(0.0125),
+                ..Default::default()
+            }),
             ..Default::default()
         };
         let line = summary_line("r1", 3, 0, &e, 1.5);
         assert_eq!(
             line,
             "run r1: 3 records, 0 failed; mean primary 0.676 ± 0.054 (95% CI), macro pass 0.700, micro pass 0.710; \
-             6 calls, 2 cache hits; 1.50 s"
+             6 calls, 600 tokens, $0.0125, 2 cache hits; 1.50 s"
         );
         let sampled = |flaky: bool, abstentions: u32| gw::RecordResult {
             score: Some(common::Score {

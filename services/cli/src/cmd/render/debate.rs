@@ -83,8 +83,13 @@ pub fn summary_text(run_id: &str, d: &gw::DebateRunResult, baselines: bool) -> S
     s.push_str(&format!("  changed-answer rate  {}\n", pct(d.changed_rate)));
     let du = d.debate_usage.unwrap_or_default();
     s.push_str(&format!(
-        "  debate usage         {} calls, {} tokens ({} prompt + {} completion), {} cache hits",
-        d.calls, d.tokens, du.prompt_tokens, du.completion_tokens, du.cache_hits
+        "  debate usage         {} calls, {} tokens ({} prompt + {} completion), {}, {} cache hits",
+        d.calls,
+        d.tokens,
+        du.prompt_tokens,
+        du.completion_tokens,
+        super::cost_text(&du),
+        du.cache_hits
     ));
     if baselines {
         let bu = d.baseline_usage.unwrap_or_default();
@@ -92,9 +97,10 @@ pub fn summary_text(run_id: &str, d: &gw::DebateRunResult, baselines: bool) -> S
         s.push_str(&format!("\n  single model         {}", acc(d.single_model_accuracy)));
         s.push_str(&format!("\n  self-consistency     {}", acc(d.self_consistency_accuracy)));
         s.push_str(&format!(
-            "\n  baseline usage       {} calls, {} tokens",
+            "\n  baseline usage       {} calls, {} tokens, {}",
             bu.calls,
-            bu.prompt_tokens + bu.completion_tokens
+            bu.prompt_tokens + bu.completion_tokens,
+            super::cost_text(&bu)
         ));
     }
     s

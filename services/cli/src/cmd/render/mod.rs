@@ -13,6 +13,22 @@ use assay_proto::common::v1 as common;
 use assay_proto::gateway::v1 as gw;
 use assay_proto::refiners::v1 as ref_pb;
 
+/// What calls cost, as the summaries say it: `$0.0123`, or `cost unknown (3 calls without a
+/// price)` (an unpriced model costs "unknown", never zero).
+pub fn cost_text(u: &assay_proto::common::v1::Usage) -> String {
+    match u.cost_usd {
+        Some(c) => format!("${c:.4}"),
+        None if u.unpriced_calls > 0 => format!(
+            "cost unknown ({} call{} without a price)",
+            u.unpriced_calls,
+            if u.unpriced_calls == 1 { "" } else { "s" }
+        ),
+        // A sender that knows no prices.
+        None if u.calls > 0 => "cost unknown".to_string(),
+        None => "$0.0000".to_string(),
+    }
+}
+
 /// An enum name without its prefix, lower case (`RUN_STATE_AWAITING_HUMAN` -> `awaiting_human`).
 pub fn lower(name: &str, prefix: &str) -> String {
     name.trim_start_matches(prefix).to_lowercase()

@@ -100,12 +100,13 @@ pub fn summary_line(r: &rpb::SelfRefineResponse, min_bytes: u32) -> String {
     }
     let u = r.usage.unwrap_or_default();
     let mut line = format!(
-        "done: {} after {}, text {}, {} ({} tokens)",
+        "done: {} after {}, text {}, {} ({} tokens, {})",
         stop_reason_name(r.stop_reason),
         plural(r.passes.len(), "pass"),
         if r.changed { "changed" } else { "unchanged" },
         plural(u.calls as usize, "call"),
-        u.prompt_tokens + u.completion_tokens
+        u.prompt_tokens + u.completion_tokens,
+        super::cost_text(&u)
     );
     if !r.degraded_from.is_empty() {
         line.push_str(&format!("; decided without {} (degraded)", r.degraded_from));
@@ -228,7 +229,7 @@ mod tests {
         };
         assert_eq!(
             summary_line(&r, 200),
-            "done: converged after 1 pass, text changed, 1 call (420 tokens); decided without embedding (degraded)"
+            "done: converged after 1 pass, text changed, 1 call (420 tokens, cost unknown); decided without embedding (degraded)"
         );
         let skipped = rpb::SelfRefineResponse {
             skipped_too_short: true,

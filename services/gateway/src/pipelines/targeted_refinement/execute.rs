@@ -140,12 +140,13 @@ impl TargetedRefinement {
             };
             let reserve = self.reserve(&st, &task.section_id);
             let used = self.budget_used(ctx, &st);
-            if used + u64::from(task.estimated_tokens) + reserve > self.limits.max_tokens {
+            if used + u64::from(task.estimated_tokens) + reserve > self.max_tokens(ctx) {
                 st.tasks[i].status = Status::Skipped;
                 st.tasks[i].detail = format!(
                     "not run: token_budget ({used} of {} tokens used; this task needs about {} and the final \
                      judging of the changed sections about {reserve})",
-                    self.limits.max_tokens, task.estimated_tokens
+                    self.max_tokens(ctx),
+                    task.estimated_tokens
                 );
                 return Ok(Some(Halt::Limit(iteration::Stop::TokenBudget.name().into())));
             }

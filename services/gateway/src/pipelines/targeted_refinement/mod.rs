@@ -195,9 +195,15 @@ impl TargetedRefinement {
         }
     }
 
+    /// The token budget: the pipeline's, or the run's when that is smaller (the run's budget
+    /// then ends the refinement by the pipeline's own budget rules).
+    fn max_tokens(&self, ctx: &RunCtx) -> u64 {
+        ctx.token_limit().map_or(self.limits.max_tokens, |t| t.min(self.limits.max_tokens))
+    }
+
     /// The limit reached once the token or time budget is spent (its stop reason).
     fn spent(&self, ctx: &RunCtx, st: &State) -> Option<String> {
-        if self.budget_used(ctx, st) >= self.limits.max_tokens {
+        if self.budget_used(ctx, st) >= self.max_tokens(ctx) {
             Some(iteration::Stop::TokenBudget.name().into())
         } else if self.clock.active_ms(st.active_ms) >= self.limits.max_elapsed_ms {
             Some(iteration::Stop::TimeBudget.name().into())
@@ -249,7 +255,7 @@ impl TargetedRefinement {
             quality: last.map_or(gw::QualityStatus::Unspecified, |j| quality_of(j.score, j.critical)) as i32,
             converged: !st.stop_reason.is_empty(),
             tokens_used: tokens(ctx),
-            token_limit: self.limits.max_tokens,
+            token_limit: self.max_tokens(ctx),
             tasks: st
                 .tasks
                 .iter()
@@ -337,7 +343,7 @@ impl TargetedRefinement {
         last.focused
             && changed
             && self.spent(ctx, st).is_none()
-            && self.budget_used(ctx, st) + self.judging_estimate(st, &st.sections, 0) <= self.limits.max_tokens
+            && self.budget_used(ctx, st) + self.judging_estimate(st, &st.sections, 0) <= self.max_tokens(ctx)
     }
 
     /// The sections changed since the last judging hold fixes no judging scored.

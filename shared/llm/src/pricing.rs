@@ -1,0 +1,234 @@
+//! Cost and budgets at the model call: [`PricedChat`] / [`PricedEmbed`] wrap a backend (under the
+//! response cache, so a cache hit costs nothing and is never refused) and, for every call:
+//!
+//! 1. refuse to start it when the work's budget ([`assay_budget::current`]) is spent
+//!    ([`LlmError::BudgetExhausted`]);
+//! 2. price its usage from the backend's [`Prices`]: `cost_usd` set and `unpriced_calls` cleared
+//!    when the model has a price, left unpriced otherwise (unknown, never zero);
+//! 3. charge the budget and count the cost (`assay.llm.cost`, USD, by backend and model).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, OnceLock};
+
+use opentelemetry::KeyValue;
+use opentelemetry::metrics::Counter;
+use serde::Deserialize;
+
+use crate::types::{
+    ChatModel, ChatRequest, ChatResponse, EmbeddingModel, EmbeddingRequest, EmbeddingResponse, LlmError, Usage,
+};
+
+/// A model's price, USD per million tokens.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq)]
+pub struct Price {
+    /// Prompt tokens.
+    pub input: f64,
+    /// Completion tokens.
+    pub output: f64,
+    /// Prompt tokens the provider served from its prompt cache (`prompt_tokens_details.
+    /// cached_tokens`); absent = the input price.
+    #[serde(default)]
+    pub cached_input: Option<f64>,
+}
+
+impl Price {
+    /// The cost of `usage` at this price, USD.
+    pub fn cost(&self, usage: &Usage) -> f64 {
+        let cached = usage.cached_prompt_tokens.min(usage.prompt_tokens);
+        let fresh = usage.prompt_tokens - cached;
+        (fresh as f64 * self.input
+            + cached as f64 * self.cached_input.unwrap_or(self.input)
+            + usage.completion_tokens as f64 * self.output)
+            / 1e6
+    }
+
+    /// Every rate finite and not negative.
+    pub fn is_valid(&self) -> bool {
+        [self.input, self.output, self.cached_input.unwrap_or(0.0)].iter().all(|p| p.is_finite() && *p >= 0.0)
+    }
+}
+
+/// A backend's price table: by model name, `"*"` for any model without its own entry.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Prices(BTreeMap<String, Price>);
+
+impl Prices {
+    pub fn new(table: BTreeMap<String, Price>) -> Prices {
+        Prices(table)
+    }
+
+    /// The price of `model` (the requested name, else the one the backend reported), else `"*"`.
+    pub fn of(&self, requested: &str, reported: &str) -> Option<&Price> {
+        self.0.get(requested).or_else(|| self.0.get(reported)).or_else(|| self.0.get("*"))
+    }
+
+    /// Price `usage` in place: cost set and the calls priced when the model has a price.
+    pub fn apply(&self, usage: &mut Usage, requested: &str, reported: &str) {
+        if usage.calls == 0 {
+            return;
+        }
+        if let Some(p) = self.of(requested, reported) {
+            usage.cost_usd = p.cost(usage);
+            usage.unpriced_calls = 0;
+        } else {
+            usage.cost_usd = 0.0;
+            usage.unpriced_calls = usage.calls;
+        }
+    }
+}
+
+fn cost_counter() -> &'static Counter<f64> {
+    static COST: OnceLock<Counter<f64>> = OnceLock::new();
+    COST.get_or_init(|| {
+        assay_telemetry::meter()
+            .f64_counter("assay.llm.cost")
+            .with_unit("USD")
+            .with_description("Cost of model calls from the backends' price tables (priced calls only)")
+            .build()
+    })
+}
+
+/// Refuse a call when the current budget is spent.
+fn check_budget() -> Result<(), LlmError> {
+    match assay_budget::current().and_then(|b| b.exhausted()) {
+        Some(why) => Err(LlmError::BudgetExhausted(why)),
+        None => Ok(()),
+    }
+}
+
+/// Price, charge and count one finished call's usage.
+fn settle(prices: &Prices, backend: &str, usage: &mut Usage, requested: &str, reported: &str) {
+    prices.apply(usage, requested, reported);
+    if let Some(b) = assay_budget::current() {
+        b.charge(usage);
+    }
+    if usage.unpriced_calls == 0 && usage.cost_usd > 0.0 {
+        let model = if requested.is_empty() { reported } else { requested };
+        cost_counter().add(
+            usage.cost_usd,
+            &[
+                KeyValue::new("assay.backend", backend.to_string()),
+                KeyValue::new("gen_ai.request.model", model.to_string()),
+            ],
+        );
+    }
+}
+
+/// A chat backend whose calls are priced and held to the work's budget.
+pub struct PricedChat {
+    inner: Arc<dyn ChatModel>,
+    name: String,
+    prices: Prices,
+}
+
+impl PricedChat {
+    /// `inner`, configured as backend `name`, priced by `prices`.
+    pub fn new(inner: Arc<dyn ChatModel>, name: &str, prices: Prices) -> PricedChat {
+        PricedChat { inner, name: name.to_string(), prices }
+    }
+}
+
+#[async_trait::async_trait]
+impl ChatModel for PricedChat {
+    fn backend(&self) -> &str {
+        self.inner.backend()
+    }
+
+    fn default_model(&self) -> &str {
+        self.inner.default_model()
+    }
+
+    fn supports_logprobs(&self) -> bool {
+        self.inner.supports_logprobs()
+    }
+
+    async fn chat(&self, request: ChatRequest) -> Result<ChatResponse, LlmError> {
+        check_budget()?;
+        let requested = request.model.clone().filter(|m| !m.is_empty());
+        let requested = requested.unwrap_or_else(|| self.inner.default_model().to_string());
+        let mut reply = self.inner.chat(request).await?;
+        settle(&self.prices, &self.name, &mut reply.usage, &requested, &reply.model);
+        Ok(reply)
+    }
+}
+
+/// An embedding backend whose calls are priced and held to the work's budget.
+pub struct PricedEmbed {
+    inner: Arc<dyn EmbeddingModel>,
+    name: String,
+    prices: Prices,
+}
+
+impl PricedEmbed {
+    /// `inner`, configured as backend `name`, priced by `prices`.
+    pub fn new(inner: Arc<dyn EmbeddingModel>, name: &str, prices: Prices) -> PricedEmbed {
+        PricedEmbed { inner, name: name.to_string(), prices }
+    }
+}
+
+#[async_trait::async_trait]
+impl EmbeddingModel for PricedEmbed {
+    fn backend(&self) -> &str {
+        self.inner.backend()
+    }
+
+    fn default_model(&self) -> &str {
+        self.inner.default_model()
+    }
+
+    async fn embed(&self, request: EmbeddingRequest) -> Result<EmbeddingResponse, LlmError> {
+        check_budget()?;
+        let requested = request.model.clone().filter(|m| !m.is_empty());
+        let requested = requested.unwrap_or_else(|| self.inner.default_model().to_string());
+        let mut reply = self.inner.embed(request).await?;
+        settle(&self.prices, &self.name, &mut reply.usage, &requested, &reply.model);
+        Ok(reply)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn usage(prompt: u64, cached: u64, completion: u64) -> Usage {
+        Usage {
+            calls: 1,
+            prompt_tokens: prompt,
+            cached_prompt_tokens: cached,
+            completion_tokens: completion,
+            unpriced_calls: 1,
+            ..Usage::default()
+        }
+    }
+
+    #[test]
+    fn cost_per_million_with_cached_input() {
+        let p = Price { input: 0.15, output: 0.60, cached_input: Some(0.075) };
+        // 1000 fresh + 1000 cached prompt tokens, 500 completion tokens.
+        let c = p.cost(&usage(2000, 1000, 500));
+        assert!((c - (1000.0 * 0.15 + 1000.0 * 0.075 + 500.0 * 0.60) / 1e6).abs() < 1e-15, "{c}");
+        let no_cached_price = Price { cached_input: None, ..p };
+        assert!((no_cached_price.cost(&usage(2000, 1000, 0)) - 2000.0 * 0.15 / 1e6).abs() < 1e-15);
+    }
+
+    #[test]
+    fn an_unknown_model_stays_unpriced_and_a_star_prices_any() {
+        let mut table = BTreeMap::new();
+        table.insert("gpt-4o-mini".to_string(), Price { input: 1.0, output: 2.0, cached_input: None });
+        let prices = Prices::new(table.clone());
+        let mut u = usage(1_000_000, 0, 0);
+        prices.apply(&mut u, "other", "other");
+        assert_eq!((u.cost(), u.unpriced_calls), (None, 1));
+        let mut u = usage(1_000_000, 0, 0);
+        prices.apply(&mut u, "gpt-4o-mini", "gpt-4o-mini-2024-07-18");
+        assert_eq!(u.cost(), Some(1.0));
+        // The reported (dated) name is found when the requested one is not in the table.
+        let mut u = usage(0, 0, 1_000_000);
+        prices.apply(&mut u, "default", "gpt-4o-mini");
+        assert_eq!(u.cost(), Some(2.0));
+        table.insert("*".to_string(), Price::default());
+        let mut u = usage(10, 0, 10);
+        Prices::new(table).apply(&mut u, "anything", "anything");
+        assert_eq!(u.cost(), Some(0.0));
+    }
+}
