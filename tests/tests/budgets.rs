@@ -107,6 +107,7 @@ async fn a_tenth_of_the_tokens_ends_partial_keeping_what_was_scored() {
     let (run, done) = run(&sandbox, RECORDS, Some(gw::RunBudget { max_tokens: Some(max), max_cost_usd: None })).await;
     assert_eq!(run.state, gw::RunState::Partial as i32, "{:?}", run.budget_exhausted);
     assert!(run.budget_exhausted.starts_with("budget exhausted"), "{}", run.budget_exhausted);
+    assert_eq!(done.budget_exhausted, run.budget_exhausted, "the evaluation says why it stopped, as the run does");
     let scored = done.results.iter().filter(|r| r.score.is_some()).count() as u64;
     let calls = sandbox.llm.request_count() as u64;
     assert_eq!(calls, scored, "every call made scored a record; none was started for nothing");

@@ -45,10 +45,14 @@ def leaves_answers(request: Dict[str, Any], prompt: str) -> Any:
 
 class ScriptedLlm:
     """An OpenAI-compatible HTTP server answering chat/completions by the JSON schema's name
-    (``handlers[name](request, last user message)`` -> a JSON value or text) and /v1/embeddings."""
+    (``handlers[name](request, last user message)`` -> a JSON value or text) and /v1/embeddings.
 
-    def __init__(self) -> None:
+    Each chat reply reports ``usage`` (prompt and completion tokens) when set, else a quarter of
+    the prompt's and the reply's characters."""
+
+    def __init__(self, usage: Optional[Dict[str, int]] = None) -> None:
         self.handlers: Dict[str, Handler] = {"checklist_answers": leaves_answers}
+        self.usage = usage
         self.requests: List[str] = []
         self._lock = threading.Lock()
         self._local = threading.local()
@@ -87,8 +91,7 @@ class ScriptedLlm:
                     "id": "scripted", "object": "chat.completion", "model": body.get("model", "scripted"),
                     "choices": [{"index": 0, "finish_reason": "stop",
                                  "message": {"role": "assistant", "content": content}}],
-                    "usage": {"prompt_tokens": len(prompt) // 4 + 1, "completion_tokens": len(content) // 4 + 1,
-                              "total_tokens": (len(prompt) + len(content)) // 4 + 2},
+                    "usage": llm.usage_of(prompt, content),
                 })
 
             def reply(self, status: int, value: Any) -> None:
@@ -106,6 +109,20 @@ class ScriptedLlm:
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
+
+    def usage_of(self, prompt: str, content: str) -> Dict[str, int]:
+        """The usage a chat reply reports."""
+        if self.usage is not None:
+            prompt_tokens, completion_tokens = self.usage["prompt_tokens"], self.usage["completion_tokens"]
+        else:
+            prompt_tokens, completion_tokens = len(prompt) // 4 + 1, len(content) // 4 + 1
+        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens}
+
+    def reset(self) -> None:
+        """Forget the calls counted so far."""
+        with self._lock:
+            self.requests.clear()
 
     @property
     def base_url(self) -> str:

@@ -15,7 +15,7 @@ from ._common import TLS
 from ._compat import ServerNewerWarning
 from ._convert import checklist_eval
 from ._errors import AssayError
-from ._types import Evaluation, Event
+from ._types import Evaluation, Event, cost_usd
 
 #: The proto package version the client was generated from.
 PROTO_VERSION = "v1"
@@ -33,5 +33,6 @@ __all__ = [
     "RunRecord",
     "ServerNewerWarning",
     "checklist_eval",
+    "cost_usd",
     "pb",
 ]

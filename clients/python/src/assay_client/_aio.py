@@ -16,7 +16,7 @@ from ._types import Evaluation, Event
 RunRecord = gateway_pb2.Run
 
 
-class AsyncRun:
+class AsyncRun(_common.RunEvents):
     """The asyncio form of :class:`assay_client.Run`: ``async for event in run``.
 
     Cancelling the task that iterates drops the stream only; the run goes on in the gateway
@@ -24,17 +24,10 @@ class AsyncRun:
     """
 
     def __init__(self, client: "AsyncAssay", call: Any, *, run_id: str = "", after: int = 0, reconnect: int = 5) -> None:
+        super().__init__(run_id, after, reconnect)
         self._client = client
         self._call = call
         self._iter: AsyncIterator[Any] = call.__aiter__()
-        self.run_id = run_id
-        self.last_sequence = after
-        self._reconnect = reconnect
-        self._attempts = 0
-        self._done = False
-        self.completed: Optional[gateway_pb2.RunCompleted] = None
-        #: How many times the stream was reattached.
-        self.reattached = 0
 
     def __aiter__(self) -> AsyncIterator[Event]:
         return self
@@ -60,25 +53,13 @@ class AsyncRun:
                 self._call.cancel()
                 self._done = True
                 raise
-            event = message.event
-            if event.sequence <= self.last_sequence:
-                continue
-            self.last_sequence = event.sequence
-            self.run_id = event.run_id or self.run_id
-            self._attempts = 0
-            if event.WhichOneof("event") == "completed":
-                self.completed = event.completed
-                self._done = True
-            return Event.from_proto(event)
+            event = self._accept(message.event)
+            if event is not None:
+                return event
         raise StopAsyncIteration
 
-    def _may_reattach(self) -> bool:
-        return bool(self.run_id) and self.completed is None and self._attempts < self._reconnect
-
     async def _reattach(self) -> None:
-        self._attempts += 1
-        await asyncio.sleep(min(0.1 * 2**self._attempts, 2.0))
-        self.reattached += 1
+        await asyncio.sleep(self._reattach_delay())
         self._call = self._client._watch_call(self.run_id, self.last_sequence)
         self._iter = self._call.__aiter__()
 
@@ -93,6 +74,12 @@ class AsyncRun:
             await self.__anext__()
         return await self._client.cancel(self.run_id, reason=reason, actor=actor)
 
+    async def record(self, *, timeout: Optional[float] = None) -> RunRecord:
+        """See :meth:`assay_client.Run.record`."""
+        while not self.run_id:
+            await self.__anext__()
+        return await self._client.get_run(self.run_id, timeout=timeout)
+
     async def wait(self) -> gateway_pb2.RunResult:
         """Consume the remaining events and return the run's result."""
         async for _ in self:
@@ -100,24 +87,6 @@ class AsyncRun:
         if self.completed is None:
             raise AssayError(grpc.StatusCode.UNAVAILABLE, f"the event stream of run {self.run_id!r} ended early")
         return self.completed.result
-
-    @property
-    def state(self) -> int:
-        """The final ``RunState`` number (RUN_STATE_UNSPECIFIED until the run completed)."""
-        return self.completed.state if self.completed is not None else gateway_pb2.RUN_STATE_UNSPECIFIED
-
-    @property
-    def result(self) -> Optional[gateway_pb2.RunResult]:
-        """The run's result once completed."""
-        return self.completed.result if self.completed is not None else None
-
-    @property
-    def evaluation(self) -> Optional[Evaluation]:
-        """The result of a checklist_eval run, once completed."""
-        result = self.result
-        if result is None or result.WhichOneof("result") != "checklist_eval":
-            return None
-        return Evaluation(result.checklist_eval)
 
 
 class AsyncAssay:
@@ -146,18 +115,7 @@ class AsyncAssay:
             self._channel = grpc.aio.secure_channel(target, creds, options=opts)
         self._metadata = _common.metadata(token)
         self.timeout = timeout
-        self._unary = {
-            name: self._channel.unary_unary(
-                _common.method(name), request_serializer=req.SerializeToString, response_deserializer=resp.FromString
-            )
-            for name, (req, resp) in _common.UNARY.items()
-        }
-        self._streams = {
-            name: self._channel.unary_stream(
-                _common.method(name), request_serializer=req.SerializeToString, response_deserializer=resp.FromString
-            )
-            for name, (req, resp) in _common.STREAMS.items()
-        }
+        self._unary, self._streams = _common.stubs(self._channel)
 
     async def close(self) -> None:
         """Close the channel."""
@@ -202,26 +160,38 @@ class AsyncAssay:
         record_concurrency: int = 0,
         generator_model: Optional[_convert.ModelLike] = None,
         scorer_model: Optional[_convert.ModelLike] = None,
+        max_tokens: Optional[int] = None,
+        max_cost_usd: Optional[float] = None,
         timeout: Optional[float] = None,
         **scorer_options: Any,
     ) -> Evaluation:
         """See :meth:`assay_client.Assay.evaluate`; cancelling the task cancels the call."""
-        pipeline = _convert.checklist_eval(
+        request = _common.evaluate_request(
             records,
-            preset=preset,
-            checklist_given=checklist,
-            max_items=max_items,
-            record_concurrency=record_concurrency,
-            generator_model=generator_model,
-            scorer_model=scorer_model,
-            scorer_options=scorer_options,
+            preset,
+            checklist,
+            max_items,
+            record_concurrency,
+            generator_model,
+            scorer_model,
+            scorer_options,
+            max_tokens,
+            max_cost_usd,
         )
-        response = await self._call("Evaluate", gateway_pb2.EvaluateRequest(pipeline=pipeline), timeout)
-        return Evaluation(response)
+        return Evaluation(await self._call("Evaluate", request, timeout))
 
-    def run(self, pipeline: Any, *, label: str = "", timeout: Optional[float] = None, reconnect: int = 5) -> AsyncRun:
+    def run(
+        self,
+        pipeline: Any,
+        *,
+        label: str = "",
+        max_tokens: Optional[int] = None,
+        max_cost_usd: Optional[float] = None,
+        timeout: Optional[float] = None,
+        reconnect: int = 5,
+    ) -> AsyncRun:
         """See :meth:`assay_client.Assay.run`."""
-        request = _convert.pipeline_request(pipeline, label)
+        request = _convert.pipeline_request(pipeline, label, _convert.budget(max_tokens, max_cost_usd))
         call = self._streams["RunPipeline"](request, metadata=self._metadata, timeout=timeout)
         return AsyncRun(self, call, reconnect=reconnect)
 
@@ -291,19 +261,53 @@ class AsyncAssay:
         mode: Union[str, int] = "full_auto",
         *,
         label: str = "",
+        max_tokens: Optional[int] = None,
+        max_cost_usd: Optional[float] = None,
         **options: Any,
     ) -> AsyncRun:
         """See :meth:`assay_client.Assay.refine`."""
-        return self.run(_common.refine_pipeline(document, mode, options), label=label)
+        return self.run(
+            _common.refine_pipeline(document, mode, options),
+            label=label,
+            max_tokens=max_tokens,
+            max_cost_usd=max_cost_usd,
+        )
 
-    def debate(self, problems: Iterable[Any], baselines: bool = True, *, label: str = "", **options: Any) -> AsyncRun:
+    def debate(
+        self,
+        problems: Iterable[Any],
+        baselines: bool = True,
+        *,
+        label: str = "",
+        max_tokens: Optional[int] = None,
+        max_cost_usd: Optional[float] = None,
+        **options: Any,
+    ) -> AsyncRun:
         """See :meth:`assay_client.Assay.debate`."""
-        return self.run(_common.debate_pipeline(problems, baselines, options), label=label)
+        return self.run(
+            _common.debate_pipeline(problems, baselines, options),
+            label=label,
+            max_tokens=max_tokens,
+            max_cost_usd=max_cost_usd,
+        )
 
-    def self_refine(self, text: str, instruction: str = "", *, label: str = "", **options: Any) -> AsyncRun:
+    def self_refine(
+        self,
+        text: str,
+        instruction: str = "",
+        *,
+        label: str = "",
+        max_tokens: Optional[int] = None,
+        max_cost_usd: Optional[float] = None,
+        **options: Any,
+    ) -> AsyncRun:
         """See :meth:`assay_client.Assay.self_refine`."""
-        request = _convert.self_refine_request(text, instruction, **options)
-        return self.run(gateway_pb2.SelfRefinePipeline(request=request), label=label)
+        return self.run(
+            _common.self_refine_pipeline(text, instruction, options),
+            label=label,
+            max_tokens=max_tokens,
+            max_cost_usd=max_cost_usd,
+        )
 
     async def compare(
         self,

@@ -49,15 +49,18 @@ def _stream(call: Any) -> "queue.SimpleQueue[Any]":
     threading.Thread(target=_pump, args=(call, out), daemon=True, name="assay-client-stream").start()
     return out
 
-class Run:
+
+class Run(_common.RunEvents):
     """A pipeline run's event stream (from RunPipeline or WatchRun).
 
     Iterate it for :class:`Event` values as they arrive; after the ``completed`` event,
-    ``result`` holds the ``assay.gateway.v1.RunResult`` and ``state`` the final state. When the
-    stream breaks (UNAVAILABLE, a reset connection) the run is reattached with WatchRun from the
-    last sequence seen, up to ``reconnect`` times without progress; no event is yielded twice.
-    Leaving the loop early (or Ctrl-C) drops the stream only: the run goes on in the gateway
-    unless ``cancel()`` is called (or the Run was made with ``cancel_on_interrupt=True``).
+    ``result`` holds the ``assay.gateway.v1.RunResult``, ``state`` the final state and
+    ``usage`` / ``cost_usd`` what the run spent; :meth:`record` fetches the stored run (its
+    ``budget_exhausted`` says why a run with a budget stopped). When the stream breaks
+    (UNAVAILABLE, a reset connection) the run is reattached with WatchRun from the last sequence
+    seen, up to ``reconnect`` times without progress; no event is yielded twice. Leaving the loop
+    early (or Ctrl-C) drops the stream only: the run goes on in the gateway unless ``cancel()``
+    is called (or the Run was made with ``cancel_on_interrupt=True``).
     """
 
     def __init__(
@@ -70,18 +73,11 @@ class Run:
         reconnect: int = 5,
         cancel_on_interrupt: bool = False,
     ) -> None:
+        super().__init__(run_id, after, reconnect)
         self._client = client
         self._call = call
         self._messages = _stream(call)
-        self.run_id = run_id
-        self.last_sequence = after
-        self._reconnect = reconnect
-        self._attempts = 0
         self._cancel_on_interrupt = cancel_on_interrupt
-        self._done = False
-        self.completed: Optional[gateway_pb2.RunCompleted] = None
-        #: How many times the stream was reattached.
-        self.reattached = 0
 
     def __iter__(self) -> Iterator[Event]:
         return self
@@ -114,25 +110,13 @@ class Run:
             if isinstance(message, BaseException):
                 self._done = True
                 raise message
-            event = message.event
-            if event.sequence <= self.last_sequence:
-                continue  # replayed after a reattach
-            self.last_sequence = event.sequence
-            self.run_id = event.run_id or self.run_id
-            self._attempts = 0
-            if event.WhichOneof("event") == "completed":
-                self.completed = event.completed
-                self._done = True
-            return Event.from_proto(event)
+            event = self._accept(message.event)
+            if event is not None:
+                return event
         raise StopIteration
 
-    def _may_reattach(self) -> bool:
-        return bool(self.run_id) and self.completed is None and self._attempts < self._reconnect
-
     def _reattach(self) -> None:
-        self._attempts += 1
-        time.sleep(min(0.1 * 2**self._attempts, 2.0))
-        self.reattached += 1
+        time.sleep(self._reattach_delay())
         self._call = self._client._watch_call(self.run_id, self.last_sequence)
         self._messages = _stream(self._call)
 
@@ -153,6 +137,14 @@ class Run:
             self._first_event()
         return self._client.cancel(self.run_id, reason=reason, actor=actor)
 
+    def record(self, *, timeout: Optional[float] = None) -> RunRecord:
+        """The stored run as it stands (one GetRun call): state, progress, usage with its cost,
+        the budget and ``budget_exhausted``, the reason a run with a budget stopped (empty while
+        it has not)."""
+        if not self.run_id:
+            self._first_event()
+        return self._client.get_run(self.run_id, timeout=timeout)
+
     def _first_event(self) -> None:
         for _ in self:
             if self.run_id:
@@ -166,28 +158,6 @@ class Run:
             raise AssayError(grpc.StatusCode.UNAVAILABLE, f"the event stream of run {self.run_id!r} ended early")
         return self.completed.result
 
-    @property
-    def state(self) -> int:
-        """The final ``RunState`` number (RUN_STATE_UNSPECIFIED until the run completed)."""
-        return self.completed.state if self.completed is not None else gateway_pb2.RUN_STATE_UNSPECIFIED
-
-    @property
-    def state_name(self) -> str:
-        """The final state's short name (``succeeded``, ``cancelled``, ...), or ``""``."""
-        return gateway_pb2.RunState.Name(self.state)[len("RUN_STATE_") :].lower()
-
-    @property
-    def result(self) -> Optional[gateway_pb2.RunResult]:
-        """The run's result once completed."""
-        return self.completed.result if self.completed is not None else None
-
-    @property
-    def evaluation(self) -> Optional[Evaluation]:
-        """The result of a checklist_eval run, once completed."""
-        result = self.result
-        if result is None or result.WhichOneof("result") != "checklist_eval":
-            return None
-        return Evaluation(result.checklist_eval)
 
 class Assay:
     """A client of the Assay gateway.
@@ -219,18 +189,7 @@ class Assay:
             self._channel = grpc.secure_channel(target, creds, options=opts)
         self._metadata = _common.metadata(token)
         self.timeout = timeout
-        self._unary = {
-            name: self._channel.unary_unary(
-                _common.method(name), request_serializer=req.SerializeToString, response_deserializer=resp.FromString
-            )
-            for name, (req, resp) in _common.UNARY.items()
-        }
-        self._streams = {
-            name: self._channel.unary_stream(
-                _common.method(name), request_serializer=req.SerializeToString, response_deserializer=resp.FromString
-            )
-            for name, (req, resp) in _common.STREAMS.items()
-        }
+        self._unary, self._streams = _common.stubs(self._channel)
 
     def close(self) -> None:
         """Close the channel."""
@@ -286,6 +245,8 @@ class Assay:
         record_concurrency: int = 0,
         generator_model: Optional[_convert.ModelLike] = None,
         scorer_model: Optional[_convert.ModelLike] = None,
+        max_tokens: Optional[int] = None,
+        max_cost_usd: Optional[float] = None,
         timeout: Optional[float] = None,
         **scorer_options: Any,
     ) -> Evaluation:
@@ -294,32 +255,43 @@ class Assay:
         The checklist is ``checklist`` (a list of questions, item dicts or a Checklist) for every
         record, else one generated per input with ``preset`` (``tick``, ``rocketeval``, ...).
         ``scorer_options`` are ScorerConfig fields (``mode="item"``, ``samples=3``, ...).
+        ``max_tokens`` / ``max_cost_usd`` are the run's budget (prompt + completion tokens over
+        every model call; US dollars from the backends' price tables): once it is spent no new
+        model call starts, the records scored so far are kept and every other one's error says
+        ``not run: budget exhausted: ...``.
         """
-        pipeline = _convert.checklist_eval(
+        request = _common.evaluate_request(
             records,
-            preset=preset,
-            checklist_given=checklist,
-            max_items=max_items,
-            record_concurrency=record_concurrency,
-            generator_model=generator_model,
-            scorer_model=scorer_model,
-            scorer_options=scorer_options,
+            preset,
+            checklist,
+            max_items,
+            record_concurrency,
+            generator_model,
+            scorer_model,
+            scorer_options,
+            max_tokens,
+            max_cost_usd,
         )
-        response = self._call("Evaluate", gateway_pb2.EvaluateRequest(pipeline=pipeline), timeout)
-        return Evaluation(response)
+        return Evaluation(self._call("Evaluate", request, timeout))
 
     def run(
         self,
         pipeline: Any,
         *,
         label: str = "",
+        max_tokens: Optional[int] = None,
+        max_cost_usd: Optional[float] = None,
         timeout: Optional[float] = None,
         reconnect: int = 5,
         cancel_on_interrupt: bool = False,
     ) -> Run:
         """Start a pipeline (a RunPipelineRequest, a pipeline message, or its dict form such as
-        ``{"checklist_eval": {...}}``) and return its event stream."""
-        request = _convert.pipeline_request(pipeline, label)
+        ``{"checklist_eval": {...}}``) and return its event stream.
+
+        ``max_tokens`` / ``max_cost_usd`` set the run's budget (replacing a request's own): once
+        it is spent no new model call starts and the run ends PARTIAL with what it has (see
+        :meth:`evaluate`; :meth:`Run.record` says why it stopped)."""
+        request = _convert.pipeline_request(pipeline, label, _convert.budget(max_tokens, max_cost_usd))
         self._check.ensure(self._channel, self._metadata)
         call = self._streams["RunPipeline"](request, metadata=self._metadata, timeout=timeout)
         return Run(self, call, reconnect=reconnect, cancel_on_interrupt=cancel_on_interrupt)
@@ -393,20 +365,58 @@ class Assay:
         mode: Union[str, int] = "full_auto",
         *,
         label: str = "",
+        max_tokens: Optional[int] = None,
+        max_cost_usd: Optional[float] = None,
         **options: Any,
     ) -> Run:
         """Start a targeted refinement of ``document`` (section dicts, or text) in ``mode``
-        (``full_auto`` or ``semi_auto``); options are TargetedRefinementPipeline fields."""
-        return self.run(_common.refine_pipeline(document, mode, options), label=label)
+        (``full_auto`` or ``semi_auto``); options are TargetedRefinementPipeline fields. A
+        ``max_tokens`` smaller than the pipeline's ``token_budget`` becomes the refinement's own
+        budget (it ends by its own rules, every verified fix kept)."""
+        return self.run(
+            _common.refine_pipeline(document, mode, options),
+            label=label,
+            max_tokens=max_tokens,
+            max_cost_usd=max_cost_usd,
+        )
 
-    def debate(self, problems: Iterable[Any], baselines: bool = True, *, label: str = "", **options: Any) -> Run:
-        """Start a debate over ``problems`` (text, or dicts with ``problem`` and ``reference``)."""
-        return self.run(_common.debate_pipeline(problems, baselines, options), label=label)
+    def debate(
+        self,
+        problems: Iterable[Any],
+        baselines: bool = True,
+        *,
+        label: str = "",
+        max_tokens: Optional[int] = None,
+        max_cost_usd: Optional[float] = None,
+        **options: Any,
+    ) -> Run:
+        """Start a debate over ``problems`` (text, or dicts with ``problem`` and ``reference``);
+        at the budget's end finished problems are kept and the others say ``not run: budget
+        exhausted``."""
+        return self.run(
+            _common.debate_pipeline(problems, baselines, options),
+            label=label,
+            max_tokens=max_tokens,
+            max_cost_usd=max_cost_usd,
+        )
 
-    def self_refine(self, text: str, instruction: str = "", *, label: str = "", **options: Any) -> Run:
+    def self_refine(
+        self,
+        text: str,
+        instruction: str = "",
+        *,
+        label: str = "",
+        max_tokens: Optional[int] = None,
+        max_cost_usd: Optional[float] = None,
+        **options: Any,
+    ) -> Run:
         """Start a self-refine run of ``text``; options are SelfRefineRequest fields."""
-        request = _convert.self_refine_request(text, instruction, **options)
-        return self.run(gateway_pb2.SelfRefinePipeline(request=request), label=label)
+        return self.run(
+            _common.self_refine_pipeline(text, instruction, options),
+            label=label,
+            max_tokens=max_tokens,
+            max_cost_usd=max_cost_usd,
+        )
 
     def compare(
         self,

@@ -1,4 +1,5 @@
-"""What the sync and asyncio clients share: channel settings, method paths, request builders."""
+"""What the sync and asyncio clients share: channel settings, method paths, request builders and
+the bookkeeping of a run's events."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import grpc
 from google.protobuf.message import Message
 
 from . import _convert
+from ._proto.assay.common.v1 import common_pb2
 from ._proto.assay.gateway.v1 import gateway_pb2
+from ._types import Evaluation, Event, cost_usd, result_usage
 
 SERVICE = "assay.gateway.v1.GatewayService"
 #: Status codes after which a broken event stream is reattached from its last sequence.
@@ -82,6 +85,135 @@ STREAMS: Dict[str, Tuple[Type[Message], Type[Message]]] = {
 }
 
 
+def stubs(channel: Any) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """(unary, stream) callables of every gateway RPC on ``channel`` (a grpc or grpc.aio
+    channel: both make them the same way)."""
+    unary = {
+        name: channel.unary_unary(
+            method(name), request_serializer=req.SerializeToString, response_deserializer=resp.FromString
+        )
+        for name, (req, resp) in UNARY.items()
+    }
+    streams = {
+        name: channel.unary_stream(
+            method(name), request_serializer=req.SerializeToString, response_deserializer=resp.FromString
+        )
+        for name, (req, resp) in STREAMS.items()
+    }
+    return unary, streams
+
+
+class RunEvents:
+    """What the sync and asyncio runs share: the events seen so far and the accessors of the
+    result. The subclasses read the stream; :meth:`_accept` keeps the bookkeeping."""
+
+    def __init__(self, run_id: str, after: int, reconnect: int) -> None:
+        self.run_id = run_id
+        self.last_sequence = after
+        self._reconnect = reconnect
+        self._attempts = 0
+        self._done = False
+        self.completed: Optional[gateway_pb2.RunCompleted] = None
+        #: How many times the stream was reattached.
+        self.reattached = 0
+
+    def _accept(self, event: gateway_pb2.RunEvent) -> Optional[Event]:
+        """The Event of ``event``, or None when it was already yielded (replayed after a
+        reattach)."""
+        if event.sequence <= self.last_sequence:
+            return None
+        self.last_sequence = event.sequence
+        self.run_id = event.run_id or self.run_id
+        self._attempts = 0
+        if event.WhichOneof("event") == "completed":
+            self.completed = event.completed
+            self._done = True
+        return Event.from_proto(event)
+
+    def _may_reattach(self) -> bool:
+        return bool(self.run_id) and self.completed is None and self._attempts < self._reconnect
+
+    def _reattach_delay(self) -> float:
+        """Count a reattach and return how long to wait before it (seconds)."""
+        self._attempts += 1
+        self.reattached += 1
+        return min(0.1 * 2.0**self._attempts, 2.0)
+
+    @property
+    def state(self) -> int:
+        """The final ``RunState`` number (RUN_STATE_UNSPECIFIED until the run completed)."""
+        return self.completed.state if self.completed is not None else gateway_pb2.RUN_STATE_UNSPECIFIED
+
+    @property
+    def state_name(self) -> str:
+        """The final state's short name (``succeeded``, ``partial``, ``cancelled``, ...;
+        ``unspecified`` until the run completed)."""
+        return gateway_pb2.RunState.Name(self.state)[len("RUN_STATE_") :].lower()
+
+    @property
+    def result(self) -> Optional[gateway_pb2.RunResult]:
+        """The run's result once completed."""
+        return self.completed.result if self.completed is not None else None
+
+    @property
+    def evaluation(self) -> Optional[Evaluation]:
+        """The result of a checklist_eval run, once completed."""
+        result = self.result
+        if result is None or result.WhichOneof("result") != "checklist_eval":
+            return None
+        return Evaluation(result.checklist_eval)
+
+    @property
+    def usage(self) -> Optional[common_pb2.Usage]:
+        """Model calls, tokens and cost of the completed run, as its result reports them (a
+        debate's: its debates and baselines summed); None before the end or for a generated
+        checklist."""
+        return result_usage(self.result)
+
+    @property
+    def cost_usd(self) -> Optional[float]:
+        """Cost in US dollars of the completed run; None before the end or when unknown (a call's
+        model has no price: see :attr:`unpriced_calls`), never 0 for unknown."""
+        usage = self.usage
+        return cost_usd(usage) if usage is not None else None
+
+    @property
+    def unpriced_calls(self) -> int:
+        """Model calls of the completed run whose model has no price."""
+        usage = self.usage
+        return usage.unpriced_calls if usage is not None else 0
+
+
+def evaluate_request(
+    records: Iterable[_convert.RecordLike],
+    preset: Union[str, int],
+    checklist: Any,
+    max_items: Optional[int],
+    record_concurrency: int,
+    generator_model: Optional[_convert.ModelLike],
+    scorer_model: Optional[_convert.ModelLike],
+    scorer_options: Mapping[str, Any],
+    max_tokens: Optional[int],
+    max_cost_usd: Optional[float],
+) -> gateway_pb2.EvaluateRequest:
+    """An EvaluateRequest: the checklist_eval pipeline of ``records`` and its budget."""
+    pipeline = _convert.checklist_eval(
+        records,
+        preset=preset,
+        checklist_given=checklist,
+        max_items=max_items,
+        record_concurrency=record_concurrency,
+        generator_model=generator_model,
+        scorer_model=scorer_model,
+        scorer_options=scorer_options,
+    )
+    request = gateway_pb2.EvaluateRequest(pipeline=pipeline)
+    run_budget = _convert.budget(max_tokens, max_cost_usd)
+    if run_budget is not None:
+        request.budget.CopyFrom(run_budget)
+    return request
+
+
 def run_id_of(value: Any) -> str:
     """A run id from a string or anything with a ``run_id`` (Run, Evaluation, messages)."""
     if isinstance(value, str):
@@ -138,6 +270,11 @@ def debate_pipeline(problems: Iterable[Any], baselines: bool, options: Mapping[s
     if options:
         pipeline.MergeFrom(_convert.to_message(dict(options), gateway_pb2.DebatePipeline, "debate options"))
     return pipeline
+
+
+def self_refine_pipeline(text: str, instruction: str, options: Mapping[str, Any]) -> gateway_pb2.SelfRefinePipeline:
+    """A self-refine run of ``text``; options named like SelfRefineRequest's fields."""
+    return gateway_pb2.SelfRefinePipeline(request=_convert.self_refine_request(text, instruction, **options))
 
 
 def compare_request(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
 from google.protobuf import json_format
@@ -169,9 +170,51 @@ def debate_problem(value: Any, index: int) -> gateway_pb2.DebateProblem:
     return problem
 
 
-def pipeline_request(pipeline: Any, label: str = "") -> gateway_pb2.RunPipelineRequest:
+_UINT64_MAX = 2**64 - 1
+
+
+def budget(max_tokens: Optional[int] = None, max_cost_usd: Optional[float] = None) -> Optional[gateway_pb2.RunBudget]:
+    """A run's spending limit, or None when neither limit is set.
+
+    Only what the wire cannot carry is refused here (a non-number, a negative or too large token
+    count); the gateway judges the values (at least 1 token, a finite cost above 0) and refuses
+    the run with INVALID_ARGUMENT naming ``budget.max_tokens`` / ``budget.max_cost_usd``."""
+    if max_tokens is None and max_cost_usd is None:
+        return None
+    result = gateway_pb2.RunBudget()
+    if max_tokens is not None:
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, numbers.Integral):
+            raise TypeError(f"budget.max_tokens: expected an int, got {type(max_tokens).__name__}")
+        tokens = int(max_tokens)
+        if tokens < 0:
+            raise ValueError(f"budget.max_tokens: must be at least 1 (leave it unset for no token limit), got {tokens}")
+        if tokens > _UINT64_MAX:
+            raise ValueError(f"budget.max_tokens: {tokens} is above the largest the wire carries ({_UINT64_MAX})")
+        result.max_tokens = tokens
+    if max_cost_usd is not None:
+        if isinstance(max_cost_usd, bool) or not isinstance(max_cost_usd, numbers.Real):
+            raise TypeError(f"budget.max_cost_usd: expected a number (US dollars), got {type(max_cost_usd).__name__}")
+        result.max_cost_usd = float(max_cost_usd)
+    return result
+
+
+def pipeline_request(
+    pipeline: Any, label: str = "", run_budget: Optional[gateway_pb2.RunBudget] = None
+) -> gateway_pb2.RunPipelineRequest:
     """A RunPipelineRequest from a request, one of the pipeline messages, or a dict such as
-    ``{"checklist_eval": {...}}`` (the request's JSON form)."""
+    ``{"checklist_eval": {...}}`` (the request's JSON form). ``run_budget``, when set, replaces
+    the request's own budget (on a copy: the caller's request is left as it was)."""
+    if run_budget is not None and isinstance(pipeline, gateway_pb2.RunPipelineRequest):
+        copy = gateway_pb2.RunPipelineRequest()
+        copy.CopyFrom(pipeline)
+        pipeline = copy
+    request = _pipeline_request(pipeline, label)
+    if run_budget is not None:
+        request.budget.CopyFrom(run_budget)
+    return request
+
+
+def _pipeline_request(pipeline: Any, label: str) -> gateway_pb2.RunPipelineRequest:
     if isinstance(pipeline, gateway_pb2.RunPipelineRequest):
         if label and not pipeline.label:
             pipeline.label = label

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional
 
 from google.protobuf.message import Message
 
@@ -43,6 +43,64 @@ class Event:
         return self.raw.completed if self.kind == "completed" else None
 
 
+def cost_usd(value: Any) -> Optional[float]:
+    """The cost in US dollars of a ``Usage``, or of anything carrying one in ``usage`` (a stored
+    run, an evaluation, a refinement result); None when it is unknown (a call's model has no
+    price, or the server does not price calls), never 0 for unknown."""
+    usage = value if isinstance(value, common_pb2.Usage) else getattr(value, "usage", None)
+    if not isinstance(usage, common_pb2.Usage):
+        raise TypeError(f"cost_usd: no usage in {type(value).__name__}")
+    return usage.cost_usd if usage.HasField("cost_usd") else None
+
+
+def sum_usage(usages: Iterable[common_pb2.Usage]) -> common_pb2.Usage:
+    """The sum of ``usages``, as the mesh sums them: counts added, the cost set only when every
+    part's cost is known."""
+    total = common_pb2.Usage()
+    known = True
+    cost = 0.0
+    for usage in usages:
+        for field in _COUNTS:
+            setattr(total, field, getattr(total, field) + getattr(usage, field))
+        total.cost_estimate_usd += usage.cost_estimate_usd
+        if usage.HasField("cost_usd"):
+            cost += usage.cost_usd
+        else:
+            known = False
+    if known:
+        total.cost_usd = cost
+    return total
+
+
+_COUNTS = (
+    "calls",
+    "prompt_tokens",
+    "completion_tokens",
+    "cache_hits",
+    "retries",
+    "schema_fallbacks",
+    "cached_prompt_tokens",
+    "unpriced_calls",
+)
+
+
+def result_usage(result: Optional[gateway_pb2.RunResult]) -> Optional[common_pb2.Usage]:
+    """The usage a run's result reports (a debate's: its debates and baselines summed); None
+    without a result or for a result that carries none (a generated checklist)."""
+    if result is None:
+        return None
+    kind = result.WhichOneof("result")
+    if kind == "checklist_eval":
+        return result.checklist_eval.usage
+    if kind == "self_refine":
+        return result.self_refine.usage
+    if kind == "targeted_refinement":
+        return result.targeted_refinement.usage
+    if kind == "debate":
+        return sum_usage([result.debate.debate_usage, result.debate.baseline_usage])
+    return None
+
+
 _ANSWERS = {common_pb2.ANSWER_YES: "YES", common_pb2.ANSWER_NO: "NO"}
 
 
@@ -80,6 +138,23 @@ class Evaluation:
     def usage(self) -> common_pb2.Usage:
         """Model calls and tokens."""
         return self.raw.usage
+
+    @property
+    def cost_usd(self) -> Optional[float]:
+        """Cost in US dollars from the backends' price tables; None when unknown (a call's model
+        has no price: see :attr:`unpriced_calls`), never 0 for unknown."""
+        return cost_usd(self.raw.usage)
+
+    @property
+    def unpriced_calls(self) -> int:
+        """Model calls whose model has no price (their cost is unknown)."""
+        return self.raw.usage.unpriced_calls
+
+    @property
+    def budget_exhausted(self) -> str:
+        """Why the evaluation stopped starting records before the end (``"budget exhausted:
+        ..."``); empty when its budget, if any, held."""
+        return self.raw.budget_exhausted
 
     @property
     def mean_score(self) -> float:

@@ -168,6 +168,8 @@ impl ChecklistEval {
             checklists: vec![convert::checklist_to(checklist)],
             usage: Some(ctx.usage()),
             models: ctx.models().iter().map(convert::model_record_to).collect(),
+            // One scorer call without a budget: nothing to stop.
+            budget_exhausted: String::new(),
         };
         Ok(RunOutcome { state, result: Some(gw::run_result::Result::ChecklistEval(response)) })
     }
@@ -191,6 +193,7 @@ impl ChecklistEval {
             checklists: checklists.iter().map(convert::checklist_to).collect(),
             usage: Some(ctx.usage()),
             models: ctx.models().iter().map(convert::model_record_to).collect(),
+            budget_exhausted: ctx.snapshot().budget_exhausted,
         })
     }
 

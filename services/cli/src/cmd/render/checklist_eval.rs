@@ -84,9 +84,11 @@ pub fn summary_line(run_id: &str, total: usize, failed: u64, e: &gw::EvaluateRes
     } else {
         String::new()
     };
+    let stopped =
+        if e.budget_exhausted.is_empty() { String::new() } else { format!("; stopped: {}", e.budget_exhausted) };
     format!(
         "run {run_id}: {total} records, {failed} failed; mean primary {}, macro pass {:.3}, micro pass {:.3}; \
-         {sampled}{} calls, {} tokens, {}, {} cache hits; {pipeline_s:.2} s",
+         {sampled}{} calls, {} tokens, {}, {} cache hits; {pipeline_s:.2} s{stopped}",
         mean_with_interval(&a),
         a.macro_pass_rate,
         a.micro_pass_rate,
