@@ -297,9 +297,9 @@ def llm() -> Iterator[ScriptedLlm]:
     server.stop()
 
 
-@pytest.fixture(scope="session")
-def mesh(llm: ScriptedLlm) -> Iterator[Mesh]:
-    m = Mesh(llm, TOKEN)
+def serving_mesh(llm: ScriptedLlm, env: Optional[Dict[str, str]] = None) -> Iterator[Mesh]:
+    """`assay up` against `llm` (with `env` added), yielded once SERVING, stopped afterwards."""
+    m = Mesh(llm, TOKEN, env)
     try:
         channel = grpc.insecure_channel(m.address)
         m.wait_serving(channel)
@@ -307,6 +307,11 @@ def mesh(llm: ScriptedLlm) -> Iterator[Mesh]:
         yield m
     finally:
         m.stop()
+
+
+@pytest.fixture(scope="session")
+def mesh(llm: ScriptedLlm) -> Iterator[Mesh]:
+    yield from serving_mesh(llm)
 
 
 @pytest.fixture()

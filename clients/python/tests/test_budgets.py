@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from assay_client import Assay, AssayError, AsyncAssay, checklist_eval, cost_usd
-from conftest import TOKEN, Mesh, ScriptedLlm
+from conftest import TOKEN, Mesh, ScriptedLlm, serving_mesh
 
 PROMPT, COMPLETION = 100, 10
 PER_CALL = PROMPT + COMPLETION
@@ -37,14 +37,7 @@ def priced_llm() -> Iterator[ScriptedLlm]:
 def priced_mesh(priced_llm: ScriptedLlm, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
     config: Path = tmp_path_factory.mktemp("prices") / "assay.toml"
     config.write_text(f'[backends.openai.prices."*"]\ninput = {INPUT_USD}\noutput = {OUTPUT_USD}\n')
-    m = Mesh(priced_llm, TOKEN, {"ASSAY_CONFIG": str(config)})
-    try:
-        channel = grpc.insecure_channel(m.address)
-        m.wait_serving(channel)
-        channel.close()
-        yield m
-    finally:
-        m.stop()
+    yield from serving_mesh(priced_llm, {"ASSAY_CONFIG": str(config)})
 
 
 @pytest.fixture()
