@@ -193,3 +193,16 @@ async fn a_budget_of_zero_or_a_negative_cost_is_refused_naming_the_field() {
     assert_eq!(sandbox.llm.request_count(), 0);
     sandbox.shutdown().await.unwrap();
 }
+
+/// A budget first spent by the last records, all already in flight, stopped nothing: every record
+/// is scored and the run does not say it stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_budget_spent_only_by_the_records_in_flight_stopped_nothing() {
+    let sandbox = start(8).await;
+    let (run, done) =
+        run(&sandbox, 4, Some(gw::RunBudget { max_tokens: Some(3 * PER_CALL), max_cost_usd: None })).await;
+    assert_eq!(run.state, gw::RunState::Succeeded as i32);
+    assert!(done.results.iter().all(|r| r.score.is_some()));
+    assert_eq!((run.budget_exhausted.as_str(), done.budget_exhausted.as_str()), ("", ""));
+    sandbox.shutdown().await.unwrap();
+}

@@ -268,7 +268,11 @@ impl Pipeline for ChecklistEval {
         let mut writes = Writes::default();
         loop {
             // A spent budget starts no new record: the ones waiting are not run, and say why.
-            if let Some(why) = ctx.budget_exhausted().filter(|_| !queue.is_empty()) {
+            // (Checked only while records wait: a budget spent by the last records in flight
+            // stopped nothing, and the run does not say it did.)
+            if !queue.is_empty()
+                && let Some(why) = ctx.budget_exhausted()
+            {
                 for i in std::mem::take(&mut queue) {
                     let checklist_id =
                         ready[production.record_checklist[i]].as_ref().map(|c| c.id.clone()).unwrap_or_default();
