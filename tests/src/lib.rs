@@ -207,6 +207,8 @@ pub struct SandboxOptions {
     /// The backend's price table (default none: every call unpriced). The backend is always
     /// wrapped as `assay up` wraps it: priced, and held to the work's budget.
     pub prices: Option<std::collections::BTreeMap<String, assay_llm::pricing::Price>>,
+    /// `backends.openai.daily_spend_usd` (needs `prices`).
+    pub daily_spend_usd: Option<f64>,
 }
 
 impl MeshSandbox {
@@ -234,6 +236,10 @@ impl MeshSandbox {
         }
         if let Some(tls) = &options.tls {
             config.tls = tls.clone();
+        }
+        if let Some(backend) = config.backends.get_mut("openai") {
+            backend.prices = options.prices.clone().unwrap_or_default();
+            backend.daily_spend_usd = options.daily_spend_usd.unwrap_or_default();
         }
         let mut cfg = OpenAiConfig::new(llm.base_url());
         cfg.api_key = options.api_key.clone();

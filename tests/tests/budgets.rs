@@ -166,9 +166,16 @@ async fn a_stage_starts_no_call_past_the_budget_it_was_sent() {
     while let Some(m) = stream.message().await.expect("events") {
         last = m.event;
     }
-    let done = assay_tests::evaluation(&last.unwrap()).expect("completes");
+    let last = last.unwrap();
+    let done = assay_tests::evaluation(&last).expect("completes");
     assert_eq!(sandbox.llm.request_count(), 3, "three calls fit the budget; the fourth never started");
     assert!(done.results[0].error.starts_with("not run: budget exhausted"), "{}", done.results[0].error);
+    // The stage call failed, yet its three calls were paid for: the run is charged them (the
+    // failed call's status carries its usage) and the cost counts.
+    let run = client.get_run(gw::GetRunRequest { run_id: last.run_id }).await.unwrap().into_inner().run.unwrap();
+    let usage = run.usage.expect("usage");
+    assert_eq!((usage.calls, usage.prompt_tokens + usage.completion_tokens), (3, 3 * PER_CALL), "{usage:?}");
+    assert!((usage.cost_usd.expect("priced") - 3.0 * COST_PER_CALL).abs() < 1e-12, "{usage:?}");
     sandbox.shutdown().await.unwrap();
 }
 

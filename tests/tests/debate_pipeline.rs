@@ -167,7 +167,7 @@ async fn three_problems_are_debated_graded_and_compared_with_the_baselines() {
     assert!(d.problems.iter().all(|p| p.decided_by == dpb::DebateDecision::Judge as i32 && p.error.is_empty()));
     let artifacts = d.problems[0].debate.as_ref().unwrap();
     assert_eq!((artifacts.solutions.len(), artifacts.reviews.len(), artifacts.refined.len()), (3, 6, 3));
-    assert_eq!(artifacts.usage.unwrap().calls, 13);
+    assert_eq!(artifacts.usage.as_ref().unwrap().calls, 13);
 
     // Aggregates.
     assert_eq!((d.problems_total, d.problems_failed, d.graded, d.correct), (3, 0, 3, 2));
@@ -185,7 +185,7 @@ async fn three_problems_are_debated_graded_and_compared_with_the_baselines() {
         assert_eq!(requests_of(&requests, s.id, "debate_solution", true), 15, "{}: 5 Solve calls", s.id);
     }
     let b: Vec<&gw::DebateBaselines> = d.problems.iter().map(|p| p.baselines.as_ref().unwrap()).collect();
-    assert!(b.iter().all(|b| b.samples == 13 && b.sample_answers.len() == 13 && b.usage.unwrap().calls == 15));
+    assert!(b.iter().all(|b| b.samples == 13 && b.sample_answers.len() == 13 && b.usage.as_ref().unwrap().calls == 15));
     assert_eq!((b[0].single_model_answer.as_str(), b[0].single_model_correct), ("390", Some(false)));
     assert_eq!((b[0].self_consistency_answer.as_str(), b[0].self_consistency_correct), ("391", Some(true)));
     assert_eq!(b[0].votes, 12);
@@ -241,18 +241,18 @@ async fn agreeing_solvers_stop_early_without_reviews_and_the_baselines_follow_th
     assert_eq!((capital.final_answer.as_str(), capital.correct, capital.consensus), ("Paris", Some(true), true));
     let artifacts = capital.debate.as_ref().unwrap();
     assert!(artifacts.stopped_early && artifacts.reviews.is_empty() && artifacts.judgment.is_none());
-    assert_eq!(artifacts.usage.unwrap().calls, 3);
+    assert_eq!(artifacts.usage.as_ref().unwrap().calls, 3);
     let requests = sandbox.llm.requests();
     for stage_name in ["debate_review", "debate_refinement", "debate_judgment"] {
         assert_eq!(requests_of(&requests, "capital", stage_name, false), 0, "{stage_name}");
     }
     // Three debate calls: three samples, one Solve call.
     let b = capital.baselines.as_ref().unwrap();
-    assert_eq!((b.samples, b.usage.unwrap().calls), (3, 3));
+    assert_eq!((b.samples, b.usage.as_ref().unwrap().calls), (3, 3));
     assert_eq!(requests_of(&requests, "capital", "debate_solution", true), 3);
     // The other problem disagrees at first: one full round (its refined answers then agree).
     let mul = &d.problems[1];
-    assert_eq!(mul.debate.as_ref().unwrap().usage.unwrap().calls, 13);
+    assert_eq!(mul.debate.as_ref().unwrap().usage.as_ref().unwrap().calls, 13);
     assert_eq!(mul.baselines.as_ref().unwrap().samples, 13);
     assert_eq!(d.calls, 16);
     assert_eq!(d.consensus_rate, 1.0);

@@ -217,8 +217,8 @@ fn revs(events: &[gw::RunEvent]) -> Vec<Rev> {
         .collect()
 }
 
-fn tokens(u: Option<pb::Usage>) -> u64 {
-    u.map_or(0, |u| u.prompt_tokens + u.completion_tokens)
+fn tokens(u: &Option<pb::Usage>) -> u64 {
+    u.as_ref().map_or(0, |u| u.prompt_tokens + u.completion_tokens)
 }
 
 /// With no options, both planted problems are fixed, verified and returned within the default
@@ -283,21 +283,21 @@ async fn an_ordinary_lesson_sent_with_no_options_gets_its_planted_problems_fixed
 
     // The budget: the first assessment apart, everything after it within the default budget.
     let default_budget = 15_000u64.max(5 * (document_chars as u64).div_ceil(4));
-    let budgeted: u64 = r.phase_usage.iter().filter(|p| p.budgeted).map(|p| tokens(p.usage)).sum();
+    let budgeted: u64 = r.phase_usage.iter().filter(|p| p.budgeted).map(|p| tokens(&p.usage)).sum();
     assert!(budgeted <= default_budget, "{budgeted} of {default_budget}: {:#?}", r.phase_usage);
     let assessment = r.phase_usage.iter().find(|p| p.phase == "assessment").expect("assessment");
-    assert!(!assessment.budgeted && tokens(assessment.usage) > 15_000, "{assessment:?}");
-    let all: u64 = r.phase_usage.iter().map(|p| tokens(p.usage)).sum();
-    assert_eq!(all, tokens(r.usage), "every token is in one phase: {:#?}", r.phase_usage);
+    assert!(!assessment.budgeted && tokens(&assessment.usage) > 15_000, "{assessment:?}");
+    let all: u64 = r.phase_usage.iter().map(|p| tokens(&p.usage)).sum();
+    assert_eq!(all, tokens(&r.usage), "every token is in one phase: {:#?}", r.phase_usage);
     for phase in ["judging", "editing", "verification"] {
         let p = r.phase_usage.iter().find(|p| p.phase == phase).unwrap_or_else(|| panic!("{phase} missing"));
-        assert!(tokens(p.usage) > 0, "{phase} used tokens: {p:?}");
+        assert!(tokens(&p.usage) > 0, "{phase} used tokens: {p:?}");
     }
     println!(
         "phase usage (used / estimated): {}",
         r.phase_usage
             .iter()
-            .map(|p| format!("{} {}/{}", p.phase, tokens(p.usage), p.estimated_tokens))
+            .map(|p| format!("{} {}/{}", p.phase, tokens(&p.usage), p.estimated_tokens))
             .collect::<Vec<_>>()
             .join(", ")
     );

@@ -2176,7 +2176,7 @@ async fn token_budget_exhausted_mid_iteration_keeps_every_verified_fix() {
         .phase_usage
         .iter()
         .filter(|p| p.budgeted)
-        .filter_map(|p| p.usage.map(|u| u.prompt_tokens + u.completion_tokens))
+        .filter_map(|p| p.usage.as_ref().map(|u| u.prompt_tokens + u.completion_tokens))
         .sum();
     assert!(budget_used <= 6_000, "within the budget: {budget_used} ({:?})", result.phase_usage);
     sandbox.shutdown().await.unwrap();
@@ -3021,7 +3021,7 @@ async fn the_first_assessment_is_counted_apart_from_the_budget() {
     let usage = result.usage.expect("usage");
     let assessment = result.phase_usage.iter().find(|p| p.phase == "assessment").expect("the assessment phase");
     assert!(!assessment.budgeted);
-    let a = assessment.usage.expect("assessment usage");
+    let a = assessment.usage.clone().expect("assessment usage");
     assert_eq!(
         a.prompt_tokens + a.completion_tokens,
         usage.prompt_tokens + usage.completion_tokens,
@@ -3067,7 +3067,11 @@ async fn a_task_that_spends_the_budget_completes_and_its_fix_is_returned_flagged
     let v = run.verifications();
     assert!(v.len() == 1 && v[0].1.accepted && !v[0].1.rolled_back, "{v:?}");
     let editing = result.phase_usage.iter().find(|p| p.phase == "editing").expect("the editing phase");
-    assert!(editing.budgeted && editing.usage.is_some_and(|u| u.prompt_tokens == 3_400), "{:?}", result.phase_usage);
+    assert!(
+        editing.budgeted && editing.usage.as_ref().is_some_and(|u| u.prompt_tokens == 3_400),
+        "{:?}",
+        result.phase_usage
+    );
     sandbox.shutdown().await.unwrap();
 }
 

@@ -117,7 +117,7 @@ impl ArbiterService for ArbiterGrpc {
         let ctx = CallContext::from_request(&request);
         let req = convert::consolidate_request(request.into_inner()).map_err(to_status)?;
         let core = self.core.clone();
-        let out = run_with(ctx, async move { core.consolidate(req).await }).await.map_err(to_status)?;
+        let out = run_with(ctx, async move { core.consolidate(req).await }).await?;
         Ok(Response::new(convert::consolidation_to(&out)))
     }
 
@@ -125,7 +125,7 @@ impl ArbiterService for ArbiterGrpc {
         let ctx = CallContext::from_request(&request);
         let req = convert::route_request(request.into_inner()).map_err(to_status)?;
         let core = self.core.clone();
-        let out = run_with(ctx, async move { core.route(req).await }).await.map_err(to_status)?;
+        let out = run_with(ctx, async move { core.route(req).await }).await?;
         Ok(Response::new(convert::routing_to(&out)))
     }
 
@@ -133,7 +133,7 @@ impl ArbiterService for ArbiterGrpc {
         let ctx = CallContext::from_request(&request);
         let req = convert::plan_request(request.into_inner()).map_err(to_status)?;
         let core = self.core.clone();
-        let out = run_with(ctx, async move { core.plan(req).await }).await.map_err(to_status)?;
+        let out = run_with(ctx, async move { core.plan(req).await }).await?;
         Ok(Response::new(convert::plan_to(&out)))
     }
 }

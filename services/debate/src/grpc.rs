@@ -43,7 +43,7 @@ impl DebateService for DebateGrpc {
         let ctx = CallContext::from_request(&request);
         let req = convert::solve_request(request.into_inner(), "").map_err(to_status)?;
         let core = self.core.clone();
-        let out = run_with(ctx, async move { core.solve(req).await }).await.map_err(to_status)?;
+        let out = run_with(ctx, async move { core.solve(req).await }).await?;
         Ok(Response::new(convert::solve_response_to(&out)))
     }
 
@@ -51,7 +51,7 @@ impl DebateService for DebateGrpc {
         let ctx = CallContext::from_request(&request);
         let req = convert::review_request(request.into_inner(), "").map_err(to_status)?;
         let core = self.core.clone();
-        let out = run_with(ctx, async move { core.review(req).await }).await.map_err(to_status)?;
+        let out = run_with(ctx, async move { core.review(req).await }).await?;
         Ok(Response::new(convert::review_response_to(&out)))
     }
 
@@ -62,7 +62,7 @@ impl DebateService for DebateGrpc {
         let ctx = CallContext::from_request(&request);
         let req = convert::refine_request(request.into_inner(), "").map_err(to_status)?;
         let core = self.core.clone();
-        let out = run_with(ctx, async move { core.refine(req).await }).await.map_err(to_status)?;
+        let out = run_with(ctx, async move { core.refine(req).await }).await?;
         Ok(Response::new(convert::refine_response_to(&out)))
     }
 
@@ -73,7 +73,7 @@ impl DebateService for DebateGrpc {
         let ctx = CallContext::from_request(&request);
         let req = convert::judge_request(request.into_inner(), "").map_err(to_status)?;
         let core = self.core.clone();
-        let out = run_with(ctx, async move { core.judge(req).await }).await.map_err(to_status)?;
+        let out = run_with(ctx, async move { core.judge(req).await }).await?;
         Ok(Response::new(convert::judgment_to(&out)))
     }
 
@@ -81,9 +81,7 @@ impl DebateService for DebateGrpc {
         let ctx = CallContext::from_request(&request);
         let req = convert::run_debate_request(request.into_inner(), "").map_err(to_status)?;
         let core = self.core.clone();
-        let out = run_with(ctx, async move { core.run_debate(req, &assay_domain::no_events).await })
-            .await
-            .map_err(to_status)?;
+        let out = run_with(ctx, async move { core.run_debate(req, &assay_domain::no_events).await }).await?;
         Ok(Response::new(convert::run_debate_response_to(&out)))
     }
 

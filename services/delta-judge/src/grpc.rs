@@ -122,7 +122,7 @@ impl DeltaJudgeService for DeltaJudgeGrpc {
         let ctx = CallContext::from_request(&request);
         let req = convert::verify_request(request.into_inner(), "").map_err(to_status)?;
         let core = self.core.clone();
-        let out = run_with(ctx, async move { core.verify(req).await }).await.map_err(to_status)?;
+        let out = run_with(ctx, async move { core.verify(req).await }).await?;
         Ok(Response::new(convert::verify_response_to(&out)))
     }
 
@@ -171,7 +171,7 @@ impl DeltaJudgeService for DeltaJudgeGrpc {
         let ctx = CallContext::from_request(&request);
         let req = convert::compare_request(request.into_inner(), "").map_err(to_status)?;
         let core = self.core.clone();
-        let out = run_with(ctx, async move { core.compare_texts(req).await }).await.map_err(to_status)?;
+        let out = run_with(ctx, async move { core.compare_texts(req).await }).await?;
         Ok(Response::new(convert::compare_response_to(&out)))
     }
 
@@ -182,7 +182,7 @@ impl DeltaJudgeService for DeltaJudgeGrpc {
         let ctx = CallContext::from_request(&request);
         let req = convert::consistency_request(request.into_inner(), "").map_err(to_status)?;
         let core = self.core.clone();
-        let out = run_with(ctx, async move { core.check_consistency(req).await }).await.map_err(to_status)?;
+        let out = run_with(ctx, async move { core.check_consistency(req).await }).await?;
         Ok(Response::new(convert::consistency_response_to(&out)))
     }
 }

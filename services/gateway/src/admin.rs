@@ -52,6 +52,11 @@ static POOL: LazyLock<Result<DescriptorPool, String>> = LazyLock::new(|| {
     DescriptorPool::decode(assay_proto::FILE_DESCRIPTOR_SET).map_err(|e| format!("contract descriptors: {e}"))
 });
 
+/// The contracts' descriptors, decoded once per process.
+pub(crate) fn descriptor_pool() -> Result<&'static DescriptorPool, &'static str> {
+    POOL.as_ref().map_err(String::as_str)
+}
+
 /// How callers of the admin API authenticate.
 #[derive(Clone, PartialEq, Eq)]
 pub enum AdminAuth {

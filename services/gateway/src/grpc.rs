@@ -92,7 +92,7 @@ impl GatewayService for GatewayGrpc {
             budget,
         };
         let engine = self.engine.clone();
-        let run = run_with(ctx, async move { engine.run_unpersisted(request).await }).await.map_err(to_status)?;
+        let run = run_with(ctx, async move { engine.run_unpersisted(request).await }).await?;
         match run.result.and_then(|r| r.result) {
             Some(run_result::Result::ChecklistEval(e)) => Ok(Response::new(e)),
             Some(

@@ -44,7 +44,7 @@ impl GeneratorService for GeneratorGrpc {
         let ctx = CallContext::from_request(&request);
         let req = generate_request(request.into_inner()).map_err(to_status)?;
         let core = self.core.clone();
-        let out = run_with(ctx, async move { core.generate(req).await }).await.map_err(to_status)?;
+        let out = run_with(ctx, async move { core.generate(req).await }).await?;
         Ok(Response::new(generate_response_to(&out)))
     }
 
@@ -55,7 +55,7 @@ impl GeneratorService for GeneratorGrpc {
         let ctx = CallContext::from_request(&request);
         let req = corpus_request(request.into_inner()).map_err(to_status)?;
         let core = self.core.clone();
-        let out = run_with(ctx, async move { core.generate_corpus(req, &no_events).await }).await.map_err(to_status)?;
+        let out = run_with(ctx, async move { core.generate_corpus(req, &no_events).await }).await?;
         Ok(Response::new(corpus_response_to(&out)))
     }
 
@@ -85,7 +85,7 @@ impl GeneratorService for GeneratorGrpc {
         let ctx = CallContext::from_request(&request);
         let pb::ListPresetsRequest {} = request.into_inner();
         let core = self.core.clone();
-        let presets = run_with(ctx, async move { core.list_presets().await }).await.map_err(to_status)?;
+        let presets = run_with(ctx, async move { core.list_presets().await }).await?;
         Ok(Response::new(pb::ListPresetsResponse { presets: presets.iter().map(preset_info_to).collect() }))
     }
 }

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use assay_config::AssayConfig;
+use assay_gateway::engine::SpendCaps;
 use assay_gateway::{Engine, Pipelines, RefinementStages, Stages};
 
 use crate::cores::gateway_settings;
@@ -32,8 +33,10 @@ pub fn stages(config: &AssayConfig, remotes: &Remotes) -> Result<Stages, String>
 pub async fn engine(config: &AssayConfig, remotes: &Remotes) -> Result<Engine, String> {
     let stages = stages(config, remotes)?;
     let store = assay_gateway::open_store(config).await.map_err(|e| format!("cannot open the run store: {e}"))?;
+    let caps = SpendCaps::from_config(config, store.clone())?;
     Ok(Engine::new(store, Arc::new(Pipelines::new(stages)))
-        .with_max_active_runs(config.gateway.max_active_runs as usize))
+        .with_max_active_runs(config.gateway.max_active_runs as usize)
+        .with_spend_caps(caps))
 }
 
 /// Take up the runs a previous gateway left unfinished (each registered before this returns, so a

@@ -51,7 +51,7 @@ impl RefinersService for RefinersGrpc {
         let ctx = CallContext::from_request(&request);
         let (items, options) = convert::deduplicate_request(request.into_inner()).map_err(to_status)?;
         let core = self.core.clone();
-        let out = run_with(ctx, async move { core.deduplicate(items, &options).await }).await.map_err(to_status)?;
+        let out = run_with(ctx, async move { core.deduplicate(items, &options).await }).await?;
         Ok(Response::new(convert::deduplicate_response_to(&out)))
     }
 
@@ -59,7 +59,7 @@ impl RefinersService for RefinersGrpc {
         let ctx = CallContext::from_request(&request);
         let (items, options) = convert::tag_request(request.into_inner()).map_err(to_status)?;
         let core = self.core.clone();
-        let out = run_with(ctx, async move { core.tag(items, &options).await }).await.map_err(to_status)?;
+        let out = run_with(ctx, async move { core.tag(items, &options).await }).await?;
         Ok(Response::new(convert::tag_response_to(&out)))
     }
 
@@ -67,7 +67,7 @@ impl RefinersService for RefinersGrpc {
         let ctx = CallContext::from_request(&request);
         let (items, options) = convert::unit_test_request(request.into_inner()).map_err(to_status)?;
         let core = self.core.clone();
-        let out = run_with(ctx, async move { core.unit_test(items, &options).await }).await.map_err(to_status)?;
+        let out = run_with(ctx, async move { core.unit_test(items, &options).await }).await?;
         Ok(Response::new(convert::unit_test_response_to(&out)))
     }
 
@@ -75,7 +75,7 @@ impl RefinersService for RefinersGrpc {
         let ctx = CallContext::from_request(&request);
         let (items, options) = convert::select_request(request.into_inner()).map_err(to_status)?;
         let core = self.core.clone();
-        let out = run_with(ctx, async move { core.select(items, &options).await }).await.map_err(to_status)?;
+        let out = run_with(ctx, async move { core.select(items, &options).await }).await?;
         Ok(Response::new(convert::select_response_to(&out)))
     }
 
@@ -86,9 +86,7 @@ impl RefinersService for RefinersGrpc {
         let ctx = CallContext::from_request(&request);
         let (items, steps) = convert::refine_checklist_request(request.into_inner(), "").map_err(to_status)?;
         let core = self.core.clone();
-        let out = run_with(ctx, async move { core.run_chain(items, &steps, &assay_domain::no_events).await })
-            .await
-            .map_err(to_status)?;
+        let out = run_with(ctx, async move { core.run_chain(items, &steps, &assay_domain::no_events).await }).await?;
         Ok(Response::new(convert::refine_checklist_response_to(&out)))
     }
 
@@ -117,9 +115,7 @@ impl RefinersService for RefinersGrpc {
         let ctx = CallContext::from_request(&request);
         let req = sr::self_refine_request(request.into_inner(), "").map_err(to_status)?;
         let core = self.core.clone();
-        let out = run_with(ctx, async move { core.run_self_refine(req, &assay_domain::no_events).await })
-            .await
-            .map_err(to_status)?;
+        let out = run_with(ctx, async move { core.run_self_refine(req, &assay_domain::no_events).await }).await?;
         Ok(Response::new(sr::self_refine_response_to(&out)))
     }
 
@@ -148,8 +144,7 @@ impl RefinersService for RefinersGrpc {
         let ctx = CallContext::from_request(&request);
         let req = convert::patch_request(request.into_inner()).map_err(to_status)?;
         let core = self.core.clone();
-        let out =
-            run_with(ctx, async move { ContentRefiner::patch(core.as_ref(), req).await }).await.map_err(to_status)?;
+        let out = run_with(ctx, async move { ContentRefiner::patch(core.as_ref(), req).await }).await?;
         Ok(Response::new(convert::patch_response_to(&out)))
     }
 
@@ -160,7 +155,7 @@ impl RefinersService for RefinersGrpc {
         let ctx = CallContext::from_request(&request);
         let req = convert::expand_request(request.into_inner()).map_err(to_status)?;
         let core = self.core.clone();
-        let out = run_with(ctx, async move { core.expand_section(req).await }).await.map_err(to_status)?;
+        let out = run_with(ctx, async move { core.expand_section(req).await }).await?;
         Ok(Response::new(convert::expand_response_to(&out)))
     }
 }

@@ -47,8 +47,7 @@ impl ScorerService for ScorerGrpc {
         let ctx = CallContext::from_request(&request);
         let req = convert::score_request(request.into_inner(), "").map_err(to_status)?;
         let core = self.core.clone();
-        let out =
-            run_with(ctx, async move { core.score(req, &assay_domain::no_events).await }).await.map_err(to_status)?;
+        let out = run_with(ctx, async move { core.score(req, &assay_domain::no_events).await }).await?;
         Ok(Response::new(convert::score_response_to(&out)))
     }
 
@@ -81,9 +80,7 @@ impl ScorerService for ScorerGrpc {
         let ctx = CallContext::from_request(&request);
         let req = convert_judge::judge_sections_request(request.into_inner(), "").map_err(to_status)?;
         let judge = self.judge.clone();
-        let out = run_with(ctx, async move { judge.judge_sections(req, &assay_domain::no_events).await })
-            .await
-            .map_err(to_status)?;
+        let out = run_with(ctx, async move { judge.judge_sections(req, &assay_domain::no_events).await }).await?;
         Ok(Response::new(convert_judge::judge_sections_response_to(&out)))
     }
 

@@ -166,7 +166,7 @@ async fn default_panel_runs_three_judges_at_their_temperatures() {
         assert_eq!(record.temperature, Some([0.0, 0.3, 0.6][i]));
         assert_eq!(record.prompt_template_sha256.len(), 64);
         assert_eq!(v.model_record.as_ref(), Some(record));
-        let usage = r.usage.unwrap();
+        let usage = r.usage.clone().unwrap();
         assert_eq!((usage.calls, usage.prompt_tokens, usage.completion_tokens), (1, 100 + i as u64, 20));
         assert_eq!(v.usage, r.usage);
     }
@@ -187,7 +187,7 @@ async fn a_garbage_reply_fails_its_judge_and_the_others_stand() {
     assert_eq!(bad.judge_id, "judge-2");
     assert!(bad.verdict.is_none());
     assert!(bad.error.contains("no JSON"), "{}", bad.error);
-    assert_eq!(bad.usage.unwrap().prompt_tokens, 90, "a failed judge still reports its usage");
+    assert_eq!(bad.usage.as_ref().unwrap().prompt_tokens, 90, "a failed judge still reports its usage");
     assert_eq!(bad.model_record.as_ref().unwrap().temperature, Some(0.3));
     for i in [0, 2] {
         assert!((reply.results[i].verdict.as_ref().unwrap().overall_score - 0.8).abs() < 1e-9);

@@ -9,8 +9,8 @@
 //! ([`EXHAUSTED`]) the stage reports with what it has.
 
 use std::future::Future;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use assay_domain::Usage;
 
@@ -18,6 +18,10 @@ use assay_domain::Usage;
 pub const TOKENS_HEADER: &str = "assay-budget-tokens";
 /// Metadata header: US dollars left, a decimal number.
 pub const USD_HEADER: &str = "assay-budget-usd";
+/// Binary metadata on the error status of a stage call that failed after its model calls spent
+/// something: that usage (`assay.common.v1.Usage`, protobuf), so the caller charges what was paid
+/// for ([`charge_failed_call`]).
+pub const SPENT_HEADER: &str = "assay-spent-bin";
 /// How every "budget exhausted" error and record reason starts.
 pub const EXHAUSTED: &str = "budget exhausted";
 
@@ -65,6 +69,12 @@ pub struct Budget {
     nano_usd: AtomicU64,
     /// A charged call had no price: a cost limit can no longer be checked exactly.
     unpriced: AtomicBool,
+    /// A ceiling set from outside the run (a backend's daily spend cap): no new model call once
+    /// the charged cost reaches this many nano-dollars, plus one (0 = none set), and why.
+    ceiling: AtomicU64,
+    ceiling_reason: Mutex<String>,
+    /// Everything charged, summed.
+    spent: Mutex<Usage>,
 }
 
 const NANO: f64 = 1e9;
@@ -88,12 +98,20 @@ impl Budget {
 
     /// Charge the usage of finished calls.
     pub fn charge(&self, usage: &Usage) {
+        if let Ok(mut s) = self.spent.lock() {
+            s.add(usage);
+        }
         self.tokens.fetch_add(usage.tokens(), Ordering::Relaxed);
         let nano = (usage.cost_usd.max(0.0) * NANO).round() as u64;
         self.nano_usd.fetch_add(nano, Ordering::Relaxed);
         if usage.unpriced_calls > 0 {
             self.unpriced.store(true, Ordering::Relaxed);
         }
+    }
+
+    /// Everything charged so far.
+    pub fn spent(&self) -> Usage {
+        self.spent.lock().map(|s| s.clone()).unwrap_or_default()
     }
 
     /// Tokens charged so far.
@@ -106,12 +124,39 @@ impl Budget {
         self.nano_usd.load(Ordering::Relaxed) as f64 / NANO
     }
 
-    /// What is left, per limited quantity (never below zero).
-    pub fn remaining(&self) -> Limits {
-        Limits {
-            max_tokens: self.limits.max_tokens.map(|m| m.saturating_sub(self.spent_tokens())),
-            max_cost_usd: self.limits.max_cost_usd.map(|m| (m - self.spent_usd()).max(0.0)),
+    /// Let the work spend at most `remaining_usd` more from now on, whatever its own limits
+    /// (a backend's daily spend cap, as the run store last reported it); `reason` says what the
+    /// ceiling is when it stops the work. Each call replaces the previous ceiling.
+    pub fn set_ceiling(&self, remaining_usd: f64, reason: String) {
+        self.set_ceiling_at(self.spent_usd() + remaining_usd.max(0.0), reason);
+    }
+
+    /// Let the work spend at most `at_usd` in all (what it was charged counts against it).
+    pub fn set_ceiling_at(&self, at_usd: f64, reason: String) {
+        let at = (at_usd.max(0.0) * NANO).round() as u64;
+        if let Ok(mut r) = self.ceiling_reason.lock() {
+            *r = reason;
         }
+        // Stored plus one: 0 means none.
+        self.ceiling.store(at.saturating_add(1), Ordering::Relaxed);
+    }
+
+    /// The ceiling's remaining dollars, if one is set.
+    fn ceiling_left(&self) -> Option<f64> {
+        match self.ceiling.load(Ordering::Relaxed) {
+            0 => None,
+            at => Some((at - 1).saturating_sub(self.nano_usd.load(Ordering::Relaxed)) as f64 / NANO),
+        }
+    }
+
+    /// What is left, per limited quantity (never below zero); dollars also under the ceiling.
+    pub fn remaining(&self) -> Limits {
+        let own = self.limits.max_cost_usd.map(|m| (m - self.spent_usd()).max(0.0));
+        let max_cost_usd = match (own, self.ceiling_left()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        Limits { max_tokens: self.limits.max_tokens.map(|m| m.saturating_sub(self.spent_tokens())), max_cost_usd }
     }
 
     /// Why no new model call may start, or None while the budget allows one. A cost limit with
@@ -135,12 +180,29 @@ impl Budget {
                 ));
             }
         }
+        if self.ceiling_left().is_some_and(|left| left <= 0.0) {
+            let why = self.ceiling_reason.lock().map(|r| r.clone()).unwrap_or_default();
+            return Some(format!("{EXHAUSTED}: {why}"));
+        }
         None
     }
 }
 
 tokio::task_local! {
     static CURRENT: Arc<Budget>;
+    static SINK: Arc<dyn Fn(&Usage) + Send + Sync>;
+}
+
+/// Run `fut` with `sink` taking the usage of the stage calls it makes that fail after spending
+/// (the usage a failed call's status carries, [`SPENT_HEADER`]): a run charges it as it charges
+/// the usage a successful call returns.
+pub async fn with_sink<F: Future>(sink: Arc<dyn Fn(&Usage) + Send + Sync>, fut: F) -> F::Output {
+    SINK.scope(sink, fut).await
+}
+
+/// Charge the usage a failed stage call reported to the current sink, if any.
+pub fn charge_failed_call(usage: &Usage) {
+    let _ = SINK.try_with(|sink| sink(usage));
 }
 
 /// Run `fut` with `budget` as the current one (model calls made by it check and charge it).
@@ -199,6 +261,27 @@ mod tests {
         assert_eq!(Limits::from_headers(get(TOKENS_HEADER), get(USD_HEADER)), l);
         assert_eq!(Limits::from_headers(None, Some("x")), Limits::default());
         assert_eq!(Limits::from_headers(None, Some("-1")).max_cost_usd, Some(0.0));
+    }
+
+    #[test]
+    fn a_ceiling_caps_what_is_left_and_stops_the_work_with_its_reason() {
+        let b = Budget::new(Limits { max_tokens: None, max_cost_usd: Some(1.0) });
+        b.charge(&usage(10, 0.25, 0));
+        b.set_ceiling(0.5, "backend openai reached its daily spend cap".into());
+        assert!((b.remaining().max_cost_usd.unwrap() - 0.5).abs() < 1e-12, "{:?}", b.remaining());
+        b.charge(&usage(10, 0.3, 0));
+        assert!((b.remaining().max_cost_usd.unwrap() - 0.2).abs() < 1e-12, "own limit 0.45, ceiling 0.2");
+        assert_eq!(b.exhausted(), None);
+        b.charge(&usage(10, 0.2, 0));
+        assert_eq!(b.exhausted().unwrap(), "budget exhausted: backend openai reached its daily spend cap");
+        assert_eq!(b.remaining().max_cost_usd, Some(0.0));
+        // A ceiling alone limits dollars; a later one replaces it.
+        let c = Budget::new(Limits::default());
+        assert_eq!(c.remaining().max_cost_usd, None);
+        c.set_ceiling(0.0, "spent".into());
+        assert!(c.exhausted().is_some());
+        c.set_ceiling(2.0, "cap".into());
+        assert_eq!((c.exhausted(), c.remaining().max_cost_usd), (None, Some(2.0)));
     }
 
     #[tokio::test]

@@ -244,6 +244,12 @@ pub struct BackendConfig {
     /// backends; 0 = no limit).
     #[serde(default)]
     pub tokens_per_minute: u64,
+    /// Most US dollars this backend may cost per UTC day, counted by the gateway from the price
+    /// table (`prices`) across every run and every gateway sharing the run store; once reached,
+    /// new runs that use the backend are refused (RESOURCE_EXHAUSTED) and running ones stop as at
+    /// the end of a budget (0 = no cap).
+    #[serde(default)]
+    pub daily_spend_usd: f64,
 }
 
 /// A model's price, USD per million tokens.

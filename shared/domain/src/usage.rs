@@ -1,9 +1,11 @@
 //! Token accounting, carried by every stage outcome (the model crate re-exports it).
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 /// Token accounting for one or many calls.
-#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Usage {
     /// Calls that reached a backend (cache hits excluded).
     pub calls: u32,
@@ -22,6 +24,10 @@ pub struct Usage {
     /// Calls whose model has no price: while any, the total cost is unknown.
     #[serde(default)]
     pub unpriced_calls: u32,
+    /// `cost_usd` by the backend (its name in config) that served the priced calls: what a
+    /// backend's daily spend cap counts.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub cost_by_backend: BTreeMap<String, f64>,
 }
 
 impl Usage {
@@ -35,6 +41,9 @@ impl Usage {
         self.cached_prompt_tokens += other.cached_prompt_tokens;
         self.cost_usd += other.cost_usd;
         self.unpriced_calls += other.unpriced_calls;
+        for (backend, usd) in &other.cost_by_backend {
+            *self.cost_by_backend.entry(backend.clone()).or_default() += usd;
+        }
     }
 
     /// The cost in USD, or None when some call's model has no price.

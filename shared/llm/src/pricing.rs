@@ -99,6 +99,9 @@ fn check_budget() -> Result<(), LlmError> {
 /// Price, charge and count one finished call's usage.
 fn settle(prices: &Prices, backend: &str, usage: &mut Usage, requested: &str, reported: &str) {
     prices.apply(usage, requested, reported);
+    if usage.unpriced_calls == 0 && usage.cost_usd > 0.0 {
+        usage.cost_by_backend = BTreeMap::from([(backend.to_string(), usage.cost_usd)]);
+    }
     if let Some(b) = assay_budget::current() {
         b.charge(usage);
     }

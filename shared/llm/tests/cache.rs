@@ -48,7 +48,7 @@ async fn repeat_is_served_from_memory() {
     let second = cached.chat(request).await.unwrap();
     assert!(second.cached);
     assert_eq!(second.usage, Usage { cache_hits: 1, ..Usage::default() });
-    assert_eq!(as_fresh(&second, first.usage), first);
+    assert_eq!(as_fresh(&second, first.usage.clone()), first);
     assert_eq!(server.request_count(), 1);
 }
 
@@ -142,7 +142,7 @@ async fn sqlite_cache_survives_a_new_client() {
     let second = cached.chat(request).await.unwrap();
     assert!(second.cached);
     assert_eq!(second.json, Some(json!({"score": 3})));
-    assert_eq!(as_fresh(&second, first.usage), first);
+    assert_eq!(as_fresh(&second, first.usage.clone()), first);
     assert_eq!(server.request_count(), 1);
 }
 

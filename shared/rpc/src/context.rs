@@ -105,8 +105,44 @@ pub fn outgoing<T>(message: T) -> tonic::Request<T> {
 }
 
 /// Run a handler body with `ctx` current, enforcing the caller's deadline ourselves (tonic reports
-/// an expired grpc-timeout as CANCELLED; callers deserve DEADLINE_EXCEEDED).
-pub async fn run_with<T, F>(ctx: CallContext, fut: F) -> Result<T, assay_domain::StageError>
+/// an expired grpc-timeout as CANCELLED; callers deserve DEADLINE_EXCEEDED). An error status
+/// carries what the call's model calls had spent ([`with_spent`]).
+pub async fn run_with<T, F>(ctx: CallContext, fut: F) -> Result<T, tonic::Status>
+where
+    F: Future<Output = Result<T, assay_domain::StageError>>,
+{
+    let (out, spent) = run_counted(ctx, fut).await;
+    out.map_err(|e| with_spent(crate::to_status(e), &spent))
+}
+
+/// `status` carrying `spent` (when anything was), for the caller to charge
+/// ([`assay_budget::SPENT_HEADER`]).
+pub fn with_spent(mut status: tonic::Status, spent: &assay_domain::Usage) -> tonic::Status {
+    if spent.calls > 0 || spent.tokens() > 0 || spent.unpriced_calls > 0 {
+        let bytes = prost::Message::encode_to_vec(&assay_proto::convert::usage_to(spent));
+        status
+            .metadata_mut()
+            .insert_bin(assay_budget::SPENT_HEADER, tonic::metadata::MetadataValue::from_bytes(&bytes));
+    }
+    status
+}
+
+/// Charge the usage a failed call's `status` says its model calls spent to the caller's sink
+/// ([`assay_budget::charge_failed_call`]).
+pub fn charge_spent(status: &tonic::Status) {
+    let Some(value) = status.metadata().get_bin(assay_budget::SPENT_HEADER) else { return };
+    let Ok(bytes) = value.to_bytes() else { return };
+    if let Ok(usage) = <assay_proto::common::v1::Usage as prost::Message>::decode(bytes) {
+        assay_budget::charge_failed_call(&assay_proto::convert::usage_from(Some(usage)));
+    }
+}
+
+/// [`run_with`]'s work: the handler's result and everything its model calls spent (a budget is
+/// always current while serving, without limits when the caller sent none, so it counts).
+pub(crate) async fn run_counted<T, F>(
+    ctx: CallContext,
+    fut: F,
+) -> (Result<T, assay_domain::StageError>, assay_domain::Usage)
 where
     F: Future<Output = Result<T, assay_domain::StageError>>,
 {
@@ -125,8 +161,10 @@ where
             None => fut.await,
         }
     });
-    // A call with a budget: every model call made while serving it is held to it.
-    if limits.is_limited() { assay_budget::scope(assay_budget::Budget::new(limits), work).await } else { work.await }
+    // Every model call made while serving is charged to (and, with limits, held to) this budget.
+    let budget = assay_budget::Budget::new(limits);
+    let out = assay_budget::scope(budget.clone(), work).await;
+    (out, budget.spent())
 }
 
 #[cfg(test)]

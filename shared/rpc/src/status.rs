@@ -48,6 +48,8 @@ pub fn to_status(e: StageError) -> Status {
 
 /// Map a status from a downstream stage back to a stage error (field violations preserved).
 pub fn from_status(s: Status) -> StageError {
+    // What the failed call had already spent is charged to the caller's run.
+    crate::context::charge_spent(&s);
     let msg = s.message().to_string();
     match s.code() {
         Code::InvalidArgument => {

@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::{Response, Status};
 
-use crate::{CallContext, from_status, run_with, to_status};
+use crate::{CallContext, from_status, to_status};
 
 /// The body of a server-streaming response: messages, then the end or a status.
 pub type EventStream<M> = Pin<Box<dyn Stream<Item = Result<M, Status>> + Send>>;
@@ -66,11 +66,11 @@ where
         // The client is gone when this fails: the task below is about to drop the work.
         let _ = events.send(Ok(event(e)));
     });
-    let work = run_with(ctx, work(emit));
+    let work = crate::context::run_counted(ctx, work(emit));
     tokio::spawn(tracing::Instrument::in_current_span(async move {
         tokio::select! {
-            out = work => {
-                let _ = tx.send(out.map(result).map_err(|e| to_status(in_stream(e))));
+            (out, spent) = work => {
+                let _ = tx.send(out.map(result).map_err(|e| crate::context::with_spent(to_status(in_stream(e)), &spent)));
             }
             () = tx.closed() => {}
         }

@@ -337,7 +337,7 @@ impl ArbiterCore {
         let unplaced = |reason: &str, usage: Usage| Located { reason: reason.into(), usage, ..Located::default() };
         match chat.model.chat(req).await {
             Ok(reply) => {
-                let usage = reply.usage;
+                let usage = reply.usage.clone();
                 match localize::read_reply(reply_json(&reply).as_ref(), sections) {
                     Some(ids) if ids.is_empty() => unplaced("the localization call named no section", usage),
                     Some(section_ids) => Located { section_ids, usage, ..Located::default() },

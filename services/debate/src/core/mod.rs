@@ -575,7 +575,7 @@ impl Debate for DebateCore {
                     rounds.len() as u32,
                     StageArtifacts {
                         judgment: Some(judgment.clone()),
-                        usage: judgment.usage,
+                        usage: judgment.usage.clone(),
                         ..StageArtifacts::default()
                     },
                 ));

@@ -77,7 +77,13 @@ pub fn interpret(request: &ConsistencyRequest, reply: &ChatResponse) -> Result<C
             }
         }
     };
-    Ok(ConsistencyOutcome { consistent: answer == Answer::Yes, reason, confidence, usage: reply.usage, model: None })
+    Ok(ConsistencyOutcome {
+        consistent: answer == Answer::Yes,
+        reason,
+        confidence,
+        usage: reply.usage.clone(),
+        model: None,
+    })
 }
 
 /// Validate, call the phase's model once, read the answer.

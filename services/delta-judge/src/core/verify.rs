@@ -431,7 +431,7 @@ fn interpret(issue_id: &str, reply: &ChatResponse, min_fix_confidence: Option<f6
             v.error = format!("the reply holds no yes/no answer: {shown:?}");
         }
     }
-    IssueResult { verification: v, usage: reply.usage, logprobs_missing, demand_unmet }
+    IssueResult { verification: v, usage: reply.usage.clone(), logprobs_missing, demand_unmet }
 }
 
 /// The verification prompt of one issue. The issue (a judge's text) and both versions of the

@@ -6,6 +6,7 @@
 
 mod ctx;
 mod metrics;
+mod spend;
 pub mod store;
 mod stream;
 
@@ -22,6 +23,7 @@ use tokio::sync::watch;
 
 pub use ctx::{RunCtx, Writes, Written, stage_gate};
 use ctx::{now, state_name};
+pub use spend::SpendCaps;
 pub use store::{PostgresStore, RunStorage, RunStore, SqliteStore, StoredRun};
 
 /// How a pipeline ended: its final state (SUCCEEDED, PARTIAL, FAILED or CANCELLED) and result.
@@ -135,6 +137,8 @@ pub struct Engine {
     /// beyond it a new run is refused with RESOURCE_EXHAUSTED instead of queueing without bound.
     active: Arc<AtomicUsize>,
     max_active: usize,
+    /// Spend per backend and the daily caps.
+    spend: Option<Arc<SpendCaps>>,
 }
 
 /// One executing run's place under [`Engine::with_max_active_runs`].
@@ -157,6 +161,34 @@ impl Engine {
             halt: Arc::new(watch::channel(false).0),
             active,
             max_active: usize::MAX,
+            spend: None,
+        }
+    }
+
+    /// Hold runs to the backends' daily spend caps (a no-op when no backend has one).
+    #[must_use]
+    pub fn with_spend_caps(mut self, caps: Arc<SpendCaps>) -> Self {
+        self.spend = caps.any().then_some(caps);
+        self
+    }
+
+    /// The capped backends a run of `request` uses; refused (RESOURCE_EXHAUSTED) when one of
+    /// them reached its daily cap.
+    async fn admit_spend(
+        &self,
+        request: &gw::RunPipelineRequest,
+    ) -> Result<Option<(Arc<SpendCaps>, std::collections::BTreeSet<String>)>, StageError> {
+        let Some(caps) = &self.spend else { return Ok(None) };
+        let backends = caps.capped_backends_of(request);
+        caps.admit(&backends).await?;
+        Ok(Some((caps.clone(), backends)))
+    }
+
+    /// `ctx` held to the caps of the capped backends its request uses.
+    fn capped(&self, ctx: RunCtx, spend: Option<(Arc<SpendCaps>, std::collections::BTreeSet<String>)>) -> RunCtx {
+        match spend {
+            Some((caps, backends)) => ctx.with_spend(caps, backends),
+            None => ctx,
         }
     }
 
@@ -230,11 +262,12 @@ impl Engine {
         check_label(&request.label)?;
         check_budget(request.budget.as_ref())?;
         let pipeline = self.factory.parse(&request)?;
+        let spend = self.admit_spend(&request).await?;
         let slot = self.admit()?;
         let run = Self::new_run(pipeline.as_ref(), request.label.clone(), request.budget);
         let run_id = run.run_id.clone();
         self.store.create(run.clone(), request).await?;
-        let ctx = Arc::new(RunCtx::new(run, 0, Some(self.store.clone())));
+        let ctx = Arc::new(self.capped(RunCtx::new(run, 0, Some(self.store.clone())), spend));
         ctx.emit(Event::Started(gw::RunStarted { kind: pipeline.kind() as i32, records: pipeline.total() })).await?;
         self.spawn(Live::new(ctx, pipeline), slot);
         Ok(run_id)
@@ -246,10 +279,13 @@ impl Engine {
     pub async fn run_unpersisted(&self, request: gw::RunPipelineRequest) -> Result<gw::Run, StageError> {
         check_budget(request.budget.as_ref())?;
         let pipeline = self.factory.parse(&request)?;
+        let spend = self.admit_spend(&request).await?;
         let _slot = self.admit()?;
         let run = Self::new_run(pipeline.as_ref(), request.label.clone(), request.budget);
-        let ctx = RunCtx::new(run, 0, None);
-        let outcome = ctx.budget_scope(pipeline.run(&ctx)).await?;
+        let ctx = self.capped(RunCtx::new(run, 0, None), spend);
+        let outcome = ctx.budget_scope(pipeline.run(&ctx)).await;
+        ctx.spend_recorded().await;
+        let outcome = outcome?;
         let result = gw::RunResult { result: outcome.result, error: String::new() };
         ctx.update(|r| {
             r.state = outcome.state as i32;
@@ -317,6 +353,7 @@ impl Engine {
 
     /// Record how a run ended: its state, result and the RunCompleted event.
     async fn finish(&self, ctx: &RunCtx, outcome: Result<RunOutcome, StageError>) -> Result<(), StageError> {
+        ctx.spend_recorded().await;
         let (state, result) = match outcome {
             Ok(o) => (o.state, gw::RunResult { result: o.result, error: String::new() }),
             Err(StageError::Cancelled(_)) if ctx.is_cancelled() => {
@@ -606,7 +643,18 @@ impl Engine {
             let last = self.store.events_after(&run.run_id, 0).await?.last().map_or(0, |e| e.sequence);
             let run_id = run.run_id.clone();
             let run_state = run.state;
-            let ctx = Arc::new(RunCtx::new(run, last, Some(self.store.clone())));
+            // A resumed run is never refused: the caps' ceiling stops it where they are reached.
+            let spend = match &self.spend {
+                Some(c) => {
+                    let backends = c.capped_backends_of(&request);
+                    if let Err(e) = c.refresh(&backends).await {
+                        tracing::warn!(run_id = %run_id, error = %e, "could not read today's spend of the capped backends");
+                    }
+                    Some((c.clone(), backends))
+                }
+                None => None,
+            };
+            let ctx = Arc::new(self.capped(RunCtx::new(run, last, Some(self.store.clone())), spend));
             let pipeline = match self.factory.parse(&request) {
                 Ok(p) => p,
                 Err(e) => {

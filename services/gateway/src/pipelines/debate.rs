@@ -172,7 +172,7 @@ impl DebatePipeline {
         let baselines = if self.baselines {
             let samples = (outcome.usage.calls + outcome.usage.cache_hits).max(1) as usize;
             let b = self.baselines_of(debate.as_ref(), p, samples).await?;
-            ctx.add_usage(&convert::usage_from(b.usage));
+            ctx.add_usage(&convert::usage_from(b.usage.clone()));
             Some(b)
         } else {
             None
@@ -320,8 +320,8 @@ pub fn aggregate(mut problems: Vec<gw::DebateProblemResult>, total: usize) -> gw
     let mut debate_usage = Usage::default();
     let mut baseline_usage = Usage::default();
     for p in &ok {
-        debate_usage.add(&convert::usage_from(p.debate.as_ref().and_then(|d| d.usage)));
-        baseline_usage.add(&convert::usage_from(p.baselines.as_ref().and_then(|b| b.usage)));
+        debate_usage.add(&convert::usage_from(p.debate.as_ref().and_then(|d| d.usage.clone())));
+        baseline_usage.add(&convert::usage_from(p.baselines.as_ref().and_then(|b| b.usage.clone())));
     }
     let with_baselines: Vec<&gw::DebateBaselines> = graded.iter().filter_map(|p| p.baselines.as_ref()).collect();
     let baseline_rate = |hit: fn(&gw::DebateBaselines) -> bool| {

@@ -38,7 +38,7 @@ pub(super) async fn run(
             items_in,
             items_out: next.len() as u32,
             actions: actions.clone(),
-            usage,
+            usage: usage.clone(),
         };
         tracing::debug!(
             step = i,

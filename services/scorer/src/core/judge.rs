@@ -191,7 +191,7 @@ impl Panel<'_> {
                     issues,
                     overall_score,
                     section_scores,
-                    usage: reply.usage,
+                    usage: reply.usage.clone(),
                     model_record: Some(record.clone()),
                     unknown_section_issues,
                 };

@@ -303,6 +303,7 @@ pub fn usage_to(u: &d::Usage) -> pb::Usage {
         cached_prompt_tokens: u.cached_prompt_tokens,
         cost_usd: u.cost(),
         unpriced_calls: u.unpriced_calls,
+        cost_usd_by_backend: u.cost_by_backend.iter().map(|(k, v)| (k.clone(), *v)).collect(),
     }
 }
 
@@ -319,6 +320,7 @@ pub fn usage_from(p: Option<pb::Usage>) -> d::Usage {
         cost_usd: p.cost_usd.unwrap_or(p.cost_estimate_usd),
         // A sender that knows no prices sets neither field: its calls are unpriced.
         unpriced_calls: if p.cost_usd.is_none() && p.unpriced_calls == 0 { p.calls } else { p.unpriced_calls },
+        cost_by_backend: p.cost_usd_by_backend.into_iter().filter(|(_, v)| v.is_finite() && *v > 0.0).collect(),
     }
 }
 

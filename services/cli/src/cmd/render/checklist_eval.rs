@@ -74,7 +74,7 @@ pub fn checklist_ready_line(c: &gw::ChecklistReady) -> String {
 /// The summary line on standard error.
 pub fn summary_line(run_id: &str, total: usize, failed: u64, e: &gw::EvaluateResponse, pipeline_s: f64) -> String {
     let a = e.aggregate.clone().unwrap_or_default();
-    let u = e.usage.unwrap_or_default();
+    let u = e.usage.clone().unwrap_or_default();
     let scores = || e.results.iter().filter_map(|r| r.score.as_ref());
     // With repeated judging: the items the samples disagreed on, and the samples that gave no answer.
     let sampled = if scores().any(|s| !s.sample_primary_scores.is_empty()) {

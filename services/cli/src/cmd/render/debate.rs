@@ -26,7 +26,7 @@ pub fn problem_line(p: &gw::DebateProblemResult) -> String {
     if !p.error.is_empty() {
         return format!("{}: failed: {}", p.id, p.error);
     }
-    let calls = p.debate.as_ref().and_then(|d| d.usage).map_or(0, |u| u.calls);
+    let calls = p.debate.as_ref().and_then(|d| d.usage.as_ref()).map_or(0, |u| u.calls);
     let mut line = format!(
         "{}: {:?} ({}, {}, {calls} calls)",
         p.id,
@@ -81,7 +81,7 @@ pub fn summary_text(run_id: &str, d: &gw::DebateRunResult, baselines: bool) -> S
     }
     s.push_str(&format!("  consensus rate       {}\n", pct(d.consensus_rate)));
     s.push_str(&format!("  changed-answer rate  {}\n", pct(d.changed_rate)));
-    let du = d.debate_usage.unwrap_or_default();
+    let du = d.debate_usage.clone().unwrap_or_default();
     s.push_str(&format!(
         "  debate usage         {} calls, {} tokens ({} prompt + {} completion), {}, {} cache hits",
         d.calls,
@@ -92,7 +92,7 @@ pub fn summary_text(run_id: &str, d: &gw::DebateRunResult, baselines: bool) -> S
         du.cache_hits
     ));
     if baselines {
-        let bu = d.baseline_usage.unwrap_or_default();
+        let bu = d.baseline_usage.clone().unwrap_or_default();
         let acc = |a: Option<f64>| a.map_or_else(|| "- (no references)".to_string(), pct);
         s.push_str(&format!("\n  single model         {}", acc(d.single_model_accuracy)));
         s.push_str(&format!("\n  self-consistency     {}", acc(d.self_consistency_accuracy)));

@@ -98,7 +98,7 @@ pub fn summary_line(r: &rpb::SelfRefineResponse, min_bytes: u32) -> String {
             "done: the draft is shorter than {min_bytes} bytes (--min-bytes): returned unchanged, no model call"
         );
     }
-    let u = r.usage.unwrap_or_default();
+    let u = r.usage.clone().unwrap_or_default();
     let mut line = format!(
         "done: {} after {}, text {}, {} ({} tokens, {})",
         stop_reason_name(r.stop_reason),

@@ -128,6 +128,11 @@ pub trait RunStorage: Send + Sync {
     async fn control_outcome(&self, id: i64) -> Result<ControlOutcome, StageError>;
     /// How many runs the store holds in each state (`RunState` numbers; states with none left out).
     async fn count_by_state(&self) -> Result<Vec<(i32, i64)>, StageError>;
+    /// Add `nano_usd` (1e-9 USD) to `backend`'s spend on UTC `day` (`YYYY-MM-DD`), atomically
+    /// with every other gateway sharing the store; returns the day's total after the addition.
+    async fn add_spend(&self, day: &str, backend: &str, nano_usd: i64) -> Result<i64, StageError>;
+    /// Every backend's spend on UTC `day`, nano-dollars.
+    async fn spend(&self, day: &str) -> Result<Vec<(String, i64)>, StageError>;
 }
 
 /// The engine's handle on its store. Cheap to clone.

@@ -105,4 +105,10 @@ impl RunStorage for ObservedStore {
     async fn count_by_state(&self) -> Result<Vec<(i32, i64)>, StageError> {
         self.inner.count_by_state().await
     }
+    async fn add_spend(&self, day: &str, backend: &str, nano_usd: i64) -> Result<i64, StageError> {
+        self.inner.add_spend(day, backend, nano_usd).await
+    }
+    async fn spend(&self, day: &str) -> Result<Vec<(String, i64)>, StageError> {
+        self.inner.spend(day).await
+    }
 }

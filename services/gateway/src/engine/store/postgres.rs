@@ -20,6 +20,7 @@ use super::{
 const MIGRATIONS: &[(i32, &str)] = &[
     (1, include_str!("../../../migrations/postgres/0001_runs.sql")),
     (2, include_str!("../../../migrations/postgres/0002_control_refusals.sql")),
+    (3, include_str!("../../../migrations/postgres/0003_spend.sql")),
 ];
 /// A run's summary, fenced by this gateway's lease: $1 run, $2 state, $3 summary, $4 owner.
 const UPDATE_SUMMARY: &str =
@@ -472,5 +473,30 @@ impl RunStorage for PostgresStore {
             .await
             .map_err(db_err)?;
         Ok(rows.iter().map(|r| (r.get::<_, i32>(0), r.get::<_, i64>(1))).collect())
+    }
+
+    async fn add_spend(&self, day: &str, backend: &str, nano_usd: i64) -> Result<i64, StageError> {
+        let row = self
+            .client()
+            .await?
+            .query_one(
+                "INSERT INTO spend (day, backend, nano_usd) VALUES ($1::text::date, $2, $3)
+                 ON CONFLICT (day, backend) DO UPDATE SET nano_usd = spend.nano_usd + EXCLUDED.nano_usd
+                 RETURNING nano_usd",
+                &[&day, &backend, &nano_usd],
+            )
+            .await
+            .map_err(db_err)?;
+        Ok(row.get(0))
+    }
+
+    async fn spend(&self, day: &str) -> Result<Vec<(String, i64)>, StageError> {
+        let rows = self
+            .client()
+            .await?
+            .query("SELECT backend, nano_usd FROM spend WHERE day = $1::text::date ORDER BY backend", &[&day])
+            .await
+            .map_err(db_err)?;
+        Ok(rows.iter().map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1))).collect())
     }
 }

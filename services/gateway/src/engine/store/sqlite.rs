@@ -94,6 +94,12 @@ impl SqliteStore {
                  key TEXT NOT NULL,
                  value BLOB NOT NULL,
                  PRIMARY KEY (run_id, key)
+             );
+             CREATE TABLE IF NOT EXISTS spend (
+                 day TEXT NOT NULL,
+                 backend TEXT NOT NULL,
+                 nano_usd INTEGER NOT NULL,
+                 PRIMARY KEY (day, backend)
              );",
         )
         .map_err(db_err)?;
@@ -300,6 +306,33 @@ impl RunStorage for SqliteStore {
             let mut stmt =
                 c.prepare("SELECT state, COUNT(*) FROM runs GROUP BY state ORDER BY state").map_err(db_err)?;
             let rows = stmt.query_map([], |r| Ok((r.get::<_, i32>(0)?, r.get::<_, i64>(1)?))).map_err(db_err)?;
+            rows.map(|r| r.map_err(db_err)).collect()
+        })
+        .await
+    }
+
+    async fn add_spend(&self, day: &str, backend: &str, nano_usd: i64) -> Result<i64, StageError> {
+        let (day, backend) = (day.to_string(), backend.to_string());
+        self.with(move |c| {
+            c.prepare_cached(
+                "INSERT INTO spend (day, backend, nano_usd) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (day, backend) DO UPDATE SET nano_usd = nano_usd + excluded.nano_usd
+                 RETURNING nano_usd",
+            )
+            .map_err(db_err)?
+            .query_row(params![day, backend, nano_usd], |r| r.get(0))
+            .map_err(db_err)
+        })
+        .await
+    }
+
+    async fn spend(&self, day: &str) -> Result<Vec<(String, i64)>, StageError> {
+        let day = day.to_string();
+        self.with(move |c| {
+            let mut stmt = c
+                .prepare_cached("SELECT backend, nano_usd FROM spend WHERE day = ?1 ORDER BY backend")
+                .map_err(db_err)?;
+            let rows = stmt.query_map(params![day], |r| Ok((r.get(0)?, r.get(1)?))).map_err(db_err)?;
             rows.map(|r| r.map_err(db_err)).collect()
         })
         .await

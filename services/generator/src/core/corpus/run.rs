@@ -32,7 +32,7 @@ impl<'a> Run<'a> {
     }
 
     pub fn usage(&self) -> Usage {
-        *self.usage.lock().unwrap_or_else(|p| p.into_inner())
+        self.usage.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Generation temperature of this run.
