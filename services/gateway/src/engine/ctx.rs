@@ -461,6 +461,11 @@ impl RunCtx {
         }
     }
 
+    /// What is left of the run's budget (its own limits, and a spend cap's ceiling), if it has one.
+    pub fn budget_left(&self) -> Option<assay_budget::Limits> {
+        self.budget.as_ref().map(|b| b.remaining())
+    }
+
     /// The run's token limit, if it has one.
     pub fn token_limit(&self) -> Option<u64> {
         self.budget.as_ref()?.limits().max_tokens

@@ -266,6 +266,8 @@ impl Pipeline for ChecklistEval {
         // Checkpoints and events are queued, not waited for one by one: the run's writer stores
         // them in order, many per transaction, while this loop goes on starting scorer calls.
         let mut writes = Writes::default();
+        // Under a budget, no more records in flight than what is left pays for.
+        let mut reserve = Reserve::default();
         loop {
             // A spent budget starts no new record: the ones waiting are not run, and say why.
             // (Checked only while records wait: a budget spent by the last records in flight
@@ -282,7 +284,8 @@ impl Pipeline for ChecklistEval {
                     writes.push(ctx.emit_queued(Event::RecordScored(result)));
                 }
             }
-            while scoring.len() < self.concurrency {
+            let affordable = ctx.budget_left().map_or(usize::MAX, |left| reserve.in_flight(&left));
+            while scoring.len() < self.concurrency.min(affordable) {
                 let Some(i) = queue.pop_front() else { break };
                 let Some(checklist) = ready[production.record_checklist[i]].clone() else { continue };
                 scoring.push(async move {
@@ -324,6 +327,7 @@ impl Pipeline for ChecklistEval {
                     let checklist_id = ready[production.record_checklist[i]].as_ref().map(|c| c.id.clone()).unwrap_or_default();
                     let result = match scored {
                         Ok((r, usage, model)) => {
+                            reserve.add(&usage);
                             ctx.add_usage(&usage);
                             ctx.add_model(&model);
                             r
@@ -347,6 +351,39 @@ impl Pipeline for ChecklistEval {
         writes.flush().await?;
         let ok: Vec<Checklist> = production.found.into_iter().flatten().collect();
         self.finish(ctx, &ok, ctx.is_cancelled()).await
+    }
+}
+
+/// How many records a budget lets be in flight: what is left of it over the mean cost of a scored
+/// record, so the calls started never owe much more than is left (the overshoot is then about one
+/// record's cost, however many the gateway could score at once). Before any record was scored,
+/// [`Reserve::FIRST`] at a time.
+#[derive(Debug, Default)]
+struct Reserve {
+    scored: u64,
+    tokens: u64,
+    usd: f64,
+}
+
+impl Reserve {
+    const FIRST: usize = 4;
+
+    fn add(&mut self, usage: &assay_domain::Usage) {
+        self.scored += 1;
+        self.tokens += usage.tokens();
+        self.usd += usage.cost_usd;
+    }
+
+    fn in_flight(&self, left: &assay_budget::Limits) -> usize {
+        if self.scored == 0 {
+            return Self::FIRST;
+        }
+        let n = self.scored as f64;
+        let fits = |left: f64, spent: f64| if spent > 0.0 { left / (spent / n) } else { f64::INFINITY };
+        let by_tokens = left.max_tokens.map_or(f64::INFINITY, |t| fits(t as f64, self.tokens as f64));
+        let by_usd = left.max_cost_usd.map_or(f64::INFINITY, |u| fits(u, self.usd));
+        let fit = by_tokens.min(by_usd);
+        if fit.is_finite() { (fit.ceil() as usize).max(1) } else { usize::MAX }
     }
 }
 
@@ -380,4 +417,32 @@ fn scorer_fields(e: StageError) -> StageError {
             format!("pipeline.{field}")
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn usage(tokens: u64, usd: f64) -> assay_domain::Usage {
+        assay_domain::Usage { calls: 1, prompt_tokens: tokens, cost_usd: usd, ..Default::default() }
+    }
+
+    #[test]
+    fn a_budget_lets_as_many_records_fly_as_it_still_pays_for() {
+        let mut r = Reserve::default();
+        let tokens = |t| assay_budget::Limits { max_tokens: Some(t), max_cost_usd: None };
+        assert_eq!(r.in_flight(&tokens(1_000_000)), Reserve::FIRST, "nothing known yet");
+        r.add(&usage(100, 0.001));
+        r.add(&usage(120, 0.001));
+        assert_eq!(r.in_flight(&tokens(1_100)), 10, "1,100 tokens left at 110 a record");
+        assert_eq!(r.in_flight(&tokens(1_101)), 11, "a part of a record left starts one more");
+        assert_eq!(r.in_flight(&tokens(0)), 1, "the budget's own check stops the last one");
+        let both = assay_budget::Limits { max_tokens: Some(1_100), max_cost_usd: Some(0.003) };
+        assert_eq!(r.in_flight(&both), 3, "the tighter limit decides");
+        assert_eq!(r.in_flight(&assay_budget::Limits::default()), usize::MAX, "no limit");
+        let mut free = Reserve::default();
+        free.add(&usage(100, 0.0));
+        let dollars = assay_budget::Limits { max_tokens: None, max_cost_usd: Some(1.0) };
+        assert_eq!(free.in_flight(&dollars), usize::MAX, "records that cost nothing are not limited by dollars");
+    }
 }
