@@ -662,3 +662,39 @@ async fn a_stronger_models_longer_replies_are_not_cut_by_the_reply_schemas() {
     assert_eq!(sandbox.llm.request_count(), 13);
     sandbox.shutdown().await.unwrap();
 }
+
+/// With a price table, a debate's cost is its calls at the table's prices: the judge's replies
+/// (100 + 20 tokens) and every other call (50 + 10), counted at the backend, summed into the
+/// debate's and the baselines' usage.
+#[tokio::test]
+async fn a_priced_debate_costs_its_calls_at_the_price_table() {
+    let prices = BTreeMap::from([(
+        "scripted-judge".to_string(),
+        assay_llm::pricing::Price { input: 2.0, output: 8.0, cached_input: None },
+    )]);
+    let sandbox = MeshSandbox::start_with(SandboxOptions { prices: Some(prices), ..Default::default() }).await;
+    sandbox.llm.set_handler(answer);
+    let set: Vec<&Scripted> = SET.iter().collect();
+    let events =
+        run_to_end(sandbox.gateway().await, gw::run_pipeline_request::Pipeline::Debate(pipeline(&set, true, false)))
+            .await;
+    let (state, d) = debate_result(&events);
+    assert_eq!(state, gw::RunState::Succeeded as i32, "{d:?}");
+    let requests = sandbox.llm.requests();
+    let judgments = requests.iter().filter(|r| r.schema_name() == "debate_judgment").count() as f64;
+    let others = requests.len() as f64 - judgments;
+    let want = (judgments * (100.0 * 2.0 + 20.0 * 8.0) + others * (50.0 * 2.0 + 10.0 * 8.0)) / 1e6;
+    let cost = |u: &Option<assay_proto::common::v1::Usage>| u.as_ref().and_then(|u| u.cost_usd).expect("priced");
+    let got = cost(&d.debate_usage) + cost(&d.baseline_usage);
+    assert!(judgments > 0.0 && others > 0.0);
+    assert!((got - want).abs() < 1e-12, "debate + baselines ${got}, calls at the prices ${want}");
+    let run = GatewayServiceClient::new(sandbox.gateway().await)
+        .get_run(gw::GetRunRequest { run_id: events[0].run_id.clone() })
+        .await
+        .unwrap()
+        .into_inner()
+        .run
+        .unwrap();
+    assert!((cost(&run.usage) - want).abs() < 1e-12, "the run's cost: {:?}", run.usage);
+    sandbox.shutdown().await.unwrap();
+}

@@ -1005,6 +1005,33 @@ fn assert_fr029_order(events: &[gw::RunEvent]) {
 /// US1-1, SC-002: a factual error in section 2 is fixed by regenerating that section only; the
 /// other sections come back byte-identical and the run is ACCEPTED.
 #[tokio::test]
+async fn a_priced_refinement_costs_its_calls_at_the_price_table() {
+    // Every call (judges, arbiter, editors, delta judge, embeddings) on one priced model: the run's
+    // cost is the table's prices on the run's tokens only if every call's cost was summed into it.
+    let lesson = five();
+    let doc = lesson.clone().with("stages", STAGES_RIGHT, STAGES_WRONG);
+    let script = Script::new(&lesson, 0.92).defect(wrong_first_stage(0.5));
+    // "*": the embedding model too (a model without a price would leave the cost unknown).
+    let prices =
+        BTreeMap::from([("*".to_string(), assay_llm::pricing::Price { input: 2.0, output: 8.0, cached_input: None })]);
+    let sandbox = MeshSandbox::start_with(SandboxOptions { prices: Some(prices), ..Default::default() }).await;
+    script.install(&sandbox.llm);
+    let mut run = Run::start(&sandbox, pipeline(&doc.sections, &doc.brief, gw::RefinementMode::FullAuto)).await;
+    let result = run.finish().await;
+    assert_eq!(result.outcome(), gw::RefinementOutcome::Accepted, "{result:#?}");
+    let stored = run.client.get_run(gw::GetRunRequest { run_id: run.run_id.clone() }).await.unwrap().into_inner();
+    let usage = stored.run.and_then(|r| r.usage).expect("usage");
+    assert_eq!(usage.unpriced_calls, 0, "{usage:?}");
+    assert!(usage.calls as usize >= 5 && usage.calls as usize <= sandbox.llm.request_count(), "{usage:?}");
+    let want = (usage.prompt_tokens as f64 * 2.0 + usage.completion_tokens as f64 * 8.0) / 1e6;
+    let got = usage.cost_usd.expect("priced");
+    assert!(got > 0.0 && (got - want).abs() < 1e-12, "run cost ${got}, its tokens at the prices ${want}: {usage:?}");
+    let phases: f64 = result.phase_usage.iter().filter_map(|p| p.usage.as_ref().and_then(|u| u.cost_usd)).sum();
+    assert!((phases - got).abs() < 1e-12, "the phases' costs add up to the run's: ${phases} vs ${got}");
+    sandbox.shutdown().await.unwrap();
+}
+
+#[tokio::test]
 async fn us1_1_only_the_section_with_the_factual_error_changes() {
     let lesson = five();
     let doc = lesson.clone().with("stages", STAGES_RIGHT, STAGES_WRONG);
