@@ -369,27 +369,7 @@ fn marker(id: &str) -> String {
 }
 
 fn lesson() -> (Vec<pb::Section>, pb::Brief) {
-    let doc: Value = serde_json::from_str(include_str!("../../examples/lesson.json")).expect("lesson parses");
-    let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
-    let sections = doc["sections"]
-        .as_array()
-        .expect("sections")
-        .iter()
-        .enumerate()
-        .map(|(i, s)| pb::Section {
-            id: text(&s["id"]),
-            index: i as u32,
-            title: text(&s["title"]),
-            content: text(&s["content"]),
-        })
-        .collect();
-    let b = &doc["brief"];
-    let brief = pb::Brief {
-        objectives: b["objectives"].as_array().map(|o| o.iter().map(text).collect()).unwrap_or_default(),
-        audience: text(&b["audience"]),
-        language: text(&b["language"]),
-        description: text(&b["description"]),
-    };
+    let (brief, sections) = assay_tests::lesson_fixture(include_str!("../../examples/lesson.json"));
     (sections, brief)
 }
 
