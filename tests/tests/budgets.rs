@@ -116,6 +116,9 @@ async fn a_tenth_of_the_tokens_ends_partial_keeping_what_was_scored() {
     assert!(used >= max, "the budget was used up: {used} of {max}");
     let overshoot = used - max;
     assert!(overshoot <= IN_FLIGHT * PER_CALL, "overshoot {overshoot} tokens beyond the calls in flight");
+    // The reserve: no more records in flight than what is left pays for, so the overshoot is about
+    // one record's call, not the 64 the gateway could have in flight (53-63 calls without it).
+    assert!(overshoot <= 2 * PER_CALL, "overshoot {overshoot} tokens: more records in flight than the budget paid for");
     eprintln!(
         "budget {max} tokens: {scored} of {RECORDS} records scored, {used} tokens used, overshoot {overshoot} tokens ({} calls; {IN_FLIGHT} in flight at most)",
         overshoot.div_ceil(PER_CALL)
