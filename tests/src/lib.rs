@@ -209,6 +209,8 @@ pub struct SandboxOptions {
     pub prices: Option<std::collections::BTreeMap<String, assay_llm::pricing::Price>>,
     /// `backends.openai.daily_spend_usd` (needs `prices`).
     pub daily_spend_usd: Option<f64>,
+    /// The backend client's concurrency limit: `Some(n)` fixed at n (default: adaptive).
+    pub fixed_concurrency: Option<u32>,
 }
 
 impl MeshSandbox {
@@ -246,8 +248,17 @@ impl MeshSandbox {
         cfg.default_model = "scripted-judge".into();
         cfg.base_backoff = Duration::from_millis(10);
         cfg.max_backoff = Duration::from_millis(200);
+        // The tests count backend calls exactly (one per call, at most N at once); hedged
+        // duplicates of stragglers, on by default, would add one whenever the loaded test
+        // machine stalls a call. Hedging has its own tests (assay-llm) and the fault harness
+        // (fault_costs) runs the default.
+        cfg.adaptive_timeout.hedge_factor = 0.0;
         if let Some(adaptive) = options.adaptive_timeout {
             cfg.adaptive_timeout = adaptive;
+        }
+        if let Some(n) = options.fixed_concurrency {
+            cfg.initial_concurrency = 0;
+            cfg.max_concurrency = n as usize;
         }
         let client = Arc::new(OpenAiClient::new(cfg).expect("client"));
         let prices = assay_llm::pricing::Prices::new(options.prices.clone().unwrap_or_default());

@@ -6,10 +6,11 @@
 //! Prints one table: pipeline, fault-free time, faulted time, ratio, run outcome (the median of
 //! `FAULT_REPEATS` runs, default 3, and the slowest). `FAULT_FLOOR_MS` sets the adaptive timeout
 //! floor of the sandbox's backend client (default: the client's default, 1 s); `FAULT_HEDGE` its
-//! `hedge_factor` (default: the client's default, 0: only the last attempt is hedged). Run:
+//! `hedge_factor` (default: the client's default, 2; 0 hedges only the last attempt). Run:
 //!
 //! `cargo test -p assay-tests --test fault_costs -- --ignored --nocapture`
 //!
+//! `FAULT_FIXED_LIMIT=N` fixes the client's concurrency limit at N (default: adaptive).
 //! `FAULT_ONLY=debate` runs one pipeline; `FAULT_SEED` (default 29) seeds the faults; `RUST_LOG`
 //! turns on logs.
 //!
@@ -315,14 +316,14 @@ async fn run_once(make: Scenario, faults: Option<Faults>, seed: u64) -> Run {
     let mut options = SandboxOptions::default();
     let floor = std::env::var("FAULT_FLOOR_MS").ok().and_then(|v| v.parse().ok());
     let hedge = std::env::var("FAULT_HEDGE").ok().and_then(|v| v.parse::<f64>().ok());
-    if floor.is_some() || hedge.is_some() {
-        let default = assay_llm::AdaptiveTimeout::default();
-        options.adaptive_timeout = Some(assay_llm::AdaptiveTimeout {
-            floor: floor.map_or(default.floor, Duration::from_millis),
-            hedge_factor: hedge.unwrap_or(default.hedge_factor),
-            ..default
-        });
-    }
+    // The client's defaults (the sandbox turns hedging off for tests that count calls).
+    let default = assay_llm::AdaptiveTimeout::default();
+    options.adaptive_timeout = Some(assay_llm::AdaptiveTimeout {
+        floor: floor.map_or(default.floor, Duration::from_millis),
+        hedge_factor: hedge.unwrap_or(default.hedge_factor),
+        ..default
+    });
+    options.fixed_concurrency = std::env::var("FAULT_FIXED_LIMIT").ok().and_then(|v| v.parse().ok());
     let sandbox = MeshSandbox::start_with(options).await;
     let (pipeline, base) = make();
     let injected = Arc::new(Injected::default());

@@ -77,6 +77,7 @@ impl Harness {
         // breaker is what is under test.
         cfg.max_retries = 0;
         cfg.breaker_failures = 1_000;
+        cfg.adaptive_timeout.hedge_factor = 0.0;
         cfg.base_backoff = Duration::from_millis(5);
         let hub = Arc::new(ModelHub::single_openai(cfg).unwrap());
         let clock = Arc::new(ManualClock::new());

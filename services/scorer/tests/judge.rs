@@ -45,6 +45,8 @@ async fn harness() -> Harness {
     let mut cfg = OpenAiConfig::new(llm.base_url());
     cfg.default_model = "panel-model".into();
     cfg.base_backoff = Duration::from_millis(5);
+    // Calls are counted one request each: no hedged duplicates of stragglers.
+    cfg.adaptive_timeout.hedge_factor = 0.0;
     let hub = Arc::new(ModelHub::single_openai(cfg).unwrap());
     let server = TestServer::start(
         assay_scorer::routes(Arc::new(ScorerCore::new(hub, 8))),

@@ -205,7 +205,8 @@ pub struct BackendConfig {
     #[serde(default)]
     pub max_concurrency: u32,
     /// Requests in flight at the start; the limit then adapts to the backend (grows while latency
-    /// stays flat, cut on 429 / 503 / timeouts / latency rises). 0 = fixed at `max_concurrency`.
+    /// stays flat, cut on latency rises and on 429 / 503 / timeouts once they are most of the
+    /// recent answers). 0 = fixed at `max_concurrency`.
     #[serde(default = "initial_concurrency")]
     pub initial_concurrency: u32,
     #[serde(default = "yes")]
@@ -227,10 +228,12 @@ pub struct BackendConfig {
     #[serde(default)]
     pub timeout_multiplier: f64,
     /// Hedged requests: an attempt unanswered after this x its expected latency gets a
-    /// duplicate beside it (when a concurrency slot is free), the first success taken. 0 = only
-    /// the last attempt is hedged (after a first attempt's timeout), the default: a duplicate is
-    /// paid for; 2 suits self-hosted backends.
-    #[serde(default)]
+    /// duplicate beside it (when a concurrency slot is free and the backend's hedge budget, about
+    /// one duplicate per ten answers, allows), the first success taken. Default 2: a hung or lost
+    /// request costs about twice the usual latency instead of an attempt timeout, and only
+    /// stragglers are paid twice. 0 = only the last attempt is hedged (after a first attempt's
+    /// timeout).
+    #[serde(default = "hedge_factor")]
     pub hedge_factor: f64,
     /// Prices of this backend's models, USD per million tokens, by model name (`"*"`: any model
     /// without its own entry). A model without a price costs "unknown", never zero.
@@ -257,6 +260,10 @@ pub use assay_llm::pricing::Price;
 
 fn yes() -> bool {
     true
+}
+
+fn hedge_factor() -> f64 {
+    assay_llm::DEFAULT_HEDGE_FACTOR
 }
 
 fn initial_concurrency() -> u32 {

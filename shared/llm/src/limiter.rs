@@ -4,12 +4,18 @@
 //! llama.cpp server with four slots takes four. The limit starts at `initial` and grows while the
 //! calls actually fill it (at least half of it in flight): by one per answered call until the
 //! first cut (slow start: it doubles each round trip), then by one per round of `limit` answered
-//! calls (additive increase, as TCP Reno). It is cut multiplicatively when the backend says it is overloaded: a 429 or 503, an attempt timing
-//! out, a connection refused, or a rise in latency (a call class's short-term latency average at
-//! `latency_tolerance` times or more its long-term one). Cuts are at most one per round trip (the
-//! smoothed latency of answered calls, at least `cut_interval`, at most 2 s); later overloads of
-//! the same round each take one slot away (not below the calls still in flight), so a fast 429
-//! frees no slot for the next waiter to be refused in turn. `max` is a hard cap, `min` a floor.
+//! calls (additive increase, as TCP Reno). It is cut multiplicatively when the backend says it is
+//! overloaded: a rise in latency (a call class's short-term latency average at `latency_tolerance`
+//! times or more its long-term one), or refusals (a 429 or 503, an attempt timing out, a connection
+//! refused) once they are the majority of the recent answers (an average over about the last ten,
+//! [`REFUSAL_WEIGHT`]). A backend past its capacity refuses most of what it is sent; a minority of
+//! refusals is what a backend with transient faults gives at any load, and cutting on each of them
+//! would take the limit down to one slot (20% of 429s did, in a few hundred milliseconds) and
+//! serialise every pipeline for no relief: those calls are retried, with backoff, and hedged.
+//! Cuts are at most one per round trip (the smoothed latency of answered calls, at least
+//! `cut_interval`, at most 2 s); later refusals of the same round each take one slot away (not
+//! below the calls still in flight), so a fast 429 frees no slot for the next waiter to be refused
+//! in turn. `max` is a hard cap, `min` a floor.
 //!
 //! Waiters queue on the limit (first come, first served through [`tokio::sync::Notify`]); a
 //! dropped waiter leaves the queue. The current limit is logged when it changes by a tenth or
@@ -89,12 +95,18 @@ struct State {
     round_trip: f64,
     logged: usize,
     classes: HashMap<String, Latency>,
+    /// Average share of refusals among recent answers (1 = refused, 0 = answered).
+    refused: f64,
 }
 
 /// Classes whose latency is tracked at most; beyond it the table starts over.
 const MAX_CLASSES: usize = 64;
 /// Samples before a class's latency can signal overload.
 const WARM_SAMPLES: u32 = 20;
+/// Weight of the latest answer in the refusal average (about the last ten answers count).
+pub const REFUSAL_WEIGHT: f64 = 0.1;
+/// Share of refusals among the recent answers above which a refusal cuts the limit.
+const REFUSAL_MAJORITY: f64 = 0.5;
 
 /// The adaptive limit of one backend. Cheap to share behind an [`Arc`].
 #[derive(Debug)]
@@ -131,6 +143,7 @@ impl AdaptiveLimit {
                 round_trip: 0.0,
                 logged: initial,
                 classes: HashMap::new(),
+                refused: 0.0,
             }),
             freed: Notify::new(),
         })
@@ -191,8 +204,14 @@ impl AdaptiveLimit {
             s.round_trip = if s.round_trip == 0.0 { x } else { s.round_trip + 0.1 * (x - s.round_trip) };
         }
         let overloaded = match signal {
-            Signal::Overloaded => true,
-            Signal::Answered(latency) => class.is_some_and(|c| self.latency_rose(&mut s, c, latency)),
+            Signal::Overloaded => {
+                s.refused += REFUSAL_WEIGHT * (1.0 - s.refused);
+                s.refused > REFUSAL_MAJORITY
+            }
+            Signal::Answered(latency) => {
+                s.refused -= REFUSAL_WEIGHT * s.refused;
+                class.is_some_and(|c| self.latency_rose(&mut s, c, latency))
+            }
             Signal::Ignore => false,
         };
         let before = s.limit;
@@ -296,6 +315,13 @@ mod tests {
         }
         assert_eq!(limit.limit(), 8, "grows to the cap, never past it");
         limit.acquire().await.finish("c", Signal::Overloaded);
+        assert_eq!(limit.limit(), 8, "one refusal among answers is no overload");
+        // Refusals only: the majority of the recent answers from the seventh (1 - 0.9^7 > 0.5).
+        for _ in 0..5 {
+            limit.acquire().await.finish("c", Signal::Overloaded);
+        }
+        assert_eq!(limit.limit(), 8);
+        limit.acquire().await.finish("c", Signal::Overloaded);
         assert_eq!(limit.limit(), 6);
         for _ in 0..40 {
             limit.acquire().await.finish("c", Signal::Overloaded);
@@ -316,7 +342,9 @@ mod tests {
         // Answers count while at least half the limit is in flight: 8 of 8, 7 of 9, 6 of 10 (a
         // round that keeps the limit full, as a busy client does, doubles it).
         assert_eq!(limit.limit(), 8 + 3);
-        limit.acquire().await.finish("c", Signal::Overloaded);
+        while limit.limit() == 8 + 3 {
+            limit.acquire().await.finish("c", Signal::Overloaded);
+        }
         let cut = limit.limit();
         round(limit.clone()).await;
         assert!(limit.limit() <= cut + 1, "after a cut: about one per round, {cut} -> {}", limit.limit());
@@ -354,7 +382,26 @@ mod tests {
         for _ in 0..10 {
             limit.acquire().await.finish("c", Signal::Overloaded);
         }
-        assert_eq!(limit.limit(), 48 - 9, "one multiplicative cut a round, then one slot per failure");
+        // The seventh refusal makes them the majority: a cut, then one slot per further refusal.
+        assert_eq!(limit.limit(), 48 - 3, "one multiplicative cut a round, then one slot per failure");
+    }
+
+    #[tokio::test]
+    async fn refusals_cut_only_as_the_majority_of_recent_answers() {
+        // Transient faults at any load: one answer in four refused, in a steady mix. The limit
+        // stays where it is (it used to fall to the floor within a few rounds).
+        let limit = AdaptiveLimit::new("t", quick(16, 16));
+        for i in 0..400 {
+            let signal = if i % 4 == 0 { Signal::Overloaded } else { Signal::Answered(Duration::from_millis(5)) };
+            limit.acquire().await.finish("c", signal);
+        }
+        assert_eq!(limit.limit(), 16, "a minority of refusals is no overload");
+        // Past capacity: two refusals in three. Cut, round after round.
+        for i in 0..60 {
+            let signal = if i % 3 == 0 { Signal::Answered(Duration::from_millis(5)) } else { Signal::Overloaded };
+            limit.acquire().await.finish("c", signal);
+        }
+        assert!(limit.limit() <= 4, "mostly refused: the limit comes down, to {}", limit.limit());
     }
 
     #[tokio::test]

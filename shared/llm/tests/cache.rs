@@ -17,6 +17,8 @@ fn client(server: &ScriptedLlm) -> Arc<OpenAiClient> {
             default_model: "test-model".into(),
             base_backoff: Duration::from_millis(5),
             max_backoff: Duration::from_millis(20),
+            // Requests are counted one per call: no hedged duplicates.
+            adaptive_timeout: assay_llm::AdaptiveTimeout { hedge_factor: 0.0, ..assay_llm::AdaptiveTimeout::default() },
             ..OpenAiConfig::default()
         })
         .unwrap(),

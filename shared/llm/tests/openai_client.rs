@@ -17,6 +17,9 @@ fn config(server: &ScriptedLlm) -> OpenAiConfig {
         base_backoff: Duration::from_millis(10),
         max_backoff: Duration::from_millis(50),
         request_timeout: Duration::from_secs(20),
+        // Requests are counted one per attempt: only the last attempt is hedged here (the
+        // hedging tests use `hedging_client`).
+        adaptive_timeout: assay_llm::AdaptiveTimeout { hedge_factor: 0.0, ..assay_llm::AdaptiveTimeout::default() },
         ..OpenAiConfig::default()
     }
 }
@@ -569,6 +572,27 @@ async fn a_hung_first_attempt_is_answered_by_its_hedge_long_before_any_timeout()
 }
 
 #[tokio::test]
+async fn a_failed_hedge_is_replaced_while_the_attempt_still_hangs() {
+    let server = ScriptedLlm::start().await;
+    server.set_handler(|r| {
+        Reply::text(format!("echo {}", r.last_user_message().unwrap_or_default())).delay(Duration::from_millis(20))
+    });
+    let client = hedging_client(&server, 4);
+    for i in 0..10 {
+        client.chat(ask(&format!("warm{i}"))).await.unwrap();
+    }
+    // The attempt hangs, its first duplicate is refused (429), the second answers.
+    server.push(Reply::hang()).push(Reply::status(429));
+    let started = Instant::now();
+    let reply = client.chat(ask("slow")).await.unwrap();
+    assert_eq!(reply.text, "echo slow");
+    assert_eq!(reply.usage.retries, 0, "answered by a duplicate of the first attempt, not a retry");
+    // Without a second duplicate the attempt would wait for its 20 s floor.
+    assert!(started.elapsed() < Duration::from_secs(10), "took {:?}", started.elapsed());
+    assert_eq!(server.request_count(), 10 + 3, "the hung attempt, the refused duplicate, the one that answered");
+}
+
+#[tokio::test]
 async fn a_hedge_never_queues_for_a_slot() {
     let server = ScriptedLlm::start().await;
     server.set_handler(hang_first_attempts(Duration::from_millis(20), vec!["slow".into()]));
@@ -663,15 +687,23 @@ async fn the_concurrency_limit_finds_a_small_servers_capacity_from_its_429s() {
     server.set_capacity(8);
     let client = OpenAiClient::new(OpenAiConfig { max_retries: 8, ..config(&server) }).unwrap();
     assert_eq!(client.concurrency_limit(), 64, "starts high");
+    let started = Instant::now();
     let calls = (0..300).map(|i| client.chat(ask(&format!("q{i}"))));
     let answers = futures::future::join_all(calls).await;
     assert!(answers.iter().all(Result::is_ok), "every call answered despite the 429s");
     let refused = server.over_capacity_count();
-    eprintln!("300 calls, capacity 8: {refused} refused attempts, limit now {}", client.concurrency_limit());
+    eprintln!(
+        "300 calls, capacity 8: {refused} refused attempts, limit now {}, {:?}",
+        client.concurrency_limit(),
+        started.elapsed()
+    );
     assert!(client.concurrency_limit() <= 16, "cut toward the capacity of 8: {}", client.concurrency_limit());
     // A fixed limit of 64 would meet a 429 on most attempts; the adaptive one settles near the
-    // capacity after the first round.
-    assert!(refused < 120, "{refused} attempts refused for 300 calls");
+    // capacity after the first round. Refusals cut only as the majority of recent answers (a
+    // minority is what transient faults give at any load), so a limit one above the capacity
+    // meets a fast 429 now and then before it is cut: 111-133 refusals here (65 when every
+    // refusal cut), in the same time (about 1.0 s for 300 calls of 20 ms on 8 slots).
+    assert!(refused < 160, "{refused} attempts refused for 300 calls");
     assert_eq!(server.peak_in_flight(), 8);
 }
 

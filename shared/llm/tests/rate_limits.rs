@@ -26,6 +26,9 @@ fn config(server: &ScriptedLlm, requests_per_minute: u32, tokens_per_minute: u64
         max_concurrency: 256,
         requests_per_minute,
         tokens_per_minute,
+        // Requests are counted one per call: no duplicates of stragglers (a busy test machine
+        // makes some; hedging is tested in openai_client.rs).
+        adaptive_timeout: assay_llm::AdaptiveTimeout { hedge_factor: 0.0, ..assay_llm::AdaptiveTimeout::default() },
         ..OpenAiConfig::default()
     }
 }

@@ -22,17 +22,22 @@
 //! reason still completes exactly as it would without adaptive timeouts; only the time lost to a
 //! hang shrinks. (Once that attempt has gone unanswered for a first attempt's timeout, the
 //! transport sends a duplicate beside it and takes the first success: a hung last attempt costs
-//! about one adaptive timeout, not the ceiling.) With `hedge_factor` set, every attempt unanswered
-//! after that many times its class's expected latency gets such a duplicate, when a concurrency
-//! slot is free ([`LatencyBook::hedge_delay`]).
+//! about one adaptive timeout, not the ceiling.) With `hedge_factor` (default 2), every attempt
+//! unanswered after that many times its class's expected latency (at least [`HEDGE_FLOOR`]) gets
+//! such a duplicate, when a concurrency slot is free and the backend's [`HedgeBudget`] allows
+//! ([`LatencyBook::hedge_delay`]). At 50 ms a call, a hang then costs about 150 ms instead of the
+//! 1 s timeout floor.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use serde_json::Value;
 use tokio::sync::watch;
 
+/// The default [`AdaptiveTimeout::hedge_factor`].
+pub const DEFAULT_HEDGE_FACTOR: f64 = 2.0;
 /// Successful attempts a class needs before its timeout adapts from its own latencies.
 pub(super) const MIN_SAMPLES: usize = 8;
 /// Samples over the whole backend a cold class's prior needs (until then: the ceiling).
@@ -56,16 +61,18 @@ pub struct AdaptiveTimeout {
     pub multiplier: f64,
     /// An attempt still unanswered after this many times its class's expected latency (the
     /// p95, or a cold class's prior) gets a duplicate beside it, and the first success is taken
-    /// (a hedged request). No floor applies: a hedge cancels nothing, so an early one costs a
-    /// duplicate call, never a result; it pays for the duplicate of every straggler, so it is off
-    /// by default (for self-hosted backends, where a duplicate costs little, 2 is a good value).
+    /// (a hedged request); a duplicate unanswered in turn is replaced, up to three, each after
+    /// twice the wait of the one before. No floor applies: a hedge cancels nothing, so an early
+    /// one costs a duplicate call, never a result. Only stragglers beyond twice the p95 are
+    /// duplicated (a few in a thousand calls of a healthy backend), never more than about one
+    /// per ten answers ([`HedgeBudget`]), and only into a free concurrency slot. Default 2.
     /// 0 = hedge only the last attempt, after a first attempt's timeout.
     pub hedge_factor: f64,
 }
 
 impl Default for AdaptiveTimeout {
     fn default() -> Self {
-        Self { enabled: true, floor: Duration::from_secs(1), multiplier: 4.0, hedge_factor: 0.0 }
+        Self { enabled: true, floor: Duration::from_secs(1), multiplier: 4.0, hedge_factor: DEFAULT_HEDGE_FACTOR }
     }
 }
 
@@ -125,6 +132,45 @@ fn informs(mine: Option<u64>, theirs: Option<u64>) -> bool {
         // class about an unlimited one.
         (_, Some(0)) | (None, Some(_)) => false,
         (Some(_), Some(_) | None) | (None, None) => true,
+    }
+}
+
+/// Duplicates one backend's hedges may send: a token bucket (as gRPC's retry throttling) holding
+/// at most [`HEDGE_BURST`] duplicates, refilled by one per [`ANSWERS_PER_HEDGE`] answered
+/// attempts. Hedging a straggler is cheap insurance; when most calls straggle (a backend slowing
+/// down for everyone) duplicates would add load exactly where it hurts, so they stop at about one
+/// per ten answers.
+pub(super) struct HedgeBudget {
+    /// In answers' worth: a duplicate costs [`ANSWERS_PER_HEDGE`].
+    credit: AtomicU32,
+}
+
+/// The least wait before a duplicate: a busy client's own scheduling stalls reach tens of
+/// milliseconds, and a duplicate sent over one of them is a call paid for nothing. A model call
+/// takes longer than this; a hang still costs a fraction of the 1 s timeout floor.
+pub(super) const HEDGE_FLOOR: Duration = Duration::from_millis(100);
+
+/// Duplicates a backend may send in a burst.
+pub(super) const HEDGE_BURST: u32 = 10;
+/// Answered attempts that earn one duplicate.
+pub(super) const ANSWERS_PER_HEDGE: u32 = 10;
+
+impl Default for HedgeBudget {
+    fn default() -> Self {
+        Self { credit: AtomicU32::new(HEDGE_BURST * ANSWERS_PER_HEDGE) }
+    }
+}
+
+impl HedgeBudget {
+    /// An attempt was answered: the budget grows.
+    pub(super) fn answered(&self) {
+        let cap = HEDGE_BURST * ANSWERS_PER_HEDGE;
+        let _ = self.credit.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| (c < cap).then_some(c + 1));
+    }
+
+    /// Takes one duplicate from the budget; false when there is none left.
+    pub(super) fn try_spend(&self) -> bool {
+        self.credit.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| c.checked_sub(ANSWERS_PER_HEDGE)).is_ok()
     }
 }
 
@@ -220,12 +266,13 @@ impl LatencyBook {
     }
 
     /// How long an attempt waits unanswered before a duplicate goes out beside it:
-    /// `hedge_factor x` the expected latency; `None` when hedging is off or nothing is known yet.
+    /// `hedge_factor x` the expected latency, at least [`HEDGE_FLOOR`]; `None` when hedging is off
+    /// or nothing is known yet.
     pub(super) fn hedge_delay(&self, policy: &AdaptiveTimeout, class: &CallClass) -> Option<Duration> {
         if !policy.enabled || policy.hedge_factor.is_nan() || policy.hedge_factor <= 0.0 {
             return None;
         }
-        self.expected(class).map(|latency| times(latency, policy.hedge_factor))
+        self.expected(class).map(|latency| times(latency, policy.hedge_factor).max(HEDGE_FLOOR))
     }
 
     /// The timeout of attempt `attempt` (0 = first) of a call that may make `max_retries` retries.
@@ -347,6 +394,27 @@ mod tests {
         assert_eq!(book.prior(&CallClass::new("chat", Some(512))), None);
         assert_eq!(book.prior(&CallClass::new("unlimited", None)), None);
         assert_eq!(book.prior(&CallClass::new("other-embeddings", Some(0))), Some(Duration::from_millis(40)));
+    }
+
+    #[test]
+    fn the_hedge_budget_allows_a_burst_then_one_duplicate_per_ten_answers() {
+        let budget = HedgeBudget::default();
+        for _ in 0..HEDGE_BURST {
+            assert!(budget.try_spend());
+        }
+        assert!(!budget.try_spend(), "the burst is spent");
+        for _ in 0..9 {
+            budget.answered();
+        }
+        assert!(!budget.try_spend(), "nine answers earn no duplicate");
+        budget.answered();
+        assert!(budget.try_spend(), "the tenth does");
+        assert!(!budget.try_spend());
+        for _ in 0..1000 {
+            budget.answered();
+        }
+        let burst = std::iter::from_fn(|| budget.try_spend().then_some(())).count();
+        assert_eq!(burst, HEDGE_BURST as usize, "never more saved than the burst");
     }
 
     #[test]

@@ -18,9 +18,13 @@
 //!   llama-cpp-python enforces with a grammar) and the schema in the prompt, then with the schema in
 //!   the prompt only. The first form that works is remembered for later calls.
 //! - **Concurrency**: an adaptive limit on HTTP requests in flight (see [`crate::limiter`]): it
-//!   starts at `initial_concurrency`, grows while latency stays flat and is cut on 429 / 503,
-//!   timeouts and latency rises, never above `max_concurrency`. Slots are held per attempt, not
-//!   across backoff sleeps.
+//!   starts at `initial_concurrency`, grows while latency stays flat and is cut on latency rises
+//!   and on 429 / 503 / timeouts once they are most of the recent answers, never above
+//!   `max_concurrency`. Slots are held per attempt, not across backoff sleeps.
+//! - **Hedged requests**: an attempt unanswered after `hedge_factor` (default 2) times its call
+//!   class's expected latency, and at least 100 ms, gets a duplicate beside it in a free slot; the
+//!   first success is taken. Within a budget of about one duplicate per ten answers (see
+//!   `latency`).
 //! - **Per-minute limits**: `requests_per_minute` and `tokens_per_minute` (0 = none) are token
 //!   buckets in front of the concurrency limit (see `rate`): every HTTP attempt, retries and
 //!   hedges included, takes one request and reserves its token estimate before its slot, waiting
@@ -57,7 +61,7 @@ use crate::types::{
 };
 
 pub use config::{MaxTokensField, OpenAiConfig};
-pub use latency::AdaptiveTimeout;
+pub use latency::{AdaptiveTimeout, DEFAULT_HEDGE_FACTOR};
 pub use reply::normalise_choice;
 pub use request::{choice_instruction, schema_instruction};
 

@@ -13,7 +13,7 @@ use super::errors::{
     AttemptError, AttemptKind, CallError, breaker_outcome, classify_reply, deadline_passed, error_chain,
     transport_error,
 };
-use super::latency::{CallClass, LatencyBook, class_of};
+use super::latency::{CallClass, HedgeBudget, LatencyBook, class_of};
 use super::rate::{self, RateLimits, ReportsUsage};
 use crate::breaker::{BreakerState, CircuitBreaker, Outcome};
 use crate::limiter::{AdaptiveLimit, Signal};
@@ -28,6 +28,7 @@ pub(super) struct Transport {
     limit: Arc<AdaptiveLimit>,
     breaker: Arc<CircuitBreaker>,
     latency: LatencyBook,
+    hedges: HedgeBudget,
 }
 
 impl Transport {
@@ -41,7 +42,7 @@ impl Transport {
         let breaker = Arc::new(CircuitBreaker::new(config.breaker_failures, config.breaker_cooldown));
         crate::metrics::observe_backend(&config.backend_name, &limit, &breaker);
         let rate = RateLimits::new(&config.backend_name, config.requests_per_minute, config.tokens_per_minute);
-        Ok(Self { http, rate, limit, breaker, latency: LatencyBook::default() })
+        Ok(Self { http, rate, limit, breaker, latency: LatencyBook::default(), hedges: HedgeBudget::default() })
     }
 
     /// The concurrency limit (current value, in flight).
@@ -207,10 +208,11 @@ impl Transport {
         // expected latency, a duplicate goes out beside it (when the concurrency limit has a free
         // slot: a hedge never queues) and the first success is taken. A hang then costs about
         // twice the usual latency, not an attempt timeout (whose floor guards against cutting a
-        // slow answer; a hedge cuts nothing, so it needs no floor). The last attempt, which has
-        // the ceiling, may be hedged up to [`MAX_HEDGES`] times, each duplicate replacing an
-        // unanswered one, and at the latest after a first attempt's timeout; a call slow for
-        // good reason still has the whole ceiling.
+        // slow answer; a hedge cuts nothing, so it needs no floor). An attempt may be hedged up
+        // to [`MAX_HEDGES`] times, each duplicate replacing an unanswered or failed one, within
+        // the backend's hedge budget. The last attempt, which has the ceiling, is hedged outside
+        // the budget, at the latest after a first attempt's timeout; a call slow for good reason
+        // still has the whole ceiling.
         // The wait is recomputed as samples arrive (a call sent before the backend answered anything
         // is hedged once its siblings set the pace).
         let last = attempt >= config.max_retries;
@@ -223,7 +225,6 @@ impl Transport {
                 None => config.request_timeout,
             }
         };
-        let max_hedges = if last { MAX_HEDGES } else { 1 };
         let hedge = config.adaptive_timeout.enabled.then(|| builder.try_clone()).flatten();
         let mut hedges = 0u32;
         // When the last duplicate (or the attempt itself) went out.
@@ -245,7 +246,7 @@ impl Transport {
         let mut answered_since = started;
         let (status, retry_after, bytes) = loop {
             let wait = hedge_after();
-            let hedging = hedge.is_some() && hedges < max_hedges && wait < config.request_timeout;
+            let hedging = hedge.is_some() && hedges < MAX_HEDGES && wait < config.request_timeout;
             let next_hedge = hedged_from + wait.saturating_mul(1 << hedges);
             let budget = self.latency.attempt_timeout(
                 &config.adaptive_timeout,
@@ -274,7 +275,7 @@ impl Transport {
                         continue;
                     };
                     let slot = self.limit.try_acquire();
-                    if slot.is_none() && !last {
+                    if !last && (slot.is_none() || !self.hedges.try_spend()) {
                         hedged_from = Instant::now();
                         continue;
                     }
@@ -329,12 +330,13 @@ impl Transport {
             classify_reply(status, &bytes, retry_after, sent_response_format, &config.deterministic_statuses, parse);
         if reply.is_ok() {
             self.latency.record(class, answered_since.elapsed());
+            self.hedges.answered();
         }
         reply
     }
 }
 
-/// Duplicates a hung last attempt may get, each after twice the wait of the one before.
+/// Duplicates an attempt may get, each after twice the wait of the one before.
 const MAX_HEDGES: u32 = 3;
 
 /// What an attempt's end says about the backend's load: 429 and 503, timeouts and transport
