@@ -5,6 +5,10 @@
 #   scripts/image.sh                  base images if missing, `podman build`, checks (tag assay:0.1.0)
 #   scripts/image.sh --bases          only the two local base images
 #   scripts/image.sh --check-image    only the checks, on an image already built
+#   scripts/image.sh --prebuilt DIR   the Dockerfile's runtime stage only, verbatim, with the
+#                                     binaries from DIR (e.g. target/debug) instead of its builder
+#                                     stage, then the checks (CI: the test build already made the
+#                                     binaries; a second, release build would add half an hour)
 #
 # The Dockerfile's two base images are made locally under the names its FROM lines use (podman
 # resolves a short name to localhost/<name> first, and the build runs with --pull=never):
@@ -43,7 +47,12 @@ case "${1:-}" in
   "") ;;
   --bases) mode=bases ;;
   --check-image) mode=check ;;
-  *) echo "usage: scripts/image.sh [--bases | --check-image]" >&2; exit 2 ;;
+  --prebuilt)
+    mode=prebuilt
+    PREBUILT=${2:-}
+    [ -n "$PREBUILT" ] && [ -d "$PREBUILT" ] || { echo "usage: scripts/image.sh --prebuilt DIR (a directory with the binaries)" >&2; exit 2; }
+    ;;
+  *) echo "usage: scripts/image.sh [--bases | --check-image | --prebuilt DIR]" >&2; exit 2 ;;
 esac
 
 if [ "$(id -u)" != 0 ]; then
@@ -68,15 +77,12 @@ trap cleanup EXIT
 
 have_image() { podman image exists "$1"; }
 
+# make_bases [runtime]: both base images, or only the runtime stage's.
 make_bases() {
-  if [ "${ASSAY_REBUILD_BASES:-}" != 1 ] && have_image "$RUNTIME_BASE" && have_image "$BUILD_BASE"; then
-    echo "bases: $RUNTIME_BASE and $BUILD_BASE exist (ASSAY_REBUILD_BASES=1 remakes them)"
+  local only=${1:-}
+  if [ "${ASSAY_REBUILD_BASES:-}" != 1 ] && have_image "$RUNTIME_BASE" && { [ "$only" = runtime ] || have_image "$BUILD_BASE"; }; then
+    echo "bases: $RUNTIME_BASE${only:+ (runtime only)}${only:- and $BUILD_BASE} exist (ASSAY_REBUILD_BASES=1 remakes them)"
     return
-  fi
-  local toolchain="${RUSTUP_HOME:-$HOME/.rustup}/toolchains/$RUST_VERSION-x86_64-unknown-linux-gnu"
-  if [ ! -x "$toolchain/bin/cargo" ]; then
-    echo "image.sh: no Rust $RUST_VERSION toolchain at $toolchain (rustup toolchain install $RUST_VERSION)" >&2
-    exit 1
   fi
   scratch=$(mktemp -d "${TMPDIR:-/var/tmp}/assay-bases-XXXXXX")
   local m t0
@@ -91,6 +97,16 @@ make_bases() {
   tar --numeric-owner -C "$scratch/runtime" -c . \
     | podman import -q --change "ENV PATH=$PATH_ENV" --change 'CMD ["bash"]' - "$RUNTIME_BASE" >/dev/null
   echo "bases: $RUNTIME_BASE in $((SECONDS - t0)) s"
+  if [ "$only" = runtime ]; then
+    rm -rf "$scratch"
+    scratch=""
+    return
+  fi
+  local toolchain="${RUSTUP_HOME:-$HOME/.rustup}/toolchains/$RUST_VERSION-x86_64-unknown-linux-gnu"
+  if [ ! -x "$toolchain/bin/cargo" ]; then
+    echo "image.sh: no Rust $RUST_VERSION toolchain at $toolchain (rustup toolchain install $RUST_VERSION)" >&2
+    exit 1
+  fi
 
   t0=$SECONDS
   debootstrap --variant=minbase --include="$BUILDER_DEBS" "$SUITE" "$scratch/build" "$m" \
@@ -134,6 +150,32 @@ build_image() {
   echo "build: $IMAGE in $((SECONDS - t0)) s"
 }
 
+# The Dockerfile's runtime stage (from its `FROM ... AS runtime` line to the end) with its one
+# `COPY --from=build` of the binaries replaced by a COPY of the same binaries from a context that
+# holds them: everything else (packages, user, environment, entry point) is the Dockerfile's.
+build_prebuilt() {
+  local copy names ctx t0
+  copy=$(grep -E '^COPY --from=build ' Dockerfile)
+  [ "$(grep -c '^COPY --from=build ' Dockerfile)" = 1 ] || { echo "image.sh: expected one COPY --from=build in the Dockerfile" >&2; exit 1; }
+  # shellcheck disable=SC2001 # a regex over the whole line
+  names=$(sed -E 's|^COPY --from=build ||; s| /usr/local/bin/$||' <<<"$copy" | tr ' ' '\n' | xargs -n1 basename)
+  scratch=$(mktemp -d "${TMPDIR:-/var/tmp}/assay-prebuilt-XXXXXX")
+  ctx="$scratch/context"
+  mkdir -p "$ctx/bin"
+  for n in $names; do
+    [ -x "$PREBUILT/$n" ] || { echo "image.sh: no binary $PREBUILT/$n (the Dockerfile copies it)" >&2; exit 1; }
+    cp "$PREBUILT/$n" "$ctx/bin/"
+  done
+  sed -n '/^FROM [^ ]* AS runtime$/,$p' Dockerfile | sed "s|^COPY --from=build .*|COPY bin/ /usr/local/bin/|" >"$ctx/Containerfile"
+  grep -q '^FROM ' "$ctx/Containerfile" || { echo "image.sh: no 'FROM ... AS runtime' stage in the Dockerfile" >&2; exit 1; }
+  echo "build: the Dockerfile's runtime stage with $(wc -w <<<"$names") binaries from $PREBUILT"
+  t0=$SECONDS
+  podman build --network=host --pull=never --layers -t "$IMAGE" -f "$ctx/Containerfile" "$ctx"
+  echo "build: $IMAGE (prebuilt binaries) in $((SECONDS - t0)) s"
+  rm -rf "$scratch"
+  scratch=""
+}
+
 check_image() {
   local failed=0 size
   size=$(podman image inspect "$IMAGE" --format '{{.Size}}')
@@ -171,4 +213,5 @@ case "$mode" in
   bases) make_bases ;;
   check) check_image ;;
   all) make_bases; build_image; check_image ;;
+  prebuilt) make_bases runtime; build_prebuilt; check_image ;;
 esac

@@ -4,7 +4,8 @@
 #   - packages: podman, the runc runtime, debootstrap (the local base images are Debian rootfs);
 #   - /etc/containers/containers.conf: the runc runtime (crun fails on hosts whose cgroups are
 #     hybrid v1/v2), no per-container ulimits (refused in such sandboxes: `default_ulimits = []`),
-#     cgroupfs and a file event log (no systemd needed), host networking for builds and pods.
+#     cgroupfs and a file event log (no systemd needed), host networking for builds and pods;
+#   - the services' fixed ports kept out of the ephemeral range (ip_local_reserved_ports).
 # Prints what it changed and `podman info`'s runtime line.
 set -euo pipefail
 
@@ -54,6 +55,20 @@ if [ ! -f "$CONF" ] || [ "$(cat "$CONF")" != "$want" ]; then
   fi
   printf '%s\n' "$want" >"$CONF"
   echo "setup-containers: wrote $CONF"
+fi
+
+# The pods run on the host's network with the services' fixed ports (50051-50057; 50061 for the
+# second gateway of tests/tests/containers.rs), which lie in Linux's ephemeral range: reserved, no
+# client socket or port-0 server of another process is given one while a pod needs it.
+RESERVED=50051-50061
+reserved=/proc/sys/net/ipv4/ip_local_reserved_ports
+current=$(cat "$reserved" 2>/dev/null || true)
+if [[ ",$current," != *",$RESERVED,"* ]]; then
+  if printf '%s\n' "${current:+$current,}$RESERVED" >"$reserved" 2>/dev/null; then
+    echo "setup-containers: reserved ports $RESERVED (net.ipv4.ip_local_reserved_ports)"
+  else
+    echo "setup-containers: could not reserve ports $RESERVED; another process may take one while a pod needs it" >&2
+  fi
 fi
 
 podman info --format 'setup-containers: podman {{.Version.Version}}, runtime {{.Host.OCIRuntime.Name}}, cgroups {{.Host.CgroupsVersion}} ({{.Host.CgroupManager}}), storage {{.Store.GraphDriverName}}'

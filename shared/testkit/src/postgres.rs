@@ -144,6 +144,20 @@ impl TempPostgres {
         Ok(format!("postgres://assay@127.0.0.1:{}/{name}", self.port))
     }
 
+    /// Run `sql` on database `postgres` (psql, unaligned, tuples only): its output, trimmed.
+    pub fn query(&self, sql: &str) -> Result<String, String> {
+        let psql = self.bin.join("psql");
+        let out = Command::new(&psql)
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", "assay", "-d", "postgres", "-tA", "-c"])
+            .arg(sql)
+            .output()
+            .map_err(|e| format!("{}: {e}", psql.display()))?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+
     /// Start a server, or: panic when `ASSAY_REQUIRE_POSTGRES=1` (CI), else print why the test is
     /// skipped and return `None`.
     pub fn start_or_skip(test: &str) -> Option<TempPostgres> {
