@@ -592,6 +592,55 @@ async fn a_failed_hedge_is_replaced_while_the_attempt_still_hangs() {
     assert_eq!(server.request_count(), 10 + 3, "the hung attempt, the refused duplicate, the one that answered");
 }
 
+/// The gap between the refused duplicate's arrival and its replacement's, when the attempt hangs,
+/// its first duplicate is refused with `refused` and the second answers; calls take 100 ms, so a
+/// duplicate goes out after 200 ms unanswered and the next after twice that.
+async fn gap_before_a_refused_hedge_is_replaced(refused: Reply) -> Duration {
+    let server = ScriptedLlm::start().await;
+    server.set_handler(|r| {
+        Reply::text(format!("echo {}", r.last_user_message().unwrap_or_default())).delay(Duration::from_millis(100))
+    });
+    let client = hedging_client(&server, 4);
+    for i in 0..10 {
+        client.chat(ask(&format!("warm{i}"))).await.unwrap();
+    }
+    server.push(Reply::hang()).push(refused);
+    assert_eq!(client.chat(ask("slow")).await.unwrap().text, "echo slow");
+    let arrived: Vec<Instant> = server.exchanges().iter().skip(10).map(|e| e.received).collect();
+    assert_eq!(arrived.len(), 3, "the hung attempt, the refused duplicate, the one that answered");
+    assert!(arrived[1] - arrived[0] >= Duration::from_millis(150), "hedged before twice the usual latency");
+    arrived[2] - arrived[1]
+}
+
+#[tokio::test]
+async fn a_refused_hedge_is_replaced_after_the_retry_backoff_not_the_doubled_hedge_wait() {
+    // The backoff here is at most 10 ms; the doubled hedge wait would be 400 ms.
+    let gap = gap_before_a_refused_hedge_is_replaced(Reply::status(503)).await;
+    assert!(gap < Duration::from_millis(250), "replaced {gap:?} after the refusal");
+    // A server's Retry-After is a minimum for the replacement too.
+    let gap = gap_before_a_refused_hedge_is_replaced(Reply::status(429).retry_after(1)).await;
+    assert!(gap >= Duration::from_secs(1), "replaced {gap:?} after a 429 asking for 1 s");
+}
+
+#[tokio::test]
+async fn refused_hedges_do_not_use_up_the_duplicates_of_a_hung_attempt() {
+    let server = ScriptedLlm::start().await;
+    server.set_handler(|r| {
+        Reply::text(format!("echo {}", r.last_user_message().unwrap_or_default())).delay(Duration::from_millis(20))
+    });
+    let client = hedging_client(&server, 4);
+    for i in 0..10 {
+        client.chat(ask(&format!("warm{i}"))).await.unwrap();
+    }
+    // As many refusals as an attempt may have duplicates: a fourth duplicate still goes out.
+    server.push(Reply::hang()).push(Reply::status(429)).push(Reply::status(500)).push(Reply::status(503));
+    let started = Instant::now();
+    assert_eq!(client.chat(ask("slow")).await.unwrap().text, "echo slow");
+    // With its duplicates used up the attempt would wait for its 20 s floor.
+    assert!(started.elapsed() < Duration::from_secs(10), "took {:?}", started.elapsed());
+    assert_eq!(server.request_count(), 10 + 5, "the hung attempt, three refused duplicates, the one that answered");
+}
+
 #[tokio::test]
 async fn a_hedge_never_queues_for_a_slot() {
     let server = ScriptedLlm::start().await;

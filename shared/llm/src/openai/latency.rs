@@ -23,9 +23,11 @@
 //! hang shrinks. (Once that attempt has gone unanswered for a first attempt's timeout, the
 //! transport sends a duplicate beside it and takes the first success: a hung last attempt costs
 //! about one adaptive timeout, not the ceiling.) With `hedge_factor` (default 2), every attempt
-//! unanswered after that many times its class's expected latency (at least [`HEDGE_FLOOR`]) gets
-//! such a duplicate, when a concurrency slot is free and the backend's [`HedgeBudget`] allows
-//! ([`LatencyBook::hedge_delay`]). At 50 ms a call, a hang then costs about 150 ms instead of the
+//! unanswered after that many times its class's p95 (a cold class: its siblings' pace, without
+//! the prior's margin, since a duplicate cuts nothing; at least [`HEDGE_FLOOR`]) gets such a
+//! duplicate, when a concurrency slot is free and the backend's [`HedgeBudget`] allows
+//! ([`LatencyBook::hedge_delay`]). A duplicate the server refuses is replaced after the retry
+//! backoff, outside the budget. At 50 ms a call, a hang then costs about 150 ms instead of the
 //! 1 s timeout floor.
 
 use std::collections::{HashMap, VecDeque};
@@ -223,6 +225,11 @@ impl LatencyBook {
     /// The latency a cold class is assumed to have, from every class's samples (see the module
     /// docs); `None` while the backend has fewer than [`PRIOR_MIN_SAMPLES`] usable samples.
     pub(super) fn prior(&self, class: &CallClass) -> Option<Duration> {
+        self.prior_estimate(class).map(|estimate| times(estimate, PRIOR_MARGIN))
+    }
+
+    /// [`Self::prior`] before its margin: the pace a cold class's siblings set.
+    fn prior_estimate(&self, class: &CallClass) -> Option<Duration> {
         let classes = self.classes.lock().ok()?;
         // An unlimited class counts as allowed the most tokens.
         let limit = |t: Option<u64>| t.unwrap_or(u64::MAX);
@@ -256,7 +263,7 @@ impl LatencyBook {
             // scaling a short class's latency to a long limit would over-estimate the most.
             estimate = estimate.max(times(p95, mine as f64 / theirs.max(1) as f64));
         }
-        Some(times(estimate, PRIOR_MARGIN))
+        Some(estimate)
     }
 
     /// The latency a call of this class is expected to take: its own p95 once warm, else the
@@ -266,13 +273,16 @@ impl LatencyBook {
     }
 
     /// How long an attempt waits unanswered before a duplicate goes out beside it:
-    /// `hedge_factor x` the expected latency, at least [`HEDGE_FLOOR`]; `None` when hedging is off
-    /// or nothing is known yet.
+    /// `hedge_factor x` the class's p95, or its siblings' pace while cold, at least
+    /// [`HEDGE_FLOOR`]; `None` when hedging is off or nothing is known yet.
     pub(super) fn hedge_delay(&self, policy: &AdaptiveTimeout, class: &CallClass) -> Option<Duration> {
         if !policy.enabled || policy.hedge_factor.is_nan() || policy.hedge_factor <= 0.0 {
             return None;
         }
-        self.expected(class).map(|latency| times(latency, policy.hedge_factor).max(HEDGE_FLOOR))
+        // A duplicate cuts nothing, so a cold class's is sent on its siblings' pace without the
+        // prior's margin (which guards the timeout against cutting a slow answer).
+        let pace = self.p95(class).or_else(|| self.prior_estimate(class))?;
+        Some(times(pace, policy.hedge_factor).max(HEDGE_FLOOR))
     }
 
     /// The timeout of attempt `attempt` (0 = first) of a call that may make `max_retries` retries.
@@ -394,6 +404,22 @@ mod tests {
         assert_eq!(book.prior(&CallClass::new("chat", Some(512))), None);
         assert_eq!(book.prior(&CallClass::new("unlimited", None)), None);
         assert_eq!(book.prior(&CallClass::new("other-embeddings", Some(0))), Some(Duration::from_millis(40)));
+    }
+
+    #[test]
+    fn a_cold_class_is_hedged_on_its_siblings_pace_without_the_timeouts_margin() {
+        let book = LatencyBook::default();
+        let cold = class("cold");
+        assert_eq!(book.hedge_delay(&policy(), &cold), None, "nothing known yet");
+        record_all(&book, &class("other"), &[200; 3]);
+        // 2 x 200 ms; the timeout keeps the prior's margin: 4 x 2 x 200 ms.
+        assert_eq!(book.hedge_delay(&policy(), &cold), Some(Duration::from_millis(400)));
+        assert_eq!(book.attempt_timeout(&policy(), &cold, 0, 4, CEILING), Duration::from_millis(1600));
+        // Warm: its own p95, at least the floor.
+        record_all(&book, &cold, &[30; MIN_SAMPLES]);
+        assert_eq!(book.hedge_delay(&policy(), &cold), Some(HEDGE_FLOOR));
+        let off = AdaptiveTimeout { hedge_factor: 0.0, ..policy() };
+        assert_eq!(book.hedge_delay(&off, &cold), None);
     }
 
     #[test]

@@ -209,8 +209,9 @@ impl Transport {
         // slot: a hedge never queues) and the first success is taken. A hang then costs about
         // twice the usual latency, not an attempt timeout (whose floor guards against cutting a
         // slow answer; a hedge cuts nothing, so it needs no floor). An attempt may be hedged up
-        // to [`MAX_HEDGES`] times, each duplicate replacing an unanswered or failed one, within
-        // the backend's hedge budget. The last attempt, which has the ceiling, is hedged outside
+        // to [`MAX_HEDGES`] times, each duplicate replacing an unanswered one, within the backend's
+        // hedge budget; a duplicate the server refused is replaced after the retry backoff, up to
+        // `max_retries` times, as a refused attempt would be retried. The last attempt, which has the ceiling, is hedged outside
         // the budget, at the latest after a first attempt's timeout; a call slow for good reason
         // still has the whole ceiling.
         // The wait is recomputed as samples arrive (a call sent before the backend answered anything
@@ -226,7 +227,10 @@ impl Transport {
             }
         };
         let hedge = config.adaptive_timeout.enabled.then(|| builder.try_clone()).flatten();
+        // Duplicates that went out and were not refused (at most MAX_HEDGES), and those the
+        // server refused (replaced, at most `max_retries`, as refused attempts are retried).
         let mut hedges = 0u32;
+        let mut refused = 0u32;
         // When the last duplicate (or the attempt itself) went out.
         let mut hedged_from = started;
         let send = |builder: reqwest::RequestBuilder| async move {
@@ -243,11 +247,18 @@ impl Transport {
         let exchange = send(builder);
         tokio::pin!(exchange);
         let mut hedged = None;
+        // When a failed duplicate is replaced: after the retry backoff (at least its `Retry-After`),
+        // as a failed attempt would be retried, not after the doubled wait of a duplicate that
+        // has not answered; `None` while no duplicate has failed since the last one went out.
+        let mut replace_at: Option<Instant> = None;
         let mut answered_since = started;
         let (status, retry_after, bytes) = loop {
             let wait = hedge_after();
-            let hedging = hedge.is_some() && hedges < MAX_HEDGES && wait < config.request_timeout;
-            let next_hedge = hedged_from + wait.saturating_mul(1 << hedges);
+            let hedging = hedge.is_some()
+                && hedges < MAX_HEDGES
+                && refused <= config.max_retries
+                && wait < config.request_timeout;
+            let next_hedge = replace_at.unwrap_or(hedged_from + wait.saturating_mul(1 << hedges));
             let budget = self.latency.attempt_timeout(
                 &config.adaptive_timeout,
                 class,
@@ -270,12 +281,16 @@ impl Transport {
                     // the provider counts, so it also takes one from the per-minute limits, only
                     // when they have it now and nobody waits (never queueing there either, even
                     // beside the last attempt).
+                    // Replacing a duplicate the server refused is part of the decision to hedge
+                    // that was already paid for: it needs a slot but not the budget (the refused
+                    // one added no load to wait behind; at most MAX_HEDGES go out per attempt).
+                    let replacing = replace_at.take().is_some();
                     let Some(admitted) = self.rate.try_admit(rate::estimate_tokens(body)) else {
                         hedged_from = Instant::now();
                         continue;
                     };
                     let slot = self.limit.try_acquire();
-                    if !last && (slot.is_none() || !self.hedges.try_spend()) {
+                    if !last && (slot.is_none() || !(replacing || self.hedges.try_spend())) {
                         hedged_from = Instant::now();
                         continue;
                     }
@@ -302,9 +317,20 @@ impl Transport {
                             }
                             break reply;
                         }
-                        // The duplicate failed: the first request may still answer.
-                        Ok(_) | Err(_) => {
+                        // The duplicate failed: the first request may still answer, and the
+                        // duplicate is replaced after the backoff a failed attempt would wait (a
+                        // server asking for more than `max_retry_after` gets no replacement).
+                        failed => {
                             hedged = None;
+                            hedges -= 1;
+                            refused += 1;
+                            let asked = failed.ok().and_then(|(_, retry_after, _)| retry_after);
+                            if asked.is_some_and(|asked| asked > config.max_retry_after) {
+                                refused = u32::MAX;
+                                continue;
+                            }
+                            let jitter = config.backoff().jittered(refused - 1, &mut rand::rng());
+                            replace_at = Some(Instant::now() + asked.map_or(jitter, |asked| jitter.max(asked)));
                             continue;
                         }
                     }
