@@ -1,6 +1,37 @@
 //! `assay`: run the mesh, try it, evaluate, generate, score, refine documents, manage runs and models.
 
+/// `print!` to stdout that ends the process quietly when the reader has gone (`assay compare |
+/// head`), as a Unix tool does on SIGPIPE (exit status 141), instead of panicking.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if let Err(e) = write!(std::io::stdout().lock(), $($arg)*) {
+            $crate::stdout_failed(e)
+        }
+    }};
+}
+
+/// `println!` as [`out!`] prints.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if let Err(e) = writeln!(std::io::stdout().lock(), $($arg)*) {
+            $crate::stdout_failed(e)
+        }
+    }};
+}
+
 mod cmd;
+
+/// Stdout cannot be written: a closed pipe ends the process as SIGPIPE would (status 141), any
+/// other failure with the error (status 1).
+fn stdout_failed(e: std::io::Error) -> ! {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        std::process::exit(141);
+    }
+    eprintln!("assay: cannot write to stdout: {e}");
+    std::process::exit(1);
+}
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -679,26 +710,31 @@ async fn demo(mut config: AssayConfig, ephemeral: bool) -> Result<(), String> {
             .await
             .map_err(|s| format!("evaluate failed: {}", cmd::status_text(&s)))?;
         let r = reply.into_inner();
-        println!("evaluation {} through {url} in {:.2?}", r.run_id, started.elapsed());
+        outln!("evaluation {} through {url} in {:.2?}", r.run_id, started.elapsed());
         for rec in &r.results {
             let s = rec.score.clone().unwrap_or_default();
-            println!(
+            outln!(
                 "record {}: pass_rate {:.2} ({} answered, {} unanswered)",
-                rec.record_id, s.pass_rate, s.answered_count, s.unanswered_count
+                rec.record_id,
+                s.pass_rate,
+                s.answered_count,
+                s.unanswered_count
             );
             for it in &s.item_scores {
                 let answer = common::Answer::try_from(it.answer).map(|a| a.as_str_name()).unwrap_or("?");
-                println!("  {} {}", it.item_id, answer.trim_start_matches("ANSWER_").to_lowercase());
+                outln!("  {} {}", it.item_id, answer.trim_start_matches("ANSWER_").to_lowercase());
             }
         }
         if let Some(a) = &r.aggregate {
-            println!(
+            outln!(
                 "aggregate: mean primary {:.3}, macro pass {:.3}, micro pass {:.3}",
-                a.mean_primary_score, a.macro_pass_rate, a.micro_pass_rate
+                a.mean_primary_score,
+                a.macro_pass_rate,
+                a.micro_pass_rate
             );
         }
         if let Some(u) = &r.usage {
-            println!(
+            outln!(
                 "usage: {} calls, {} prompt + {} completion tokens, {}, {} cache hits",
                 u.calls,
                 u.prompt_tokens,
@@ -708,12 +744,12 @@ async fn demo(mut config: AssayConfig, ephemeral: bool) -> Result<(), String> {
             );
         }
         for m in &r.models {
-            println!("{}", model_line(&config, m));
+            outln!("{}", model_line(&config, m));
         }
         let embedded = r.models.iter().any(|m| backend_kind(&config, &m.backend) == "local");
-        println!();
+        outln!();
         for line in demo_next_steps(embedded) {
-            println!("{line}");
+            outln!("{line}");
         }
         Ok::<(), String>(())
     }

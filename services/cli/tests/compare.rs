@@ -160,6 +160,24 @@ fn binary_scores_use_mcnemar() {
 }
 
 #[test]
+fn a_closed_stdout_ends_the_report_quietly_as_sigpipe_would() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b, c) = files(dir.path(), 40, 0.0);
+    // `assay compare ... | head -0`: the reader is gone before the first line.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_assay"))
+        .args(["compare", s(&b), s(&c)])
+        .env_remove("RUST_LOG")
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(141), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("panicked"), "{}", stderr(&out));
+}
+
+#[test]
 fn bad_input_exits_2_with_the_reason() {
     let dir = tempfile::tempdir().unwrap();
     let (b, c) = files(dir.path(), 10, 0.0);

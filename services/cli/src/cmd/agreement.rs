@@ -5,7 +5,6 @@
 //! and the gold-only means, with the statistics of [`assay_domain::stats::agreement`].
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -143,10 +142,11 @@ pub fn run(args: AgreementArgs) -> ExitCode {
             ExitCode::from(EXIT_BAD_INPUT)
         }
         Ok(r) => {
-            // A closed pipe (`| head`) is not an error worth a panic.
-            let mut out = std::io::stdout();
-            let _ =
-                if args.json { writeln!(out, "{}", to_json(&r, &args)) } else { write!(out, "{}", text(&r, &args)) };
+            if args.json {
+                outln!("{}", to_json(&r, &args));
+            } else {
+                out!("{}", text(&r, &args));
+            }
             ExitCode::SUCCESS
         }
     }

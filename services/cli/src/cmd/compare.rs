@@ -106,9 +106,9 @@ pub async fn run_with(config: &AssayConfig, args: CompareArgs) -> ExitCode {
         }
         Ok((r, labels)) => {
             if args.json {
-                println!("{}", runs::to_json(&r));
+                outln!("{}", runs::to_json(&r));
             } else {
-                print!("{}", table(&r, &labels));
+                out!("{}", table(&r, &labels));
             }
             match &r.gate {
                 Some(g) => {

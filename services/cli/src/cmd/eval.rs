@@ -206,7 +206,7 @@ impl Follower {
         };
         let failed = self.failed;
         if self.json {
-            println!("{}", summary_json(run_id, state, self.total, failed, &e, pipeline_s)?);
+            outln!("{}", summary_json(run_id, state, self.total, failed, &e, pipeline_s)?);
         } else {
             eprintln!("{}", summary_line(run_id, self.total, failed, &e, pipeline_s));
         }

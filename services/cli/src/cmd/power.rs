@@ -4,7 +4,6 @@
 //! ([`assay_domain::stats::power`]). One pilot file plans an unpaired comparison from its per-record
 //! variance; two files of the same records plan a paired one from their per-record differences.
 
-use std::io::Write as _;
 use std::process::ExitCode;
 
 use assay_domain::stats::power::{Design, Pilot, Plan, Question, power};
@@ -57,10 +56,11 @@ pub fn run(args: PowerArgs) -> ExitCode {
             ExitCode::from(EXIT_BAD_INPUT)
         }
         Ok(p) => {
-            // A closed pipe (`| head`) is not an error worth a panic.
-            let mut out = std::io::stdout();
-            let _ =
-                if args.json { writeln!(out, "{}", to_json(&p, &args)) } else { write!(out, "{}", text(&p, &args)) };
+            if args.json {
+                outln!("{}", to_json(&p, &args));
+            } else {
+                out!("{}", text(&p, &args));
+            }
             ExitCode::SUCCESS
         }
     }

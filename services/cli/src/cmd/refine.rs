@@ -357,7 +357,7 @@ impl RunFollower for Follower {
         }
         match ev.event {
             Some(Event::Started(_)) if self.detach => {
-                println!("{}", envelope(&self.run_id, gw::RunState::Running as i32, []));
+                outln!("{}", envelope(&self.run_id, gw::RunState::Running as i32, []));
                 let flag = self.gateway.as_deref().map(|g| format!(" --gateway {g}")).unwrap_or_default();
                 eprintln!("detached: follow it with `assay runs watch {}{flag}`", self.run_id);
                 Step::Done(Ok(Ending::Detached))
@@ -424,7 +424,7 @@ impl RunFollower for Follower {
              `assay runs resume {id}{flag}`, or `assay runs accept|review {id}{flag}`"
         );
         let v = awaiting_json(id, self.escalation.as_ref(), run).map_err(RefineError::Failed)?;
-        println!("{v}");
+        outln!("{v}");
         Ok(Ending::AwaitingHuman)
     }
 }
@@ -446,7 +446,7 @@ impl Follower {
             }
             Err(e) => return Err(RefineError::Failed(e.message(id))),
         };
-        println!("{}", result_json(id, state, &t).map_err(RefineError::Failed)?);
+        outln!("{}", result_json(id, state, &t).map_err(RefineError::Failed)?);
         if !t.warning.is_empty() {
             eprintln!("warning: {}", t.warning);
         }

@@ -178,7 +178,7 @@ pub async fn refine_text(config: &AssayConfig, args: RefineTextArgs) -> Result<(
         eprintln!("{}", summary_line(&r, args.min_bytes.unwrap_or(DEFAULT_MIN_BYTES)));
         if args.json {
             let v = result_json(&follower.run_id, state, &r).map_err(RefineError::Failed)?;
-            println!("{v}");
+            outln!("{v}");
             Ok(())
         } else {
             write_text(&r.final_text)

@@ -149,9 +149,9 @@ fn run_line(r: &gw::Run) -> String {
 /// `--json`, indented without.
 fn print_json(v: &Value, as_json: bool) -> Result<(), String> {
     if as_json {
-        println!("{v}");
+        outln!("{v}");
     } else {
-        println!("{}", serde_json::to_string_pretty(v).map_err(|e| e.to_string())?);
+        outln!("{}", serde_json::to_string_pretty(v).map_err(|e| e.to_string())?);
     }
     Ok(())
 }
@@ -185,9 +185,9 @@ pub async fn run(config: &AssayConfig, url: &str, action: Action, as_json: bool)
                     .into_inner();
                 for r in &page.runs {
                     if as_json {
-                        println!("{}", to_json(r)?);
+                        outln!("{}", to_json(r)?);
                     } else {
-                        println!("{}", run_line(r));
+                        outln!("{}", run_line(r));
                     }
                     shown += 1;
                 }
@@ -209,7 +209,7 @@ pub async fn run(config: &AssayConfig, url: &str, action: Action, as_json: bool)
                 .into_inner();
             while let Some(m) = s.message().await.map_err(|s| status_text(&s))? {
                 if let Some(e) = m.event {
-                    println!("{}", watch_line(&e, as_json)?);
+                    outln!("{}", watch_line(&e, as_json)?);
                 }
             }
         }
