@@ -2,20 +2,21 @@
 //!
 //! A fixed cap is wrong both ways: a vLLM or OpenAI endpoint takes hundreds of requests at once, a
 //! llama.cpp server with four slots takes four. The limit starts at `initial` and grows while the
-//! calls actually fill it (at least half of it in flight): by one per answered call until the
-//! first cut (slow start: it doubles each round trip), then by one per round of `limit` answered
-//! calls (additive increase, as TCP Reno). It is cut multiplicatively when the backend says it is
+//! calls actually fill it (at least half of it in flight): by one per answered call until the first
+//! cut (slow start: it doubles each round trip), then by one per round of `limit` answered calls
+//! (additive increase, as TCP Reno). It is cut multiplicatively when the backend says it is
 //! overloaded: a rise in latency (a call class's short-term latency average at `latency_tolerance`
-//! times or more its long-term one), or refusals (a 429 or 503, an attempt timing out, a connection
-//! refused) once they are the majority of the recent answers (an average over about the last ten,
-//! [`REFUSAL_WEIGHT`]). A backend past its capacity refuses most of what it is sent; a minority of
+//! times or more its long-term one), or refusals (a 429 or 503, an attempt timing out; not a
+//! connection that could not be made, which says the backend is down, not loaded) once they are the
+//! majority of the recent answers (an average over about the last `limit` answers, at least
+//! [`REFUSAL_WINDOW`]). A backend past its capacity refuses most of what it is sent; a minority of
 //! refusals is what a backend with transient faults gives at any load, and cutting on each of them
 //! would take the limit down to one slot (20% of 429s did, in a few hundred milliseconds) and
-//! serialise every pipeline for no relief: those calls are retried, with backoff, and hedged.
-//! Cuts are at most one per round trip (the smoothed latency of answered calls, at least
-//! `cut_interval`, at most 2 s); later refusals of the same round each take one slot away (not
-//! below the calls still in flight), so a fast 429 frees no slot for the next waiter to be refused
-//! in turn. `max` is a hard cap, `min` a floor.
+//! serialise every pipeline for no relief: those calls are retried, with backoff, and hedged. Cuts
+//! are at most one per round trip (the smoothed latency of answered calls, at least `cut_interval`,
+//! at most 2 s); later refusals of the same round each take one slot away (not below the calls
+//! still in flight), so a fast 429 frees no slot for the next waiter to be refused in turn. `max`
+//! is a hard cap, `min` a floor.
 //!
 //! Waiters queue on the limit (first come, first served through [`tokio::sync::Notify`]); a
 //! dropped waiter leaves the queue. The current limit is logged when it changes by a tenth or
@@ -103,8 +104,12 @@ struct State {
 const MAX_CLASSES: usize = 64;
 /// Samples before a class's latency can signal overload.
 const WARM_SAMPLES: u32 = 20;
-/// Weight of the latest answer in the refusal average (about the last ten answers count).
-pub const REFUSAL_WEIGHT: f64 = 0.1;
+/// Answers the refusal average spans at least: its weight is one over the larger of this and the
+/// current limit, so the share is measured over about one limit's worth of answers. Over ten
+/// answers, 30% of transient refusals crossed the majority every few seconds by chance (and a
+/// start's fast refusals, all back before the first success, crossed it at once), each crossing
+/// a cut: 64 slots fell to one in 30 s of a 50-problem debate.
+pub const REFUSAL_WINDOW: f64 = 20.0;
 /// Share of refusals among the recent answers above which a refusal cuts the limit.
 const REFUSAL_MAJORITY: f64 = 0.5;
 
@@ -205,15 +210,19 @@ impl AdaptiveLimit {
         }
         let overloaded = match signal {
             Signal::Overloaded => {
-                s.refused += REFUSAL_WEIGHT * (1.0 - s.refused);
+                let weight = 1.0 / s.limit.max(REFUSAL_WINDOW);
+                s.refused += weight * (1.0 - s.refused);
                 s.refused > REFUSAL_MAJORITY
             }
             Signal::Answered(latency) => {
-                s.refused -= REFUSAL_WEIGHT * s.refused;
+                s.refused -= s.refused / s.limit.max(REFUSAL_WINDOW);
                 class.is_some_and(|c| self.latency_rose(&mut s, c, latency))
             }
             Signal::Ignore => false,
         };
+        if overloaded {
+            tracing::debug!(backend = %self.name, ?signal, refused = s.refused, class, "overload signal");
+        }
         let before = s.limit;
         if overloaded {
             let round = Duration::from_secs_f64(s.round_trip.min(2.0)).max(self.settings.cut_interval);
@@ -316,8 +325,9 @@ mod tests {
         assert_eq!(limit.limit(), 8, "grows to the cap, never past it");
         limit.acquire().await.finish("c", Signal::Overloaded);
         assert_eq!(limit.limit(), 8, "one refusal among answers is no overload");
-        // Refusals only: the majority of the recent answers from the seventh (1 - 0.9^7 > 0.5).
-        for _ in 0..5 {
+        // Refusals only, averaged over 20 answers (the limit is smaller): the majority of the
+        // recent answers from the fourteenth (1 - 0.95^14 > 0.5).
+        for _ in 0..12 {
             limit.acquire().await.finish("c", Signal::Overloaded);
         }
         assert_eq!(limit.limit(), 8);
@@ -379,11 +389,12 @@ mod tests {
             "t",
             LimitSettings { cut_interval: Duration::from_secs(60), ..LimitSettings::adaptive(64) },
         );
-        for _ in 0..10 {
+        for _ in 0..50 {
             limit.acquire().await.finish("c", Signal::Overloaded);
         }
-        // The seventh refusal makes them the majority: a cut, then one slot per further refusal.
-        assert_eq!(limit.limit(), 48 - 3, "one multiplicative cut a round, then one slot per failure");
+        // Averaged over the limit's 64 answers, the 45th refusal makes them the majority
+        // (1 - (63/64)^45 > 0.5): a cut, then one slot per further refusal.
+        assert_eq!(limit.limit(), 48 - 5, "one multiplicative cut a round, then one slot per failure");
     }
 
     #[tokio::test]
@@ -402,6 +413,26 @@ mod tests {
             limit.acquire().await.finish("c", signal);
         }
         assert!(limit.limit() <= 4, "mostly refused: the limit comes down, to {}", limit.limit());
+    }
+
+    #[tokio::test]
+    async fn transient_refusals_at_a_high_limit_never_cut_it_not_even_their_first_burst() {
+        // 64 calls go out; the 30% refused come back at once, before any success (a start's burst),
+        // then answers arrive in a random mix with 30% refusals. Over the last ten answers both
+        // made a majority by chance (64 slots fell to one within 30 s of a 50-problem debate).
+        let limit = AdaptiveLimit::new("t", quick(64, 64));
+        for _ in 0..19 {
+            limit.acquire().await.finish("c", Signal::Overloaded);
+        }
+        assert_eq!(limit.limit(), 64, "the first burst of fast refusals is no overload");
+        let mut state = 7u64;
+        for _ in 0..5000 {
+            state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            let refused = (state >> 33) % 100 < 30;
+            let signal = if refused { Signal::Overloaded } else { Signal::Answered(Duration::from_millis(5)) };
+            limit.acquire().await.finish("c", signal);
+        }
+        assert_eq!(limit.limit(), 64, "30% of refusals in a random mix is no overload");
     }
 
     #[tokio::test]

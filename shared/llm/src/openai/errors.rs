@@ -45,6 +45,11 @@ impl AttemptError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum AttemptKind {
     Transient,
+    /// No connection could be made (refused, no route, a failed handshake): retried as a transient
+    /// failure, but no sign of load for the concurrency limit (a backend that is down or
+    /// restarting is the circuit breaker's business; cutting the limit for it left one slot for
+    /// the whole run once the backend was back).
+    Unreachable,
     /// A 200 whose body could not be used: retried once.
     Malformed,
     Permanent,
@@ -113,7 +118,7 @@ pub(super) fn transport_error(e: reqwest::Error, deadline: Option<Instant>) -> A
     let (error, kind) = if e.is_builder() {
         (LlmError::InvalidRequest(format!("building request: {}", error_chain(&e))), AttemptKind::Permanent)
     } else if e.is_connect() {
-        (LlmError::Unavailable(format!("connect error: {}", error_chain(&e))), AttemptKind::Transient)
+        (LlmError::Unavailable(format!("connect error: {}", error_chain(&e))), AttemptKind::Unreachable)
     } else {
         (LlmError::Unavailable(format!("transport error: {}", error_chain(&e))), AttemptKind::Transient)
     };

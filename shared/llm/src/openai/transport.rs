@@ -100,7 +100,7 @@ impl Transport {
                 Err(failure) => failure,
             };
             let retryable = match failure.kind {
-                AttemptKind::Transient => true,
+                AttemptKind::Transient | AttemptKind::Unreachable => true,
                 AttemptKind::Malformed => !malformed_retried,
                 AttemptKind::Permanent => false,
             };
@@ -366,7 +366,8 @@ impl Transport {
 const MAX_HEDGES: u32 = 3;
 
 /// What an attempt's end says about the backend's load: 429 and 503, timeouts and transport
-/// failures are overload; a deadline says nothing; any other answer is a latency.
+/// failures on a connection are overload; a deadline or a connection that could not be made says
+/// nothing; any other answer is a latency.
 fn load_signal<T>(reply: &Result<T, AttemptError>, elapsed: std::time::Duration) -> Signal {
     match reply {
         Ok(_) => Signal::Answered(elapsed),
@@ -375,6 +376,7 @@ fn load_signal<T>(reply: &Result<T, AttemptError>, elapsed: std::time::Duration)
             Some(429 | 503) => Signal::Overloaded,
             Some(_) => Signal::Answered(elapsed),
             None if e.kind == AttemptKind::Transient => Signal::Overloaded,
+            // A backend that cannot be reached is down, not loaded.
             None => Signal::Ignore,
         },
     }
