@@ -8,7 +8,7 @@ pub mod server;
 
 pub use postgres::TempPostgres;
 pub use process::{ChildOutput, http_request};
-pub use schema_fake::{schema_handler, schema_reply};
+pub use schema_fake::{FaultCounts, FaultMix, schema_handler, schema_reply, with_faults};
 pub use scripted::{
     Exchange, Gate, Handler, RecordedRequest, Reply, ScriptedLlm, embedding_handler, eventually, hash_embedding,
     max_in_flight,

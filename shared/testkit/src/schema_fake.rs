@@ -2,6 +2,8 @@
 //! any client (Assay's stages, or another library run side by side in a benchmark) without knowing
 //! its prompts. Deterministic: the same request gets the same reply.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use serde_json::{Map, Value, json};
@@ -29,6 +31,55 @@ pub fn schema_handler(latency: Duration) -> impl Fn(&RecordedRequest) -> Reply +
     move |request| {
         let reply = schema_reply(request);
         if latency.is_zero() { reply } else { reply.delay(latency) }
+    }
+}
+
+/// Faults injected per attempt: shares of attempts answered 429 (no `Retry-After`), 5xx (500,
+/// 502, 503 in turn) and never answered; the rest reach the wrapped handler.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct FaultMix {
+    pub rate_limited: f64,
+    pub server_error: f64,
+    pub unanswered: f64,
+}
+
+/// What [`with_faults`] injected.
+#[derive(Debug, Default)]
+pub struct FaultCounts {
+    pub attempts: AtomicUsize,
+    pub rate_limited: AtomicUsize,
+    pub server_error: AtomicUsize,
+    pub unanswered: AtomicUsize,
+}
+
+/// `handler` behind faults drawn from `mix` with a seeded generator (SplitMix64): the same seed
+/// gives the same sequence of draws (which attempt meets which depends on arrival order).
+pub fn with_faults(
+    handler: impl Fn(&RecordedRequest) -> Reply + Send + Sync + 'static,
+    mix: FaultMix,
+    seed: u64,
+    counts: Arc<FaultCounts>,
+) -> impl Fn(&RecordedRequest) -> Reply + Send + Sync + 'static {
+    let state = AtomicU64::new(seed);
+    move |request| {
+        counts.attempts.fetch_add(1, Ordering::Relaxed);
+        let mut z = state.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed).wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        let x = ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64;
+        if x < mix.rate_limited {
+            counts.rate_limited.fetch_add(1, Ordering::Relaxed);
+            return Reply::status(429);
+        }
+        if x < mix.rate_limited + mix.server_error {
+            let n = counts.server_error.fetch_add(1, Ordering::Relaxed);
+            return Reply::status([500, 502, 503][n % 3]);
+        }
+        if x < mix.rate_limited + mix.server_error + mix.unanswered {
+            counts.unanswered.fetch_add(1, Ordering::Relaxed);
+            return Reply::hang();
+        }
+        handler(request)
     }
 }
 

@@ -2,19 +2,37 @@
 //! every chat call with an instance of the requested JSON schema (see `schema_fake`) after a fixed
 //! latency. Used by benchmarks that compare Assay with other clients against the same backend.
 //!
-//! Usage: `assay-scripted-llm [--latency-ms N] [--capacity N]`. `--capacity`: requests served at
-//! once at most, the rest answered 429 at once (a server with N slots; default unlimited). Prints
-//! the base URL on the first line of standard output, then serves on 127.0.0.1 until
-//! SIGINT/SIGTERM; on exit prints the number of requests served, the peak in flight and the
-//! requests refused for capacity to standard error.
+//! Usage: `assay-scripted-llm [--latency-ms N] [--capacity N] [--faults R,E,U] [--seed N]`.
+//! `--capacity`: requests served at once at most, the rest answered 429 at once (a server with N
+//! slots; default unlimited). `--faults`: shares of attempts answered 429 (R), 5xx (E) and never
+//! answered (U), e.g. `0.2,0.1,0.05`, drawn from `--seed` (default 1). Prints the base URL on the
+//! first line of standard output, then serves on 127.0.0.1 until SIGINT/SIGTERM; on exit prints the
+//! number of requests served, the peak in flight, the requests refused for capacity and the faults
+//! injected to standard error.
 
 use std::io::Write;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
+
+use assay_testkit::{FaultCounts, FaultMix};
+
+const USAGE: &str = "usage: assay-scripted-llm [--latency-ms N] [--capacity N] [--faults R,E,U] [--seed N]";
+
+/// `R,E,U`: three shares in [0, 1] whose sum is at most 1.
+fn fault_mix(value: &str) -> Option<FaultMix> {
+    let shares: Vec<f64> = value.split(',').map(|s| s.trim().parse().ok()).collect::<Option<_>>()?;
+    let [rate_limited, server_error, unanswered] = shares[..] else { return None };
+    let valid = shares.iter().all(|s| (0.0..=1.0).contains(s)) && shares.iter().sum::<f64>() <= 1.0;
+    valid.then_some(FaultMix { rate_limited, server_error, unanswered })
+}
 
 #[tokio::main]
 async fn main() {
     let mut latency_ms = 50u64;
     let mut capacity = 0usize;
+    let mut faults = None;
+    let mut seed = 1u64;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -30,22 +48,42 @@ async fn main() {
                     std::process::exit(2)
                 })
             }
+            "--faults" => {
+                faults = Some(args.next().as_deref().and_then(fault_mix).unwrap_or_else(|| {
+                    eprintln!("--faults needs three shares R,E,U in [0, 1] summing to at most 1, e.g. 0.2,0.1,0.05");
+                    std::process::exit(2)
+                }))
+            }
+            "--seed" => {
+                seed = args.next().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
+                    eprintln!("--seed needs a whole number");
+                    std::process::exit(2)
+                })
+            }
             other => {
-                eprintln!("unknown argument {other:?}; usage: assay-scripted-llm [--latency-ms N] [--capacity N]");
+                eprintln!("unknown argument {other:?}; {USAGE}");
                 std::process::exit(2)
             }
         }
     }
     let server = assay_testkit::ScriptedLlm::start().await;
-    server.set_handler(assay_testkit::schema_handler(Duration::from_millis(latency_ms)));
+    let answers = assay_testkit::schema_handler(Duration::from_millis(latency_ms));
+    let counts = Arc::new(FaultCounts::default());
+    match faults {
+        Some(mix) => server.set_handler(assay_testkit::with_faults(answers, mix, seed, counts.clone())),
+        None => server.set_handler(answers),
+    }
     server.set_capacity(capacity);
     println!("{}", server.base_url());
     let _ = std::io::stdout().flush();
     assay_rpc::shutdown_signal().await;
     eprintln!(
-        "assay-scripted-llm: served {} requests, at most {} at once, {} refused for capacity",
+        "assay-scripted-llm: served {} requests, at most {} at once, {} refused for capacity; faults: {} x 429, {} x 5xx, {} unanswered",
         server.request_count(),
         server.peak_in_flight(),
-        server.over_capacity_count()
+        server.over_capacity_count(),
+        counts.rate_limited.load(Ordering::Relaxed),
+        counts.server_error.load(Ordering::Relaxed),
+        counts.unanswered.load(Ordering::Relaxed),
     );
 }
