@@ -150,25 +150,15 @@ build_image() {
   echo "build: $IMAGE in $((SECONDS - t0)) s"
 }
 
-# The Dockerfile's runtime stage (from its `FROM ... AS runtime` line to the end) with its one
-# `COPY --from=build` of the binaries replaced by a COPY of the same binaries from a context that
-# holds them: everything else (packages, user, environment, entry point) is the Dockerfile's.
+# The Dockerfile's runtime stage with its one `COPY --from=build` of the binaries replaced by a
+# COPY of the same binaries from a context that holds them: everything else (packages, user,
+# environment, entry point) is the Dockerfile's. The Dockerfile is parsed once, by
+# deploy/tools/image_build.py (the same parser and checks as scripts/image-build.sh).
 build_prebuilt() {
-  local copy names ctx t0
-  copy=$(grep -E '^COPY --from=build ' Dockerfile)
-  [ "$(grep -c '^COPY --from=build ' Dockerfile)" = 1 ] || { echo "image.sh: expected one COPY --from=build in the Dockerfile" >&2; exit 1; }
-  # shellcheck disable=SC2001 # a regex over the whole line
-  names=$(sed -E 's|^COPY --from=build ||; s| /usr/local/bin/$||' <<<"$copy" | tr ' ' '\n' | xargs -n1 basename)
+  local ctx t0
   scratch=$(mktemp -d "${TMPDIR:-/var/tmp}/assay-prebuilt-XXXXXX")
   ctx="$scratch/context"
-  mkdir -p "$ctx/bin"
-  for n in $names; do
-    [ -x "$PREBUILT/$n" ] || { echo "image.sh: no binary $PREBUILT/$n (the Dockerfile copies it)" >&2; exit 1; }
-    cp "$PREBUILT/$n" "$ctx/bin/"
-  done
-  sed -n '/^FROM [^ ]* AS runtime$/,$p' Dockerfile | sed "s|^COPY --from=build .*|COPY bin/ /usr/local/bin/|" >"$ctx/Containerfile"
-  grep -q '^FROM ' "$ctx/Containerfile" || { echo "image.sh: no 'FROM ... AS runtime' stage in the Dockerfile" >&2; exit 1; }
-  echo "build: the Dockerfile's runtime stage with $(wc -w <<<"$names") binaries from $PREBUILT"
+  python3 deploy/tools/image_build.py --runtime-context "$PREBUILT" "$ctx"
   t0=$SECONDS
   podman build --network=host --pull=never --layers -t "$IMAGE" -f "$ctx/Containerfile" "$ctx"
   echo "build: $IMAGE (prebuilt binaries) in $((SECONDS - t0)) s"

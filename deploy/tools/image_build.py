@@ -12,6 +12,11 @@ The Dockerfile is parsed, not mirrored, so what is checked here is what the imag
                  there with .dockerignore applied, the builder's cargo command runs in it (a clean
                  release build: long), the copied binaries are installed into a staging
                  /usr/local/bin, then --smoke on them.
+  --runtime-context DIR OUT
+                 --check, then a build context in OUT for the runtime stage alone: OUT/Containerfile
+                 is the Dockerfile's runtime stage as parsed (continuation lines joined), its
+                 COPY --from=<builder> of the binaries replaced by `COPY bin/ /usr/local/bin/`, and
+                 OUT/bin holds those binaries from DIR (scripts/image.sh --prebuilt builds it).
   --smoke DIR    the runtime stage's checks on binaries already built in DIR: each shared library
                  resolves and (on a Debian host of the image's release) comes from a package of the
                  runtime stage or of the base image; `assay --version/--help` run; each service
@@ -399,6 +404,25 @@ def full(plan: Plan, staging: Path, target_dir: str | None) -> Path:
     return bindir
 
 
+# --- --runtime-context: the runtime stage alone, on binaries built elsewhere ----------------------
+
+def runtime_context(plan: Plan, bindir: Path, out: Path) -> None:
+    absent = [b for b in plan.binaries if not os.access(bindir / b, os.X_OK)]
+    if absent:
+        raise Failure(f"{bindir}: no executable {', '.join(absent)} (the Dockerfile copies them)")
+    if out.exists() and any(out.iterdir()):
+        raise Failure(f"context directory {out} is not empty")
+    (out / "bin").mkdir(parents=True, exist_ok=True)
+    for b in plan.binaries:
+        shutil.copy2(bindir / b, out / "bin" / b)
+    lines = [f"FROM {plan.runtime.base}" + (f" AS {plan.runtime.name}" if plan.runtime.name else "")]
+    for i in plan.runtime.instructions:
+        copies_binaries = i.keyword == "COPY" and f"--from={plan.build.name}" in shlex.split(i.args)
+        lines.append("COPY bin/ /usr/local/bin/" if copies_binaries else f"{i.keyword} {i.args}")
+    (out / "Containerfile").write_text("\n".join(lines) + "\n")
+    print(f"runtime context: {out} ({len(plan.binaries)} binaries from {bindir})")
+
+
 # --- --smoke: the runtime stage's checks on built binaries --------------------------------------
 
 def package_of(lib: str) -> str | None:
@@ -595,6 +619,8 @@ def main() -> int:
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--check", action="store_true", help="the cheap checks only (CI)")
     mode.add_argument("--smoke", metavar="DIR", help="the runtime checks on binaries built in DIR")
+    mode.add_argument("--runtime-context", nargs=2, metavar=("DIR", "OUT"),
+                      help="a build context in OUT for the runtime stage alone, with the binaries from DIR")
     ap.add_argument("--target-dir", help="full mode: cargo's target directory (reuse a cache; default a clean one in the staging directory)")
     ap.add_argument("--staging", help="full mode: staging directory (default a new temporary one, removed after)")
     ap.add_argument("--fetch-models", action="store_true", help="also run `assay models fetch` into a scratch directory (downloads about 500 MB)")
@@ -602,6 +628,10 @@ def main() -> int:
     try:
         plan = check()
         if a.check:
+            return 0
+        if a.runtime_context:
+            bindir, out = (Path(d).resolve() for d in a.runtime_context)
+            runtime_context(plan, bindir, out)
             return 0
         if a.smoke:
             smoke(plan, Path(a.smoke).resolve(), a.fetch_models)
