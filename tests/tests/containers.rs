@@ -31,6 +31,8 @@ use assay_proto::gateway::v1::gateway_service_client::GatewayServiceClient;
 use assay_proto::gateway::v1::run_event::Event;
 use assay_testkit::{Gate, RecordedRequest, Reply, ScriptedLlm, hash_embedding};
 use assay_tests::{check_like_clean, clean_leaves_run, leaves_eval, leaves_judge, run_to_end, watch_all};
+use base64::prelude::{BASE64_STANDARD, Engine as _};
+use serde::Deserialize as _;
 use serde_json::{Value, json};
 use tonic::transport::Channel;
 use tonic_health::pb::HealthCheckRequest;
@@ -82,24 +84,6 @@ async fn can_run(test: &str) -> bool {
     false
 }
 
-/// base64 (standard alphabet, padded): podman keeps a Kubernetes Secret's data encoded.
-fn base64(data: &[u8]) -> String {
-    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for chunk in data.chunks(3) {
-        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(A[((n >> (18 - 6 * i)) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
-
 // --- the rendered manifests ---------------------------------------------------------------------
 
 /// A Deployment of the rendered manifests, as far as the test drives it.
@@ -118,63 +102,90 @@ struct Deployment {
     startup: Duration,
 }
 
-/// The lines under `lines[at]` (more indented than it).
-fn block<'a>(lines: &[&'a str], at: usize) -> Vec<&'a str> {
-    let indent = |l: &str| l.len() - l.trim_start().len();
-    let base = indent(lines[at]);
-    lines[at + 1..].iter().take_while(|l| l.trim().is_empty() || indent(l) > base).copied().collect()
+/// The documents of a multi-document YAML stream (`kubectl kustomize` output), as JSON values.
+fn parse_docs(rendered: &str) -> Vec<Value> {
+    yaml_serde::Deserializer::from_str(rendered)
+        .map(|doc| Value::deserialize(doc).expect("the rendered manifests are YAML"))
+        .filter(|doc| !doc.is_null())
+        .collect()
 }
 
-/// The value of `key: value` among `lines` (the first, at any depth).
-fn value<'a>(lines: &[&'a str], key: &str) -> Option<&'a str> {
-    lines.iter().find_map(|l| l.trim().trim_start_matches("- ").strip_prefix(&format!("{key}: ")))
+/// `docs` as one multi-document YAML stream, for `podman kube play`.
+fn to_yaml(docs: &[Value]) -> String {
+    docs.iter().map(|d| yaml_serde::to_string(d).expect("a manifest serialises")).collect::<Vec<_>>().join("---\n")
 }
 
-/// The Deployments of `kubectl kustomize` output (kustomize prints sorted keys, two-space indents).
-fn deployments(rendered: &str) -> Vec<Deployment> {
-    let mut out = Vec::new();
-    for doc in rendered.split("\n---\n") {
-        let lines: Vec<&str> = doc.lines().collect();
-        if !lines.contains(&"kind: Deployment") {
-            continue;
+fn is_deployment(doc: &Value) -> bool {
+    doc["kind"] == "Deployment"
+}
+
+/// Every container of every Deployment in `docs`.
+fn containers(docs: &mut [Value]) -> impl Iterator<Item = &mut Value> {
+    docs.iter_mut()
+        .filter(|d| is_deployment(d))
+        .filter_map(|d| d.pointer_mut("/spec/template/spec/containers").and_then(Value::as_array_mut))
+        .flatten()
+}
+
+/// Add `name=value` to a container's environment.
+fn add_env(container: &mut Value, name: &str, value: &str) {
+    let env = container.as_object_mut().expect("a container is a mapping").entry("env").or_insert_with(|| json!([]));
+    env.as_array_mut().expect("env is a list").push(json!({"name": name, "value": value}));
+}
+
+/// Every `name` or `secretName` field holding `from`, at any depth, set to `to`.
+fn rename_refs(doc: &mut Value, from: &str, to: &str) {
+    match doc {
+        Value::Object(map) => {
+            for (key, value) in map.iter_mut() {
+                if (key == "name" || key == "secretName") && value == from {
+                    *value = json!(to);
+                } else {
+                    rename_refs(value, from, to);
+                }
+            }
         }
-        let meta = lines.iter().position(|l| *l == "metadata:").expect("metadata");
-        let name = block(&lines, meta).iter().find_map(|l| l.strip_prefix("  name: ")).expect("name").to_string();
-        let spec = lines.iter().position(|l| *l == "spec:").expect("spec");
-        let replicas = block(&lines, spec)
-            .iter()
-            .find_map(|l| l.strip_prefix("  replicas: "))
-            .map_or(1, |r| r.parse().unwrap_or_else(|_| panic!("{name}: replicas {r}")));
-        let probe = |which: &str| {
-            let at = lines
-                .iter()
-                .position(|l| l.trim() == format!("{which}:"))
-                .unwrap_or_else(|| panic!("{name}: no {which}"));
-            block(&lines, at)
-        };
-        let port_of = |b: &[&str], which: &str| -> u16 {
-            value(b, "port").and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("{name}: {which} has no gRPC port"))
-        };
-        let readiness = probe("readinessProbe");
-        let liveness = probe("livenessProbe");
-        let startup = probe("startupProbe");
-        let secs = |b: &[&str], key: &str, default: u64| value(b, key).and_then(|v| v.parse().ok()).unwrap_or(default);
-        let command_at = lines.iter().position(|l| l.trim() == "- command:" || l.trim() == "command:");
-        let binary = command_at
-            .and_then(|at| lines.get(at + 1))
-            .map(|l| l.trim().trim_start_matches("- ").trim_start_matches("/usr/local/bin/").to_string())
-            .unwrap_or_else(|| panic!("{name}: no command"));
-        out.push(Deployment {
-            binary,
-            replicas,
-            port: port_of(&readiness, "readinessProbe"),
-            readiness: value(&readiness, "service").unwrap_or_default().to_string(),
-            liveness_port: port_of(&liveness, "livenessProbe"),
-            startup: Duration::from_secs(secs(&startup, "periodSeconds", 10) * secs(&startup, "failureThreshold", 3)),
-            name,
-        });
+        Value::Array(items) => items.iter_mut().for_each(|v| rename_refs(v, from, to)),
+        _ => {}
     }
-    out
+}
+
+/// The Deployments of the rendered manifests.
+fn deployments(docs: &[Value]) -> Vec<Deployment> {
+    docs.iter()
+        .filter(|d| is_deployment(d))
+        .map(|doc| {
+            let name = doc["metadata"]["name"].as_str().expect("a Deployment has a name").to_string();
+            let container = &doc["spec"]["template"]["spec"]["containers"][0];
+            let probe = |which: &str| {
+                let probe = &container[which];
+                assert!(probe.is_object(), "{name}: no {which}");
+                probe
+            };
+            let port_of = |which: &str| -> u16 {
+                probe(which)["grpc"]["port"]
+                    .as_u64()
+                    .and_then(|p| u16::try_from(p).ok())
+                    .unwrap_or_else(|| panic!("{name}: {which} has no gRPC port"))
+            };
+            let startup = probe("startupProbe");
+            let secs = |key: &str, default: u64| startup[key].as_u64().unwrap_or(default);
+            let binary = container["command"][0]
+                .as_str()
+                .unwrap_or_else(|| panic!("{name}: no command"))
+                .trim_start_matches("/usr/local/bin/")
+                .to_string();
+            Deployment {
+                binary,
+                replicas: doc["spec"]["replicas"].as_u64().map_or(1, |r| r as usize),
+                port: port_of("readinessProbe"),
+                readiness: probe("readinessProbe")["grpc"]["service"].as_str().unwrap_or_default().to_string(),
+                liveness_port: port_of("livenessProbe"),
+                startup: Duration::from_secs(secs("periodSeconds", 10) * secs("failureThreshold", 3)),
+                name,
+            }
+        })
+        .collect()
 }
 
 // --- one play of an overlay ---------------------------------------------------------------------
@@ -197,7 +208,7 @@ impl Play {
     async fn start(
         overlay: &str,
         secrets: &[(&str, Vec<(&str, String)>)],
-        more: impl FnOnce(&str) -> Vec<String>,
+        more: impl FnOnce(&[Value]) -> Vec<Vec<Value>>,
     ) -> Play {
         let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf();
         let prefix = format!("t{}-{}-", std::process::id(), overlay);
@@ -226,10 +237,10 @@ impl Play {
         // The response cache (on by default) off in every container: a run repeating the clean
         // run's records would otherwise be answered from the scorer's cache in milliseconds, and
         // a kill "mid-run" would come after its end.
-        let mut rendered = String::from_utf8(out.stdout).expect("utf-8 manifests").replace(
-            "        env:\n",
-            "        env:\n        - name: ASSAY__CACHE__ENABLED\n          value: \"false\"\n",
-        );
+        let mut rendered = parse_docs(&String::from_utf8(out.stdout).expect("utf-8 manifests"));
+        for container in containers(&mut rendered) {
+            add_env(container, "ASSAY__CACHE__ENABLED", "false");
+        }
         let mut play = Play {
             manifests: Vec::new(),
             prefix: prefix.clone(),
@@ -241,9 +252,9 @@ impl Play {
         // The Secrets the overlays reference are created by the operator, under this play's names.
         for (name, keys) in secrets {
             let unique = format!("{prefix}{name}");
-            rendered = rendered.replace(&format!("name: {name}\n"), &format!("name: {unique}\n"));
+            rendered.iter_mut().for_each(|doc| rename_refs(doc, name, &unique));
             let data: serde_json::Map<String, Value> =
-                keys.iter().map(|(k, v)| ((*k).to_string(), json!(base64(v.as_bytes())))).collect();
+                keys.iter().map(|(k, v)| ((*k).to_string(), json!(BASE64_STANDARD.encode(v)))).collect();
             let file = play.dir.join(format!("{name}.json"));
             std::fs::write(&file, Value::Object(data).to_string()).expect("secret file");
             podman(&["secret", "create", &unique, file.to_str().expect("path")]).await.expect("podman secret create");
@@ -251,11 +262,11 @@ impl Play {
             play.secrets.push(unique);
         }
         let extra = more(&rendered);
-        for (i, text) in std::iter::once(rendered).chain(extra).enumerate() {
+        for (i, docs) in std::iter::once(rendered).chain(extra).enumerate() {
             let manifest = play.dir.join(format!("rendered-{i}.yaml"));
-            std::fs::write(&manifest, &text).expect("write manifests");
+            std::fs::write(&manifest, to_yaml(&docs)).expect("write manifests");
             play.manifests.push(manifest.clone());
-            play.deployments.extend(deployments(&text));
+            play.deployments.extend(deployments(&docs));
             let before: Vec<String> = volumes().await;
             let played = podman(&["kube", "play", manifest.to_str().expect("path")]).await;
             play.volumes.extend(volumes().await.into_iter().filter(|v| !before.contains(v)));
@@ -599,24 +610,31 @@ async fn openai_overlay_runs_from_the_image_with_podman() {
 /// The second gateway of the postgres overlay: on one host both pods of the gateway Deployment
 /// would bind 50051 (host network), so the local overlay runs one and the test plays the same
 /// rendered Deployment again as `<name>-2` on port 50061 (with the ConfigMaps it reads).
-fn second_gateway(rendered: &str) -> Vec<String> {
-    let docs: Vec<&str> = rendered.split("\n---\n").collect();
-    let gateway = docs
+fn second_gateway(rendered: &[Value]) -> Vec<Vec<Value>> {
+    let mut gateway = rendered
         .iter()
-        .find(|d| d.contains("kind: Deployment") && d.contains("- /usr/local/bin/assay-gateway"))
-        .expect("the gateway Deployment");
-    let name = gateway.lines().find_map(|l| l.strip_prefix("  name: ")).expect("its name");
-    let copy = gateway
-        .replacen(&format!("\n  name: {name}\n"), &format!("\n  name: {name}-2\n"), 1)
-        .replace("port: 50051", "port: 50061")
-        .replace("containerPort: 50051", "containerPort: 50061")
-        .replacen(
-            "        env:\n",
-            "        env:\n        - name: ASSAY__PORTS__GATEWAY\n          value: \"50061\"\n",
-            1,
-        );
-    let config_maps = docs.iter().filter(|d| d.contains("kind: ConfigMap")).map(|d| d.to_string());
-    vec![config_maps.chain(std::iter::once(copy)).collect::<Vec<_>>().join("\n---\n")]
+        .find(|d| {
+            is_deployment(d)
+                && d["spec"]["template"]["spec"]["containers"][0]["command"][0] == "/usr/local/bin/assay-gateway"
+        })
+        .expect("the gateway Deployment")
+        .clone();
+    let name = format!("{}-2", gateway["metadata"]["name"].as_str().expect("its name"));
+    gateway["metadata"]["name"] = json!(name);
+    let container = &mut gateway["spec"]["template"]["spec"]["containers"][0];
+    for probe in ["startupProbe", "livenessProbe", "readinessProbe"] {
+        assert_eq!(container[probe]["grpc"]["port"], 50051, "{probe} on the gateway's port");
+        container[probe]["grpc"]["port"] = json!(50061);
+    }
+    // The local overlays run on the host's network and may declare no container ports.
+    for port in container["ports"].as_array_mut().into_iter().flatten() {
+        if port["containerPort"] == 50051 {
+            port["containerPort"] = json!(50061);
+        }
+    }
+    add_env(container, "ASSAY__PORTS__GATEWAY", "50061");
+    let config_maps = rendered.iter().filter(|d| d["kind"] == "ConfigMap").cloned();
+    vec![config_maps.chain(std::iter::once(gateway)).collect()]
 }
 
 #[tokio::test(flavor = "multi_thread")]
