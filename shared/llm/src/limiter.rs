@@ -108,8 +108,10 @@ const WARM_SAMPLES: u32 = 20;
 /// current limit, so the share is measured over about one limit's worth of answers. Over ten
 /// answers, 30% of transient refusals crossed the majority every few seconds by chance (and a
 /// start's fast refusals, all back before the first success, crossed it at once), each crossing
-/// a cut: 64 slots fell to one in 30 s of a 50-problem debate.
-pub const REFUSAL_WINDOW: f64 = 20.0;
+/// a cut: 64 slots fell to one in 30 s of a 50-problem debate. Over 50, the same share is more
+/// than four standard deviations below the majority, so a limit that has come down does not
+/// keep falling by chance.
+pub const REFUSAL_WINDOW: f64 = 50.0;
 /// Share of refusals among the recent answers above which a refusal cuts the limit.
 const REFUSAL_MAJORITY: f64 = 0.5;
 
@@ -325,9 +327,9 @@ mod tests {
         assert_eq!(limit.limit(), 8, "grows to the cap, never past it");
         limit.acquire().await.finish("c", Signal::Overloaded);
         assert_eq!(limit.limit(), 8, "one refusal among answers is no overload");
-        // Refusals only, averaged over 20 answers (the limit is smaller): the majority of the
-        // recent answers from the fourteenth (1 - 0.95^14 > 0.5).
-        for _ in 0..12 {
+        // Refusals only, averaged over 50 answers (the limit is smaller): the majority of the
+        // recent answers from the 35th (1 - 0.98^35 > 0.5).
+        for _ in 0..33 {
             limit.acquire().await.finish("c", Signal::Overloaded);
         }
         assert_eq!(limit.limit(), 8);
@@ -408,7 +410,7 @@ mod tests {
         }
         assert_eq!(limit.limit(), 16, "a minority of refusals is no overload");
         // Past capacity: two refusals in three. Cut, round after round.
-        for i in 0..60 {
+        for i in 0..120 {
             let signal = if i % 3 == 0 { Signal::Answered(Duration::from_millis(5)) } else { Signal::Overloaded };
             limit.acquire().await.finish("c", signal);
         }

@@ -175,7 +175,15 @@ impl Transport {
         let sent = admission.map(rate::Admission::sent);
         let started = Instant::now();
         let reply = self.exchange(config, url, body, deadline, (class, attempt), parse).await;
-        slot.finish(&class.key, load_signal(&reply, started.elapsed()));
+        // A hung request rescued by its duplicate is no latency of the backend's (the duplicate's
+        // own slot reports its latency): counted, its 5-11 s read as a latency rise and cut the
+        // limit, which then had no free slot for the next hang's duplicate.
+        let signal = match &reply {
+            Ok(answered) if answered.by_duplicate => Signal::Ignore,
+            _ => load_signal(&reply, started.elapsed()),
+        };
+        slot.finish(&class.key, signal);
+        let reply = reply.map(|answered| answered.value);
         if let Some(sent) = sent {
             // Whichever of the attempt and its hedges answered, one reservation is corrected by
             // the usage; the others keep their estimates (the provider may have counted them).
@@ -193,7 +201,7 @@ impl Transport {
         deadline: Option<Instant>,
         (class, attempt): (&CallClass, u32),
         parse: &impl Fn(&[u8]) -> Result<T, String>,
-    ) -> Result<T, AttemptError> {
+    ) -> Result<Answered<T>, AttemptError> {
         let mut builder = self.http.post(url).json(body);
         if let Some(key) = &config.api_key {
             builder = builder.bearer_auth(key);
@@ -358,23 +366,32 @@ impl Transport {
             self.latency.record(class, answered_since.elapsed());
             self.hedges.answered();
         }
-        reply
+        reply.map(|value| Answered { value, by_duplicate: answered_since != started })
     }
+}
+
+/// An attempt's reply and whether a duplicate of it (not the request itself) gave it.
+struct Answered<T> {
+    value: T,
+    by_duplicate: bool,
 }
 
 /// Duplicates an attempt may get, each after twice the wait of the one before.
 const MAX_HEDGES: u32 = 3;
 
 /// What an attempt's end says about the backend's load: 429 and 503, timeouts and transport
-/// failures on a connection are overload; a deadline or a connection that could not be made says
-/// nothing; any other answer is a latency.
+/// failures on a connection are overload; a success is a latency; a deadline, a connection that
+/// could not be made or another error status says nothing.
 fn load_signal<T>(reply: &Result<T, AttemptError>, elapsed: std::time::Duration) -> Signal {
     match reply {
         Ok(_) => Signal::Answered(elapsed),
         Err(e) if matches!(e.error, LlmError::DeadlineExceeded) => Signal::Ignore,
         Err(e) => match e.status {
             Some(429 | 503) => Signal::Overloaded,
-            Some(_) => Signal::Answered(elapsed),
+            // Another error status (500, 502, a 4xx) is neither a refusal nor the latency of an
+            // answer: a 500 back in a millisecond, taken as one, set a call class's long-term
+            // latency so low that its next ordinary answers read as a rise and cut the limit.
+            Some(_) => Signal::Ignore,
             None if e.kind == AttemptKind::Transient => Signal::Overloaded,
             // A backend that cannot be reached is down, not loaded.
             None => Signal::Ignore,
