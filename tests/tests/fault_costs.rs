@@ -17,14 +17,14 @@
 //! Timing figures belong here, not in assertions: the test asserts only that every run completes.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use assay_proto::common::v1 as pb;
 use assay_proto::gateway::v1 as gw;
 use assay_proto::refiners::v1 as rf;
-use assay_testkit::{RecordedRequest, Reply, hash_embedding};
+use assay_testkit::{FaultCounts, FaultMix, RecordedRequest, Reply, hash_embedding, with_faults};
 use assay_tests::{MeshSandbox, SandboxOptions, run_to_end};
 use serde_json::{Value, json};
 
@@ -37,65 +37,35 @@ fn env_u64(name: &str, default: u64) -> u64 {
 }
 
 /// The injected faults, per attempt.
-#[derive(Clone, Copy)]
-struct Faults {
-    rate_limited: f64,
-    server_error: f64,
-    unanswered: f64,
-}
+const ISSUE_29: FaultMix = FaultMix { rate_limited: 0.20, server_error: 0.10, unanswered: 0.05 };
 
-const ISSUE_29: Faults = Faults { rate_limited: 0.20, server_error: 0.10, unanswered: 0.05 };
-
-/// What was injected in one run.
+/// What was injected in one run: the testkit's counts, and the unanswered attempts (when, since
+/// the first attempt; path, token limit, schema).
 #[derive(Default)]
 struct Injected {
-    attempts: AtomicUsize,
-    rate_limited: AtomicUsize,
-    server_error: AtomicUsize,
-    unanswered: AtomicUsize,
-    /// The unanswered attempts: when (since the first attempt), path, token limit, schema.
+    counts: Arc<FaultCounts>,
     hung: Mutex<Vec<String>>,
     first: Mutex<Option<Instant>>,
 }
 
-/// SplitMix64: a seeded, dependency-free draw in [0, 1).
-fn draw(state: &AtomicU64) -> f64 {
-    let mut z = state.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::SeqCst).wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^= z >> 31;
-    (z >> 11) as f64 / (1u64 << 53) as f64
-}
-
-/// `base` after `latency`, with `faults` injected on chat and embedding attempts alike.
-fn faulty(base: Handler, faults: Option<Faults>, seed: u64, latency: Duration, injected: Arc<Injected>) -> Handler {
-    let state = AtomicU64::new(seed);
+/// `base` after `latency`, with `faults` injected on chat and embedding attempts alike
+/// ([`assay_testkit::with_faults`]); each unanswered attempt is noted.
+fn faulty(base: Handler, faults: Option<FaultMix>, seed: u64, latency: Duration, injected: Arc<Injected>) -> Handler {
+    let answers = move |r: &RecordedRequest| base(r).delay(latency);
+    let inner = with_faults(answers, faults.unwrap_or_default(), seed, injected.counts.clone());
     Arc::new(move |r| {
-        injected.attempts.fetch_add(1, Ordering::SeqCst);
         let first = *injected.first.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(Instant::now);
-        if let Some(f) = faults {
-            let x = draw(&state);
-            if x < f.rate_limited {
-                injected.rate_limited.fetch_add(1, Ordering::SeqCst);
-                return Reply::status(429);
-            }
-            if x < f.rate_limited + f.server_error {
-                let n = injected.server_error.fetch_add(1, Ordering::SeqCst);
-                return Reply::status([500, 502, 503][n % 3]);
-            }
-            if x < f.rate_limited + f.server_error + f.unanswered {
-                injected.unanswered.fetch_add(1, Ordering::SeqCst);
-                let limit = r.body.get("max_tokens").and_then(Value::as_u64);
-                injected.hung.lock().unwrap_or_else(|p| p.into_inner()).push(format!(
-                    "at {:.2} s {} max_tokens {limit:?} {:?}",
-                    first.elapsed().as_secs_f64(),
-                    r.path,
-                    schema_name(r)
-                ));
-                return Reply::hang();
-            }
+        let reply = inner(r);
+        if reply.is_hang() {
+            let limit = r.body.get("max_tokens").and_then(Value::as_u64);
+            injected.hung.lock().unwrap_or_else(|p| p.into_inner()).push(format!(
+                "at {:.2} s {} max_tokens {limit:?} {:?}",
+                first.elapsed().as_secs_f64(),
+                r.path,
+                schema_name(r)
+            ));
         }
-        base(r).delay(latency)
+        reply
     })
 }
 
@@ -311,7 +281,7 @@ fn outcome(events: &[gw::RunEvent]) -> String {
     format!("{state} {detail}")
 }
 
-async fn run_once(make: Scenario, faults: Option<Faults>, seed: u64) -> Run {
+async fn run_once(make: Scenario, faults: Option<FaultMix>, seed: u64) -> Run {
     let latency = Duration::from_millis(env_u64("FAULT_LATENCY_MS", 50));
     let mut options = SandboxOptions::default();
     let floor = std::env::var("FAULT_FLOOR_MS").ok().and_then(|v| v.parse().ok());
@@ -335,10 +305,10 @@ async fn run_once(make: Scenario, faults: Option<Faults>, seed: u64) -> Run {
     let load = |n: &AtomicUsize| n.load(Ordering::SeqCst);
     let injected_counts = format!(
         "{} attempts: {} 429, {} 5xx, {} unanswered",
-        load(&injected.attempts),
-        load(&injected.rate_limited),
-        load(&injected.server_error),
-        load(&injected.unanswered)
+        load(&injected.counts.attempts),
+        load(&injected.counts.rate_limited),
+        load(&injected.counts.server_error),
+        load(&injected.counts.unanswered)
     );
     let hung = injected.hung.lock().unwrap_or_else(|p| p.into_inner()).join("; ");
     let injected = if faults.is_some() { format!("{injected_counts}; unanswered: {hung}") } else { injected_counts };

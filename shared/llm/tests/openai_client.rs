@@ -552,14 +552,25 @@ fn hedging_client(server: &ScriptedLlm, slots: usize) -> OpenAiClient {
     .unwrap()
 }
 
+/// Every call answered "echo <its last user message>" after `delay`.
+fn echo_after(server: &ScriptedLlm, delay: Duration) {
+    server
+        .set_handler(move |r| Reply::text(format!("echo {}", r.last_user_message().unwrap_or_default())).delay(delay));
+}
+
+/// `n` calls, one after another, so the client has samples of the backend's latency.
+async fn warm(client: &OpenAiClient, n: usize) {
+    for i in 0..n {
+        client.chat(ask(&format!("warm{i}"))).await.unwrap();
+    }
+}
+
 #[tokio::test]
 async fn a_hung_first_attempt_is_answered_by_its_hedge_long_before_any_timeout() {
     let server = ScriptedLlm::start().await;
     server.set_handler(hang_first_attempts(Duration::from_millis(20), vec!["slow".into()]));
     let client = hedging_client(&server, 4);
-    for i in 0..10 {
-        client.chat(ask(&format!("warm{i}"))).await.unwrap();
-    }
+    warm(&client, 10).await;
     let started = Instant::now();
     assert_eq!(client.chat(ask("slow")).await.unwrap().text, "echo slow");
     // Without the hedge the first attempt would wait for its 20 s floor.
@@ -574,13 +585,9 @@ async fn a_hung_first_attempt_is_answered_by_its_hedge_long_before_any_timeout()
 #[tokio::test]
 async fn a_failed_hedge_is_replaced_while_the_attempt_still_hangs() {
     let server = ScriptedLlm::start().await;
-    server.set_handler(|r| {
-        Reply::text(format!("echo {}", r.last_user_message().unwrap_or_default())).delay(Duration::from_millis(20))
-    });
+    echo_after(&server, Duration::from_millis(20));
     let client = hedging_client(&server, 4);
-    for i in 0..10 {
-        client.chat(ask(&format!("warm{i}"))).await.unwrap();
-    }
+    warm(&client, 10).await;
     // The attempt hangs, its first duplicate is refused (429), the second answers.
     server.push(Reply::hang()).push(Reply::status(429));
     let started = Instant::now();
@@ -597,13 +604,9 @@ async fn a_failed_hedge_is_replaced_while_the_attempt_still_hangs() {
 /// duplicate goes out after 200 ms unanswered and the next after twice that.
 async fn gap_before_a_refused_hedge_is_replaced(refused: Reply) -> Duration {
     let server = ScriptedLlm::start().await;
-    server.set_handler(|r| {
-        Reply::text(format!("echo {}", r.last_user_message().unwrap_or_default())).delay(Duration::from_millis(100))
-    });
+    echo_after(&server, Duration::from_millis(100));
     let client = hedging_client(&server, 4);
-    for i in 0..10 {
-        client.chat(ask(&format!("warm{i}"))).await.unwrap();
-    }
+    warm(&client, 10).await;
     server.push(Reply::hang()).push(refused);
     assert_eq!(client.chat(ask("slow")).await.unwrap().text, "echo slow");
     let arrived: Vec<Instant> = server.exchanges().iter().skip(10).map(|e| e.received).collect();
@@ -625,13 +628,9 @@ async fn a_refused_hedge_is_replaced_after_the_retry_backoff_not_the_doubled_hed
 #[tokio::test]
 async fn refused_hedges_do_not_use_up_the_duplicates_of_a_hung_attempt() {
     let server = ScriptedLlm::start().await;
-    server.set_handler(|r| {
-        Reply::text(format!("echo {}", r.last_user_message().unwrap_or_default())).delay(Duration::from_millis(20))
-    });
+    echo_after(&server, Duration::from_millis(20));
     let client = hedging_client(&server, 4);
-    for i in 0..10 {
-        client.chat(ask(&format!("warm{i}"))).await.unwrap();
-    }
+    warm(&client, 10).await;
     // As many refusals as an attempt may have duplicates: a fourth duplicate still goes out.
     server.push(Reply::hang()).push(Reply::status(429)).push(Reply::status(500)).push(Reply::status(503));
     let started = Instant::now();
@@ -644,9 +643,7 @@ async fn refused_hedges_do_not_use_up_the_duplicates_of_a_hung_attempt() {
 #[tokio::test]
 async fn hangs_rescued_by_their_duplicates_do_not_cut_the_concurrency_limit() {
     let server = ScriptedLlm::start().await;
-    server.set_handler(|r| {
-        Reply::text(format!("echo {}", r.last_user_message().unwrap_or_default())).delay(Duration::from_millis(20))
-    });
+    echo_after(&server, Duration::from_millis(20));
     let client = OpenAiClient::new(OpenAiConfig {
         initial_concurrency: 16,
         max_concurrency: 16,
@@ -660,9 +657,7 @@ async fn hangs_rescued_by_their_duplicates_do_not_cut_the_concurrency_limit() {
         ..config(&server)
     })
     .unwrap();
-    for i in 0..40 {
-        client.chat(ask(&format!("warm{i}"))).await.unwrap();
-    }
+    warm(&client, 40).await;
     assert_eq!(client.concurrency_limit(), 16);
     // Five hangs in a row, each answered by its duplicate about 100 ms later: the hung requests'
     // waits are no latency of the backend's (read as one, five times the usual rose past the
@@ -678,9 +673,7 @@ async fn hangs_rescued_by_their_duplicates_do_not_cut_the_concurrency_limit() {
 #[tokio::test]
 async fn fast_server_errors_are_no_latency_samples_for_the_concurrency_limit() {
     let server = ScriptedLlm::start().await;
-    server.set_handler(|r| {
-        Reply::text(format!("echo {}", r.last_user_message().unwrap_or_default())).delay(Duration::from_millis(20))
-    });
+    echo_after(&server, Duration::from_millis(20));
     let client =
         OpenAiClient::new(OpenAiConfig { initial_concurrency: 16, max_concurrency: 16, ..config(&server) }).unwrap();
     // A class's first answers are 500s back at once: taken as latencies they set its long-term
@@ -712,9 +705,7 @@ async fn a_hedge_never_queues_for_a_slot() {
         ..config(&server)
     })
     .unwrap();
-    for i in 0..10 {
-        client.chat(ask(&format!("warm{i}"))).await.unwrap();
-    }
+    warm(&client, 10).await;
     let started = Instant::now();
     assert_eq!(client.chat(ask("slow")).await.unwrap().text, "echo slow");
     assert!(started.elapsed() >= Duration::from_millis(300), "answered before the timeout: {:?}", started.elapsed());
@@ -773,9 +764,7 @@ async fn without_adaptive_timeouts_a_hang_waits_for_the_ceiling() {
         ..config(&server)
     })
     .unwrap();
-    for i in 0..10 {
-        client.chat(ask(&format!("warm{i}"))).await.unwrap();
-    }
+    warm(&client, 10).await;
     let started = Instant::now();
     assert_eq!(client.chat(ask("slow")).await.unwrap().text, "echo slow");
     assert!(started.elapsed() >= Duration::from_millis(600), "cut before the ceiling: {:?}", started.elapsed());
@@ -912,9 +901,7 @@ async fn a_hung_last_attempt_is_hedged_instead_of_waiting_for_the_ceiling() {
     let client =
         OpenAiClient::new(OpenAiConfig { max_retries: 1, ..adaptive_client(&server).config().clone() }).unwrap();
     let ceiling = client.config().request_timeout;
-    for i in 0..3 {
-        client.chat(ask(&format!("warm{i}"))).await.unwrap();
-    }
+    warm(&client, 3).await;
     // The first attempt fails at once, the second (the last) never answers, the hedge does.
     server.push(Reply::status(503)).push(Reply::hang());
     let call = client.chat(ask("q"));

@@ -284,6 +284,11 @@ impl Reply {
     pub fn status_code(&self) -> u16 {
         self.status
     }
+
+    /// Whether this reply never answers ([`Reply::hang`]).
+    pub fn is_hang(&self) -> bool {
+        self.kind == Kind::Hang
+    }
 }
 
 /// A gate that scripted replies can wait on ([`Reply::gated`]): closed when created, open with

@@ -27,6 +27,14 @@ fn fault_mix(value: &str) -> Option<FaultMix> {
     valid.then_some(FaultMix { rate_limited, server_error, unanswered })
 }
 
+/// An option's value read with `parse`; a missing or bad one exits 2 with `why`.
+fn parsed<T, E>(value: Option<String>, parse: impl Fn(&str) -> Result<T, E>, why: &str) -> T {
+    value.as_deref().and_then(|v| parse(v).ok()).unwrap_or_else(|| {
+        eprintln!("{why}; {USAGE}");
+        std::process::exit(2)
+    })
+}
+
 #[tokio::main]
 async fn main() {
     let mut latency_ms = 50u64;
@@ -35,31 +43,17 @@ async fn main() {
     let mut seed = 1u64;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
+        let value = args.next();
         match a.as_str() {
             "--latency-ms" => {
-                latency_ms = args.next().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
-                    eprintln!("--latency-ms needs a whole number of milliseconds");
-                    std::process::exit(2)
-                })
+                latency_ms = parsed(value, str::parse, "--latency-ms needs a whole number of milliseconds")
             }
-            "--capacity" => {
-                capacity = args.next().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
-                    eprintln!("--capacity needs a whole number of requests");
-                    std::process::exit(2)
-                })
-            }
+            "--capacity" => capacity = parsed(value, str::parse, "--capacity needs a whole number of requests"),
             "--faults" => {
-                faults = Some(args.next().as_deref().and_then(fault_mix).unwrap_or_else(|| {
-                    eprintln!("--faults needs three shares R,E,U in [0, 1] summing to at most 1, e.g. 0.2,0.1,0.05");
-                    std::process::exit(2)
-                }))
+                let why = "--faults needs three shares R,E,U in [0, 1] summing to at most 1, e.g. 0.2,0.1,0.05";
+                faults = Some(parsed(value, |v| fault_mix(v).ok_or(()), why));
             }
-            "--seed" => {
-                seed = args.next().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
-                    eprintln!("--seed needs a whole number");
-                    std::process::exit(2)
-                })
-            }
+            "--seed" => seed = parsed(value, str::parse, "--seed needs a whole number"),
             other => {
                 eprintln!("unknown argument {other:?}; {USAGE}");
                 std::process::exit(2)
