@@ -5,7 +5,11 @@
 # one. Prints one table. Then the judge panel (JudgeSections), the delta judge (Verify) and the
 # debate judge (JudgeDebate) of a mesh started here (`assay up` on free loopback ports), clean and
 # with an injection that forges the tag its text is quoted in (stages.py; Python grpcio with
-# reflection): a second table. ASSAY_INJECTION_STAGES=0 skips it, ASSAY_INJECTION_CHECKLIST=0 the first.
+# reflection): a second table, with one row per checklist generator preset (Generate, GenerateCorpus:
+# share of generated questions obeying an injection in the input, candidates, rejected response,
+# comments, notes or dimension definition that closes the old `>>>` fence and forges every quote's tag).
+# ASSAY_INJECTION_STAGES=0 skips the second table, ASSAY_INJECTION_GENERATOR=0 its generator rows,
+# ASSAY_INJECTION_CHECKLIST=0 the first table.
 # Backend: embedded by default; `run.sh openai` uses OPENAI_BASE_URL.
 #   bench/injection/run.sh [local|openai] [extra assay score args...]
 set -euo pipefail
@@ -56,8 +60,10 @@ export ASSAY__PORTS__ADMIN=$base ASSAY__PORTS__GATEWAY=$((base + 1)) ASSAY__PORT
   ASSAY__PORTS__DELTA_JUDGE=$((base + 6)) ASSAY__PORTS__DEBATE=$((base + 7))
 (cd "$out" && exec "$assay" up --backend "$backend") >"$out/mesh.log" 2>&1 &
 mesh_pid=$!
-# Serving once the scorer, the delta judge and the debate service report SERVING (models loaded).
-python3 - "$((base + 4))" "$((base + 6))" "$((base + 7))" <<'PY' || { cat "$out/mesh.log" >&2; exit 1; }
+gen_port=""; [ "${ASSAY_INJECTION_GENERATOR:-1}" = "0" ] || gen_port=$((base + 2))
+# Serving once the scorer, the delta judge, the debate service (and the generator) report SERVING
+# (models loaded).
+python3 - "$((base + 4))" "$((base + 6))" "$((base + 7))" ${gen_port:+"$gen_port"} <<'PY' || { cat "$out/mesh.log" >&2; exit 1; }
 import sys, time
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -76,5 +82,5 @@ for port in sys.argv[1:]:
         time.sleep(2)
 PY
 echo
-python3 "$here/stages.py" 127.0.0.1 "$((base + 4))" "$((base + 6))" "$((base + 7))" 2>"$out/stages.err" \
+python3 "$here/stages.py" 127.0.0.1 "$((base + 4))" "$((base + 6))" "$((base + 7))" ${gen_port:+"$gen_port"} 2>"$out/stages.err" \
   || { cat "$out/stages.err" "$out/mesh.log" >&2; exit 1; }

@@ -113,15 +113,12 @@ async fn a_tenth_of_the_tokens_ends_partial_keeping_what_was_scored() {
     assert_eq!(calls, scored, "every call made scored a record; none was started for nothing");
     let used = run.usage.as_ref().map(|u| u.prompt_tokens + u.completion_tokens).unwrap();
     assert_eq!(used, calls * PER_CALL, "every call made is charged");
-    assert!(used >= max, "the budget was used up: {used} of {max}");
-    let overshoot = used - max;
-    assert!(overshoot <= IN_FLIGHT * PER_CALL, "overshoot {overshoot} tokens beyond the calls in flight");
-    // The reserve: no more records in flight than what is left pays for, so the overshoot is about
-    // one record's call, not the 64 the gateway could have in flight (53-63 calls without it).
-    assert!(overshoot <= 2 * PER_CALL, "overshoot {overshoot} tokens: more records in flight than the budget paid for");
+    // Every call reserved its worst case before it was sent: the budget is never passed, and
+    // it ends once what is left cannot pay for one more call's worst case.
+    assert!(used <= max, "the budget was passed: {used} of {max}");
+    assert!(used >= max / 2, "most of the budget was used: {used} of {max}");
     eprintln!(
-        "budget {max} tokens: {scored} of {RECORDS} records scored, {used} tokens used, overshoot {overshoot} tokens ({} calls; {IN_FLIGHT} in flight at most)",
-        overshoot.div_ceil(PER_CALL)
+        "budget {max} tokens: {scored} of {RECORDS} records scored, {used} tokens used ({IN_FLIGHT} in flight at most)"
     );
     for r in done.results.iter().filter(|r| r.score.is_none()) {
         assert!(r.error.starts_with("not run: budget exhausted"), "{}", r.error);
@@ -138,7 +135,7 @@ async fn a_cost_budget_stops_the_run_at_its_dollars() {
     let (run, done) = run(&sandbox, 120, Some(gw::RunBudget { max_tokens: None, max_cost_usd: Some(max) })).await;
     assert_eq!(run.state, gw::RunState::Partial as i32);
     let spent = cost(&run.usage).expect("priced");
-    assert!(spent >= max - 1e-12 && spent <= max + 8.0 * COST_PER_CALL + 1e-12, "{spent} of {max}");
+    assert!(spent <= max + 1e-12 && spent >= max / 3.0, "{spent} of {max}");
     let scored = done.results.iter().filter(|r| r.score.is_some()).count();
     assert_eq!(scored, sandbox.llm.request_count());
     sandbox.shutdown().await.unwrap();
@@ -171,14 +168,20 @@ async fn a_stage_starts_no_call_past_the_budget_it_was_sent() {
     }
     let last = last.unwrap();
     let done = assay_tests::evaluation(&last).expect("completes");
-    assert_eq!(sandbox.llm.request_count(), 3, "three calls fit the budget; the fourth never started");
+    let calls = sandbox.llm.request_count() as u64;
+    assert!((1..10).contains(&calls), "the calls that fit the budget ran, the rest never started: {calls}");
     assert!(done.results[0].error.starts_with("not run: budget exhausted"), "{}", done.results[0].error);
-    // The stage call failed, yet its three calls were paid for: the run is charged them (the
-    // failed call's status carries its usage) and the cost counts.
+    // The stage call failed, yet its calls were paid for: the run is charged them (the failed
+    // call's status carries its usage) and the cost counts.
     let run = client.get_run(gw::GetRunRequest { run_id: last.run_id }).await.unwrap().into_inner().run.unwrap();
     let usage = run.usage.expect("usage");
-    assert_eq!((usage.calls, usage.prompt_tokens + usage.completion_tokens), (3, 3 * PER_CALL), "{usage:?}");
-    assert!((usage.cost_usd.expect("priced") - 3.0 * COST_PER_CALL).abs() < 1e-12, "{usage:?}");
+    assert_eq!(
+        (u64::from(usage.calls), usage.prompt_tokens + usage.completion_tokens),
+        (calls, calls * PER_CALL),
+        "{usage:?}"
+    );
+    assert!(usage.prompt_tokens + usage.completion_tokens <= 3 * PER_CALL, "{usage:?}");
+    assert!((usage.cost_usd.expect("priced") - calls as f64 * COST_PER_CALL).abs() < 1e-12, "{usage:?}");
     sandbox.shutdown().await.unwrap();
 }
 
@@ -204,13 +207,12 @@ async fn a_budget_of_zero_or_a_negative_cost_is_refused_naming_the_field() {
     sandbox.shutdown().await.unwrap();
 }
 
-/// A budget first spent by the last records, all already in flight, stopped nothing: every record
-/// is scored and the run does not say it stopped.
+/// A budget that pays for every record stopped nothing: every record is scored and the run does
+/// not say it stopped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_budget_spent_only_by_the_records_in_flight_stopped_nothing() {
+async fn a_budget_that_pays_for_every_record_stops_nothing() {
     let sandbox = start(8).await;
-    let (run, done) =
-        run(&sandbox, 4, Some(gw::RunBudget { max_tokens: Some(3 * PER_CALL), max_cost_usd: None })).await;
+    let (run, done) = run(&sandbox, 4, Some(gw::RunBudget { max_tokens: Some(100_000), max_cost_usd: None })).await;
     assert_eq!(run.state, gw::RunState::Succeeded as i32);
     assert!(done.results.iter().all(|r| r.score.is_some()));
     assert_eq!((run.budget_exhausted.as_str(), done.budget_exhausted.as_str()), ("", ""));

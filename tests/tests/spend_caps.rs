@@ -95,18 +95,16 @@ async fn a_spent_daily_cap_stops_the_run_and_refuses_new_ones() {
     let (first, done) = run(&sandbox, 120).await;
     assert_eq!(first.state, gw::RunState::Partial as i32, "{}", first.budget_exhausted);
     assert!(
-        first.budget_exhausted.contains("backend openai reached its daily spend cap"),
+        first.budget_exhausted.contains("backend openai") && first.budget_exhausted.contains("daily spend cap"),
         "{}",
         first.budget_exhausted
     );
     let scored = done.results.iter().filter(|r| r.score.is_some()).count();
     assert_eq!(scored, sandbox.llm.request_count(), "every call made scored a record");
     let cost = spent(&first);
-    assert!(cost >= cap - 1e-12, "the cap was reached: ${cost} of ${cap}");
-    assert!(
-        cost <= cap + f64::from(IN_FLIGHT) * COST_PER_CALL + 1e-12,
-        "overshoot beyond the calls in flight: ${cost}"
-    );
+    // Every call held its worst case on the cap before it was sent: the cap is never passed.
+    assert!(cost <= cap + 1e-12, "the cap was passed: ${cost} of ${cap}");
+    assert!(cost >= cap / 3.0, "most of the cap was used: ${cost} of ${cap}");
     for r in done.results.iter().filter(|r| r.score.is_none()) {
         assert!(r.error.starts_with("not run: budget exhausted"), "{}", r.error);
     }
@@ -142,13 +140,16 @@ async fn two_gateways_on_one_postgres_store_share_the_cap() {
     let (first, done) = run(&a, 120).await;
     assert_eq!(first.state, gw::RunState::Partial as i32, "{}", first.budget_exhausted);
     let scored = done.results.iter().filter(|r| r.score.is_some()).count() as f64;
-    assert!(
-        scored >= 20.0 && scored <= 20.0 + f64::from(IN_FLIGHT),
-        "gateway a scores what b left of the cap (20 calls), plus at most the calls in flight: {scored}"
-    );
+    assert!((1.0..=20.0).contains(&scored), "gateway a scores within what b left of the cap (20 calls): {scored}");
     eprintln!("two gateways, cap of 30 calls: b spent 10, then a scored {scored} of 120 before stopping");
-    assert_refused(&b).await;
     assert_refused(&a).await;
+    // Gateway b has not seen a call refused yet: its next run starts, calls no model and stops
+    // at the cap; after that b refuses new runs too.
+    let calls = b.llm.request_count();
+    let (stopped, _) = run(&b, 3).await;
+    assert_eq!(b.llm.request_count(), calls, "no call past the cap");
+    assert!(stopped.budget_exhausted.contains("daily spend cap"), "{}", stopped.budget_exhausted);
+    assert_refused(&b).await;
     a.shutdown().await.unwrap();
     b.shutdown().await.unwrap();
 }

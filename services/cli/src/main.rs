@@ -45,7 +45,9 @@ use clap::{Args, Parser, Subcommand};
 #[command(
     name = "assay",
     version,
-    about = "Assay: evaluate and improve LLM outputs with a gRPC mesh of stage services"
+    about = "Assay: evaluate and improve LLM outputs with a gRPC mesh of stage services",
+    // Every help (subcommands inherit it) wraps to the terminal, and to 100 columns on a wider one.
+    max_term_width = 100
 )]
 struct Cli {
     /// Configuration file (TOML), layered over the compiled defaults; ASSAY__* variables override both.

@@ -308,7 +308,7 @@ async fn generate_refines_a_given_checklist() {
 /// whole under 40 lines; each command's own help keeps the detail.
 #[test]
 fn top_level_help_fits_on_one_screen() {
-    let o = common::assay(&["--help"]);
+    let o = common::assay_at_width(100, &["--help"]);
     assert_eq!(o.status.code(), Some(0));
     let help = String::from_utf8_lossy(&o.stdout);
     assert!(help.lines().count() < 40, "{} lines:\n{help}", help.lines().count());
@@ -323,4 +323,52 @@ fn top_level_help_fits_on_one_screen() {
         String::from_utf8_lossy(&eval.stdout).contains("Exit codes: 0 all scored"),
         "the detail stays in eval --help"
     );
+}
+
+/// The subcommands a help lists under `Commands:` (a command's line starts with two spaces and
+/// its name; wrapped descriptions are indented further), `help` aside.
+fn subcommands(help: &str) -> Vec<String> {
+    help.lines()
+        .skip_while(|l| *l != "Commands:")
+        .skip(1)
+        .take_while(|l| !l.is_empty())
+        .filter(|l| l.starts_with("  ") && !l.starts_with("   "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|name| *name != "help")
+        .map(str::to_string)
+        .collect()
+}
+
+/// Every `--help`, the top level's and every subcommand's at any depth, is wrapped to the
+/// terminal: at 80 columns no line of it (usage, options, descriptions, commands) is longer than
+/// 100 characters (a long option name may overhang a little) and nearly all fit in 80; on a wider
+/// terminal lines stop at 100.
+#[test]
+fn every_help_wraps_to_the_terminal() {
+    let mut todo: Vec<Vec<String>> = vec![Vec::new()];
+    let mut seen = 0;
+    while let Some(path) = todo.pop() {
+        let mut args: Vec<&str> = path.iter().map(String::as_str).collect();
+        args.push("--help");
+        let command = format!("assay {}", args.join(" "));
+        let mut help = String::new();
+        for columns in [250, 80] {
+            let o = common::assay_at_width(columns, &args);
+            assert_eq!(o.status.code(), Some(0), "{command}: {}", common::stderr(&o));
+            help = String::from_utf8(o.stdout).expect("utf-8 help");
+            for line in help.lines() {
+                let width = line.chars().count();
+                assert!(width <= 100, "`{command}` at {columns} columns: a line of {width} characters:\n{line}");
+            }
+        }
+        let wide = help.lines().filter(|l| l.chars().count() > 80).count();
+        assert!(wide * 20 <= help.lines().count(), "`{command}` is not wrapped to 80 columns:\n{help}");
+        seen += 1;
+        for sub in subcommands(&help) {
+            let mut next = path.clone();
+            next.push(sub);
+            todo.push(next);
+        }
+    }
+    assert!(seen >= 15, "only {seen} helps found");
 }

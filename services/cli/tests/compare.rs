@@ -207,6 +207,62 @@ fn bad_input_exits_2_with_the_reason() {
     }
 }
 
+/// Issue 44: a candidate whose 50 lines all carry one record id gave `95% CI [NaN, NaN], p = NaN`
+/// and passed `--fail-on-regression` with a -0.54 difference. The repeated id is refused, naming
+/// the id and its lines; declared as epochs it is one record, whose NaN statistics never pass.
+#[test]
+fn a_nan_statistic_never_passes_the_gate() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b, _) = files(dir.path(), 50, 0.0);
+    let worse = [true, true, true, false, false, false, false, false];
+    let same: Vec<Value> = (0..50).map(|_| line("r000", &worse)).collect();
+    let c = write(dir.path(), "same.jsonl", &same);
+    let out = assay(&["compare", s(&b), s(&c), "--fail-on-regression"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("same.jsonl: record id \"r000\" is on lines 1, 2, 3, 4, 5, 6, 7, 8 and 42 more"), "{err}");
+    assert!(out.stdout.is_empty());
+
+    // One line per epoch: one record, compared unpaired; its interval is not a number.
+    let epochs: Vec<Value> = same
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let mut l = l.clone();
+            l["epoch"] = json!(i);
+            l
+        })
+        .collect();
+    let c = write(dir.path(), "epochs.jsonl", &epochs);
+    for json in [false, true] {
+        let mut args = vec!["compare", s(&b), s(&c), "--fail-on-regression"];
+        if json {
+            args.push("--json");
+        }
+        let out = assay(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        let err = stderr(&out);
+        assert!(err.contains("no verdict, the regression gate cannot pass: diff -0."), "{err}");
+        assert!(
+            err.contains("CI [NaN, NaN], p = NaN (welch_t): the interval and the p-value are not numbers"),
+            "{err}"
+        );
+        assert!(err.contains("the candidate has 1 scored record(s) and the baseline 50"), "{err}");
+        assert!(!err.contains("no significant regression"), "{err}");
+    }
+    // Without the gate the report is printed, with the warning.
+    let out = assay(&["compare", s(&b), s(&c)]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("warning: diff -0.") && table.contains("are not numbers"), "{table}");
+
+    // A malformed epoch is named with its line.
+    let bad = write(dir.path(), "bad.jsonl", &[json!({"id": "r000", "primary_score": 0.5, "epoch": "one"})]);
+    let out = assay(&["compare", s(&b), s(&bad)]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("bad.jsonl line 1: \"epoch\" must be a non-negative integer"), "{}", stderr(&out));
+}
+
 // --- run ids: against a running gateway -------------------------------------------------------
 
 mod runs {

@@ -2,6 +2,7 @@
 //! the evalconfidence fixtures (`tests/fixtures/stats/power_*.json`), whose answers it must give
 //! exactly; and the bad-input exits.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
@@ -15,8 +16,15 @@ fn fixture(name: &str) -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).expect("fixture")).expect("json")
 }
 
-/// An `assay eval --out` file of the observations `[[id, score], ...]` (a repeated id: samples).
+/// An `assay eval --out` file of the observations `[[id, score], ...]`; a repeated id is one
+/// line per epoch (`"epoch"` 0, 1, ...).
 fn write(dir: &Path, name: &str, obs: &Value) -> PathBuf {
+    write_lines(dir, name, obs, true)
+}
+
+/// [`write`], the repeated lines of an id with (`epochs`) or without their `"epoch"`.
+fn write_lines(dir: &Path, name: &str, obs: &Value, epochs: bool) -> PathBuf {
+    let mut seen: HashMap<String, u64> = HashMap::new();
     let text: String = obs
         .as_array()
         .unwrap()
@@ -24,12 +32,15 @@ fn write(dir: &Path, name: &str, obs: &Value) -> PathBuf {
         .enumerate()
         .map(|(i, o)| {
             let s = o[1].as_f64().unwrap();
-            format!(
-                "{}\n",
-                json!({"index": i, "id": o[0], "checklist_id": "c", "error": null, "pass_rate": s,
-                       "weighted_score": s, "normalized_score": s, "primary_score": s, "unanswered": 0,
-                       "answers": {"q1": if s >= 0.5 { "yes" } else { "no" }}})
-            )
+            let epoch = seen.entry(o[0].to_string()).or_default();
+            let mut line = json!({"index": i, "id": o[0], "checklist_id": "c", "error": null, "pass_rate": s,
+                   "weighted_score": s, "normalized_score": s, "primary_score": s, "unanswered": 0,
+                   "answers": {"q1": if s >= 0.5 { "yes" } else { "no" }}});
+            if epochs {
+                line["epoch"] = json!(*epoch);
+            }
+            *epoch += 1;
+            format!("{line}\n")
         })
         .collect();
     let path = dir.join(name);
@@ -136,10 +147,10 @@ fn bad_input_exits_2_with_the_reason() {
         (vec!["--baseline", s(&missing), "--mde", "0.05"], "missing.jsonl"),
         (vec!["--baseline", s(&malformed), "--mde", "0.05"], "malformed.jsonl line 2"),
         (vec!["--baseline", s(&pilot)], "--mde"),
-        (vec!["--baseline", s(&pilot), "--mde", "0"], "--mde must be a positive number"),
-        (vec!["--baseline", s(&pilot), "--n", "1"], "--n must be at least 2"),
-        (vec!["--baseline", s(&pilot), "--mde", "0.05", "--power", "1.2"], "--power must be in (0, 1)"),
-        (vec!["--baseline", s(&pilot), "--mde", "0.05", "--alpha", "0"], "--alpha must be in (0, 1)"),
+        (vec!["--baseline", s(&pilot), "--mde", "0"], "--mde must be a finite number > 0"),
+        (vec!["--baseline", s(&pilot), "--n", "1"], "--n must be in [2, 1000000000]"),
+        (vec!["--baseline", s(&pilot), "--mde", "0.05", "--power", "1.2"], "--power must be in [0.5, 0.9999]"),
+        (vec!["--baseline", s(&pilot), "--mde", "0.05", "--alpha", "0"], "--alpha must be in [1e-9, 0.5]"),
         (vec!["--baseline", s(&flat), "--mde", "0.05"], "variance is 0"),
         (vec!["--baseline", s(&pilot), "--candidate", s(&other), "--mde", "0.05"], "at least 2 shared records"),
     ];
@@ -150,4 +161,86 @@ fn bad_input_exits_2_with_the_reason() {
         assert_eq!(out.status.code(), Some(2), "{full:?}: {}", stderr(&out));
         assert!(stderr(&out).contains(message), "{full:?}: want {message:?} in {}", stderr(&out));
     }
+}
+
+/// Issue 44: a pilot whose lines all carry one record id planned "0 records" from a NaN variance.
+/// Repeated ids are refused unless each line declares a distinct epoch, and one record (whatever
+/// its epochs) says a variance needs two.
+#[test]
+fn one_record_on_many_lines_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let same: Vec<Value> = (0..50).map(|i| json!(["r1", 0.2 + f64::from(i % 5) / 10.0])).collect();
+    let undeclared = write_lines(dir.path(), "same.jsonl", &json!(same), false);
+    let out = assay(&["power", "--baseline", s(&undeclared), "--mde", "0.05"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("same.jsonl: record id \"r1\" is on lines 1, 2, 3, 4, 5, 6, 7, 8 and 42 more"), "{err}");
+    assert!(err.contains("\"epoch\""), "{err}");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("0 records"));
+
+    let epochs = write(dir.path(), "epochs.jsonl", &json!(same));
+    let out = assay(&["power", "--baseline", s(&epochs), "--mde", "0.05"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("the pilot has 1 scored record(s) and a variance needs at least 2"),
+        "{}",
+        stderr(&out)
+    );
+
+    // Two lines of one id declaring the same epoch.
+    let twice = dir.path().join("twice.jsonl");
+    std::fs::write(
+        &twice,
+        "{\"id\": \"a\", \"primary_score\": 0.5, \"epoch\": 0}\n{\"id\": \"b\", \"primary_score\": 0.1}\n\
+         {\"id\": \"a\", \"primary_score\": 0.7, \"epoch\": 0}\n",
+    )
+    .unwrap();
+    let out = assay(&["power", "--baseline", s(&twice), "--mde", "0.05"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("record id \"a\" repeats epoch 0 on lines 1 and 3"), "{}", stderr(&out));
+}
+
+/// Issue 44: `--mde 1e-308` planned 18446744073709551615 records and `--power 1e-300` more records
+/// than a power of 0.9999999999999999. Each flag has a range, named with the flag when left.
+#[test]
+fn edge_values_are_refused_naming_the_flag_and_its_range() {
+    let dir = tempfile::tempdir().unwrap();
+    let case = fixture("power_paired_n");
+    let (b, a) = (write(dir.path(), "baseline.jsonl", &case["b"]), write(dir.path(), "candidate.jsonl", &case["a"]));
+    let plan = |extra: &[&str]| {
+        let mut args = vec!["power", "--baseline", s(&b), "--candidate", s(&a)];
+        args.extend(extra);
+        assay(&args)
+    };
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["--mde", "1e-308"], "--mde 1e-308 is too small for this pilot: it needs more than 1000000000 records"),
+        (vec!["--mde", "1e-7"], "--mde must be at least "),
+        (vec!["--mde", "1e308"], "--mde 1e308 is too large for this pilot"),
+        (vec!["--mde", "inf"], "--mde must be a finite number > 0"),
+        (vec!["--mde", "NaN"], "--mde must be a finite number > 0"),
+        (vec!["--mde", "0.05", "--power", "1e-300"], "--power must be in [0.5, 0.9999]"),
+        (vec!["--mde", "0.05", "--power", "0.9999999999999999"], "--power must be in [0.5, 0.9999]"),
+        (vec!["--mde", "0.05", "--power", "0.4"], "--power must be in [0.5, 0.9999]"),
+        (vec!["--mde", "0.05", "--alpha", "1e-300"], "--alpha must be in [1e-9, 0.5]"),
+        (vec!["--mde", "0.05", "--alpha", "0.7"], "--alpha must be in [1e-9, 0.5]"),
+        (vec!["--n", "18446744073709551615"], "--n must be in [2, 1000000000]"),
+    ];
+    for (extra, message) in cases {
+        let out = plan(&extra);
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(message), "{extra:?}: want {message:?} in {}", stderr(&out));
+        assert!(out.stdout.is_empty(), "{extra:?}: {}", String::from_utf8_lossy(&out.stdout));
+    }
+    // The smallest --mde named is one the plan accepts, and the records it needs are within bounds.
+    let out = plan(&["--mde", "1e-308"]);
+    let err = stderr(&out);
+    let least = err.rsplit("at least ").next().unwrap().split_whitespace().next().unwrap();
+    let v = json_of(&plan(&["--mde", &format!("{}", least.parse::<f64>().unwrap() * 1.001), "--json"]));
+    let n = v["n_required"].as_u64().unwrap();
+    assert!(n > 900_000_000 && n <= 1_000_000_000, "{v}");
+    // The ends of the ranges are accepted, and a higher power never needs fewer records.
+    let at =
+        |power: &str| json_of(&plan(&["--mde", "0.05", "--power", power, "--json"]))["n_required"].as_u64().unwrap();
+    assert!(at("0.5") < at("0.8") && at("0.8") < at("0.9999"));
+    assert!(json_of(&plan(&["--mde", "0.05", "--alpha", "1e-9", "--json"]))["n_required"].as_u64().is_some());
 }

@@ -16,9 +16,16 @@
 //! without a CORS preflight, which is never granted); an `Origin`, when sent, must be the page's own;
 //! and the `Host` must be the bound address, `localhost` on loopback, or one of
 //! `admin.allowed_hosts` (so a DNS-rebound name is refused).
+//!
+//! Bounded for a hostile local client: a request's headers must arrive within
+//! [`HEADER_READ_TIMEOUT`] (half-sent requests do not hold connections open); a request with two
+//! `Host` or two `Origin` headers, or an absolute-form target (`GET http://host/path`, whose
+//! authority would stand for the Host), is refused (400); and at most [`MAX_LIVE_CLIENTS`] event
+//! streams are served at once (503 beyond).
 
 use std::net::SocketAddr;
 use std::sync::{Arc, LazyLock};
+use std::time::Duration;
 
 use assay_proto::gateway::v1 as gw;
 use assay_proto::gateway::v1::gateway_service_server::GatewayService;
@@ -32,8 +39,11 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use futures::StreamExt;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
 use prost_reflect::{DescriptorPool, DeserializeOptions, DynamicMessage, SerializeOptions};
 use serde_json::json;
+use tokio::sync::{Semaphore, watch};
 use tonic_types::StatusExt;
 
 use crate::engine::Engine;
@@ -42,6 +52,13 @@ use crate::grpc::GatewayGrpc;
 static INDEX_HTML: &str = include_str!("../admin/index.html");
 static APP_JS: &str = include_str!("../admin/app.js");
 static APP_CSS: &str = include_str!("../admin/app.css");
+
+/// Longest a client may take to send a request's line and headers; its connection is then closed.
+/// (An idle kept-alive connection is closed after it too.)
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Event streams (`GET /api/WatchRun`) served at once at most; beyond it, 503.
+pub const MAX_LIVE_CLIENTS: usize = 256;
 
 /// Scripts, styles and connections from this origin only; no inline script, no framing.
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
@@ -129,6 +146,8 @@ struct Admin {
     grpc: Arc<GatewayGrpc>,
     token: Option<Arc<str>>,
     hosts: Arc<Hosts>,
+    /// One permit per event stream served ([`MAX_LIVE_CLIENTS`]).
+    live: Arc<Semaphore>,
 }
 
 /// The `Host` values the page answers to.
@@ -182,6 +201,7 @@ pub fn router(engine: Engine, addr: SocketAddr, auth: &AdminAuth, allowed_hosts:
         grpc: Arc::new(GatewayGrpc::new(engine)),
         token: auth.token().map(Arc::from),
         hosts: Arc::new(Hosts::new(addr, allowed_hosts)),
+        live: Arc::new(Semaphore::new(MAX_LIVE_CLIENTS)),
     };
     Router::new()
         .route("/", get(|| async { asset("text/html; charset=utf-8", INDEX_HTML) }))
@@ -195,32 +215,53 @@ pub fn router(engine: Engine, addr: SocketAddr, auth: &AdminAuth, allowed_hosts:
         .with_state(admin)
 }
 
-/// Every request: the Host must be one the page answers to, an Origin (when sent) the page's own;
-/// every answer says `nosniff`.
+/// Every request: its target a path (origin form), one Host and at most one Origin; the Host one
+/// the page answers to, the Origin (when sent) the page's own; every answer says `nosniff`.
 async fn same_origin(State(admin): State<Admin>, request: Request, next: Next) -> Response {
-    let headers = request.headers();
-    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok()).unwrap_or("");
-    let refusal = if !admin.hosts.allows(host) {
-        Some(format!(
-            "the admin page does not answer to Host {:?}; add the name to admin.allowed_hosts to serve it",
-            bounded(host, 64)
-        ))
-    } else if let Some(origin) = headers.get(header::ORIGIN) {
-        let origin = origin.to_str().unwrap_or("");
-        let own = origin
-            .strip_prefix("http://")
-            .or_else(|| origin.strip_prefix("https://"))
-            .is_some_and(|authority| authority.eq_ignore_ascii_case(host));
-        (!own).then(|| format!("cross-origin request from {:?} refused", bounded(origin, 64)))
+    let mut response = if let Some(message) = malformed(&request) {
+        refused(StatusCode::BAD_REQUEST, "INVALID_ARGUMENT", &message)
+    } else if let Some(message) = foreign(&admin, request.headers()) {
+        refused(StatusCode::FORBIDDEN, "PERMISSION_DENIED", &message)
     } else {
-        None
-    };
-    let mut response = match refusal {
-        Some(message) => refused(StatusCode::FORBIDDEN, "PERMISSION_DENIED", &message),
-        None => next.run(request).await,
+        next.run(request).await
     };
     response.headers_mut().insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
     response
+}
+
+/// What makes the request ambiguous about where it is going or comes from: an absolute-form
+/// target (`GET http://other.example/`: its authority, not the Host header, names the server), or
+/// two Host or two Origin headers (which one would the checks read, which one the browser sent?).
+fn malformed(request: &Request) -> Option<String> {
+    let uri = request.uri();
+    if uri.scheme().is_some() || uri.authority().is_some() {
+        return Some(format!(
+            "the request target must be a path (origin form, such as /api/GetRun), not {:?}",
+            bounded(&uri.to_string(), 64)
+        ));
+    }
+    [header::HOST, header::ORIGIN].into_iter().find_map(|name| {
+        let count = request.headers().get_all(&name).iter().count();
+        (count > 1).then(|| format!("the request has {count} {name} headers; send exactly one"))
+    })
+}
+
+/// Why the request is not the page's own: a Host the page does not answer to (none counts), or an
+/// Origin other than the page's.
+fn foreign(admin: &Admin, headers: &HeaderMap) -> Option<String> {
+    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok()).unwrap_or("");
+    if !admin.hosts.allows(host) {
+        return Some(format!(
+            "the admin page does not answer to Host {:?}; add the name to admin.allowed_hosts to serve it",
+            bounded(host, 64)
+        ));
+    }
+    let origin = headers.get(header::ORIGIN)?.to_str().unwrap_or("");
+    let own = origin
+        .strip_prefix("http://")
+        .or_else(|| origin.strip_prefix("https://"))
+        .is_some_and(|authority| authority.eq_ignore_ascii_case(host));
+    (!own).then(|| format!("cross-origin request from {:?} refused", bounded(origin, 64)))
 }
 
 /// An answer in the error shape, for a refusal before any call.
@@ -239,13 +280,62 @@ fn bounded(text: &str, max: usize) -> String {
 /// Characters of a message or field violation an error answer carries at most.
 const MAX_MESSAGE_CHARS: usize = 300;
 
-/// Serve the page on `listener` until `shutdown` resolves.
+/// Serve the page on `listener` (HTTP/1.1, each request's headers within
+/// [`HEADER_READ_TIMEOUT`]) until `shutdown` resolves; then stop accepting, let the requests in
+/// flight finish, and return once every connection is closed.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     router: Router,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router).with_graceful_shutdown(shutdown).await
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
+    // Dropped at shutdown: every connection then closes once its request in flight is answered.
+    let (stop, stopped) = watch::channel(());
+    // A receiver per connection: `all_closed.closed()` resolves when the last one is dropped.
+    let (all_closed, open) = watch::channel(());
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = &mut shutdown => break,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            // The peer gave up before the accept: nothing to serve.
+            Err(e)
+                if matches!(e.kind(), std::io::ErrorKind::ConnectionAborted | std::io::ErrorKind::ConnectionReset) =>
+            {
+                continue;
+            }
+            // Out of file descriptors, say: wait for connections to close rather than spin.
+            Err(e) => {
+                tracing::warn!(error = %e, "admin page: accept failed; retrying in 1 s");
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                    () = &mut shutdown => break,
+                }
+            }
+        };
+        let conn = http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(router.clone()));
+        let (mut stopped, open) = (stopped.clone(), open.clone());
+        tokio::spawn(async move {
+            let mut conn = std::pin::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = stopped.changed() => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
+            }
+            drop(open);
+        });
+    }
+    drop(listener);
+    drop(stop);
+    drop(open);
+    all_closed.closed().await;
+    Ok(())
 }
 
 fn asset(content_type: &'static str, body: &'static str) -> Response {
@@ -425,6 +515,19 @@ async fn watch_run(State(admin): State<Admin>, headers: HeaderMap, query: Query<
     if let Some(denied) = denied(&admin, &headers) {
         return denied;
     }
+    // Held by the stream: released when the client goes away or the stream ends.
+    let Ok(permit) = admin.live.clone().try_acquire_owned() else {
+        let mut response = refused(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "UNAVAILABLE",
+            &format!(
+                "too many live event streams: the admin page serves {MAX_LIVE_CLIENTS} at once; close another \
+                 page's stream or retry later"
+            ),
+        );
+        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+        return response;
+    };
     let request = gw::WatchRunRequest { run_id: query.run_id.clone(), after_sequence: query.after_sequence };
     let stream = match admin.grpc.watch_run(tonic::Request::new(request)).await {
         Ok(s) => s.into_inner(),
@@ -432,6 +535,7 @@ async fn watch_run(State(admin): State<Admin>, headers: HeaderMap, query: Query<
     };
     let name = format!("{PKG}RunEvent");
     let events = stream.scan(false, move |ended, item| {
+        let _live = &permit;
         if *ended {
             return futures::future::ready(None);
         }

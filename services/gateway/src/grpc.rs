@@ -61,7 +61,9 @@ fn parse_page_token(t: &str) -> Result<Option<(i64, String)>, StageError> {
 }
 
 /// A control's own fields (the action is the engine's and the pipeline's to check): a run id, and
-/// an actor and a reason short enough to keep in the audit log every GetRun returns.
+/// an actor and a reason short enough to keep in the audit log every GetRun returns, with no
+/// control character (a NUL, an ESC, a CR or LF would reach log lines and terminals as they are:
+/// a forged log line, a rewritten screen).
 fn check_control(req: &ControlRunRequest) -> Result<(), StageError> {
     let ControlRunRequest { run_id, action: _, actor, reason } = req;
     let mut v = Violations::new();
@@ -72,6 +74,14 @@ fn check_control(req: &ControlRunRequest) -> Result<(), StageError> {
         let chars = text.chars().count();
         if chars > limit {
             v.push(field, format!("is {chars} characters; the limit is {limit} characters"));
+        } else if let Some((at, c)) = text.chars().enumerate().find(|(_, c)| c.is_control()) {
+            v.push(
+                field,
+                format!(
+                    "must not contain control characters (U+0000-U+001F, U+007F-U+009F); U+{:04X} at character {at}",
+                    u32::from(c)
+                ),
+            );
         }
     }
     v.into_result()

@@ -1,29 +1,51 @@
-//! Budgets that travel with the work, the way a deadline does.
+//! Budgets that travel with the work, the way a deadline does, and hold with every call at once.
 //!
-//! A pipeline run may carry a [`Limits`] (tokens and/or US dollars). The gateway holds the run's
-//! [`Budget`] and charges it with the usage every stage call reports; each outgoing stage call
-//! carries what is left in its metadata ([`TOKENS_HEADER`], [`USD_HEADER`]); the stage serves the
-//! call inside [`scope`] with a fresh [`Budget`] of those limits, and every model call it makes
-//! checks [`current`] first: once the budget is spent no new model call starts (calls already in
-//! flight finish and are charged), and the call fails with a typed "budget exhausted" reason
-//! ([`EXHAUSTED`]) the stage reports with what it has.
+//! A pipeline run may carry a [`Limits`] (tokens and/or US dollars). Spend is **reserved before
+//! a call is sent and settled when it returns**, never charged after the fact only:
+//! - every model call reserves its worst case ([`Cost`]: prompt tokens estimated plus its
+//!   `max_tokens`, at the price table) from the budget it runs under ([`current`]) before it is
+//!   sent ([`Budget::reserve`]), and settles to the reported usage when it returns
+//!   ([`Hold::settle`]). A call whose reservation does not fit waits while other holds may give
+//!   money back, and is refused ([`EXHAUSTED`]) when it cannot fit even then: never sent;
+//! - a stage call does not carry "the remainder": the gateway reserves a slice of the run's
+//!   budget for it ([`Budget::reserve_up_to`]), sends the slice as the call's limits in metadata
+//!   ([`TOKENS_HEADER`], [`USD_HEADER`]), the stage serves the call inside [`scope`] with a fresh
+//!   [`Budget`] of those limits, and what the stage call did not use goes back to the run;
+//! - a hold dropped without being settled (the call was cancelled, timed out or failed before
+//!   reporting) gives its reservation back at once, so a budget is never exhausted by money that
+//!   was not spent.
+//!
+//! A refused call records what it needed ([`Budget::refused_need`], sent back to the caller in
+//! [`NEED_HEADER`]), so the gateway learns how large a slice a stage call needs.
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use assay_domain::Usage;
+use tokio::sync::Notify;
 
 /// Metadata header: tokens (prompt + completion) left, a decimal integer.
 pub const TOKENS_HEADER: &str = "assay-budget-tokens";
 /// Metadata header: US dollars left, a decimal number.
 pub const USD_HEADER: &str = "assay-budget-usd";
+/// Metadata header on the error status of a stage call refused for lack of budget: the largest
+/// reservation one of its model calls needed, `<tokens> <nano-dollars>`, plus what the call had
+/// spent before it; the caller asks for a larger slice next time.
+pub const NEED_HEADER: &str = "assay-budget-need";
 /// Binary metadata on the error status of a stage call that failed after its model calls spent
 /// something: that usage (`assay.common.v1.Usage`, protobuf), so the caller charges what was paid
 /// for ([`charge_failed_call`]).
 pub const SPENT_HEADER: &str = "assay-spent-bin";
 /// How every "budget exhausted" error and record reason starts.
 pub const EXHAUSTED: &str = "budget exhausted";
+
+const NANO: f64 = 1e9;
+
+/// US dollars as nano-dollars (1e-9 USD), rounded up (never below zero).
+pub fn nano_of(usd: f64) -> u64 {
+    if usd.is_finite() && usd > 0.0 { (usd * NANO).ceil().min(u64::MAX as f64) as u64 } else { 0 }
+}
 
 /// What a budget allows; `None` = no limit on that quantity.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -54,30 +76,109 @@ impl Limits {
             out.push((TOKENS_HEADER, t.to_string()));
         }
         if let Some(u) = self.max_cost_usd {
-            out.push((USD_HEADER, format!("{u:.9}")));
+            // Rounded down: the receiver never gets more than was reserved for it.
+            out.push((USD_HEADER, format!("{:.9}", (u * NANO).floor() / NANO)));
         }
         out
     }
 }
 
-/// A budget being spent: its limits and what was charged so far (by any number of tasks at once).
+/// An amount of spend: tokens and nano-dollars. `unpriced`: the dollars are unknown (a model
+/// without a price), which no dollar limit can hold.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Cost {
+    pub tokens: u64,
+    pub nano_usd: u64,
+    pub unpriced: bool,
+}
+
+impl Cost {
+    pub fn new(tokens: u64, nano_usd: u64) -> Cost {
+        Cost { tokens, nano_usd, unpriced: false }
+    }
+
+    /// What `usage` spent.
+    pub fn of(usage: &Usage) -> Cost {
+        Cost { tokens: usage.tokens(), nano_usd: nano_of(usage.cost_usd), unpriced: usage.unpriced_calls > 0 }
+    }
+
+    /// The larger of each quantity.
+    pub fn max(self, other: Cost) -> Cost {
+        Cost {
+            tokens: self.tokens.max(other.tokens),
+            nano_usd: self.nano_usd.max(other.nano_usd),
+            unpriced: self.unpriced || other.unpriced,
+        }
+    }
+
+    /// Each quantity added.
+    pub fn plus(self, other: Cost) -> Cost {
+        Cost {
+            tokens: self.tokens.saturating_add(other.tokens),
+            nano_usd: self.nano_usd.saturating_add(other.nano_usd),
+            unpriced: self.unpriced || other.unpriced,
+        }
+    }
+
+    /// Each quantity times `f` (rounded up).
+    pub fn times(self, f: f64) -> Cost {
+        let m = |v: u64| ((v as f64) * f).ceil().min(u64::MAX as f64) as u64;
+        Cost { tokens: m(self.tokens), nano_usd: m(self.nano_usd), unpriced: self.unpriced }
+    }
+
+    /// `tokens nano` (the need header's value).
+    pub fn header_value(&self) -> String {
+        format!("{} {}", self.tokens, self.nano_usd)
+    }
+
+    /// Parse [`Cost::header_value`].
+    pub fn from_header(value: &str) -> Option<Cost> {
+        let mut parts = value.split_whitespace();
+        let tokens = parts.next()?.parse().ok()?;
+        let nano_usd = parts.next()?.parse().ok()?;
+        Some(Cost::new(tokens, nano_usd))
+    }
+}
+
+/// Whether a reservation fits a budget now.
+enum Fit {
+    /// It fits: this much is granted.
+    Grant(Cost),
+    /// Only once holds out now give money back.
+    Wait,
+    /// Never: why.
+    Never(String),
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Charged so far.
+    spent: Cost,
+    /// Reserved by holds not yet settled.
+    held: Cost,
+    /// A charged call had no price: a cost limit can no longer be checked exactly.
+    unpriced: bool,
+    /// A ceiling set from outside the run: no more than this many nano-dollars in all, and why.
+    ceiling: Option<(u64, String)>,
+    /// Everything charged, summed.
+    usage: Usage,
+    /// The largest reservation refused for not fitting (plus what was spent before it).
+    refused: Option<Cost>,
+    /// Per kind of stage call: the largest slice one needed (learned from usage and refusals).
+    learned: HashMap<String, Cost>,
+    /// Why the work may start no more calls, once a call it needed could not be paid for.
+    stopped: Option<String>,
+}
+
+/// A budget being spent: its limits, what was charged, and what is held, by any number of tasks
+/// at once.
 #[derive(Debug, Default)]
 pub struct Budget {
     limits: Limits,
-    tokens: AtomicU64,
-    /// Charged cost in nano-dollars (1e-9 USD), so it can be added atomically.
-    nano_usd: AtomicU64,
-    /// A charged call had no price: a cost limit can no longer be checked exactly.
-    unpriced: AtomicBool,
-    /// A ceiling set from outside the run (a backend's daily spend cap): no new model call once
-    /// the charged cost reaches this many nano-dollars, plus one (0 = none set), and why.
-    ceiling: AtomicU64,
-    ceiling_reason: Mutex<String>,
-    /// Everything charged, summed.
-    spent: Mutex<Usage>,
+    state: Mutex<State>,
+    /// Woken whenever a hold gives money back or the ceiling moves.
+    released: Notify,
 }
-
-const NANO: f64 = 1e9;
 
 impl Budget {
     /// A budget of `limits` with nothing spent.
@@ -96,108 +197,361 @@ impl Budget {
         self.limits
     }
 
-    /// Charge the usage of finished calls.
+    fn state(&self) -> MutexGuard<'_, State> {
+        // The state is a few counters, consistent after every statement: a poisoned lock (a
+        // panic elsewhere while holding it) leaves it usable.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether anything limits this budget (its own limits or a ceiling).
+    pub fn is_limited(&self) -> bool {
+        self.limits.is_limited() || self.state().ceiling.is_some()
+    }
+
+    /// Whether dollars are limited (own limit or ceiling).
+    pub fn limits_dollars(&self) -> bool {
+        self.limits.max_cost_usd.is_some() || self.state().ceiling.is_some()
+    }
+
+    /// Charge the usage of finished calls (outside any hold).
     pub fn charge(&self, usage: &Usage) {
-        if let Ok(mut s) = self.spent.lock() {
-            s.add(usage);
+        {
+            let mut s = self.state();
+            Self::charge_locked(&mut s, usage);
         }
-        self.tokens.fetch_add(usage.tokens(), Ordering::Relaxed);
-        let nano = (usage.cost_usd.max(0.0) * NANO).round() as u64;
-        self.nano_usd.fetch_add(nano, Ordering::Relaxed);
+        self.released.notify_waiters();
+    }
+
+    fn charge_locked(s: &mut State, usage: &Usage) {
+        s.usage.add(usage);
+        s.spent = s.spent.plus(Cost { unpriced: false, ..Cost::of(usage) });
         if usage.unpriced_calls > 0 {
-            self.unpriced.store(true, Ordering::Relaxed);
+            s.unpriced = true;
         }
     }
 
     /// Everything charged so far.
     pub fn spent(&self) -> Usage {
-        self.spent.lock().map(|s| s.clone()).unwrap_or_default()
+        self.state().usage.clone()
     }
 
     /// Tokens charged so far.
     pub fn spent_tokens(&self) -> u64 {
-        self.tokens.load(Ordering::Relaxed)
+        self.state().spent.tokens
     }
 
     /// US dollars charged so far (priced calls only).
     pub fn spent_usd(&self) -> f64 {
-        self.nano_usd.load(Ordering::Relaxed) as f64 / NANO
+        self.state().spent.nano_usd as f64 / NANO
     }
 
-    /// Let the work spend at most `remaining_usd` more from now on, whatever its own limits
-    /// (a backend's daily spend cap, as the run store last reported it); `reason` says what the
-    /// ceiling is when it stops the work. Each call replaces the previous ceiling.
+    /// What holds not yet settled reserve.
+    pub fn held(&self) -> Cost {
+        self.state().held
+    }
+
+    /// Let the work spend at most `remaining_usd` more from now on, whatever its own limits;
+    /// `reason` says what the ceiling is when it stops the work. Replaces the previous ceiling.
     pub fn set_ceiling(&self, remaining_usd: f64, reason: String) {
-        self.set_ceiling_at(self.spent_usd() + remaining_usd.max(0.0), reason);
+        let at = {
+            let s = self.state();
+            s.spent.nano_usd.saturating_add(s.held.nano_usd).saturating_add(nano_of(remaining_usd))
+        };
+        self.set_ceiling_nano(at, reason);
     }
 
     /// Let the work spend at most `at_usd` in all (what it was charged counts against it).
     pub fn set_ceiling_at(&self, at_usd: f64, reason: String) {
-        let at = (at_usd.max(0.0) * NANO).round() as u64;
-        if let Ok(mut r) = self.ceiling_reason.lock() {
-            *r = reason;
-        }
-        // Stored plus one: 0 means none.
-        self.ceiling.store(at.saturating_add(1), Ordering::Relaxed);
+        self.set_ceiling_nano(nano_of(at_usd), reason);
     }
 
-    /// The ceiling's remaining dollars, if one is set.
-    fn ceiling_left(&self) -> Option<f64> {
-        match self.ceiling.load(Ordering::Relaxed) {
-            0 => None,
-            at => Some((at - 1).saturating_sub(self.nano_usd.load(Ordering::Relaxed)) as f64 / NANO),
-        }
+    fn set_ceiling_nano(&self, at: u64, reason: String) {
+        self.state().ceiling = Some((at, reason));
+        self.released.notify_waiters();
     }
 
-    /// What is left, per limited quantity (never below zero); dollars also under the ceiling.
-    pub fn remaining(&self) -> Limits {
-        let own = self.limits.max_cost_usd.map(|m| (m - self.spent_usd()).max(0.0));
-        let max_cost_usd = match (own, self.ceiling_left()) {
+    /// The dollar limit in nano-dollars (own limit and ceiling, the lower), if any.
+    fn nano_limit(&self, s: &State) -> Option<u64> {
+        let own = self.limits.max_cost_usd.map(|m| (m.max(0.0) * NANO).floor() as u64);
+        match (own, s.ceiling.as_ref().map(|c| c.0)) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
-        };
-        Limits { max_tokens: self.limits.max_tokens.map(|m| m.saturating_sub(self.spent_tokens())), max_cost_usd }
+        }
     }
 
-    /// Why no new model call may start, or None while the budget allows one. A cost limit with
-    /// an unpriced call charged stops the work too: its cost can no longer be known.
+    /// What is left for new holds, per limited quantity (never below zero): the limits less what
+    /// was charged and what is held.
+    pub fn remaining(&self) -> Limits {
+        let s = self.state();
+        let committed = s.spent.plus(s.held);
+        Limits {
+            max_tokens: self.limits.max_tokens.map(|m| m.saturating_sub(committed.tokens)),
+            max_cost_usd: self.nano_limit(&s).map(|m| m.saturating_sub(committed.nano_usd) as f64 / NANO),
+        }
+    }
+
+    /// Why no new model call may start (its budget is spent), or None while one may. A cost
+    /// limit with an unpriced call charged stops the work too: its cost can no longer be known.
     pub fn exhausted(&self) -> Option<String> {
-        if let Some(max) = self.limits.max_tokens {
-            let spent = self.spent_tokens();
-            if spent >= max {
-                return Some(format!("{EXHAUSTED}: {spent} of {max} tokens used"));
-            }
+        let s = self.state();
+        self.exhausted_locked(&s)
+    }
+
+    fn exhausted_locked(&self, s: &State) -> Option<String> {
+        if let Some(why) = &s.stopped {
+            return Some(why.clone());
+        }
+        if let Some(max) = self.limits.max_tokens
+            && s.spent.tokens >= max
+        {
+            return Some(format!("{EXHAUSTED}: {} of {max} tokens used", s.spent.tokens));
         }
         if let Some(max) = self.limits.max_cost_usd {
-            let spent = self.spent_usd();
+            let spent = s.spent.nano_usd as f64 / NANO;
             if spent >= max {
                 return Some(format!("{EXHAUSTED}: ${spent:.4} of ${max:.4} spent"));
             }
-            if self.unpriced.load(Ordering::Relaxed) {
-                return Some(format!(
-                    "{EXHAUSTED}: a model without a price was called, so the ${max:.4} cost limit cannot be kept \
-                     (configure backends.<name>.prices)"
-                ));
-            }
         }
-        if self.ceiling_left().is_some_and(|left| left <= 0.0) {
-            let why = self.ceiling_reason.lock().map(|r| r.clone()).unwrap_or_default();
+        if self.nano_limit(s).is_some() && s.unpriced {
+            return Some(format!(
+                "{EXHAUSTED}: a model without a price was called, so the cost limit cannot be kept \
+                 (configure backends.<name>.prices)"
+            ));
+        }
+        if let Some((at, why)) = &s.ceiling
+            && s.spent.nano_usd >= *at
+        {
             return Some(format!("{EXHAUSTED}: {why}"));
         }
         None
     }
+
+    /// Whether `min` (at least) fits now; what is granted, up to `want`.
+    fn fit(&self, s: &State, min: Cost, want: Cost) -> Fit {
+        if let Some(why) = self.exhausted_locked(s) {
+            return Fit::Never(why);
+        }
+        let nano_limit = self.nano_limit(s);
+        if min.unpriced && nano_limit.is_some() {
+            return Fit::Never(format!(
+                "{EXHAUSTED}: the model has no price, so the cost limit cannot be kept (configure \
+                 backends.<name>.prices for it)"
+            ));
+        }
+        let mut grant = want.max(min);
+        let mut wait = false;
+        let dims = [
+            (self.limits.max_tokens, s.spent.tokens, s.held.tokens, min.tokens, &mut grant.tokens),
+            (nano_limit, s.spent.nano_usd, s.held.nano_usd, min.nano_usd, &mut grant.nano_usd),
+        ];
+        for (limit, spent, held, at_least, grant) in dims {
+            let Some(limit) = limit else { continue };
+            let left = limit.saturating_sub(spent);
+            if at_least > left {
+                return Fit::Never(self.refusal(s, min));
+            }
+            let free = left.saturating_sub(held);
+            if at_least > free {
+                wait = true;
+            }
+            *grant = (*grant).min(free).max(at_least);
+        }
+        if wait { Fit::Wait } else { Fit::Grant(grant) }
+    }
+
+    fn refusal(&self, s: &State, need: Cost) -> String {
+        let (mut needs, mut left) = (Vec::new(), Vec::new());
+        if let Some(max) = self.limits.max_tokens {
+            needs.push(format!("{} tokens", need.tokens));
+            left.push(format!("{} of {max} tokens", max.saturating_sub(s.spent.tokens)));
+        }
+        if let Some(max) = self.nano_limit(s) {
+            needs.push(format!("${:.4}", need.nano_usd as f64 / NANO));
+            left.push(format!(
+                "${:.4} of ${:.4}",
+                max.saturating_sub(s.spent.nano_usd) as f64 / NANO,
+                max as f64 / NANO
+            ));
+        }
+        let mut why = format!("{EXHAUSTED}: a call needs up to {}, {} left", needs.join(" and "), left.join(" and "));
+        if let Some((at, reason)) = &s.ceiling
+            && self.limits.max_cost_usd.is_none_or(|m| (*at as f64 / NANO) < m)
+        {
+            why.push_str(&format!(" ({reason})"));
+        }
+        why
+    }
+
+    /// Reserve `worst` before a call is sent: waits while holds out now may give money back,
+    /// refused (a [`EXHAUSTED`] reason) when it cannot fit even then.
+    pub async fn reserve(self: &Arc<Self>, worst: Cost) -> Result<Hold, String> {
+        self.reserve_up_to(worst, worst).await
+    }
+
+    /// Reserve at least `min` and up to `want` (what is free of the limits): waits while `min`
+    /// fits only once holds out now give money back; refused when it cannot fit even then.
+    pub async fn reserve_up_to(self: &Arc<Self>, min: Cost, want: Cost) -> Result<Hold, String> {
+        loop {
+            let released = self.released.notified();
+            tokio::pin!(released);
+            released.as_mut().enable();
+            {
+                let mut s = self.state();
+                match self.fit(&s, min, want) {
+                    Fit::Grant(cost) => {
+                        s.held = s.held.plus(Cost { unpriced: false, ..cost });
+                        return Ok(Hold { budget: self.clone(), cost, done: false });
+                    }
+                    Fit::Never(why) => {
+                        // What the work needed: what it spent, and this reservation on top.
+                        let need = s.spent.plus(Cost { unpriced: false, ..min });
+                        s.refused = Some(s.refused.map_or(need, |r| r.max(need)));
+                        return Err(why);
+                    }
+                    Fit::Wait => {}
+                }
+            }
+            released.await;
+        }
+    }
+
+    /// Start no more calls under this budget: a call the work needed could not be paid for
+    /// (`why`, a [`EXHAUSTED`] reason). The first reason is kept.
+    pub fn stop(&self, why: String) {
+        self.state().stopped.get_or_insert(why);
+        self.released.notify_waiters();
+    }
+
+    /// Why the work was stopped ([`Budget::stop`]), if it was.
+    pub fn stopped(&self) -> Option<String> {
+        self.state().stopped.clone()
+    }
+
+    /// The largest reservation this budget refused for not fitting, if any.
+    pub fn refused_need(&self) -> Option<Cost> {
+        self.state().refused
+    }
+
+    /// Record that a call under this budget needed `need` and was refused (reported by a stage).
+    pub fn note_refused(&self, need: Cost) {
+        let mut s = self.state();
+        s.refused = Some(s.refused.map_or(need, |r| r.max(need)));
+    }
+
+    /// What one stage call of `kind` was seen to need, if any yet.
+    pub fn learned(&self, kind: &str) -> Option<Cost> {
+        self.state().learned.get(kind).copied()
+    }
+
+    /// A stage call of `kind` needed (at least) `need`.
+    pub fn learn(&self, kind: &str, need: Cost) {
+        let mut s = self.state();
+        let entry = s.learned.entry(kind.to_string()).or_default();
+        *entry = entry.max(need);
+    }
+
+    /// Limits for a slice of this budget of `cost`: the quantities this budget limits.
+    pub fn slice_limits(&self, cost: Cost) -> Limits {
+        Limits {
+            max_tokens: self.limits.max_tokens.map(|_| cost.tokens),
+            max_cost_usd: self.limits_dollars().then(|| cost.nano_usd as f64 / NANO),
+        }
+    }
+
+    /// What is free for new holds now, per quantity (`u64::MAX` where not limited).
+    pub fn free(&self) -> Cost {
+        let s = self.state();
+        let committed = s.spent.plus(s.held);
+        Cost::new(
+            self.limits.max_tokens.map_or(u64::MAX, |m| m.saturating_sub(committed.tokens)),
+            self.nano_limit(&s).map_or(u64::MAX, |m| m.saturating_sub(committed.nano_usd)),
+        )
+    }
+
+    /// What is left of the limits less what was charged (holds not counted), per quantity
+    /// (`u64::MAX` where not limited).
+    pub fn left(&self) -> Cost {
+        let s = self.state();
+        Cost::new(
+            self.limits.max_tokens.map_or(u64::MAX, |m| m.saturating_sub(s.spent.tokens)),
+            self.nano_limit(&s).map_or(u64::MAX, |m| m.saturating_sub(s.spent.nano_usd)),
+        )
+    }
+
+    fn release(&self, cost: Cost, usage: Option<&Usage>) {
+        {
+            let mut s = self.state();
+            s.held.tokens = s.held.tokens.saturating_sub(cost.tokens);
+            s.held.nano_usd = s.held.nano_usd.saturating_sub(cost.nano_usd);
+            if let Some(u) = usage {
+                Self::charge_locked(&mut s, u);
+            }
+        }
+        self.released.notify_waiters();
+    }
 }
+
+/// Money reserved from a [`Budget`] for one call. Settle it with what the call spent; dropped
+/// unsettled (cancelled, timed out, failed) it gives the whole reservation back at once.
+#[derive(Debug)]
+pub struct Hold {
+    budget: Arc<Budget>,
+    cost: Cost,
+    done: bool,
+}
+
+impl Hold {
+    /// What is reserved.
+    pub fn cost(&self) -> Cost {
+        self.cost
+    }
+
+    /// The budget this hold is of.
+    pub fn budget(&self) -> &Arc<Budget> {
+        &self.budget
+    }
+
+    /// Give back all but `to` of the reservation (each quantity at most its present value).
+    pub fn shrink(&mut self, to: Cost) {
+        let give =
+            Cost::new(self.cost.tokens.saturating_sub(to.tokens), self.cost.nano_usd.saturating_sub(to.nano_usd));
+        self.cost = Cost::new(self.cost.tokens - give.tokens, self.cost.nano_usd - give.nano_usd);
+        self.budget.release(give, None);
+    }
+
+    /// The call returned having spent `usage`: charged, and the reservation released, at once.
+    pub fn settle(mut self, usage: &Usage) {
+        self.done = true;
+        self.budget.release(self.cost, Some(usage));
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        if !self.done {
+            self.budget.release(self.cost, None);
+        }
+    }
+}
+
+/// Where the usage of failed stage calls goes ([`with_sink`]).
+pub type Sink = Arc<dyn Fn(&Usage) + Send + Sync>;
 
 tokio::task_local! {
     static CURRENT: Arc<Budget>;
-    static SINK: Arc<dyn Fn(&Usage) + Send + Sync>;
+    static SINK: Sink;
 }
 
 /// Run `fut` with `sink` taking the usage of the stage calls it makes that fail after spending
 /// (the usage a failed call's status carries, [`SPENT_HEADER`]): a run charges it as it charges
 /// the usage a successful call returns.
-pub async fn with_sink<F: Future>(sink: Arc<dyn Fn(&Usage) + Send + Sync>, fut: F) -> F::Output {
+pub async fn with_sink<F: Future>(sink: Sink, fut: F) -> F::Output {
     SINK.scope(sink, fut).await
+}
+
+/// The current sink of failed calls' usage, if any.
+pub fn current_sink() -> Option<Sink> {
+    SINK.try_with(Arc::clone).ok()
 }
 
 /// Charge the usage a failed stage call reported to the current sink, if any.
@@ -205,7 +559,7 @@ pub fn charge_failed_call(usage: &Usage) {
     let _ = SINK.try_with(|sink| sink(usage));
 }
 
-/// Run `fut` with `budget` as the current one (model calls made by it check and charge it).
+/// Run `fut` with `budget` as the current one (model calls made by it reserve from it).
 pub async fn scope<F: Future>(budget: Arc<Budget>, fut: F) -> F::Output {
     CURRENT.scope(budget, fut).await
 }
@@ -221,74 +575,4 @@ pub fn is_exhausted(message: &str) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn usage(tokens: u64, cost: f64, unpriced: u32) -> Usage {
-        Usage { calls: 1, prompt_tokens: tokens, cost_usd: cost, unpriced_calls: unpriced, ..Usage::default() }
-    }
-
-    #[test]
-    fn tokens_and_dollars_run_out_and_say_so() {
-        let b = Budget::new(Limits { max_tokens: Some(100), max_cost_usd: Some(0.01) });
-        b.charge(&usage(60, 0.004, 0));
-        assert_eq!(b.exhausted(), None);
-        assert_eq!(b.remaining().max_tokens, Some(40));
-        assert!((b.remaining().max_cost_usd.unwrap() - 0.006).abs() < 1e-12);
-        b.charge(&usage(50, 0.001, 0));
-        assert_eq!(b.exhausted().unwrap(), "budget exhausted: 110 of 100 tokens used");
-        assert_eq!(b.remaining().max_tokens, Some(0));
-        let c = Budget::new(Limits { max_tokens: None, max_cost_usd: Some(0.01) });
-        c.charge(&usage(10, 0.02, 0));
-        assert!(c.exhausted().unwrap().contains("$0.0200 of $0.0100"));
-    }
-
-    #[test]
-    fn an_unpriced_call_stops_a_cost_budget_but_not_a_token_budget() {
-        let cost = Budget::new(Limits { max_tokens: None, max_cost_usd: Some(1.0) });
-        cost.charge(&usage(10, 0.0, 1));
-        assert!(cost.exhausted().unwrap().contains("without a price"));
-        let tokens = Budget::new(Limits { max_tokens: Some(1000), max_cost_usd: None });
-        tokens.charge(&usage(10, 0.0, 1));
-        assert_eq!(tokens.exhausted(), None);
-    }
-
-    #[test]
-    fn headers_round_trip() {
-        let l = Limits { max_tokens: Some(1234), max_cost_usd: Some(0.5) };
-        let h = l.headers();
-        let get = |k: &str| h.iter().find(|(n, _)| *n == k).map(|(_, v)| v.as_str());
-        assert_eq!(Limits::from_headers(get(TOKENS_HEADER), get(USD_HEADER)), l);
-        assert_eq!(Limits::from_headers(None, Some("x")), Limits::default());
-        assert_eq!(Limits::from_headers(None, Some("-1")).max_cost_usd, Some(0.0));
-    }
-
-    #[test]
-    fn a_ceiling_caps_what_is_left_and_stops_the_work_with_its_reason() {
-        let b = Budget::new(Limits { max_tokens: None, max_cost_usd: Some(1.0) });
-        b.charge(&usage(10, 0.25, 0));
-        b.set_ceiling(0.5, "backend openai reached its daily spend cap".into());
-        assert!((b.remaining().max_cost_usd.unwrap() - 0.5).abs() < 1e-12, "{:?}", b.remaining());
-        b.charge(&usage(10, 0.3, 0));
-        assert!((b.remaining().max_cost_usd.unwrap() - 0.2).abs() < 1e-12, "own limit 0.45, ceiling 0.2");
-        assert_eq!(b.exhausted(), None);
-        b.charge(&usage(10, 0.2, 0));
-        assert_eq!(b.exhausted().unwrap(), "budget exhausted: backend openai reached its daily spend cap");
-        assert_eq!(b.remaining().max_cost_usd, Some(0.0));
-        // A ceiling alone limits dollars; a later one replaces it.
-        let c = Budget::new(Limits::default());
-        assert_eq!(c.remaining().max_cost_usd, None);
-        c.set_ceiling(0.0, "spent".into());
-        assert!(c.exhausted().is_some());
-        c.set_ceiling(2.0, "cap".into());
-        assert_eq!((c.exhausted(), c.remaining().max_cost_usd), (None, Some(2.0)));
-    }
-
-    #[tokio::test]
-    async fn current_is_the_scoped_budget() {
-        assert!(current().is_none());
-        let b = Budget::new(Limits { max_tokens: Some(5), max_cost_usd: None });
-        let seen = scope(b.clone(), async { current().map(|c| Arc::ptr_eq(&c, &b)) }).await;
-        assert_eq!(seen, Some(true));
-    }
-}
+mod tests;

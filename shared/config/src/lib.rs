@@ -236,8 +236,10 @@ pub struct BackendConfig {
     #[serde(default = "hedge_factor")]
     pub hedge_factor: f64,
     /// Prices of this backend's models, USD per million tokens, by model name (`"*"`: any model
-    /// without its own entry). A model without a price costs "unknown", never zero.
-    #[serde(default)]
+    /// without its own entry). A model without a price costs "unknown", never zero. Each rate is
+    /// finite, from 0 to [`MAX_PRICE_PER_MTOK`]; `cached_input` at most `input`; a key other than
+    /// `input`, `output` and `cached_input` is an error (see [`check_prices`]).
+    #[serde(default, deserialize_with = "strict_prices")]
     pub prices: BTreeMap<String, Price>,
     /// Requests per minute this backend (this process) may send: a token bucket in front of the
     /// adaptive concurrency limit (openai backends; 0 = no limit).
@@ -257,6 +259,85 @@ pub struct BackendConfig {
 
 /// A model's price, USD per million tokens.
 pub use assay_llm::pricing::Price;
+
+/// Most a price may be, USD per million tokens: far above any model's, and low enough that a
+/// cost never overflows (`1e308` per million tokens made every cost `inf`).
+pub const MAX_PRICE_PER_MTOK: f64 = 10_000.0;
+
+/// A [`Price`] as the configuration spells it: an unknown key (`inptu = 2.5`) is an error naming
+/// it, not a rate silently left out.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PriceEntry {
+    input: f64,
+    output: f64,
+    #[serde(default)]
+    cached_input: Option<f64>,
+}
+
+/// A price table read through [`PriceEntry`] (the `config` crate's error names the backend and
+/// the model: "unknown field `inptu`, ... for key `backends.openai.prices.gpt-4o`").
+fn strict_prices<'de, D: serde::Deserializer<'de>>(d: D) -> Result<BTreeMap<String, Price>, D::Error> {
+    let table = BTreeMap::<String, PriceEntry>::deserialize(d)?;
+    Ok(table
+        .into_iter()
+        .map(|(model, PriceEntry { input, output, cached_input })| (model, Price { input, output, cached_input }))
+        .collect())
+}
+
+/// A rate as an error quotes it: `1e308`, not a 1 and 308 zeros.
+fn shown(rate: f64) -> String {
+    if rate.abs() >= 1e9 { format!("{rate:e}") } else { format!("{rate}") }
+}
+
+/// Every rate of every backend's price table usable: finite, from 0 to [`MAX_PRICE_PER_MTOK`],
+/// and `cached_input` (prompt tokens served from the provider's cache) at most `input`. The error
+/// names the backend, the model and the rate.
+pub fn check_prices(backends: &BTreeMap<String, BackendConfig>) -> Result<(), ConfigError> {
+    for (backend, entry) in backends {
+        for (model, price) in &entry.prices {
+            let Price { input, output, cached_input } = *price;
+            let error = |field: &'static str, message: String| ConfigError::Price {
+                backend: backend.clone(),
+                model: model.clone(),
+                field,
+                message,
+            };
+            let rates = [("input", Some(input)), ("output", Some(output)), ("cached_input", cached_input)];
+            for (field, rate) in rates {
+                let Some(rate) = rate else { continue };
+                if !rate.is_finite() {
+                    return Err(error(
+                        field,
+                        format!("is {rate}; a price must be a finite number of USD per million tokens"),
+                    ));
+                }
+                if rate < 0.0 {
+                    return Err(error(field, format!("is {}; a price must not be negative", shown(rate))));
+                }
+                if rate > MAX_PRICE_PER_MTOK {
+                    return Err(error(
+                        field,
+                        format!(
+                            "is {}; a price must be at most {MAX_PRICE_PER_MTOK} USD per million tokens",
+                            shown(rate)
+                        ),
+                    ));
+                }
+            }
+            if let Some(cached) = cached_input.filter(|c| *c > input) {
+                return Err(error(
+                    "cached_input",
+                    format!(
+                        "is {cached}, above input ({input}); prompt tokens served from the provider's cache cost at \
+                         most the input price"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
 
 fn yes() -> bool {
     true
@@ -432,6 +513,9 @@ pub enum ConfigError {
     /// One key's value is unusable.
     #[error("configuration error: {key}: {message}")]
     Key { key: &'static str, message: String },
+    /// One rate of a backend's price table is unusable.
+    #[error("configuration error: backends.{backend}.prices.{model:?}.{field}: {message}")]
+    Price { backend: String, model: String, field: &'static str, message: String },
 }
 
 /// Defaults, then `file` (if any), then `ASSAY__*` environment variables.
@@ -440,21 +524,27 @@ pub fn load(file: Option<&Path>) -> Result<AssayConfig, ConfigError> {
     if let Some(f) = file {
         b = b.add_source(config::File::from(f).required(true));
     }
-    b = b.add_source(
-        config::Environment::with_prefix("ASSAY")
-            .prefix_separator("__")
-            .separator("__")
-            .try_parsing(true)
-            // ASSAY__ADMIN__ALLOWED_HOSTS=a.example,b.example
-            .list_separator(",")
-            .with_list_parse_key("admin.allowed_hosts"),
-    );
+    b = b.add_source(environment());
     checked(b.build()?.try_deserialize()?)
 }
 
-/// Refuse a configuration whose TLS files are missing, unreadable or half set.
+/// The `ASSAY__SECTION__KEY` layer (tests give it a map with `.source(...)` instead of the
+/// process environment).
+fn environment() -> config::Environment {
+    config::Environment::with_prefix("ASSAY")
+        .prefix_separator("__")
+        .separator("__")
+        .try_parsing(true)
+        // ASSAY__ADMIN__ALLOWED_HOSTS=a.example,b.example
+        .list_separator(",")
+        .with_list_parse_key("admin.allowed_hosts")
+}
+
+/// Refuse a configuration whose TLS files are missing, unreadable or half set, whose price tables
+/// hold an unusable rate, or whose lease or connection age is out of range.
 fn checked(config: AssayConfig) -> Result<AssayConfig, ConfigError> {
     config.tls.load()?;
+    check_prices(&config.backends)?;
     let lease = config.gateway.lease_seconds;
     if !(1.0..=3600.0).contains(&lease) {
         return Err(ConfigError::Key {
@@ -542,6 +632,97 @@ mod tests {
         assert!(!AssayConfig::defaults().convergence.embedding_step);
         assert_eq!(AssayConfig::defaults().convergence.embedding_step, assay_llm::convergence::DEFAULT_EMBEDDING_STEP);
         assert!(load_from("[convergence]\nembedding_step = true\n").unwrap().convergence.embedding_step);
+    }
+
+    /// Defaults, then `toml`, then `env` as the `ASSAY__*` environment (a map, not the process's).
+    fn layered(toml: &str, env: &[(&str, &str)]) -> Result<AssayConfig, ConfigError> {
+        let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let c = config::Config::builder()
+            .add_source(config::File::from_str(DEFAULT_TOML, config::FileFormat::Toml))
+            .add_source(config::File::from_str(toml, config::FileFormat::Toml))
+            .add_source(environment().source(Some(env)))
+            .build()?;
+        checked(c.try_deserialize()?)
+    }
+
+    const GPT: &str = "[backends.openai.prices.\"gpt-4o\"]\n";
+
+    #[test]
+    fn prices_parse_through_every_layer() {
+        let c = load_from(&format!("{GPT}input = 2.5\noutput = 10.0\ncached_input = 1.25\n")).unwrap();
+        let p = c.backends["openai"].prices["gpt-4o"];
+        assert_eq!(p, Price { input: 2.5, output: 10.0, cached_input: Some(1.25) });
+        assert_eq!(c.backends["local"].prices["*"], Price { input: 0.0, output: 0.0, cached_input: None });
+        // The environment overrides one rate of a table the file gave.
+        let c = layered(
+            "[backends.openai.prices.mini]\ninput = 0.15\noutput = 0.6\n",
+            &[("ASSAY__BACKENDS__OPENAI__PRICES__MINI__OUTPUT", "0.5")],
+        )
+        .unwrap();
+        assert_eq!(c.backends["openai"].prices["mini"], Price { input: 0.15, output: 0.5, cached_input: None });
+        // The largest price allowed, and zero, are prices.
+        assert!(load_from(&format!("{GPT}input = 10000\noutput = 0\n")).is_ok());
+    }
+
+    #[test]
+    fn an_unknown_price_key_is_refused_naming_backend_model_and_key() {
+        // Was ignored: `inptu` left the model without an input rate it meant to set.
+        let e = load_from(&format!("{GPT}inptu = 2.5\ninput = 2.5\noutput = 10.0\n")).unwrap_err().to_string();
+        assert!(e.contains("unknown field `inptu`"), "{e}");
+        assert!(e.contains("backends.openai.prices.gpt-4o"), "{e}");
+        // From the environment layer too.
+        let e = layered(
+            "[backends.openai.prices.mini]\ninput = 0.15\noutput = 0.6\n",
+            &[("ASSAY__BACKENDS__OPENAI__PRICES__MINI__CACHED", "0.1")],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("unknown field `cached`") && e.contains("backends.openai.prices.mini"), "{e}");
+        // On the compiled defaults' own table.
+        let e = load_from("[backends.local.prices.\"*\"]\nouptut = 1.0\n").unwrap_err().to_string();
+        assert!(e.contains("unknown field `ouptut`") && e.contains("backends.local.prices"), "{e}");
+    }
+
+    #[test]
+    fn prices_out_of_bounds_are_refused_naming_backend_model_and_rate() {
+        // Was accepted: 1e308 per million tokens made every cost `inf`.
+        let e = load_from(&format!("{GPT}input = 1e308\noutput = 10.0\n")).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "configuration error: backends.openai.prices.\"gpt-4o\".input: is 1e308; a price must be at most 10000 USD \
+             per million tokens"
+        );
+        let e = load_from(&format!("{GPT}input = 1.0\noutput = 10000.5\n")).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "configuration error: backends.openai.prices.\"gpt-4o\".output: is 10000.5; a price must be at most \
+             10000 USD per million tokens"
+        );
+        let e = load_from(&format!("{GPT}input = 1.0\noutput = inf\n")).unwrap_err().to_string();
+        assert!(e.contains("backends.openai.prices.\"gpt-4o\".output: is inf; a price must be a finite number"), "{e}");
+        let e = load_from(&format!("{GPT}input = nan\noutput = 1.0\n")).unwrap_err().to_string();
+        assert!(e.contains("backends.openai.prices.\"gpt-4o\".input: is NaN"), "{e}");
+        let e = load_from(&format!("{GPT}input = 1.0\noutput = 1.0\ncached_input = -0.5\n")).unwrap_err().to_string();
+        assert!(e.contains("\"gpt-4o\".cached_input: is -0.5; a price must not be negative"), "{e}");
+        let e = layered(
+            "[backends.openai.prices.mini]\ninput = 0.15\noutput = 0.6\n",
+            &[("ASSAY__BACKENDS__OPENAI__PRICES__MINI__INPUT", "-1")],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("backends.openai.prices.\"mini\".input: is -1; a price must not be negative"), "{e}");
+    }
+
+    #[test]
+    fn a_cached_input_price_above_the_input_price_is_refused() {
+        // Was accepted: cached prompt tokens cost more than fresh ones.
+        let e = load_from(&format!("{GPT}input = 2.5\noutput = 10.0\ncached_input = 5.0\n")).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "configuration error: backends.openai.prices.\"gpt-4o\".cached_input: is 5, above input (2.5); prompt \
+             tokens served from the provider's cache cost at most the input price"
+        );
+        assert!(load_from(&format!("{GPT}input = 2.5\noutput = 10.0\ncached_input = 2.5\n")).is_ok());
     }
 
     #[test]

@@ -1,11 +1,16 @@
 //! Cost and budgets at the model call: [`PricedChat`] / [`PricedEmbed`] wrap a backend (under the
 //! response cache, so a cache hit costs nothing and is never refused) and, for every call:
 //!
-//! 1. refuse to start it when the work's budget ([`assay_budget::current`]) is spent
-//!    ([`LlmError::BudgetExhausted`]);
+//! 1. reserve its worst case from the work's budget ([`assay_budget::current`]) before it is
+//!    sent: the prompt's tokens estimated from its characters, plus its `max_tokens` (a call under
+//!    a limited budget without one is sent with [`DEFAULT_COMPLETION_LIMIT`]), at the price table.
+//!    A reservation that does not fit waits for other calls' holds, or is refused
+//!    ([`LlmError::BudgetExhausted`]): the call is never sent. A model without a price is refused
+//!    under a dollar limit (its cost could not be counted);
 //! 2. price its usage from the backend's [`Prices`]: `cost_usd` set and `unpriced_calls` cleared
 //!    when the model has a price, left unpriced otherwise (unknown, never zero);
-//! 3. charge the budget and count the cost (`assay.llm.cost`, USD, by backend and model).
+//! 3. settle the reservation to that usage (a failed or cancelled call gives it back) and count
+//!    the cost (`assay.llm.cost`, USD, by backend and model).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
@@ -14,9 +19,22 @@ use opentelemetry::KeyValue;
 use opentelemetry::metrics::Counter;
 use serde::Deserialize;
 
+use assay_budget::{Cost, Hold};
+
 use crate::types::{
-    ChatModel, ChatRequest, ChatResponse, EmbeddingModel, EmbeddingRequest, EmbeddingResponse, LlmError, Usage,
+    ChatModel, ChatRequest, ChatResponse, EmbeddingModel, EmbeddingRequest, EmbeddingResponse, LlmError,
+    ResponseFormat, Usage,
 };
+
+/// The completion limit a call under a limited budget is sent with when it has none of its own:
+/// a reservation needs a worst case.
+pub const DEFAULT_COMPLETION_LIMIT: u32 = 2048;
+
+/// Tokens estimated for `chars` characters of prompt: three characters a token (English runs
+/// near four; JSON and code nearer three), rounded up, so the estimate errs high.
+fn prompt_tokens_of(chars: usize) -> u64 {
+    (chars as u64).div_ceil(3)
+}
 
 /// A model's price, USD per million tokens.
 #[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq)]
@@ -88,22 +106,58 @@ fn cost_counter() -> &'static Counter<f64> {
     })
 }
 
-/// Refuse a call when the current budget is spent.
-fn check_budget() -> Result<(), LlmError> {
-    match assay_budget::current().and_then(|b| b.exhausted()) {
-        Some(why) => Err(LlmError::BudgetExhausted(why)),
-        None => Ok(()),
+/// Reserve `worst` from the current budget, if the work has one.
+async fn reserve(worst: Cost) -> Result<Option<Hold>, LlmError> {
+    match assay_budget::current() {
+        Some(b) => b.reserve(worst).await.map(Some).map_err(LlmError::BudgetExhausted),
+        None => Ok(None),
     }
 }
 
-/// Price, charge and count one finished call's usage.
-fn settle(prices: &Prices, backend: &str, usage: &mut Usage, requested: &str, reported: &str) {
+/// A refusal that names the model and backend it was about.
+fn name_model(e: LlmError, model: &str, backend: &str) -> LlmError {
+    if let LlmError::BudgetExhausted(m) = &e
+        && m.contains("the model has no price")
+    {
+        return LlmError::BudgetExhausted(
+            m.replace("the model has no price", &format!("model {model:?} of backend {backend} has no price"))
+                .replace("backends.<name>.prices", &format!("backends.{backend}.prices")),
+        );
+    }
+    e
+}
+
+/// The worst case of a call of `prompt` tokens and up to `completion` more, at `price`.
+fn worst_of(price: Option<&Price>, prompt: u64, completion: u64) -> Cost {
+    let tokens = prompt.saturating_add(completion);
+    match price {
+        Some(p) => {
+            Cost::new(tokens, assay_budget::nano_of((prompt as f64 * p.input + completion as f64 * p.output) / 1e6))
+        }
+        None => Cost { tokens, nano_usd: 0, unpriced: true },
+    }
+}
+
+/// The prompt tokens of a chat request, estimated: its messages, its schema or choices, and a
+/// few tokens of framing per message.
+fn chat_prompt_tokens(request: &ChatRequest) -> u64 {
+    let text: usize = request.messages.iter().map(|m| m.content.chars().count()).sum();
+    let format = match &request.response_format {
+        ResponseFormat::Text => 0,
+        ResponseFormat::JsonSchema { name, schema } => name.len() + schema.to_string().len(),
+        ResponseFormat::Choice(options) => options.iter().map(|o| o.len() + 3).sum(),
+    };
+    prompt_tokens_of(text + format) + 4 * request.messages.len() as u64 + 16
+}
+
+/// Price one finished call's usage, settle its reservation to it and count it.
+fn settle(prices: &Prices, backend: &str, usage: &mut Usage, (requested, reported): (&str, &str), hold: Option<Hold>) {
     prices.apply(usage, requested, reported);
     if usage.unpriced_calls == 0 && usage.cost_usd > 0.0 {
         usage.cost_by_backend = BTreeMap::from([(backend.to_string(), usage.cost_usd)]);
     }
-    if let Some(b) = assay_budget::current() {
-        b.charge(usage);
+    if let Some(hold) = hold {
+        hold.settle(usage);
     }
     if usage.unpriced_calls == 0 && usage.cost_usd > 0.0 {
         let model = if requested.is_empty() { reported } else { requested };
@@ -145,12 +199,20 @@ impl ChatModel for PricedChat {
         self.inner.supports_logprobs()
     }
 
-    async fn chat(&self, request: ChatRequest) -> Result<ChatResponse, LlmError> {
-        check_budget()?;
+    async fn chat(&self, mut request: ChatRequest) -> Result<ChatResponse, LlmError> {
         let requested = request.model.clone().filter(|m| !m.is_empty());
         let requested = requested.unwrap_or_else(|| self.inner.default_model().to_string());
+        let limited = assay_budget::current().is_some_and(|b| b.is_limited());
+        if limited && request.max_tokens.is_none() {
+            request.max_tokens = Some(DEFAULT_COMPLETION_LIMIT);
+        }
+        let completion = u64::from(request.max_tokens.unwrap_or(0));
+        let price = self.prices.of(&requested, &requested);
+        let hold = reserve(worst_of(price, chat_prompt_tokens(&request), completion))
+            .await
+            .map_err(|e| name_model(e, &requested, &self.name))?;
         let mut reply = self.inner.chat(request).await?;
-        settle(&self.prices, &self.name, &mut reply.usage, &requested, &reply.model);
+        settle(&self.prices, &self.name, &mut reply.usage, (&requested, &reply.model), hold);
         Ok(reply)
     }
 }
@@ -180,11 +242,15 @@ impl EmbeddingModel for PricedEmbed {
     }
 
     async fn embed(&self, request: EmbeddingRequest) -> Result<EmbeddingResponse, LlmError> {
-        check_budget()?;
         let requested = request.model.clone().filter(|m| !m.is_empty());
         let requested = requested.unwrap_or_else(|| self.inner.default_model().to_string());
+        let chars: usize = request.texts.iter().map(|t| t.chars().count()).sum();
+        let prompt = prompt_tokens_of(chars) + 4 * request.texts.len() as u64;
+        let hold = reserve(worst_of(self.prices.of(&requested, &requested), prompt, 0))
+            .await
+            .map_err(|e| name_model(e, &requested, &self.name))?;
         let mut reply = self.inner.embed(request).await?;
-        settle(&self.prices, &self.name, &mut reply.usage, &requested, &reply.model);
+        settle(&self.prices, &self.name, &mut reply.usage, (&requested, &reply.model), hold);
         Ok(reply)
     }
 }

@@ -111,8 +111,19 @@ pub async fn run_with<T, F>(ctx: CallContext, fut: F) -> Result<T, tonic::Status
 where
     F: Future<Output = Result<T, assay_domain::StageError>>,
 {
-    let (out, spent) = run_counted(ctx, fut).await;
-    out.map_err(|e| with_spent(crate::to_status(e), &spent))
+    let (out, spent, need) = run_counted(ctx, fut).await;
+    out.map_err(|e| with_need(with_spent(crate::to_status(e), &spent), need))
+}
+
+/// `status` carrying what a refused model call needed (with what was spent before it), when one
+/// was refused for lack of budget ([`assay_budget::NEED_HEADER`]).
+pub fn with_need(mut status: tonic::Status, need: Option<assay_budget::Cost>) -> tonic::Status {
+    if let Some(need) = need
+        && let Ok(v) = tonic::metadata::MetadataValue::try_from(need.header_value())
+    {
+        status.metadata_mut().insert(assay_budget::NEED_HEADER, v);
+    }
+    status
 }
 
 /// `status` carrying `spent` (when anything was), for the caller to charge
@@ -130,6 +141,12 @@ pub fn with_spent(mut status: tonic::Status, spent: &assay_domain::Usage) -> ton
 /// Charge the usage a failed call's `status` says its model calls spent to the caller's sink
 /// ([`assay_budget::charge_failed_call`]).
 pub fn charge_spent(status: &tonic::Status) {
+    // What a refused model call of the stage needed: the caller's slice learns it.
+    if let Some(need) = status.metadata().get(assay_budget::NEED_HEADER).and_then(|v| v.to_str().ok())
+        && let (Some(need), Some(budget)) = (assay_budget::Cost::from_header(need), assay_budget::current())
+    {
+        budget.note_refused(need);
+    }
     let Some(value) = status.metadata().get_bin(assay_budget::SPENT_HEADER) else { return };
     let Ok(bytes) = value.to_bytes() else { return };
     if let Ok(usage) = <assay_proto::common::v1::Usage as prost::Message>::decode(bytes) {
@@ -137,12 +154,13 @@ pub fn charge_spent(status: &tonic::Status) {
     }
 }
 
-/// [`run_with`]'s work: the handler's result and everything its model calls spent (a budget is
-/// always current while serving, without limits when the caller sent none, so it counts).
+/// [`run_with`]'s work: the handler's result, everything its model calls spent (a budget is
+/// always current while serving, without limits when the caller sent none, so it counts) and
+/// what a model call refused for lack of budget needed.
 pub(crate) async fn run_counted<T, F>(
     ctx: CallContext,
     fut: F,
-) -> (Result<T, assay_domain::StageError>, assay_domain::Usage)
+) -> (Result<T, assay_domain::StageError>, assay_domain::Usage, Option<assay_budget::Cost>)
 where
     F: Future<Output = Result<T, assay_domain::StageError>>,
 {
@@ -164,7 +182,7 @@ where
     // Every model call made while serving is charged to (and, with limits, held to) this budget.
     let budget = assay_budget::Budget::new(limits);
     let out = assay_budget::scope(budget.clone(), work).await;
-    (out, budget.spent())
+    (out, budget.spent(), budget.refused_need())
 }
 
 #[cfg(test)]

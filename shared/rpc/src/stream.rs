@@ -69,8 +69,9 @@ where
     let work = crate::context::run_counted(ctx, work(emit));
     tokio::spawn(tracing::Instrument::in_current_span(async move {
         tokio::select! {
-            (out, spent) = work => {
-                let _ = tx.send(out.map(result).map_err(|e| crate::context::with_spent(to_status(in_stream(e)), &spent)));
+            (out, spent, need) = work => {
+                let status = |e| crate::context::with_need(crate::context::with_spent(to_status(in_stream(e)), &spent), need);
+                let _ = tx.send(out.map(result).map_err(status));
             }
             () = tx.closed() => {}
         }

@@ -253,7 +253,9 @@ class Assay:
         """Evaluate ``records`` (dicts or dataclasses with ``input``, ``target``, ...) and wait.
 
         The checklist is ``checklist`` (a list of questions, item dicts or a Checklist) for every
-        record, else one generated per input with ``preset`` (``tick``, ``rocketeval``, ...).
+        record, else one generated per input with ``preset`` (``tick``, ``rocketeval``, ...). A
+        bare string is a record's target (the response scored) and needs ``checklist``: with a
+        preset it raises TypeError (the preset needs each record's ``input``).
         ``scorer_options`` are ScorerConfig fields (``mode="item"``, ``samples=3``, ...).
         ``max_tokens`` / ``max_cost_usd`` are the run's budget (prompt + completion tokens over
         every model call; US dollars from the backends' price tables): once it is spent no new

@@ -16,8 +16,10 @@ from ._proto.assay.generator.v1 import generator_pb2
 from ._proto.assay.refiners.v1 import refiners_pb2
 
 #: A record to evaluate: a dict or a dataclass with the fields of ``assay.gateway.v1.EvalRecord``
-#: (``id``, ``input``, ``target``, ``reference``, ``history``, ``candidates``), or the message.
-RecordLike = Union[Mapping[str, Any], gateway_pb2.EvalRecord, Any]
+#: (``id``, ``input``, ``target``, ``reference``, ``history``, ``candidates``), the message, or
+#: bare text: the target (the response scored), with a given checklist only (a preset generates
+#: each record's checklist from its ``input``).
+RecordLike = Union[Mapping[str, Any], gateway_pb2.EvalRecord, str, Any]
 #: One document section: a dict (``id``, ``title``, ``content``), the message, or bare text.
 SectionLike = Union[Mapping[str, Any], common_pb2.Section, str]
 #: A model spec: a dict of ``assay.common.v1.ModelSpec`` fields, the message, or a model name.
@@ -59,11 +61,33 @@ def to_message(value: Any, cls: Any, field: str) -> Any:
 
 
 def record(value: RecordLike, index: int) -> gateway_pb2.EvalRecord:
-    """One evaluation record."""
+    """One evaluation record (bare text is its target)."""
     if isinstance(value, str):
         return gateway_pb2.EvalRecord(target=value)
     message: gateway_pb2.EvalRecord = to_message(value, gateway_pb2.EvalRecord, f"records[{index}]")
     return message
+
+
+def _records(values: Iterable[RecordLike], preset: Optional[Union[str, int]]) -> List[gateway_pb2.EvalRecord]:
+    """The records of an evaluation. Bare text (the target alone) is refused up front when
+    ``preset`` generates each record's checklist from its input: the server would refuse every
+    such record with "input must not be empty"."""
+    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable):
+        raise TypeError(
+            f"records: expected a list of records (dicts, dataclasses, EvalRecord messages or strings), "
+            f"got {type(values).__name__}"
+        )
+    records = []
+    for i, value in enumerate(values):
+        if isinstance(value, str) and preset is not None:
+            raise TypeError(
+                f"records[{i}]: a bare string is a record's target (the response scored), but preset "
+                f"{preset!r} generates each record's checklist from its input: pass "
+                f"{{'input': <prompt>, 'target': <response>}} records, or a checklist=[...] to score "
+                f"bare targets against"
+            )
+        records.append(record(value, i))
+    return records
 
 
 def model(value: Optional[ModelLike], field: str) -> Optional[common_pb2.ModelSpec]:
@@ -131,7 +155,7 @@ def checklist_eval(
 ) -> gateway_pb2.ChecklistEvalPipeline:
     """The checklist_eval pipeline: a given checklist, or one generated per input by ``preset``."""
     pipeline = gateway_pb2.ChecklistEvalPipeline(
-        records=[record(r, i) for i, r in enumerate(records)], concurrency=record_concurrency
+        records=_records(records, preset if checklist_given is None else None), concurrency=record_concurrency
     )
     if checklist_given is not None:
         pipeline.source.checklist.CopyFrom(checklist(checklist_given))

@@ -18,8 +18,9 @@ use super::{client, status_text};
 
 /// Exit code of `--fail-on-regression` when the candidate is significantly worse.
 pub const EXIT_REGRESSION: u8 = 1;
-/// Exit code for bad input (missing file, malformed line, no shared records, bad option, unknown
-/// run id, unreachable gateway, a run that is not a finished checklist_eval run).
+/// Exit code for bad input (missing file, malformed line, a record id repeated without epochs, no
+/// shared records, bad option, unknown run id, unreachable gateway, a run that is not a finished
+/// checklist_eval run), and for a regression gate whose statistics are not numbers (no verdict).
 pub const EXIT_BAD_INPUT: u8 = 2;
 /// Records listed as the worst regressions in the table.
 const WORST: usize = runs::WORST_RECORDS;
@@ -83,7 +84,7 @@ pub struct CompareArgs {
     #[arg(long)]
     pub json: bool,
     /// Exit 1 when the candidate is significantly worse: the interval on the difference lies
-    /// entirely below -min-effect.
+    /// entirely below -min-effect. Exit 2 when a statistic is not a number (no verdict).
     #[arg(long)]
     pub fail_on_regression: bool,
     /// With --fail-on-regression: the smallest drop that counts (default 0, in score units).
@@ -104,7 +105,15 @@ pub async fn run_with(config: &AssayConfig, args: CompareArgs) -> ExitCode {
             eprintln!("assay compare: {e}");
             ExitCode::from(EXIT_BAD_INPUT)
         }
-        Ok((r, labels)) => {
+        Ok((mut r, labels)) => {
+            if let Some(why) = undefined(&r.comparison) {
+                // A statistic that is not a number decides nothing: the gate never passes on it.
+                if args.fail_on_regression {
+                    eprintln!("assay compare: no verdict, the regression gate cannot pass: {why}");
+                    return ExitCode::from(EXIT_BAD_INPUT);
+                }
+                r.comparison.warnings.push(why);
+            }
             if args.json {
                 outln!("{}", runs::to_json(&r));
             } else {
@@ -176,6 +185,40 @@ async fn report(config: &AssayConfig, args: &CompareArgs) -> Result<(RunComparis
         runs::RunCompareError::Stats(s) => format!("cannot compare: {s}"),
     })?;
     Ok((r, labels))
+}
+
+/// Why the comparison's numbers decide nothing, when a statistic is not a (finite) number: which
+/// ones, and the side with too few records when that is the cause.
+fn undefined(c: &Comparison) -> Option<String> {
+    let mut bad = Vec::new();
+    if !c.diff.is_finite() {
+        bad.push("the difference");
+    }
+    if !(c.ci.0.is_finite() && c.ci.1.is_finite()) {
+        bad.push("the interval");
+    }
+    if !c.p_value.is_finite() {
+        bad.push("the p-value");
+    }
+    let (last, rest) = bad.split_last()?;
+    let what = if rest.is_empty() { (*last).to_string() } else { format!("{} and {last}", rest.join(", ")) };
+    let mut why = format!(
+        "diff {:+.4}, {:.0}% CI [{:+.4}, {:+.4}], p = {:.4} ({}): {what} {}",
+        c.diff,
+        100.0 * (1.0 - c.alpha),
+        c.ci.0,
+        c.ci.1,
+        c.p_value,
+        c.method.as_str(),
+        if rest.is_empty() { "is not a number" } else { "are not numbers" }
+    );
+    if c.n_records_a < 2 || c.n_records_b < 2 {
+        why.push_str(&format!(
+            "; the candidate has {} scored record(s) and the baseline {}, and each side needs at least 2",
+            c.n_records_a, c.n_records_b
+        ));
+    }
+    Some(why)
 }
 
 /// CompareRuns' answer as the core's report (what the table and `--json` print).

@@ -66,24 +66,38 @@ pub fn run(args: PowerArgs) -> ExitCode {
     }
 }
 
+/// The most records a plan may ask for or be asked about (per run): beyond it an answer is no
+/// plan (and a records count would overflow).
+const MAX_RECORDS: u64 = 1_000_000_000;
+/// `--alpha`'s range: a two-sided significance level.
+const ALPHA_RANGE: (f64, f64) = (1e-9, 0.5);
+/// `--power`'s range: below 0.5 the normal approximation asks for more records the lower the
+/// power; above it, a target no pilot supports.
+const POWER_RANGE: (f64, f64) = (0.5, 0.9999);
+
 fn plan(args: &PowerArgs) -> Result<Plan, String> {
     let q = Question { mde: args.mde, n: args.n, alpha: args.alpha, power: args.power };
     // Options first, so a bad option is named before any file is read.
-    if !(q.alpha > 0.0 && q.alpha < 1.0) {
-        return Err(format!("--alpha must be in (0, 1), got {}", q.alpha));
+    let (lo, hi) = ALPHA_RANGE;
+    if !(q.alpha >= lo && q.alpha <= hi) {
+        return Err(format!("--alpha must be in [{lo:e}, {hi}] (the two-sided significance level), got {:?}", q.alpha));
     }
-    if !(q.power > 0.0 && q.power < 1.0) {
-        return Err(format!("--power must be in (0, 1), got {}", q.power));
+    let (lo, hi) = POWER_RANGE;
+    if !(q.power >= lo && q.power <= hi) {
+        return Err(format!(
+            "--power must be in [{lo}, {hi}] (the chance of detecting a true difference of --mde), got {:?}",
+            q.power
+        ));
     }
     if let Some(m) = q.mde
         && !(m.is_finite() && m > 0.0)
     {
-        return Err(format!("--mde must be a positive number (a difference in score units), got {m}"));
+        return Err(format!("--mde must be a finite number > 0 (a difference in score units), got {m:?}"));
     }
     if let Some(n) = q.n
-        && n < 2
+        && !(2..=MAX_RECORDS).contains(&n)
     {
-        return Err(format!("--n must be at least 2, got {n}"));
+        return Err(format!("--n must be in [2, {MAX_RECORDS}] (records per run), got {n}"));
     }
     let metric = args.metric.run_metric();
     let base = source::load(&args.baseline, args.gateway.as_deref(), metric)?;
@@ -94,13 +108,52 @@ fn plan(args: &PowerArgs) -> Result<Plan, String> {
         Some(c) => Pilot::Paired { a: c, b: &base_obs },
         None => Pilot::Single(&base_obs),
     };
-    power(pilot, q).map_err(|e| {
-        let files = match &args.candidate {
-            Some(c) => format!("{} and {}", label(&args.baseline), label(c)),
-            None => label(&args.baseline),
-        };
-        format!("cannot plan from {files} ({} scored): {e}", args.metric.field())
-    })
+    let files = match &args.candidate {
+        Some(c) => format!("{} and {}", label(&args.baseline), label(c)),
+        None => label(&args.baseline),
+    };
+    let cannot = |why: String| format!("cannot plan from {files} ({} scored): {why}", args.metric.field());
+    let p = power(pilot, q).map_err(|e| cannot(e.to_string()))?;
+    if !(p.variance.is_finite() && p.variance > 0.0) {
+        let records = p.pilot_records.unwrap_or_default();
+        return Err(cannot(if records < 2 {
+            format!(
+                "the pilot has {records} scored record(s) and a variance needs at least 2 (the lines of one \
+                 record id, its epochs, are one record)"
+            )
+        } else {
+            format!("the pilot's variance is {:?}, not a positive number", p.variance)
+        }));
+    }
+    if let (Some(mde), Some(needed)) = (q.mde, p.n_required) {
+        // What `n` records detect, to name the range of --mde this pilot allows.
+        let detectable =
+            |n: u64| power(pilot, Question { mde: None, n: Some(n), ..q }).ok().and_then(|p| p.mde_detectable);
+        let per = if p.design == Design::Unpaired { " per run" } else { "" };
+        if needed > MAX_RECORDS {
+            return Err(format!(
+                "--mde {mde:?} is too small for this pilot: it needs more than {MAX_RECORDS} records{per} (the \
+                 most a plan may ask for); --mde must be at least {} here",
+                detectable(MAX_RECORDS).map_or_else(|| "that".to_string(), |m| rounded(m, true))
+            ));
+        }
+        if needed < 2 {
+            return Err(format!(
+                "--mde {mde:?} is too large for this pilot: the plan asks for fewer than 2 records{per} (a \
+                 comparison needs 2); --mde must be below {} here",
+                // One record detects sqrt(2) times what two do.
+                detectable(2).map_or_else(|| "that".to_string(), |m| rounded(m * std::f64::consts::SQRT_2, false))
+            ));
+        }
+    }
+    Ok(p)
+}
+
+/// `x` (> 0) to 4 significant digits, rounded up or down so that the bound it names still holds.
+fn rounded(x: f64, up: bool) -> String {
+    let scale = 10f64.powf(3.0 - x.log10().floor());
+    let r = if up { (x * scale).ceil() } else { (x * scale).floor() } / scale;
+    if (1e-3..1e6).contains(&r) { format!("{r}") } else { format!("{r:.3e}") }
 }
 
 fn effect(p: &Plan, x: f64) -> String {
@@ -178,4 +231,18 @@ fn to_json(p: &Plan, args: &PowerArgs) -> Value {
         "scores_are_unit_scale": p.scores_are_unit_scale,
         "notes": p.notes,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rounded;
+
+    #[test]
+    fn bounds_are_rounded_on_their_safe_side() {
+        assert_eq!(rounded(1.77741e-5, true), "1.778e-5");
+        assert_eq!(rounded(1.77779e-5, false), "1.777e-5");
+        assert_eq!(rounded(0.31, true), "0.31");
+        assert_eq!(rounded(0.123456, false), "0.1234");
+        assert_eq!(rounded(1234567.0, false), "1.234e6");
+    }
 }

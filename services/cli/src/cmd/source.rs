@@ -135,19 +135,82 @@ pub async fn fetch_run(config: &AssayConfig, url: &str, run_id: &str, metric: Ru
     Ok(run_results(&fetch_evaluation(config, url, run_id).await?, metric))
 }
 
-/// A results file (JSON lines of `assay eval --out`), its lines in order.
+/// A results file (JSON lines of `assay eval --out`), its lines in order. A record id is on one
+/// line, or on several that each declare a distinct `"epoch"` (a non-negative integer: repeated
+/// runs of the record, averaged per record by the statistics); any other repeated id is an error
+/// naming the id and its lines.
 pub fn read_file(path: &Path, metric: RunMetric) -> Result<RunResults, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut records = Vec::new();
+    // Per record id: its lines (1-based) and their epochs.
+    let mut seen: BTreeMap<String, Vec<(usize, Option<u64>)>> = BTreeMap::new();
     for (i, raw) in text.lines().enumerate() {
         if raw.trim().is_empty() {
             continue;
         }
         let at = || format!("{} line {}", path.display(), i + 1);
         let v: Value = serde_json::from_str(raw).map_err(|e| format!("{}: not JSON: {e}", at()))?;
-        records.push(parse_line(&v, metric, &at)?);
+        let line = parse_line(&v, metric, &at)?;
+        let epoch = epoch(&v, &at)?;
+        seen.entry(line.id.clone()).or_default().push((i + 1, epoch));
+        records.push(line);
+    }
+    // The first repeated id in file order is named.
+    let mut ids: Vec<_> = seen.iter().collect();
+    ids.sort_by_key(|(_, lines)| lines[0].0);
+    for (id, lines) in ids {
+        check_repeats(id, lines).map_err(|e| format!("{}: {e}", path.display()))?;
     }
     Ok(RunResults { records })
+}
+
+/// A line's `"epoch"`: absent or null, or a non-negative integer.
+fn epoch(v: &Value, at: &dyn Fn() -> String) -> Result<Option<u64>, String> {
+    match v.get("epoch") {
+        None | Some(Value::Null) => Ok(None),
+        Some(e) => {
+            e.as_u64().map(Some).ok_or_else(|| format!("{}: \"epoch\" must be a non-negative integer, got {e}", at()))
+        }
+    }
+}
+
+/// The lines of one record id: one line, or lines that each declare a distinct epoch.
+fn check_repeats(id: &str, lines: &[(usize, Option<u64>)]) -> Result<(), String> {
+    if lines.len() < 2 {
+        return Ok(());
+    }
+    if lines.iter().any(|(_, e)| e.is_none()) {
+        let numbers: Vec<usize> = lines.iter().map(|(n, _)| *n).collect();
+        return Err(format!(
+            "record id {id:?} is on lines {}: a record is on one line, or on one line per epoch (a \
+             repeated run of it), each with a distinct \"epoch\" field",
+            line_list(&numbers)
+        ));
+    }
+    let mut epochs: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
+    for (n, e) in lines {
+        if let Some(e) = e {
+            epochs.entry(*e).or_default().push(*n);
+        }
+    }
+    match epochs.iter().find(|(_, at)| at.len() > 1) {
+        Some((e, at)) => Err(format!(
+            "record id {id:?} repeats epoch {e} on lines {}: each epoch of a record is on one line",
+            line_list(at)
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Line numbers as `1, 2 and 3`, or the first few and how many more.
+fn line_list(numbers: &[usize]) -> String {
+    const SHOWN: usize = 8;
+    let shown: Vec<String> = numbers.iter().take(SHOWN).map(usize::to_string).collect();
+    match (numbers.len(), shown.split_last()) {
+        (n, Some((last, rest))) if n <= SHOWN && !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+        (n, _) if n > SHOWN => format!("{} and {} more", shown.join(", "), n - SHOWN),
+        _ => shown.join(", "),
+    }
 }
 
 /// One `--out` line: `id`, the metric's field (a number, or null for a failed record),
@@ -236,6 +299,35 @@ mod tests {
         assert!(parse(v, RunMetric::PassRate).unwrap().samples.is_empty());
         let bad = json!({"id": "r", "primary_score": 0.5, "sample_scores": "x"});
         assert!(parse(bad, RunMetric::Primary).unwrap_err().contains("sample_scores"));
+    }
+
+    #[test]
+    fn a_repeated_id_needs_a_distinct_epoch_on_each_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let read = |text: &str| {
+            let f = dir.path().join("r.jsonl");
+            std::fs::write(&f, text).unwrap();
+            read_file(&f, RunMetric::Primary)
+        };
+        let l = |id: &str, epoch: &str| format!("{{\"id\": \"{id}\", \"primary_score\": 0.5{epoch}}}\n");
+        let ok = format!("{}{}{}", l("a", ", \"epoch\": 0"), l("b", ""), l("a", ", \"epoch\": 1"));
+        assert_eq!(read(&ok).unwrap().observations().len(), 3);
+        let repeated = format!("{}{}\n{}", l("b", ""), l("a", ""), l("a", ", \"epoch\": 1"));
+        let e = read(&repeated).unwrap_err();
+        assert!(e.contains("r.jsonl: record id \"a\" is on lines 2 and 4: a record is on one line"), "{e}");
+        let twice = format!("{}{}", l("a", ", \"epoch\": 2"), l("a", ", \"epoch\": 2"));
+        assert!(read(&twice).unwrap_err().contains("record id \"a\" repeats epoch 2 on lines 1 and 2"));
+        assert!(read(&l("a", ", \"epoch\": -1")).unwrap_err().contains("line 1: \"epoch\" must be a non-negative"));
+        assert!(read(&l("a", ", \"epoch\": null")).is_ok());
+    }
+
+    #[test]
+    fn line_lists() {
+        assert_eq!(line_list(&[3]), "3");
+        assert_eq!(line_list(&[3, 9]), "3 and 9");
+        assert_eq!(line_list(&[1, 2, 3]), "1, 2 and 3");
+        assert_eq!(line_list(&(1..=8).collect::<Vec<_>>()), "1, 2, 3, 4, 5, 6, 7 and 8");
+        assert_eq!(line_list(&(1..=50).collect::<Vec<_>>()), "1, 2, 3, 4, 5, 6, 7, 8 and 42 more");
     }
 
     #[test]

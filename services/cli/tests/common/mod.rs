@@ -63,6 +63,19 @@ pub fn assay(args: &[&str]) -> Output {
     o
 }
 
+/// The binary with `args` and no config, as in a terminal `columns` wide (`COLUMNS`; the output is
+/// no terminal): what `--help` wraps to.
+pub fn assay_at_width(columns: usize, args: &[&str]) -> Output {
+    let o = Command::new(env!("CARGO_BIN_EXE_assay"))
+        .args(args)
+        .env("COLUMNS", columns.to_string())
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("assay runs");
+    assert_plain(&o);
+    o
+}
+
 /// The binary with `--config config` and `args`, the backend's key set and no `OPENAI_BASE_URL`
 /// from the environment.
 pub fn assay_with(config: &Path, args: &[&str]) -> Output {

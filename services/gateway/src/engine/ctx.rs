@@ -190,14 +190,12 @@ pub struct RunCtx {
     journal: tokio::sync::Mutex<()>,
     /// Serialises the controls of the run (the engine's): each sees the state the one before left.
     pub(super) controls: tokio::sync::Mutex<()>,
-    /// The run's spending limit with what its stage calls reported so far (restored from the
-    /// stored usage after a restart).
+    /// The run's spending limit with what its stage calls spent so far (restored from the
+    /// stored usage after a restart): every stage call reserves a slice of it ([`super::meter`]).
     budget: Option<Arc<assay_budget::Budget>>,
-    /// The daily spend caps of the capped backends the run uses (their spend recorded, their
-    /// remainder a ceiling on the run's budget).
+    /// The daily spend caps of the capped backends the run uses (every stage call holds its
+    /// slice on them in the store).
     spend: Option<(Arc<SpendCaps>, std::collections::BTreeSet<String>)>,
-    recording: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
-    settled: Arc<tokio::sync::Mutex<f64>>,
 }
 
 /// Checkpoint key prefix of the posted pipeline actions.
@@ -341,19 +339,11 @@ impl Writer {
     }
 }
 
-/// Charging usage to a run: its summary, its budget and the daily spend of the capped backends it
-/// uses. Shared by [`RunCtx::add_usage`] and the sink of failed stage calls.
+/// Charging usage to a run's summary. Shared by [`RunCtx::add_usage`] and the sink of failed
+/// stage calls. The budget and the caps are settled by the stage call's slice ([`super::meter`]).
 #[derive(Clone)]
 struct Charge {
     run: Arc<Mutex<gw::Run>>,
-    budget: Option<Arc<assay_budget::Budget>>,
-    spend: Option<(Arc<SpendCaps>, std::collections::BTreeSet<String>)>,
-    /// Spend being added to the store ([`RunCtx::spend_recorded`] waits for it).
-    recording: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
-    /// The run's charged dollars already in the store's totals (or on no capped backend): the
-    /// ceiling is this plus what the caps have left. Its tokio lock also serialises the run's
-    /// additions, so each total the store returns includes exactly these.
-    settled: Arc<tokio::sync::Mutex<f64>>,
 }
 
 impl Charge {
@@ -361,29 +351,7 @@ impl Charge {
         if let Ok(mut run) = self.run.lock() {
             let mut total = convert::usage_from(run.usage.take());
             total.add(usage);
-            if let Some(b) = &self.budget {
-                b.charge(usage);
-            }
             run.usage = Some(convert::usage_to(&total));
-        }
-        if let (Some((caps, backends)), Some(budget)) = (&self.spend, &self.budget)
-            && usage.cost_usd > 0.0
-        {
-            let (caps, backends, budget, usage) = (caps.clone(), backends.clone(), budget.clone(), usage.clone());
-            let settled = self.settled.clone();
-            // Off the pipeline's path: the store's total (every gateway's spend) sets the ceiling.
-            let task = tokio::spawn(async move {
-                let mut settled = settled.lock().await;
-                caps.record(&usage).await;
-                *settled += usage.cost_usd;
-                if let Some((left, why)) = caps.ceiling(&backends) {
-                    budget.set_ceiling_at(*settled + left, why);
-                }
-            });
-            if let Ok(mut r) = self.recording.lock() {
-                r.retain(|t| !t.is_finished());
-                r.push(task);
-            }
         }
     }
 }
@@ -422,14 +390,12 @@ impl RunCtx {
             controls: tokio::sync::Mutex::new(()),
             budget,
             spend: None,
-            recording: Arc::default(),
-            settled: Arc::default(),
         }
     }
 
-    /// Hold the run to the daily spend caps of `backends` (the capped backends it uses): its
-    /// priced usage is added to their spend, and what they may still spend today is a ceiling on
-    /// its budget (a run with no budget of its own gets one, limited by the ceiling alone).
+    /// Hold the run to the daily spend caps of `backends` (the capped backends it uses): every
+    /// stage call holds its slice on their caps in the store before it is sent (a run with no
+    /// budget of its own gets one, limited by the caps alone).
     #[must_use]
     pub(super) fn with_spend(mut self, caps: Arc<SpendCaps>, backends: std::collections::BTreeSet<String>) -> Self {
         if backends.is_empty() {
@@ -440,23 +406,23 @@ impl RunCtx {
             .budget
             .take()
             .unwrap_or_else(|| assay_budget::Budget::resumed(assay_budget::Limits::default(), &spent));
-        if let Some((left, why)) = caps.ceiling(&backends) {
-            budget.set_ceiling(left, why);
-        }
-        // What the run spent before (resumed) is in the store already.
-        self.settled = Arc::new(tokio::sync::Mutex::new(budget.spent_usd()));
         self.budget = Some(budget);
         self.spend = Some((caps, backends));
         self
     }
 
-    /// Run `fut` (the pipeline) with the run's budget current: every stage call it makes carries
-    /// what is left of it, and a stage call that fails after spending is charged what it spent.
+    /// Run `fut` (the pipeline) with the run's budget current: every stage call it makes runs on
+    /// a slice of it ([`super::meter`]), and a stage call that fails after spending is charged
+    /// what it spent.
     pub(super) async fn budget_scope<F: std::future::Future>(&self, fut: F) -> F::Output {
         let charge = self.charge();
         let fut = assay_budget::with_sink(Arc::new(move |usage: &Usage| charge.add(usage)), fut);
         match &self.budget {
-            Some(b) => assay_budget::scope(b.clone(), fut).await,
+            Some(b) => {
+                let meter =
+                    super::meter::RunMeter { run_id: self.run_id.clone(), budget: b.clone(), caps: self.spend.clone() };
+                assay_budget::scope(b.clone(), super::meter::scope(Arc::new(meter), fut)).await
+            }
             None => fut.await,
         }
     }
@@ -486,6 +452,18 @@ impl RunCtx {
             }
         });
         Some(why)
+    }
+
+    /// Record why the run's budget stopped it (a call it needed could not be paid for), if it
+    /// did and nothing was recorded yet.
+    pub fn record_budget_stop(&self) {
+        if let Some(why) = self.budget.as_ref().and_then(|b| b.stopped()) {
+            self.update(|r| {
+                if r.budget_exhausted.is_empty() {
+                    r.budget_exhausted = why;
+                }
+            });
+        }
     }
 
     /// The run's pause gate, for the stage calls of its pipeline.
@@ -863,22 +841,7 @@ impl RunCtx {
 
     /// What charging usage to the run touches.
     fn charge(&self) -> Charge {
-        Charge {
-            run: self.run.clone(),
-            budget: self.budget.clone(),
-            spend: self.spend.clone(),
-            recording: self.recording.clone(),
-            settled: self.settled.clone(),
-        }
-    }
-
-    /// Wait until the run's spend is in the store (before its end is recorded, so the day's total
-    /// is there for the next run's admission on any gateway).
-    pub(super) async fn spend_recorded(&self) {
-        let tasks = self.recording.lock().map(|mut r| std::mem::take(&mut *r)).unwrap_or_default();
-        for t in tasks {
-            let _ = t.await;
-        }
+        Charge { run: self.run.clone() }
     }
 
     /// The run's usage so far.

@@ -5,6 +5,7 @@
 //! [`Pipeline`] (see `crate::pipelines`).
 
 mod ctx;
+mod meter;
 mod metrics;
 mod spend;
 pub mod store;
@@ -23,6 +24,7 @@ use tokio::sync::watch;
 
 pub use ctx::{RunCtx, Writes, Written, stage_gate};
 use ctx::{now, state_name};
+pub use meter::metered;
 pub use spend::SpendCaps;
 pub use store::{PostgresStore, RunStorage, RunStore, SqliteStore, StoredRun};
 
@@ -284,7 +286,6 @@ impl Engine {
         let run = Self::new_run(pipeline.as_ref(), request.label.clone(), request.budget);
         let ctx = self.capped(RunCtx::new(run, 0, None), spend);
         let outcome = ctx.budget_scope(pipeline.run(&ctx)).await;
-        ctx.spend_recorded().await;
         let outcome = outcome?;
         let result = gw::RunResult { result: outcome.result, error: String::new() };
         ctx.update(|r| {
@@ -353,7 +354,7 @@ impl Engine {
 
     /// Record how a run ended: its state, result and the RunCompleted event.
     async fn finish(&self, ctx: &RunCtx, outcome: Result<RunOutcome, StageError>) -> Result<(), StageError> {
-        ctx.spend_recorded().await;
+        ctx.record_budget_stop();
         let (state, result) = match outcome {
             Ok(o) => (o.state, gw::RunResult { result: o.result, error: String::new() }),
             Err(StageError::Cancelled(_)) if ctx.is_cancelled() => {
@@ -432,7 +433,8 @@ impl Engine {
                 gw::RunState::try_from(stored.run.state).map(|s| s.as_str_name()).unwrap_or("unknown")
             )));
         };
-        tracing::info!(run_id = %run_id, actor = %req.actor, reason = %req.reason, "run control");
+        // The caller's text quoted and escaped (`?`): never a raw newline or escape in a log line.
+        tracing::info!(run_id = %run_id, actor = ?req.actor, reason = ?req.reason, "run control");
         let ctx = &live.ctx;
         // One control at a time on a run (every control of a run comes here, on the gateway
         // executing it): the first decides, the next sees the state it left. Each is taken only

@@ -176,6 +176,8 @@ impl ChecklistEval {
 
     /// The evaluation result from every stored record, in record order.
     async fn result(&self, ctx: &RunCtx, checklists: &[Checklist]) -> Result<gw::EvaluateResponse, StageError> {
+        // A call the budget could not pay for left records unrun: the run says why.
+        ctx.record_budget_stop();
         let records: Vec<gw::RecordResult> =
             ctx.checkpoints::<gw::RecordResult>(RECORD).await?.into_iter().map(|(_, r)| r).collect();
         let scored: Vec<(assay_domain::Score, &Checklist)> = records
@@ -312,7 +314,8 @@ impl Pipeline for ChecklistEval {
                     // Records whose checklist could not be produced fail on their own; the others go on.
                     let why = production.failures[k].clone().unwrap_or_default();
                     for i in std::mem::take(&mut waiting[k]) {
-                        let result = record_result(i, &self.records[i], "", None, format!("checklist generation failed: {why}"));
+                        let why = if assay_budget::is_exhausted(&why) { format!("not run: {why}") } else { format!("checklist generation failed: {why}") };
+                        let result = record_result(i, &self.records[i], "", None, why);
                         ctx.checkpoint(&record_key(i), &result).await?;
                         ctx.add_done();
                         ctx.emit(Event::RecordScored(result)).await?;

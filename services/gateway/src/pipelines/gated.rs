@@ -1,7 +1,8 @@
 //! Every stage a pipeline calls, behind its run's pause gate: a call waits while the run is paused
 //! (and fails with CANCELLED once it is cancelled) before it starts, so no pipeline can start a
-//! model call on a paused run however it is written. [`super::Stages`] wraps each stage it is
-//! given; outside a run (no gate in scope) a call goes straight through.
+//! model call on a paused run however it is written, and runs on a slice of the run's budget
+//! ([`crate::engine::metered`]). [`super::Stages`] wraps each stage it is given; outside a run
+//! (no gate in scope) a call goes straight through.
 
 use std::sync::Arc;
 
@@ -14,9 +15,22 @@ use assay_domain::refiners::{self, ChecklistRefiner};
 use assay_domain::self_refine::{self, SelfRefiner};
 use assay_domain::similarity::CompareOutcome;
 use assay_domain::verify::{self, DeltaJudge};
-use assay_domain::{ChecklistItem, EventSink, ScoreEvent, ScoreOutcome, ScoreRequest, Scorer, StageError};
+use assay_domain::{ChecklistItem, EventSink, ScoreEvent, ScoreOutcome, ScoreRequest, Scorer, StageError, Usage};
 
-use crate::engine::stage_gate;
+use crate::engine::{metered, stage_gate};
+
+/// A stage call of `kind` behind the run's pause gate, on a slice of the run's budget.
+async fn gated<T, Fut>(
+    kind: &str,
+    usage_of: impl Fn(&T) -> Usage + Send,
+    call: impl FnMut() -> Fut + Send,
+) -> Result<T, StageError>
+where
+    Fut: std::future::Future<Output = Result<T, StageError>> + Send,
+{
+    stage_gate().await?;
+    metered(kind, usage_of, call).await
+}
 
 /// A stage behind the pause gate of the run calling it.
 pub struct Gated<S: ?Sized>(pub Arc<S>);
@@ -34,16 +48,19 @@ impl Scorer for Gated<dyn Scorer> {
         request: ScoreRequest,
         events: EventSink<'_, ScoreEvent>,
     ) -> Result<ScoreOutcome, StageError> {
-        stage_gate().await?;
-        self.0.score(request, events).await
+        gated("scorer.score", |o: &ScoreOutcome| o.usage.clone(), || self.0.score(request.clone(), events)).await
     }
 }
 
 #[async_trait::async_trait]
 impl ChecklistGenerator for Gated<dyn ChecklistGenerator> {
     async fn generate(&self, request: generator::GenerateRequest) -> Result<generator::GenerateOutcome, StageError> {
-        stage_gate().await?;
-        self.0.generate(request).await
+        gated(
+            "generator.generate",
+            |o: &generator::GenerateOutcome| o.usage.clone(),
+            || self.0.generate(request.clone()),
+        )
+        .await
     }
 
     async fn generate_corpus(
@@ -51,8 +68,12 @@ impl ChecklistGenerator for Gated<dyn ChecklistGenerator> {
         request: generator::CorpusRequest,
         events: EventSink<'_, generator::corpus::CorpusProgress>,
     ) -> Result<generator::corpus::CorpusOutcome, StageError> {
-        stage_gate().await?;
-        self.0.generate_corpus(request, events).await
+        gated(
+            "generator.generate_corpus",
+            |o: &generator::corpus::CorpusOutcome| o.usage.clone(),
+            || self.0.generate_corpus(request.clone(), events),
+        )
+        .await
     }
 
     async fn list_presets(&self) -> Result<Vec<generator::PresetInfo>, StageError> {
@@ -69,8 +90,12 @@ impl ChecklistRefiner for Gated<dyn ChecklistRefiner> {
         steps: Vec<refiners::RefinerStep>,
         events: EventSink<'_, refiners::StepReport>,
     ) -> Result<refiners::ChainOutcome, StageError> {
-        stage_gate().await?;
-        self.0.refine(items, steps, events).await
+        gated(
+            "refiners.refine",
+            |o: &refiners::ChainOutcome| o.usage.clone(),
+            || self.0.refine(items.clone(), steps.clone(), events),
+        )
+        .await
     }
 }
 
@@ -81,60 +106,77 @@ impl SectionJudge for Gated<dyn SectionJudge> {
         request: judge::JudgeSectionsRequest,
         events: EventSink<'_, judge::JudgeEvent>,
     ) -> Result<judge::PanelOutcome, StageError> {
-        stage_gate().await?;
-        self.0.judge_sections(request, events).await
+        gated(
+            "scorer.judge_sections",
+            |o: &judge::PanelOutcome| o.usage.clone(),
+            || self.0.judge_sections(request.clone(), events),
+        )
+        .await
     }
 }
 
 #[async_trait::async_trait]
 impl Arbiter for Gated<dyn Arbiter> {
     async fn consolidate(&self, request: arbiter::ConsolidateRequest) -> Result<arbiter::Consolidation, StageError> {
-        stage_gate().await?;
-        self.0.consolidate(request).await
+        gated(
+            "arbiter.consolidate",
+            |o: &arbiter::Consolidation| o.usage.clone(),
+            || self.0.consolidate(request.clone()),
+        )
+        .await
     }
 
     async fn route(&self, request: arbiter::RouteRequest) -> Result<arbiter::Routing, StageError> {
-        stage_gate().await?;
-        self.0.route(request).await
+        gated("arbiter.route", |_: &arbiter::Routing| Usage::default(), || self.0.route(request.clone())).await
     }
 
     async fn plan(&self, request: arbiter::PlanRequest) -> Result<arbiter::Plan, StageError> {
-        stage_gate().await?;
-        self.0.plan(request).await
+        gated("arbiter.plan", |o: &arbiter::Plan| o.consolidation.usage.clone(), || self.0.plan(request.clone())).await
     }
 }
 
 #[async_trait::async_trait]
 impl ContentRefiner for Gated<dyn ContentRefiner> {
     async fn patch(&self, request: content::SectionEditRequest) -> Result<content::SectionEdit, StageError> {
-        stage_gate().await?;
-        self.0.patch(request).await
+        gated("refiners.patch", |o: &content::SectionEdit| o.usage.clone(), || self.0.patch(request.clone())).await
     }
 
     async fn expand_section(&self, request: content::SectionEditRequest) -> Result<content::SectionEdit, StageError> {
-        stage_gate().await?;
-        self.0.expand_section(request).await
+        gated(
+            "refiners.expand_section",
+            |o: &content::SectionEdit| o.usage.clone(),
+            || self.0.expand_section(request.clone()),
+        )
+        .await
     }
 }
 
 #[async_trait::async_trait]
 impl DeltaJudge for Gated<dyn DeltaJudge> {
     async fn verify(&self, request: verify::VerifyRequest) -> Result<verify::VerifyOutcome, StageError> {
-        stage_gate().await?;
-        self.0.verify(request).await
+        gated("delta_judge.verify", |o: &verify::VerifyOutcome| o.usage.clone(), || self.0.verify(request.clone()))
+            .await
     }
 
     async fn compare_texts(&self, request: verify::CompareRequest) -> Result<CompareOutcome, StageError> {
-        stage_gate().await?;
-        self.0.compare_texts(request).await
+        gated(
+            "delta_judge.compare_texts",
+            |_: &CompareOutcome| Usage::default(),
+            || self.0.compare_texts(request.clone()),
+        )
+        .await
     }
 
     async fn check_consistency(
         &self,
         request: verify::ConsistencyRequest,
     ) -> Result<verify::ConsistencyOutcome, StageError> {
-        stage_gate().await?;
-        self.0.check_consistency(request).await
+        gated(
+            "delta_judge.check_consistency",
+            |o: &verify::ConsistencyOutcome| o.usage.clone(),
+            || self.0.check_consistency(request.clone()),
+        )
+        .await
     }
 }
 
@@ -145,31 +187,31 @@ impl SelfRefiner for Gated<dyn SelfRefiner> {
         request: self_refine::SelfRefineRequest,
         events: EventSink<'_, self_refine::SelfRefinePassEvent>,
     ) -> Result<self_refine::SelfRefineOutcome, StageError> {
-        stage_gate().await?;
-        self.0.self_refine(request, events).await
+        gated(
+            "refiners.self_refine",
+            |o: &self_refine::SelfRefineOutcome| o.usage.clone(),
+            || self.0.self_refine(request.clone(), events),
+        )
+        .await
     }
 }
 
 #[async_trait::async_trait]
 impl Debate for Gated<dyn Debate> {
     async fn solve(&self, request: debate::SolveRequest) -> Result<debate::SolveOutcome, StageError> {
-        stage_gate().await?;
-        self.0.solve(request).await
+        gated("debate.solve", |o: &debate::SolveOutcome| o.usage.clone(), || self.0.solve(request.clone())).await
     }
 
     async fn review(&self, request: debate::ReviewRequest) -> Result<debate::ReviewOutcome, StageError> {
-        stage_gate().await?;
-        self.0.review(request).await
+        gated("debate.review", |o: &debate::ReviewOutcome| o.usage.clone(), || self.0.review(request.clone())).await
     }
 
     async fn refine(&self, request: debate::RefineRequest) -> Result<debate::RefineOutcome, StageError> {
-        stage_gate().await?;
-        self.0.refine(request).await
+        gated("debate.refine", |o: &debate::RefineOutcome| o.usage.clone(), || self.0.refine(request.clone())).await
     }
 
     async fn judge(&self, request: debate::JudgeRequest) -> Result<debate::Judgment, StageError> {
-        stage_gate().await?;
-        self.0.judge(request).await
+        gated("debate.judge", |o: &debate::Judgment| o.usage.clone(), || self.0.judge(request.clone())).await
     }
 
     async fn run_debate(
@@ -177,7 +219,11 @@ impl Debate for Gated<dyn Debate> {
         request: debate::DebateRequest,
         events: EventSink<'_, debate::DebateEvent>,
     ) -> Result<debate::DebateOutcome, StageError> {
-        stage_gate().await?;
-        self.0.run_debate(request, events).await
+        gated(
+            "debate.run_debate",
+            |o: &debate::DebateOutcome| o.usage.clone(),
+            || self.0.run_debate(request.clone(), events),
+        )
+        .await
     }
 }

@@ -5,6 +5,8 @@
 pub mod corpus;
 pub mod parse;
 pub mod prompts;
+#[cfg(test)]
+pub(crate) mod quoted;
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -15,12 +17,12 @@ use assay_domain::generator::{
 };
 use assay_domain::limits::MAX_QUESTION_BYTES;
 use assay_domain::refiners::ChecklistRefiner;
-use assay_domain::template::render;
 use assay_domain::{Checklist, ChecklistItem, EventSink, GenerationLevel, ModelSpec, StageError, Usage};
 use assay_llm::{ChatRequest, Message, ModelHub, Purpose, ResolvedChat, ResponseFormat};
 use futures::StreamExt;
 
 pub use parse::{HARD_RULE, PRINCIPLE, ParsedItem, ParsedReply, normalize_category, parse_reply, schema};
+pub use prompts::{format_candidates, render_prompt};
 
 /// Configuration phase the generator resolves its model for.
 pub const PHASE: &str = "generator";
@@ -66,16 +68,6 @@ pub struct Generator {
 
 fn now_seconds() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
-}
-
-/// Candidates as they go into a prompt: numbered blocks.
-pub fn format_candidates(candidates: &[Candidate]) -> String {
-    candidates
-        .iter()
-        .enumerate()
-        .map(|(i, c)| format!("### Response {}\n{}", i + 1, c.text.trim()))
-        .collect::<Vec<_>>()
-        .join("\n\n")
 }
 
 impl Generator {
@@ -147,23 +139,7 @@ impl Generator {
         let max_items = request.effective_max_items();
         let temperature = request.effective_temperature();
         let template = prompts::template(preset);
-        let max_items_text = max_items.to_string();
-        let least = if preset == assay_domain::generator::Preset::Tick { 2 } else { 1 };
-        let item_count_text = item_count(least, max_items);
-        let candidates_text = format_candidates(&candidates);
-        let prompt = render(
-            template,
-            &[
-                ("input", request.input.trim()),
-                ("reference", request.reference.trim()),
-                ("history", request.history.trim()),
-                ("candidates", &candidates_text),
-                ("chosen", request.chosen.trim()),
-                ("rejected", request.rejected.trim()),
-                ("max_items", &max_items_text),
-                ("item_count", &item_count_text),
-            ],
-        );
+        let prompt = render_prompt(&request, &candidates, max_items);
         // The preset's temperature unless the caller set one (not the phase's: presets differ).
         let purpose =
             Purpose::new((TOKENS_PER_ITEM * max_items + 256).clamp(1024, 16_384)).chosen_temperature(temperature);
@@ -311,19 +287,5 @@ impl ChecklistGenerator for Generator {
 
     async fn list_presets(&self) -> Result<Vec<PresetInfo>, StageError> {
         Ok(self.presets())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn candidates_are_numbered_blocks() {
-        let c = vec![
-            Candidate { id: "a".into(), text: " one ".into(), model: String::new() },
-            Candidate { id: "b".into(), text: "two".into(), model: String::new() },
-        ];
-        assert_eq!(format_candidates(&c), "### Response 1\none\n\n### Response 2\ntwo");
     }
 }

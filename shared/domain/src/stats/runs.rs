@@ -272,10 +272,19 @@ fn flips(base: &RunResults, cand: &RunResults) -> Vec<ItemFlips> {
 }
 
 /// The regression gate: regressed when the interval on the difference lies entirely below
-/// `-min_effect`; with the line saying why.
+/// `-min_effect`; with the line saying why. A difference, interval or p-value that is not a finite
+/// number decides nothing, and the gate fails closed on it (regressed, the reason saying so).
 pub fn gate(c: &Comparison, min_effect: f64) -> Gate {
     let conf = 100.0 * (1.0 - c.alpha);
     let interval = format!("diff {:+.4}, {conf:.0}% CI [{:+.4}, {:+.4}]", c.diff, c.ci.0, c.ci.1);
+    if ![c.diff, c.ci.0, c.ci.1, c.p_value].iter().all(|x| x.is_finite()) {
+        let reason = format!(
+            "no verdict: {interval}, p = {:.4} ({}) holds a value that is not a number; the gate fails closed",
+            c.p_value,
+            c.method.as_str()
+        );
+        return Gate { regressed: true, min_effect, reason };
+    }
     let regressed = c.ci.1 < -min_effect;
     let bound = if min_effect > 0.0 { format!("-{min_effect}") } else { "0".to_string() };
     let reason = if regressed {
@@ -416,6 +425,18 @@ mod tests {
         let v = to_json(&r);
         assert_eq!(v["regression"], true);
         assert_eq!(v["unmatched"]["baseline_only"], json!(["gone"]));
+    }
+
+    #[test]
+    fn a_statistic_that_is_not_a_number_never_passes_the_gate() {
+        // One candidate record on many lines: the unpaired interval is NaN.
+        let base = RunResults { records: (0..50).map(|i| line(&format!("r{i}"), Some(0.9), &[], &[])).collect() };
+        let cand = RunResults { records: (0..50).map(|_| line("r0", Some(0.36), &[], &[])).collect() };
+        let r = compare_runs(&base, &cand, options(Some(0.0))).unwrap();
+        assert!(r.comparison.ci.1.is_nan(), "{:?}", r.comparison);
+        let g = r.gate.unwrap();
+        assert!(g.regressed && g.reason.starts_with("no verdict: diff -0.54"), "{g:?}");
+        assert!(g.reason.contains("NaN") && g.reason.contains("fails closed"), "{g:?}");
     }
 
     #[test]

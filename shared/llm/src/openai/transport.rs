@@ -234,7 +234,10 @@ impl Transport {
                 None => config.request_timeout,
             }
         };
-        let hedge = config.adaptive_timeout.enabled.then(|| builder.try_clone()).flatten();
+        // Under a limited budget no duplicate goes out: each would be a second call the provider
+        // may serve and bill, outside the call's reservation.
+        let budgeted = assay_budget::current().is_some_and(|b| b.is_limited());
+        let hedge = (config.adaptive_timeout.enabled && !budgeted).then(|| builder.try_clone()).flatten();
         // Duplicates that went out and were not refused (at most MAX_HEDGES), and those the
         // server refused (replaced, at most `max_retries`, as refused attempts are retried).
         let mut hedges = 0u32;

@@ -133,6 +133,60 @@ pub trait RunStorage: Send + Sync {
     async fn add_spend(&self, day: &str, backend: &str, nano_usd: i64) -> Result<i64, StageError>;
     /// Every backend's spend on UTC `day`, nano-dollars.
     async fn spend(&self, day: &str) -> Result<Vec<(String, i64)>, StageError>;
+    /// Hold part of `hold.backend`'s daily cap `cap` on `hold.day` for a call about to spend,
+    /// atomically with every other gateway sharing the store: at least `min` and up to
+    /// `hold.nano_usd` nano-dollars of what neither the day's spend nor live holds take. Holds
+    /// past their `expires_at` (their gateway died with the calls in flight) first become spend at
+    /// their reserved amount: a crash cannot hide calls a provider served.
+    async fn hold_spend(&self, hold: &SpendHold, min: i64, cap: i64) -> Result<HoldOutcome, StageError>;
+    /// Settle hold `id` of `reserved` nano-dollars on (`day`, `backend`): the hold removed and
+    /// `actual` added to the day's spend, in one transaction (a hold that had expired into spend
+    /// is corrected to `actual`); returns the day's total.
+    async fn settle_spend(
+        &self,
+        day: &str,
+        backend: &str,
+        id: &str,
+        reserved: i64,
+        actual: i64,
+    ) -> Result<i64, StageError>;
+}
+
+/// A hold on a backend's daily cap ([`RunStorage::hold_spend`]).
+#[derive(Debug, Clone)]
+pub struct SpendHold {
+    pub id: String,
+    pub run_id: String,
+    pub day: String,
+    pub backend: String,
+    /// What is wanted, nano-dollars.
+    pub nano_usd: i64,
+    /// Seconds since the Unix epoch after which the hold counts as spent.
+    pub expires_at: i64,
+}
+
+/// What [`RunStorage::hold_spend`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HoldOutcome {
+    /// Held this many nano-dollars.
+    Granted(i64),
+    /// `min` fits only once live holds are settled: ask again.
+    Wait,
+    /// `min` does not fit in what the day's spend leaves of the cap: the spend so far.
+    Refused(i64),
+}
+
+/// The outcome of a hold given the day's `spent`, what live holds take (`held`), the `cap`, and
+/// `min` / `want`.
+pub(crate) fn hold_outcome(spent: i64, held: i64, cap: i64, min: i64, want: i64) -> HoldOutcome {
+    if spent.saturating_add(min) > cap {
+        return HoldOutcome::Refused(spent);
+    }
+    let free = cap - spent - held;
+    if min > free {
+        return HoldOutcome::Wait;
+    }
+    HoldOutcome::Granted(want.min(free).max(min))
 }
 
 /// The engine's handle on its store. Cheap to clone.

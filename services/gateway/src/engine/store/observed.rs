@@ -111,4 +111,17 @@ impl RunStorage for ObservedStore {
     async fn spend(&self, day: &str) -> Result<Vec<(String, i64)>, StageError> {
         self.inner.spend(day).await
     }
+    async fn hold_spend(&self, hold: &super::SpendHold, min: i64, cap: i64) -> Result<super::HoldOutcome, StageError> {
+        self.inner.hold_spend(hold, min, cap).await
+    }
+    async fn settle_spend(
+        &self,
+        day: &str,
+        backend: &str,
+        id: &str,
+        reserved: i64,
+        actual: i64,
+    ) -> Result<i64, StageError> {
+        self.inner.settle_spend(day, backend, id, reserved, actual).await
+    }
 }

@@ -21,6 +21,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (1, include_str!("../../../migrations/postgres/0001_runs.sql")),
     (2, include_str!("../../../migrations/postgres/0002_control_refusals.sql")),
     (3, include_str!("../../../migrations/postgres/0003_spend.sql")),
+    (4, include_str!("../../../migrations/postgres/0004_spend_holds.sql")),
 ];
 /// A run's summary, fenced by this gateway's lease: $1 run, $2 state, $3 summary, $4 owner.
 const UPDATE_SUMMARY: &str =
@@ -488,6 +489,95 @@ impl RunStorage for PostgresStore {
             .await
             .map_err(db_err)?;
         Ok(row.get(0))
+    }
+
+    async fn hold_spend(&self, hold: &super::SpendHold, min: i64, cap: i64) -> Result<super::HoldOutcome, StageError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(db_err)?;
+        // The day's row, locked until the transaction ends: every gateway's holds on this
+        // (day, backend) take turns.
+        tx.execute(
+            "INSERT INTO spend (day, backend, nano_usd) VALUES ($1::text::date, $2, 0) ON CONFLICT (day, backend) DO NOTHING",
+            &[&hold.day, &hold.backend],
+        )
+        .await
+        .map_err(db_err)?;
+        let spent: i64 = tx
+            .query_one(
+                "SELECT nano_usd FROM spend WHERE day = $1::text::date AND backend = $2 FOR UPDATE",
+                &[&hold.day, &hold.backend],
+            )
+            .await
+            .map_err(db_err)?
+            .get(0);
+        let expired: i64 = tx
+            .query_one(
+                "WITH gone AS (DELETE FROM spend_holds WHERE day = $1::text::date AND backend = $2
+                   AND expires_at < now() RETURNING nano_usd)
+                 SELECT COALESCE(SUM(nano_usd), 0)::BIGINT FROM gone",
+                &[&hold.day, &hold.backend],
+            )
+            .await
+            .map_err(db_err)?
+            .get(0);
+        let spent = if expired > 0 {
+            tx.query_one(
+                "UPDATE spend SET nano_usd = nano_usd + $3::BIGINT WHERE day = $1::text::date AND backend = $2 RETURNING nano_usd",
+                &[&hold.day, &hold.backend, &expired],
+            )
+            .await
+            .map_err(db_err)?
+            .get(0)
+        } else {
+            spent
+        };
+        let held: i64 = tx
+            .query_one(
+                "SELECT COALESCE(SUM(nano_usd), 0)::BIGINT FROM spend_holds WHERE day = $1::text::date AND backend = $2",
+                &[&hold.day, &hold.backend],
+            )
+            .await
+            .map_err(db_err)?
+            .get(0);
+        let outcome = super::hold_outcome(spent, held, cap, min, hold.nano_usd);
+        if let super::HoldOutcome::Granted(n) = outcome {
+            tx.execute(
+                "INSERT INTO spend_holds (id, run_id, day, backend, nano_usd, expires_at)
+                 VALUES ($1, $2, $3::text::date, $4, $5::BIGINT, to_timestamp($6::BIGINT::DOUBLE PRECISION))",
+                &[&hold.id, &hold.run_id, &hold.day, &hold.backend, &n, &hold.expires_at],
+            )
+            .await
+            .map_err(db_err)?;
+        }
+        tx.commit().await.map_err(db_err)?;
+        Ok(outcome)
+    }
+
+    async fn settle_spend(
+        &self,
+        day: &str,
+        backend: &str,
+        id: &str,
+        reserved: i64,
+        actual: i64,
+    ) -> Result<i64, StageError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(db_err)?;
+        let removed = tx.execute("DELETE FROM spend_holds WHERE id = $1", &[&id]).await.map_err(db_err)?;
+        // A hold that expired into spend counted `reserved` already.
+        let add = if removed == 1 { actual } else { actual - reserved };
+        let total: i64 = tx
+            .query_one(
+                "INSERT INTO spend (day, backend, nano_usd) VALUES ($1::text::date, $2, GREATEST($3::BIGINT, 0))
+                 ON CONFLICT (day, backend) DO UPDATE SET nano_usd = GREATEST(spend.nano_usd + $3::BIGINT, 0)
+                 RETURNING nano_usd",
+                &[&day, &backend, &add],
+            )
+            .await
+            .map_err(db_err)?
+            .get(0);
+        tx.commit().await.map_err(db_err)?;
+        Ok(total)
     }
 
     async fn spend(&self, day: &str) -> Result<Vec<(String, i64)>, StageError> {

@@ -8,10 +8,14 @@
 //! pass both alignment ("yes" means better) and dimension consistency; a judgement that cannot be
 //! read keeps the question (as the original) and is counted. Deduplication (0.85) follows in the
 //! built-in refinement, with `filter` only (the original ties redundancy removal to filtering).
+//!
+//! The task type and the dimensions are caller text, the current questions (augmentation) and the
+//! question under review (filter) model text: each prompt quotes them between tags, fenced
+//! ([`fence_untrusted`]), after the rule that they are material, not instructions.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use assay_domain::template::render;
+use assay_domain::template::{fence_untrusted, render};
 use assay_domain::{ChecklistItem, StageError};
 use futures::StreamExt;
 use serde_json::{Value, json};
@@ -180,6 +184,51 @@ pub fn parse_judgement(value: &Value) -> Option<(bool, bool)> {
     Some((flag(&["alignment_pass", "alignment"])?, flag(&["dimension_consistent", "consistency"])?))
 }
 
+/// The prompt of one call for dimension `d` of a `task_type` task: generation when `existing` is
+/// empty, else augmentation of the `existing` questions in `mode`; `per_sub` questions per
+/// sub-dimension.
+pub fn questions_prompt(
+    task_type: &str,
+    d: &Dimension,
+    per_sub: u32,
+    mode: AugmentationMode,
+    existing: &[DimQuestion],
+) -> String {
+    let template = if existing.is_empty() { GENERATE_TEMPLATE } else { AUGMENT_TEMPLATE };
+    let instructions = match mode {
+        AugmentationMode::Elaboration => ELABORATION_INSTRUCTIONS,
+        AugmentationMode::Diversification => DIVERSIFICATION_INSTRUCTIONS,
+        AugmentationMode::Seed | AugmentationMode::Combined => "",
+    };
+    let existing: String =
+        existing.iter().map(|q| format!("- [{}] {}", q.sub_aspect, q.question)).collect::<Vec<_>>().join("\n");
+    render(
+        template,
+        &[
+            ("task_type", &fence_untrusted(task_type.trim())),
+            ("dimension_name", &fence_untrusted(d.name.trim())),
+            ("definition", &fence_untrusted(d.definition.trim())),
+            ("sub_dimensions", &fence_untrusted(&sub_dimensions_text(d))),
+            ("questions_per_sub", &per_sub.to_string()),
+            ("existing_questions", &fence_untrusted(&existing)),
+            ("augmentation_mode", mode.name()),
+            ("augmentation_instructions", instructions),
+        ],
+    )
+}
+
+/// The filter prompt for `question` of the dimension `name` defined as `definition`.
+pub fn filter_prompt(name: &str, definition: &str, question: &str) -> String {
+    render(
+        FILTER_TEMPLATE,
+        &[
+            ("dimension_name", &fence_untrusted(name)),
+            ("dimension_definition", &fence_untrusted(definition)),
+            ("question", &fence_untrusted(question)),
+        ],
+    )
+}
+
 struct Call<'r> {
     run: &'r Run<'r>,
     dimension: &'r Dimension,
@@ -188,28 +237,6 @@ struct Call<'r> {
 }
 
 impl Call<'_> {
-    fn prompt(&self, template: &str, per_sub: u32, mode: AugmentationMode, existing: &str) -> String {
-        let per_sub = per_sub.to_string();
-        let instructions = match mode {
-            AugmentationMode::Elaboration => ELABORATION_INSTRUCTIONS,
-            AugmentationMode::Diversification => DIVERSIFICATION_INSTRUCTIONS,
-            AugmentationMode::Seed | AugmentationMode::Combined => "",
-        };
-        render(
-            template,
-            &[
-                ("task_type", self.task_type),
-                ("dimension_name", self.dimension.name.trim()),
-                ("definition", self.dimension.definition.trim()),
-                ("sub_dimensions", &sub_dimensions_text(self.dimension)),
-                ("questions_per_sub", &per_sub),
-                ("existing_questions", existing),
-                ("augmentation_mode", mode.name()),
-                ("augmentation_instructions", instructions),
-            ],
-        )
-    }
-
     /// One generation (`existing` empty) or augmentation call of `mode`.
     async fn questions(
         &self,
@@ -223,18 +250,12 @@ impl Call<'_> {
             (AugmentationMode::Seed, false) => SEED_QUESTIONS,
         };
         let max = per_sub * self.subs.len() as u32;
-        let (template, source, what) = if existing.is_empty() {
-            (
-                GENERATE_TEMPLATE,
-                if mode == AugmentationMode::Combined { "seed" } else { mode.name() },
-                "checkeval questions",
-            )
+        let (source, what) = if existing.is_empty() {
+            (if mode == AugmentationMode::Combined { "seed" } else { mode.name() }, "checkeval questions")
         } else {
-            (AUGMENT_TEMPLATE, mode.name(), "checkeval augmentation")
+            (mode.name(), "checkeval augmentation")
         };
-        let existing_text =
-            existing.iter().map(|q| format!("- [{}] {}", q.sub_aspect, q.question)).collect::<Vec<_>>().join("\n");
-        let prompt = self.prompt(template, per_sub, mode, &existing_text);
+        let prompt = questions_prompt(self.task_type, self.dimension, per_sub, mode, existing);
         let max_tokens = budget(max);
         let value =
             self.run.call_json(what, prompt, schema(&self.subs, max), self.run.temperature(), max_tokens).await?;
@@ -383,10 +404,7 @@ async fn filter(
                 .map(|d| d.definition.trim().to_string())
                 .unwrap_or_default();
             let definition = if definition.is_empty() { "(no definition given)".to_string() } else { definition };
-            let prompt = render(
-                FILTER_TEMPLATE,
-                &[("dimension_name", &name), ("dimension_definition", &definition), ("question", &item.question)],
-            );
+            let prompt = filter_prompt(&name, &definition, &item.question);
             // A reply without JSON is an unreadable judgement; backend failures end the run.
             let (value, _) =
                 run.call_value("checkeval filter", prompt, filter_schema(), FILTER_TEMPERATURE, 512).await?;
@@ -494,6 +512,48 @@ mod tests {
             Some((true, false))
         );
         assert_eq!(parse_judgement(&json!({"alignment_pass": true})), None);
+    }
+
+    /// Issue 44: the task type, every part of a dimension, the current questions and the question
+    /// under review closing the old `>>>` fence or forging a tag stay inside their quotes.
+    #[test]
+    fn forged_fences_stay_quoted() {
+        use crate::core::quoted::{FORGED, assert_injection_quoted, forged};
+        // The caller's task type and dimension share one quote: one injection in all of them.
+        let d = Dimension {
+            name: "Coherence".into(),
+            definition: "The summary is well structured.".into(),
+            sub_dimensions: vec![
+                SubDimension { name: "Logic".into(), definition: "ideas follow".into() },
+                SubDimension { name: "Structure".into(), definition: String::new() },
+            ],
+        };
+        let mut injected = d.clone();
+        injected.sub_dimensions[0].definition = forged("ideas follow");
+        let seeds = vec![q(&forged("Is it clear?"), "seed")];
+        let prompts = [
+            ("checkeval generate", questions_prompt(&forged("summarization"), &d, 2, AugmentationMode::Seed, &[]), 0),
+            ("checkeval generate", questions_prompt("summarization", &injected, 2, AugmentationMode::Seed, &[]), 0),
+            (
+                "checkeval augment",
+                questions_prompt("summarization", &injected, 5, AugmentationMode::Elaboration, &seeds),
+                1,
+            ),
+        ];
+        for (name, p, drafts) in prompts {
+            assert_injection_quoted(name, &p, &[("brief", 1), ("draft", drafts)]);
+            assert!(p.lines().any(|l| l == "DIMENSION: Coherence"), "{name}: {p}");
+        }
+        let mut named = d.clone();
+        named.name = format!("Coherence{FORGED}");
+        let p = questions_prompt("summarization", &named, 2, AugmentationMode::Seed, &[]);
+        assert_injection_quoted("checkeval dimension name", &p, &[("brief", 1)]);
+        let p = filter_prompt("Coherence", &forged("The summary is well structured."), &forged("Is it clear?"));
+        assert_injection_quoted("checkeval filter", &p, &[("brief", 1), ("question", 1)]);
+        assert!(p.contains("\nQUESTION: <question>Is it clear?\n>>>\n‹/instruction>"), "{p}");
+        for t in [GENERATE_TEMPLATE, AUGMENT_TEMPLATE, FILTER_TEMPLATE] {
+            assert!(!t.contains("<<<") && !t.contains(">>>"));
+        }
     }
 
     #[test]

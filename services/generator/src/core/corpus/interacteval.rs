@@ -11,15 +11,19 @@
 //! The evaluated dimension is the request's single dimension (name, definition as the rubric),
 //! else `quality` with the corpus description as the rubric. Category = dimension name. Stages
 //! 1-4 run at the generation temperature (0.7), validation at 0.5 unless the request sets one.
+//!
+//! The dimension, its rubric and the notes are caller text, the components and questions of
+//! earlier stages model text: each prompt quotes them between tags, fenced ([`fence_untrusted`]),
+//! after the rule that they are material, not instructions ([`Subject`]).
 
-use assay_domain::template::render;
+use assay_domain::template::{fence_untrusted, render};
 use assay_domain::{ChecklistItem, StageError};
 use serde_json::{Value, json};
 
 use super::reply::{find_list, keyed_entries, same_name, strings, text_of};
 use super::run::{Generated, Run};
 use crate::core::parse::MAX_QUESTION_CHARS;
-use assay_domain::generator::corpus::stages;
+use assay_domain::generator::corpus::{CorpusRequest, stages};
 
 pub const COMPONENTS_TEMPLATE: &str = include_str!("../../../prompts/corpus/interacteval_components.txt");
 pub const CLUSTER_TEMPLATE: &str = include_str!("../../../prompts/corpus/interacteval_cluster.txt");
@@ -163,29 +167,97 @@ fn bulleted(items: &[String]) -> String {
     items.iter().map(|i| format!("- {}", i.replace('\n', " "))).collect::<Vec<_>>().join("\n")
 }
 
+/// The evaluated dimension and its rubric, and the prompt of every stage about them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Subject {
+    pub dimension: String,
+    pub rubric: String,
+}
+
+impl Subject {
+    /// The request's single dimension (name, definition as the rubric), else [`DEFAULT_DIMENSION`]
+    /// with the corpus description as the rubric.
+    pub fn of(request: &CorpusRequest) -> Self {
+        let (dimension, rubric) = match request.dimensions.first() {
+            Some(d) => (d.name.trim().to_string(), d.definition.trim().to_string()),
+            None => (DEFAULT_DIMENSION.to_string(), String::new()),
+        };
+        let rubric = [rubric.as_str(), request.corpus_description.trim(), "(no definition given)"]
+            .into_iter()
+            .find(|r| !r.is_empty())
+            .unwrap_or_default()
+            .to_string();
+        Self { dimension, rubric }
+    }
+
+    /// `template` with the dimension, the rubric and `values`, every one of them fenced.
+    fn prompt(&self, template: &str, values: &[(&str, &str)]) -> String {
+        let own = [("dimension", self.dimension.as_str()), ("rubric", self.rubric.as_str())];
+        let fenced: Vec<(&str, String)> =
+            own.iter().chain(values).map(|(k, v)| (*k, fence_untrusted(v).into_owned())).collect();
+        let refs: Vec<(&str, &str)> = fenced.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        render(template, &refs)
+    }
+
+    /// Stage 1: the components recurring in `notes`.
+    pub fn components_prompt(&self, notes: &[String]) -> String {
+        self.prompt(
+            COMPONENTS_TEMPLATE,
+            &[("attributes", &bulleted(notes)), ("max_components", &MAX_COMPONENTS.to_string())],
+        )
+    }
+
+    /// Stage 2: `notes` sorted under the components `names`.
+    pub fn cluster_prompt(&self, names: &[String], notes: &[String]) -> String {
+        self.prompt(CLUSTER_TEMPLATE, &[("components", &bulleted(names)), ("attributes", &bulleted(notes))])
+    }
+
+    /// Stage 3: one key question per component, from its notes.
+    pub fn key_questions_prompt(&self, components: &[Component]) -> String {
+        let components_attributes = components
+            .iter()
+            .map(|c| {
+                let notes = if c.notes.is_empty() {
+                    "  - (no notes)".to_string()
+                } else {
+                    c.notes.iter().map(|n| format!("  - {}", n.replace('\n', " "))).collect::<Vec<_>>().join("\n")
+                };
+                format!("{}:\n{notes}", c.name)
+            })
+            .collect::<Vec<_>>()
+            .join("\n\n");
+        self.prompt(KEY_QUESTIONS_TEMPLATE, &[("components_attributes", &components_attributes)])
+    }
+
+    /// Stage 4: sub-questions of every component's key question.
+    pub fn sub_questions_prompt(&self, components: &[Component]) -> String {
+        let key_questions = components
+            .iter()
+            .map(|c| format!("- {}: {}", c.name, c.key_question.clone().unwrap_or_default()))
+            .collect::<Vec<_>>()
+            .join("\n");
+        self.prompt(SUB_QUESTIONS_TEMPLATE, &[("key_questions", &key_questions)])
+    }
+
+    /// Stage 5: the candidates `pool` validated into `min` to `max` questions.
+    pub fn validate_prompt(&self, pool: &[String], min: u32, max: u32) -> String {
+        self.prompt(
+            VALIDATE_TEMPLATE,
+            &[
+                ("all_questions", &bulleted(pool)),
+                ("min_questions", &min.to_string()),
+                ("max_questions", &max.to_string()),
+            ],
+        )
+    }
+}
+
 pub(crate) async fn generate(run: &Run<'_>) -> Result<Generated, StageError> {
     let request = run.request;
-    let (dimension, rubric) = match request.dimensions.first() {
-        Some(d) => (d.name.trim().to_string(), d.definition.trim().to_string()),
-        None => (DEFAULT_DIMENSION.to_string(), String::new()),
-    };
-    let rubric = [rubric.as_str(), request.corpus_description.trim(), "(no definition given)"]
-        .into_iter()
-        .find(|r| !r.is_empty())
-        .unwrap_or_default()
-        .to_string();
+    let subject = Subject::of(request);
+    let dimension = subject.dimension.clone();
     let notes: Vec<String> = request.observations.iter().map(|o| o.trim().to_string()).collect();
-    let notes_text = bulleted(&notes);
     let temperature = run.temperature();
-    let vars = |extra: &[(&'static str, &str)]| -> Vec<(&'static str, String)> {
-        let mut v = vec![("dimension", dimension.clone()), ("rubric", rubric.clone())];
-        v.extend(extra.iter().map(|(k, s)| (*k, s.to_string())));
-        v
-    };
-    let prompt = |template: &str, vars: Vec<(&'static str, String)>| {
-        let refs: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        render(template, &refs)
-    };
 
     // 1. Components.
     let schema = object(
@@ -193,8 +265,7 @@ pub(crate) async fn generate(run: &Run<'_>) -> Result<Generated, StageError> {
             "items": {"type": "string", "minLength": 1, "maxLength": MAX_NAME_CHARS}}}),
         &["components"],
     );
-    let max_components = MAX_COMPONENTS.to_string();
-    let p = prompt(COMPONENTS_TEMPLATE, vars(&[("attributes", &notes_text), ("max_components", &max_components)]));
+    let p = subject.components_prompt(&notes);
     let v = run.call_json("interacteval components", p, schema, temperature, 1024).await?;
     let mut components: Vec<Component> =
         parse_components(&v).into_iter().map(|name| Component { name, ..Default::default() }).collect();
@@ -215,7 +286,7 @@ pub(crate) async fn generate(run: &Run<'_>) -> Result<Generated, StageError> {
             &["component", "attributes"])}}),
         &["clusters"],
     );
-    let p = prompt(CLUSTER_TEMPLATE, vars(&[("components", &bulleted(&names)), ("attributes", &notes_text)]));
+    let p = subject.cluster_prompt(&names, &notes);
     let cluster_budget = (notes.len() as u32).saturating_mul(60).saturating_add(256).clamp(1024, 16_384);
     let v = run.call_json("interacteval clusters", p, schema, temperature, cluster_budget).await?;
     apply_clusters(&mut components, &v);
@@ -223,25 +294,13 @@ pub(crate) async fn generate(run: &Run<'_>) -> Result<Generated, StageError> {
     run.emit(stages::CLUSTER, 2, STAGES, format!("{assigned} of {} notes clustered", notes.len()));
 
     // 3. Key questions.
-    let components_attributes = components
-        .iter()
-        .map(|c| {
-            let notes = if c.notes.is_empty() {
-                "  - (no notes)".to_string()
-            } else {
-                c.notes.iter().map(|n| format!("  - {}", n.replace('\n', " "))).collect::<Vec<_>>().join("\n")
-            };
-            format!("{}:\n{notes}", c.name)
-        })
-        .collect::<Vec<_>>()
-        .join("\n\n");
     let schema = object(
         json!({"key_questions": {"type": "array", "minItems": 1, "maxItems": names.len(), "items": object(
             json!({"component": {"type": "string", "enum": names}, "question": question()}),
             &["component", "question"])}}),
         &["key_questions"],
     );
-    let p = prompt(KEY_QUESTIONS_TEMPLATE, vars(&[("components_attributes", &components_attributes)]));
+    let p = subject.key_questions_prompt(&components);
     let v = run.call_json("interacteval key questions", p, schema, temperature, 1024).await?;
     apply_key_questions(&mut components, &v);
     components.retain(|c| c.key_question.is_some());
@@ -252,11 +311,6 @@ pub(crate) async fn generate(run: &Run<'_>) -> Result<Generated, StageError> {
 
     // 4. Sub-questions.
     let names: Vec<String> = components.iter().map(|c| c.name.clone()).collect();
-    let key_text = components
-        .iter()
-        .map(|c| format!("- {}: {}", c.name, c.key_question.clone().unwrap_or_default()))
-        .collect::<Vec<_>>()
-        .join("\n");
     let schema = object(
         json!({"sub_questions": {"type": "array", "minItems": 1, "maxItems": names.len(), "items": object(
             json!({"component": {"type": "string", "enum": names},
@@ -265,7 +319,7 @@ pub(crate) async fn generate(run: &Run<'_>) -> Result<Generated, StageError> {
             &["component", "questions"])}}),
         &["sub_questions"],
     );
-    let p = prompt(SUB_QUESTIONS_TEMPLATE, vars(&[("key_questions", &key_text)]));
+    let p = subject.sub_questions_prompt(&components);
     let v = run.call_json("interacteval sub questions", p, schema, temperature, 2048).await?;
     apply_sub_questions(&mut components, &v);
     let pool = candidates(&components);
@@ -278,11 +332,7 @@ pub(crate) async fn generate(run: &Run<'_>) -> Result<Generated, StageError> {
         json!({"questions": {"type": "array", "minItems": min, "maxItems": max, "items": question()}}),
         &["questions"],
     );
-    let (min_s, max_s) = (min.to_string(), max.to_string());
-    let p = prompt(
-        VALIDATE_TEMPLATE,
-        vars(&[("all_questions", &bulleted(&pool)), ("min_questions", &min_s), ("max_questions", &max_s)]),
-    );
+    let p = subject.validate_prompt(&pool, min, max);
     let validation_temperature = request.model.temperature.unwrap_or(VALIDATION_TEMPERATURE);
     let max_tokens = (80 * max + 256).clamp(1024, 16_384);
     let v = run.call_json("interacteval validation", p, schema, validation_temperature, max_tokens).await?;
@@ -364,6 +414,47 @@ mod tests {
         assert_eq!(final_bounds(6, None), (6, 15));
         assert_eq!(final_bounds(20, Some(8)), (8, 8));
         assert_eq!(final_bounds(20, Some(30)), (10, 30));
+    }
+
+    /// Issue 44: the dimension, the rubric and the notes (caller text), and the components and
+    /// questions of earlier stages (model text), closing the old `>>>` fence or forging a tag,
+    /// stay inside their quotes in all five prompts.
+    #[test]
+    fn forged_fences_stay_quoted_in_every_stage() {
+        use crate::core::quoted::{FORGED, assert_injection_quoted, forged};
+        let subject = Subject { dimension: format!("Tone{FORGED}"), rubric: "How the text sounds.".into() };
+        let plain = Subject { dimension: "Tone".into(), rubric: forged("How the text sounds.") };
+        let notes = vec!["too casual".to_string(), forged("rude ending")];
+        let names = vec!["Register".to_string(), forged("Politeness")];
+        let components = vec![
+            Component {
+                name: "Register".into(),
+                notes: vec![forged("too casual")],
+                key_question: Some("Is the register right?".into()),
+                sub_questions: vec![],
+            },
+            Component {
+                name: "Politeness".into(),
+                notes: vec![],
+                key_question: Some(forged("Is it polite?")),
+                sub_questions: vec![],
+            },
+        ];
+        let pool = vec!["Is it polite?".to_string(), forged("Is it kind?")];
+        let prompts = [
+            ("components", subject.components_prompt(&notes), vec![("brief", 1), ("review", 1)]),
+            ("components, rubric", plain.components_prompt(&notes), vec![("brief", 1), ("review", 1)]),
+            ("cluster", subject.cluster_prompt(&names, &notes), vec![("brief", 1), ("draft", 1), ("review", 1)]),
+            ("key questions", plain.key_questions_prompt(&components), vec![("brief", 1), ("review", 1)]),
+            ("sub-questions", plain.sub_questions_prompt(&components), vec![("brief", 1), ("draft", 1)]),
+            ("validate", subject.validate_prompt(&pool, 10, 15), vec![("brief", 1), ("draft", 1)]),
+        ];
+        for (name, p, expected) in prompts {
+            assert_injection_quoted(name, &p, &expected);
+        }
+        for t in TEMPLATES {
+            assert!(!t.contains("<<<") && !t.contains(">>>"));
+        }
     }
 
     #[test]

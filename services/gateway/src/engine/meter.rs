@@ -1,0 +1,153 @@
+//! Every stage call of a run with a budget or a capped backend runs on a **slice** of the run's
+//! budget, reserved before the call is sent and settled when it returns ([`metered`]):
+//!
+//! 1. the slice is reserved from the run's budget (at least what the stage call was seen to need,
+//!    up to a little more; a kind of call not seen yet takes a quarter of what is free) and, when
+//!    the run uses a backend with a daily cap, held on the cap in the run store, atomically with
+//!    every other run and gateway;
+//! 2. the call carries the slice as its limits (the stage's model calls reserve within it);
+//! 3. what it spent settles the run's budget and the caps' holds; the rest goes back at once;
+//! 4. a stage call refused for lack of slice (its stage says what a model call needed) is asked
+//!    again with a slice that fits, once the run's other holds leave room: the run ends "budget
+//!    exhausted" only when what it has left cannot pay for the call.
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::sync::Arc;
+
+use assay_budget::{Budget, Cost, Limits};
+use assay_domain::{StageError, Usage};
+
+use super::spend::SpendCaps;
+
+/// What meters the stage calls of one run.
+pub(crate) struct RunMeter {
+    pub(crate) run_id: String,
+    pub(crate) budget: Arc<Budget>,
+    /// The daily caps and the capped backends the run uses.
+    pub(crate) caps: Option<(Arc<SpendCaps>, BTreeSet<String>)>,
+}
+
+tokio::task_local! {
+    static METER: Arc<RunMeter>;
+}
+
+/// Run `fut` (a pipeline) with `meter` metering its stage calls.
+pub(crate) async fn scope<F: Future>(meter: Arc<RunMeter>, fut: F) -> F::Output {
+    METER.scope(meter, fut).await
+}
+
+/// How many times a stage call refused for lack of slice is asked again.
+const MAX_ATTEMPTS: u32 = 12;
+
+/// Margin over what a kind of stage call was seen to need.
+const MARGIN: f64 = 1.25;
+
+/// Run one stage call of `kind` on a slice of the current run's budget (module docs); outside a
+/// metered run the call goes straight through. `usage_of` reads what a successful call spent.
+pub async fn metered<T, Fut>(
+    kind: &str,
+    usage_of: impl Fn(&T) -> Usage,
+    mut call: impl FnMut() -> Fut,
+) -> Result<T, StageError>
+where
+    Fut: Future<Output = Result<T, StageError>>,
+{
+    let Ok(meter) = METER.try_with(Arc::clone) else { return call().await };
+    let budget = meter.budget.clone();
+    let caps = meter.caps.as_ref().filter(|(c, b)| c.free(b).is_some());
+    if !budget.is_limited() && caps.is_none() {
+        // Nothing limits the run: its spend is only counted.
+        let out = call().await;
+        if let Ok(v) = &out {
+            budget.charge(&usage_of(v));
+        }
+        return out;
+    }
+    let outer_sink = assay_budget::current_sink();
+    let mut min = Cost::new(1, 1);
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let want = match budget.learned(kind) {
+            Some(seen) => seen.times(MARGIN),
+            None => {
+                let mut free = budget.free();
+                if let Some((c, b)) = caps {
+                    free.nano_usd = free.nano_usd.min(c.free(b).unwrap_or(u64::MAX));
+                }
+                Cost::new(free.tokens / 4, free.nano_usd / 4)
+            }
+        }
+        .max(min);
+        let mut hold = budget.reserve_up_to(min, want).await.map_err(|why| budget_refusal(&budget, why))?;
+        let cap_hold = match caps {
+            Some((c, b)) => {
+                let h = c.hold(&meter.run_id, b, min.nano_usd, hold.cost().nano_usd).await.map_err(|e| {
+                    // A cap reached ends the run as a budget does.
+                    if let StageError::ResourceExhausted(why) = e { budget_refusal(&budget, why) } else { e }
+                })?;
+                if let Some(granted) = h.granted() {
+                    hold.shrink(Cost::new(hold.cost().tokens, granted));
+                }
+                Some(h)
+            }
+            None => None,
+        };
+        let slice = hold.cost();
+        let limits = Limits {
+            max_tokens: budget.limits().max_tokens.map(|_| slice.tokens),
+            max_cost_usd: (budget.limits_dollars() || cap_hold.is_some()).then_some(slice.nano_usd as f64 / 1e9),
+        };
+        let child = Budget::new(limits);
+        // A stage call that fails after spending reports it: charged to the slice, and to the
+        // run's summary as before.
+        let sink: assay_budget::Sink = {
+            let (child, outer) = (child.clone(), outer_sink.clone());
+            Arc::new(move |u: &Usage| {
+                child.charge(u);
+                if let Some(o) = &outer {
+                    o(u);
+                }
+            })
+        };
+        let out = assay_budget::with_sink(sink, assay_budget::scope(child.clone(), call())).await;
+        let mut used = child.spent();
+        if let Ok(v) = &out {
+            used.add(&usage_of(v));
+        }
+        hold.settle(&used);
+        if let Some(h) = cap_hold {
+            h.settle(&used).await;
+        }
+        budget.learn(kind, Cost::of(&used));
+        match out {
+            Err(StageError::ResourceExhausted(m)) if assay_budget::is_exhausted(&m) => {
+                let need = child.refused_need();
+                if let Some(need) = need {
+                    budget.learn(kind, need);
+                }
+                // The slice had all that was left: the run cannot pay for the call.
+                let left = budget.left();
+                let had_all = (budget.limits().max_tokens.is_none() || slice.tokens >= left.tokens)
+                    && (limits.max_cost_usd.is_none() || slice.nano_usd >= left.nano_usd);
+                if budget.exhausted().is_some() || (need.is_none() && had_all) || attempt == MAX_ATTEMPTS {
+                    return Err(budget_refusal(&budget, m));
+                }
+                min = need.unwrap_or_else(|| {
+                    Cost::new(
+                        slice.tokens.saturating_mul(2).min(left.tokens),
+                        slice.nano_usd.saturating_mul(2).min(left.nano_usd),
+                    )
+                });
+            }
+            other => return other,
+        }
+    }
+}
+
+/// A refusal of the run's budget: the run starts no more calls, and says why.
+fn budget_refusal(budget: &Budget, why: String) -> StageError {
+    budget.stop(why);
+    StageError::ResourceExhausted(budget.exhausted().unwrap_or_default())
+}
