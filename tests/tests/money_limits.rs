@@ -189,6 +189,14 @@ async fn a_debate_of_many_problems_holds_a_token_budget() {
     );
     assert!(served as f64 <= max as f64 * 1.5, "served {served} tokens on a {max} budget");
     assert_eq!(tokens(&run), served, "every served call is in the run's usage");
+    let Some(gw::run_result::Result::Debate(d)) = run.result.as_ref().and_then(|r| r.result.as_ref()) else {
+        panic!("a debate result: {run:?}")
+    };
+    assert_eq!(
+        (d.tokens, u64::from(d.calls)),
+        (served, count.calls()),
+        "the summary's debate usage is what was served"
+    );
     assert!(!run.budget_exhausted.is_empty(), "30 problems do not fit: the run says so");
     assert!(run.records_done > 0 || served > 0, "some work was done");
     sandbox.shutdown().await.unwrap();

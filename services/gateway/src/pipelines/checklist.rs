@@ -315,9 +315,9 @@ impl ChecklistPlan {
     ) -> Result<Checklist, StageError> {
         let mut checklist = match &self.source {
             ChecklistSource::Preset(preset) => {
-                let out = stages
-                    .generator()?
-                    .generate(self.generate_request(*preset, record))
+                let generator = stages.generator()?;
+                let request = self.generate_request(*preset, record);
+                let out = super::rounds::in_rounds("generate", || generator.generate(request.clone()))
                     .await
                     .map_err(|e| e.map_fields(|f| generation_field(&f, &format!("pipeline.records[{index}]"))))?;
                 ctx.add_usage(&out.usage);

@@ -124,7 +124,9 @@ impl ChecklistEval {
             config: config.clone(),
             model: self.scorer_model.clone(),
         };
-        let out = self.stages.scorer.score(request, &assay_domain::no_events).await?;
+        let out =
+            super::rounds::in_rounds("score", || self.stages.scorer.score(request.clone(), &assay_domain::no_events))
+                .await?;
         let score =
             out.scores.into_iter().next().ok_or_else(|| StageError::Internal("scorer returned no score".into()))?;
         let mut wire = convert::score_to(&score);

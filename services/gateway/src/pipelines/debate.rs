@@ -294,8 +294,37 @@ impl DebatePipeline {
         } else {
             gw::RunState::Partial
         };
-        let result = aggregate(problems, self.problems.len());
+        let mut result = aggregate(problems, self.problems.len());
+        // Every call the run paid for outside the baselines, failed problems included: a problem
+        // stopped part-way (by its budget, a fault) spent on calls its result does not carry.
+        let debate =
+            without(&convert::usage_from(Some(ctx.usage())), &convert::usage_from(result.baseline_usage.clone()));
+        result.calls = debate.calls;
+        result.tokens = debate.tokens();
+        result.debate_usage = Some(convert::usage_to(&debate));
         Ok(RunOutcome { state, result: Some(gw::run_result::Result::Debate(result)) })
+    }
+}
+
+/// `total` less `part` (a part of it).
+fn without(total: &Usage, part: &Usage) -> Usage {
+    let mut cost_by_backend = total.cost_by_backend.clone();
+    for (backend, usd) in &part.cost_by_backend {
+        if let Some(v) = cost_by_backend.get_mut(backend) {
+            *v = (*v - usd).max(0.0);
+        }
+    }
+    Usage {
+        calls: total.calls.saturating_sub(part.calls),
+        prompt_tokens: total.prompt_tokens.saturating_sub(part.prompt_tokens),
+        completion_tokens: total.completion_tokens.saturating_sub(part.completion_tokens),
+        cache_hits: total.cache_hits.saturating_sub(part.cache_hits),
+        retries: total.retries.saturating_sub(part.retries),
+        schema_fallbacks: total.schema_fallbacks.saturating_sub(part.schema_fallbacks),
+        cached_prompt_tokens: total.cached_prompt_tokens.saturating_sub(part.cached_prompt_tokens),
+        cost_usd: (total.cost_usd - part.cost_usd).max(0.0),
+        unpriced_calls: total.unpriced_calls.saturating_sub(part.unpriced_calls),
+        cost_by_backend,
     }
 }
 
