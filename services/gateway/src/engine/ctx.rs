@@ -419,8 +419,7 @@ impl RunCtx {
         let fut = assay_budget::with_sink(Arc::new(move |usage: &Usage| charge.add(usage)), fut);
         match &self.budget {
             Some(b) => {
-                let meter =
-                    super::meter::RunMeter { run_id: self.run_id.clone(), budget: b.clone(), caps: self.spend.clone() };
+                let meter = super::meter::RunMeter::new(self.run_id.clone(), b.clone(), self.spend.clone());
                 assay_budget::scope(b.clone(), super::meter::scope(Arc::new(meter), fut)).await
             }
             None => fut.await,

@@ -26,6 +26,19 @@ pub(crate) struct RunMeter {
     pub(crate) budget: Arc<Budget>,
     /// The daily caps and the capped backends the run uses.
     pub(crate) caps: Option<(Arc<SpendCaps>, BTreeSet<String>)>,
+    /// Per kind of stage call not measured yet: held by the one call that measures it.
+    pub(crate) probes: std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl RunMeter {
+    pub(crate) fn new(run_id: String, budget: Arc<Budget>, caps: Option<(Arc<SpendCaps>, BTreeSet<String>)>) -> Self {
+        Self { run_id, budget, caps, probes: std::sync::Mutex::default() }
+    }
+
+    fn probe_lock(&self, kind: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut probes = self.probes.lock().unwrap_or_else(|p| p.into_inner());
+        probes.entry(kind.to_string()).or_default().clone()
+    }
 }
 
 tokio::task_local! {
@@ -65,7 +78,18 @@ where
         return out;
     }
     let outer_sink = assay_budget::current_sink();
-    let mut min = Cost::new(1, 1);
+    // The first call of a kind measures what one needs, on what is free; the others wait for it,
+    // then each starts only with a slice of what that kind was seen to need (a crumb of budget
+    // spread over many calls would leave every one of them unfinished).
+    let mut probe = None;
+    if budget.learned(kind).is_none() {
+        let lock = meter.probe_lock(kind);
+        let guard = lock.lock_owned().await;
+        if budget.learned(kind).is_none() {
+            probe = Some(guard);
+        }
+    }
+    let mut min = budget.learned(kind).unwrap_or(Cost::new(1, 1));
     let mut attempt = 0;
     loop {
         attempt += 1;
@@ -141,7 +165,10 @@ where
                     )
                 });
             }
-            other => return other,
+            other => {
+                drop(probe);
+                return other;
+            }
         }
     }
 }
