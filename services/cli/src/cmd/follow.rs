@@ -134,7 +134,7 @@ pub async fn follow_run<F: RunFollower>(
                     }
                 }
             }
-            Some(Err(s)) if matches!(s.code(), tonic::Code::ResourceExhausted | tonic::Code::Unavailable) => {
+            Some(Err(s)) if gateway_went_away(&s) => {
                 eprintln!("event stream interrupted ({}); reattaching", s.message());
                 events = run.reattach(client).await?;
             }
@@ -148,6 +148,16 @@ pub async fn follow_run<F: RunFollower>(
             }
         }
     }
+}
+
+/// Seconds a follower waits for a gateway that went away to answer again.
+const RESTART_WAIT_SECONDS: u32 = 120;
+
+/// Whether a status means the gateway went away for a while (overloaded, restarting, the
+/// connection cut): the run goes on in its store, and following it resumes once it answers.
+fn gateway_went_away(s: &tonic::Status) -> bool {
+    matches!(s.code(), tonic::Code::ResourceExhausted | tonic::Code::Unavailable)
+        || std::error::Error::source(s).is_some()
 }
 
 /// Where following a run stands.
@@ -178,10 +188,19 @@ impl Followed {
                 id = self.run_id
             )));
         }
-        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-        let request = gw::WatchRunRequest { run_id: self.run_id.clone(), after_sequence: self.last_sequence };
-        let stream = client.watch_run(request).await.map_err(|s| FollowError::Failed(interrupted(&s, &self.run_id)))?;
-        Ok(events_of(stream.into_inner(), |m: gw::WatchRunResponse| m.event))
+        // A gateway restarting (killed, redeployed) takes a few seconds to listen again: the run
+        // is in its store and goes on once it does.
+        let mut waited = 0;
+        loop {
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            waited += 1;
+            let request = gw::WatchRunRequest { run_id: self.run_id.clone(), after_sequence: self.last_sequence };
+            match client.watch_run(request).await {
+                Ok(stream) => return Ok(events_of(stream.into_inner(), |m: gw::WatchRunResponse| m.event)),
+                Err(s) if gateway_went_away(&s) && waited < RESTART_WAIT_SECONDS => {}
+                Err(s) => return Err(FollowError::Failed(interrupted(&s, &self.run_id))),
+            }
+        }
     }
 
     /// The run as the gateway stores it.

@@ -202,6 +202,10 @@ pub struct RunCtx {
 const ACTION: &str = "engine:action:";
 /// Checkpoint key prefix of the audit log.
 const AUDIT: &str = "engine:audit:";
+/// Checkpoint: what the run's stage calls in flight hold of its budget (`tokens nano-dollars`).
+const HELD: &str = "engine:budget:held";
+/// Checkpoint: holds left behind by processes that stopped with calls in flight, counted as spent.
+const LOST: &str = "engine:budget:lost";
 
 /// The audit log of a stored run, oldest first (empty for a run kept in memory only).
 pub(crate) async fn stored_audit_log(store: &RunStore, run_id: &str) -> Result<Vec<gw::AuditEntry>, StageError> {
@@ -419,10 +423,75 @@ impl RunCtx {
         let fut = assay_budget::with_sink(Arc::new(move |usage: &Usage| charge.add(usage)), fut);
         match &self.budget {
             Some(b) => {
-                let meter = super::meter::RunMeter::new(self.run_id.clone(), b.clone(), self.spend.clone());
+                self.count_lost_holds(b).await;
+                let mut meter = super::meter::RunMeter::new(self.run_id.clone(), b.clone(), self.spend.clone());
+                meter.held_log = self.held_log(b);
                 assay_budget::scope(b.clone(), super::meter::scope(Arc::new(meter), fut)).await
             }
             None => fut.await,
+        }
+    }
+
+    /// What the run's stage calls hold of its budget, stored before each is sent ([`HELD`]): a
+    /// process killed with calls in flight leaves it behind, and the next one counts it as spent
+    /// ([`RunCtx::count_lost_holds`]). None for a run kept in memory.
+    fn held_log(&self, budget: &Arc<assay_budget::Budget>) -> Option<super::meter::HeldLog> {
+        if !matches!(self.persistence, Persistence::Store(_)) {
+            return None;
+        }
+        let writer = self.writer.clone();
+        let budget = budget.clone();
+        // Read and queued under one lock: the last value queued is the last value read.
+        let order = Arc::new(Mutex::new(()));
+        Some(Arc::new(move || {
+            let _in_order = order.lock().unwrap_or_else(|p| p.into_inner());
+            let held = budget.held().header_value().into_bytes();
+            let (ack, done) = oneshot::channel();
+            match writer.send((Op::Write(Write::Checkpoint(HELD.to_string(), held)), ack)) {
+                Ok(()) => Written(WrittenState::Queued(done)),
+                Err(_) => Written::done(Err(StageError::Internal("the run's event writer stopped".into()))),
+            }
+        }))
+    }
+
+    /// Count as spent what stage calls held when the process before this one stopped (killed with
+    /// them in flight: a provider may have served every one): added to what earlier restarts
+    /// found ([`LOST`]), charged to the budget, and the held record cleared.
+    async fn count_lost_holds(&self, budget: &assay_budget::Budget) {
+        let read = |rows: Vec<(String, Vec<u8>)>, key: &str| {
+            rows.into_iter()
+                .find(|(k, _)| k == key)
+                .and_then(|(_, v)| assay_budget::Cost::from_header(&String::from_utf8_lossy(&v)))
+                .unwrap_or_default()
+        };
+        let (held, lost) = match (self.raw(HELD).await, self.raw(LOST).await) {
+            (Ok(h), Ok(l)) => (read(h, HELD), read(l, LOST)),
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::warn!(run_id = %self.run_id, error = %e, "could not read the run's holds");
+                return;
+            }
+        };
+        let lost = if held == assay_budget::Cost::default() {
+            lost
+        } else {
+            tracing::warn!(run_id = %self.run_id, tokens = held.tokens, usd = held.nano_usd as f64 / 1e9,
+                "stage calls were in flight when the run's last gateway stopped: their holds count as spent");
+            let lost = lost.plus(held);
+            let stored = async {
+                self.put_raw(LOST, lost.header_value().into_bytes()).await?;
+                self.put_raw(HELD, assay_budget::Cost::default().header_value().into_bytes()).await
+            };
+            if let Err(e) = stored.await {
+                tracing::warn!(run_id = %self.run_id, error = %e, "could not store the run's lost holds");
+            }
+            lost
+        };
+        if lost != assay_budget::Cost::default() {
+            budget.charge(&Usage {
+                prompt_tokens: lost.tokens,
+                cost_usd: lost.nano_usd as f64 / 1e9,
+                ..Usage::default()
+            });
         }
     }
 

@@ -28,11 +28,17 @@ pub(crate) struct RunMeter {
     pub(crate) caps: Option<(Arc<SpendCaps>, BTreeSet<String>)>,
     /// Per kind of stage call not measured yet: held by the one call that measures it.
     pub(crate) probes: std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Stores what the run's stage calls hold, for the next process should this one die with
+    /// calls in flight (a stored run; none for one kept in memory).
+    pub(crate) held_log: Option<HeldLog>,
 }
+
+/// Queue the store write of what the run's stage calls hold now; the future is its ack.
+pub(crate) type HeldLog = Arc<dyn Fn() -> super::Written + Send + Sync>;
 
 impl RunMeter {
     pub(crate) fn new(run_id: String, budget: Arc<Budget>, caps: Option<(Arc<SpendCaps>, BTreeSet<String>)>) -> Self {
-        Self { run_id, budget, caps, probes: std::sync::Mutex::default() }
+        Self { run_id, budget, caps, probes: std::sync::Mutex::default(), held_log: None }
     }
 
     fn probe_lock(&self, kind: &str) -> Arc<tokio::sync::Mutex<()>> {
@@ -118,6 +124,10 @@ where
             }
             None => None,
         };
+        // Stored before the call is sent: a kill now cannot hide what it may spend.
+        if let Some(log) = &meter.held_log {
+            log().await?;
+        }
         let slice = hold.cost();
         let limits = Limits {
             max_tokens: budget.limits().max_tokens.map(|_| slice.tokens),
@@ -141,6 +151,10 @@ where
             used.add(&usage_of(v));
         }
         hold.settle(&used);
+        if let Some(log) = &meter.held_log {
+            // Not waited for: a kill before it is stored counts the hold as spent, never less.
+            drop(log());
+        }
         if let Some(h) = cap_hold {
             h.settle(&used).await;
         }

@@ -1,0 +1,113 @@
+//! A budget holds across a SIGKILL of the whole mesh with calls in flight: before each stage call
+//! is sent, what the run's calls hold of its budget is stored with the run; the next process
+//! counts what was held at the kill as spent (a provider may have served every call in flight),
+//! so the backend never serves more than the budget, however the run was interrupted.
+//!
+//! Needs the `assay` binary of this workspace (built by any workspace test run).
+
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use assay_proto::gateway::v1 as gw;
+use assay_proto::gateway::v1::gateway_service_client::GatewayServiceClient;
+use assay_proto::gateway::v1::run_event::Event;
+use assay_testkit::{Reply, ScriptedLlm};
+use assay_tests::{leaves_eval, spawn_until, watch_all, workspace_binary};
+use tokio::process::{Child, Command};
+use tonic::transport::Channel;
+
+const RECORDS: usize = 300;
+const BUDGET: u64 = 20_000;
+
+/// `assay up` on the scripted backend and the store at `store`: the child and its gateway address.
+async fn up(store: &Path, backend: &str) -> (Child, String) {
+    let (child, addr) = spawn_until(
+        Command::new(workspace_binary("assay", "assay-cli"))
+            .args(["up", "--backend", "openai"])
+            .env("OPENAI_BASE_URL", backend)
+            .env("OPENAI_API_KEY", "budget-kill")
+            .env("OPENAI_MODEL", "scripted")
+            .env("ASSAY__GATEWAY__STORE", store)
+            .env("ASSAY__GATEWAY__CONCURRENCY", "64")
+            .env("ASSAY__CACHE__ENABLED", "false")
+            .env("RUST_LOG", "warn")
+            .env("NO_COLOR", "1")
+            .envs(
+                ["GATEWAY", "GENERATOR", "REFINERS", "SCORER", "ARBITER", "DELTA_JUDGE", "DEBATE", "ADMIN"]
+                    .map(|p| (format!("ASSAY__PORTS__{p}"), "0")),
+            )
+            .stdout(Stdio::null()),
+        "assay up, its gateway address",
+        |line| line.split("gateway on ").nth(1).and_then(|rest| rest.split_whitespace().next()).map(str::to_string),
+    )
+    .await;
+    (child, format!("http://{addr}"))
+}
+
+async fn client(url: &str) -> GatewayServiceClient<Channel> {
+    GatewayServiceClient::new(Channel::from_shared(url.to_string()).unwrap().connect().await.expect("connect"))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_token_budget_holds_across_a_sigkill_with_calls_in_flight() {
+    let llm = ScriptedLlm::start().await;
+    // Usage as a provider counts it (a token per four bytes sent), summed as the calls arrive: a
+    // call in flight at the kill is served all the same.
+    let served = Arc::new(AtomicU64::new(0));
+    let count = served.clone();
+    llm.set_handler(move |r| {
+        let prompt = (r.raw_body.len() as u64 / 4).max(1);
+        count.fetch_add(prompt + 10, Ordering::SeqCst);
+        let first = if r.last_user_message().unwrap_or_default().contains("leaves") { "YES" } else { "NO" };
+        Reply::json(serde_json::json!({"answers": [
+            {"question_index": 1, "answer": first},
+            {"question_index": 2, "answer": "YES"},
+        ]}))
+        .usage(prompt, 10)
+        .delay(Duration::from_millis(150))
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("runs.db");
+    let (mut child, url) = up(&store, &llm.base_url()).await;
+    let mut gateway = client(&url).await;
+    let request = gw::RunPipelineRequest {
+        pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(leaves_eval(RECORDS))),
+        label: "budget-kill".into(),
+        budget: Some(gw::RunBudget { max_tokens: Some(BUDGET), max_cost_usd: None }),
+    };
+    let mut stream = gateway.run_pipeline(request).await.unwrap().into_inner();
+    let mut run_id = String::new();
+    let mut scored = 0;
+    while scored < 3 {
+        let ev = stream.message().await.unwrap().expect("the run goes on").event.unwrap();
+        run_id.clone_from(&ev.run_id);
+        scored += usize::from(matches!(ev.event, Some(Event::RecordScored(_))));
+    }
+    let in_flight = llm.request_count() - scored;
+    child.start_kill().expect("SIGKILL");
+    child.wait().await.expect("reaped");
+    drop(stream);
+    let at_kill = served.load(Ordering::SeqCst);
+
+    let (next, url) = up(&store, &llm.base_url()).await;
+    child = next;
+    let mut gateway = client(&url).await;
+    watch_all(&mut gateway, &run_id).await;
+    let run = gateway.get_run(gw::GetRunRequest { run_id }).await.unwrap().into_inner().run.unwrap();
+    let total = served.load(Ordering::SeqCst);
+    let charged = run.usage.as_ref().map(|u| u.prompt_tokens + u.completion_tokens).unwrap_or(0);
+    eprintln!(
+        "budget {BUDGET} tokens, SIGKILL with {in_flight} calls in flight ({at_kill} tokens served by then): \
+         {total} tokens served in all ({:.2}x), {charged} in the run's usage; {}",
+        total as f64 / BUDGET as f64,
+        run.budget_exhausted
+    );
+    assert!(in_flight > 0, "calls were in flight at the kill");
+    assert!(total <= BUDGET, "the backend served {total} tokens on a {BUDGET}-token budget");
+    assert_eq!(run.state, gw::RunState::Partial as i32, "{}", run.budget_exhausted);
+    assert!(run.budget_exhausted.starts_with("budget exhausted"), "{}", run.budget_exhausted);
+    child.start_kill().ok();
+}
