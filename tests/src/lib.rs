@@ -67,6 +67,33 @@ pub fn workspace_binary(name: &str, package: &str) -> std::path::PathBuf {
     bin
 }
 
+/// `assay up` (this workspace's binary) on the OpenAI-compatible `backend` and the run store
+/// `store`, every service on a free port, with `env` over the defaults: the child and its
+/// gateway's URL.
+pub async fn assay_up(store: &std::path::Path, backend: &str, env: &[(&str, &str)]) -> (tokio::process::Child, String) {
+    let (child, addr) = spawn_until(
+        tokio::process::Command::new(workspace_binary("assay", "assay-cli"))
+            .args(["up", "--backend", "openai"])
+            .env("OPENAI_BASE_URL", backend)
+            .env("OPENAI_API_KEY", "assay-tests")
+            .env("OPENAI_MODEL", "scripted")
+            .env("ASSAY__GATEWAY__STORE", store)
+            .env("ASSAY__CACHE__ENABLED", "false")
+            .env("RUST_LOG", "warn")
+            .env("NO_COLOR", "1")
+            .envs(
+                ["GATEWAY", "GENERATOR", "REFINERS", "SCORER", "ARBITER", "DELTA_JUDGE", "DEBATE", "ADMIN"]
+                    .map(|p| (format!("ASSAY__PORTS__{p}"), "0")),
+            )
+            .envs(env.iter().copied())
+            .stdout(std::process::Stdio::null()),
+        "assay up, its gateway address",
+        |line| line.split("gateway on ").nth(1).and_then(|rest| rest.split_whitespace().next()).map(str::to_string),
+    )
+    .await;
+    (child, format!("http://{addr}"))
+}
+
 /// Spawn `command` (its stderr piped) and read its stderr until `found` maps a line to a value;
 /// the rest of the output is drained in the background so the child never blocks on a full pipe.
 pub async fn spawn_until(

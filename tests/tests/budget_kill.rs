@@ -6,7 +6,6 @@
 //! Needs the `assay` binary of this workspace (built by any workspace test run).
 
 use std::path::Path;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -15,8 +14,8 @@ use assay_proto::gateway::v1 as gw;
 use assay_proto::gateway::v1::gateway_service_client::GatewayServiceClient;
 use assay_proto::gateway::v1::run_event::Event;
 use assay_testkit::{Reply, ScriptedLlm};
-use assay_tests::{leaves_eval, spawn_until, watch_all, workspace_binary};
-use tokio::process::{Child, Command};
+use assay_tests::{leaves_eval, watch_all};
+use tokio::process::Child;
 use tonic::transport::Channel;
 
 const RECORDS: usize = 300;
@@ -24,27 +23,7 @@ const BUDGET: u64 = 20_000;
 
 /// `assay up` on the scripted backend and the store at `store`: the child and its gateway address.
 async fn up(store: &Path, backend: &str) -> (Child, String) {
-    let (child, addr) = spawn_until(
-        Command::new(workspace_binary("assay", "assay-cli"))
-            .args(["up", "--backend", "openai"])
-            .env("OPENAI_BASE_URL", backend)
-            .env("OPENAI_API_KEY", "budget-kill")
-            .env("OPENAI_MODEL", "scripted")
-            .env("ASSAY__GATEWAY__STORE", store)
-            .env("ASSAY__GATEWAY__CONCURRENCY", "64")
-            .env("ASSAY__CACHE__ENABLED", "false")
-            .env("RUST_LOG", "warn")
-            .env("NO_COLOR", "1")
-            .envs(
-                ["GATEWAY", "GENERATOR", "REFINERS", "SCORER", "ARBITER", "DELTA_JUDGE", "DEBATE", "ADMIN"]
-                    .map(|p| (format!("ASSAY__PORTS__{p}"), "0")),
-            )
-            .stdout(Stdio::null()),
-        "assay up, its gateway address",
-        |line| line.split("gateway on ").nth(1).and_then(|rest| rest.split_whitespace().next()).map(str::to_string),
-    )
-    .await;
-    (child, format!("http://{addr}"))
+    assay_tests::assay_up(store, backend, &[("ASSAY__GATEWAY__CONCURRENCY", "64")]).await
 }
 
 async fn client(url: &str) -> GatewayServiceClient<Channel> {

@@ -9,17 +9,14 @@
 #![allow(clippy::wildcard_enum_match_arm)]
 
 use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
 
 use assay_proto::gateway::v1 as gw;
 use assay_proto::gateway::v1::gateway_service_client::GatewayServiceClient;
 use assay_proto::gateway::v1::run_event::Event;
 use assay_testkit::ScriptedLlm;
-use assay_tests::{
-    check_like_clean, clean_leaves_run, leaves_eval, leaves_judge, spawn_until, watch_all, workspace_binary,
-};
-use tokio::process::{Child, Command};
+use assay_tests::{check_like_clean, clean_leaves_run, leaves_eval, leaves_judge, watch_all};
+use tokio::process::Child;
 use tonic::transport::Channel;
 
 const RECORDS: usize = 30;
@@ -27,27 +24,7 @@ const KILLS: usize = 20;
 
 /// `assay up` on the scripted backend and the store at `store`: the child and its gateway address.
 async fn up(store: &Path, backend: &str) -> (Child, String) {
-    let (child, addr) = spawn_until(
-        Command::new(workspace_binary("assay", "assay-cli"))
-            .args(["up", "--backend", "openai"])
-            .env("OPENAI_BASE_URL", backend)
-            .env("OPENAI_API_KEY", "durability")
-            .env("OPENAI_MODEL", "scripted")
-            .env("ASSAY__GATEWAY__STORE", store)
-            .env("ASSAY__GATEWAY__CONCURRENCY", "4")
-            .env("ASSAY__CACHE__ENABLED", "false")
-            .env("RUST_LOG", "warn")
-            .env("NO_COLOR", "1")
-            .envs(
-                ["GATEWAY", "GENERATOR", "REFINERS", "SCORER", "ARBITER", "DELTA_JUDGE", "DEBATE", "ADMIN"]
-                    .map(|p| (format!("ASSAY__PORTS__{p}"), "0")),
-            )
-            .stdout(Stdio::null()),
-        "assay up, its gateway address",
-        |line| line.split("gateway on ").nth(1).and_then(|rest| rest.split_whitespace().next()).map(str::to_string),
-    )
-    .await;
-    (child, format!("http://{addr}"))
+    assay_tests::assay_up(store, backend, &[("ASSAY__GATEWAY__CONCURRENCY", "4")]).await
 }
 
 async fn client(url: &str) -> GatewayServiceClient<Channel> {
