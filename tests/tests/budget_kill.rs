@@ -3,9 +3,12 @@
 //! counts what was held at the kill as spent (a provider may have served every call in flight),
 //! so the backend never serves more than the budget, however the run was interrupted.
 //!
+//! A CLI verb following such a run reattaches once the gateway is back, and ends with its result.
+//!
 //! Needs the `assay` binary of this workspace (built by any workspace test run).
 
 use std::path::Path;
+use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -89,4 +92,58 @@ async fn a_token_budget_holds_across_a_sigkill_with_calls_in_flight() {
     assert_eq!(run.state, gw::RunState::Partial as i32, "{}", run.budget_exhausted);
     assert!(run.budget_exhausted.starts_with("budget exhausted"), "{}", run.budget_exhausted);
     child.start_kill().ok();
+}
+
+/// A free loopback port (bound, then released for the mesh to take).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// `assay score --gateway` follows its run across a SIGKILL of the mesh and its restart on the
+/// same address: it reattaches from the last event it saw and ends with the run's result.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cli_verb_reattaches_after_the_gateway_is_killed_and_restarted() {
+    let llm = ScriptedLlm::start().await;
+    llm.set_handler(assay_tests::leaves_judge(Duration::from_millis(100)));
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("runs.db");
+    let port = free_port().to_string();
+    let env = [("ASSAY__GATEWAY__CONCURRENCY", "4"), ("ASSAY__PORTS__GATEWAY", port.as_str())];
+    let (mut mesh, url) = assay_tests::assay_up(&store, &llm.base_url(), &env).await;
+    let data = dir.path().join("records.jsonl");
+    let lines: Vec<String> = (0..40)
+        .map(|i| serde_json::json!({"id": format!("r{i}"), "target": format!("leaves {i}")}).to_string())
+        .collect();
+    std::fs::write(&data, lines.join("\n")).unwrap();
+    let checklist = dir.path().join("checklist.json");
+    std::fs::write(&checklist, r#"["Mentions leaves?", "Is it short?"]"#).unwrap();
+    let out = dir.path().join("out.jsonl");
+    let mut score = tokio::process::Command::new(assay_tests::workspace_binary("assay", "assay-cli"))
+        .args(["score", "--checklist"])
+        .arg(&checklist)
+        .arg("--data")
+        .arg(&data)
+        .args(["--gateway", &url, "--out"])
+        .arg(&out)
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("assay score starts");
+    // Some records scored, the rest in flight: kill the mesh.
+    while llm.request_count() < 8 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    mesh.start_kill().expect("SIGKILL");
+    mesh.wait().await.expect("reaped");
+    let (restarted, again) = assay_tests::assay_up(&store, &llm.base_url(), &env).await;
+    mesh = restarted;
+    assert_eq!(again, url, "the gateway is back on its address");
+    let finished = tokio::time::timeout(Duration::from_secs(120), score.wait_with_output()).await.expect("score ends");
+    let output = finished.expect("score output");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("reattaching"), "{stderr}");
+    assert_eq!(std::fs::read_to_string(&out).unwrap().lines().count(), 40, "every record's line is written");
+    mesh.start_kill().ok();
 }
