@@ -118,7 +118,7 @@ async fn a_cli_verb_reattaches_after_the_gateway_is_killed_and_restarted() {
     let checklist = dir.path().join("checklist.json");
     std::fs::write(&checklist, r#"["Mentions leaves?", "Is it short?"]"#).unwrap();
     let out = dir.path().join("out.jsonl");
-    let mut score = tokio::process::Command::new(assay_tests::workspace_binary("assay", "assay-cli"))
+    let score = tokio::process::Command::new(assay_tests::workspace_binary("assay", "assay-cli"))
         .args(["score", "--checklist"])
         .arg(&checklist)
         .arg("--data")
