@@ -6,6 +6,9 @@
 //! instruments in the services cost next to nothing when nobody collects them. The export interval
 //! is `OTEL_METRIC_EXPORT_INTERVAL` (milliseconds, default 60000), as the OpenTelemetry SDKs read it.
 
+mod escaped;
+
+pub use escaped::{EscapedStderr, escape_line};
 use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
@@ -78,7 +81,9 @@ fn init_filtered(service_name: &str, endpoint: Option<&str>, default_filter: &st
     } else {
         // Colour only on a terminal: a file or a pipe gets plain text.
         let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-        tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_target(false).with_ansi(ansi).boxed()
+        // Each line escaped: caller and model text in a field cannot forge a line.
+        let writer = EscapedStderr { keep_escapes: ansi };
+        tracing_subscriber::fmt::layer().with_writer(writer).with_target(false).with_ansi(ansi).boxed()
     };
     let (otel, provider) = match endpoint.and_then(|e| build_provider(service_name, e)) {
         Some(provider) => {
