@@ -42,8 +42,26 @@ fn routes(stage: Stage, hub: Arc<ModelHub>, config: &AssayConfig) -> Result<Rout
     match stage {
         Stage::Gateway => gateway_routes(config),
         Stage::Generator | Stage::Refiners | Stage::Scorer | Stage::Arbiter | Stage::DeltaJudge | Stage::Debate => {
+            warn_if_open(stage, config);
             Ok(build(stage, config, hub)?.core.routes())
         }
+    }
+}
+
+/// A stage reachable beyond this machine without a token serves anyone who reaches its port:
+/// model calls outside any run, so outside every budget and daily spend cap (enforced at the
+/// gateway and the stages it calls). Said once at start; in Kubernetes the NetworkPolicy lets only
+/// the gateway reach the stages.
+fn warn_if_open(stage: Stage, config: &AssayConfig) {
+    let loopback =
+        config.bind.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback()) || config.bind == "localhost";
+    if !loopback && assay_runtime::auth_token(config).is_none() {
+        tracing::warn!(
+            stage = ?stage,
+            bind = %config.bind,
+            "stage bound beyond loopback without auth_token: a client reaching this port calls models outside every \
+             run's budget and daily spend cap (set ASSAY_AUTH_TOKEN, or let only the gateway reach it)"
+        );
     }
 }
 
