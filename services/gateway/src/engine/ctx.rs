@@ -447,10 +447,11 @@ impl RunCtx {
             let _in_order = order.lock().unwrap_or_else(|p| p.into_inner());
             let held = budget.held().header_value().into_bytes();
             let (ack, done) = oneshot::channel();
-            match writer.send((Op::Write(Write::Checkpoint(HELD.to_string(), held)), ack)) {
+            let written = match writer.send((Op::Write(Write::Checkpoint(HELD.to_string(), held)), ack)) {
                 Ok(()) => Written(WrittenState::Queued(done)),
                 Err(_) => Written::done(Err(StageError::Internal("the run's event writer stopped".into()))),
-            }
+            };
+            Box::pin(written)
         }))
     }
 

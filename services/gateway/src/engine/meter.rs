@@ -34,7 +34,8 @@ pub(crate) struct RunMeter {
 }
 
 /// Queue the store write of what the run's stage calls hold now; the future is its ack.
-pub(crate) type HeldLog = Arc<dyn Fn() -> super::Written + Send + Sync>;
+pub(crate) type HeldLog =
+    Arc<dyn Fn() -> std::pin::Pin<Box<dyn Future<Output = Result<(), StageError>> + Send>> + Send + Sync>;
 
 impl RunMeter {
     pub(crate) fn new(run_id: String, budget: Arc<Budget>, caps: Option<(Arc<SpendCaps>, BTreeSet<String>)>) -> Self {

@@ -80,7 +80,10 @@ fn counts(handle: &tokio::runtime::Handle, store: &Weak<dyn RunStorage>) -> Opti
     }
     let (tx, rx) = std::sync::mpsc::channel();
     handle.spawn(async move {
-        let _ = tx.send(store.count_by_state().await);
+        let counts = store.count_by_state().await;
+        // Let go of the store before answering: a caller that drops it next must see it closed.
+        drop(store);
+        let _ = tx.send(counts);
     });
     match rx.recv_timeout(COUNT_TIMEOUT) {
         Ok(Ok(counts)) => Some(counts),
