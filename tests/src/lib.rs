@@ -67,6 +67,37 @@ pub fn workspace_binary(name: &str, package: &str) -> std::path::PathBuf {
     bin
 }
 
+/// A log writer that keeps what it is given, for tests that read the log lines.
+pub struct LogCapture(pub std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogCapture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A checklist evaluation of one record ("leaves") against one question ("Mentions leaves?").
+pub fn one_leaves_record() -> gw::ChecklistEvalPipeline {
+    gw::ChecklistEvalPipeline {
+        source: Some(gw::ChecklistSource {
+            source: Some(gw::checklist_source::Source::Checklist(pb::Checklist {
+                items: vec![pb::ChecklistItem {
+                    id: "a".into(),
+                    question: "Mentions leaves?".into(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            })),
+        }),
+        records: vec![gw::EvalRecord { id: "r".into(), target: "leaves".into(), ..Default::default() }],
+        ..Default::default()
+    }
+}
+
 /// `assay up` (this workspace's binary) on the OpenAI-compatible `backend` and the run store
 /// `store`, every service on a free port, with `env` over the defaults: the child and its
 /// gateway's URL.

@@ -8,7 +8,6 @@
 use std::time::{Duration, Instant};
 
 use assay_gateway::admin::{HEADER_READ_TIMEOUT, MAX_LIVE_CLIENTS};
-use assay_proto::common::v1 as pb;
 use assay_proto::gateway::v1 as gw;
 use assay_proto::gateway::v1::gateway_service_client::GatewayServiceClient;
 use assay_rpc::auth::BearerInterceptor;
@@ -209,20 +208,7 @@ async fn held_run(sandbox: &MeshSandbox, gate: &Gate) -> String {
     sandbox.llm.set_handler(move |r| answer(r).gated(&g));
     let mut client =
         GatewayServiceClient::with_interceptor(sandbox.gateway().await, BearerInterceptor::new(Some(TOKEN)));
-    let pipeline = gw::ChecklistEvalPipeline {
-        source: Some(gw::ChecklistSource {
-            source: Some(gw::checklist_source::Source::Checklist(pb::Checklist {
-                items: vec![pb::ChecklistItem {
-                    id: "a".into(),
-                    question: "Mentions leaves?".into(),
-                    ..Default::default()
-                }],
-                ..Default::default()
-            })),
-        }),
-        records: vec![gw::EvalRecord { id: "r".into(), target: "leaves".into(), ..Default::default() }],
-        ..Default::default()
-    };
+    let pipeline = assay_tests::one_leaves_record();
     let request = gw::RunPipelineRequest {
         pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(pipeline)),
         label: "held".into(),

@@ -4,11 +4,9 @@
 //! written raw into the gateway's INFO line: a forged log line); and the text that is accepted
 //! reaches the log line quoted and escaped, never raw.
 
-use std::io::Write;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use assay_proto::common::v1 as pb;
 use assay_proto::gateway::v1 as gw;
 use assay_proto::gateway::v1::control_run_request::Action;
 use assay_proto::gateway::v1::gateway_service_client::GatewayServiceClient;
@@ -30,23 +28,11 @@ fn logs() -> &'static Arc<Mutex<Vec<u8>>> {
         let subscriber = tracing_subscriber::fmt()
             .with_max_level(tracing::Level::INFO)
             .with_ansi(false)
-            .with_writer(move || Capture(sink.clone()))
+            .with_writer(move || assay_tests::LogCapture(sink.clone()))
             .finish();
         tracing_subscriber::util::SubscriberInitExt::try_init(subscriber).expect("the only subscriber");
         buffer
     })
-}
-
-struct Capture(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Capture {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
 }
 
 fn answer(_: &RecordedRequest) -> Reply {
@@ -57,20 +43,7 @@ fn answer(_: &RecordedRequest) -> Reply {
 async fn held_run(sandbox: &MeshSandbox, client: &mut Client, gate: &Gate) -> String {
     let g = gate.clone();
     sandbox.llm.set_handler(move |r| answer(r).gated(&g));
-    let pipeline = gw::ChecklistEvalPipeline {
-        source: Some(gw::ChecklistSource {
-            source: Some(gw::checklist_source::Source::Checklist(pb::Checklist {
-                items: vec![pb::ChecklistItem {
-                    id: "a".into(),
-                    question: "Mentions leaves?".into(),
-                    ..Default::default()
-                }],
-                ..Default::default()
-            })),
-        }),
-        records: vec![gw::EvalRecord { id: "r".into(), target: "leaves".into(), ..Default::default() }],
-        ..Default::default()
-    };
+    let pipeline = assay_tests::one_leaves_record();
     let request = gw::RunPipelineRequest {
         pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(pipeline)),
         label: "control text".into(),

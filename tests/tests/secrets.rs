@@ -5,7 +5,6 @@
 //! log line, in a gRPC status (message, details, metadata) or a response sent to the client, nor
 //! in the configuration's Debug output.
 
-use std::io::Write;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -38,24 +37,12 @@ fn logs() -> &'static Arc<Mutex<Vec<u8>>> {
             .with_max_level(tracing::Level::TRACE)
             .with_ansi(false)
             .with_span_events(tracing_subscriber::fmt::format::FmtSpan::FULL)
-            .with_writer(move || Capture(sink.clone()))
+            .with_writer(move || assay_tests::LogCapture(sink.clone()))
             .finish();
         // Also installs the `log` bridge, so crates logging through `log` (reqwest, rustls) are caught.
         tracing_subscriber::util::SubscriberInitExt::try_init(subscriber).expect("the only subscriber");
         buffer
     })
-}
-
-struct Capture(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Capture {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
 }
 
 /// Every secret of the run, by name.
