@@ -5,10 +5,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use assay_gateway::engine::store::ObservedStore;
 use assay_gateway::{Engine, Pipelines, RunStore, Stages};
 use assay_proto::gateway::v1 as gw;
 use assay_proto::gateway::v1::run_event::Event;
+use assay_runs::store::ObservedStore;
 use assay_tests::MeshSandbox;
 use futures::StreamExt;
 

@@ -24,7 +24,7 @@
 //! streams are served at once (503 beyond).
 
 use std::net::SocketAddr;
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use assay_proto::gateway::v1 as gw;
@@ -41,13 +41,13 @@ use axum::routing::{get, post};
 use futures::StreamExt;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use prost_reflect::{DescriptorPool, DeserializeOptions, DynamicMessage, SerializeOptions};
+use prost_reflect::{DeserializeOptions, DynamicMessage, SerializeOptions};
 use serde_json::json;
 use tokio::sync::{Semaphore, watch};
 use tonic_types::StatusExt;
 
-use crate::engine::Engine;
 use crate::grpc::GatewayGrpc;
+use assay_runs::Engine;
 
 static INDEX_HTML: &str = include_str!("../admin/index.html");
 static APP_JS: &str = include_str!("../admin/app.js");
@@ -63,16 +63,6 @@ pub const MAX_LIVE_CLIENTS: usize = 256;
 /// Scripts, styles and connections from this origin only; no inline script, no framing.
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
                    connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
-
-/// The contracts' descriptors (every Assay package and its imports).
-static POOL: LazyLock<Result<DescriptorPool, String>> = LazyLock::new(|| {
-    DescriptorPool::decode(assay_proto::FILE_DESCRIPTOR_SET).map_err(|e| format!("contract descriptors: {e}"))
-});
-
-/// The contracts' descriptors, decoded once per process.
-pub(crate) fn descriptor_pool() -> Result<&'static DescriptorPool, &'static str> {
-    POOL.as_ref().map_err(String::as_str)
-}
 
 /// How callers of the admin API authenticate.
 #[derive(Clone, PartialEq, Eq)]
@@ -422,7 +412,7 @@ fn invalid(field: &str, description: String) -> tonic::Status {
 
 /// A request message from its proto3 JSON (an empty body is the empty message).
 fn from_json<M: prost::Message + Default>(name: &str, body: &[u8]) -> Result<M, tonic::Status> {
-    let pool = POOL.as_ref().map_err(|e| tonic::Status::internal(e.clone()))?;
+    let pool = assay_proto::descriptor_pool().map_err(tonic::Status::internal)?;
     let desc = pool.get_message_by_name(name).ok_or_else(|| tonic::Status::internal(format!("no message {name}")))?;
     let body = if body.iter().all(u8::is_ascii_whitespace) { b"{}".as_slice() } else { body };
     let mut de = serde_json::Deserializer::from_slice(body);
@@ -436,7 +426,7 @@ fn from_json<M: prost::Message + Default>(name: &str, body: &[u8]) -> Result<M, 
 /// A message in the proto3 JSON mapping (camelCase names, enums by name, 64-bit integers as
 /// strings), defaults included so the page never guesses a missing field.
 fn to_json<M: prost::Message>(name: &str, message: &M) -> Result<String, tonic::Status> {
-    let pool = POOL.as_ref().map_err(|e| tonic::Status::internal(e.clone()))?;
+    let pool = assay_proto::descriptor_pool().map_err(tonic::Status::internal)?;
     let desc = pool.get_message_by_name(name).ok_or_else(|| tonic::Status::internal(format!("no message {name}")))?;
     let dynamic = DynamicMessage::decode(desc, message.encode_to_vec().as_slice())
         .map_err(|e| tonic::Status::internal(format!("decoding {name}: {e}")))?;

@@ -16,7 +16,7 @@ use futures::{Stream, StreamExt};
 use tonic::service::Routes;
 use tonic::{Request, Response, Status};
 
-use crate::engine::Engine;
+use assay_runs::Engine;
 
 pub mod compare;
 

@@ -1,18 +1,18 @@
 //! The gateway: pipelines composed over the stage services, persisted runs.
 //!
-//! - [`engine`]: the run engine (store, gap-free event sequences, replay-then-follow, pause /
-//!   resume / cancel, checkpoints, restart recovery). It knows no pipeline kinds.
+//! - the run engine is the `assay-runs` crate below this one (store, gap-free event sequences,
+//!   replay-then-follow, pause / resume / cancel, checkpoints, restart recovery); it knows no
+//!   pipeline kinds.
 //! - [`pipelines`]: one module per pipeline, plain async Rust over the stage traits of
 //!   `assay-domain`, and the factory that parses a request into its pipeline.
 //! - [`grpc`]: the gRPC adapter over the engine.
 //! - [`admin`]: the admin page and its HTTP face of the gRPC service (JSON + server-sent events).
 
 pub mod admin;
-pub mod engine;
 pub mod grpc;
 pub mod pipelines;
 
-pub use engine::{Engine, RunStore};
+pub use assay_runs::{Engine, RunStore};
 pub use grpc::{GatewayGrpc, routes};
 pub use pipelines::{Pipelines, RefinementStages, Stages};
 

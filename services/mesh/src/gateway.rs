@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use assay_config::AssayConfig;
-use assay_gateway::engine::SpendCaps;
 use assay_gateway::{Engine, Pipelines, RefinementStages, Stages};
+use assay_runs::SpendCaps;
 
 use crate::cores::gateway_settings;
 use crate::remotes::Remotes;

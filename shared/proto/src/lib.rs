@@ -5,6 +5,16 @@ pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "
 
 pub mod convert;
 
+/// The contracts' descriptors (every Assay package and its imports), decoded once per process:
+/// for code that reads messages by field name (the admin API's JSON, the backends a request
+/// names in its model specs).
+pub fn descriptor_pool() -> Result<&'static prost_reflect::DescriptorPool, &'static str> {
+    static POOL: std::sync::LazyLock<Result<prost_reflect::DescriptorPool, String>> = std::sync::LazyLock::new(|| {
+        prost_reflect::DescriptorPool::decode(FILE_DESCRIPTOR_SET).map_err(|e| format!("contract descriptors: {e}"))
+    });
+    POOL.as_ref().map_err(String::as_str)
+}
+
 #[allow(clippy::all, clippy::pedantic, rust_2018_idioms)]
 pub mod common {
     pub mod v1 {

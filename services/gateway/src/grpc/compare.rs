@@ -11,7 +11,7 @@ use assay_proto::gateway::v1 as gw;
 
 use assay_proto::convert::runs::run_results;
 
-use crate::engine::Engine;
+use assay_runs::Engine;
 
 /// The significance level when the request gives 0.
 const DEFAULT_ALPHA: f64 = 0.05;

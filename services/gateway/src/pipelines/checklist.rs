@@ -19,7 +19,7 @@ use futures::StreamExt;
 use sha2::Digest;
 
 use super::stages::Stages;
-use crate::engine::{RunCtx, Writes};
+use assay_runs::{RunCtx, Writes};
 
 /// One record of a checklist pipeline.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -253,7 +253,7 @@ impl ChecklistPlan {
             // Cancel drops the productions in flight (their stage calls with them).
             let next = tokio::select! {
                 next = producing.next() => next,
-                () = ctx.cancelled() => return Err(StageError::Cancelled("the run was cancelled".into())),
+                () = ctx.gate.cancelled() => return Err(StageError::Cancelled("the run was cancelled".into())),
             };
             let Some((k, out)) = next else { break };
             production.accept(ctx, k, out).await?;
@@ -283,7 +283,7 @@ impl ChecklistPlan {
             record_checklist.push(k);
         }
         let mut found: Vec<Option<Checklist>> = vec![None; keys.len()];
-        for (key, c) in ctx.checkpoints::<pb::Checklist>(CHECKLIST).await? {
+        for (key, c) in ctx.checkpoints.all::<pb::Checklist>(CHECKLIST).await? {
             if let Some(&k) = key.strip_prefix(CHECKLIST).and_then(|key| index.get(key)) {
                 found[k] = Some(decode_checklist(c)?);
             }
@@ -293,7 +293,7 @@ impl ChecklistPlan {
             missing.iter().map(|k| record_checklist.iter().position(|x| x == k).unwrap_or(0)).collect();
         let producing = futures::stream::iter(missing.into_iter().zip(firsts))
             .map(move |(k, first)| async move {
-                let out = match ctx.gate().await {
+                let out = match ctx.gate.wait().await {
                     Ok(()) => self.produce(ctx, stages, &records[first], first).await,
                     Err(e) => Err(e),
                 };
@@ -320,8 +320,8 @@ impl ChecklistPlan {
                 let out = super::rounds::in_rounds("generate", || generator.generate(request.clone()))
                     .await
                     .map_err(|e| e.map_fields(|f| generation_field(&f, &format!("pipeline.records[{index}]"))))?;
-                ctx.add_usage(&out.usage);
-                ctx.add_model(&out.model);
+                ctx.spending.add_usage(&out.usage);
+                ctx.progress.add_model(&out.model);
                 out.checklist
             }
             ChecklistSource::Corpus(request) => {
@@ -331,11 +331,12 @@ impl ChecklistPlan {
                     let _ = tx.send(convert::generator::progress_to(&p));
                 };
                 let out = ctx
+                    .progress
                     .relay("generator", &mut rx, generator.generate_corpus((**request).clone(), &sink))
                     .await?
                     .map_err(|e| e.map_fields(|f| format!("pipeline.source.corpus.{f}")))?;
-                ctx.add_usage(&out.usage);
-                ctx.add_model(&out.model);
+                ctx.spending.add_usage(&out.usage);
+                ctx.progress.add_model(&out.model);
                 out.checklist
             }
             ChecklistSource::Explicit(c) => {
@@ -358,6 +359,7 @@ impl ChecklistPlan {
             let _ = tx.send(step_progress(&s));
         };
         let out = ctx
+            .progress
             .relay("refiners", &mut rx, refiners.refine(checklist.items.clone(), self.refiners.clone(), &sink))
             .await?
             .map_err(|e| {
@@ -366,7 +368,7 @@ impl ChecklistPlan {
                     None => format!("pipeline.refiners.{f}"),
                 })
             })?;
-        ctx.add_usage(&out.usage);
+        ctx.spending.add_usage(&out.usage);
         if out.items.is_empty() {
             let removed: Vec<String> = out
                 .actions
@@ -452,11 +454,11 @@ impl Production {
         self.found[k] = Some(checklist);
         // A run kept in memory is never resumed nor watched.
         let Some(wire) = wire else { return Ok(()) };
-        writes.push(ctx.checkpoint_queued(&format!("{CHECKLIST}{}", self.keys[k]), &wire));
+        writes.push(ctx.checkpoints.queued(&format!("{CHECKLIST}{}", self.keys[k]), &wire));
         let indices =
             self.record_checklist.iter().enumerate().filter(|(_, x)| **x == k).map(|(i, _)| i as u32).collect();
         writes.push(
-            ctx.emit_queued(Event::ChecklistReady(gw::ChecklistReady {
+            ctx.log.emit_queued(Event::ChecklistReady(gw::ChecklistReady {
                 checklist: Some(wire),
                 record_indices: indices,
             })),

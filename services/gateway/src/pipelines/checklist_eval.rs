@@ -18,7 +18,7 @@ use futures::stream::FuturesUnordered;
 
 use super::checklist::{ChecklistPlan, EvalRecord};
 use super::stages::Stages;
-use crate::engine::{Pipeline, RunCtx, RunOutcome, Writes};
+use assay_runs::{Pipeline, RunCtx, RunOutcome, Writes};
 
 /// Checkpoint key prefix of the scored records.
 const RECORD: &str = "record:";
@@ -152,9 +152,9 @@ impl ChecklistEval {
             model: self.scorer_model.clone(),
         };
         let out = self.stages.scorer.score(request, &assay_domain::no_events).await.map_err(scorer_fields)?;
-        ctx.add_usage(&out.usage);
-        ctx.add_model(&out.model);
-        ctx.set_done(out.scores.len() as u32);
+        ctx.spending.add_usage(&out.usage);
+        ctx.progress.add_model(&out.model);
+        ctx.progress.set_done(out.scores.len() as u32);
         let results: Vec<gw::RecordResult> = out
             .scores
             .iter()
@@ -168,8 +168,8 @@ impl ChecklistEval {
             results,
             aggregate: Some(convert::aggregate_to(&out.aggregate)),
             checklists: vec![convert::checklist_to(checklist)],
-            usage: Some(ctx.usage()),
-            models: ctx.models().iter().map(convert::model_record_to).collect(),
+            usage: Some(ctx.spending.usage()),
+            models: ctx.progress.models().iter().map(convert::model_record_to).collect(),
             // One scorer call without a budget: nothing to stop.
             budget_exhausted: String::new(),
         };
@@ -179,9 +179,9 @@ impl ChecklistEval {
     /// The evaluation result from every stored record, in record order.
     async fn result(&self, ctx: &RunCtx, checklists: &[Checklist]) -> Result<gw::EvaluateResponse, StageError> {
         // A call the budget could not pay for left records unrun: the run says why.
-        ctx.record_budget_stop();
+        ctx.spending.record_budget_stop();
         let records: Vec<gw::RecordResult> =
-            ctx.checkpoints::<gw::RecordResult>(RECORD).await?.into_iter().map(|(_, r)| r).collect();
+            ctx.checkpoints.all::<gw::RecordResult>(RECORD).await?.into_iter().map(|(_, r)| r).collect();
         let scored: Vec<(assay_domain::Score, &Checklist)> = records
             .iter()
             .filter_map(|r| {
@@ -195,8 +195,8 @@ impl ChecklistEval {
             results: records,
             aggregate: Some(convert::aggregate_to(&aggregate)),
             checklists: checklists.iter().map(convert::checklist_to).collect(),
-            usage: Some(ctx.usage()),
-            models: ctx.models().iter().map(convert::model_record_to).collect(),
+            usage: Some(ctx.spending.usage()),
+            models: ctx.progress.models().iter().map(convert::model_record_to).collect(),
             budget_exhausted: ctx.snapshot().budget_exhausted,
         })
     }
@@ -215,7 +215,7 @@ impl ChecklistEval {
             gw::RunState::Partial
         };
         if !cancelled {
-            ctx.emit(Event::Aggregate(gw::AggregateReady { aggregate: result.aggregate.clone() })).await?;
+            ctx.log.emit(Event::Aggregate(gw::AggregateReady { aggregate: result.aggregate.clone() })).await?;
         }
         Ok(RunOutcome { state, result: Some(gw::run_result::Result::ChecklistEval(result)) })
     }
@@ -235,7 +235,7 @@ impl Pipeline for ChecklistEval {
     /// input) and scoring overlap, so the run's critical path is one generation and one scoring.
     async fn run(&self, ctx: &RunCtx) -> Result<RunOutcome, StageError> {
         let (mut production, mut producing) = self.plan.production(ctx, &self.stages, &self.records).await?;
-        if ctx.is_ephemeral() && production.checklist_count() == 1 && !ctx.has_budget() {
+        if ctx.is_ephemeral() && production.checklist_count() == 1 && !ctx.spending.has_budget() {
             // Evaluate with one checklist: nothing to overlap; every record in one scorer call.
             // (With a budget, records go one scorer call each, so those scored before it ran
             // out are kept.)
@@ -249,8 +249,8 @@ impl Pipeline for ChecklistEval {
             return Err(StageError::Internal("the checklist was neither produced nor failed".into()));
         }
         let done: HashSet<u32> =
-            ctx.checkpoints::<gw::RecordResult>(RECORD).await?.iter().map(|(_, r)| r.index).collect();
-        ctx.set_done(done.len() as u32);
+            ctx.checkpoints.all::<gw::RecordResult>(RECORD).await?.iter().map(|(_, r)| r.index).collect();
+        ctx.progress.set_done(done.len() as u32);
         // Per checklist, its records still to score, released to `queue` once it exists.
         let mut waiting: Vec<Vec<usize>> = vec![Vec::new(); production.checklist_count()];
         for i in (0..self.records.len()).filter(|i| !done.contains(&(*i as u32))) {
@@ -277,24 +277,24 @@ impl Pipeline for ChecklistEval {
             // (Checked only while records wait: a budget spent by the last records in flight
             // stopped nothing, and the run does not say it did.)
             if !queue.is_empty()
-                && let Some(why) = ctx.budget_exhausted()
+                && let Some(why) = ctx.spending.budget_exhausted()
             {
                 for i in std::mem::take(&mut queue) {
                     let checklist_id =
                         ready[production.record_checklist[i]].as_ref().map(|c| c.id.clone()).unwrap_or_default();
                     let result = record_result(i, &self.records[i], &checklist_id, None, format!("not run: {why}"));
-                    writes.push(ctx.checkpoint_queued(&record_key(i), &result));
-                    ctx.add_done();
-                    writes.push(ctx.emit_queued(Event::RecordScored(result)));
+                    writes.push(ctx.checkpoints.queued(&record_key(i), &result));
+                    ctx.progress.add_done();
+                    writes.push(ctx.log.emit_queued(Event::RecordScored(result)));
                 }
             }
-            let affordable = ctx.budget_left().map_or(usize::MAX, |left| reserve.in_flight(&left));
+            let affordable = ctx.spending.budget_left().map_or(usize::MAX, |left| reserve.in_flight(&left));
             while scoring.len() < self.concurrency.min(affordable) {
                 let Some(i) = queue.pop_front() else { break };
                 let Some(checklist) = ready[production.record_checklist[i]].clone() else { continue };
                 scoring.push(async move {
                     // Paused runs start no new record; in-flight ones finish.
-                    ctx.gate().await?;
+                    ctx.gate.wait().await?;
                     Ok::<_, StageError>((i, self.score_one(&checklist, config, i).await))
                 });
             }
@@ -318,23 +318,23 @@ impl Pipeline for ChecklistEval {
                     for i in std::mem::take(&mut waiting[k]) {
                         let why = if assay_budget::is_exhausted(&why) { format!("not run: {why}") } else { format!("checklist generation failed: {why}") };
                         let result = record_result(i, &self.records[i], "", None, why);
-                        ctx.checkpoint(&record_key(i), &result).await?;
-                        ctx.add_done();
-                        ctx.emit(Event::RecordScored(result)).await?;
+                        ctx.checkpoints.put(&record_key(i), &result).await?;
+                        ctx.progress.add_done();
+                        ctx.log.emit(Event::RecordScored(result)).await?;
                     }
                 }
                 Some(next) = scoring.next(), if !scoring.is_empty() => {
                     let (i, scored) = match next {
                         Ok(x) => x,
-                        Err(StageError::Cancelled(_)) if ctx.is_cancelled() => break,
+                        Err(StageError::Cancelled(_)) if ctx.gate.is_cancelled() => break,
                         Err(e) => return Err(e),
                     };
                     let checklist_id = ready[production.record_checklist[i]].as_ref().map(|c| c.id.clone()).unwrap_or_default();
                     let result = match scored {
                         Ok((r, usage, model)) => {
                             reserve.add(&usage);
-                            ctx.add_usage(&usage);
-                            ctx.add_model(&model);
+                            ctx.spending.add_usage(&usage);
+                            ctx.progress.add_model(&model);
                             r
                         }
                         Err(e @ (StageError::InvalidArgument(_) | StageError::FailedPrecondition(_) | StageError::Unimplemented(_))) => return Err(e),
@@ -343,19 +343,19 @@ impl Pipeline for ChecklistEval {
                         }
                         Err(e) => record_result(i, &self.records[i], &checklist_id, None, e.to_string()),
                     };
-                    writes.push(ctx.checkpoint_queued(&record_key(i), &result));
-                    ctx.add_done();
-                    writes.push(ctx.emit_queued(Event::RecordScored(result)));
+                    writes.push(ctx.checkpoints.queued(&record_key(i), &result));
+                    ctx.progress.add_done();
+                    writes.push(ctx.log.emit_queued(Event::RecordScored(result)));
                 }
                 e = writes.next_error() => return Err(e),
-                () = ctx.cancelled() => break,
+                () = ctx.gate.cancelled() => break,
             }
         }
         drop(scoring);
         drop(producing);
         writes.flush().await?;
         let ok: Vec<Checklist> = production.found.into_iter().flatten().collect();
-        self.finish(ctx, &ok, ctx.is_cancelled()).await
+        self.finish(ctx, &ok, ctx.gate.is_cancelled()).await
     }
 }
 

@@ -31,7 +31,7 @@ use tokio::sync::mpsc;
 
 use super::self_refine_hook::{self, Output};
 use super::stages::Stages;
-use crate::engine::{Pipeline, RunCtx, RunOutcome};
+use assay_runs::{Pipeline, RunCtx, RunOutcome};
 
 /// Checkpoint key prefix of the finished problems.
 const PROBLEM: &str = "debate:problem:";
@@ -161,18 +161,18 @@ impl DebatePipeline {
             let _ = tx.send(e);
         };
         let call = debate.run_debate(request, &sink);
-        let outcome: DebateOutcome = ctx.relay_with(&mut rx, call, |e| self.relay(ctx, i, e)).await??;
-        ctx.add_usage(&outcome.usage);
+        let outcome: DebateOutcome = assay_runs::relay_with(&mut rx, call, |e| self.relay(ctx, i, e)).await??;
+        ctx.spending.add_usage(&outcome.usage);
         for m in outcome.solutions.iter().filter_map(|s| s.model.as_ref()) {
-            ctx.add_model(m);
+            ctx.progress.add_model(m);
         }
         if let Some(m) = outcome.judgment.as_ref().and_then(|j| j.model.as_ref()) {
-            ctx.add_model(m);
+            ctx.progress.add_model(m);
         }
         let baselines = if self.baselines {
             let samples = (outcome.usage.calls + outcome.usage.cache_hits).max(1) as usize;
             let b = self.baselines_of(debate.as_ref(), p, samples).await?;
-            ctx.add_usage(&convert::usage_from(b.usage.clone()));
+            ctx.spending.add_usage(&convert::usage_from(b.usage.clone()));
             Some(b)
         } else {
             None
@@ -261,12 +261,13 @@ impl DebatePipeline {
 
     /// A finished stage of problem `i`'s debate, as a `debate_stage` event.
     async fn relay(&self, ctx: &RunCtx, i: usize, e: DebateEvent) -> Result<(), StageError> {
-        ctx.emit(Event::DebateStage(gw::DebateStageEvent {
-            index: i as u32,
-            problem_id: self.problems[i].id.clone(),
-            stage: Some(convert::debate::stage_completed_to(&e)),
-        }))
-        .await
+        ctx.log
+            .emit(Event::DebateStage(gw::DebateStageEvent {
+                index: i as u32,
+                problem_id: self.problems[i].id.clone(),
+                stage: Some(convert::debate::stage_completed_to(&e)),
+            }))
+            .await
     }
 
     fn failed(&self, i: usize, error: String) -> gw::DebateProblemResult {
@@ -283,7 +284,7 @@ impl DebatePipeline {
     /// The run's end: the stored problems in order, aggregated.
     async fn finish(&self, ctx: &RunCtx, cancelled: bool) -> Result<RunOutcome, StageError> {
         let problems: Vec<gw::DebateProblemResult> =
-            ctx.checkpoints::<gw::DebateProblemResult>(PROBLEM).await?.into_iter().map(|(_, r)| r).collect();
+            ctx.checkpoints.all::<gw::DebateProblemResult>(PROBLEM).await?.into_iter().map(|(_, r)| r).collect();
         let failed = problems.iter().filter(|r| !r.error.is_empty()).count();
         let state = if cancelled {
             gw::RunState::Cancelled
@@ -297,8 +298,10 @@ impl DebatePipeline {
         let mut result = aggregate(problems, self.problems.len());
         // Every call the run paid for outside the baselines, failed problems included: a problem
         // stopped part-way (by its budget, a fault) spent on calls its result does not carry.
-        let debate =
-            without(&convert::usage_from(Some(ctx.usage())), &convert::usage_from(result.baseline_usage.clone()));
+        let debate = without(
+            &convert::usage_from(Some(ctx.spending.usage())),
+            &convert::usage_from(result.baseline_usage.clone()),
+        );
         result.calls = debate.calls;
         result.tokens = debate.tokens();
         result.debate_usage = Some(convert::usage_to(&debate));
@@ -389,15 +392,15 @@ impl Pipeline for DebatePipeline {
 
     async fn run(&self, ctx: &RunCtx) -> Result<RunOutcome, StageError> {
         let done: HashSet<u32> =
-            ctx.checkpoints::<gw::DebateProblemResult>(PROBLEM).await?.iter().map(|(_, r)| r.index).collect();
-        ctx.set_done(done.len() as u32);
+            ctx.checkpoints.all::<gw::DebateProblemResult>(PROBLEM).await?.iter().map(|(_, r)| r.index).collect();
+        ctx.progress.set_done(done.len() as u32);
         let todo: Vec<usize> = (0..self.problems.len()).filter(|i| !done.contains(&(*i as u32))).collect();
         let mut work = futures::stream::iter(todo)
             .map(|i| async move {
                 // Paused runs start no new problem; problems in flight finish.
-                ctx.gate().await?;
+                ctx.gate.wait().await?;
                 // A spent budget starts no new problem: finished ones are kept.
-                if let Some(why) = ctx.budget_exhausted() {
+                if let Some(why) = ctx.spending.budget_exhausted() {
                     return Ok((i, Err(StageError::ResourceExhausted(why))));
                 }
                 Ok::<_, StageError>((i, self.solve_one(ctx, i).await))
@@ -409,12 +412,12 @@ impl Pipeline for DebatePipeline {
                     let Some(next) = next else { break };
                     let (i, solved) = match next {
                         Ok(x) => x,
-                        Err(StageError::Cancelled(_)) if ctx.is_cancelled() => break,
+                        Err(StageError::Cancelled(_)) if ctx.gate.is_cancelled() => break,
                         Err(e) => return Err(e),
                     };
                     let result = match solved {
                         Ok(r) => r,
-                        Err(StageError::Cancelled(_)) if ctx.is_cancelled() => break,
+                        Err(StageError::Cancelled(_)) if ctx.gate.is_cancelled() => break,
                         Err(e @ (StageError::InvalidArgument(_) | StageError::FailedPrecondition(_) | StageError::Unimplemented(_))) => {
                             return Err(e.map_fields(|f| {
                                 if f.starts_with("problem") {
@@ -429,15 +432,15 @@ impl Pipeline for DebatePipeline {
                         }
                         Err(e) => self.failed(i, e.to_string()),
                     };
-                    ctx.checkpoint(&problem_key(i), &result).await?;
-                    ctx.add_done();
-                    ctx.emit(Event::DebateProblemDone(result)).await?;
+                    ctx.checkpoints.put(&problem_key(i), &result).await?;
+                    ctx.progress.add_done();
+                    ctx.log.emit(Event::DebateProblemDone(result)).await?;
                 }
-                () = ctx.cancelled() => break,
+                () = ctx.gate.cancelled() => break,
             }
         }
         drop(work);
-        self.finish(ctx, ctx.is_cancelled()).await
+        self.finish(ctx, ctx.gate.is_cancelled()).await
     }
 }
 

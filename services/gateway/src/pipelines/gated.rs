@@ -1,7 +1,7 @@
 //! Every stage a pipeline calls, behind its run's pause gate: a call waits while the run is paused
 //! (and fails with CANCELLED once it is cancelled) before it starts, so no pipeline can start a
 //! model call on a paused run however it is written, and runs on a slice of the run's budget
-//! ([`crate::engine::metered`]). [`super::Stages`] wraps each stage it is given; outside a run
+//! ([`assay_runs::metered`]). [`super::Stages`] wraps each stage it is given; outside a run
 //! (no gate in scope) a call goes straight through.
 
 use std::sync::Arc;
@@ -17,7 +17,7 @@ use assay_domain::similarity::CompareOutcome;
 use assay_domain::verify::{self, DeltaJudge};
 use assay_domain::{ChecklistItem, EventSink, ScoreEvent, ScoreOutcome, ScoreRequest, Scorer, StageError, Usage};
 
-use crate::engine::{metered, stage_gate};
+use assay_runs::{metered, stage_gate};
 
 /// A stage call of `kind` behind the run's pause gate, on a slice of the run's budget.
 async fn gated<T, Fut>(

@@ -7,7 +7,7 @@ use assay_proto::gateway::v1 as gw;
 
 use super::checklist::{ChecklistPlan, ChecklistSource, EvalRecord, Produced};
 use super::stages::Stages;
-use crate::engine::{Pipeline, RunCtx, RunOutcome};
+use assay_runs::{Pipeline, RunCtx, RunOutcome};
 
 /// A parsed generate-only pipeline.
 pub struct GenerateChecklist {

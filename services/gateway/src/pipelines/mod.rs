@@ -22,7 +22,7 @@ use assay_proto::gateway::v1::run_pipeline_request::Pipeline as Kind;
 
 pub use stages::{RefinementStages, Stages};
 
-use crate::engine::{Pipeline, PipelineFactory};
+use assay_runs::{Pipeline, PipelineFactory};
 
 /// Every pipeline this gateway runs.
 #[derive(Clone)]

@@ -15,7 +15,7 @@ use assay_proto::gateway::v1::run_event::Event;
 use tokio::sync::mpsc;
 
 use super::stages::Stages;
-use crate::engine::{Pipeline, RunCtx, RunOutcome};
+use assay_runs::{Pipeline, RunCtx, RunOutcome};
 
 /// Checkpoint key of the finished loop.
 const DONE: &str = "self_refine:outcome";
@@ -40,13 +40,13 @@ impl SelfRefine {
     }
 
     async fn refine(&self, ctx: &RunCtx) -> Result<SelfRefineOutcome, StageError> {
-        if let Some(done) = ctx.load_json::<SelfRefineOutcome>(DONE).await? {
+        if let Some(done) = ctx.checkpoints.load_json::<SelfRefineOutcome>(DONE).await? {
             return Ok(done);
         }
-        let mut passes: Vec<SelfRefinePass> = ctx.load_json(PASSES).await?.unwrap_or_default();
+        let mut passes: Vec<SelfRefinePass> = ctx.checkpoints.load_json(PASSES).await?.unwrap_or_default();
         loop {
             // Between passes: a paused run waits here, and goes on from the pass reached.
-            ctx.gate().await?;
+            ctx.gate.wait().await?;
             let (tx, mut rx) = mpsc::unbounded_channel::<SelfRefinePassEvent>();
             let sink = move |e: SelfRefinePassEvent| {
                 let _ = tx.send(e);
@@ -54,26 +54,26 @@ impl SelfRefine {
             let request =
                 SelfRefineRequest { prior_passes: passes.clone(), passes_this_call: 1, ..self.request.clone() };
             let call = self.stages.self_refiner()?.self_refine(request, &sink);
-            let outcome = ctx.relay_with(&mut rx, call, |e| Self::relay(ctx, e)).await??;
+            let outcome = assay_runs::relay_with(&mut rx, call, |e| Self::relay(ctx, e)).await??;
             // This call's passes (the earlier ones came back as they were sent).
             for p in outcome.passes.iter().skip(passes.len()) {
-                ctx.add_usage(&p.usage);
+                ctx.spending.add_usage(&p.usage);
             }
-            ctx.add_model(&outcome.model);
+            ctx.progress.add_model(&outcome.model);
             if outcome.finished(self.request.max_passes) {
-                ctx.checkpoint_json(DONE, &outcome).await?;
+                ctx.checkpoints.put_json(DONE, &outcome).await?;
                 return Ok(outcome);
             }
             passes.clone_from(&outcome.passes);
-            ctx.checkpoint_json(PASSES, &passes).await?;
+            ctx.checkpoints.put_json(PASSES, &passes).await?;
         }
     }
 
     /// A finished pass, as a `self_refine_pass` event (and one more step done).
     async fn relay(ctx: &RunCtx, event: SelfRefinePassEvent) -> Result<(), StageError> {
         let SelfRefinePassEvent::PassFinished(pass) = event;
-        ctx.add_done();
-        ctx.emit(Event::SelfRefinePass(convert::self_refine::pass_to(&pass))).await
+        ctx.progress.add_done();
+        ctx.log.emit(Event::SelfRefinePass(convert::self_refine::pass_to(&pass))).await
     }
 }
 
@@ -91,10 +91,10 @@ impl Pipeline for SelfRefine {
     async fn run(&self, ctx: &RunCtx) -> Result<RunOutcome, StageError> {
         let outcome = tokio::select! {
             biased;
-            () = ctx.cancelled() => return Err(StageError::Cancelled("the run was cancelled".into())),
+            () = ctx.gate.cancelled() => return Err(StageError::Cancelled("the run was cancelled".into())),
             outcome = self.refine(ctx) => outcome?,
         };
-        ctx.set_done(outcome.passes.len() as u32);
+        ctx.progress.set_done(outcome.passes.len() as u32);
         Ok(RunOutcome {
             state: gw::RunState::Succeeded,
             result: Some(gw::run_result::Result::SelfRefine(convert::self_refine::self_refine_response_to(&outcome))),

@@ -16,7 +16,7 @@ use assay_proto::gateway::v1 as gw;
 use assay_proto::gateway::v1::run_event::Event;
 
 use super::stages::Stages;
-use crate::engine::RunCtx;
+use assay_runs::RunCtx;
 
 /// Why an output was not refined.
 pub const SKIPPED_EXCLUDED: &str = "excluded";
@@ -57,9 +57,9 @@ pub async fn refine(
         let refined = stages.self_refiner()?.self_refine(hook.request(text, instruction), &|_| {}).await;
         match refined {
             Ok(outcome) => {
-                ctx.add_usage(&outcome.usage);
+                ctx.spending.add_usage(&outcome.usage);
                 if !outcome.skipped_too_short {
-                    ctx.add_model(&outcome.model);
+                    ctx.progress.add_model(&outcome.model);
                 }
                 entry.after.clone_from(&outcome.final_text);
                 entry.refine = Some(convert::self_refine::self_refine_response_to(&outcome));
@@ -68,6 +68,6 @@ pub async fn refine(
             Err(e) => entry.error = e.to_string(),
         }
     }
-    ctx.emit(Event::SelfRefined(entry.clone())).await?;
+    ctx.log.emit(Event::SelfRefined(entry.clone())).await?;
     Ok(entry)
 }

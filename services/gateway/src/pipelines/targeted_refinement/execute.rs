@@ -15,7 +15,7 @@ use tokio::sync::Mutex;
 
 use super::state::{EDITING, Halt, State, Status, TaskState, VERIFICATION};
 use super::{TargetedRefinement, verdict_of};
-use crate::engine::RunCtx;
+use assay_runs::RunCtx;
 
 impl TargetedRefinement {
     /// Run the iteration's pending tasks batch by batch.
@@ -233,7 +233,7 @@ impl TargetedRefinement {
             }
             Ok(edit) => edit,
         };
-        ctx.add_model(&edit.model);
+        ctx.progress.add_model(&edit.model);
         {
             let mut st = shared.lock().await;
             self.charge(ctx, &mut st, EDITING, &edit.usage);
@@ -363,7 +363,7 @@ impl TargetedRefinement {
             Err(e) => (true, format!("the consistency check failed: {e}"), None, Default::default()),
             Ok(o) => {
                 if let Some(m) = &o.model {
-                    ctx.add_model(m);
+                    ctx.progress.add_model(m);
                 }
                 (o.consistent, o.reason, o.confidence, o.usage)
             }

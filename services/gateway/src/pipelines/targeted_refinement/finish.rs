@@ -15,8 +15,8 @@ use futures::{StreamExt, TryStreamExt};
 
 use super::state::{Finishing, Phase, SELF_REFINE, State};
 use super::{SELF_REFINED, TargetedRefinement, quality_of, tokens};
-use crate::engine::{RunCtx, RunOutcome};
 use crate::pipelines::self_refine_hook::{self, Output};
+use assay_runs::{RunCtx, RunOutcome};
 
 impl TargetedRefinement {
     /// The judging a stopped loop reports, and the content it returns. Every fix the delta
@@ -147,8 +147,8 @@ impl TargetedRefinement {
             } else {
                 hints(&issues)
             },
-            audit_log: ctx.audit_log().await?,
-            usage: Some(ctx.usage()),
+            audit_log: ctx.inbox.audit_log().await?,
+            usage: Some(ctx.spending.usage()),
             score_history: st.history(),
             best_iteration: j.map_or(0, |j| j.iteration),
             unresolved_issues: issues.iter().map(convert::document::issue_to).collect(),
@@ -160,7 +160,7 @@ impl TargetedRefinement {
             best_effort,
             tasks_completed: st.tasks_completed,
             tasks_failed: st.tasks_failed,
-            models: ctx.models().iter().map(convert::model_record_to).collect(),
+            models: ctx.progress.models().iter().map(convert::model_record_to).collect(),
             score_predates_self_refine: self_refined.iter().any(|e| e.after != e.before),
             self_refined,
             phase_usage: super::phase_usage(st),
@@ -189,7 +189,8 @@ impl TargetedRefinement {
     ) -> Result<Vec<gw::SelfRefined>, StageError> {
         self.save(ctx, st, "self_refining").await?;
         let done: BTreeMap<String, gw::SelfRefined> = ctx
-            .checkpoints::<gw::SelfRefined>(SELF_REFINED)
+            .checkpoints
+            .all::<gw::SelfRefined>(SELF_REFINED)
             .await?
             .into_iter()
             .map(|(_, e)| (e.target.clone(), e))
@@ -232,14 +233,14 @@ impl TargetedRefinement {
                                 skipped: limit,
                                 ..Default::default()
                             };
-                            ctx.emit(Event::SelfRefined(e.clone())).await?;
+                            ctx.log.emit(Event::SelfRefined(e.clone())).await?;
                             e
                         }
                         None => self_refine_hook::refine(&self.stages, ctx, hook, o).await?,
                     };
                     // A failed loop is tried again by a restarted gateway.
                     if e.error.is_empty() {
-                        ctx.checkpoint(&format!("{SELF_REFINED}{}", e.target), &e).await?;
+                        ctx.checkpoints.put(&format!("{SELF_REFINED}{}", e.target), &e).await?;
                     }
                     Ok::<_, StageError>(e)
                 }

@@ -14,7 +14,7 @@ use tokio::sync::Mutex;
 
 use super::state::{Halt, Human, State};
 use super::{STATE, TargetedRefinement, verdict_of};
-use crate::engine::{ControlEffect, RunCtx};
+use assay_runs::{ControlEffect, RunCtx};
 
 impl TargetedRefinement {
     /// Before new work: wait while paused, take posted human actions (edits applied at once,
@@ -31,13 +31,13 @@ impl TargetedRefinement {
             }
             let consumed = {
                 let st = shared.lock().await;
-                if ctx.is_paused() {
+                if ctx.gate.is_paused() {
                     self.save(ctx, &st, "paused").await?;
                 }
                 st.consumed
             };
             let waited = Instant::now();
-            let action = ctx.gate_or_action(consumed).await?;
+            let action = ctx.inbox.gate_or_action(consumed).await?;
             self.clock.add_wait(waited.elapsed());
             let Some(request) = action else { break };
             let mut st = shared.lock().await;
@@ -130,11 +130,11 @@ impl TargetedRefinement {
     /// Semi-auto escalation: wait for a human. Edits are applied as they come; accept, review or
     /// resume ends the wait.
     pub(super) async fn await_human(&self, ctx: &RunCtx, st: &mut State) -> Result<Human, StageError> {
-        ctx.set_state(gw::RunState::AwaitingHuman, "escalated: below the semi-auto thresholds").await?;
+        ctx.progress.set_state(gw::RunState::AwaitingHuman, "escalated: below the semi-auto thresholds").await?;
         self.save(ctx, st, "awaiting_human").await?;
         loop {
             let waited = Instant::now();
-            let request = ctx.next_action(st.consumed).await;
+            let request = ctx.inbox.next_action(st.consumed).await;
             self.clock.add_wait(waited.elapsed());
             let request = request?;
             st.consumed += 1;
@@ -158,11 +158,11 @@ impl TargetedRefinement {
     /// Bytes of the document (titles and contents) once `edit` is applied after the edits already
     /// taken: the state checkpointed, then the posted edits the loop has not consumed yet.
     async fn document_after(&self, ctx: &RunCtx, edit: &gw::EditSection) -> Result<usize, StageError> {
-        let (mut sections, consumed) = match ctx.load_json::<State>(STATE).await? {
+        let (mut sections, consumed) = match ctx.checkpoints.load_json::<State>(STATE).await? {
             Some(st) => (st.sections, st.consumed),
             None => (self.sections.clone(), 0),
         };
-        let posted = ctx.actions_from(consumed).await?;
+        let posted = ctx.inbox.actions_from(consumed).await?;
         let edits = posted.iter().filter_map(|r| match &r.action {
             Some(Action::EditSection(e)) => Some(e),
             _ => None,
@@ -181,7 +181,7 @@ impl TargetedRefinement {
         ctx: &RunCtx,
         request: &gw::ControlRunRequest,
     ) -> Result<ControlEffect, StageError> {
-        let state = ctx.state();
+        let state = ctx.progress.state();
         let held = matches!(state, gw::RunState::Paused | gw::RunState::AwaitingHuman);
         let name = state.as_str_name();
         let reason = &request.reason;
@@ -220,7 +220,7 @@ impl TargetedRefinement {
                     ));
                 }
                 let detail = format!("section {}: {reason}", e.section_id);
-                ctx.post_action(request, "edit_section", &detail).await?;
+                ctx.inbox.post_action(request, "edit_section", &detail).await?;
                 Ok(ControlEffect::Taken)
             }
             Some(Action::Accept(_)) => {
@@ -229,7 +229,7 @@ impl TargetedRefinement {
                         "accept: the run is {name}; pause it first (intervene) or wait for an escalation"
                     )));
                 }
-                ctx.post_action(request, "accept", reason).await?;
+                ctx.inbox.post_action(request, "accept", reason).await?;
                 Ok(ControlEffect::Ends)
             }
             Some(Action::Review(_)) => {
@@ -238,11 +238,11 @@ impl TargetedRefinement {
                         "review: the run is {name}; mark as reviewed applies to an escalated run (RUN_STATE_AWAITING_HUMAN)"
                     )));
                 }
-                ctx.post_action(request, "review", reason).await?;
+                ctx.inbox.post_action(request, "review", reason).await?;
                 Ok(ControlEffect::Ends)
             }
             Some(Action::Resume(_)) => {
-                ctx.post_action(request, "resume", reason).await?;
+                ctx.inbox.post_action(request, "resume", reason).await?;
                 Ok(ControlEffect::Taken)
             }
             _ => Err(StageError::FailedPrecondition(format!("this action does not apply to a run in state {name}"))),

@@ -13,7 +13,7 @@ use assay_proto::gateway::v1::refinement_event::Event as Ev;
 
 use super::state::{self, Judging, State, Status, TaskState};
 use super::{TargetedRefinement, mode_to, tokens};
-use crate::engine::RunCtx;
+use assay_runs::RunCtx;
 
 /// A judging's end.
 pub(super) enum Judged {
@@ -55,7 +55,7 @@ impl TargetedRefinement {
             }
             for r in &outcome.results {
                 if let Some(m) = &r.model_record {
-                    ctx.add_model(m);
+                    ctx.progress.add_model(m);
                 }
             }
             (outcome.verdicts(), outcome.results)
@@ -165,7 +165,7 @@ impl TargetedRefinement {
         let phase = st.arbiter_phase();
         self.charge(ctx, st, phase, &plan.consolidation.usage);
         if let Some(m) = &plan.consolidation.model_record {
-            ctx.add_model(m);
+            ctx.progress.add_model(m);
         }
         Ok(plan)
     }
@@ -218,7 +218,7 @@ impl TargetedRefinement {
             self.charge(ctx, st, state::JUDGING, &outcome.usage);
             for r in &outcome.results {
                 if let Some(m) = &r.model_record {
-                    ctx.add_model(m);
+                    ctx.progress.add_model(m);
                 }
             }
             let verdicts = outcome.verdicts();

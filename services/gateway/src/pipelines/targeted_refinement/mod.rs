@@ -44,7 +44,7 @@ use assay_proto::gateway::v1::run_event::Event;
 use tokio::sync::Mutex;
 
 use super::stages::{RefinementStages, Stages};
-use crate::engine::{ControlEffect, Pipeline, RunCtx, RunOutcome};
+use assay_runs::{ControlEffect, Pipeline, RunCtx, RunOutcome};
 use judge::Judged;
 use state::{Halt, Human, PHASES, Phase, State, Status};
 
@@ -104,7 +104,7 @@ impl Clock {
 }
 
 fn tokens(ctx: &RunCtx) -> u64 {
-    let u = ctx.usage();
+    let u = ctx.spending.usage();
     u.prompt_tokens + u.completion_tokens
 }
 
@@ -171,8 +171,8 @@ fn verdict_of(
 ) -> Result<(bool, Option<assay_proto::delta_judge::v1::VerifyResponse>, String), StageError> {
     match outcome {
         Ok(o) => {
-            ctx.add_usage(&o.usage);
-            ctx.add_model(&o.model);
+            ctx.spending.add_usage(&o.usage);
+            ctx.progress.add_model(&o.model);
             Ok((o.accepted, Some(convert::delta_judge::verify_response_to(&o)), o.rejection_reasons.join("; ")))
         }
         Err(e @ StageError::Cancelled(_)) => Err(e),
@@ -198,7 +198,7 @@ impl TargetedRefinement {
     /// The token budget: the pipeline's, or the run's when that is smaller (the run's budget
     /// then ends the refinement by the pipeline's own budget rules).
     fn max_tokens(&self, ctx: &RunCtx) -> u64 {
-        ctx.token_limit().map_or(self.limits.max_tokens, |t| t.min(self.limits.max_tokens))
+        ctx.spending.token_limit().map_or(self.limits.max_tokens, |t| t.min(self.limits.max_tokens))
     }
 
     /// The limit reached once the token or time budget is spent (its stop reason).
@@ -214,7 +214,7 @@ impl TargetedRefinement {
 
     /// A stage call's usage: on the run and on the phase.
     fn charge(&self, ctx: &RunCtx, st: &mut State, phase: &str, usage: &assay_domain::Usage) {
-        ctx.add_usage(usage);
+        ctx.spending.add_usage(usage);
         st.tally(phase, usage);
     }
 
@@ -226,17 +226,17 @@ impl TargetedRefinement {
     }
 
     async fn emit(&self, ctx: &RunCtx, iteration: u32, event: Ev) -> Result<(), StageError> {
-        ctx.emit(Event::Refinement(gw::RefinementEvent { iteration, event: Some(event) })).await
+        ctx.log.emit(Event::Refinement(gw::RefinementEvent { iteration, event: Some(event) })).await
     }
 
     /// Save the state (checkpoint) and publish its progress on the run.
     async fn save(&self, ctx: &RunCtx, st: &State, phase: &str) -> Result<(), StageError> {
         let mut st = st.clone();
         st.active_ms = self.clock.active_ms(st.active_ms);
-        ctx.checkpoint_json(STATE, &st).await?;
+        ctx.checkpoints.put_json(STATE, &st).await?;
         // A paused run says so, whatever its in-flight work is doing.
-        let phase = if ctx.is_paused() && !matches!(phase, "done" | "awaiting_human") { "paused" } else { phase };
-        ctx.set_progress(gw::run::Progress::Refinement(self.progress(ctx, &st, phase)));
+        let phase = if ctx.gate.is_paused() && !matches!(phase, "done" | "awaiting_human") { "paused" } else { phase };
+        ctx.progress.set(gw::run::Progress::Refinement(self.progress(ctx, &st, phase)));
         Ok(())
     }
 
@@ -387,7 +387,7 @@ impl Pipeline for TargetedRefinement {
         // Cancel drops whatever is in flight (model calls included) at once.
         tokio::select! {
             biased;
-            () = ctx.cancelled() => Err(StageError::Cancelled("the run was cancelled".into())),
+            () = ctx.gate.cancelled() => Err(StageError::Cancelled("the run was cancelled".into())),
             outcome = self.refine(ctx) => outcome,
         }
     }
@@ -400,7 +400,7 @@ impl Pipeline for TargetedRefinement {
 impl TargetedRefinement {
     /// The loop (see the module documentation), resumed from the state checkpoint.
     async fn refine(&self, ctx: &RunCtx) -> Result<RunOutcome, StageError> {
-        let mut st = match ctx.load_json::<State>(STATE).await? {
+        let mut st = match ctx.checkpoints.load_json::<State>(STATE).await? {
             Some(st) => st,
             None => State::new(self.sections.clone()),
         };
@@ -552,7 +552,7 @@ impl TargetedRefinement {
                             .await;
                     }
                     Human::Resume => {
-                        ctx.set_state(gw::RunState::Running, "resumed by a human").await?;
+                        ctx.progress.set_state(gw::RunState::Running, "resumed by a human").await?;
                         if !st.unverified_edits.is_empty() {
                             self.verify_human_edits(ctx, &mut st).await?;
                         }

@@ -18,10 +18,10 @@ use super::{
 
 /// The schema, one migration per entry, applied in order and recorded in `assay_schema`.
 const MIGRATIONS: &[(i32, &str)] = &[
-    (1, include_str!("../../../migrations/postgres/0001_runs.sql")),
-    (2, include_str!("../../../migrations/postgres/0002_control_refusals.sql")),
-    (3, include_str!("../../../migrations/postgres/0003_spend.sql")),
-    (4, include_str!("../../../migrations/postgres/0004_spend_holds.sql")),
+    (1, include_str!("../../migrations/postgres/0001_runs.sql")),
+    (2, include_str!("../../migrations/postgres/0002_control_refusals.sql")),
+    (3, include_str!("../../migrations/postgres/0003_spend.sql")),
+    (4, include_str!("../../migrations/postgres/0004_spend_holds.sql")),
 ];
 /// A run's summary, fenced by this gateway's lease: $1 run, $2 state, $3 summary, $4 owner.
 const UPDATE_SUMMARY: &str =

@@ -6,8 +6,8 @@
 
 use std::time::Duration;
 
-use assay_gateway::engine::store::PostgresStore;
 use assay_proto::gateway::v1 as gw;
+use assay_runs::store::PostgresStore;
 use assay_testkit::TempPostgres;
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose};
 
@@ -37,7 +37,7 @@ async fn works(url: &str) -> bool {
     let store = connect(url).await.unwrap_or_else(|e| panic!("{url}: {e}"));
     let id = format!("run-{}", uuid_like());
     let run = gw::Run { run_id: id.clone(), state: gw::RunState::Running as i32, ..Default::default() };
-    use assay_gateway::engine::store::RunStorage;
+    use assay_runs::store::RunStorage;
     store.create(run, gw::RunPipelineRequest::default()).await.unwrap();
     assert_eq!(store.get(&id).await.unwrap().unwrap().run.run_id, id);
     store.encrypted().await.unwrap()

@@ -5,9 +5,9 @@
 
 use std::time::Duration;
 
-use assay_gateway::RunStore;
-use assay_gateway::engine::store::RunWrite;
 use assay_proto::gateway::v1 as gw;
+use assay_runs::RunStore;
+use assay_runs::store::RunWrite;
 use assay_testkit::TempPostgres;
 
 fn run(id: &str, created: i64, state: gw::RunState, kind: gw::PipelineKind) -> gw::Run {
@@ -260,7 +260,7 @@ async fn postgres_leases_fence_writes_and_orphans_are_taken_over() {
         .unwrap();
     let posted = a2.posted_controls(&["r1".into(), "other".into()]).await.unwrap();
     assert_eq!(posted.iter().map(|p| (p.id, p.request.actor.as_str())).collect::<Vec<_>>(), [(id1, "x"), (id2, "y")]);
-    use assay_gateway::engine::store::{ControlOutcome, ControlRefusal};
+    use assay_runs::store::{ControlOutcome, ControlRefusal};
     assert_eq!(b.control_outcome(id1).await.unwrap(), ControlOutcome::Pending);
     a2.remove_control(id1).await.unwrap();
     assert_eq!(b.control_outcome(id1).await.unwrap(), ControlOutcome::Taken, "taken: its row is gone");

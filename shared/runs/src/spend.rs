@@ -18,12 +18,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
+use assay_config::AssayConfig;
 use assay_domain::{StageError, Usage};
 use assay_proto::gateway::v1 as gw;
-use assay_runtime::assay_config::AssayConfig;
 use prost_reflect::{DynamicMessage, ReflectMessage, Value};
 
-use super::store::{HoldOutcome, RunStore, SpendHold};
+use crate::store::{HoldOutcome, RunStore, SpendHold};
 
 const NANO: f64 = 1e9;
 
@@ -34,7 +34,7 @@ fn day_of(time: &prost_types::Timestamp) -> String {
 
 /// Today, UTC.
 fn today() -> String {
-    day_of(&super::ctx::now())
+    day_of(&crate::clock::now())
 }
 
 /// Spend recording and the daily caps of one gateway. Cheap to share.
@@ -361,7 +361,7 @@ impl Drop for CapHold {
 
 /// Add to `out` every backend named by a model spec anywhere in `request`.
 fn named_backends(request: &gw::RunPipelineRequest, out: &mut BTreeSet<String>) {
-    let Ok(pool) = crate::admin::descriptor_pool() else { return };
+    let Ok(pool) = assay_proto::descriptor_pool() else { return };
     let Some(desc) = pool.get_message_by_name("assay.gateway.v1.RunPipelineRequest") else { return };
     let Ok(msg) = DynamicMessage::decode(desc, prost::Message::encode_to_vec(request).as_slice()) else { return };
     walk(&msg, out);
@@ -421,15 +421,13 @@ mod tests {
     #[test]
     fn a_cap_needs_a_price_table_and_a_sane_number() {
         let store = RunStore::open(":memory:").unwrap();
-        let mut config = assay_runtime::assay_config::load_from("").unwrap();
+        let mut config = assay_config::load_from("").unwrap();
         let openai = config.backends.get_mut("openai").unwrap();
         openai.daily_spend_usd = 5.0;
         let e = SpendCaps::from_config(&config, store.clone()).err().unwrap();
         assert!(e.contains("backends.openai.daily_spend_usd needs a price table"), "{e}");
         let openai = config.backends.get_mut("openai").unwrap();
-        openai
-            .prices
-            .insert("*".into(), assay_runtime::assay_config::Price { input: 1.0, output: 1.0, cached_input: None });
+        openai.prices.insert("*".into(), assay_config::Price { input: 1.0, output: 1.0, cached_input: None });
         openai.daily_spend_usd = f64::INFINITY;
         let e = SpendCaps::from_config(&config, store.clone()).err().unwrap();
         assert!(e.contains("finite number"), "{e}");
@@ -447,11 +445,9 @@ mod tests {
         assert_eq!(store.add_spend("2020-01-01", "openai", 7).await.unwrap(), 12);
         assert_eq!(store.add_spend("2020-01-02", "openai", 1).await.unwrap(), 1);
         assert_eq!(store.spend("2020-01-01").await.unwrap(), vec![("openai".to_string(), 12)]);
-        let mut config = assay_runtime::assay_config::load_from("[models.default]\nbackend = \"openai\"\n").unwrap();
+        let mut config = assay_config::load_from("[models.default]\nbackend = \"openai\"\n").unwrap();
         let openai = config.backends.get_mut("openai").unwrap();
-        openai
-            .prices
-            .insert("*".into(), assay_runtime::assay_config::Price { input: 1.0, output: 1.0, cached_input: None });
+        openai.prices.insert("*".into(), assay_config::Price { input: 1.0, output: 1.0, cached_input: None });
         openai.daily_spend_usd = 1.0;
         let caps = SpendCaps::from_config(&config, store).unwrap();
         let used = caps.capped_backends_of(&gw::RunPipelineRequest::default());

@@ -12,7 +12,7 @@ use std::time::Duration;
 use assay_proto::gateway::v1 as gw;
 use opentelemetry::KeyValue;
 
-use super::store::{RunStorage, RunStore};
+use crate::store::{RunStorage, RunStore};
 
 /// How long one export waits for the store's counts before it reports none.
 const COUNT_TIMEOUT: Duration = Duration::from_secs(2);

@@ -6,7 +6,7 @@ use assay_proto::gateway::v1 as gw;
 use assay_proto::gateway::v1::run_event::Event;
 use tokio::sync::broadcast;
 
-use super::RunStore;
+use crate::store::RunStore;
 
 fn completes(ev: &gw::RunEvent) -> bool {
     matches!(ev.event, Some(Event::Completed(_)))
@@ -71,7 +71,7 @@ pub fn replay_then_follow(
             match store.events_after(&run_id, last).await {
                 // Nothing new: stop once the run has ended (its last event was already sent).
                 Ok(events) if events.is_empty() => match store.get(&run_id).await {
-                    Ok(Some(stored)) if super::is_terminal(stored.run.state) => return,
+                    Ok(Some(stored)) if crate::clock::is_terminal(stored.run.state) => return,
                     Ok(_) => {}
                     Err(e) => {
                         let _ = tx.send(Err(e)).await;

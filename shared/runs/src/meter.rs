@@ -18,7 +18,7 @@ use std::sync::Arc;
 use assay_budget::{Budget, Cost, Limits};
 use assay_domain::{StageError, Usage};
 
-use super::spend::SpendCaps;
+use crate::spend::SpendCaps;
 
 /// What meters the stage calls of one run.
 pub(crate) struct RunMeter {
