@@ -9,7 +9,10 @@ use assay_domain::StageError;
 use assay_proto::gateway::v1 as gw;
 use tokio::sync::watch;
 
-use super::{ControlOutcome, ControlRefusal, PostedControl, RunStorage, RunStore, RunWrite, StoredRun};
+use super::contract::{
+    ControlOutcome, ControlRefusal, HoldOutcome, PostedControl, RunStorage, RunWrite, SpendHold, SpendLedger, StoredRun,
+};
+use super::handle::RunStore;
 
 pub struct ObservedStore {
     inner: RunStore,
@@ -105,13 +108,17 @@ impl RunStorage for ObservedStore {
     async fn count_by_state(&self) -> Result<Vec<(i32, i64)>, StageError> {
         self.inner.count_by_state().await
     }
+}
+
+#[async_trait::async_trait]
+impl SpendLedger for ObservedStore {
     async fn add_spend(&self, day: &str, backend: &str, nano_usd: i64) -> Result<i64, StageError> {
         self.inner.add_spend(day, backend, nano_usd).await
     }
     async fn spend(&self, day: &str) -> Result<Vec<(String, i64)>, StageError> {
         self.inner.spend(day).await
     }
-    async fn hold_spend(&self, hold: &super::SpendHold, min: i64, cap: i64) -> Result<super::HoldOutcome, StageError> {
+    async fn hold_spend(&self, hold: &SpendHold, min: i64, cap: i64) -> Result<HoldOutcome, StageError> {
         self.inner.hold_spend(hold, min, cap).await
     }
     async fn settle_spend(

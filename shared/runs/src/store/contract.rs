@@ -1,0 +1,176 @@
+//! What a run store is: the storage traits the engine uses and the values that cross them.
+
+use assay_domain::StageError;
+use assay_proto::gateway::v1 as gw;
+
+/// A stored run with the request that started it.
+#[derive(Debug, Clone)]
+pub struct StoredRun {
+    pub run: gw::Run,
+    pub request: gw::RunPipelineRequest,
+}
+
+/// A control request waiting for the gateway that executes its run.
+#[derive(Debug, Clone)]
+pub struct PostedControl {
+    pub id: i64,
+    pub request: gw::ControlRunRequest,
+}
+
+/// Why the executing gateway refused a posted control: the gRPC status it would have answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControlRefusal {
+    pub code: i32,
+    pub message: String,
+    pub details: Vec<u8>,
+}
+
+/// Where a posted control stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ControlOutcome {
+    /// Not taken yet.
+    Pending,
+    /// Taken and applied (its row is gone).
+    Taken,
+    /// Refused by the executing gateway.
+    Refused(ControlRefusal),
+}
+
+/// One write of a run's state, applied with others by [`RunStorage::write`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum RunWrite {
+    /// Append an event (sequences assigned by the run's writer, gap-free).
+    Event(Box<gw::RunEvent>),
+    /// Store a checkpoint under `key`, replacing the one stored there.
+    Checkpoint { key: String, value: Vec<u8> },
+    /// Replace the run's summary.
+    Summary(Box<gw::Run>),
+    /// The run's stored state must be one of these (`RunState` numbers), checked in the
+    /// transaction before any other write of the batch: else none is applied and the write fails
+    /// with FAILED_PRECONDITION naming the state found ([`state_refused`]). How a control's state
+    /// check and its audit entry are made atomic.
+    Expect(Vec<i32>),
+}
+
+/// The error of a write whose expected states ([`RunWrite::Expect`]) did not hold.
+pub fn state_refused(run_id: &str, found: i32) -> StageError {
+    let name = gw::RunState::try_from(found).map(|s| s.as_str_name()).unwrap_or("RUN_STATE_UNKNOWN");
+    StageError::FailedPrecondition(format!("run {run_id} is {name}"))
+}
+
+/// Run storage behind the engine.
+#[async_trait::async_trait]
+pub trait RunStorage: SpendLedger + Send + Sync {
+    /// What the store is, for logs (no secrets).
+    fn describe(&self) -> String;
+    /// Whether several gateways share it (leases, takeover and cross-gateway watching apply).
+    fn shared(&self) -> bool;
+    /// Insert a new run, owned by this gateway.
+    async fn create(&self, run: gw::Run, request: gw::RunPipelineRequest) -> Result<(), StageError>;
+    /// Apply `writes` of run `run_id` in order, in one transaction: all of them or none. The run's
+    /// writer hands over everything queued since its last write at once (group commit), so a run
+    /// pays one transaction per batch instead of one per event and checkpoint.
+    async fn write(&self, run_id: &str, writes: Vec<RunWrite>) -> Result<(), StageError>;
+    /// Events with sequence > `after`, in order.
+    async fn events_after(&self, run_id: &str, after: u64) -> Result<Vec<gw::RunEvent>, StageError>;
+    /// A run's checkpoints whose key starts with `prefix`, by key.
+    async fn checkpoints(&self, run_id: &str, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, StageError>;
+    /// One run.
+    async fn get(&self, run_id: &str) -> Result<Option<StoredRun>, StageError>;
+    /// Runs newest first, filtered, `limit` at most, starting after the (created_at, run_id) cursor.
+    async fn list(
+        &self,
+        kind: i32,
+        state: i32,
+        cursor: Option<(i64, String)>,
+        limit: usize,
+    ) -> Result<Vec<gw::Run>, StageError>;
+    /// Take the unfinished runs no gateway executes (their lease expired, or was released) and
+    /// return them, now leased to this gateway. At `startup`, also the runs leased to this
+    /// gateway's own name (a restarted process takes its runs back at once). A store with one
+    /// gateway returns every unfinished run at startup and nothing afterwards.
+    async fn claim_orphans(&self, startup: bool) -> Result<Vec<StoredRun>, StageError>;
+    /// Extend this gateway's leases on `run_ids`; returns the ones it no longer holds.
+    async fn renew(&self, run_ids: &[String]) -> Result<Vec<String>, StageError>;
+    /// Give up this gateway's lease on a run it stops executing without ending it (shutdown),
+    /// so another gateway takes it over at once.
+    async fn release(&self, run_id: &str) -> Result<(), StageError>;
+    /// Leave a control for the gateway executing `request.run_id`.
+    async fn post_control(&self, request: gw::ControlRunRequest) -> Result<i64, StageError>;
+    /// Controls posted for any of `run_ids`, oldest first.
+    async fn posted_controls(&self, run_ids: &[String]) -> Result<Vec<PostedControl>, StageError>;
+    /// Remove a posted control (taken, or refused).
+    async fn remove_control(&self, id: i64) -> Result<(), StageError>;
+    /// Record that the executing gateway refused a posted control (the row stays, out of
+    /// [`RunStorage::posted_controls`], until its poster reads the refusal and removes it).
+    async fn refuse_control(&self, id: i64, refusal: ControlRefusal) -> Result<(), StageError>;
+    /// Where a posted control stands.
+    async fn control_outcome(&self, id: i64) -> Result<ControlOutcome, StageError>;
+    /// How many runs the store holds in each state (`RunState` numbers; states with none left out).
+    async fn count_by_state(&self) -> Result<Vec<(i32, i64)>, StageError>;
+}
+
+/// The spend ledger behind the daily caps: spend per (UTC day, backend) and the holds of calls in
+/// flight, atomic with every gateway sharing the store.
+#[async_trait::async_trait]
+pub trait SpendLedger: Send + Sync {
+    /// Add `nano_usd` (1e-9 USD) to `backend`'s spend on UTC `day` (`YYYY-MM-DD`), atomically
+    /// with every other gateway sharing the store; returns the day's total after the addition.
+    async fn add_spend(&self, day: &str, backend: &str, nano_usd: i64) -> Result<i64, StageError>;
+    /// Every backend's spend on UTC `day`, nano-dollars.
+    async fn spend(&self, day: &str) -> Result<Vec<(String, i64)>, StageError>;
+    /// Hold part of `hold.backend`'s daily cap `cap` on `hold.day` for a call about to spend,
+    /// atomically with every other gateway sharing the store: at least `min` and up to
+    /// `hold.nano_usd` nano-dollars of what neither the day's spend nor live holds take. Holds
+    /// past their `expires_at` (their gateway died with the calls in flight) first become spend at
+    /// their reserved amount: a crash cannot hide calls a provider served.
+    async fn hold_spend(&self, hold: &SpendHold, min: i64, cap: i64) -> Result<HoldOutcome, StageError>;
+    /// Settle hold `id` of `reserved` nano-dollars on (`day`, `backend`): the hold removed and
+    /// `actual` added to the day's spend, in one transaction (a hold that had expired into spend
+    /// is corrected to `actual`); returns the day's total.
+    async fn settle_spend(
+        &self,
+        day: &str,
+        backend: &str,
+        id: &str,
+        reserved: i64,
+        actual: i64,
+    ) -> Result<i64, StageError>;
+}
+
+/// A hold on a backend's daily cap ([`SpendLedger::hold_spend`]).
+#[derive(Debug, Clone)]
+pub struct SpendHold {
+    pub id: String,
+    pub run_id: String,
+    pub day: String,
+    pub backend: String,
+    /// What is wanted, nano-dollars.
+    pub nano_usd: i64,
+    /// Seconds since the Unix epoch after which the hold counts as spent.
+    pub expires_at: i64,
+}
+
+/// What [`SpendLedger::hold_spend`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HoldOutcome {
+    /// Held this many nano-dollars.
+    Granted(i64),
+    /// `min` fits only once live holds are settled: ask again.
+    Wait,
+    /// `min` does not fit in what the day's spend leaves of the cap: the spend so far.
+    Refused(i64),
+}
+
+/// The outcome of a hold given the day's `spent`, what live holds take (`held`), the `cap`, and
+/// `min` / `want`.
+pub(crate) fn hold_outcome(spent: i64, held: i64, cap: i64, min: i64, want: i64) -> HoldOutcome {
+    if spent.saturating_add(min) > cap {
+        return HoldOutcome::Refused(spent);
+    }
+    let free = cap - spent - held;
+    if min > free {
+        return HoldOutcome::Wait;
+    }
+    HoldOutcome::Granted(want.min(free).max(min))
+}
