@@ -9,8 +9,9 @@ use assay_proto::gateway::v1::gateway_service_server::{GatewayService, GatewaySe
 use assay_proto::gateway::v1::{
     CompareRunsRequest, CompareRunsResponse, ControlRunRequest, ControlRunResponse, EvaluateRequest, EvaluateResponse,
     GetRunRequest, GetRunResponse, ListRunsRequest, ListRunsResponse, RunPipelineRequest, RunPipelineResponse,
-    WatchRunRequest, WatchRunResponse, run_pipeline_request, run_result,
+    WatchRunRequest, WatchRunResponse,
 };
+use assay_proto::pipelines::{self, PipelineContract, result_of};
 use assay_rpc::{CallContext, run_with, to_status};
 use futures::{Stream, StreamExt};
 use tonic::service::Routes;
@@ -97,21 +98,15 @@ impl GatewayService for GatewayGrpc {
             return Err(to_status(StageError::invalid("pipeline", "is required")));
         };
         let request = RunPipelineRequest {
-            pipeline: Some(run_pipeline_request::Pipeline::ChecklistEval(pipeline)),
+            pipeline: Some(pipelines::ChecklistEval::wrap_request(pipeline)),
             label: "evaluate".into(),
             budget,
         };
         let engine = self.engine.clone();
         let run = run_with(ctx, async move { engine.run_unpersisted(request).await }).await?;
-        match run.result.and_then(|r| r.result) {
-            Some(run_result::Result::ChecklistEval(e)) => Ok(Response::new(e)),
-            Some(
-                run_result::Result::Checklist(_)
-                | run_result::Result::SelfRefine(_)
-                | run_result::Result::Debate(_)
-                | run_result::Result::TargetedRefinement(_),
-            )
-            | None => Err(to_status(StageError::Internal(format!("run {} ended without an evaluation", run.run_id)))),
+        match result_of::<pipelines::ChecklistEval>(run.result) {
+            Some(e) => Ok(Response::new(e)),
+            None => Err(to_status(StageError::Internal(format!("run {} ended without an evaluation", run.run_id)))),
         }
     }
 

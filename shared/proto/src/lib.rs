@@ -4,6 +4,7 @@
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/assay_descriptor.bin"));
 
 pub mod convert;
+pub mod pipelines;
 
 /// The contracts' descriptors (every Assay package and its imports), decoded once per process:
 /// for code that reads messages by field name (the admin API's JSON, the backends a request

@@ -13,9 +13,10 @@ use std::process::ExitCode;
 
 use assay_config::AssayConfig;
 use assay_proto::gateway::v1 as gw;
+use assay_proto::pipelines;
 use serde_json::{Map, Value};
 
-use super::follow::{FollowError, NoResult, RunFollower, Step, finished, follow_run, is_final, start_run};
+use super::follow::{FollowError, NoResult, RunFollower, Step, finished_as, follow_run, is_final, start_run};
 use super::input::HookArgs;
 use super::render::debate::{problem_json, problem_line, summary_text};
 use super::render::self_refine::self_refined_line;
@@ -275,14 +276,9 @@ impl Follower {
             }
         }
         self.out.flush().map_err(failed_io)?;
-        let d = match finished(state, result) {
-            Ok(gw::run_result::Result::Debate(d)) => d,
-            Ok(
-                gw::run_result::Result::ChecklistEval(_)
-                | gw::run_result::Result::Checklist(_)
-                | gw::run_result::Result::SelfRefine(_)
-                | gw::run_result::Result::TargetedRefinement(_),
-            ) => return Err(DebateError::Failed(NoResult::Missing("debate result").message(run_id))),
+        let d = match finished_as::<pipelines::Debate>(state, result, "debate result") {
+            Ok(d) => d,
+            Err(e @ NoResult::Missing(_)) => return Err(DebateError::Failed(e.message(run_id))),
             Err(NoResult::Cancelled) => {
                 return Err(DebateError::Failed(format!(
                     "{}; the problems debated are written",

@@ -7,8 +7,9 @@ use std::path::{Path, PathBuf};
 use assay_config::AssayConfig;
 use assay_proto::common::v1 as common;
 use assay_proto::gateway::v1 as gw;
+use assay_proto::pipelines;
 
-use super::follow::{NoResult, RunFollower, Step, finished, follow_run, is_final, start_run};
+use super::follow::{NoResult, RunFollower, Step, finished_as, follow_run, is_final, start_run};
 use super::input::{CorpusArgs, corpus_request, is_corpus, read_checklist, read_records};
 use super::render::checklist_eval::{checklist_ready_line, record_json, summary_json, summary_line};
 use super::render::stage_progress_line;
@@ -189,15 +190,9 @@ impl Follower {
         self.out.flush().map_err(|e| e.to_string())?;
         self.progress.finish();
         let run_id = &self.run_id;
-        let e = match finished(state, result) {
-            Ok(gw::run_result::Result::ChecklistEval(e)) => e,
-            Ok(
-                gw::run_result::Result::Checklist(_)
-                | gw::run_result::Result::SelfRefine(_)
-                | gw::run_result::Result::Debate(_)
-                | gw::run_result::Result::TargetedRefinement(_),
-            )
-            | Err(NoResult::Missing(_)) => return Err(NoResult::Missing("evaluation").message(run_id)),
+        let e = match finished_as::<pipelines::ChecklistEval>(state, result, "evaluation") {
+            Ok(e) => e,
+            Err(e @ NoResult::Missing(_)) => return Err(e.message(run_id)),
             Err(NoResult::Cancelled) => {
                 let cancelled = NoResult::Cancelled.message(run_id);
                 return Err(format!("{cancelled}; the records scored before are written above"));

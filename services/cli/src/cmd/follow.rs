@@ -5,6 +5,7 @@
 use std::pin::Pin;
 
 use assay_proto::gateway::v1 as gw;
+use assay_proto::pipelines::PipelineContract;
 use futures::{Stream, StreamExt};
 
 use super::render::state_name;
@@ -266,6 +267,20 @@ pub fn finished(state: i32, result: Option<gw::RunResult>) -> Result<gw::run_res
             | gw::RunState::AwaitingHuman,
         )
         | Err(_) => Err(NoResult::NotFinal(state)),
+    }
+}
+
+/// [`finished`], for a verb that expects a result of pipeline kind `C`: a result of another kind
+/// is [`NoResult::Missing`] (`what`).
+pub fn finished_as<C: PipelineContract>(
+    state: i32,
+    result: Option<gw::RunResult>,
+    what: &'static str,
+) -> Result<C::Result, NoResult> {
+    match finished(state, result) {
+        Ok(r) => C::result(r).ok_or(NoResult::Missing(what)),
+        Err(NoResult::Missing(_)) => Err(NoResult::Missing(what)),
+        Err(e) => Err(e),
     }
 }
 

@@ -7,9 +7,10 @@ use std::path::PathBuf;
 use assay_config::AssayConfig;
 use assay_proto::common::v1 as common;
 use assay_proto::gateway::v1 as gw;
+use assay_proto::pipelines;
 use futures::StreamExt;
 
-use super::follow::{NoResult, RunFollower, Step, finished, is_final, run_and_follow};
+use super::follow::{NoResult, RunFollower, Step, finished_as, is_final, run_and_follow};
 /// Re-exported here for `main.rs`, which names it `cmd::generate::CorpusArgs`.
 pub use super::input::CorpusArgs;
 use super::input::{corpus_request, is_corpus, read_checklist, read_records};
@@ -170,9 +171,8 @@ impl RunFollower for Generation {
 impl Generation {
     /// The run's checklist, or the error its line carries (the run's own reason when it gave one).
     fn completed(&self, state: i32, result: Option<gw::RunResult>) -> Result<common::Checklist, String> {
-        match finished(state, result) {
-            Ok(gw::run_result::Result::Checklist(c)) => Ok(c),
-            Ok(_) => Err(NoResult::Missing("checklist").message(&self.run_id)),
+        match finished_as::<pipelines::GenerateChecklist>(state, result, "checklist") {
+            Ok(c) => Ok(c),
             Err(NoResult::Failed(why)) if !why.is_empty() => Err(why),
             Err(e) => Err(e.message(&self.run_id)),
         }

@@ -10,11 +10,12 @@ use assay_config::AssayConfig;
 use assay_domain::document::MAX_JUDGES;
 use assay_proto::common::v1 as common;
 use assay_proto::gateway::v1 as gw;
+use assay_proto::pipelines;
 use assay_proto::scorer::v1 as scorer;
 use serde_json::{Map, Value};
 
 use super::Session;
-use super::follow::{FollowError, NoResult, RunFollower, Step, finished, is_final, run_and_follow};
+use super::follow::{FollowError, NoResult, RunFollower, Step, finished_as, is_final, run_and_follow};
 use super::input::{HookArgs, model_spec};
 use super::render::json::{envelope, run_output, to_json};
 use super::render::self_refine::self_refined_line;
@@ -433,17 +434,9 @@ impl Follower {
     /// The run completed: print the result, map the outcome.
     fn completed(&self, state: i32, result: Option<gw::RunResult>) -> Result<Ending, RefineError> {
         let id = &self.run_id;
-        let t = match finished(state, result) {
-            Ok(gw::run_result::Result::TargetedRefinement(t)) => t,
-            Ok(
-                gw::run_result::Result::ChecklistEval(_)
-                | gw::run_result::Result::Checklist(_)
-                | gw::run_result::Result::SelfRefine(_)
-                | gw::run_result::Result::Debate(_),
-            )
-            | Err(NoResult::Missing(_)) => {
-                return Err(RefineError::Failed(NoResult::Missing("refinement result").message(id)));
-            }
+        let t = match finished_as::<pipelines::TargetedRefinement>(state, result, "refinement result") {
+            Ok(t) => t,
+            Err(e @ NoResult::Missing(_)) => return Err(RefineError::Failed(e.message(id))),
             Err(e) => return Err(RefineError::Failed(e.message(id))),
         };
         outln!("{}", result_json(id, state, &t).map_err(RefineError::Failed)?);

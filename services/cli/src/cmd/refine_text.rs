@@ -10,11 +10,12 @@ use assay_config::AssayConfig;
 use assay_domain::limits::MAX_TEXT_BYTES;
 use assay_domain::self_refine::{DEFAULT_MAX_PASSES, DEFAULT_MIN_BYTES};
 use assay_proto::gateway::v1 as gw;
+use assay_proto::pipelines;
 use assay_proto::refiners::v1 as rpb;
 use serde_json::Value;
 
 use super::Session;
-use super::follow::{FollowError as RefineError, NoResult, RunFollower, Step, finished, is_final, run_and_follow};
+use super::follow::{FollowError as RefineError, RunFollower, Step, finished_as, is_final, run_and_follow};
 use super::input::model_spec;
 use super::render::json::run_output;
 use super::render::plural;
@@ -255,18 +256,9 @@ impl RunFollower for Follower {
 impl Follower {
     /// The run completed: its self-refine result, or why there is none.
     fn completed(&self, state: i32, result: Option<gw::RunResult>) -> Result<Finished, RefineError> {
-        match finished(state, result) {
-            Ok(gw::run_result::Result::SelfRefine(r)) => Ok((state, r)),
-            Ok(
-                gw::run_result::Result::ChecklistEval(_)
-                | gw::run_result::Result::Checklist(_)
-                | gw::run_result::Result::TargetedRefinement(_)
-                | gw::run_result::Result::Debate(_),
-            ) => Err(NoResult::Missing("self-refine result")),
-            Err(NoResult::Missing(_)) => Err(NoResult::Missing("self-refine result")),
-            Err(e) => Err(e),
-        }
-        .map_err(|e| RefineError::Failed(e.message(&self.run_id)))
+        finished_as::<pipelines::SelfRefine>(state, result, "self-refine result")
+            .map(|r| (state, r))
+            .map_err(|e| RefineError::Failed(e.message(&self.run_id)))
     }
 }
 

@@ -12,6 +12,7 @@ use assay_config::AssayConfig;
 use assay_domain::stats::runs::{RecordLine, RunMetric, RunResults};
 use assay_proto::convert::runs::run_results;
 use assay_proto::gateway::v1 as gw;
+use assay_proto::pipelines::{self, PipelineContract, result_of};
 use serde_json::Value;
 
 use super::render::{kind_name, state_name};
@@ -109,7 +110,7 @@ pub async fn fetch_evaluation(config: &AssayConfig, url: &str, run_id: &str) -> 
         .into_inner()
         .run
         .unwrap_or_default();
-    if run.kind != gw::PipelineKind::ChecklistEval as i32 {
+    if run.kind != pipelines::ChecklistEval::KIND as i32 {
         return Err(format!("run {run_id} is a {} run, not a checklist_eval run", kind_name(run.kind)));
     }
     if run.state != gw::RunState::Succeeded as i32 && run.state != gw::RunState::Partial as i32 {
@@ -118,16 +119,7 @@ pub async fn fetch_evaluation(config: &AssayConfig, url: &str, run_id: &str) -> 
             state_name(run.state)
         ));
     }
-    match run.result.and_then(|r| r.result) {
-        Some(gw::run_result::Result::ChecklistEval(e)) => Ok(e),
-        Some(
-            gw::run_result::Result::Checklist(_)
-            | gw::run_result::Result::SelfRefine(_)
-            | gw::run_result::Result::Debate(_)
-            | gw::run_result::Result::TargetedRefinement(_),
-        )
-        | None => Err(format!("run {run_id} holds no evaluation result")),
-    }
+    result_of::<pipelines::ChecklistEval>(run.result).ok_or_else(|| format!("run {run_id} holds no evaluation result"))
 }
 
 /// A stored run's records for `metric`, as `CompareRuns` reads them.

@@ -8,6 +8,7 @@ use assay_domain::stats::runs::{self, CompareOptions, RunCompareError, RunCompar
 use assay_domain::stats::{Method, StatsError};
 use assay_domain::{StageError, Violations};
 use assay_proto::gateway::v1 as gw;
+use assay_proto::pipelines::{self, PipelineContract, result_of};
 
 use assay_proto::convert::runs::run_results;
 
@@ -92,7 +93,7 @@ async fn evaluation(engine: &Engine, side: &str, run_id: &str) -> Result<gw::Eva
     let run = run?;
     let kind = gw::PipelineKind::try_from(run.kind).unwrap_or(gw::PipelineKind::Unspecified);
     let state = gw::RunState::try_from(run.state).unwrap_or(gw::RunState::Unspecified);
-    if kind != gw::PipelineKind::ChecklistEval {
+    if kind != pipelines::ChecklistEval::KIND {
         return Err(StageError::FailedPrecondition(format!(
             "{side} run {run_id} is a {} run; CompareRuns compares checklist_eval runs",
             kind.as_str_name().trim_start_matches("PIPELINE_KIND_").to_ascii_lowercase()
@@ -104,16 +105,8 @@ async fn evaluation(engine: &Engine, side: &str, run_id: &str) -> Result<gw::Eva
             state.as_str_name().trim_start_matches("RUN_STATE_")
         )));
     }
-    match run.result.and_then(|r| r.result) {
-        Some(gw::run_result::Result::ChecklistEval(e)) => Ok(e),
-        Some(
-            gw::run_result::Result::Checklist(_)
-            | gw::run_result::Result::SelfRefine(_)
-            | gw::run_result::Result::Debate(_)
-            | gw::run_result::Result::TargetedRefinement(_),
-        )
-        | None => Err(StageError::FailedPrecondition(format!("{side} run {run_id} holds no evaluation result"))),
-    }
+    result_of::<pipelines::ChecklistEval>(run.result)
+        .ok_or_else(|| StageError::FailedPrecondition(format!("{side} run {run_id} holds no evaluation result")))
 }
 
 /// The report as the response message.

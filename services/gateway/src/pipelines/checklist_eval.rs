@@ -424,6 +424,12 @@ fn scorer_fields(e: StageError) -> StageError {
     })
 }
 
+impl super::Registered for assay_proto::pipelines::ChecklistEval {
+    fn parse(request: Self::Request, stages: super::Stages) -> Result<std::sync::Arc<dyn Pipeline>, StageError> {
+        Ok(std::sync::Arc::new(ChecklistEval::parse(request, stages)?))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -447,3 +447,9 @@ impl Pipeline for DebatePipeline {
 fn problem_key(i: usize) -> String {
     format!("{PROBLEM}{i:08}")
 }
+
+impl super::Registered for assay_proto::pipelines::Debate {
+    fn parse(request: Self::Request, stages: super::Stages) -> Result<std::sync::Arc<dyn Pipeline>, StageError> {
+        Ok(std::sync::Arc::new(DebatePipeline::parse(request, stages)?))
+    }
+}

@@ -73,3 +73,9 @@ impl Pipeline for GenerateChecklist {
         })
     }
 }
+
+impl super::Registered for assay_proto::pipelines::GenerateChecklist {
+    fn parse(request: Self::Request, stages: super::Stages) -> Result<std::sync::Arc<dyn Pipeline>, StageError> {
+        Ok(std::sync::Arc::new(GenerateChecklist::parse(request, stages)?))
+    }
+}

@@ -22,6 +22,7 @@ use assay_proto::gateway::v1::run_pipeline_request::Pipeline as Kind;
 
 pub use stages::{RefinementStages, Stages};
 
+use assay_proto::pipelines::{self as contract, PipelineContract};
 use assay_runs::{Pipeline, PipelineFactory};
 
 /// Every pipeline this gateway runs.
@@ -36,22 +37,39 @@ impl Pipelines {
     }
 }
 
+/// One registered pipeline kind as this gateway runs it: its request parsed (and checked) into
+/// the pipeline.
+pub trait Registered: PipelineContract {
+    fn parse(request: Self::Request, stages: Stages) -> Result<Arc<dyn Pipeline>, StageError>;
+}
+
+/// The pipeline of `request` if it is of kind `C`.
+fn parse_as<C: Registered>(request: &Kind, stages: &Stages) -> Option<Result<Arc<dyn Pipeline>, StageError>> {
+    C::request(request.clone()).map(|r| C::parse(r, stages.clone()))
+}
+
+type Parse = fn(&Kind, &Stages) -> Option<Result<Arc<dyn Pipeline>, StageError>>;
+
+/// Every pipeline this gateway runs: one line per kind registered in the contract
+/// (`assay_proto::pipelines`).
+const REGISTRY: &[Parse] = &[
+    parse_as::<contract::ChecklistEval>,
+    parse_as::<contract::GenerateChecklist>,
+    parse_as::<contract::TargetedRefinement>,
+    parse_as::<contract::SelfRefine>,
+    parse_as::<contract::Debate>,
+];
+
 impl PipelineFactory for Pipelines {
     fn parse(&self, request: &gw::RunPipelineRequest) -> Result<Arc<dyn Pipeline>, StageError> {
-        match request.pipeline.clone() {
-            Some(Kind::ChecklistEval(p)) => Ok(Arc::new(checklist_eval::ChecklistEval::parse(p, self.stages.clone())?)),
-            Some(Kind::GenerateChecklist(p)) => {
-                Ok(Arc::new(generate_checklist::GenerateChecklist::parse(p, self.stages.clone())?))
-            }
-            Some(Kind::TargetedRefinement(p)) => {
-                Ok(Arc::new(targeted_refinement::TargetedRefinement::parse(p, self.stages.clone())?))
-            }
-            Some(Kind::SelfRefine(p)) => Ok(Arc::new(self_refine::SelfRefine::parse(p, self.stages.clone())?)),
-            Some(Kind::Debate(p)) => Ok(Arc::new(debate::DebatePipeline::parse(p, self.stages.clone())?)),
-            None => Err(StageError::invalid(
-                "pipeline",
-                "is required (checklist_eval, generate_checklist, targeted_refinement, self_refine or debate)",
-            )),
-        }
+        let Some(pipeline) = &request.pipeline else {
+            return Err(StageError::invalid("pipeline", format!("is required ({})", contract::kind_names())));
+        };
+        REGISTRY.iter().find_map(|parse| parse(pipeline, &self.stages)).unwrap_or_else(|| {
+            Err(StageError::Unimplemented(format!(
+                "pipeline {} is not registered in this gateway",
+                contract::kind_of(pipeline).as_str_name()
+            )))
+        })
     }
 }

@@ -101,3 +101,9 @@ impl Pipeline for SelfRefine {
         })
     }
 }
+
+impl super::Registered for assay_proto::pipelines::SelfRefine {
+    fn parse(request: Self::Request, stages: super::Stages) -> Result<std::sync::Arc<dyn Pipeline>, StageError> {
+        Ok(std::sync::Arc::new(SelfRefine::parse(request, stages)?))
+    }
+}

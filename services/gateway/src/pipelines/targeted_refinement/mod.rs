@@ -566,3 +566,9 @@ impl TargetedRefinement {
         }
     }
 }
+
+impl super::Registered for assay_proto::pipelines::TargetedRefinement {
+    fn parse(request: Self::Request, stages: super::Stages) -> Result<std::sync::Arc<dyn Pipeline>, StageError> {
+        Ok(std::sync::Arc::new(TargetedRefinement::parse(request, stages)?))
+    }
+}
