@@ -92,7 +92,7 @@ async fn unary_calls_speak_the_proto3_json_mapping_with_the_grpc_errors_and_auth
     let page = reqwest::get(format!("{url}/")).await.unwrap();
     let csp = page.headers().get("content-security-policy").expect("a CSP").to_str().unwrap().to_string();
     assert!(csp.contains("script-src 'self'") && !csp.contains("unsafe-inline"), "{csp}");
-    assert!(page.text().await.unwrap().contains("app.js"));
+    assert!(page.text().await.unwrap().contains(r#"<script type="module" src="js/main.js">"#));
 
     for token in [None, Some("wrong")] {
         let (status, body) = post(&url, "ListRuns", token, "{}").await;
