@@ -92,7 +92,7 @@ async fn unary_calls_speak_the_proto3_json_mapping_with_the_grpc_errors_and_auth
     let page = reqwest::get(format!("{url}/")).await.unwrap();
     let csp = page.headers().get("content-security-policy").expect("a CSP").to_str().unwrap().to_string();
     assert!(csp.contains("script-src 'self'") && !csp.contains("unsafe-inline"), "{csp}");
-    assert!(page.text().await.unwrap().contains("app.js"));
+    assert!(page.text().await.unwrap().contains(r#"<script type="module" src="js/main.js">"#));
 
     for token in [None, Some("wrong")] {
         let (status, body) = post(&url, "ListRuns", token, "{}").await;
@@ -545,6 +545,102 @@ async fn answers_say_nosniff_and_errors_quote_a_bounded_prefix_of_the_input() {
     let (status, _, text) = raw(&sandbox, get.clone(), "/", &[("host", &format!("{long}.example"))], "").await;
     assert_eq!(status, 403);
     assert!(text.len() < 1_000, "{}", text.len());
+    sandbox.shutdown().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The page's modules
+
+/// `specifier` (`./x.js`, `../x.js`, `/js/x.js`) resolved against the path of the module (or
+/// page) that names it.
+fn resolve(base: &str, specifier: &str) -> String {
+    let mut parts: Vec<&str> =
+        if specifier.starts_with('/') { Vec::new() } else { base.split('/').filter(|p| !p.is_empty()).collect() };
+    if !specifier.starts_with('/') {
+        parts.pop(); // the naming file itself
+    }
+    for part in specifier.split('/').filter(|p| !p.is_empty()) {
+        match part {
+            "." => {}
+            ".." => {
+                parts.pop();
+            }
+            p => parts.push(p),
+        }
+    }
+    format!("/{}", parts.join("/"))
+}
+
+/// The specifiers of a module's static imports and re-exports (`import ... from '...'`, also over
+/// several lines, `import '...'`, `export ... from '...'`); a dynamic `import(` fails the test,
+/// since nothing could follow it.
+fn imports(path: &str, source: &str) -> Vec<String> {
+    let quoted = |s: &str| {
+        let s = s.trim_start();
+        let quote = s.chars().next().filter(|c| *c == '\'' || *c == '"')?;
+        s[1..].split(quote).next().map(str::to_string)
+    };
+    let mut found = Vec::new();
+    for line in source.lines().map(str::trim) {
+        assert!(!line.contains("import("), "{path}: a dynamic import cannot be checked: {line}");
+        let statement = line.starts_with("import") || line.starts_with("export") || line.starts_with('}');
+        if let Some((_, rest)) = line.split_once(" from ").filter(|_| statement) {
+            found.extend(quoted(rest));
+        } else if let Some(rest) = line.strip_prefix("import ") {
+            found.extend(quoted(rest));
+        }
+    }
+    found
+}
+
+/// The page's native ES modules: `index.html` loads `js/main.js` with `<script type="module">`;
+/// it and every module reached through its imports is served (200) as JavaScript (a browser runs
+/// a module of no JavaScript type under `nosniff`) with the page's CSP; and every file under
+/// `admin/js/` is reached, so a module missing from the gateway's list fails here.
+#[tokio::test]
+async fn every_module_the_page_imports_is_served_as_javascript() {
+    let sandbox = MeshSandbox::start_with(SandboxOptions { admin: true, ..Default::default() }).await;
+    let (status, headers, page) = raw(&sandbox, reqwest::Method::GET, "/", &[], "").await;
+    assert_eq!(status, 200);
+    let page_csp = headers.get("content-security-policy").expect("the page's CSP").clone();
+    let mut queue: Vec<String> = page
+        .split("<script")
+        .skip(1)
+        .map(|tag| tag.split('>').next().unwrap_or(""))
+        .inspect(|tag| assert!(tag.contains(r#"type="module""#), "every script is a module: <script{tag}>"))
+        .filter_map(|tag| tag.split(r#"src=""#).nth(1).and_then(|s| s.split('"').next()))
+        .map(|src| resolve("/", src))
+        .collect();
+    assert_eq!(queue, ["/js/main.js"], "the page loads its entry module");
+    let mut served = std::collections::BTreeSet::new();
+    while let Some(path) = queue.pop() {
+        if !served.insert(path.clone()) {
+            continue;
+        }
+        let (status, headers, source) = raw(&sandbox, reqwest::Method::GET, &path, &[], "").await;
+        let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+        assert_eq!(status, 200, "{path} is imported but not served");
+        assert!(header("content-type").starts_with("text/javascript"), "{path}: {}", header("content-type"));
+        assert_eq!(header("x-content-type-options"), "nosniff", "{path}");
+        assert_eq!(headers.get("content-security-policy"), Some(&page_csp), "{path}");
+        assert_eq!(header("cache-control"), "no-cache", "{path}");
+        queue.extend(imports(&path, &source).iter().map(|s| resolve(&path, s)));
+    }
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../services/gateway/admin/js");
+    let mut on_disk = std::collections::BTreeSet::new();
+    let mut dirs = vec![std::path::PathBuf::from(dir)];
+    while let Some(d) = dirs.pop() {
+        for entry in std::fs::read_dir(&d).unwrap_or_else(|e| panic!("{}: {e}", d.display())) {
+            let p = entry.unwrap().path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.extension().is_some_and(|e| e == "js") {
+                let rel = p.strip_prefix(dir).unwrap().to_string_lossy().replace('\\', "/");
+                on_disk.insert(format!("/js/{rel}"));
+            }
+        }
+    }
+    assert_eq!(served, on_disk, "the modules reached from the page are the files under admin/js");
     sandbox.shutdown().await.unwrap();
 }
 

@@ -50,8 +50,32 @@ use crate::grpc::GatewayGrpc;
 use assay_runs::Engine;
 
 static INDEX_HTML: &str = include_str!("../admin/index.html");
-static APP_JS: &str = include_str!("../admin/app.js");
 static APP_CSS: &str = include_str!("../admin/app.css");
+
+/// The page's native ES modules, each served at its path as JavaScript: `js/main.js` (index.html's
+/// `<script type="module">`) and every module it imports, one per view; no bundler, no build step.
+/// A module added under `admin/js/` is listed here (`tests/tests/admin.rs` follows every import
+/// from the served page and fails on one not served).
+static SCRIPTS: &[(&str, &str)] = &[
+    ("/js/main.js", include_str!("../admin/js/main.js")),
+    ("/js/constants.js", include_str!("../admin/js/constants.js")),
+    ("/js/format.js", include_str!("../admin/js/format.js")),
+    ("/js/render.js", include_str!("../admin/js/render.js")),
+    ("/js/page.js", include_str!("../admin/js/page.js")),
+    ("/js/api.js", include_str!("../admin/js/api.js")),
+    ("/js/runs.js", include_str!("../admin/js/runs.js")),
+    ("/js/compare.js", include_str!("../admin/js/compare.js")),
+    ("/js/human.js", include_str!("../admin/js/human.js")),
+    ("/js/detail/run.js", include_str!("../admin/js/detail/run.js")),
+    ("/js/detail/model.js", include_str!("../admin/js/detail/model.js")),
+    ("/js/detail/stream.js", include_str!("../admin/js/detail/stream.js")),
+    ("/js/detail/events.js", include_str!("../admin/js/detail/events.js")),
+    ("/js/detail/progress.js", include_str!("../admin/js/detail/progress.js")),
+    ("/js/detail/checklist_eval.js", include_str!("../admin/js/detail/checklist_eval.js")),
+    ("/js/detail/targeted_refinement.js", include_str!("../admin/js/detail/targeted_refinement.js")),
+    ("/js/detail/self_refine.js", include_str!("../admin/js/detail/self_refine.js")),
+    ("/js/detail/debate.js", include_str!("../admin/js/detail/debate.js")),
+];
 
 /// Longest a client may take to send a request's line and headers; its connection is then closed.
 /// (An idle kept-alive connection is closed after it too.)
@@ -196,7 +220,7 @@ pub fn router(engine: Engine, addr: SocketAddr, auth: &AdminAuth, allowed_hosts:
     Router::new()
         .route("/", get(|| async { asset("text/html; charset=utf-8", INDEX_HTML) }))
         .route("/index.html", get(|| async { asset("text/html; charset=utf-8", INDEX_HTML) }))
-        .route("/app.js", get(|| async { asset("text/javascript; charset=utf-8", APP_JS) }))
+        .merge(scripts())
         .route("/app.css", get(|| async { asset("text/css; charset=utf-8", APP_CSS) }))
         .route("/api/config", get(config))
         .route("/api/WatchRun", get(watch_run))
@@ -326,6 +350,13 @@ pub async fn serve(
     drop(open);
     all_closed.closed().await;
     Ok(())
+}
+
+/// A route per ES module of the page ([`SCRIPTS`]), with the headers of every asset.
+fn scripts<S: Clone + Send + Sync + 'static>() -> Router<S> {
+    SCRIPTS.iter().fold(Router::new(), |router, &(path, body)| {
+        router.route(path, get(move || async move { asset("text/javascript; charset=utf-8", body) }))
+    })
 }
 
 fn asset(content_type: &'static str, body: &'static str) -> Response {
