@@ -12,7 +12,8 @@ use assay_domain::verify::{ConsistencyOutcome, ConsistencyRequest};
 use assay_domain::{Answer, Section, StageError, Violations};
 use assay_llm::{ChatRequest, ChatResponse, Message, ModelHub, Purpose};
 
-use super::verify::{PHASE, answer_probability, reply_answer};
+use super::PHASE;
+use super::answer::{answer_probability, reply_answer};
 
 /// The consistency prompt.
 pub const CONSISTENCY_TEMPLATE: &str = include_str!("../../prompts/check_consistency.txt");

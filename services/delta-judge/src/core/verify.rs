@@ -31,15 +31,15 @@ use assay_domain::verify::{
 use assay_domain::{Answer, JudgeIssue, ModelRecord, StageError, Usage};
 use assay_domain::{Section, Violations};
 use assay_llm::convergence::{Cascade, EmbeddingSource};
-use assay_llm::{ChatRequest, ChatResponse, Message, ModelHub, Purpose, ResolvedChat, ResponseFormat, TokenLogprob};
+use assay_llm::{ChatRequest, ChatResponse, Message, ModelHub, Purpose, ResolvedChat, ResponseFormat};
 use futures::StreamExt;
 
+use super::PHASE;
+use super::answer::{answer_probability, reply_answer};
 use super::asks;
 use super::readability::{self, MAX_SENTENCE_WORDS, Readability, TARGET_AVERAGE_WORDS};
 use assay_domain::iteration;
 
-/// Model phase of the issue checks (and of CompareTexts' embeddings).
-pub const PHASE: &str = "stage_6_delta_judge";
 /// The "was issue X fixed?" prompt.
 pub const VERIFY_TEMPLATE: &str = include_str!("../../prompts/verify_issue.txt");
 /// Issue checks of one request in flight at once.
@@ -340,48 +340,6 @@ pub fn report(r: &Readability) -> ReadabilityReport {
     }
 }
 
-/// P(yes) / (P(yes) + P(no)) over the first token's alternatives (lower-cased, trimmed); 0.5 when
-/// neither appears.
-pub fn yes_confidence(alts: &[TokenLogprob]) -> f64 {
-    answer_probability(alts, Answer::Yes).unwrap_or(0.5)
-}
-
-/// The probability of `answer` among YES and NO over the first token's alternatives
-/// (lower-cased, trimmed); `None` when neither appears.
-pub fn answer_probability(alts: &[TokenLogprob], answer: Answer) -> Option<f64> {
-    let (mut p_yes, mut p_no) = (0.0f64, 0.0f64);
-    for a in alts {
-        match a.token.trim().to_lowercase().as_str() {
-            "yes" => p_yes += a.logprob.exp(),
-            "no" => p_no += a.logprob.exp(),
-            _ => {}
-        }
-    }
-    if p_yes + p_no < 1e-9 {
-        return None;
-    }
-    let p = p_yes / (p_yes + p_no);
-    Some(match answer {
-        Answer::Yes => p,
-        Answer::No => 1.0 - p,
-    })
-}
-
-/// The answer a reply opens with: its first word, else (a reply that opens otherwise) the likelier
-/// of YES and NO among the first token's alternatives.
-pub fn reply_answer(reply: &ChatResponse) -> Option<Answer> {
-    let first = reply.text.split_whitespace().next().and_then(|w| {
-        // "NO," / "YES." / "NO:" open a sentence too.
-        Answer::parse(w.split([',', '.', ':', ';', '-']).next().unwrap_or(w))
-    });
-    first.or_else(|| {
-        let alts = reply.first_token_logprobs.as_deref()?;
-        answer_probability(alts, Answer::Yes)
-            .filter(|p| (*p - 0.5).abs() > 1e-9)
-            .map(|p| if p > 0.5 { Answer::Yes } else { Answer::No })
-    })
-}
-
 /// One issue's check: the verification, its usage, whether logprobs were missing, and why a YES
 /// did not count (below `min_fix_confidence`).
 struct IssueResult {
@@ -590,6 +548,7 @@ impl DeltaJudge for DeltaJudgeCore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use assay_llm::TokenLogprob;
 
     /// Section and issue texts forging the end of their quote stay inside it: one real tag of each
     /// in the prompt, after the rule that the quoted text is material.
@@ -776,12 +735,5 @@ mod tests {
         assert_eq!(issue_reason(&r).as_deref(), Some("issue i not fixed (the model answered NO, confidence 0.80)"));
         let r = interpret("i", &reply("maybe", None), None);
         assert!(!r.verification.fixed && r.verification.answer.is_none() && !r.verification.error.is_empty());
-    }
-
-    #[test]
-    fn confidence_from_alternatives() {
-        let lp = |t: &str, p: f64| TokenLogprob { token: t.into(), logprob: p.ln() };
-        assert!((yes_confidence(&[lp("YES", 0.6), lp(" yes", 0.2), lp("No", 0.2)]) - 0.8).abs() < 1e-12);
-        assert_eq!(yes_confidence(&[lp("maybe", 0.9)]), 0.5);
     }
 }
