@@ -4,11 +4,11 @@
 //! A -> B means file A uses a name from module B, through a `use` tree or a path in code
 //! (`crate::a::X`, `super::x::Y`, `self::x`, `child::Y` for a module declared here, or a name a
 //! `use` made an alias of a module, e.g. `use crate::engine;` then `engine::ctx::now`). A path
-//! resolves to its longest prefix that is a known module, and the edge goes to that module's file:
-//! `crate::engine::RunCtx`, re-exported by `engine/mod.rs`, is an edge to `engine/mod.rs`. Naming a
-//! module itself (`mod x;`, `use crate::x;`, `use x::{self}`) is no edge: only what is used through
-//! it. The report names the file that defines a name a module only re-exports, so a cycle through
-//! a facade (`crate::Usage` where lib.rs has `pub use usage::Usage`) shows its way out.
+//! resolves to its longest prefix that is a known module, and the edge goes to the file that
+//! defines the name, following re-exports: `crate::RunCtx`, re-exported by `lib.rs` from
+//! `ctx/mod.rs`, is an edge to `ctx/mod.rs` (a facade is a way through, not a dependency; a
+//! `pub use` of a child's name is an edge of the re-exporting file to the child). Naming a module
+//! itself (`mod x;`, `use crate::x;`, `use x::{self}`) is no edge: only what is used through it.
 //!
 //! Skipped: `#[cfg(test)]` items, paths of other crates (and `::x`), macro bodies that are not
 //! comma-separated expressions. A `use` inside a block counts as one of its module.
@@ -167,10 +167,11 @@ impl Crate {
                 let Some(abs) = self.resolve(m, segs, 0) else { continue };
                 // A module named by itself is no use of it.
                 let Some((target, Some(name))) = self.locate(&abs) else { continue };
-                let file = &self.modules[target].file;
-                if *file != module.file {
-                    let home = self.home(target, name).to_path_buf();
-                    edges.entry((module.file.clone(), file.clone())).or_default().insert((name.clone(), home));
+                // The edge goes to the file that defines the name: a facade that only re-exports
+                // it (`pub use usage::Usage` in lib.rs) is a way through, not a dependency.
+                let home = self.home(target, name).to_path_buf();
+                if home != module.file {
+                    edges.entry((module.file.clone(), home.clone())).or_default().insert((name.clone(), home));
                 }
             }
         }

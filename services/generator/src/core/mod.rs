@@ -22,7 +22,7 @@ use assay_llm::{ChatRequest, Message, ModelHub, Purpose, ResolvedChat, ResponseF
 use futures::StreamExt;
 
 pub use parse::{HARD_RULE, PRINCIPLE, ParsedItem, ParsedReply, normalize_category, parse_reply, schema};
-pub use prompts::{format_candidates, render_prompt};
+pub use prompts::{format_candidates, item_count, render_prompt};
 
 /// Configuration phase the generator resolves its model for.
 pub const PHASE: &str = "generator";
@@ -32,16 +32,6 @@ pub const CANDIDATES_PHASE: &str = "generator_candidates";
 /// Placeholders the generator's prompt templates use.
 pub const PLACEHOLDERS: &[&str] =
     &["input", "reference", "history", "candidates", "chosen", "rejected", "max_items", "item_count"];
-
-/// How many questions a prompt asks for: "between {least} and {max} questions", or "exactly one
-/// question" when the maximum leaves no range.
-pub fn item_count(least: u32, max: u32) -> String {
-    match max {
-        0 | 1 => "exactly one question".to_string(),
-        m if m <= least => format!("exactly {m} questions"),
-        m => format!("between {least} and {m} questions"),
-    }
-}
 
 /// Responses drawn from a single candidate model.
 pub const SINGLE_MODEL_CANDIDATES: usize = 4;

@@ -10,8 +10,6 @@
 use assay_domain::generator::{Candidate, GenerateRequest, Preset};
 use assay_domain::template::{fence_untrusted, render};
 
-use super::item_count;
-
 /// An instance preset's prompt template.
 pub fn template(preset: Preset) -> &'static str {
     match preset {
@@ -55,6 +53,16 @@ pub fn render_prompt(request: &GenerateRequest, candidates: &[Candidate], max_it
             ("item_count", &item_count(least, max_items)),
         ],
     )
+}
+
+/// How many questions a prompt asks for: "between {least} and {max} questions", or "exactly one
+/// question" when the maximum leaves no range.
+pub fn item_count(least: u32, max: u32) -> String {
+    match max {
+        0 | 1 => "exactly one question".to_string(),
+        m if m <= least => format!("exactly {m} questions"),
+        m => format!("between {least} and {m} questions"),
+    }
 }
 
 #[cfg(test)]
@@ -133,7 +141,6 @@ mod tests {
 
     #[test]
     fn the_item_count_never_asks_for_more_than_the_maximum() {
-        use super::super::item_count;
         assert_eq!(item_count(2, 1), "exactly one question");
         assert_eq!(item_count(2, 2), "exactly 2 questions");
         assert_eq!(item_count(2, 8), "between 2 and 8 questions");

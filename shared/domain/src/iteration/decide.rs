@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Limits, convergence_within};
+use super::limits::{Limits, convergence_within};
 use crate::arbiter::Routing;
 use crate::document::Section;
 

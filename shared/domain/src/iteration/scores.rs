@@ -6,9 +6,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::{LockViolation, QualityLock, lock_violations};
+use super::limits::lock_violations;
 use crate::document::{JudgeVerdict, Section, mean_score};
 use crate::verify::DEFAULT_LOCK_MAX_DROP;
+use crate::verify::{LockViolation, QualityLock};
 
 /// Default score at which a section's criterion is locked against regressions.
 pub const DEFAULT_LOCK_THRESHOLD: f64 = 0.85;

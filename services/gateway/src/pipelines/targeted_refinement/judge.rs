@@ -11,18 +11,9 @@ use assay_proto::convert;
 use assay_proto::gateway::v1 as gw;
 use assay_proto::gateway::v1::refinement_event::Event as Ev;
 
-use super::state::{self, Judging, State, Status, TaskState};
+use super::state::{self, Judged, Judging, State, Status, TaskState};
 use super::{TargetedRefinement, mode_to, tokens};
 use assay_runs::RunCtx;
-
-/// A judging's end.
-pub(super) enum Judged {
-    Done(Box<Judging>),
-    /// Every judge failed.
-    Failed,
-    /// A budget was spent before the judging could finish (the reason): nothing was judged.
-    Limit(String),
-}
 
 impl TargetedRefinement {
     /// Judge the whole document as it stands (the request's verdicts the first time, when given)

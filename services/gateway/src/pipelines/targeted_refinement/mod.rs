@@ -45,8 +45,7 @@ use tokio::sync::Mutex;
 
 use super::stages::{RefinementStages, Stages};
 use assay_runs::{ControlEffect, Pipeline, RunCtx, RunOutcome};
-use judge::Judged;
-use state::{Halt, Human, PHASES, Phase, State, Status};
+use state::{Halt, Human, Judged, PHASES, Phase, State, Status};
 
 /// Checkpoint key of the loop's state.
 const STATE: &str = "refinement:state";

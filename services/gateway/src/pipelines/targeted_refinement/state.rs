@@ -243,3 +243,12 @@ pub(super) enum Human {
     Review,
     Resume,
 }
+
+/// A judging's end.
+pub(super) enum Judged {
+    Done(Box<Judging>),
+    /// Every judge failed.
+    Failed,
+    /// A budget was spent before the judging could finish (the reason): nothing was judged.
+    Limit(String),
+}
