@@ -220,12 +220,13 @@ impl Play {
         let prefix = format!("t{}-{}-", std::process::id(), overlay);
         let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("containers-{}", prefix.trim_end_matches('-')));
         std::fs::create_dir_all(&dir).expect("scratch directory");
-        // kustomize takes relative resource paths only.
-        let depth = dir.strip_prefix(&repo).map_or_else(
-            |_| panic!("{} is not under the workspace {}", dir.display(), repo.display()),
-            |p| p.components().count(),
-        );
-        let overlay_path = format!("{}deploy/k8s/local/{overlay}", "../".repeat(depth));
+        // kustomize takes relative resource paths only: up to the directory that holds both the
+        // scratch directory and the workspace (the target directory may be elsewhere:
+        // CARGO_TARGET_DIR), then down to the overlay.
+        let common = dir.ancestors().find(|a| repo.starts_with(a)).expect("a common ancestor");
+        let up = dir.strip_prefix(common).expect("under it").components().count();
+        let down = repo.strip_prefix(common).expect("under it").join("deploy/k8s/local").join(overlay);
+        let overlay_path = format!("{}{}", "../".repeat(up), down.display());
         std::fs::write(
             dir.join("kustomization.yaml"),
             format!(
