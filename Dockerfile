@@ -1,13 +1,14 @@
-# One image with every Assay binary; each Kubernetes Deployment runs one of them (deploy/k8s).
+# One image, one binary: `assay` runs every role; each Kubernetes Deployment runs one stage of the
+# mesh with `assay serve <stage>` (deploy/k8s).
 # Models are not baked in: they live on a volume at ASSAY_MODELS_DIR, filled by `assay models fetch`
 # (an init container in deploy/k8s/overlays/embedded). The build steps below are also run without
 # a container engine by `scripts/image-build.sh` (CI runs its `--check` mode), so keep them as
 # they are parsed there: one apt-get RUN and one `cargo build` RUN in the builder, one apt-get RUN
-# and one `COPY --from=build` of the binaries in the runtime stage.
+# and one `COPY --from=build` of the binary in the runtime stage.
 #
 #   docker build -t assay:0.1.0 .
 
-# Both stages on Debian bookworm: the binaries link the builder's glibc and libstdc++.
+# Both stages on Debian bookworm: the binary links the builder's glibc and libstdc++.
 FROM rust:1.95-bookworm AS build
 # cmake: llama.cpp (the embedded chat model) is compiled from source by llama-cpp-sys-2;
 # clang + libclang-dev: its bindgen. protoc is not needed (protoc-bin-vendored).
@@ -30,7 +31,7 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates libgomp1 libstdc++6 python3 python3-pip \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --uid 10001 --user-group --no-create-home --home-dir /tmp --shell /usr/sbin/nologin assay
-COPY --from=build /src/target/release/assay /src/target/release/assay-gateway /src/target/release/assay-generator /src/target/release/assay-refiners /src/target/release/assay-scorer /src/target/release/assay-arbiter /src/target/release/assay-delta-judge /src/target/release/assay-debate /usr/local/bin/
+COPY --from=build /src/target/release/assay /usr/local/bin/
 # Writable paths are volumes in Kubernetes (read-only root filesystem): /tmp (HOME, pip's
 # temporary files), /models (ASSAY_MODELS_DIR), /data (ASSAY_DATA_DIR: the gateway's SQLite store).
 ENV ASSAY__BIND=0.0.0.0 \
@@ -44,5 +45,6 @@ ENV ASSAY__BIND=0.0.0.0 \
 USER 10001:10001
 WORKDIR /tmp
 EXPOSE 50051 50052 50053 50054 50055 50056 50057
-# The whole mesh in one container (local trials); Kubernetes runs one binary per Deployment.
+# The whole mesh in one container (local trials); Kubernetes runs `assay serve <stage>` per
+# Deployment.
 CMD ["/usr/local/bin/assay", "up"]

@@ -6,9 +6,9 @@
 #   scripts/image.sh --bases          only the two local base images
 #   scripts/image.sh --check-image    only the checks, on an image already built
 #   scripts/image.sh --prebuilt DIR   the Dockerfile's runtime stage only, verbatim, with the
-#                                     binaries from DIR (e.g. target/debug) instead of its builder
-#                                     stage, then the checks (CI: the test build already made the
-#                                     binaries; a second, release build would add half an hour)
+#                                     `assay` binary from DIR (e.g. target/debug) instead of its
+#                                     builder stage, then the checks (CI: the test build already
+#                                     made it; a second, release build would add half an hour)
 #
 # The Dockerfile's two base images are made locally under the names its FROM lines use (podman
 # resolves a short name to localhost/<name> first, and the build runs with --pull=never):
@@ -50,7 +50,7 @@ case "${1:-}" in
   --prebuilt)
     mode=prebuilt
     PREBUILT=${2:-}
-    [ -n "$PREBUILT" ] && [ -d "$PREBUILT" ] || { echo "usage: scripts/image.sh --prebuilt DIR (a directory with the binaries)" >&2; exit 2; }
+    [ -n "$PREBUILT" ] && [ -d "$PREBUILT" ] || { echo "usage: scripts/image.sh --prebuilt DIR (a directory with the built assay binary)" >&2; exit 2; }
     ;;
   *) echo "usage: scripts/image.sh [--bases | --check-image | --prebuilt DIR]" >&2; exit 2 ;;
 esac
@@ -150,8 +150,8 @@ build_image() {
   echo "build: $IMAGE in $((SECONDS - t0)) s"
 }
 
-# The Dockerfile's runtime stage with its one `COPY --from=build` of the binaries replaced by a
-# COPY of the same binaries from a context that holds them: everything else (packages, user,
+# The Dockerfile's runtime stage with its one `COPY --from=build` of the binary replaced by a
+# COPY of the same binary from a context that holds it: everything else (packages, user,
 # environment, entry point) is the Dockerfile's. The Dockerfile is parsed once, by
 # deploy/tools/image_build.py (the same parser and checks as scripts/image-build.sh).
 build_prebuilt() {
@@ -161,7 +161,7 @@ build_prebuilt() {
   python3 deploy/tools/image_build.py --runtime-context "$PREBUILT" "$ctx"
   t0=$SECONDS
   podman build --network=host --pull=never --layers -t "$IMAGE" -f "$ctx/Containerfile" "$ctx"
-  echo "build: $IMAGE (prebuilt binaries) in $((SECONDS - t0)) s"
+  echo "build: $IMAGE (prebuilt binary from $PREBUILT) in $((SECONDS - t0)) s"
   rm -rf "$scratch"
   scratch=""
 }
@@ -175,11 +175,20 @@ check_image() {
              --security-opt=no-new-privileges "$IMAGE")
   if out=$("${run[@]}" assay --version); then echo "check: assay --version: $out"; else echo "check: assay --version FAILED" >&2; failed=1; fi
   if out=$("${run[@]}" id -u) && [ "$out" = 10001 ]; then echo "check: runs as uid $out"; else echo "check: uid is '$out', expected 10001" >&2; failed=1; fi
-  # Every binary's shared libraries resolve in the runtime image.
-  # shellcheck disable=SC2016 # expanded by the container's shell
-  if out=$("${run[@]}" sh -c 'for b in /usr/local/bin/assay*; do ldd "$b" | sed "s|^|$b: |"; done') \
-      && ! grep -q 'not found' <<<"$out"; then
-    echo "check: ldd clean ($(grep -c '=>' <<<"$out") resolved links over $(cut -d: -f1 <<<"$out" | sort -u | wc -l) binaries)"
+  # One binary: `assay` runs every stage (`assay serve <stage>`, as each Deployment runs it).
+  if out=$("${run[@]}" ls /usr/local/bin) && [ "$out" = assay ]; then
+    echo "check: one binary, /usr/local/bin/assay ($("${run[@]}" stat -c %s /usr/local/bin/assay | awk '{printf "%d MB", $1 / 1000000}'))"
+  else
+    echo "check: /usr/local/bin holds '$(tr '\n' ' ' <<<"$out")', expected assay alone" >&2; failed=1
+  fi
+  if out=$("${run[@]}" assay serve --help) && grep -q -- '- scorer:' <<<"$out"; then
+    echo "check: assay serve --help: $(grep -c -- '^ *- [a-z-]*:' <<<"$out") stages"
+  else
+    echo "check: assay serve --help FAILED" >&2; failed=1
+  fi
+  # The binary's shared libraries resolve in the runtime image.
+  if out=$("${run[@]}" ldd /usr/local/bin/assay) && ! grep -q 'not found' <<<"$out"; then
+    echo "check: ldd clean ($(grep -c '=>' <<<"$out") resolved links)"
   else
     grep 'not found' <<<"$out" >&2 || true
     echo "check: ldd FAILED" >&2; failed=1

@@ -2,7 +2,9 @@
 """Checks rendered Kubernetes manifests (`kubectl kustomize deploy/k8s/...`) against the code they
 deploy, beyond schema validation (run by scripts/check-deploy.sh):
 
-- each container runs a binary the image ships (Dockerfile), as the image's non-root uid;
+- each container runs a binary the image ships (Dockerfile), as the image's non-root uid; each
+  Deployment's server is `assay serve <stage>` for a stage of the table (services/mesh), and every
+  stage has a Deployment;
 - ports, probes and the readiness probe's service name are the service's own (shared/config
   default.toml, shared/proto service_names); startup, liveness and readiness probes are native gRPC;
 - every ASSAY__SECTION__KEY variable names a real configuration key, every other ASSAY_* variable
@@ -77,6 +79,15 @@ def toml_keys(tree: dict, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]
     return out
 
 
+def served_stage(container: dict) -> str | None:
+    """The stage a container serves: its command is `/usr/local/bin/assay serve <stage>`."""
+    match container.get("command", []):
+        case ["/usr/local/bin/assay", "serve", stage]:
+            return stage
+        case _:
+            return None
+
+
 class Checker:
     def __init__(self, name: str, docs: list[dict]):
         self.name, self.errors = name, []
@@ -91,6 +102,7 @@ class Checker:
         user = (stages[-1].all("USER") or [None])[-1]
         self.image_uid = int(user.args.split(":")[0]) if user else 0
         self.service_names = image_build.service_names()
+        self.stages = image_build.serve_stages()
 
     def err(self, where: str, message: str) -> None:
         self.errors.append(f"{self.name}: {where}: {message}")
@@ -233,19 +245,24 @@ class Checker:
             self.check_env_name(k, f"{cwhere} (envFrom)")
         env.update({e["name"]: e.get("value", "<from " + next(iter(e.get("valueFrom", {"?": 0}))) + ">")
                     for e in c.get("env", [])})
-        binary = next((w.removeprefix("/usr/local/bin/") for w in c.get("command", []) if w.startswith("/usr/local/bin/")), "")
-        key = binary.removeprefix("assay-").replace("-", "_")
+        stage = served_stage(c)
+        if stage not in self.stages:
+            self.err(cwhere, f"command {c.get('command')} is not `/usr/local/bin/assay serve <stage>` for a stage of "
+                             f"{self.stages}")
+            return
+        what = f"assay serve {stage}"
+        key = stage.replace("-", "_")
         port = self.defaults["ports"].get(key)
         if "ASSAY__PORTS__" + key.upper() in env:
             port = int(env["ASSAY__PORTS__" + key.upper()])
         if port is None:
-            self.err(cwhere, f"{binary} has no port in shared/config default.toml")
+            self.err(cwhere, f"{what} has no port in shared/config default.toml")
             return
         if env.get("ASSAY__BIND") != "0.0.0.0":
             self.err(cwhere, "ASSAY__BIND must be 0.0.0.0 (the default binds loopback: probes and Services fail)")
         ports = {p.get("name"): p["containerPort"] for p in c.get("ports", [])}
         if ports.get("grpc") != port:
-            self.err(cwhere, f"port grpc is {ports.get('grpc')}; {binary} listens on {port}")
+            self.err(cwhere, f"port grpc is {ports.get('grpc')}; {what} listens on {port}")
 
         # Probes: native gRPC on the service's port; readiness on its own health name.
         for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
@@ -253,11 +270,11 @@ class Checker:
             if p is None or "grpc" not in p:
                 self.err(cwhere, f"no gRPC {probe}")
             elif p["grpc"].get("port") != port:
-                self.err(cwhere, f"{probe} on port {p['grpc'].get('port')}; {binary} listens on {port}")
+                self.err(cwhere, f"{probe} on port {p['grpc'].get('port')}; {what} listens on {port}")
         ready = c.get("readinessProbe", {}).get("grpc", {}).get("service")
         expected = self.service_names.get(key)
         if ready != expected:
-            self.err(cwhere, f"readinessProbe asks health for {ready!r}; {binary} reports {expected!r}")
+            self.err(cwhere, f"readinessProbe asks health for {ready!r}; {what} reports {expected!r}")
 
         # Shutdown: preStop pause, then SIGTERM and drain_seconds; the grace period covers both.
         pre = c.get("lifecycle", {}).get("preStop", {})
@@ -298,7 +315,7 @@ class Checker:
         min_pods = hpas[0]["spec"].get("minReplicas", 1) if hpas else spec.get("replicas", 1)
 
         # Models: a local backend loads from ASSAY_MODELS_DIR, which must be a mount.
-        if binary != "assay-gateway" and env.get("ASSAY__MODELS__DEFAULT__BACKEND", "local") == "local":
+        if stage != "gateway" and env.get("ASSAY__MODELS__DEFAULT__BACKEND", "local") == "local":
             models = env.get("ASSAY_MODELS_DIR", "")
             mount = next((m for m in c.get("volumeMounts", []) if m["mountPath"] == models), None)
             if mount is None:
@@ -315,11 +332,11 @@ class Checker:
                 self.err(cwhere, "the models an init container fetched are mounted writable; mount them read-only")
             if not fetchers and mount is not None and mount.get("readOnly"):
                 self.err(cwhere, "models mounted read-only but nothing fetches them")
-        if not hpas and binary != "assay-gateway":
+        if not hpas and stage != "gateway":
             self.err(where, "no HorizontalPodAutoscaler")
 
         # The gateway: its store decides how many pods it may run.
-        if binary == "assay-gateway":
+        if stage == "gateway":
             store = env.get("ASSAY__GATEWAY__STORE", "")
             shared = store.startswith("<from secretKeyRef") or store.startswith(("postgres://", "postgresql://"))
             if shared:
@@ -358,11 +375,10 @@ class Checker:
                 self.err(f"{k} {name}", "no label app.kubernetes.io/part-of=assay")
             if k == "HorizontalPodAutoscaler" and self.get("Deployment", o["spec"]["scaleTargetRef"]["name"]) is None:
                 self.err(f"{k} {name}", "scales a Deployment that does not exist")
-        shipped = {w.removeprefix("/usr/local/bin/") for d in deployments
-                   for w in d["spec"]["template"]["spec"]["containers"][0].get("command", [])}
-        missing = sorted(b for b in self.binaries - shipped - {"assay"})
+        served = {served_stage(d["spec"]["template"]["spec"]["containers"][0]) for d in deployments}
+        missing = [s for s in self.stages if s not in served]
         if missing:
-            self.errors.append(f"{self.name}: no Deployment runs {missing}")
+            self.errors.append(f"{self.name}: no Deployment serves {missing} (`assay serve <stage>`)")
         return len(deployments)
 
 

@@ -5,7 +5,8 @@ The Dockerfile is parsed, not mirrored, so what is checked here is what the imag
 
   --check        cheap (CI): the stages, the builder's apt packages and its exact command
                  `cargo build --release --locked --bins`, every binary the runtime stage copies is
-                 a [[bin]] of the workspace and every service binary is copied, the build context
+                 a [[bin]] of the workspace and every service binary is copied (`assay`, which
+                 runs every stage: `assay serve <stage>`), the build context
                  (.dockerignore applied) holds every file the build needs, the runtime user is
                  non-root, and (on a host of the image's Debian release) every apt package exists.
   (no option)    --check, then the builder's steps in a staging directory: the context is copied
@@ -19,9 +20,9 @@ The Dockerfile is parsed, not mirrored, so what is checked here is what the imag
                  OUT/bin holds those binaries from DIR (scripts/image.sh --prebuilt builds it).
   --smoke DIR    the runtime stage's checks on binaries already built in DIR: each shared library
                  resolves and (on a Debian host of the image's release) comes from a package of the
-                 runtime stage or of the base image; `assay --version/--help` run; each service
-                 binary starts on loopback, answers gRPC health (its readiness name SERVING, when
-                 Python grpcio is there) and exits 0 on SIGTERM after draining.
+                 runtime stage or of the base image; `assay --version/--help` run; each stage
+                 (`assay serve <stage>`) starts on loopback, answers gRPC health (its readiness
+                 name SERVING, when Python grpcio is there) and exits 0 on SIGTERM after draining.
 """
 
 from __future__ import annotations
@@ -280,6 +281,15 @@ def check() -> Plan:
     for b in service_bins:
         if b not in binaries:
             errors.append(f"{b} ([[bin]] of {bins[b]['name']}) is not copied into the image")
+    if "assay" not in binaries:
+        errors.append("assay is not copied into the image: it runs every stage (`assay serve <stage>`)")
+    names = service_names()
+    try:
+        for stage in serve_stages():
+            if stage.replace("-", "_") not in names:
+                errors.append(f"`assay serve {stage}`: no service name for it in shared/proto/src/lib.rs")
+    except Failure as e:
+        errors.append(str(e))
     users = runtime.all("USER")
     user = users[-1].args if users else "root"
     uid = user.split(":")[0]
@@ -346,8 +356,8 @@ def check() -> Plan:
     if errors:
         raise Failure("Dockerfile:\n  " + "\n  ".join(errors))
     size = sum((ROOT / f).stat().st_size for f in context if (ROOT / f).is_file())
-    print(f"Dockerfile: `{' '.join(BUILD_COMMAND)}` on {build.base}, {len(binaries)} binaries "
-          f"(every service [[bin]]) into {runtime.base} as uid {RUNTIME_UID}")
+    print(f"Dockerfile: `{' '.join(BUILD_COMMAND)}` on {build.base}, {', '.join(binaries)} (every service [[bin]]; "
+          f"`assay serve` runs {len(serve_stages())} stages) into {runtime.base} as uid {RUNTIME_UID}")
     print(f"build context: {len(context)} tracked files, {size / 1e6:.1f} MB, loads as the workspace, nothing the build needs "
           f"ignored; {apt_note}")
     return Plan(build, runtime, workdir, build_apt, runtime_apt, binaries, env, service_bins)
@@ -519,9 +529,23 @@ def service_names() -> dict[str, str]:
     return {k.lower(): v for k, v in re.findall(r'pub const (\w+): &str = "([^"]+)";', text)}
 
 
-def smoke_service(bindir: Path, b: str, names: dict[str, str], scratch: Path) -> list[str]:
-    key = b.removeprefix("assay-").replace("-", "_")
-    home = scratch / b
+def serve_stages() -> list[str]:
+    """The stages `assay serve` runs, as the stage table names them (`Stage::name` in
+    services/mesh/src/table.rs); a stage's config key (`[ports]`, health name) is its name with
+    `_` for `-`."""
+    text = (ROOT / "services/mesh/src/table.rs").read_text()
+    body = re.search(r"pub fn name\(self\) -> &'static str \{(.*?)\n    \}", text, re.S)
+    stages = re.findall(r'Stage::\w+ => "([a-z-]+)"', body.group(1)) if body else []
+    if not stages:
+        raise Failure("services/mesh/src/table.rs: no stage names (Stage::name) found")
+    return stages
+
+
+def smoke_service(bindir: Path, stage: str, names: dict[str, str], scratch: Path) -> list[str]:
+    """`assay serve <stage>` on loopback: listening, health SERVING, exit 0 on SIGTERM."""
+    key = stage.replace("-", "_")
+    b = f"assay serve {stage}"
+    home = scratch / stage
     (home / "models").mkdir(parents=True)
     (home / "data").mkdir()
     env = {
@@ -535,7 +559,8 @@ def smoke_service(bindir: Path, b: str, names: dict[str, str], scratch: Path) ->
     }
     log = home / "log"
     with open(log, "w") as out:
-        proc = subprocess.Popen([str(bindir / b)], env=env, cwd=home, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen([str(bindir / "assay"), "serve", stage], env=env, cwd=home, stdout=out,
+                                stderr=subprocess.STDOUT)
     port, deadline = None, time.monotonic() + 60
     try:
         while port is None and time.monotonic() < deadline and proc.poll() is None:
@@ -593,9 +618,8 @@ def smoke(plan: Plan, bindir: Path, fetch_models: bool) -> None:
         print(f"  assay: `{version}`; --help and models --help exit 0" if not cli_errors else "  assay: FAILED")
         errors += cli_errors
         names = service_names()
-        for b in plan.binaries:
-            if b != "assay":
-                errors += smoke_service(bindir, b, names, scratch)
+        for stage in serve_stages():
+            errors += smoke_service(bindir, stage, names, scratch)
         if fetch_models:
             # The embedded overlay's init container: `assay models fetch` with the image's env.
             env = {k: v for k, v in plan.env.items() if not k.startswith("ASSAY__")}
@@ -610,7 +634,7 @@ def smoke(plan: Plan, bindir: Path, fetch_models: bool) -> None:
         shutil.rmtree(scratch, ignore_errors=True)
     if errors:
         raise Failure("runtime checks:\n  " + "\n  ".join(errors))
-    print(f"runtime checks: {len(plan.binaries)} binaries ok")
+    print(f"runtime checks: {', '.join(plan.binaries)} and its {len(serve_stages())} stages (`assay serve`) ok")
 
 
 def main() -> int:

@@ -90,8 +90,8 @@ async fn can_run(test: &str) -> bool {
 #[derive(Debug, Clone)]
 struct Deployment {
     name: String,
-    /// The binary its container runs (`command`).
-    binary: String,
+    /// The stage its container serves (`command`: `assay serve <stage>`).
+    stage: String,
     replicas: usize,
     /// The readiness probe: gRPC health on this port, under this service name.
     port: u16,
@@ -117,6 +117,14 @@ fn to_yaml(docs: &[Value]) -> String {
 
 fn is_deployment(doc: &Value) -> bool {
     doc["kind"] == "Deployment"
+}
+
+/// The stage a container serves: its `command` is `/usr/local/bin/assay serve <stage>`.
+fn served_stage(container: &Value) -> Option<&str> {
+    match container["command"].as_array().map(Vec::as_slice) {
+        Some([bin, serve, stage]) if bin == "/usr/local/bin/assay" && serve == "serve" => stage.as_str(),
+        _ => None,
+    }
 }
 
 /// Every container of every Deployment in `docs`.
@@ -170,13 +178,11 @@ fn deployments(docs: &[Value]) -> Vec<Deployment> {
             };
             let startup = probe("startupProbe");
             let secs = |key: &str, default: u64| startup[key].as_u64().unwrap_or(default);
-            let binary = container["command"][0]
-                .as_str()
-                .unwrap_or_else(|| panic!("{name}: no command"))
-                .trim_start_matches("/usr/local/bin/")
+            let stage = served_stage(container)
+                .unwrap_or_else(|| panic!("{name}: command {} is not `assay serve <stage>`", container["command"]))
                 .to_string();
             Deployment {
-                binary,
+                stage,
                 replicas: doc["spec"]["replicas"].as_u64().map_or(1, |r| r as usize),
                 port: port_of("readinessProbe"),
                 readiness: probe("readinessProbe")["grpc"]["service"].as_str().unwrap_or_default().to_string(),
@@ -214,12 +220,13 @@ impl Play {
         let prefix = format!("t{}-{}-", std::process::id(), overlay);
         let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("containers-{}", prefix.trim_end_matches('-')));
         std::fs::create_dir_all(&dir).expect("scratch directory");
-        // kustomize takes relative resource paths only.
-        let depth = dir.strip_prefix(&repo).map_or_else(
-            |_| panic!("{} is not under the workspace {}", dir.display(), repo.display()),
-            |p| p.components().count(),
-        );
-        let overlay_path = format!("{}deploy/k8s/local/{overlay}", "../".repeat(depth));
+        // kustomize takes relative resource paths only: up to the directory that holds both the
+        // scratch directory and the workspace (the target directory may be elsewhere:
+        // CARGO_TARGET_DIR), then down to the overlay.
+        let common = dir.ancestors().find(|a| repo.starts_with(a)).expect("a common ancestor");
+        let up = dir.strip_prefix(common).expect("under it").components().count();
+        let down = repo.strip_prefix(common).expect("under it").join("deploy/k8s/local").join(overlay);
+        let overlay_path = format!("{}{}", "../".repeat(up), down.display());
         std::fs::write(
             dir.join("kustomization.yaml"),
             format!(
@@ -277,8 +284,8 @@ impl Play {
         play
     }
 
-    fn deployment(&self, binary: &str) -> &Deployment {
-        self.deployments.iter().find(|d| d.binary == binary).unwrap_or_else(|| panic!("no Deployment runs {binary}"))
+    fn deployment(&self, stage: &str) -> &Deployment {
+        self.deployments.iter().find(|d| d.stage == stage).unwrap_or_else(|| panic!("no Deployment serves {stage}"))
     }
 
     /// Every pod SERVING; prints the time each took from `since` (before the play).
@@ -541,7 +548,7 @@ async fn openai_overlay_runs_from_the_image_with_podman() {
     play.all_serving(started).await;
 
     // An evaluation and a targeted refinement through the gateway pod.
-    let gateway = play.deployment("assay-gateway").clone();
+    let gateway = play.deployment("gateway").clone();
     let mut client = gateway_client(gateway.port).await;
     let clean = clean_leaves_run(&mut client, RECORDS).await;
     let (sections, brief) = lesson();
@@ -613,10 +620,7 @@ async fn openai_overlay_runs_from_the_image_with_podman() {
 fn second_gateway(rendered: &[Value]) -> Vec<Vec<Value>> {
     let mut gateway = rendered
         .iter()
-        .find(|d| {
-            is_deployment(d)
-                && d["spec"]["template"]["spec"]["containers"][0]["command"][0] == "/usr/local/bin/assay-gateway"
-        })
+        .find(|d| is_deployment(d) && served_stage(&d["spec"]["template"]["spec"]["containers"][0]) == Some("gateway"))
         .expect("the gateway Deployment")
         .clone();
     let name = format!("{}-2", gateway["metadata"]["name"].as_str().expect("its name"));
@@ -653,7 +657,7 @@ async fn postgres_overlay_gateways_share_the_store_and_survive_a_kill() {
     ];
     let started = Instant::now();
     let play = Play::start("postgres", &secrets, second_gateway).await;
-    let gateways: Vec<Deployment> = play.deployments.iter().filter(|d| d.binary == "assay-gateway").cloned().collect();
+    let gateways: Vec<Deployment> = play.deployments.iter().filter(|d| d.stage == "gateway").cloned().collect();
     assert_eq!(gateways.len(), 2, "two gateways: {gateways:?}");
     play.all_serving(started).await;
 
@@ -717,7 +721,7 @@ async fn embedded_overlay_fetches_the_models_and_answers_on_them() {
     let mount = podman(&["volume", "inspect", "--format", "{{.Mountpoint}}", &models]).await.expect("the models PVC");
     let files = std::fs::read_dir(&mount).map(|d| d.count()).unwrap_or(0);
     assert!(files > 0, "the models are on the shared volume {models} ({mount})");
-    let gateway = play.deployment("assay-gateway");
+    let gateway = play.deployment("gateway");
     let request = gw::RunPipelineRequest {
         label: "embedded".into(),
         pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(leaves_eval(2))),

@@ -4,8 +4,8 @@
 //! run lets the other take it over and finish it, with every record once and the scores of a
 //! clean run. Controls and watching work through either gateway.
 //!
-//! Needs the workspace's `assay-gateway` and `assay-scorer` binaries (built by any workspace test
-//! run, or `cargo build -p assay-mesh`).
+//! Needs the workspace's `assay` binary (`assay serve gateway`, `assay serve scorer`; built by any
+//! workspace test run, or `cargo build -p assay-cli`).
 
 #![allow(clippy::wildcard_enum_match_arm)]
 
@@ -22,15 +22,16 @@ use tonic::transport::Channel;
 
 const RECORDS: usize = 24;
 
-/// A service binary started with `env`, and the address it listens on.
-async fn spawn(name: &str, env: &[(&str, String)]) -> (Child, String) {
+/// `assay serve <stage>` started with `env`, and the address it listens on.
+async fn spawn(stage: &str, env: &[(&str, String)]) -> (Child, String) {
     let (child, addr) = spawn_until(
-        Command::new(assay_tests::workspace_binary(name, "assay-mesh"))
+        Command::new(assay_tests::workspace_binary("assay", "assay-cli"))
+            .args(["serve", stage])
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
             .stdout(Stdio::null()),
-        &format!("{name}, its address"),
+        &format!("assay serve {stage}, its address"),
         |line| {
             let rest = line.split("addr=Some(").nth(1).filter(|_| line.contains("listening"))?;
             rest.split(')').next().map(str::to_string)
@@ -42,7 +43,7 @@ async fn spawn(name: &str, env: &[(&str, String)]) -> (Child, String) {
 
 async fn scorer(llm: &ScriptedLlm) -> (Child, String) {
     spawn(
-        "assay-scorer",
+        "scorer",
         &[
             ("ASSAY__PORTS__SCORER", "0".into()),
             ("ASSAY__MODELS__DEFAULT__BACKEND", "openai".into()),
@@ -57,7 +58,7 @@ async fn scorer(llm: &ScriptedLlm) -> (Child, String) {
 
 async fn gateway(store: &str, name: &str, scorer: &str) -> (Child, GatewayServiceClient<Channel>) {
     let (child, url) = spawn(
-        "assay-gateway",
+        "gateway",
         &[
             ("ASSAY__PORTS__GATEWAY", "0".into()),
             ("ASSAY__GATEWAY__STORE", store.into()),

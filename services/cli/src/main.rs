@@ -88,6 +88,19 @@ enum Command {
         #[arg(long)]
         no_admin_auth: bool,
     },
+    /// Run one service of the mesh on its own, as one Kubernetes Deployment runs it.
+    ///
+    /// STAGE serves on its configured port (`ports.<stage>` at `bind`) and reaches the stages it
+    /// calls at `upstreams.*`; health says NOT_SERVING until it is ready (models loaded, the
+    /// gateway's run store open). SIGTERM/SIGINT: NOT_SERVING, drain for up to `drain_seconds`,
+    /// exit 0. Logs info lines (`RUST_LOG` decides; -v does not apply), under the service name
+    /// `assay-<stage>`. Exit codes: 0 stopped after a drain, 1 it could not start or serve, 2 bad
+    /// configuration or an unknown stage.
+    Serve {
+        /// The service to run.
+        #[arg(value_parser = stage_parser())]
+        stage: assay_mesh::Stage,
+    },
     /// Start the mesh, evaluate two example records, print the result, stop.
     ///
     /// A checklist evaluation run through the gateway, as `assay eval` runs one.
@@ -273,6 +286,15 @@ enum Command {
         #[command(subcommand)]
         command: ModelsCommand,
     },
+}
+
+/// The names `assay serve` takes, one per row of the stage table, each with the gRPC service it
+/// serves (in `--help`, and in the error for an unknown name).
+fn stage_parser() -> impl clap::builder::TypedValueParser<Value = assay_mesh::Stage> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser as _};
+    let names = assay_mesh::STAGES.iter().map(|d| PossibleValue::new(d.stage.name()).help(d.service_name));
+    PossibleValuesParser::new(names)
+        .try_map(|name: String| assay_mesh::Stage::from_name(&name).ok_or_else(|| format!("no stage {name}")))
 }
 
 #[derive(Args, Clone)]
@@ -776,7 +798,9 @@ async fn run() -> ExitCode {
         (0, _) => "warn",
         _ => "debug",
     };
-    let _telemetry = assay_telemetry::init_at("assay", level);
+    // `serve` is a stage's own process: its telemetry is the stage's (`assay_mesh::standalone`).
+    let serve = matches!(cli.command, Command::Serve { .. });
+    let _telemetry = (!serve).then(|| assay_telemetry::init_at("assay", level));
     let outcome = match cli.command {
         Command::Up { backend, no_admin_auth } => match load_config(cli.config.as_deref(), &backend) {
             Ok(mut c) => {
@@ -785,6 +809,7 @@ async fn run() -> ExitCode {
             }
             Err(e) => Err(e),
         },
+        Command::Serve { stage } => return assay_mesh::standalone::run(stage).await,
         Command::Models { command: ModelsCommand::Fetch { dir } } => models_fetch(dir).await,
         Command::Eval { preset, max_items, corpus, scoring, run, backend } => {
             let outcome = async {

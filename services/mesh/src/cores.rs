@@ -1,6 +1,7 @@
 //! How each stage's core is built: the settings it takes from configuration, then the core from
-//! those settings, the model hub and remote clients to the stages it calls. The standalone
-//! binaries and the in-process mesh both build through here (via [`crate::StageDef::build`]).
+//! those settings, the model hub and remote clients to the stages it calls. A stage on its own
+//! (`assay serve <stage>`) and the in-process mesh both build through here (via
+//! [`crate::StageDef::build`]).
 
 use std::sync::Arc;
 

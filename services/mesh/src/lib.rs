@@ -1,13 +1,12 @@
 //! The composition root of Assay: one table of stages ([`STAGES`]) and the one way each stage is
 //! built from configuration, used by every entry point so they cannot drift apart:
 //!
-//! - the standalone binaries (`assay-gateway`, `assay-scorer`, ...; one per Kubernetes
-//!   Deployment), which reach the stages they call at their configured addresses
-//!   ([`standalone`]);
+//! - a stage on its own (`assay serve gateway`, `assay serve scorer`, ...; one per Kubernetes
+//!   Deployment), reaching the stages it calls at their configured addresses ([`standalone`]);
 //! - `assay up` and the whole-mesh test sandbox, which run every service in one process, each on
 //!   its own loopback listener, calling each other over real gRPC ([`start_mesh`]).
 //!
-//! A row of the table names a stage's binary, gRPC service, `[ports]` / `[upstreams]` key, the
+//! A row of the table names a stage's service, gRPC service, `[ports]` / `[upstreams]` key, the
 //! stages it calls, the settings its core takes from configuration and how that core is built
 //! from them ([`cores`]); the gateway's stages and run engine are built by [`gateway`].
 

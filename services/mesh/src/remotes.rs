@@ -1,5 +1,5 @@
 //! Remote clients to the stages a service calls, over gRPC. The stage table connects them
-//! ([`crate::table`]): at their configured addresses (a standalone binary) or at their loopback
+//! ([`crate::table`]): at their configured addresses (`assay serve <stage>`) or at their loopback
 //! listeners (the in-process mesh).
 
 use std::sync::Arc;

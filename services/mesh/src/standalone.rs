@@ -1,5 +1,6 @@
-//! A service on its own (one Kubernetes Deployment): its row of the stage table, served with the
-//! standard runtime, reaching the stages it calls at their configured addresses.
+//! A service on its own (`assay serve <stage>`, one Kubernetes Deployment): its row of the stage
+//! table, served with the standard runtime, reaching the stages it calls at their configured
+//! addresses.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -12,13 +13,10 @@ use crate::cores::Built;
 use crate::remotes::Remotes;
 use crate::table::Stage;
 
-/// The process entry point of `stage`'s binary.
-pub fn main(stage: Stage) -> ExitCode {
-    assay_runtime::main(|| run(stage))
-}
-
 /// Serve `stage` until SIGTERM/SIGINT (configuration from `--config` / `ASSAY_CONFIG` and
-/// `ASSAY__*`).
+/// `ASSAY__*`), with its own telemetry (service name `assay-<stage>`, info lines): the whole
+/// process of `assay serve <stage>`, on the standard runtime (`assay_runtime::main`) and before
+/// any other telemetry init.
 pub async fn run(stage: Stage) -> ExitCode {
     let def = stage.def();
     let spec = assay_runtime::StageSpec {
@@ -31,8 +29,8 @@ pub async fn run(stage: Stage) -> ExitCode {
     assay_runtime::run_service(spec, &loaders, |hub, config| routes(stage, hub, config)).await
 }
 
-/// `stage`'s core as its standalone binary builds it: its table row, with clients to the stages
-/// it calls at their configured addresses.
+/// `stage`'s core as it is built on its own: its table row, with clients to the stages it calls
+/// at their configured addresses.
 pub fn build(stage: Stage, config: &AssayConfig, hub: Arc<ModelHub>) -> Result<Built, String> {
     let def = stage.def();
     def.build(config, hub, &Remotes::configured(config, def.calls)?)

@@ -1,4 +1,4 @@
-//! The table of stages: one row per service, read by the standalone binaries and by the
+//! The table of stages: one row per service, read by `assay serve <stage>` and by the
 //! in-process mesh alike.
 
 use std::sync::Arc;
@@ -33,7 +33,8 @@ pub type Connect = fn(&mut Remotes, Channel, Option<&str>);
 /// One row of the table.
 pub struct StageDef {
     pub stage: Stage,
-    /// The standalone binary (deploy/, the Dockerfile and the tests run it by this name).
+    /// Its service name, `assay-<name>` ([`Stage::name`]): in logs, traces and metrics
+    /// (`service.name`) and as its Kubernetes objects' name. `assay serve <name>` runs it.
     pub binary: &'static str,
     /// The gRPC service it serves (health, reflection).
     pub service_name: &'static str,
@@ -48,7 +49,7 @@ pub struct StageDef {
     pub connect: Option<Connect>,
     /// The stages it calls.
     pub calls: &'static [Stage],
-    /// Whether it calls model backends (the standalone binary then builds them from config).
+    /// Whether it calls model backends (`assay serve` then builds them from config).
     pub uses_models: bool,
     /// What its core takes from configuration.
     pub settings: fn(&AssayConfig) -> CoreSettings,
@@ -158,6 +159,25 @@ impl Stage {
         // Every stage has a row (the table test checks it).
         STAGES.iter().find(|d| d.stage == self).unwrap_or(&STAGES[0])
     }
+
+    /// Its name on the command line: `assay serve <name>` runs it on its own (one Kubernetes
+    /// Deployment each).
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::Gateway => "gateway",
+            Stage::Generator => "generator",
+            Stage::Refiners => "refiners",
+            Stage::Scorer => "scorer",
+            Stage::Arbiter => "arbiter",
+            Stage::DeltaJudge => "delta-judge",
+            Stage::Debate => "debate",
+        }
+    }
+
+    /// The stage named `name` (as [`Stage::name`] spells it).
+    pub fn from_name(name: &str) -> Option<Stage> {
+        STAGES.iter().map(|d| d.stage).find(|s| s.name() == name)
+    }
 }
 
 impl StageDef {
@@ -241,6 +261,12 @@ mod tests {
         binaries.sort_unstable();
         binaries.dedup();
         assert_eq!(binaries.len(), STAGES.len());
+        // Each name on the command line finds its stage, and names the service it runs.
+        for d in &STAGES {
+            assert_eq!(Stage::from_name(d.stage.name()), Some(d.stage));
+            assert_eq!(d.binary, format!("assay-{}", d.stage.name()), "{:?}", d.stage);
+        }
+        assert_eq!(Stage::from_name("nonsense"), None);
         // Every stage a row calls can be reached.
         for d in &STAGES {
             for c in d.calls {

@@ -1,4 +1,4 @@
-//! `assay up` (the in-process mesh) and the standalone binaries (one per Deployment) build every
+//! `assay up` (the in-process mesh) and `assay serve <stage>` (one per Deployment) build every
 //! stage alike from the same configuration: both go through the stage table's builders, and the
 //! settings a core takes from configuration are the same in both.
 

@@ -1,6 +1,6 @@
-//! The standalone `assay-gateway` binary's admin page (every port 0, on loopback): with no
-//! `auth_token` it generates a token and prints it once, in the page's URL; `admin.no_auth` serves
-//! it open; `ASSAY__ADMIN__ALLOWED_HOSTS` adds Host names.
+//! The gateway's admin page when it runs on its own, `assay serve gateway` (every port 0, on
+//! loopback): with no `auth_token` it generates a token and prints it once, in the page's URL;
+//! `admin.no_auth` serves it open; `ASSAY__ADMIN__ALLOWED_HOSTS` adds Host names.
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -11,7 +11,8 @@ use assay_testkit::{ChildOutput, http_request as http};
 /// address it logged).
 fn gateway(env: &[(&str, &str)], printed: bool) -> (ChildOutput, String) {
     let mut out = ChildOutput::spawn(
-        Command::new(env!("CARGO_BIN_EXE_assay-gateway"))
+        Command::new(env!("CARGO_BIN_EXE_assay"))
+            .args(["serve", "gateway"])
             .env("ASSAY__BIND", "127.0.0.1")
             .env("ASSAY__PORTS__GATEWAY", "0")
             .env("ASSAY__PORTS__ADMIN", "0")
@@ -23,7 +24,7 @@ fn gateway(env: &[(&str, &str)], printed: bool) -> (ChildOutput, String) {
             .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped()),
-        "assay-gateway",
+        "assay serve gateway",
     );
     let url = out.wait_for(Duration::from_secs(60), "admin page address", |line| {
         if let Some(url) = line.strip_prefix("admin page: ") {
