@@ -15,11 +15,9 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 
+use assay_budget::{Cost, Exhaustion, Hold};
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::Counter;
-use serde::Deserialize;
-
-use assay_budget::{Cost, Exhaustion, Hold};
 
 use crate::types::{
     ChatModel, ChatRequest, ChatResponse, EmbeddingModel, EmbeddingRequest, EmbeddingResponse, LlmError,
@@ -36,35 +34,8 @@ fn prompt_tokens_of(chars: usize) -> u64 {
     (chars as u64).div_ceil(3)
 }
 
-/// A model's price, USD per million tokens.
-#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq)]
-pub struct Price {
-    /// Prompt tokens.
-    pub input: f64,
-    /// Completion tokens.
-    pub output: f64,
-    /// Prompt tokens the provider served from its prompt cache (`prompt_tokens_details.
-    /// cached_tokens`); absent = the input price.
-    #[serde(default)]
-    pub cached_input: Option<f64>,
-}
-
-impl Price {
-    /// The cost of `usage` at this price, USD.
-    pub fn cost(&self, usage: &Usage) -> f64 {
-        let cached = usage.cached_prompt_tokens.min(usage.prompt_tokens);
-        let fresh = usage.prompt_tokens - cached;
-        (fresh as f64 * self.input
-            + cached as f64 * self.cached_input.unwrap_or(self.input)
-            + usage.completion_tokens as f64 * self.output)
-            / 1e6
-    }
-
-    /// Every rate finite and not negative.
-    pub fn is_valid(&self) -> bool {
-        [self.input, self.output, self.cached_input.unwrap_or(0.0)].iter().all(|p| p.is_finite() && *p >= 0.0)
-    }
-}
+/// A model's price, USD per million tokens (declared with the backend's settings).
+pub use assay_config::Price;
 
 /// A backend's price table: by model name, `"*"` for any model without its own entry.
 #[derive(Debug, Clone, Default, PartialEq)]
