@@ -391,7 +391,7 @@ impl MeshSandbox {
     }
 
     /// Graceful stop of every service.
-    pub async fn shutdown(mut self) -> Result<(), String> {
+    pub async fn shutdown(mut self) -> Result<(), assay_mesh::MeshError> {
         match self.mesh.take() {
             Some(m) => m.shutdown().await,
             None => Ok(()),

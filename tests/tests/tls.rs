@@ -225,11 +225,12 @@ async fn tls_configuration_errors_name_the_key() {
     config.gateway.store = ":memory:".into();
     config.tls.key = missing.clone();
     let e = assay_runtime::serve_options(&config).expect_err("the key file is gone");
-    assert!(e.contains("tls.key: cannot read"), "{e}");
+    assert!(matches!(e, assay_runtime::RuntimeError::Config(_)), "{e:?}");
+    assert!(e.to_string().contains("tls.key: cannot read"), "{e}");
     let hub = std::sync::Arc::new(assay_llm::ModelHub::default());
     let e = match assay_cli::start_mesh(&config, hub, true).await {
         Ok(_) => panic!("a mesh started without its key"),
-        Err(e) => e,
+        Err(e) => e.to_string(),
     };
     assert!(e.contains("tls.key"), "{e}");
 }

@@ -588,7 +588,7 @@ async fn up(mut config: AssayConfig) -> Result<(), String> {
     }
     assay_rpc::shutdown_signal().await;
     eprintln!("stopping: draining in-flight calls");
-    mesh.shutdown().await
+    mesh.shutdown().await.map_err(|e| e.to_string())
 }
 
 /// One line per backend the phases use: what it is and which model answers.
@@ -722,7 +722,7 @@ async fn demo(mut config: AssayConfig, ephemeral: bool) -> Result<(), String> {
     let mesh = cmd::start(&config).await?;
     let url = format!("http://{}", mesh.addrs.gateway);
     let result = async {
-        let channel = assay_runtime::channel(&config, &url)?;
+        let channel = assay_runtime::channel(&config, &url).map_err(|e| e.to_string())?;
         let token = assay_runtime::auth_token(&config);
         let mut client = gw::gateway_service_client::GatewayServiceClient::with_interceptor(
             channel,
@@ -778,7 +778,7 @@ async fn demo(mut config: AssayConfig, ephemeral: bool) -> Result<(), String> {
         Ok::<(), String>(())
     }
     .await;
-    mesh.shutdown().await?;
+    mesh.shutdown().await.map_err(|e| e.to_string())?;
     result
 }
 

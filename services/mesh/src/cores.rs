@@ -9,6 +9,7 @@ use assay_config::AssayConfig;
 use assay_llm::ModelHub;
 use tonic::service::Routes;
 
+use crate::MeshError;
 use crate::remotes::Remotes;
 
 /// What a core takes from configuration.
@@ -84,7 +85,7 @@ pub fn no_settings(_config: &AssayConfig) -> CoreSettings {
     CoreSettings::default()
 }
 
-pub fn build_generator(settings: CoreSettings, hub: Arc<ModelHub>, remotes: &Remotes) -> Result<Built, String> {
+pub fn build_generator(settings: CoreSettings, hub: Arc<ModelHub>, remotes: &Remotes) -> Result<Built, MeshError> {
     let mut core = assay_generator::Generator::new(hub).with_refiners(remotes.refiners()?);
     if let Some(c) = settings.concurrency {
         core = core.with_concurrency(c);
@@ -92,7 +93,7 @@ pub fn build_generator(settings: CoreSettings, hub: Arc<ModelHub>, remotes: &Rem
     Ok(Built { core: Core::Generator(Arc::new(core)), settings })
 }
 
-pub fn build_refiners(settings: CoreSettings, hub: Arc<ModelHub>, remotes: &Remotes) -> Result<Built, String> {
+pub fn build_refiners(settings: CoreSettings, hub: Arc<ModelHub>, remotes: &Remotes) -> Result<Built, MeshError> {
     let mut core = assay_refiners::ChecklistRefiners::new(hub).with_scorer(remotes.scorer()?);
     if let Some(c) = settings.concurrency {
         core = core.with_concurrency(c);
@@ -103,19 +104,19 @@ pub fn build_refiners(settings: CoreSettings, hub: Arc<ModelHub>, remotes: &Remo
     Ok(Built { core: Core::Refiners(Arc::new(core)), settings })
 }
 
-pub fn build_scorer(settings: CoreSettings, hub: Arc<ModelHub>, _remotes: &Remotes) -> Result<Built, String> {
+pub fn build_scorer(settings: CoreSettings, hub: Arc<ModelHub>, _remotes: &Remotes) -> Result<Built, MeshError> {
     let concurrency = settings.concurrency.unwrap_or(1);
     Ok(Built { core: Core::Scorer(Arc::new(assay_scorer::ScorerCore::new(hub, concurrency))), settings })
 }
 
-pub fn build_arbiter(settings: CoreSettings, hub: Arc<ModelHub>, _remotes: &Remotes) -> Result<Built, String> {
+pub fn build_arbiter(settings: CoreSettings, hub: Arc<ModelHub>, _remotes: &Remotes) -> Result<Built, MeshError> {
     Ok(Built { core: Core::Arbiter(Arc::new(assay_arbiter::ArbiterCore::new(hub))), settings })
 }
 
-pub fn build_delta_judge(settings: CoreSettings, hub: Arc<ModelHub>, _remotes: &Remotes) -> Result<Built, String> {
+pub fn build_delta_judge(settings: CoreSettings, hub: Arc<ModelHub>, _remotes: &Remotes) -> Result<Built, MeshError> {
     Ok(Built { core: Core::DeltaJudge(Arc::new(assay_delta_judge::DeltaJudgeCore::new(hub))), settings })
 }
 
-pub fn build_debate(settings: CoreSettings, hub: Arc<ModelHub>, _remotes: &Remotes) -> Result<Built, String> {
+pub fn build_debate(settings: CoreSettings, hub: Arc<ModelHub>, _remotes: &Remotes) -> Result<Built, MeshError> {
     Ok(Built { core: Core::Debate(Arc::new(assay_debate::DebateCore::new(hub))), settings })
 }

@@ -7,11 +7,12 @@ use assay_config::AssayConfig;
 use assay_gateway::{Engine, Pipelines, RefinementStages, Stages};
 use assay_runs::SpendCaps;
 
+use crate::MeshError;
 use crate::cores::gateway_settings;
 use crate::remotes::Remotes;
 
 /// The stages the gateway's pipelines call, every one a remote client from `remotes`.
-pub fn stages(config: &AssayConfig, remotes: &Remotes) -> Result<Stages, String> {
+pub fn stages(config: &AssayConfig, remotes: &Remotes) -> Result<Stages, MeshError> {
     let scorer = remotes.scorer()?;
     let refiners = remotes.refiners()?;
     let concurrency = gateway_settings(config).concurrency.unwrap_or(1);
@@ -30,10 +31,10 @@ pub fn stages(config: &AssayConfig, remotes: &Remotes) -> Result<Stages, String>
 
 /// The gateway's run engine over the configured run store (opened here: a shared store may need
 /// a moment to connect and migrate) and the stages in `remotes`.
-pub async fn engine(config: &AssayConfig, remotes: &Remotes) -> Result<Engine, String> {
+pub async fn engine(config: &AssayConfig, remotes: &Remotes) -> Result<Engine, MeshError> {
     let stages = stages(config, remotes)?;
-    let store = assay_gateway::open_store(config).await.map_err(|e| format!("cannot open the run store: {e}"))?;
-    let caps = SpendCaps::from_config(config, store.clone())?;
+    let store = assay_gateway::open_store(config).await.map_err(MeshError::Store)?;
+    let caps = SpendCaps::from_config(config, store.clone()).map_err(MeshError::SpendCaps)?;
     Ok(Engine::new(store, Arc::new(Pipelines::new(stages)))
         .with_max_active_runs(config.gateway.max_active_runs as usize)
         .with_spend_caps(caps))

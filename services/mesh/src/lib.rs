@@ -11,6 +11,7 @@
 //! from them ([`cores`]); the gateway's stages and run engine are built by [`gateway`].
 
 pub mod cores;
+pub mod error;
 pub mod gateway;
 pub mod mesh;
 pub mod remotes;
@@ -19,6 +20,7 @@ pub mod table;
 
 pub use assay_gateway::{Engine, admin};
 pub use cores::{Built, Core, CoreSettings};
+pub use error::MeshError;
 pub use mesh::{Mesh, MeshAddrs, start_mesh};
 pub use remotes::Remotes;
 pub use table::{STAGES, Stage, StageDef};

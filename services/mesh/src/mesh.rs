@@ -13,6 +13,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tonic::service::Routes;
 
+use crate::MeshError;
 use crate::remotes::Remotes;
 use crate::table::{STAGES, Stage};
 
@@ -115,41 +116,43 @@ impl Mesh {
     }
 
     /// Graceful stop: NOT_SERVING, drain in-flight calls, wait for every server.
-    pub async fn shutdown(self) -> Result<(), String> {
+    pub async fn shutdown(self) -> Result<(), MeshError> {
         self.engine.halt();
         let _ = self.shutdown.send(true);
         let mut err = None;
         if let Some(t) = self.admin {
             match t.await {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => err = Some(format!("admin page failed: {e}")),
-                Err(e) => err = Some(format!("admin page task failed: {e}")),
+                Ok(Err(e)) => err = Some(MeshError::Admin(e)),
+                Err(e) => err = Some(MeshError::Task { what: "admin page", source: e }),
             }
         }
         for t in self.tasks {
             match t.await {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => err = Some(format!("server failed: {e}")),
-                Err(e) => err = Some(format!("server task failed: {e}")),
+                Ok(Err(e)) => err = Some(MeshError::Server(e)),
+                Err(e) => err = Some(MeshError::Task { what: "server", source: e }),
             }
         }
         err.map_or(Ok(()), Err)
     }
 }
 
-async fn listener(config: &AssayConfig, port: u16) -> Result<TcpListener, String> {
-    assay_runtime::bind(config, port).await.map_err(|e| format!("cannot bind {}:{port}: {e}", config.bind))
+async fn listener(config: &AssayConfig, port: u16) -> Result<TcpListener, MeshError> {
+    assay_runtime::bind(config, port)
+        .await
+        .map_err(|source| MeshError::Bind { addr: format!("{}:{port}", config.bind), source })
 }
 
 /// Clients to every stage the mesh's services call, at its listeners: the stages any row calls.
-pub fn loopback_remotes(config: &AssayConfig, addrs: &MeshAddrs) -> Result<Remotes, String> {
+pub fn loopback_remotes(config: &AssayConfig, addrs: &MeshAddrs) -> Result<Remotes, MeshError> {
     let called: Vec<Stage> = STAGES.iter().filter(|d| d.connect.is_some()).map(|d| d.stage).collect();
     Remotes::loopback(config, |stage| addrs.of(stage), &called)
 }
 
 /// Bind every service at its configured port (0 = any free port) and serve. Services start
 /// NOT_SERVING; with `ready = true` they report SERVING at once.
-pub async fn start_mesh(config: &AssayConfig, hub: Arc<ModelHub>, ready: bool) -> Result<Mesh, String> {
+pub async fn start_mesh(config: &AssayConfig, hub: Arc<ModelHub>, ready: bool) -> Result<Mesh, MeshError> {
     let mut listeners = Vec::with_capacity(STAGES.len());
     for def in &STAGES {
         listeners.push(listener(config, (def.port)(&config.ports)).await?);
@@ -158,7 +161,7 @@ pub async fn start_mesh(config: &AssayConfig, hub: Arc<ModelHub>, ready: bool) -
         Some(port) => Some(listener(config, port).await?),
         None => None,
     };
-    let addr = |l: &TcpListener| l.local_addr().map_err(|e| e.to_string());
+    let addr = |l: &TcpListener| l.local_addr().map_err(MeshError::LocalAddr);
     let mut bound = Vec::with_capacity(listeners.len());
     for l in &listeners {
         bound.push(addr(l)?);

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use crate::MeshError;
 use assay_rpc::remote::{RemoteArbiter, RemoteDebate, RemoteDeltaJudge, RemoteGenerator, RemoteRefiners, RemoteScorer};
 
 /// One remote client per stage connected (lazily: nothing is dialled until the first call).
@@ -18,33 +19,27 @@ pub struct Remotes {
 }
 
 impl Remotes {
-    pub fn generator(&self) -> Result<Arc<RemoteGenerator>, String> {
-        self.generator.clone().ok_or_else(|| missing("assay-generator"))
+    pub fn generator(&self) -> Result<Arc<RemoteGenerator>, MeshError> {
+        self.generator.clone().ok_or(MeshError::NotConnected("assay-generator"))
     }
 
-    pub fn refiners(&self) -> Result<Arc<RemoteRefiners>, String> {
-        self.refiners.clone().ok_or_else(|| missing("assay-refiners"))
+    pub fn refiners(&self) -> Result<Arc<RemoteRefiners>, MeshError> {
+        self.refiners.clone().ok_or(MeshError::NotConnected("assay-refiners"))
     }
 
-    pub fn scorer(&self) -> Result<Arc<RemoteScorer>, String> {
-        self.scorer.clone().ok_or_else(|| missing("assay-scorer"))
+    pub fn scorer(&self) -> Result<Arc<RemoteScorer>, MeshError> {
+        self.scorer.clone().ok_or(MeshError::NotConnected("assay-scorer"))
     }
 
-    pub fn arbiter(&self) -> Result<Arc<RemoteArbiter>, String> {
-        self.arbiter.clone().ok_or_else(|| missing("assay-arbiter"))
+    pub fn arbiter(&self) -> Result<Arc<RemoteArbiter>, MeshError> {
+        self.arbiter.clone().ok_or(MeshError::NotConnected("assay-arbiter"))
     }
 
-    pub fn delta_judge(&self) -> Result<Arc<RemoteDeltaJudge>, String> {
-        self.delta_judge.clone().ok_or_else(|| missing("assay-delta-judge"))
+    pub fn delta_judge(&self) -> Result<Arc<RemoteDeltaJudge>, MeshError> {
+        self.delta_judge.clone().ok_or(MeshError::NotConnected("assay-delta-judge"))
     }
 
-    pub fn debate(&self) -> Result<Arc<RemoteDebate>, String> {
-        self.debate.clone().ok_or_else(|| missing("assay-debate"))
+    pub fn debate(&self) -> Result<Arc<RemoteDebate>, MeshError> {
+        self.debate.clone().ok_or(MeshError::NotConnected("assay-debate"))
     }
-}
-
-/// A client the table's `calls` should have connected (a wiring bug, reported rather than
-/// panicking).
-fn missing(binary: &str) -> String {
-    format!("no client to {binary} was connected (missing from the stage table's calls)")
 }

@@ -9,6 +9,7 @@ use assay_config::AssayConfig;
 use assay_llm::ModelHub;
 use tonic::service::Routes;
 
+use crate::MeshError;
 use crate::cores::Built;
 use crate::remotes::Remotes;
 use crate::table::Stage;
@@ -31,12 +32,12 @@ pub async fn run(stage: Stage) -> ExitCode {
 
 /// `stage`'s core as it is built on its own: its table row, with clients to the stages it calls
 /// at their configured addresses.
-pub fn build(stage: Stage, config: &AssayConfig, hub: Arc<ModelHub>) -> Result<Built, String> {
+pub fn build(stage: Stage, config: &AssayConfig, hub: Arc<ModelHub>) -> Result<Built, MeshError> {
     let def = stage.def();
     def.build(config, hub, &Remotes::configured(config, def.calls)?)
 }
 
-fn routes(stage: Stage, hub: Arc<ModelHub>, config: &AssayConfig) -> Result<Routes, String> {
+fn routes(stage: Stage, hub: Arc<ModelHub>, config: &AssayConfig) -> Result<Routes, MeshError> {
     match stage {
         Stage::Gateway => gateway_routes(config),
         Stage::Generator | Stage::Refiners | Stage::Scorer | Stage::Arbiter | Stage::DeltaJudge | Stage::Debate => {
@@ -65,7 +66,7 @@ fn warn_if_open(stage: Stage, config: &AssayConfig) {
 
 /// The gateway: its engine over the configured store and stages, the admin page when
 /// `ports.admin` is set, and the runs a previous gateway left unfinished resumed.
-fn gateway_routes(config: &AssayConfig) -> Result<Routes, String> {
+fn gateway_routes(config: &AssayConfig) -> Result<Routes, MeshError> {
     let remotes = Remotes::configured(config, Stage::Gateway.def().calls)?;
     // Opened before serving (a shared store may need a moment to connect and migrate).
     let engine = tokio::task::block_in_place(|| {

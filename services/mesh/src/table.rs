@@ -8,6 +8,7 @@ use assay_proto::service_names as names;
 use assay_rpc::remote::{RemoteArbiter, RemoteDebate, RemoteDeltaJudge, RemoteGenerator, RemoteRefiners, RemoteScorer};
 use tonic::transport::Channel;
 
+use crate::MeshError;
 use crate::cores::{self, Built, CoreSettings};
 use crate::remotes::Remotes;
 
@@ -25,7 +26,7 @@ pub enum Stage {
 
 /// Builds a stage's core from its settings, the model hub and remote clients to the stages it
 /// calls.
-pub type BuildCore = fn(CoreSettings, Arc<assay_llm::ModelHub>, &Remotes) -> Result<Built, String>;
+pub type BuildCore = fn(CoreSettings, Arc<assay_llm::ModelHub>, &Remotes) -> Result<Built, MeshError>;
 
 /// Puts the remote client that reaches a stage over `channel` into a [`Remotes`].
 pub type Connect = fn(&mut Remotes, Channel, Option<&str>);
@@ -188,10 +189,8 @@ impl StageDef {
         config: &AssayConfig,
         hub: Arc<assay_llm::ModelHub>,
         remotes: &Remotes,
-    ) -> Result<Built, String> {
-        let build = self
-            .build
-            .ok_or_else(|| format!("{} has no core of its own: it is built by its run engine", self.binary))?;
+    ) -> Result<Built, MeshError> {
+        let build = self.build.ok_or(MeshError::NoCore(self.binary))?;
         build((self.settings)(config), hub, remotes)
     }
 }
@@ -204,16 +203,16 @@ impl Remotes {
         config: &AssayConfig,
         stages: &[Stage],
         url: impl Fn(&StageDef) -> String,
-    ) -> Result<Remotes, String> {
+    ) -> Result<Remotes, MeshError> {
         let tls = assay_runtime::client_tls(config)?;
         let token = assay_runtime::auth_token(config);
         let mut remotes = Remotes::default();
         for stage in stages {
             let def = stage.def();
-            let connect = def.connect.ok_or_else(|| format!("no stage calls {}", def.binary))?;
+            let connect = def.connect.ok_or(MeshError::NotCalled(def.binary))?;
             let url = url(def);
             let channel = assay_rpc::remote::channel_with(&url, tls.as_ref())
-                .map_err(|e| format!("upstreams.{}: invalid address {url:?}: {e}", def.key))?;
+                .map_err(|source| MeshError::InvalidAddress { key: def.key, url: url.clone(), source })?;
             connect(&mut remotes, channel, token.as_deref());
         }
         Ok(remotes)
@@ -221,7 +220,7 @@ impl Remotes {
 
     /// Clients to `stages` where a standalone service finds them: `upstreams.<stage>`, else
     /// loopback at `ports.<stage>`.
-    pub fn configured(config: &AssayConfig, stages: &[Stage]) -> Result<Remotes, String> {
+    pub fn configured(config: &AssayConfig, stages: &[Stage]) -> Result<Remotes, MeshError> {
         Self::connect(config, stages, |def| {
             let configured = def.upstream.map_or("", |u| u(&config.upstreams));
             assay_runtime::upstream_url(config, configured, (def.port)(&config.ports))
@@ -233,7 +232,7 @@ impl Remotes {
         config: &AssayConfig,
         addr: impl Fn(Stage) -> std::net::SocketAddr,
         stages: &[Stage],
-    ) -> Result<Remotes, String> {
+    ) -> Result<Remotes, MeshError> {
         Self::connect(config, stages, |def| format!("http://{}", addr(def.stage)))
     }
 }

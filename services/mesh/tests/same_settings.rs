@@ -81,5 +81,6 @@ async fn an_invalid_upstream_address_is_an_error_naming_its_key() {
     let Err(e) = standalone::build(Stage::Refiners, &config, Arc::new(ModelHub::default())) else {
         panic!("an invalid scorer address is refused")
     };
-    assert!(e.contains("upstreams.scorer"), "{e}");
+    assert!(matches!(e, assay_mesh::MeshError::InvalidAddress { key: "scorer", .. }), "{e:?}");
+    assert!(e.to_string().starts_with("upstreams.scorer: invalid address"), "{e}");
 }

@@ -6,7 +6,7 @@
 //!   `max_tokens`, at the price table) from the budget it runs under ([`current`]) before it is
 //!   sent ([`Budget::reserve`]), and settles to the reported usage when it returns
 //!   ([`Hold::settle`]). A call whose reservation does not fit waits while other holds may give
-//!   money back, and is refused ([`EXHAUSTED`]) when it cannot fit even then: never sent;
+//!   money back, and is refused (a [`BudgetRefusal`]) when it cannot fit even then: never sent;
 //! - a stage call does not carry "the remainder": the gateway reserves a slice of the run's
 //!   budget for it ([`Budget::reserve_up_to`]), sends the slice as the call's limits in metadata
 //!   ([`TOKENS_HEADER`], [`USD_HEADER`]), the stage serves the call inside [`scope`] with a fresh
@@ -37,8 +37,10 @@ pub const NEED_HEADER: &str = "assay-budget-need";
 /// something: that usage (`assay.common.v1.Usage`, protobuf), so the caller charges what was paid
 /// for ([`charge_failed_call`]).
 pub const SPENT_HEADER: &str = "assay-spent-bin";
-/// How every "budget exhausted" error and record reason starts.
-pub const EXHAUSTED: &str = "budget exhausted";
+/// How every budget refusal's message (and a run record's reason) starts: for people; code
+/// matches on [`BudgetRefusal::cause`] and `StageError::BudgetExhausted`, never on the text.
+pub use assay_domain::EXHAUSTED;
+pub use assay_domain::{BudgetRefusal, Exhaustion};
 
 const NANO: f64 = 1e9;
 
@@ -147,7 +149,7 @@ enum Fit {
     /// Only once holds out now give money back.
     Wait,
     /// Never: why.
-    Never(String),
+    Never(BudgetRefusal),
 }
 
 #[derive(Debug, Default)]
@@ -167,7 +169,7 @@ struct State {
     /// Per kind of stage call: the largest slice one needed (learned from usage and refusals).
     learned: HashMap<String, Cost>,
     /// Why the work may start no more calls, once a call it needed could not be paid for.
-    stopped: Option<String>,
+    stopped: Option<BudgetRefusal>,
 }
 
 /// A budget being spent: its limits, what was charged, and what is held, by any number of tasks
@@ -292,36 +294,41 @@ impl Budget {
 
     /// Why no new model call may start (its budget is spent), or None while one may. A cost
     /// limit with an unpriced call charged stops the work too: its cost can no longer be known.
-    pub fn exhausted(&self) -> Option<String> {
+    pub fn exhaustion(&self) -> Option<BudgetRefusal> {
         let s = self.state();
         self.exhausted_locked(&s)
     }
 
-    fn exhausted_locked(&self, s: &State) -> Option<String> {
+    /// [`Budget::exhaustion`]'s message (a run record's reason).
+    pub fn exhausted(&self) -> Option<String> {
+        self.exhaustion().map(|r| r.message)
+    }
+
+    fn exhausted_locked(&self, s: &State) -> Option<BudgetRefusal> {
         if let Some(why) = &s.stopped {
             return Some(why.clone());
         }
         if let Some(max) = self.limits.max_tokens
             && s.spent.tokens >= max
         {
-            return Some(format!("{EXHAUSTED}: {} of {max} tokens used", s.spent.tokens));
+            return Some(BudgetRefusal::spent(format!("{EXHAUSTED}: {} of {max} tokens used", s.spent.tokens)));
         }
         if let Some(max) = self.limits.max_cost_usd {
             let spent = s.spent.nano_usd as f64 / NANO;
             if spent >= max {
-                return Some(format!("{EXHAUSTED}: ${spent:.4} of ${max:.4} spent"));
+                return Some(BudgetRefusal::spent(format!("{EXHAUSTED}: ${spent:.4} of ${max:.4} spent")));
             }
         }
         if self.nano_limit(s).is_some() && s.unpriced {
-            return Some(format!(
+            return Some(BudgetRefusal::unpriced(format!(
                 "{EXHAUSTED}: a model without a price was called, so the cost limit cannot be kept \
                  (configure backends.<name>.prices)"
-            ));
+            )));
         }
         if let Some((at, why)) = &s.ceiling
             && s.spent.nano_usd >= *at
         {
-            return Some(format!("{EXHAUSTED}: {why}"));
+            return Some(BudgetRefusal::spent(format!("{EXHAUSTED}: {why}")));
         }
         None
     }
@@ -333,10 +340,7 @@ impl Budget {
         }
         let nano_limit = self.nano_limit(s);
         if min.unpriced && nano_limit.is_some() {
-            return Fit::Never(format!(
-                "{EXHAUSTED}: the model has no price, so the cost limit cannot be kept (configure \
-                 backends.<name>.prices for it)"
-            ));
+            return Fit::Never(unpriced_model(None));
         }
         let mut grant = want.max(min);
         let mut wait = false;
@@ -359,7 +363,7 @@ impl Budget {
         if wait { Fit::Wait } else { Fit::Grant(grant) }
     }
 
-    fn refusal(&self, s: &State, need: Cost) -> String {
+    fn refusal(&self, s: &State, need: Cost) -> BudgetRefusal {
         let (mut needs, mut left) = (Vec::new(), Vec::new());
         if let Some(max) = self.limits.max_tokens {
             needs.push(format!("{} tokens", need.tokens));
@@ -379,18 +383,18 @@ impl Budget {
         {
             why.push_str(&format!(" ({reason})"));
         }
-        why
+        BudgetRefusal::spent(why)
     }
 
     /// Reserve `worst` before a call is sent: waits while holds out now may give money back,
-    /// refused (a [`EXHAUSTED`] reason) when it cannot fit even then.
-    pub async fn reserve(self: &Arc<Self>, worst: Cost) -> Result<Hold, String> {
+    /// refused when it cannot fit even then.
+    pub async fn reserve(self: &Arc<Self>, worst: Cost) -> Result<Hold, BudgetRefusal> {
         self.reserve_up_to(worst, worst).await
     }
 
     /// Reserve at least `min` and up to `want` (what is free of the limits): waits while `min`
     /// fits only once holds out now give money back; refused when it cannot fit even then.
-    pub async fn reserve_up_to(self: &Arc<Self>, min: Cost, want: Cost) -> Result<Hold, String> {
+    pub async fn reserve_up_to(self: &Arc<Self>, min: Cost, want: Cost) -> Result<Hold, BudgetRefusal> {
         loop {
             let released = self.released.notified();
             tokio::pin!(released);
@@ -416,15 +420,16 @@ impl Budget {
     }
 
     /// Start no more calls under this budget: a call the work needed could not be paid for
-    /// (`why`, a [`EXHAUSTED`] reason). The first reason is kept.
-    pub fn stop(&self, why: String) {
+    /// (`why`). The first reason is kept.
+    pub fn stop(&self, why: BudgetRefusal) {
         self.state().stopped.get_or_insert(why);
         self.released.notify_waiters();
     }
 
-    /// Why the work was stopped ([`Budget::stop`]), if it was.
+    /// Why the work was stopped ([`Budget::stop`]), if it was: the refusal's message (a run
+    /// record's reason).
     pub fn stopped(&self) -> Option<String> {
-        self.state().stopped.clone()
+        self.state().stopped.as_ref().map(|r| r.message.clone())
     }
 
     /// The largest reservation this budget refused for not fitting, if any.
@@ -569,9 +574,18 @@ pub fn current() -> Option<Arc<Budget>> {
     CURRENT.try_with(Arc::clone).ok()
 }
 
-/// Whether an error message is a budget refusal.
-pub fn is_exhausted(message: &str) -> bool {
-    message.contains(EXHAUSTED)
+/// The refusal of a call whose model has no price under a dollar limit, naming the model and its
+/// backend when known (`(model, backend)`).
+pub fn unpriced_model(named: Option<(&str, &str)>) -> BudgetRefusal {
+    let (model, prices) = match named {
+        Some((model, backend)) => {
+            (format!("model {model:?} of backend {backend}"), format!("backends.{backend}.prices"))
+        }
+        None => ("the model".to_string(), "backends.<name>.prices".to_string()),
+    };
+    BudgetRefusal::unpriced(format!(
+        "{EXHAUSTED}: {model} has no price, so the cost limit cannot be kept (configure {prices} for it)"
+    ))
 }
 
 #[cfg(test)]

@@ -30,6 +30,7 @@ fn an_unpriced_call_stops_a_cost_budget_but_not_a_token_budget() {
     let cost = Budget::new(Limits { max_tokens: None, max_cost_usd: Some(1.0) });
     cost.charge(&usage(10, 0.0, 1));
     assert!(cost.exhausted().unwrap().contains("without a price"));
+    assert_eq!(cost.exhaustion().unwrap().cause, Exhaustion::Unpriced);
     let tokens = Budget::new(Limits { max_tokens: Some(1000), max_cost_usd: None });
     tokens.charge(&usage(10, 0.0, 1));
     assert_eq!(tokens.exhausted(), None);
@@ -74,8 +75,9 @@ async fn a_reservation_that_can_never_fit_is_refused_and_says_what_it_needed() {
     let b = Budget::new(Limits { max_tokens: Some(1_000), max_cost_usd: None });
     b.charge(&usage(300, 0.0, 0));
     let e = b.reserve(tokens(800)).await.unwrap_err();
-    assert!(e.starts_with("budget exhausted: a call needs up to 800 tokens"), "{e}");
-    assert!(e.contains("700 of 1000 tokens"), "{e}");
+    assert_eq!(e.cause, Exhaustion::Spent);
+    assert!(e.message.starts_with("budget exhausted: a call needs up to 800 tokens"), "{e}");
+    assert!(e.message.contains("700 of 1000 tokens"), "{e}");
     assert_eq!(b.refused_need().map(|c| c.tokens), Some(1_100), "spent 300 + the call's 800");
     // Nothing was held by the refusal.
     assert_eq!(b.held(), Cost::default());
@@ -113,7 +115,7 @@ async fn a_waiting_reservation_is_refused_once_the_holds_were_spent() {
     tokio::task::yield_now().await;
     first.settle(&usage(800, 0.0, 0));
     let e = tokio::time::timeout(Duration::from_secs(5), waiter).await.unwrap().unwrap().unwrap_err();
-    assert!(e.contains("needs up to 500 tokens, 200 of 1000 tokens left"), "{e}");
+    assert!(e.message.contains("needs up to 500 tokens, 200 of 1000 tokens left"), "{e}");
 }
 
 #[tokio::test]
@@ -163,7 +165,7 @@ async fn concurrent_reservations_never_commit_more_than_the_limit() {
                 let hold = b.reserve(Cost::new(0, nano_of(0.03))).await?;
                 tokio::task::yield_now().await;
                 hold.settle(&usage(10, 0.02, 0));
-                Ok::<_, String>(())
+                Ok::<_, BudgetRefusal>(())
             })
         })
         .collect();
@@ -196,10 +198,12 @@ async fn a_slice_takes_what_is_free_up_to_its_want_and_shrinks() {
 async fn an_unpriced_reservation_is_refused_under_a_dollar_limit_only() {
     let unpriced = Cost { tokens: 10, nano_usd: 0, unpriced: true };
     let dollars = Budget::new(Limits { max_tokens: None, max_cost_usd: Some(1.0) });
-    assert!(dollars.reserve(unpriced).await.unwrap_err().contains("no price"));
+    let e = dollars.reserve(unpriced).await.unwrap_err();
+    assert_eq!(e.cause, Exhaustion::Unpriced);
+    assert!(e.message.contains("no price"), "{e}");
     let capped = Budget::new(Limits::default());
     capped.set_ceiling(5.0, "cap".into());
-    assert!(capped.reserve(unpriced).await.unwrap_err().contains("no price"));
+    assert_eq!(capped.reserve(unpriced).await.unwrap_err().cause, Exhaustion::Unpriced);
     let toks = Budget::new(Limits { max_tokens: Some(100), max_cost_usd: None });
     assert!(toks.reserve(unpriced).await.is_ok());
 }
@@ -210,4 +214,21 @@ async fn current_is_the_scoped_budget() {
     let b = Budget::new(Limits { max_tokens: Some(5), max_cost_usd: None });
     let seen = scope(b.clone(), async { current().map(|c| Arc::ptr_eq(&c, &b)) }).await;
     assert_eq!(seen, Some(true));
+}
+
+#[test]
+fn a_stopped_budget_keeps_the_first_refusal_and_its_cause() {
+    let b = Budget::new(Limits { max_tokens: Some(100), max_cost_usd: None });
+    assert_eq!(b.exhaustion(), None);
+    b.stop(unpriced_model(Some(("m", "openai"))));
+    b.stop(BudgetRefusal::spent("budget exhausted: later"));
+    let r = b.exhaustion().unwrap();
+    assert_eq!(r.cause, Exhaustion::Unpriced);
+    assert_eq!(
+        r.message,
+        "budget exhausted: model \"m\" of backend openai has no price, so the cost limit cannot be kept (configure \
+         backends.openai.prices for it)"
+    );
+    assert_eq!(b.stopped(), Some(r.message.clone()));
+    assert_eq!(b.exhausted(), Some(r.message));
 }

@@ -6,7 +6,11 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-pub use assay_llm::phases::{ModelSettings, PhaseModels};
+pub mod backends;
+pub mod models;
+
+pub use backends::{BackendConfig, MAX_PRICE_PER_MTOK, MaxTokensField, Price, check_backends, check_prices};
+pub use models::{ModelSettings, PhaseModels};
 
 /// The compiled defaults.
 pub const DEFAULT_TOML: &str = include_str!("../default.toml");
@@ -55,7 +59,7 @@ impl Default for ConvergenceConfig {
 }
 
 fn embedding_step() -> bool {
-    assay_llm::convergence::DEFAULT_EMBEDDING_STEP
+    assay_domain::self_refine::DEFAULT_EMBEDDING_STEP
 }
 
 impl std::fmt::Debug for AssayConfig {
@@ -186,169 +190,6 @@ fn lease_seconds() -> f64 {
 #[derive(Debug, Clone, Deserialize)]
 pub struct ScorerSettings {
     pub concurrency: u32,
-}
-
-/// One model backend.
-#[derive(Debug, Clone, Deserialize)]
-pub struct BackendConfig {
-    /// "openai" or "local".
-    pub kind: String,
-    #[serde(default)]
-    pub base_url: String,
-    #[serde(default)]
-    pub model: String,
-    #[serde(default)]
-    pub embedding_model: String,
-    #[serde(default)]
-    pub max_tokens_field: String,
-    /// Hard cap on requests in flight (openai backends; 0 = the client's 1024).
-    #[serde(default)]
-    pub max_concurrency: u32,
-    /// Requests in flight at the start; the limit then adapts to the backend (grows while latency
-    /// stays flat, cut on latency rises and on 429 / 503 / timeouts once they are most of the
-    /// recent answers). 0 = fixed at `max_concurrency`.
-    #[serde(default = "initial_concurrency")]
-    pub initial_concurrency: u32,
-    #[serde(default = "yes")]
-    pub supports_json_schema: bool,
-    #[serde(default = "yes")]
-    pub supports_logprobs: bool,
-    #[serde(default)]
-    pub models_dir: String,
-    /// Ceiling of one HTTP attempt's timeout, seconds (openai backends; 0 = the client's 120 s).
-    #[serde(default)]
-    pub request_timeout_secs: u64,
-    /// Per-attempt timeouts from the backend's observed latency (openai backends).
-    #[serde(default = "yes")]
-    pub adaptive_timeout: bool,
-    /// Least adaptive timeout, milliseconds (0 = the client's 1000 ms).
-    #[serde(default)]
-    pub timeout_floor_ms: u64,
-    /// Adaptive timeout = this x the p95 of recent latencies (0 = the client's 4).
-    #[serde(default)]
-    pub timeout_multiplier: f64,
-    /// Hedged requests: an attempt unanswered after this x its expected latency gets a
-    /// duplicate beside it (when a concurrency slot is free and the backend's hedge budget, about
-    /// one duplicate per ten answers, allows), the first success taken. Default 2: a hung or lost
-    /// request costs about twice the usual latency instead of an attempt timeout, and only
-    /// stragglers are paid twice. 0 = only the last attempt is hedged (after a first attempt's
-    /// timeout).
-    #[serde(default = "hedge_factor")]
-    pub hedge_factor: f64,
-    /// Prices of this backend's models, USD per million tokens, by model name (`"*"`: any model
-    /// without its own entry). A model without a price costs "unknown", never zero. Each rate is
-    /// finite, from 0 to [`MAX_PRICE_PER_MTOK`]; `cached_input` at most `input`; a key other than
-    /// `input`, `output` and `cached_input` is an error (see [`check_prices`]).
-    #[serde(default, deserialize_with = "strict_prices")]
-    pub prices: BTreeMap<String, Price>,
-    /// Requests per minute this backend (this process) may send: a token bucket in front of the
-    /// adaptive concurrency limit (openai backends; 0 = no limit).
-    #[serde(default)]
-    pub requests_per_minute: u32,
-    /// Tokens (prompt + completion) per minute this backend (this process) may use (openai
-    /// backends; 0 = no limit).
-    #[serde(default)]
-    pub tokens_per_minute: u64,
-    /// Most US dollars this backend may cost per UTC day, counted by the gateway from the price
-    /// table (`prices`) across every run and every gateway sharing the run store; once reached,
-    /// new runs that use the backend are refused (RESOURCE_EXHAUSTED) and running ones stop as at
-    /// the end of a budget (0 = no cap).
-    #[serde(default)]
-    pub daily_spend_usd: f64,
-}
-
-/// A model's price, USD per million tokens.
-pub use assay_llm::pricing::Price;
-
-/// Most a price may be, USD per million tokens: far above any model's, and low enough that a
-/// cost never overflows (`1e308` per million tokens made every cost `inf`).
-pub const MAX_PRICE_PER_MTOK: f64 = 10_000.0;
-
-/// A [`Price`] as the configuration spells it: an unknown key (`inptu = 2.5`) is an error naming
-/// it, not a rate silently left out.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PriceEntry {
-    input: f64,
-    output: f64,
-    #[serde(default)]
-    cached_input: Option<f64>,
-}
-
-/// A price table read through [`PriceEntry`] (the `config` crate's error names the backend and
-/// the model: "unknown field `inptu`, ... for key `backends.openai.prices.gpt-4o`").
-fn strict_prices<'de, D: serde::Deserializer<'de>>(d: D) -> Result<BTreeMap<String, Price>, D::Error> {
-    let table = BTreeMap::<String, PriceEntry>::deserialize(d)?;
-    Ok(table
-        .into_iter()
-        .map(|(model, PriceEntry { input, output, cached_input })| (model, Price { input, output, cached_input }))
-        .collect())
-}
-
-/// A rate as an error quotes it: `1e308`, not a 1 and 308 zeros.
-fn shown(rate: f64) -> String {
-    if rate.abs() >= 1e9 { format!("{rate:e}") } else { format!("{rate}") }
-}
-
-/// Every rate of every backend's price table usable: finite, from 0 to [`MAX_PRICE_PER_MTOK`],
-/// and `cached_input` (prompt tokens served from the provider's cache) at most `input`. The error
-/// names the backend, the model and the rate.
-pub fn check_prices(backends: &BTreeMap<String, BackendConfig>) -> Result<(), ConfigError> {
-    for (backend, entry) in backends {
-        for (model, price) in &entry.prices {
-            let Price { input, output, cached_input } = *price;
-            let error = |field: &'static str, message: String| ConfigError::Price {
-                backend: backend.clone(),
-                model: model.clone(),
-                field,
-                message,
-            };
-            let rates = [("input", Some(input)), ("output", Some(output)), ("cached_input", cached_input)];
-            for (field, rate) in rates {
-                let Some(rate) = rate else { continue };
-                if !rate.is_finite() {
-                    return Err(error(
-                        field,
-                        format!("is {rate}; a price must be a finite number of USD per million tokens"),
-                    ));
-                }
-                if rate < 0.0 {
-                    return Err(error(field, format!("is {}; a price must not be negative", shown(rate))));
-                }
-                if rate > MAX_PRICE_PER_MTOK {
-                    return Err(error(
-                        field,
-                        format!(
-                            "is {}; a price must be at most {MAX_PRICE_PER_MTOK} USD per million tokens",
-                            shown(rate)
-                        ),
-                    ));
-                }
-            }
-            if let Some(cached) = cached_input.filter(|c| *c > input) {
-                return Err(error(
-                    "cached_input",
-                    format!(
-                        "is {cached}, above input ({input}); prompt tokens served from the provider's cache cost at \
-                         most the input price"
-                    ),
-                ));
-            }
-        }
-    }
-    Ok(())
-}
-
-fn yes() -> bool {
-    true
-}
-
-fn hedge_factor() -> f64 {
-    assay_llm::DEFAULT_HEDGE_FACTOR
-}
-
-fn initial_concurrency() -> u32 {
-    64
 }
 
 /// Response cache.
@@ -516,6 +357,9 @@ pub enum ConfigError {
     /// One rate of a backend's price table is unusable.
     #[error("configuration error: backends.{backend}.prices.{model:?}.{field}: {message}")]
     Price { backend: String, model: String, field: &'static str, message: String },
+    /// One setting of a backend is unusable.
+    #[error("configuration error: backends.{backend}.{key}: {message}")]
+    Backend { backend: String, key: &'static str, message: String },
 }
 
 /// Defaults, then `file` (if any), then `ASSAY__*` environment variables.
@@ -540,11 +384,12 @@ fn environment() -> config::Environment {
         .with_list_parse_key("admin.allowed_hosts")
 }
 
-/// Refuse a configuration whose TLS files are missing, unreadable or half set, whose price tables
-/// hold an unusable rate, or whose lease or connection age is out of range.
+/// Refuse a configuration whose TLS files are missing, unreadable or half set, whose backends
+/// hold an unusable setting ([`check_backends`]: price tables, hedge factor, timeout multiplier),
+/// or whose lease or connection age is out of range.
 fn checked(config: AssayConfig) -> Result<AssayConfig, ConfigError> {
     config.tls.load()?;
-    check_prices(&config.backends)?;
+    check_backends(&config.backends)?;
     let lease = config.gateway.lease_seconds;
     if !(1.0..=3600.0).contains(&lease) {
         return Err(ConfigError::Key {
@@ -630,7 +475,10 @@ mod tests {
     #[test]
     fn the_embedding_step_is_off_by_default_and_configurable() {
         assert!(!AssayConfig::defaults().convergence.embedding_step);
-        assert_eq!(AssayConfig::defaults().convergence.embedding_step, assay_llm::convergence::DEFAULT_EMBEDDING_STEP);
+        assert_eq!(
+            AssayConfig::defaults().convergence.embedding_step,
+            assay_domain::self_refine::DEFAULT_EMBEDDING_STEP
+        );
         assert!(load_from("[convergence]\nembedding_step = true\n").unwrap().convergence.embedding_step);
     }
 
@@ -662,6 +510,24 @@ mod tests {
         assert_eq!(c.backends["openai"].prices["mini"], Price { input: 0.15, output: 0.5, cached_input: None });
         // The largest price allowed, and zero, are prices.
         assert!(load_from(&format!("{GPT}input = 10000\noutput = 0\n")).is_ok());
+    }
+
+    #[test]
+    fn depends_on_no_runtime_crate() {
+        // Configuration sits below everything it configures: the model clients, transport and
+        // services depend on it, never the other way round.
+        let manifest: toml::Table = toml::from_str(include_str!("../Cargo.toml")).unwrap();
+        let deps = manifest["dependencies"].as_table().unwrap();
+        let ours: Vec<&String> = deps.keys().filter(|k| k.starts_with("assay-")).collect();
+        assert_eq!(ours, ["assay-domain"], "assay-config may depend on assay-domain only");
+    }
+
+    #[test]
+    fn a_backend_setting_from_the_environment_is_checked_naming_its_key() {
+        let c = layered("", &[("ASSAY__BACKENDS__OPENAI__HEDGE_FACTOR", "4")]).unwrap();
+        assert_eq!(c.backends["openai"].hedge_factor, Some(4.0));
+        let e = layered("", &[("ASSAY__BACKENDS__OPENAI__HEDGE_FACTOR", "0.5")]).unwrap_err().to_string();
+        assert!(e.starts_with("configuration error: backends.openai.hedge_factor: is 0.5;"), "{e}");
     }
 
     #[test]

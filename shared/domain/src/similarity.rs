@@ -25,6 +25,8 @@ use std::sync::LazyLock;
 
 use serde::{Deserialize, Serialize};
 
+use crate::StageError;
+
 /// Character similarity at or above which drafts have converged.
 pub const CHAR_CONVERGED: f64 = 0.99;
 /// Character similarity under which drafts have diverged.
@@ -214,13 +216,33 @@ pub fn text_steps(previous: &str, current: &str) -> TextSteps {
     TextSteps::NeedEmbedding(out)
 }
 
+/// Why the embedding step could not run: its text is the comparison's `degraded_reason`.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum EmbeddingUnavailable {
+    /// No embedding backend is usable for the phase.
+    #[error("no embedding backend: {0}")]
+    NoBackend(StageError),
+    /// The embedding backend's circuit breaker is open.
+    #[error("embedding circuit breaker is open")]
+    BreakerOpen,
+    /// The embedding call failed (the backend's error).
+    #[error("embedding call failed: {0}")]
+    CallFailed(String),
+    /// The backend returned another number of vectors than texts.
+    #[error("embedding backend returned {returned} vectors for {asked} texts")]
+    WrongCount { returned: usize, asked: usize },
+    /// The two vectors differ in length (or one is empty).
+    #[error("embedding vectors are not comparable ({0} and {1} dims)")]
+    Incomparable(usize, usize),
+}
+
 /// Step 3 of the cascade on an undecided outcome of [`text_steps`]: `cosine` is the embedding
 /// cosine with whether both vectors came from a cache, or why embeddings were unavailable (then
 /// `mode` decides: permissive falls back to Jaccard alone, strict refuses to converge).
 pub fn embedding_step(
     mut out: CompareOutcome,
     mode: ConvergenceMode,
-    cosine: Result<(f64, bool), String>,
+    cosine: Result<(f64, bool), EmbeddingUnavailable>,
 ) -> CompareOutcome {
     match cosine {
         Ok((c, cached)) => {
@@ -232,7 +254,7 @@ pub fn embedding_step(
         Err(reason) => {
             let jaccard = out.jaccard.map_or(0.0, |j| j.similarity);
             out.degraded_from = Some("embedding".into());
-            out.degraded_reason = reason;
+            out.degraded_reason = reason.to_string();
             out.converged = match mode {
                 ConvergenceMode::Permissive => jaccard >= JACCARD_CONVERGED - EPS,
                 ConvergenceMode::Strict => false,
@@ -372,8 +394,12 @@ mod tests {
         assert!(o.converged && o.embedding_cached && o.decided_by == DecidedBy::Embedding, "{o:?}");
         let o = embedding_step(out.clone(), ConvergenceMode::Permissive, Ok((0.5, false)));
         assert!(!o.converged && o.degraded_from.is_none(), "{o:?}");
-        let o = embedding_step(out, ConvergenceMode::Permissive, Err("down".into()));
-        assert!(!o.converged && o.degraded_from.as_deref() == Some("embedding") && o.degraded_reason == "down");
+        let o = embedding_step(out, ConvergenceMode::Permissive, Err(EmbeddingUnavailable::BreakerOpen));
+        assert!(
+            !o.converged
+                && o.degraded_from.as_deref() == Some("embedding")
+                && o.degraded_reason == "embedding circuit breaker is open"
+        );
     }
 
     #[test]

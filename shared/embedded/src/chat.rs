@@ -132,14 +132,14 @@ pub fn default_threads() -> i32 {
 
 /// The process-wide llama.cpp backend (it can be initialised once only).
 fn backend() -> Result<&'static LlamaBackend, ChatLoadError> {
-    static BACKEND: OnceLock<Result<LlamaBackend, String>> = OnceLock::new();
+    static BACKEND: OnceLock<Result<LlamaBackend, ChatLoadError>> = OnceLock::new();
     BACKEND
         .get_or_init(|| {
             llama_cpp_2::send_logs_to_tracing(llama_cpp_2::LogOptions::default().with_logs_enabled(false));
-            LlamaBackend::init().map_err(|e| e.to_string())
+            LlamaBackend::init().map_err(|e| ChatLoadError::Llama(e.to_string()))
         })
         .as_ref()
-        .map_err(|e| ChatLoadError::Llama(e.clone()))
+        .map_err(Clone::clone)
 }
 
 impl LocalChat {

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use assay_domain::self_refine::DEFAULT_EMBEDDING_STEP;
+pub use assay_domain::similarity::EmbeddingUnavailable;
 use assay_domain::similarity::{
     CompareOutcome, ConvergenceMode, TextSteps, cosine, embedding_step, skip_embedding_step, text_steps,
 };
@@ -105,7 +106,7 @@ impl Cascade {
         previous: &str,
         current: &str,
         mode: ConvergenceMode,
-        embeddings: Result<&EmbeddingSource, String>,
+        embeddings: Result<&EmbeddingSource, EmbeddingUnavailable>,
     ) -> CompareOutcome {
         match text_steps(previous, current) {
             TextSteps::Decided(out) => out,
@@ -123,7 +124,7 @@ impl Cascade {
         previous: &str,
         current: &str,
         mode: ConvergenceMode,
-        embeddings: Result<&EmbeddingSource, String>,
+        embeddings: Result<&EmbeddingSource, EmbeddingUnavailable>,
         embedding_step: Option<bool>,
     ) -> CompareOutcome {
         if embedding_step.unwrap_or(self.embedding_step) {
@@ -143,12 +144,10 @@ impl Cascade {
         &self,
         a: &str,
         b: &str,
-        embeddings: Result<&EmbeddingSource, String>,
-    ) -> Result<(f64, bool), String> {
+        embeddings: Result<&EmbeddingSource, EmbeddingUnavailable>,
+    ) -> Result<(f64, bool), EmbeddingUnavailable> {
         let (x, y, cached) = self.vectors(embeddings?, a, b).await?;
-        cosine(&x, &y)
-            .map(|c| (c, cached))
-            .ok_or_else(|| format!("embedding vectors are not comparable ({} and {} dims)", x.len(), y.len()))
+        cosine(&x, &y).map(|c| (c, cached)).ok_or(EmbeddingUnavailable::Incomparable(x.len(), y.len()))
     }
 
     /// Vectors of both texts (cache first, then one batch call behind the breaker), and whether both
@@ -158,7 +157,7 @@ impl Cascade {
         source: &EmbeddingSource,
         a: &str,
         b: &str,
-    ) -> Result<(Arc<Vec<f32>>, Arc<Vec<f32>>, bool), String> {
+    ) -> Result<(Arc<Vec<f32>>, Arc<Vec<f32>>, bool), EmbeddingUnavailable> {
         let model_name = source.model_name.clone().unwrap_or_else(|| source.model.default_model().to_string());
         let keys = [a, b].map(|t| embedding_text_key(source.model.backend(), &model_name, t));
         let mut found = [self.cache.get(&keys[0]), self.cache.get(&keys[1])];
@@ -166,7 +165,7 @@ impl Cascade {
             return Ok((x.clone(), y.clone(), true));
         }
         let Some(permit) = self.breaker.try_acquire() else {
-            return Err("embedding circuit breaker is open".into());
+            return Err(EmbeddingUnavailable::BreakerOpen);
         };
         let missing: Vec<usize> = (0..2).filter(|i| found[*i].is_none()).collect();
         let texts: Vec<String> = missing.iter().map(|i| [a, b][*i].to_string()).collect();
@@ -187,20 +186,19 @@ impl Cascade {
             }
             Ok(reply) => {
                 permit.record(Outcome::Failed);
-                return Err(format!(
-                    "embedding backend returned {} vectors for {} texts",
-                    reply.vectors.len(),
-                    missing.len()
-                ));
+                return Err(EmbeddingUnavailable::WrongCount { returned: reply.vectors.len(), asked: missing.len() });
             }
             Err(e) => {
                 permit.record(breaker_outcome(&e));
-                return Err(format!("embedding call failed: {e}"));
+                return Err(EmbeddingUnavailable::CallFailed(e.to_string()));
             }
         }
         match found {
             [Some(x), Some(y)] => Ok((x, y, false)),
-            _ => Err("embedding vectors missing".into()),
+            [x, y] => Err(EmbeddingUnavailable::WrongCount {
+                returned: usize::from(x.is_some()) + usize::from(y.is_some()),
+                asked: 2,
+            }),
         }
     }
 }
@@ -209,7 +207,9 @@ impl Cascade {
 /// against the backend; refusals of this request and a passed deadline say nothing about it.
 fn breaker_outcome(e: &LlmError) -> Outcome {
     match e {
-        LlmError::RateLimited(_) | LlmError::Unavailable(_) | LlmError::MalformedReply(_) => Outcome::Failed,
+        LlmError::RateLimited(_) | LlmError::Unavailable(_) | LlmError::CircuitOpen | LlmError::MalformedReply(_) => {
+            Outcome::Failed
+        }
         LlmError::InvalidRequest(_)
         | LlmError::Unauthorized(_)
         | LlmError::DeadlineExceeded
@@ -223,6 +223,7 @@ mod tests {
     use super::*;
     use crate::clock::ManualClock;
     use crate::types::EmbeddingResponse;
+    use assay_domain::StageError;
     use assay_domain::similarity::DecidedBy;
     use std::sync::Mutex;
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -290,7 +291,8 @@ mod tests {
     #[test]
     fn cascade_thresholds_at_the_boundaries() {
         let c = Cascade::new();
-        let none = || Err::<&EmbeddingSource, _>("no backend".to_string());
+        let none =
+            || Err::<&EmbeddingSource, _>(EmbeddingUnavailable::NoBackend(StageError::Unavailable("down".into())));
         // 1 edit in 100 chars: exactly 0.99 converges by char.
         let a = "a".repeat(100);
         let b = format!("{}b", "a".repeat(99));
@@ -313,7 +315,8 @@ mod tests {
     #[test]
     fn jaccard_step_needs_similarity_and_confidence() {
         let c = Cascade::new();
-        let none = || Err::<&EmbeddingSource, _>("no backend".to_string());
+        let none =
+            || Err::<&EmbeddingSource, _>(EmbeddingUnavailable::NoBackend(StageError::Unavailable("down".into())));
         // Same 30 tokens, different case and punctuation: Jaccard 1.0, confidence 30/50 = 0.6.
         let words = WORDS.split_whitespace().collect::<Vec<_>>().join(" ");
         let o = run(c.compare(&words, &title_case(&words), ConvergenceMode::Strict, none()));
@@ -325,7 +328,7 @@ mod tests {
         let short = short.join(" ");
         let o = run(c.compare(&short, &title_case(&short), ConvergenceMode::Strict, none()));
         assert!(!o.converged && o.degraded_from.as_deref() == Some("embedding"), "{o:?}");
-        assert_eq!(o.degraded_reason, "no backend");
+        assert_eq!(o.degraded_reason, "no embedding backend: unavailable: down");
         // Permissive mode decides by Jaccard alone.
         let o = run(c.compare(&short, &title_case(&short), ConvergenceMode::Permissive, none()));
         assert!(o.converged && o.decided_by == DecidedBy::Jaccard && o.degraded_from.is_some(), "{o:?}");

@@ -187,12 +187,8 @@ impl ModelHub {
         if n == 0 {
             return Ok((Vec::new(), Usage::default()));
         }
-        let request = settings.apply_embedding(EmbeddingRequest {
-            texts,
-            model: None,
-            cache: cache_policy(spec),
-            deadline: None,
-        });
+        let request =
+            EmbeddingRequest { texts, model: None, cache: cache_policy(spec), deadline: None }.with_settings(&settings);
         let model_name = request.model.clone().unwrap_or_else(|| model.default_model().to_string());
         let started = std::time::Instant::now();
         let reply = model.embed(request).await;

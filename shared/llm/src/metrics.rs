@@ -127,6 +127,7 @@ fn error_type(e: &LlmError) -> &'static str {
         LlmError::Unauthorized(_) => "unauthorized",
         LlmError::RateLimited(_) => "rate_limited",
         LlmError::Unavailable(_) => "unavailable",
+        LlmError::CircuitOpen => "circuit_open",
         LlmError::DeadlineExceeded => "deadline_exceeded",
         LlmError::MalformedReply(_) => "malformed_reply",
         LlmError::Unsupported(_) => "unsupported",

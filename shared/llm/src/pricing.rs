@@ -15,11 +15,9 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 
+use assay_budget::{Cost, Exhaustion, Hold};
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::Counter;
-use serde::Deserialize;
-
-use assay_budget::{Cost, Hold};
 
 use crate::types::{
     ChatModel, ChatRequest, ChatResponse, EmbeddingModel, EmbeddingRequest, EmbeddingResponse, LlmError,
@@ -36,35 +34,8 @@ fn prompt_tokens_of(chars: usize) -> u64 {
     (chars as u64).div_ceil(3)
 }
 
-/// A model's price, USD per million tokens.
-#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq)]
-pub struct Price {
-    /// Prompt tokens.
-    pub input: f64,
-    /// Completion tokens.
-    pub output: f64,
-    /// Prompt tokens the provider served from its prompt cache (`prompt_tokens_details.
-    /// cached_tokens`); absent = the input price.
-    #[serde(default)]
-    pub cached_input: Option<f64>,
-}
-
-impl Price {
-    /// The cost of `usage` at this price, USD.
-    pub fn cost(&self, usage: &Usage) -> f64 {
-        let cached = usage.cached_prompt_tokens.min(usage.prompt_tokens);
-        let fresh = usage.prompt_tokens - cached;
-        (fresh as f64 * self.input
-            + cached as f64 * self.cached_input.unwrap_or(self.input)
-            + usage.completion_tokens as f64 * self.output)
-            / 1e6
-    }
-
-    /// Every rate finite and not negative.
-    pub fn is_valid(&self) -> bool {
-        [self.input, self.output, self.cached_input.unwrap_or(0.0)].iter().all(|p| p.is_finite() && *p >= 0.0)
-    }
-}
+/// A model's price, USD per million tokens (declared with the backend's settings).
+pub use assay_config::Price;
 
 /// A backend's price table: by model name, `"*"` for any model without its own entry.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -106,25 +77,17 @@ fn cost_counter() -> &'static Counter<f64> {
     })
 }
 
-/// Reserve `worst` from the current budget, if the work has one.
-async fn reserve(worst: Cost) -> Result<Option<Hold>, LlmError> {
-    match assay_budget::current() {
-        Some(b) => b.reserve(worst).await.map(Some).map_err(LlmError::BudgetExhausted),
-        None => Ok(None),
+/// Reserve `worst` from the current budget, if the work has one. A refusal because the model has
+/// no price names the model and the backend (`model`, `backend`).
+async fn reserve(worst: Cost, model: &str, backend: &str) -> Result<Option<Hold>, LlmError> {
+    let Some(budget) = assay_budget::current() else { return Ok(None) };
+    match budget.reserve(worst).await {
+        Ok(hold) => Ok(Some(hold)),
+        Err(refusal) if refusal.cause == Exhaustion::Unpriced && worst.unpriced => {
+            Err(LlmError::BudgetExhausted(assay_budget::unpriced_model(Some((model, backend)))))
+        }
+        Err(refusal) => Err(LlmError::BudgetExhausted(refusal)),
     }
-}
-
-/// A refusal that names the model and backend it was about.
-fn name_model(e: LlmError, model: &str, backend: &str) -> LlmError {
-    if let LlmError::BudgetExhausted(m) = &e
-        && m.contains("the model has no price")
-    {
-        return LlmError::BudgetExhausted(
-            m.replace("the model has no price", &format!("model {model:?} of backend {backend} has no price"))
-                .replace("backends.<name>.prices", &format!("backends.{backend}.prices")),
-        );
-    }
-    e
 }
 
 /// The worst case of a call of `prompt` tokens and up to `completion` more, at `price`.
@@ -208,9 +171,7 @@ impl ChatModel for PricedChat {
         }
         let completion = u64::from(request.max_tokens.unwrap_or(0));
         let price = self.prices.of(&requested, &requested);
-        let hold = reserve(worst_of(price, chat_prompt_tokens(&request), completion))
-            .await
-            .map_err(|e| name_model(e, &requested, &self.name))?;
+        let hold = reserve(worst_of(price, chat_prompt_tokens(&request), completion), &requested, &self.name).await?;
         let mut reply = self.inner.chat(request).await?;
         settle(&self.prices, &self.name, &mut reply.usage, (&requested, &reply.model), hold);
         Ok(reply)
@@ -246,9 +207,7 @@ impl EmbeddingModel for PricedEmbed {
         let requested = requested.unwrap_or_else(|| self.inner.default_model().to_string());
         let chars: usize = request.texts.iter().map(|t| t.chars().count()).sum();
         let prompt = prompt_tokens_of(chars) + 4 * request.texts.len() as u64;
-        let hold = reserve(worst_of(self.prices.of(&requested, &requested), prompt, 0))
-            .await
-            .map_err(|e| name_model(e, &requested, &self.name))?;
+        let hold = reserve(worst_of(self.prices.of(&requested, &requested), prompt, 0), &requested, &self.name).await?;
         let mut reply = self.inner.embed(request).await?;
         settle(&self.prices, &self.name, &mut reply.usage, (&requested, &reply.model), hold);
         Ok(reply)

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use assay_domain::StageError;
+use assay_domain::{BudgetRefusal, StageError};
 use serde::{Deserialize, Serialize};
 
 /// Role of one chat message.
@@ -160,9 +160,12 @@ pub enum LlmError {
     /// Rate limited and retries exhausted (HTTP 429).
     #[error("rate limited: {0}")]
     RateLimited(String),
-    /// Backend unreachable or failing (5xx, connect errors) after retries, or circuit open.
+    /// Backend unreachable or failing (5xx, connect errors, timeouts) after retries.
     #[error("backend unavailable: {0}")]
     Unavailable(String),
+    /// The backend's circuit breaker is open: the call failed at once, without reaching it.
+    #[error("backend unavailable: circuit open")]
+    CircuitOpen,
     /// The caller's deadline passed.
     #[error("deadline exceeded")]
     DeadlineExceeded,
@@ -172,17 +175,16 @@ pub enum LlmError {
     /// The backend cannot do what was asked (e.g. embeddings on a chat-only backend).
     #[error("unsupported: {0}")]
     Unsupported(String),
-    /// The budget of the work is spent: no new model call starts (the reason starts with
-    /// `budget exhausted`).
+    /// The budget of the work cannot pay for the call: it is never sent.
     #[error("{0}")]
-    BudgetExhausted(String),
+    BudgetExhausted(BudgetRefusal),
 }
 
 impl LlmError {
     /// Whether a retry of the same request may succeed.
     pub fn is_transient(&self) -> bool {
         match self {
-            LlmError::RateLimited(_) | LlmError::Unavailable(_) => true,
+            LlmError::RateLimited(_) | LlmError::Unavailable(_) | LlmError::CircuitOpen => true,
             LlmError::InvalidRequest(_)
             | LlmError::Unauthorized(_)
             | LlmError::DeadlineExceeded
@@ -203,14 +205,15 @@ impl From<LlmError> for StageError {
             LlmError::Unauthorized(m) => {
                 StageError::FailedPrecondition(format!("model backend refused credentials: {m}"))
             }
-            LlmError::RateLimited(m) => StageError::ResourceExhausted(format!("model backend rate limited: {m}")),
+            LlmError::RateLimited(m) => StageError::RateLimited(format!("model backend rate limited: {m}")),
             LlmError::Unavailable(m) => StageError::Unavailable(format!("model backend unavailable: {m}")),
+            LlmError::CircuitOpen => StageError::CircuitOpen("model backend unavailable: circuit open".into()),
             LlmError::DeadlineExceeded => StageError::DeadlineExceeded("model call ran out of time".into()),
             LlmError::MalformedReply(m) => {
                 StageError::Unavailable(format!("model backend sent a malformed reply: {m}"))
             }
             LlmError::Unsupported(m) => StageError::FailedPrecondition(format!("model backend cannot do this: {m}")),
-            LlmError::BudgetExhausted(m) => StageError::ResourceExhausted(m),
+            LlmError::BudgetExhausted(r) => StageError::BudgetExhausted(r),
         }
     }
 }

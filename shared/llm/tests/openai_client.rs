@@ -388,7 +388,7 @@ async fn circuit_breaker_opens_fails_fast_and_recovers() {
 
     let started = Instant::now();
     let err = client.chat(ask("q")).await.unwrap_err();
-    assert_eq!(err, LlmError::Unavailable("circuit open".into()));
+    assert_eq!(err, LlmError::CircuitOpen);
     assert!(started.elapsed() < Duration::from_millis(100));
     assert_eq!(server.request_count(), 2, "an open breaker does not call the server");
 

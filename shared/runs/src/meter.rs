@@ -15,7 +15,7 @@ use std::collections::BTreeSet;
 use std::future::Future;
 use std::sync::Arc;
 
-use assay_budget::{Budget, Cost, Limits};
+use assay_budget::{Budget, BudgetRefusal, Cost, Limits};
 use assay_domain::{StageError, Usage};
 
 use crate::spend::SpendCaps;
@@ -116,7 +116,11 @@ where
             Some((c, b)) => {
                 let h = c.hold(&meter.run_id, b, min.nano_usd, hold.cost().nano_usd).await.map_err(|e| {
                     // A cap reached ends the run as a budget does.
-                    if let StageError::ResourceExhausted(why) = e { budget_refusal(&budget, why) } else { e }
+                    if let StageError::ResourceExhausted(why) = e {
+                        budget_refusal(&budget, BudgetRefusal::spent(why))
+                    } else {
+                        e
+                    }
                 })?;
                 if let Some(granted) = h.granted() {
                     hold.shrink(Cost::new(hold.cost().tokens, granted));
@@ -161,7 +165,7 @@ where
         }
         budget.learn(kind, Cost::of(&used));
         match out {
-            Err(StageError::ResourceExhausted(m)) if assay_budget::is_exhausted(&m) => {
+            Err(StageError::BudgetExhausted(m)) => {
                 let need = child.refused_need();
                 if let Some(need) = need {
                     budget.learn(kind, need);
@@ -189,7 +193,7 @@ where
 }
 
 /// A refusal of the run's budget: the run starts no more calls, and says why.
-fn budget_refusal(budget: &Budget, why: String) -> StageError {
-    budget.stop(why);
-    StageError::ResourceExhausted(budget.exhausted().unwrap_or_default())
+fn budget_refusal(budget: &Budget, why: BudgetRefusal) -> StageError {
+    budget.stop(why.clone());
+    StageError::BudgetExhausted(budget.exhaustion().unwrap_or(why))
 }

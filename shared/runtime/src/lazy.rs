@@ -9,7 +9,21 @@ use tokio::sync::watch;
 /// A backend's chat and embedding models (either may be absent).
 pub type BackendPair = (Option<Arc<dyn ChatModel>>, Option<Arc<dyn EmbeddingModel>>);
 
-type Loaded = Option<Result<BackendPair, String>>;
+type Loaded = Option<Result<BackendPair, BackendLoadError>>;
+
+/// Why a backend could not be loaded (kept by every call waiting for it, hence cloned).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum BackendLoadError {
+    /// The configured model is not one the loader knows.
+    #[error("unknown {kind} model {model:?} (known: {known})")]
+    UnknownModel { kind: &'static str, model: String, known: &'static str },
+    /// The model files could not be fetched.
+    #[error("backend {backend}: fetching models: {source}")]
+    Fetch { backend: String, source: Arc<dyn std::error::Error + Send + Sync> },
+    /// The models could not be loaded.
+    #[error("backend {backend}: {source}")]
+    Load { backend: String, source: Arc<dyn std::error::Error + Send + Sync> },
+}
 
 /// A backend being loaded.
 #[derive(Clone)]
@@ -24,7 +38,7 @@ pub struct LazyBackend {
 pub struct LazySetter(watch::Sender<Loaded>);
 
 impl LazySetter {
-    pub fn set(self, v: Result<BackendPair, String>) {
+    pub fn set(self, v: Result<BackendPair, BackendLoadError>) {
         let _ = self.0.send(Some(v));
     }
 }
@@ -94,5 +108,5 @@ pub trait BackendLoader: Send + Sync {
     fn model_name(&self, config: &assay_config::BackendConfig) -> String {
         if config.model.is_empty() { self.kind().to_string() } else { config.model.clone() }
     }
-    async fn load(&self, name: &str, config: &assay_config::BackendConfig) -> Result<BackendPair, String>;
+    async fn load(&self, name: &str, config: &assay_config::BackendConfig) -> Result<BackendPair, BackendLoadError>;
 }

@@ -11,8 +11,8 @@ use assay_config::{AssayConfig, Ports};
 use assay_llm::ModelHub;
 use assay_llm::pricing::{PricedChat, PricedEmbed, Prices};
 use assay_llm::{
-    Backends, CacheConfig, CachedChat, CachedEmbed, ChatModel, EmbeddingModel, OpenAiClient, OpenAiConfig,
-    ResponseCache,
+    Backends, CacheConfig, CacheError, CachedChat, CachedEmbed, ChatModel, EmbeddingModel, LlmError, OpenAiClient,
+    OpenAiConfig, ResponseCache,
 };
 use assay_rpc::{ClientTls, Readiness, ServeOptions, ServerTls};
 use tokio::net::TcpListener;
@@ -22,7 +22,7 @@ pub use assay_config;
 
 pub mod lazy;
 
-pub use lazy::BackendLoader;
+pub use lazy::{BackendLoadError, BackendLoader};
 #[cfg(feature = "embedded")]
 pub mod local;
 
@@ -87,9 +87,34 @@ pub fn config_path_from_args() -> Option<PathBuf> {
     std::env::var_os("ASSAY_CONFIG").map(PathBuf::from)
 }
 
+/// Why a binary's wiring failed: the configuration, a backend, the response cache or a channel.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error(transparent)]
+    Config(#[from] assay_config::ConfigError),
+    /// The OpenAI-compatible client could not be built.
+    #[error("backend openai: {0}")]
+    Client(#[source] LlmError),
+    #[error("response cache: {0}")]
+    Cache(#[from] CacheError),
+    /// A phase uses a backend whose kind this binary has no loader for.
+    #[error("backend {backend:?} of kind {kind:?} is not available in this binary")]
+    KindUnavailable { backend: String, kind: String },
+    /// A backend failed to load.
+    #[error(transparent)]
+    Load(#[from] BackendLoadError),
+    #[error("backend loader panicked: {0}")]
+    LoaderPanicked(#[source] tokio::task::JoinError),
+    /// A channel to a stage could not be made (an invalid address).
+    #[error(transparent)]
+    Channel(#[from] assay_domain::StageError),
+}
+
 /// The OpenAI-compatible client for a backend entry (base URL and key from the entry or from
-/// `OPENAI_BASE_URL` / `OPENAI_API_KEY`).
-pub fn openai_client(entry: &assay_config::BackendConfig) -> Result<OpenAiClient, String> {
+/// `OPENAI_BASE_URL` / `OPENAI_API_KEY`). Every setting the entry leaves unset keeps the client's
+/// default; the values were checked when the configuration was loaded
+/// ([`assay_config::check_backends`]).
+pub fn openai_client(entry: &assay_config::BackendConfig) -> Result<OpenAiClient, RuntimeError> {
     let mut c = OpenAiConfig::from_env();
     if !entry.base_url.is_empty() {
         c.base_url = entry.base_url.clone();
@@ -100,78 +125,60 @@ pub fn openai_client(entry: &assay_config::BackendConfig) -> Result<OpenAiClient
     if !entry.embedding_model.is_empty() {
         c.embedding_model = entry.embedding_model.clone();
     }
-    if entry.max_tokens_field == "max_completion_tokens" {
-        c.max_tokens_field = assay_llm::MaxTokensField::MaxCompletionTokens;
+    if let Some(field) = entry.max_tokens_field {
+        c.max_tokens_field = field;
     }
     if entry.max_concurrency > 0 {
         c.max_concurrency = entry.max_concurrency as usize;
     }
-    c.initial_concurrency = entry.initial_concurrency as usize;
+    if let Some(n) = entry.initial_concurrency {
+        c.initial_concurrency = n as usize;
+    }
     c.requests_per_minute = entry.requests_per_minute;
     c.tokens_per_minute = entry.tokens_per_minute;
     if entry.request_timeout_secs > 0 {
         c.request_timeout = std::time::Duration::from_secs(entry.request_timeout_secs);
     }
-    c.adaptive_timeout.enabled = entry.adaptive_timeout;
+    if let Some(on) = entry.adaptive_timeout {
+        c.adaptive_timeout.enabled = on;
+    }
     if entry.timeout_floor_ms > 0 {
         c.adaptive_timeout.floor = std::time::Duration::from_millis(entry.timeout_floor_ms);
-    }
-    if !entry.timeout_multiplier.is_finite() || entry.timeout_multiplier < 0.0 {
-        return Err(format!(
-            "backend openai: timeout_multiplier must be a finite number >= 1 (or 0 for the default 4), got {}",
-            entry.timeout_multiplier
-        ));
-    }
-    if entry.timeout_multiplier > 0.0 && entry.timeout_multiplier < 1.0 {
-        return Err(format!(
-            "backend openai: timeout_multiplier must be >= 1 (a timeout below the usual latency cuts healthy calls), got {}",
-            entry.timeout_multiplier
-        ));
     }
     if entry.timeout_multiplier > 0.0 {
         c.adaptive_timeout.multiplier = entry.timeout_multiplier;
     }
-    if !entry.hedge_factor.is_finite()
-        || entry.hedge_factor < 0.0
-        || (entry.hedge_factor > 0.0 && entry.hedge_factor < 1.0)
-    {
-        return Err(format!(
-            "backend openai: hedge_factor must be 0 (hedge only the last attempt) or a finite number >= 1 (a duplicate before the usual latency doubles every call), got {}",
-            entry.hedge_factor
-        ));
+    if let Some(h) = entry.hedge_factor {
+        c.adaptive_timeout.hedge_factor = h;
     }
-    c.adaptive_timeout.hedge_factor = entry.hedge_factor;
-    c.supports_json_schema = entry.supports_json_schema;
-    c.supports_logprobs = entry.supports_logprobs;
-    OpenAiClient::new(c).map_err(|e| format!("backend openai: {e}"))
-}
-
-/// The price table of backend `name`; a negative or non-finite rate is an error naming it.
-fn prices_of(name: &str, entry: &assay_config::BackendConfig) -> Result<Prices, String> {
-    for (model, price) in &entry.prices {
-        if !price.is_valid() {
-            return Err(format!(
-                "backends.{name}.prices.{model:?}: every rate must be a finite number >= 0 (USD per million tokens), got {price:?}"
-            ));
-        }
+    if let Some(on) = entry.supports_json_schema {
+        c.supports_json_schema = on;
     }
-    Ok(Prices::new(entry.prices.clone()))
+    if let Some(on) = entry.supports_logprobs {
+        c.supports_logprobs = on;
+    }
+    OpenAiClient::new(c).map_err(RuntimeError::Client)
 }
 
 /// Backends still loading; resolves when every one is ready (or one failed).
-pub type Loading = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>;
+pub type Loading = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), RuntimeError>> + Send>>;
 
 /// Build every configured backend (wrapped in the response cache when enabled) and the phase map.
 /// Backends with a loader (the embedded models) load in the background: the returned hub is usable
 /// at once (calls wait for the load) and `Loading` resolves when they are ready. Backends of a kind
 /// without a loader are skipped unless a phase uses them.
-pub fn build_hub(config: &AssayConfig, loaders: &[&'static dyn BackendLoader]) -> Result<(ModelHub, Loading), String> {
+pub fn build_hub(
+    config: &AssayConfig,
+    loaders: &[&'static dyn BackendLoader],
+) -> Result<(ModelHub, Loading), RuntimeError> {
+    // Loaded configurations were checked; one built or changed in code is checked here.
+    assay_config::check_backends(&config.backends)?;
     let cache = if config.cache.enabled {
         let c = CacheConfig {
             capacity: config.cache.capacity,
             sqlite_path: Some(PathBuf::from(&config.cache.path)).filter(|p| !p.as_os_str().is_empty()),
         };
-        Some(ResponseCache::open(&c).map_err(|e| format!("response cache: {e}"))?)
+        Some(ResponseCache::open(&c)?)
     } else {
         None
     };
@@ -191,18 +198,18 @@ pub fn build_hub(config: &AssayConfig, loaders: &[&'static dyn BackendLoader]) -
             let (loader, name, entry) = (*loader, name.clone(), entry.clone());
             pending.push(tokio::spawn(async move {
                 let r = loader.load(&name, &entry).await;
-                let out = r.as_ref().map(|_| ()).map_err(Clone::clone);
+                let out = r.as_ref().map(|_| ()).map_err(|e| RuntimeError::Load(e.clone()));
                 setter.set(r);
                 out
             }));
             (Some(Arc::new(lazy.clone()) as Arc<dyn ChatModel>), Some(Arc::new(lazy) as Arc<dyn EmbeddingModel>))
         } else {
             if used.iter().any(|u| u == name) {
-                return Err(format!("backend {name:?} of kind {:?} is not available in this binary", entry.kind));
+                return Err(RuntimeError::KindUnavailable { backend: name.clone(), kind: entry.kind.clone() });
             }
             continue;
         };
-        let prices = prices_of(name, entry)?;
+        let prices = Prices::new(entry.prices.clone());
         if let Some(chat) = chat {
             // Priced and held to the budget under the cache: a cache hit costs nothing.
             let chat: Arc<dyn ChatModel> = Arc::new(PricedChat::new(chat, name, prices.clone()));
@@ -223,7 +230,7 @@ pub fn build_hub(config: &AssayConfig, loaders: &[&'static dyn BackendLoader]) -
     }
     let loading: Loading = Box::pin(async move {
         for p in pending {
-            p.await.map_err(|e| format!("backend loader panicked: {e}"))??;
+            p.await.map_err(RuntimeError::LoaderPanicked)??;
         }
         Ok(())
     });
@@ -249,7 +256,7 @@ pub fn auth_token(config: &AssayConfig) -> Option<String> {
 
 /// Serving options from configuration: token, drain period and the servers' TLS (`[tls]`, whose
 /// files are read here: an error names the key).
-pub fn serve_options(config: &AssayConfig) -> Result<ServeOptions, String> {
+pub fn serve_options(config: &AssayConfig) -> Result<ServeOptions, RuntimeError> {
     Ok(ServeOptions {
         auth_token: auth_token(config),
         drain: Duration::from_secs(config.drain_seconds),
@@ -259,8 +266,8 @@ pub fn serve_options(config: &AssayConfig) -> Result<ServeOptions, String> {
 }
 
 /// What servers present and whom they accept, from `[tls]`; `None` = plaintext.
-pub fn server_tls(config: &AssayConfig) -> Result<Option<ServerTls>, String> {
-    let m = config.tls.load().map_err(|e| e.to_string())?;
+pub fn server_tls(config: &AssayConfig) -> Result<Option<ServerTls>, RuntimeError> {
+    let m = config.tls.load()?;
     Ok(m.server.map(|pair| {
         let tls = ServerTls::new(pair.cert, pair.key);
         match m.ca {
@@ -271,8 +278,8 @@ pub fn server_tls(config: &AssayConfig) -> Result<Option<ServerTls>, String> {
 }
 
 /// What channels trust and present, from `[tls]`; `None` = plaintext channels.
-pub fn client_tls(config: &AssayConfig) -> Result<Option<ClientTls>, String> {
-    let m = config.tls.load().map_err(|e| e.to_string())?;
+pub fn client_tls(config: &AssayConfig) -> Result<Option<ClientTls>, RuntimeError> {
+    let m = config.tls.load()?;
     if !m.channels_use_tls() {
         return Ok(None);
     }
@@ -291,10 +298,10 @@ pub fn client_tls(config: &AssayConfig) -> Result<Option<ClientTls>, String> {
 
 /// A lazily connected channel to `url` as configured: over TLS when `[tls]` is set (an `http://`
 /// address is dialled as `https://`).
-pub fn channel(config: &AssayConfig, url: &str) -> Result<tonic::transport::Channel, String> {
+pub fn channel(config: &AssayConfig, url: &str) -> Result<tonic::transport::Channel, RuntimeError> {
     let tls = client_tls(config)?;
     let url = with_scheme(url, tls.is_some());
-    assay_rpc::remote::channel_with(&url, tls.as_ref()).map_err(|e| e.to_string())
+    Ok(assay_rpc::remote::channel_with(&url, tls.as_ref())?)
 }
 
 /// An address as people type it (`127.0.0.1:50051`, `gateway:50051`) as a URL: `http://`, or
@@ -320,10 +327,10 @@ pub struct StageSpec {
 /// Main of a stage binary: config, telemetry, backends, the service from `routes` (an error, such
 /// as an invalid upstream address or a run store that cannot be opened, exits 1), serve until
 /// SIGTERM/SIGINT; exit 0 after a clean drain.
-pub async fn run_service(
+pub async fn run_service<E: std::fmt::Display>(
     spec: StageSpec,
     loaders: &[&'static dyn BackendLoader],
-    routes: impl FnOnce(Arc<ModelHub>, &AssayConfig) -> Result<Routes, String>,
+    routes: impl FnOnce(Arc<ModelHub>, &AssayConfig) -> Result<Routes, E>,
 ) -> ExitCode {
     let _telemetry = assay_telemetry::init(spec.binary);
     let config = match assay_config::load(config_path_from_args().as_deref()) {
@@ -409,5 +416,42 @@ mod scheme_tests {
         assert_eq!(with_scheme("gateway:50051", true), "https://gateway:50051");
         assert_eq!(with_scheme("http://127.0.0.1:50051", true), "http://127.0.0.1:50051");
         assert_eq!(with_scheme("https://a:1", false), "https://a:1");
+    }
+}
+
+#[cfg(test)]
+mod backend_tests {
+    use super::*;
+
+    #[test]
+    fn unset_settings_keep_the_clients_defaults_and_set_ones_reach_it() {
+        let config = AssayConfig::defaults();
+        let client = openai_client(&config.backends["openai"]).unwrap();
+        let defaults = OpenAiConfig::default();
+        let c = client.config();
+        assert_eq!(c.adaptive_timeout, defaults.adaptive_timeout);
+        assert_eq!(
+            (c.max_concurrency, c.initial_concurrency),
+            (defaults.max_concurrency, defaults.initial_concurrency)
+        );
+        assert_eq!(c.max_tokens_field, defaults.max_tokens_field);
+        let config = assay_config::load_from(
+            "[backends.openai]\nhedge_factor = 3\ninitial_concurrency = 0\nmax_tokens_field = \"max_completion_tokens\"\n",
+        )
+        .unwrap();
+        let client = openai_client(&config.backends["openai"]).unwrap();
+        let c = client.config();
+        assert_eq!(c.adaptive_timeout.hedge_factor, 3.0);
+        assert_eq!(c.initial_concurrency, 0);
+        assert_eq!(c.max_tokens_field, assay_config::MaxTokensField::MaxCompletionTokens);
+    }
+
+    #[tokio::test]
+    async fn a_configuration_changed_in_code_is_checked_when_backends_are_built() {
+        let mut config = AssayConfig::defaults();
+        config.backends.get_mut("openai").unwrap().hedge_factor = Some(0.5);
+        let Err(e) = build_hub(&config, &[]) else { panic!("an unusable hedge factor is refused") };
+        assert!(matches!(&e, RuntimeError::Config(assay_config::ConfigError::Backend { key: "hedge_factor", .. })));
+        assert!(e.to_string().contains("backends.openai.hedge_factor: is 0.5;"), "{e}");
     }
 }

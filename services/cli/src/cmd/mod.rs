@@ -31,11 +31,12 @@ pub const EXIT_PARTIAL: u8 = 3;
 
 /// Start the whole mesh in this process and wait until every service is SERVING.
 pub async fn start(config: &AssayConfig) -> Result<assay_cli::Mesh, String> {
-    let (hub, loading) = assay_runtime::build_hub(config, &assay_runtime::default_loaders())?;
-    let mesh = assay_cli::start_mesh(config, Arc::new(hub), false).await?;
+    let (hub, loading) =
+        assay_runtime::build_hub(config, &assay_runtime::default_loaders()).map_err(|e| e.to_string())?;
+    let mesh = assay_cli::start_mesh(config, Arc::new(hub), false).await.map_err(|e| e.to_string())?;
     eprintln!("services listening (NOT_SERVING until model backends are ready)");
     let started = std::time::Instant::now();
-    loading.await?;
+    loading.await.map_err(|e| e.to_string())?;
     mesh.set_serving().await;
     eprintln!("model backends ready in {:.1?}; every service SERVING", started.elapsed());
     for (name, addr) in mesh.addrs.all() {
@@ -46,7 +47,7 @@ pub async fn start(config: &AssayConfig) -> Result<assay_cli::Mesh, String> {
 
 /// A gateway client for `url` with the configured token (over TLS when `[tls]` is set).
 pub fn client(config: &AssayConfig, url: &str) -> Result<Client, String> {
-    let channel = assay_runtime::channel(config, url)?;
+    let channel = assay_runtime::channel(config, url).map_err(|e| e.to_string())?;
     let token = assay_runtime::auth_token(config);
     Ok(gw::gateway_service_client::GatewayServiceClient::with_interceptor(
         channel,
@@ -85,7 +86,7 @@ impl Session {
     /// Stop the in-process mesh, if any.
     pub async fn close(self) -> Result<(), String> {
         match self.mesh {
-            Some(mesh) => mesh.shutdown().await,
+            Some(mesh) => mesh.shutdown().await.map_err(|e| e.to_string()),
             None => Ok(()),
         }
     }

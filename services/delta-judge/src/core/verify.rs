@@ -30,7 +30,7 @@ use assay_domain::verify::{
 };
 use assay_domain::{Answer, JudgeIssue, ModelRecord, StageError, Usage};
 use assay_domain::{Section, Violations};
-use assay_llm::convergence::{Cascade, EmbeddingSource};
+use assay_llm::convergence::{Cascade, EmbeddingSource, EmbeddingUnavailable};
 use assay_llm::{ChatRequest, ChatResponse, Message, ModelHub, Purpose, ResolvedChat, ResponseFormat};
 use futures::StreamExt;
 
@@ -534,9 +534,9 @@ impl DeltaJudge for DeltaJudgeCore {
             Ok((model, settings)) => Ok(EmbeddingSource { model, model_name: settings.model, deadline: None }),
             // A backend the caller named must exist; a missing configured one only degrades.
             Err(e) if request.embedding_model.backend.is_some() => return Err(e),
-            Err(e) => Err(format!("no embedding backend: {e}")),
+            Err(e) => Err(EmbeddingUnavailable::NoBackend(e)),
         };
-        let source = source.as_ref().map_err(String::clone);
+        let source = source.as_ref().map_err(Clone::clone);
         Ok(self.cascade.compare(&request.previous, &request.current, request.mode, source).await)
     }
 

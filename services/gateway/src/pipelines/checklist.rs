@@ -94,7 +94,7 @@ fn req_uses_candidate_models(preset: Preset) -> bool {
 pub struct Produced {
     pub checklists: Vec<Checklist>,
     pub record_checklist: Vec<usize>,
-    pub failures: Vec<Option<String>>,
+    pub failures: Vec<Option<StageError>>,
 }
 
 impl ChecklistPlan {
@@ -403,7 +403,7 @@ pub struct Production {
     /// Per checklist, the checklist once produced (or stored).
     pub found: Vec<Option<Checklist>>,
     /// Per checklist, why it could not be produced.
-    pub failures: Vec<Option<String>>,
+    pub failures: Vec<Option<StageError>>,
 }
 
 impl Production {
@@ -446,7 +446,7 @@ impl Production {
             Err(e) if self.keys.len() == 1 => return Err(e),
             Err(e) => {
                 tracing::warn!(run_id = %ctx.run_id(), error = %e, "checklist generation failed for one input");
-                self.failures[k] = Some(e.to_string());
+                self.failures[k] = Some(e);
                 return Ok(());
             }
         };

@@ -314,9 +314,13 @@ impl Pipeline for ChecklistEval {
                         continue;
                     }
                     // Records whose checklist could not be produced fail on their own; the others go on.
-                    let why = production.failures[k].clone().unwrap_or_default();
+                    let why = match &production.failures[k] {
+                        Some(StageError::BudgetExhausted(why)) => format!("not run: {why}"),
+                        Some(e) => format!("checklist generation failed: {e}"),
+                        None => "checklist generation failed".to_string(),
+                    };
                     for i in std::mem::take(&mut waiting[k]) {
-                        let why = if assay_budget::is_exhausted(&why) { format!("not run: {why}") } else { format!("checklist generation failed: {why}") };
+                        let why = why.clone();
                         let result = record_result(i, &self.records[i], "", None, why);
                         ctx.checkpoints.put(&record_key(i), &result).await?;
                         ctx.progress.add_done();
@@ -338,7 +342,7 @@ impl Pipeline for ChecklistEval {
                             r
                         }
                         Err(e @ (StageError::InvalidArgument(_) | StageError::FailedPrecondition(_) | StageError::Unimplemented(_))) => return Err(e),
-                        Err(StageError::ResourceExhausted(m)) if assay_budget::is_exhausted(&m) => {
+                        Err(StageError::BudgetExhausted(m)) => {
                             record_result(i, &self.records[i], &checklist_id, None, format!("not run: {m}"))
                         }
                         Err(e) => record_result(i, &self.records[i], &checklist_id, None, e.to_string()),

@@ -401,7 +401,7 @@ impl Pipeline for DebatePipeline {
                 ctx.gate.wait().await?;
                 // A spent budget starts no new problem: finished ones are kept.
                 if let Some(why) = ctx.spending.budget_exhausted() {
-                    return Ok((i, Err(StageError::ResourceExhausted(why))));
+                    return Ok((i, Err(StageError::BudgetExhausted(assay_budget::BudgetRefusal::spent(why)))));
                 }
                 Ok::<_, StageError>((i, self.solve_one(ctx, i).await))
             })
@@ -427,7 +427,7 @@ impl Pipeline for DebatePipeline {
                                 }
                             }));
                         }
-                        Err(StageError::ResourceExhausted(m)) if assay_budget::is_exhausted(&m) => {
+                        Err(StageError::BudgetExhausted(m)) => {
                             self.failed(i, format!("not run: {m}"))
                         }
                         Err(e) => self.failed(i, e.to_string()),

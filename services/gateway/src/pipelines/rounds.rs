@@ -15,10 +15,12 @@ const ROUND_WAIT: Duration = Duration::from_millis(500);
 /// Whether a stage call that failed with `e` may succeed when made again.
 pub fn is_transient(e: &StageError) -> bool {
     match e {
-        StageError::Unavailable(_) => true,
-        // Rate limited, not out of budget.
-        StageError::ResourceExhausted(m) => !assay_budget::is_exhausted(m),
-        StageError::InvalidArgument(_)
+        StageError::Unavailable(_)
+        | StageError::CircuitOpen(_)
+        | StageError::RateLimited(_)
+        | StageError::ResourceExhausted(_) => true,
+        StageError::BudgetExhausted(_)
+        | StageError::InvalidArgument(_)
         | StageError::NotFound(_)
         | StageError::FailedPrecondition(_)
         | StageError::DeadlineExceeded(_)
@@ -53,7 +55,7 @@ where
 
 /// Whether the backend refused the call at once, its circuit breaker open.
 fn is_circuit_open(e: &StageError) -> bool {
-    matches!(e, StageError::Unavailable(m) if m.contains("circuit open"))
+    matches!(e, StageError::CircuitOpen(_))
 }
 
 #[cfg(test)]
@@ -73,7 +75,8 @@ mod tests {
         let made = AtomicU32::new(0);
         let out: Result<(), _> = in_rounds("x", || {
             made.fetch_add(1, Ordering::SeqCst);
-            async { Err(StageError::ResourceExhausted("budget exhausted: spent".into())) }
+            // Whatever its message says.
+            async { Err(StageError::BudgetExhausted(assay_budget::BudgetRefusal::spent("rate limited"))) }
         })
         .await;
         assert!(out.is_err());
@@ -81,10 +84,29 @@ mod tests {
         let made = AtomicU32::new(0);
         let out: Result<(), _> = in_rounds("x", || {
             made.fetch_add(1, Ordering::SeqCst);
-            async { Err(StageError::ResourceExhausted("http 429".into())) }
+            async { Err(StageError::RateLimited("budget exhausted".into())) }
         })
         .await;
         assert!(out.is_err());
         assert_eq!(made.load(Ordering::SeqCst), 1 + MORE_ROUNDS, "rate limited: every round");
+    }
+
+    #[tokio::test]
+    async fn an_open_circuit_ends_the_rounds_with_the_failure_that_opened_it() {
+        let made = AtomicU32::new(0);
+        let out: Result<(), _> = in_rounds("x", || {
+            let n = made.fetch_add(1, Ordering::SeqCst);
+            async move {
+                // The message does not say so: the variant does.
+                Err(if n == 0 {
+                    StageError::Unavailable("http 503".into())
+                } else {
+                    StageError::CircuitOpen("down".into())
+                })
+            }
+        })
+        .await;
+        assert_eq!(out, Err(StageError::Unavailable("http 503".into())));
+        assert_eq!(made.load(Ordering::SeqCst), 2);
     }
 }

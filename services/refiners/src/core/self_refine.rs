@@ -26,7 +26,7 @@ use assay_domain::similarity::{CHAR_DIVERGED, DecidedBy, jaccard};
 use assay_domain::template::{fence_untrusted, render, template_sha256};
 use assay_domain::{EventSink, StageError, Usage};
 use assay_llm::ResolvedChat;
-use assay_llm::convergence::EmbeddingSource;
+use assay_llm::convergence::{EmbeddingSource, EmbeddingUnavailable};
 use assay_llm::{FinishReason, Message, ResponseFormat};
 
 use super::ChecklistRefiners;
@@ -225,7 +225,7 @@ fn reply_tokens(draft: &str) -> u32 {
 /// What the loop needs, resolved before any model call.
 struct Prepared {
     chat: ResolvedChat,
-    embeddings: Result<EmbeddingSource, String>,
+    embeddings: Result<EmbeddingSource, EmbeddingUnavailable>,
 }
 
 impl ChecklistRefiners {
@@ -238,7 +238,7 @@ impl ChecklistRefiners {
             Ok((model, settings)) => Ok(EmbeddingSource { model, model_name: settings.model, deadline: None }),
             // A backend the caller named must exist; a missing configured one only degrades.
             Err(e) if r.embedding_model.backend.is_some() => return Err(e),
-            Err(e) => Err(format!("no embedding backend: {e}")),
+            Err(e) => Err(EmbeddingUnavailable::NoBackend(e)),
         };
         Ok(Prepared { chat, embeddings })
     }
@@ -265,7 +265,7 @@ impl ChecklistRefiners {
                 ..Default::default()
             });
         }
-        let embeddings = embeddings.as_ref().map_err(String::clone);
+        let embeddings = embeddings.as_ref().map_err(Clone::clone);
         let max_tokens = reply_tokens(&r.draft);
         let probe = chat_request(&chat, String::new(), ResponseFormat::Text, max_tokens);
         let model = chat.record(SELF_REFINE_PHASE, probe.max_tokens.unwrap_or(max_tokens), prompt_sha256(), false);
@@ -367,7 +367,7 @@ impl ChecklistRefiners {
                 let cosine = self.cascade.embedding_cosine(&r.draft, &pass.revised, embeddings.clone()).await;
                 let (cosine, embedding_error) = match cosine {
                     Ok((c, _)) => (Some(c), String::new()),
-                    Err(reason) => (None, reason),
+                    Err(reason) => (None, reason.to_string()),
                 };
                 let point = GuardPoint { jaccard: jaccard(&r.draft, &pass.revised).similarity, cosine };
                 let points: Vec<GuardPoint> = kept.iter().map(|k| k.point).collect();

@@ -3,31 +3,13 @@
 use std::fmt;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
 use super::latency::AdaptiveTimeout;
 use crate::limiter::LimitSettings;
 use crate::retry::Backoff;
 
-/// Name of the request field that carries the token limit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum MaxTokensField {
-    /// `max_tokens` (most servers: llama.cpp, vLLM, older OpenAI models).
-    #[default]
-    MaxTokens,
-    /// `max_completion_tokens` (newer OpenAI models).
-    MaxCompletionTokens,
-}
-
-impl MaxTokensField {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            MaxTokensField::MaxTokens => "max_tokens",
-            MaxTokensField::MaxCompletionTokens => "max_completion_tokens",
-        }
-    }
-}
+/// Name of the request field that carries the token limit (declared with the backend's
+/// settings).
+pub use assay_config::MaxTokensField;
 
 /// Configuration of one OpenAI-compatible backend.
 #[derive(Clone)]

@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use super::format::complains_about_schema;
+use super::reply::UnusableBody;
 use crate::breaker::Outcome;
 use crate::retry::{StatusClass, classify_status};
 use crate::types::LlmError;
@@ -32,7 +33,7 @@ impl AttemptError {
             error: LlmError::Unavailable(format!("timed out after {} ms{how}", timeout.as_millis())),
             status: None,
             retry_after: None,
-            kind: AttemptKind::Transient,
+            kind: AttemptKind::TimedOut,
         }
     }
 
@@ -45,6 +46,8 @@ impl AttemptError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum AttemptKind {
     Transient,
+    /// No answer within the attempt's timeout: retried as a transient failure.
+    TimedOut,
     /// No connection could be made (refused, no route, a failed handshake): retried as a transient
     /// failure, but no sign of load for the concurrency limit (a backend that is down or
     /// restarting is the circuit breaker's business; cutting the limit for it left one slot for
@@ -105,7 +108,8 @@ pub(super) fn breaker_outcome(error: &LlmError) -> Outcome {
     match error {
         LlmError::InvalidRequest(_) | LlmError::Unauthorized(_) | LlmError::Unsupported(_) => Outcome::Healthy,
         LlmError::RateLimited(_) | LlmError::Unavailable(_) | LlmError::MalformedReply(_) => Outcome::Failed,
-        LlmError::DeadlineExceeded | LlmError::BudgetExhausted(_) => Outcome::Neutral,
+        // A call refused by the open breaker never reached the backend.
+        LlmError::DeadlineExceeded | LlmError::BudgetExhausted(_) | LlmError::CircuitOpen => Outcome::Neutral,
     }
 }
 
@@ -133,7 +137,7 @@ pub(super) fn classify_reply<T>(
     retry_after: Option<Duration>,
     sent_response_format: bool,
     deterministic_statuses: &[u16],
-    parse: &impl Fn(&[u8]) -> Result<T, String>,
+    parse: &impl Fn(&[u8]) -> Result<T, UnusableBody>,
 ) -> Result<T, AttemptError> {
     match classify_status(status, deterministic_statuses) {
         StatusClass::Success => parse(bytes).map_err(|why| AttemptError {

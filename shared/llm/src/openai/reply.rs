@@ -12,23 +12,34 @@ pub fn normalise_choice(text: &str, options: &[String]) -> Option<String> {
     options.iter().find(|option| option.trim().eq_ignore_ascii_case(cleaned)).cloned()
 }
 
+/// Why a 200 body cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum UnusableBody {
+    #[error("{what} is not valid json: {source}")]
+    NotJson { what: &'static str, source: serde_json::Error },
+    #[error("chat completion has no choices")]
+    NoChoices,
+    #[error("expected {expected} embeddings, got {got}")]
+    EmbeddingCount { expected: usize, got: usize },
+}
+
 /// A chat completion body, which must have at least one choice.
-pub(super) fn parse_chat(bytes: &[u8]) -> Result<wire::ChatCompletion, String> {
+pub(super) fn parse_chat(bytes: &[u8]) -> Result<wire::ChatCompletion, UnusableBody> {
     let completion: wire::ChatCompletion =
-        serde_json::from_slice(bytes).map_err(|e| format!("chat completion is not valid json: {e}"))?;
+        serde_json::from_slice(bytes).map_err(|source| UnusableBody::NotJson { what: "chat completion", source })?;
     if completion.choices.as_ref().is_none_or(Vec::is_empty) {
-        return Err("chat completion has no choices".into());
+        return Err(UnusableBody::NoChoices);
     }
     Ok(completion)
 }
 
 /// An embedding list body, which must have `expected` embeddings.
-pub(super) fn parse_embeddings(bytes: &[u8], expected: usize) -> Result<wire::EmbeddingList, String> {
+pub(super) fn parse_embeddings(bytes: &[u8], expected: usize) -> Result<wire::EmbeddingList, UnusableBody> {
     let mut list: wire::EmbeddingList =
-        serde_json::from_slice(bytes).map_err(|e| format!("embedding list is not valid json: {e}"))?;
+        serde_json::from_slice(bytes).map_err(|source| UnusableBody::NotJson { what: "embedding list", source })?;
     let data = list.data.get_or_insert_with(Vec::new);
     if data.len() != expected {
-        return Err(format!("expected {expected} embeddings, got {}", data.len()));
+        return Err(UnusableBody::EmbeddingCount { expected, got: data.len() });
     }
     Ok(list)
 }

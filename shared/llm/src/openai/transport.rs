@@ -15,6 +15,7 @@ use super::errors::{
 };
 use super::latency::{CallClass, HedgeBudget, LatencyBook, class_of};
 use super::rate::{self, RateLimits, ReportsUsage};
+use super::reply::UnusableBody;
 use crate::breaker::{BreakerState, CircuitBreaker, Outcome};
 use crate::limiter::{AdaptiveLimit, Signal};
 use crate::retry::{WaitPlan, parse_retry_after, plan_wait};
@@ -62,11 +63,11 @@ impl Transport {
         url: &str,
         body: &Value,
         deadline: Option<Instant>,
-        parse: impl Fn(&[u8]) -> Result<T, String>,
+        parse: impl Fn(&[u8]) -> Result<T, UnusableBody>,
     ) -> Result<(T, u32), CallError> {
         let Some(permit) = self.breaker.try_acquire() else {
             debug!(backend = %config.backend_name, "circuit open, failing fast");
-            return Err(CallError { error: LlmError::Unavailable("circuit open".into()), status: None, retries: 0 });
+            return Err(CallError { error: LlmError::CircuitOpen, status: None, retries: 0 });
         };
         let result = self.call_with_retries(config, url, body, deadline, &parse).await;
         let outcome = match &result {
@@ -85,7 +86,7 @@ impl Transport {
         url: &str,
         body: &Value,
         deadline: Option<Instant>,
-        parse: &impl Fn(&[u8]) -> Result<T, String>,
+        parse: &impl Fn(&[u8]) -> Result<T, UnusableBody>,
     ) -> Result<(T, u32), CallError> {
         let backoff = config.backoff();
         let class = class_of(url, body);
@@ -100,7 +101,7 @@ impl Transport {
                 Err(failure) => failure,
             };
             let retryable = match failure.kind {
-                AttemptKind::Transient | AttemptKind::Unreachable => true,
+                AttemptKind::Transient | AttemptKind::TimedOut | AttemptKind::Unreachable => true,
                 AttemptKind::Malformed => !malformed_retried,
                 AttemptKind::Permanent => false,
             };
@@ -155,7 +156,7 @@ impl Transport {
         body: &Value,
         deadline: Option<Instant>,
         (class, attempt): (&CallClass, u32),
-        parse: &impl Fn(&[u8]) -> Result<T, String>,
+        parse: &impl Fn(&[u8]) -> Result<T, UnusableBody>,
     ) -> Result<T, AttemptError> {
         // Dropped before the request goes out (deadline, cancellation), it gives its share back.
         let admission = if self.rate.is_limited() {
@@ -200,7 +201,7 @@ impl Transport {
         body: &Value,
         deadline: Option<Instant>,
         (class, attempt): (&CallClass, u32),
-        parse: &impl Fn(&[u8]) -> Result<T, String>,
+        parse: &impl Fn(&[u8]) -> Result<T, UnusableBody>,
     ) -> Result<Answered<T>, AttemptError> {
         let mut builder = self.http.post(url).json(body);
         if let Some(key) = &config.api_key {
@@ -395,7 +396,7 @@ fn load_signal<T>(reply: &Result<T, AttemptError>, elapsed: std::time::Duration)
             // answer: a 500 back in a millisecond, taken as one, set a call class's long-term
             // latency so low that its next ordinary answers read as a rise and cut the limit.
             Some(_) => Signal::Ignore,
-            None if e.kind == AttemptKind::Transient => Signal::Overloaded,
+            None if matches!(e.kind, AttemptKind::Transient | AttemptKind::TimedOut) => Signal::Overloaded,
             // A backend that cannot be reached is down, not loaded.
             None => Signal::Ignore,
         },
@@ -415,9 +416,7 @@ fn retry_reason(failure: &AttemptError) -> &'static str {
         (_, Some(429)) => "rate_limited",
         (_, Some(s)) if s >= 500 => "server_error",
         (_, Some(_)) => "other_status",
-        (_, None) => {
-            let timed_out = matches!(&failure.error, LlmError::Unavailable(m) if m.starts_with("timed out"));
-            if timed_out { "timeout" } else { "transport" }
-        }
+        (AttemptKind::TimedOut, None) => "timeout",
+        (AttemptKind::Transient | AttemptKind::Unreachable | AttemptKind::Permanent, None) => "transport",
     }
 }
