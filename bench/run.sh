@@ -4,6 +4,8 @@
 # limit of each preset, the gateway hop's overhead, and the embedded embedder's throughput.
 #
 #   bench/run.sh [records=100] [latency_ms=50]
+#   ASSAY_BENCH_BIN=DIR bench/run.sh ...   use the `assay` and `assay-scripted-llm` binaries in DIR
+#                                          (no build): two builds side by side, e.g. before and after
 #
 # Pipeline time is from the RunPipeline call to the run's last event (no process or mesh start);
 # wall time is the whole `assay eval` process. "Fresh" is `assay eval` starting its own mesh (a cold
@@ -24,9 +26,13 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
 "$VENV/bin/pip" install --quiet "autochecklist==0.2.3"
-cargo build --release --quiet -p assay-testkit --bin assay-scripted-llm -p assay-cli --bin assay
+BIN=${ASSAY_BENCH_BIN:-}
+if [ -z "$BIN" ]; then
+  cargo build --release --quiet -p assay-testkit --bin assay-scripted-llm -p assay-cli --bin assay
+  BIN=${CARGO_TARGET_DIR:-target}/release
+fi
 
-target/release/assay-scripted-llm --latency-ms "$LATENCY" > "$WORK/backend.url" 2> "$WORK/backend.log" &
+"$BIN"/assay-scripted-llm --latency-ms "$LATENCY" > "$WORK/backend.url" 2> "$WORK/backend.log" &
 BACKEND_PID=$!
 for _ in $(seq 100); do [ -s "$WORK/backend.url" ] && break; sleep 0.05; done
 BASE_URL=$(head -1 "$WORK/backend.url")
@@ -38,7 +44,7 @@ for preset in tick rlcf_direct; do
   anchor=$("$VENV/bin/python" bench/anchor/autochecklist_run.py --base-url "$BASE_URL" --preset "$preset" --data "$WORK/records.jsonl")
   start=$(date +%s.%N)
   summary=$(OPENAI_BASE_URL="$BASE_URL" OPENAI_API_KEY=bench OPENAI_MODEL=scripted ASSAY__CACHE__ENABLED=false \
-    ASSAY__GATEWAY__STORE=:memory: target/release/assay eval --backend openai --preset "$preset" \
+    ASSAY__GATEWAY__STORE=:memory: "$BIN"/assay eval --backend openai --preset "$preset" \
     --data "$WORK/records.jsonl" --out "$WORK/assay-$preset.jsonl" --json 2>/dev/null)
   end=$(date +%s.%N)
   python3 - "$preset" "$anchor" "$summary" "$start" "$end" "$LATENCY" >> "$rows" <<'PY'
@@ -63,14 +69,14 @@ OPENAI_BASE_URL="$BASE_URL" OPENAI_API_KEY=bench OPENAI_MODEL=scripted ASSAY__CA
   ASSAY__GATEWAY__STORE=:memory: ASSAY__PORTS__GATEWAY=$P_GW ASSAY__PORTS__GENERATOR=$P_GEN \
   ASSAY__PORTS__REFINERS=$P_REF ASSAY__PORTS__SCORER=$P_SC ASSAY__PORTS__ARBITER=$P_ARB \
   ASSAY__PORTS__DELTA_JUDGE=$P_DJ ASSAY__PORTS__DEBATE=$P_DEB \
-  target/release/assay up --backend openai > "$WORK/up.log" 2>&1 &
+  "$BIN"/assay up --backend openai > "$WORK/up.log" 2>&1 &
 UP_PID=$!
 for _ in $(seq 200); do grep -q "every service SERVING" "$WORK/up.log" && break; sleep 0.05; done
 warm="$WORK/warm.jsonl"
 : > "$warm"
 for preset in tick rlcf_direct; do
   for run in 0 1 2 3; do
-    target/release/assay eval --gateway "http://127.0.0.1:$P_GW" --preset "$preset" --data "$WORK/records.jsonl" \
+    "$BIN"/assay eval --gateway "http://127.0.0.1:$P_GW" --preset "$preset" --data "$WORK/records.jsonl" \
       --out "$WORK/warm-$preset.jsonl" --json 2>/dev/null |
       python3 -c "import json, sys; d = json.load(sys.stdin); print(json.dumps({'preset': '$preset', 'run': $run, 'pipeline_s': d['pipelineSeconds'], 'failed': d['failed']}))" >> "$warm"
   done
@@ -79,7 +85,7 @@ kill "$UP_PID" && wait "$UP_PID" 2>/dev/null || true
 UP_PID=
 
 CALLS=${CALLS:-500} cargo bench --quiet -p assay-tests --bench mesh_overhead 2>/dev/null > "$WORK/overhead.txt" || true
-if target/release/assay models fetch >/dev/null 2>&1; then
+if "$BIN"/assay models fetch >/dev/null 2>&1; then
   cargo bench --quiet -p assay-embedded --bench local -- embed 2>/dev/null > "$WORK/embed.txt" || true
 fi
 

@@ -6,6 +6,8 @@ use std::path::Path;
 
 use serde::Deserialize;
 
+mod error;
+pub use error::ConfigError;
 pub mod backends;
 pub mod models;
 
@@ -344,22 +346,6 @@ fn read_pem(key: &'static str, path: &str, kind: Pem) -> Result<Vec<u8>, ConfigE
         return Err(tls_error(key, format!("{path:?} holds no {what}")));
     }
     Ok(bytes)
-}
-
-/// Configuration errors.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("configuration error: {0}")]
-    Invalid(#[from] config::ConfigError),
-    /// One key's value is unusable.
-    #[error("configuration error: {key}: {message}")]
-    Key { key: &'static str, message: String },
-    /// One rate of a backend's price table is unusable.
-    #[error("configuration error: backends.{backend}.prices.{model:?}.{field}: {message}")]
-    Price { backend: String, model: String, field: &'static str, message: String },
-    /// One setting of a backend is unusable.
-    #[error("configuration error: backends.{backend}.{key}: {message}")]
-    Backend { backend: String, key: &'static str, message: String },
 }
 
 /// Defaults, then `file` (if any), then `ASSAY__*` environment variables.

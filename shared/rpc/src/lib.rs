@@ -10,6 +10,7 @@ pub mod decode_error;
 pub mod metrics;
 pub mod remote;
 pub mod serve;
+pub mod spent;
 pub mod status;
 pub mod stream;
 pub mod tls;

@@ -61,7 +61,7 @@ pub fn code_of(reason: Reason) -> Code {
 /// violations are kept.
 pub fn from_status(s: Status) -> StageError {
     // What the failed call had already spent is charged to the caller's run.
-    crate::context::charge_spent(&s);
+    crate::spent::charge_spent(&s);
     let msg = s.message().to_string();
     let details = s.get_error_details();
     let violations: Vec<FieldViolation> = details

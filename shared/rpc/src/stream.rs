@@ -70,7 +70,7 @@ where
     tokio::spawn(tracing::Instrument::in_current_span(async move {
         tokio::select! {
             (out, spent, need) = work => {
-                let status = |e| crate::context::with_need(crate::context::with_spent(to_status(in_stream(e)), &spent), need);
+                let status = |e| crate::spent::with_need(crate::spent::with_spent(to_status(in_stream(e)), &spent), need);
                 let _ = tx.send(out.map(result).map_err(status));
             }
             () = tx.closed() => {}
