@@ -284,6 +284,36 @@ impl From<BudgetRefusal> for StageError {
     }
 }
 
+/// Why a model's reply cannot be used: what the stage reading it found wrong. Only ever shown:
+/// to the model when it is asked again, in a result's record, in a stage's UNAVAILABLE.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct UnusableReply(pub String);
+
+impl UnusableReply {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<String> for UnusableReply {
+    fn from(why: String) -> Self {
+        UnusableReply(why)
+    }
+}
+
+impl From<UnusableReply> for String {
+    fn from(why: UnusableReply) -> String {
+        why.0
+    }
+}
+
+impl From<&str> for UnusableReply {
+    fn from(why: &str) -> Self {
+        UnusableReply(why.to_string())
+    }
+}
+
 /// Collects field violations while validating a request.
 #[derive(Debug, Default)]
 pub struct Violations(Vec<FieldViolation>);

@@ -6,7 +6,7 @@ pub mod schema_fake;
 pub mod scripted;
 pub mod server;
 
-pub use postgres::TempPostgres;
+pub use postgres::{PostgresError, TempPostgres};
 pub use process::{ChildOutput, http_request};
 pub use schema_fake::{FaultCounts, FaultMix, schema_handler, schema_reply, with_faults};
 pub use scripted::{

@@ -37,7 +37,7 @@ use assay_domain::debate::{
     StageArtifacts, answers_agree, head, majority_vote, normalize_answer, solver_temperature,
 };
 use assay_domain::template::template_sha256;
-use assay_domain::{EventSink, ModelRecord, ModelSpec, StageError, Usage};
+use assay_domain::{EventSink, ModelRecord, ModelSpec, StageError, UnusableReply, Usage};
 use assay_llm::json::reply_json;
 use assay_llm::{ChatRequest, ChatResponse, FinishReason, Message, ModelHub, Purpose, ResolvedChat, ResponseFormat};
 use serde_json::Value;
@@ -78,7 +78,7 @@ struct Job<'a> {
 /// What a job produced: the parsed value or why the replies could not be used, with the usage of
 /// every call, the record of what made them and their raw replies.
 struct Called<T> {
-    value: Result<T, String>,
+    value: Result<T, UnusableReply>,
     usage: Usage,
     record: ModelRecord,
     raw: Vec<RawReply>,
@@ -138,15 +138,15 @@ impl Job<'_> {
     fn read<T>(
         reply: &ChatResponse,
         max_tokens: u32,
-        parse: &impl Fn(&Value) -> Result<T, String>,
-    ) -> Result<T, String> {
+        parse: &impl Fn(&Value) -> Result<T, UnusableReply>,
+    ) -> Result<T, UnusableReply> {
         let cut = reply.finish_reason == FinishReason::Length;
         let value = reply_json(reply);
         let parsed = match value {
             Some(v) => parse(&v),
             None => Err("the reply holds no JSON object".into()),
         };
-        parsed.map_err(|why| if cut { format!("{why} (the reply was cut at {max_tokens} tokens)") } else { why })
+        parsed.map_err(|why| if cut { format!("{why} (the reply was cut at {max_tokens} tokens)").into() } else { why })
     }
 
     /// One model call; a transient failure is tried again [`CALL_RETRIES`] times.
@@ -166,7 +166,7 @@ impl Job<'_> {
     }
 
     /// The call, and one retry showing the model its unusable reply and why.
-    async fn ask<T>(&self, parse: impl Fn(&Value) -> Result<T, String>) -> Result<Called<T>, StageError> {
+    async fn ask<T>(&self, parse: impl Fn(&Value) -> Result<T, UnusableReply>) -> Result<Called<T>, StageError> {
         // The caller's or the configuration's limit, else room for the longest reply the schema allows.
         let max_tokens = self.chat.max_tokens(self.purpose());
         let mut record = self.chat.record(self.phase, max_tokens, template_sha256(self.template), false);
@@ -178,21 +178,22 @@ impl Job<'_> {
             Ok(value) => return Ok(Called { value: Ok(value), usage, record, raw: vec![raw_reply(&first)] }),
             Err(why) => why,
         };
-        let mut raw = vec![raw_reply(&first).unusable(&why)];
+        let mut raw = vec![raw_reply(&first).unusable(why.as_str())];
         tracing::info!(phase = self.phase, reason = %why, "unusable reply, retrying once");
         let messages = vec![
             Message::user(self.prompt.clone()),
             Message::assistant(first.text.clone()),
-            Message::user(prompt::retry(&why)),
+            Message::user(prompt::retry(why.as_str())),
         ];
         let second = self.call(messages).await?;
         usage.add(&second.usage);
         let value = Self::read(&second, max_tokens, &parse);
         raw.push(match &value {
             Ok(_) => raw_reply(&second),
-            Err(again) => raw_reply(&second).unusable(again),
+            Err(again) => raw_reply(&second).unusable(again.as_str()),
         });
-        let value = value.map_err(|again| if again == why { why } else { format!("{why}; after the retry: {again}") });
+        let value =
+            value.map_err(|again| if again == why { why } else { format!("{why}; after the retry: {again}").into() });
         Ok(Called { value, usage, record, raw })
     }
 }
@@ -401,7 +402,7 @@ impl DebateCore {
                     winner_solver_id: vote.winner_solver_id,
                     final_answer: vote.answer,
                     majority_vote_fallback: true,
-                    fallback_reason: why,
+                    fallback_reason: why.0,
                     usage,
                     model: Some(record),
                     raw_replies: raw,

@@ -21,11 +21,11 @@
 //! empty, an error with an unknown severity is kept without one. Texts and lists are capped at the
 //! limits a request may carry them back with.
 
-use assay_domain::Severity;
 use assay_domain::debate::{
     MAX_ARTIFACT_ITEMS, MAX_ARTIFACT_TEXT_BYTES, RefinedSolution, RejectedCritique, Review, Solution, SolutionError,
     normalize_answer,
 };
+use assay_domain::{Severity, UnusableReply};
 use assay_llm::json::lenient_bool;
 use serde_json::{Map, Value, json};
 
@@ -217,11 +217,11 @@ fn texts(o: &Map<String, Value>, keys: &[&str]) -> Vec<String> {
 }
 
 /// The final answer: a non-empty text or a number.
-fn final_answer(o: &Map<String, Value>) -> Result<String, String> {
+fn final_answer(o: &Map<String, Value>) -> Result<String, UnusableReply> {
     let answer = match field(o, &["final_answer", "finalAnswer", "answer", "final"]) {
         Some(v @ (Value::String(_) | Value::Number(_) | Value::Bool(_))) => scalar_text(v),
         Some(other @ (Value::Array(_) | Value::Object(_))) => {
-            return Err(format!("final_answer is not a text ({other})"));
+            return Err(format!("final_answer is not a text ({other})").into());
         }
         Some(Value::Null) | None => return Err("the reply has no final_answer".into()),
     };
@@ -229,7 +229,7 @@ fn final_answer(o: &Map<String, Value>) -> Result<String, String> {
 }
 
 /// The confidence: a number or a numeric text in [0, 1] (the scale is never guessed).
-fn confidence(o: &Map<String, Value>) -> Result<f64, String> {
+fn confidence(o: &Map<String, Value>) -> Result<f64, UnusableReply> {
     let Some(v) = field(o, &["confidence", "confidence_score"]) else {
         return Err("the reply has no confidence".into());
     };
@@ -240,12 +240,12 @@ fn confidence(o: &Map<String, Value>) -> Result<f64, String> {
     };
     match x {
         Some(x) if x.is_finite() && (0.0..=1.0).contains(&x) => Ok(x),
-        Some(x) => Err(format!("confidence is {x}, outside [0, 1]")),
-        None => Err(format!("confidence is not a number ({v})")),
+        Some(x) => Err(format!("confidence is {x}, outside [0, 1]").into()),
+        None => Err(format!("confidence is not a number ({v})").into()),
     }
 }
 
-fn object(v: &Value) -> Result<&Map<String, Value>, String> {
+fn object(v: &Value) -> Result<&Map<String, Value>, UnusableReply> {
     match v {
         Value::Object(o) => Ok(o),
         Value::Null | Value::Bool(_) | Value::Number(_) | Value::String(_) | Value::Array(_) => {
@@ -255,7 +255,7 @@ fn object(v: &Value) -> Result<&Map<String, Value>, String> {
 }
 
 /// A stage 1 reply.
-pub fn parse_solution(v: &Value, solver_id: &str) -> Result<Solution, String> {
+pub fn parse_solution(v: &Value, solver_id: &str) -> Result<Solution, UnusableReply> {
     let o = object(v)?;
     Ok(Solution {
         solver_id: solver_id.to_string(),
@@ -269,7 +269,7 @@ pub fn parse_solution(v: &Value, solver_id: &str) -> Result<Solution, String> {
 }
 
 /// A stage 2 reply. At least one of the four lists must be there.
-pub fn parse_review(v: &Value, reviewer_id: &str, target_solver_id: &str) -> Result<Review, String> {
+pub fn parse_review(v: &Value, reviewer_id: &str, target_solver_id: &str) -> Result<Review, UnusableReply> {
     let o = object(v)?;
     const KEYS: [&str; 4] = ["strengths", "weaknesses", "errors", "suggested_changes"];
     if !KEYS.iter().any(|k| o.contains_key(*k)) {
@@ -311,7 +311,7 @@ pub fn parse_review(v: &Value, reviewer_id: &str, target_solver_id: &str) -> Res
 
 /// A stage 3 reply. Without a usable `changed_from_original`, whether the answer changed is read
 /// from the answers (normalised).
-pub fn parse_refinement(v: &Value, solver_id: &str, original_answer: &str) -> Result<RefinedSolution, String> {
+pub fn parse_refinement(v: &Value, solver_id: &str, original_answer: &str) -> Result<RefinedSolution, UnusableReply> {
     let o = object(v)?;
     let answer = final_answer(o)?;
     let changed = field(o, &["changed_from_original", "changed"])
@@ -359,11 +359,11 @@ pub struct ParsedJudgment {
 
 /// A stage 4 reply: the winner must name one of `ids` (exactly, else ignoring case, punctuation and
 /// spaces: "Solver 2" is "solver_2").
-pub fn parse_judgment(v: &Value, ids: &[String]) -> Result<ParsedJudgment, String> {
+pub fn parse_judgment(v: &Value, ids: &[String]) -> Result<ParsedJudgment, UnusableReply> {
     let o = object(v)?;
     let winner = match field(o, &["winner", "winner_solver_id", "winner_id", "best_solver"]) {
         Some(v @ (Value::String(_) | Value::Number(_))) => scalar_text(v),
-        Some(other) => return Err(format!("winner is not a solver id ({other})")),
+        Some(other) => return Err(format!("winner is not a solver id ({other})").into()),
         None => return Err("the reply has no winner".into()),
     };
     let resolved = ids.iter().find(|id| **id == winner).or_else(|| {
@@ -371,7 +371,7 @@ pub fn parse_judgment(v: &Value, ids: &[String]) -> Result<ParsedJudgment, Strin
         if matches.len() == 1 { Some(matches[0]) } else { None }
     });
     let Some(winner_solver_id) = resolved else {
-        return Err(format!("the winner {winner:?} is not one of the solvers ({})", ids.join(", ")));
+        return Err(format!("the winner {winner:?} is not one of the solvers ({})", ids.join(", ")).into());
     };
     Ok(ParsedJudgment {
         winner_solver_id: winner_solver_id.clone(),
@@ -392,10 +392,20 @@ mod tests {
         )
         .unwrap();
         assert_eq!((s.final_answer.as_str(), s.confidence, s.reasoning_steps.len()), ("42", 0.8, 2));
-        assert!(parse_solution(&json!({"final_answer": "4", "confidence": 80}), "s1").unwrap_err().contains("outside"));
-        assert!(parse_solution(&json!({"confidence": 0.5}), "s1").unwrap_err().contains("no final_answer"));
-        assert!(parse_solution(&json!({"final_answer": " ", "confidence": 0.5}), "s1").unwrap_err().contains("empty"));
-        assert!(parse_solution(&json!({"final_answer": "4"}), "s1").unwrap_err().contains("no confidence"));
+        assert!(
+            parse_solution(&json!({"final_answer": "4", "confidence": 80}), "s1")
+                .unwrap_err()
+                .as_str()
+                .contains("outside")
+        );
+        assert!(parse_solution(&json!({"confidence": 0.5}), "s1").unwrap_err().as_str().contains("no final_answer"));
+        assert!(
+            parse_solution(&json!({"final_answer": " ", "confidence": 0.5}), "s1")
+                .unwrap_err()
+                .as_str()
+                .contains("empty")
+        );
+        assert!(parse_solution(&json!({"final_answer": "4"}), "s1").unwrap_err().as_str().contains("no confidence"));
         assert!(parse_solution(&json!([1]), "s1").is_err());
     }
 
@@ -442,7 +452,10 @@ mod tests {
         let j = parse_judgment(&json!({"winner": "Solver 2", "confidence": 0.7, "reasoning": "r"}), &ids).unwrap();
         assert_eq!(j.winner_solver_id, "solver_2");
         assert!(
-            parse_judgment(&json!({"winner": "solver_9", "confidence": 0.7}), &ids).unwrap_err().contains("not one of")
+            parse_judgment(&json!({"winner": "solver_9", "confidence": 0.7}), &ids)
+                .unwrap_err()
+                .as_str()
+                .contains("not one of")
         );
         assert!(parse_judgment(&json!({"winner": "solver_1"}), &ids).is_err());
     }

@@ -4,6 +4,7 @@ use assay_llm::ChatResponse;
 use assay_llm::json::{preview, reply_json};
 use serde_json::{Map, Value, json};
 
+use assay_domain::UnusableReply;
 use assay_domain::generator::ItemShape;
 
 /// Category of an explicit requirement of the request (openrubrics).
@@ -72,12 +73,15 @@ const QUESTION_KEYS: &[&str] = &["question", "text", "criterion", "rubric", "ite
 /// Parse a reply: the structured JSON when present, else the JSON found in the text. Accepts
 /// `{"items": [...]}` (or `questions`, `checklist`, `criteria`, `rubric(s)`), a bare array, and
 /// entries that are plain strings. Errors say why nothing usable was found.
-pub fn parse_reply(reply: &ChatResponse, shape: ItemShape) -> Result<ParsedReply, String> {
+pub fn parse_reply(reply: &ChatResponse, shape: ItemShape) -> Result<ParsedReply, UnusableReply> {
     let value = reply_json(reply).ok_or_else(|| {
-        format!("the reply holds no JSON value (reply starts with {:?})", preview(&reply.text, PREVIEW_CHARS))
+        UnusableReply::from(format!(
+            "the reply holds no JSON value (reply starts with {:?})",
+            preview(&reply.text, PREVIEW_CHARS)
+        ))
     })?;
     let list = assay_llm::json::find_list(&value, LIST_KEYS)
-        .ok_or_else(|| "the reply's JSON has no list of questions".to_string())?;
+        .ok_or_else(|| UnusableReply::from("the reply's JSON has no list of questions"))?;
     let mut out = ParsedReply::default();
     for entry in list {
         match parse_entry(entry, shape) {

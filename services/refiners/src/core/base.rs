@@ -5,9 +5,9 @@
 use std::sync::Arc;
 
 use assay_domain::refiners::{DEFAULT_CONCURRENCY, MAX_CONCURRENCY};
-use assay_domain::{ModelSpec, Scorer, StageError, Usage};
+use assay_domain::{ModelSpec, Scorer, StageError, UnusableReply, Usage};
 use assay_llm::convergence::Cascade;
-use assay_llm::{ChatRequest, Message, ModelHub, Purpose, ResolvedChat, ResponseFormat};
+use assay_llm::{ChatRequest, LlmError, Message, ModelHub, Purpose, ResolvedChat, ResponseFormat};
 
 /// Configuration phase the refiners resolve their models for.
 pub const PHASE: &str = "refiners";
@@ -103,4 +103,17 @@ pub(crate) fn chat_request(
     max_tokens: u32,
 ) -> ChatRequest {
     ChatRequest { response_format: format, ..chat.request(vec![Message::user(prompt)], Purpose::new(max_tokens)) }
+}
+
+/// Why one item's (or one cluster's) model call gave nothing usable: the item stays as it was and
+/// its action says why.
+#[derive(Debug, Clone, thiserror::Error)]
+pub(crate) enum ItemFailure {
+    #[error("{step} reply could not be parsed: {why}")]
+    Unparsed { step: &'static str, why: UnusableReply },
+    /// A transient failure, its retries spent.
+    #[error("{step} call failed: {error}")]
+    Call { step: &'static str, error: LlmError },
+    #[error("no {step} reply")]
+    NoReply { step: &'static str },
 }

@@ -5,13 +5,13 @@
 use std::collections::HashSet;
 
 use assay_domain::template::render;
-use assay_domain::{ChecklistItem, StageError, Usage};
+use assay_domain::{ChecklistItem, StageError, UnusableReply, Usage};
 use assay_llm::json::{preview, reply_json};
 use assay_llm::{ChatResponse, ResponseFormat};
 use futures::StreamExt;
 use serde_json::{Value, json};
 
-use super::base::{ChecklistRefiners, MERGE_TEMPLATE, chat_request};
+use super::base::{ChecklistRefiners, ItemFailure, MERGE_TEMPLATE, chat_request};
 use assay_domain::refiners::{ActionKind, DEFAULT_DEDUP_THRESHOLD, DedupOptions, RefinerAction, StepOutcome, names};
 
 /// Max tokens of a merge reply unless configured.
@@ -149,18 +149,18 @@ fn merge_schema() -> Value {
 
 /// The merged question of a reply: `{"question": ...}`, a JSON string, or (as the original does)
 /// the plain reply text when it holds no JSON.
-pub(crate) fn parse_merge(reply: &ChatResponse) -> Result<String, String> {
+pub(crate) fn parse_merge(reply: &ChatResponse) -> Result<String, UnusableReply> {
     let question = match reply_json(reply) {
         Some(Value::Object(map)) => match map.get("question") {
             Some(Value::String(q)) => q.trim().to_string(),
             Some(_) | None => return Err("the reply's JSON has no \"question\" string".into()),
         },
         Some(Value::String(q)) => q.trim().to_string(),
-        Some(_) => return Err(format!("the reply is not a question (reply {:?})", preview(&reply.text, 80))),
+        Some(_) => return Err(format!("the reply is not a question (reply {:?})", preview(&reply.text, 80)).into()),
         None => {
             let t = reply.text.trim().trim_matches('"').trim();
             if t.starts_with('{') || t.starts_with('[') {
-                return Err(format!("the reply holds broken JSON (reply {:?})", preview(t, 80)));
+                return Err(format!("the reply holds broken JSON (reply {:?})", preview(t, 80)).into());
             }
             t.to_string()
         }
@@ -251,14 +251,14 @@ pub(super) async fn run(
         .buffered(core.concurrency)
         .collect()
         .await;
-    let mut merges: Vec<Option<Result<String, String>>> = vec![None; clusters.len()];
+    let mut merges: Vec<Option<Result<String, ItemFailure>>> = vec![None; clusters.len()];
     for (c, reply) in replies {
         let merged = match reply {
             Ok(r) => {
                 usage.add(&r.usage);
-                parse_merge(&r).map_err(|why| format!("merge reply could not be parsed: {why}"))
+                parse_merge(&r).map_err(|why| ItemFailure::Unparsed { step: "merge", why })
             }
-            Err(e) if e.is_transient() => Err(format!("merge call failed: {e}")),
+            Err(e) if e.is_transient() => Err(ItemFailure::Call { step: "merge", error: e }),
             Err(e) => return Err(e.into()),
         };
         merges[c] = Some(merged);
@@ -283,7 +283,7 @@ pub(super) async fn run(
             continue;
         }
         let member_items: Vec<&ChecklistItem> = members.iter().map(|&i| &items[i]).collect();
-        match merges[c].take().unwrap_or_else(|| Err("no merge reply".into())) {
+        match merges[c].take().unwrap_or(Err(ItemFailure::NoReply { step: "merge" })) {
             Ok(question) => {
                 let id = unique_id(format!("{}-merged", member_items[0].id), &mut taken);
                 for (&i, it) in members.iter().zip(&member_items) {

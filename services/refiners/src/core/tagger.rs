@@ -4,13 +4,13 @@
 //! drop.
 
 use assay_domain::template::render;
-use assay_domain::{ChecklistItem, StageError, Usage};
+use assay_domain::{ChecklistItem, StageError, UnusableReply, Usage};
 use assay_llm::json::{lenient_bool, preview, reply_json};
 use assay_llm::{ChatResponse, ResponseFormat};
 use futures::StreamExt;
 use serde_json::{Value, json};
 
-use super::base::{ChecklistRefiners, TAG_TEMPLATE, chat_request};
+use super::base::{ChecklistRefiners, ItemFailure, TAG_TEMPLATE, chat_request};
 use assay_domain::refiners::{ActionKind, ItemTag, RefinerAction, StepOutcome, TagOptions, names};
 
 /// Max tokens of a tagging reply unless configured.
@@ -32,14 +32,18 @@ fn tag_schema() -> Value {
 }
 
 /// (generally_applicable, section_specific, reasoning) of a reply, or why it cannot be read.
-pub(crate) fn parse_tag(reply: &ChatResponse) -> Result<(bool, bool, String), String> {
-    let value = reply_json(reply)
-        .ok_or_else(|| format!("the reply holds no JSON (reply starts with {:?})", preview(&reply.text, 80)))?;
+pub(crate) fn parse_tag(reply: &ChatResponse) -> Result<(bool, bool, String), UnusableReply> {
+    let value = reply_json(reply).ok_or_else(|| {
+        UnusableReply::from(format!("the reply holds no JSON (reply starts with {:?})", preview(&reply.text, 80)))
+    })?;
     let Value::Object(map) = value else {
         return Err("the reply's JSON is not an object".into());
     };
-    let flag =
-        |key: &str| map.get(key).and_then(lenient_bool).ok_or_else(|| format!("the reply has no boolean {key:?}"));
+    let flag = |key: &str| {
+        map.get(key)
+            .and_then(lenient_bool)
+            .ok_or_else(|| UnusableReply::from(format!("the reply has no boolean {key:?}")))
+    };
     let ga = flag("generally_applicable")?;
     let ss = flag("section_specific")?;
     let reasoning = map.get("reasoning").and_then(Value::as_str).unwrap_or_default().trim().to_string();
@@ -79,10 +83,10 @@ pub(super) async fn run(
         let parsed = match reply {
             Ok(r) => {
                 usage.add(&r.usage);
-                parse_tag(&r).map_err(|why| format!("tagging reply could not be parsed: {why}"))
+                parse_tag(&r).map_err(|why| ItemFailure::Unparsed { step: "tagging", why })
             }
             // Transient failures already exhausted their retries: an error for this item only.
-            Err(e) if e.is_transient() => Err(format!("tagging call failed: {e}")),
+            Err(e) if e.is_transient() => Err(ItemFailure::Call { step: "tagging", error: e }),
             Err(e) => return Err(e.into()),
         };
         match parsed {
@@ -125,7 +129,7 @@ pub(super) async fn run(
                     ActionKind::Error,
                     format!("{why}; the item is not kept"),
                 ));
-                tags.push(ItemTag { item_id: it.id.clone(), error: Some(why), ..Default::default() });
+                tags.push(ItemTag { item_id: it.id.clone(), error: Some(why.to_string()), ..Default::default() });
             }
         }
     }

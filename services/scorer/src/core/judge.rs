@@ -35,7 +35,7 @@ use assay_domain::judge::{
 };
 use assay_domain::limits::MAX_TEXT_BYTES;
 use assay_domain::template::render;
-use assay_domain::{Brief, EventSink, ModelRecord, Severity, StageError, Usage};
+use assay_domain::{Brief, EventSink, ModelRecord, Severity, StageError, UnusableReply, Usage};
 use assay_llm::json::reply_json;
 use assay_llm::{ChatRequest, ChatResponse, Message, Purpose, ResolvedChat, ResponseFormat};
 use futures::StreamExt;
@@ -203,7 +203,7 @@ impl Panel<'_> {
                     model_record: Some(record),
                 }
             }
-            Err(why) => failed(why, reply.usage),
+            Err(why) => failed(why.0, reply.usage),
         }
     }
 }
@@ -479,20 +479,20 @@ fn text(o: &Map<String, Value>, keys: &[&str]) -> String {
 }
 
 /// A score: a number or a numeric string, finite, in [0, 1].
-fn unit_score(v: &Value, what: &str) -> Result<f64, String> {
+fn unit_score(v: &Value, what: &str) -> Result<f64, UnusableReply> {
     let x = match v {
         Value::Number(n) => n.as_f64(),
         Value::String(s) => s.trim().parse::<f64>().ok(),
         Value::Object(o) => {
             return field(o, &["score", "value"])
-                .map_or_else(|| Err(format!("{what} is not a number")), |s| unit_score(s, what));
+                .map_or_else(|| Err(format!("{what} is not a number").into()), |s| unit_score(s, what));
         }
         Value::Null | Value::Bool(_) | Value::Array(_) => None,
     };
     match x {
         Some(x) if x.is_finite() && (0.0..=1.0).contains(&x) => Ok(x),
-        Some(x) => Err(format!("{what} is {x}, outside [0, 1]")),
-        None => Err(format!("{what} is not a number ({v})")),
+        Some(x) => Err(format!("{what} is {x}, outside [0, 1]").into()),
+        None => Err(format!("{what} is not a number ({v})").into()),
     }
 }
 
@@ -533,7 +533,7 @@ pub fn parse_verdict(
     judge_id: &str,
     sections: &[Section],
     criteria: &[Criterion],
-) -> Result<ParsedVerdict, String> {
+) -> Result<ParsedVerdict, UnusableReply> {
     parse_verdict_with_context(value, judge_id, sections, &[], criteria)
 }
 
@@ -547,7 +547,7 @@ pub fn parse_verdict_with_context(
     sections: &[Section],
     context: &[Section],
     criteria: &[Criterion],
-) -> Result<ParsedVerdict, String> {
+) -> Result<ParsedVerdict, UnusableReply> {
     let Value::Object(root) = value else { return Err("the reply is not a JSON object".into()) };
     let names = || criteria.iter().map(|c| c.name.as_str());
     let ids = || sections.iter().map(|s| s.id.as_str());
@@ -564,7 +564,7 @@ pub fn parse_verdict_with_context(
                 Some((text(o, &["criterion", "name"]), field(o, &["score", "value"])?))
             })
             .collect(),
-        Some(other) => return Err(format!("criterion_scores is not an object ({other})")),
+        Some(other) => return Err(format!("criterion_scores is not an object ({other})").into()),
         None => return Err("the reply has no criterion_scores".into()),
     };
     let mut criterion_scores = BTreeMap::new();
@@ -573,7 +573,7 @@ pub fn parse_verdict_with_context(
             .iter()
             .find(|(k, _)| k == name)
             .or_else(|| raw.iter().find(|(k, _)| k.trim().eq_ignore_ascii_case(name)));
-        let Some((_, v)) = found else { return Err(format!("no score for criterion {name:?}")) };
+        let Some((_, v)) = found else { return Err(format!("no score for criterion {name:?}").into()) };
         criterion_scores.insert(name.to_string(), unit_score(v, &format!("the score of {name:?}"))?);
     }
 
@@ -586,7 +586,7 @@ pub fn parse_verdict_with_context(
             notes.push("the reply has no issues list; read as no issues".to_string());
             &[]
         }
-        Some(other) => return Err(format!("issues is not a list ({other})")),
+        Some(other) => return Err(format!("issues is not a list ({other})").into()),
     };
     let mut dropped = Vec::new();
     for (n, raw) in list.iter().enumerate() {
@@ -677,7 +677,7 @@ pub fn parse_verdict_with_context(
             let score = match unit_score(v, &format!("the score of section {sid:?} on {crit:?}")) {
                 Ok(x) => x,
                 Err(why) => {
-                    invalid.push(why);
+                    invalid.push(why.0);
                     continue;
                 }
             };
@@ -800,7 +800,7 @@ mod tests {
         ];
         for (v, want) in cases {
             let e = parse_verdict(&v, "j", &s, &c).unwrap_err();
-            assert!(e.contains(want), "{want}: {e}");
+            assert!(e.as_str().contains(want), "{want}: {e}");
         }
         let listed: Vec<Value> = c.iter().map(|x| json!({"criterion": x.name, "score": 1})).collect();
         let p = parse_verdict(&json!({"scores": listed}), "j", &s, &c).unwrap();

@@ -1,6 +1,6 @@
 //! Reply schemas and lenient parsing of scorer replies.
 
-use assay_domain::{Answer, Checklist, ItemScore, ItemStatus};
+use assay_domain::{Answer, Checklist, ItemScore, ItemStatus, UnusableReply};
 use assay_llm::ChatResponse;
 use assay_llm::json::reply_json;
 use serde_json::{Value, json};
@@ -66,8 +66,8 @@ fn index_of(v: &Value) -> Option<i64> {
 
 /// Entries of a batch reply: `{"answers": [{"question_index": i, "answer": "YES"}]}`; also accepts
 /// `index`/`question`/`id` as the index key, a bare array, and `{"Q1": "YES", ...}` maps.
-pub fn parse_batch_reply(reply: &ChatResponse) -> Result<Vec<BatchAnswer>, String> {
-    let v = reply_json(reply).ok_or_else(|| "the reply holds no JSON value".to_string())?;
+pub fn parse_batch_reply(reply: &ChatResponse) -> Result<Vec<BatchAnswer>, UnusableReply> {
+    let v = reply_json(reply).ok_or_else(|| UnusableReply::from("the reply holds no JSON value"))?;
     let list = match &v {
         Value::Object(o) => match o.get("answers") {
             Some(Value::Array(a)) => a.clone(),

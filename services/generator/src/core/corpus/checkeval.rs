@@ -16,7 +16,7 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use assay_domain::template::{fence_untrusted, render};
-use assay_domain::{ChecklistItem, StageError};
+use assay_domain::{ChecklistItem, StageError, UnusableReply};
 use futures::StreamExt;
 use serde_json::{Value, json};
 
@@ -139,9 +139,9 @@ pub fn parse_questions(
     subs: &[String],
     max: u32,
     source: &'static str,
-) -> Result<(Vec<DimQuestion>, u32), String> {
+) -> Result<(Vec<DimQuestion>, u32), UnusableReply> {
     let list = find_list(value, &["questions", "items"])
-        .ok_or_else(|| "the reply's JSON has no list of questions".to_string())?;
+        .ok_or_else(|| UnusableReply::from("the reply's JSON has no list of questions"))?;
     let mut out = Vec::new();
     let mut dropped = 0;
     for entry in list {

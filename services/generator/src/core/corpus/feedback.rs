@@ -12,7 +12,7 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use assay_domain::template::{fence_untrusted, render};
-use assay_domain::{ChecklistItem, StageError};
+use assay_domain::{ChecklistItem, StageError, UnusableReply};
 use futures::StreamExt;
 use serde_json::{Value, json};
 
@@ -112,9 +112,9 @@ const INDEX_KEYS: &[&str] = &["source_feedback_indices", "source_indices", "feed
 /// Read a batch reply for observations `start..end`: questions (cleaned, non-empty, at most
 /// [`MAX_QUESTIONS_PER_BATCH`]) with their indices validated against the batch's range, sorted and
 /// deduplicated. A reply without a list of questions is an error.
-pub fn parse_batch(value: &Value, start: usize, end: usize) -> Result<BatchReply, String> {
+pub fn parse_batch(value: &Value, start: usize, end: usize) -> Result<BatchReply, UnusableReply> {
     let list = find_list(value, &["questions", "items", "checklist"])
-        .ok_or_else(|| "the reply's JSON has no list of questions".to_string())?;
+        .ok_or_else(|| UnusableReply::from("the reply's JSON has no list of questions"))?;
     let mut out = BatchReply::default();
     for entry in list {
         let Some(question) = text_of(entry) else { continue };
