@@ -101,12 +101,11 @@ impl PostgresStore {
     /// together apply each migration once).
     pub async fn connect(url: &str, owner: String, lease: Duration) -> Result<PostgresStore, StageError> {
         let shown = redact_url(url);
-        let invalid = |e: String| StageError::invalid("gateway.store", format!("{shown}: {e}"));
-        let (pg_url, tls) = super::tls::split(url).map_err(invalid)?;
-        let config: tokio_postgres::Config =
-            pg_url.parse().map_err(|e: tokio_postgres::Error| invalid(e.to_string()))?;
+        let invalid = |e: &dyn std::fmt::Display| StageError::invalid("gateway.store", format!("{shown}: {e}"));
+        let (pg_url, tls) = super::tls::split(url).map_err(|e| invalid(&e))?;
+        let config: tokio_postgres::Config = pg_url.parse().map_err(|e: tokio_postgres::Error| invalid(&e))?;
         let manager_config = ManagerConfig { recycling_method: RecyclingMethod::Fast };
-        let manager = match super::tls::connector(&tls).map_err(invalid)? {
+        let manager = match super::tls::connector(&tls).map_err(|e| invalid(&e))? {
             Some(connector) => Manager::from_config(config, connector, manager_config),
             None => Manager::from_config(config, NoTls, manager_config),
         };

@@ -42,9 +42,21 @@ pub(super) struct TlsSettings {
     pub client_cert: Option<(String, String)>,
 }
 
+/// Why a store URL's TLS settings cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum TlsError {
+    #[error("sslmode={0:?} is not one of disable, allow, prefer, require, verify-ca, verify-full")]
+    Mode(String),
+    #[error("sslcert and sslkey go together: set both or neither")]
+    HalfPair,
+    /// A certificate or key file that cannot be used (the parameter and the file named).
+    #[error("{0}")]
+    Unusable(String),
+}
+
 /// Split a `postgres://` URL into the URL tokio-postgres parses and the TLS settings. An error
 /// names the parameter and says what it accepts.
-pub(super) fn split(url: &str) -> Result<(String, TlsSettings), String> {
+pub(super) fn split(url: &str) -> Result<(String, TlsSettings), TlsError> {
     // Only the query is touched: the rest (several hosts, a socket directory) is tokio-postgres's.
     let (base, query) = url.split_once('?').unwrap_or((url, ""));
     let mut mode = None;
@@ -67,15 +79,13 @@ pub(super) fn split(url: &str) -> Result<(String, TlsSettings), String> {
         "verify-ca" => ("require", Some(Check::Chain)),
         "verify-full" => ("require", Some(Check::Full)),
         other => {
-            return Err(format!(
-                "sslmode={other:?} is not one of disable, allow, prefer, require, verify-ca, verify-full"
-            ));
+            return Err(TlsError::Mode(other.to_string()));
         }
     };
     let client_cert = match (cert, key) {
         (Some(c), Some(k)) => Some((c, k)),
         (None, None) => None,
-        _ => return Err("sslcert and sslkey go together: set both or neither".into()),
+        _ => return Err(TlsError::HalfPair),
     };
     kept.push(("sslmode".into(), pg_mode.into()));
     let query = url::form_urlencoded::Serializer::new(String::new()).extend_pairs(kept).finish();
@@ -84,7 +94,7 @@ pub(super) fn split(url: &str) -> Result<(String, TlsSettings), String> {
 
 /// The tokio-postgres connector for `settings` (`None` for `sslmode=disable`). An error names the
 /// file that could not be used.
-pub(super) fn connector(settings: &TlsSettings) -> Result<Option<tokio_postgres_rustls::MakeRustlsConnect>, String> {
+pub(super) fn connector(settings: &TlsSettings) -> Result<Option<tokio_postgres_rustls::MakeRustlsConnect>, TlsError> {
     let Some(check) = settings.check else {
         return Ok(None);
     };
@@ -96,45 +106,48 @@ pub(super) fn connector(settings: &TlsSettings) -> Result<Option<tokio_postgres_
             match &settings.root_cert {
                 Some(path) => {
                     let certs = CertificateDer::pem_file_iter(path)
-                        .map_err(|e| format!("sslrootcert {path}: {e}"))?
+                        .map_err(|e| TlsError::Unusable(format!("sslrootcert {path}: {e}")))?
                         .collect::<Result<Vec<_>, _>>()
-                        .map_err(|e| format!("sslrootcert {path}: {e}"))?;
+                        .map_err(|e| TlsError::Unusable(format!("sslrootcert {path}: {e}")))?;
                     if certs.is_empty() {
-                        return Err(format!("sslrootcert {path}: no PEM certificate in it"));
+                        return Err(TlsError::Unusable(format!("sslrootcert {path}: no PEM certificate in it")));
                     }
                     for c in certs {
-                        roots.add(c).map_err(|e| format!("sslrootcert {path}: {e}"))?;
+                        roots.add(c).map_err(|e| TlsError::Unusable(format!("sslrootcert {path}: {e}")))?;
                     }
                 }
                 None => {
                     let native = rustls_native_certs::load_native_certs();
                     roots.add_parsable_certificates(native.certs);
                     if roots.is_empty() {
-                        return Err("no system CA certificates; set sslrootcert".into());
+                        return Err(TlsError::Unusable("no system CA certificates; set sslrootcert".into()));
                     }
                 }
             }
             let verifier = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
                 .build()
-                .map_err(|e| format!("sslrootcert: {e}"))?;
+                .map_err(|e| TlsError::Unusable(format!("sslrootcert: {e}")))?;
             Some(verifier)
         }
     };
     let verifier = Arc::new(Verifier { chain, check_name: check == Check::Full, provider: provider.clone() });
     let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS: {e}"))?
+        .map_err(|e| TlsError::Unusable(format!("TLS: {e}")))?
         .dangerous()
         .with_custom_certificate_verifier(verifier);
     let config = match &settings.client_cert {
         None => builder.with_no_client_auth(),
         Some((cert, key)) => {
             let certs = CertificateDer::pem_file_iter(cert)
-                .map_err(|e| format!("sslcert {cert}: {e}"))?
+                .map_err(|e| TlsError::Unusable(format!("sslcert {cert}: {e}")))?
                 .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| format!("sslcert {cert}: {e}"))?;
-            let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| format!("sslkey {key}: {e}"))?;
-            builder.with_client_auth_cert(certs, key_der).map_err(|e| format!("sslcert/sslkey: {e}"))?
+                .map_err(|e| TlsError::Unusable(format!("sslcert {cert}: {e}")))?;
+            let key_der =
+                PrivateKeyDer::from_pem_file(key).map_err(|e| TlsError::Unusable(format!("sslkey {key}: {e}")))?;
+            builder
+                .with_client_auth_cert(certs, key_der)
+                .map_err(|e| TlsError::Unusable(format!("sslcert/sslkey: {e}")))?
         }
     };
     Ok(Some(tokio_postgres_rustls::MakeRustlsConnect::new(config)))
@@ -218,12 +231,12 @@ mod tests {
 
     #[test]
     fn bad_parameters_are_named() {
-        let e = split("postgres://db/r?sslmode=strict").unwrap_err();
+        let e = split("postgres://db/r?sslmode=strict").unwrap_err().to_string();
         assert!(e.contains("sslmode=\"strict\"") && e.contains("verify-full"), "{e}");
-        let e = split("postgres://db/r?sslcert=/c.pem").unwrap_err();
+        let e = split("postgres://db/r?sslcert=/c.pem").unwrap_err().to_string();
         assert!(e.contains("sslcert and sslkey"), "{e}");
         let (_, s) = split("postgres://db/r?sslmode=verify-full&sslrootcert=/nonexistent/ca.pem").unwrap();
-        let e = connector(&s).err().expect("a missing file is an error");
+        let e = connector(&s).err().expect("a missing file is an error").to_string();
         assert!(e.starts_with("sslrootcert /nonexistent/ca.pem"), "{e}");
     }
 }
