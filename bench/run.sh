@@ -84,9 +84,12 @@ done
 kill "$UP_PID" && wait "$UP_PID" 2>/dev/null || true
 UP_PID=
 
-CALLS=${CALLS:-500} cargo bench --quiet -p assay-tests --bench mesh_overhead 2>/dev/null > "$WORK/overhead.txt" || true
-if "$BIN"/assay models fetch >/dev/null 2>&1; then
-  cargo bench --quiet -p assay-embedded --bench local -- embed 2>/dev/null > "$WORK/embed.txt" || true
+# The in-process benches build from this checkout: skipped when timing prebuilt binaries.
+if [ -z "${ASSAY_BENCH_BIN:-}" ]; then
+  CALLS=${CALLS:-500} cargo bench --quiet -p assay-tests --bench mesh_overhead 2>/dev/null > "$WORK/overhead.txt" || true
+  if "$BIN"/assay models fetch >/dev/null 2>&1; then
+    cargo bench --quiet -p assay-embedded --bench local -- embed 2>/dev/null > "$WORK/embed.txt" || true
+  fi
 fi
 
 python3 - "$rows" "$WORK/overhead.txt" "$WORK/embed.txt" "$N" "$LATENCY" "$warm" <<'PY'

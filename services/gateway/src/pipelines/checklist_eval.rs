@@ -282,7 +282,8 @@ impl Pipeline for ChecklistEval {
                 for i in std::mem::take(&mut queue) {
                     let checklist_id =
                         ready[production.record_checklist[i]].as_ref().map(|c| c.id.clone()).unwrap_or_default();
-                    let result = record_result(i, &self.records[i], &checklist_id, None, format!("not run: {why}"));
+                    let result =
+                        record_result(i, &self.records[i], &checklist_id, None, format!("not run: {}", why.message));
                     writes.push(ctx.checkpoints.queued(&record_key(i), &result));
                     ctx.progress.add_done();
                     writes.push(ctx.log.emit_queued(Event::RecordScored(result)));
@@ -315,7 +316,7 @@ impl Pipeline for ChecklistEval {
                     }
                     // Records whose checklist could not be produced fail on their own; the others go on.
                     let why = match &production.failures[k] {
-                        Some(StageError::BudgetExhausted(why)) => format!("not run: {why}"),
+                        Some(StageError::BudgetExhausted(why)) => format!("not run: {}", why.message),
                         Some(e) => format!("checklist generation failed: {e}"),
                         None => "checklist generation failed".to_string(),
                     };

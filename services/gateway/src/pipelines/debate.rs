@@ -401,7 +401,7 @@ impl Pipeline for DebatePipeline {
                 ctx.gate.wait().await?;
                 // A spent budget starts no new problem: finished ones are kept.
                 if let Some(why) = ctx.spending.budget_exhausted() {
-                    return Ok((i, Err(StageError::BudgetExhausted(assay_budget::BudgetRefusal::spent(why)))));
+                    return Ok((i, Err(StageError::BudgetExhausted(why))));
                 }
                 Ok::<_, StageError>((i, self.solve_one(ctx, i).await))
             })

@@ -145,13 +145,13 @@ impl Spending {
         self.budget.is_some()
     }
 
-    /// Why the run may start no more model calls (its budget is spent), recorded in the run the
-    /// first time; None while it may.
-    pub fn budget_exhausted(&self) -> Option<String> {
-        let why = self.budget.as_ref()?.exhausted()?;
+    /// Why the run may start no more model calls (its budget is spent, or a model it needs has no
+    /// price), recorded in the run the first time; None while it may.
+    pub fn budget_exhausted(&self) -> Option<assay_budget::BudgetRefusal> {
+        let why = self.budget.as_ref()?.exhaustion()?;
         self.summary.update(|r| {
             if r.budget_exhausted.is_empty() {
-                r.budget_exhausted = why.clone();
+                r.budget_exhausted = why.message.clone();
             }
         });
         Some(why)
