@@ -276,7 +276,10 @@ pub fn readability_check(before: &Readability, after: &Readability) -> Checked {
     let mut old_long: Vec<&str> = before.long_sentences.iter().map(String::as_str).collect();
     let mut away = Vec::new();
     for s in &after.long_sentences {
-        match old_long.iter().position(|o| *o == s.as_str()) {
+        // The same sentence, else a revision of an old long one that is no longer than it (a
+        // shortened sentence, a corrected figure): neither is a new long sentence.
+        let kept = old_long.iter().position(|o| *o == s.as_str()).or_else(|| revision_of(s, &old_long));
+        match kept {
             Some(i) => {
                 old_long.swap_remove(i);
             }
@@ -316,6 +319,23 @@ pub fn readability_check(before: &Readability, after: &Readability) -> Checked {
         ));
     }
     c
+}
+
+/// How alike (exact character similarity) a changed sentence must be to an old one to count as
+/// its revision rather than a new sentence.
+const REVISION_SIMILARITY: f64 = 0.6;
+
+/// The index of the old long sentence `new` revises: the most alike of `old` at
+/// [`REVISION_SIMILARITY`] or more, with no more words than it.
+fn revision_of(new: &str, old: &[&str]) -> Option<usize> {
+    let words = readability::measure(new).max_sentence_words;
+    old.iter()
+        .enumerate()
+        .filter(|(_, o)| readability::measure(o).max_sentence_words >= words)
+        .map(|(i, o)| (i, assay_domain::similarity::char_similarity(o, new)))
+        .filter(|(_, sim)| *sim >= REVISION_SIMILARITY)
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(i, _)| i)
 }
 
 /// The first `chars` characters of `text`, with an ellipsis when cut.
@@ -693,6 +713,36 @@ mod tests {
         let long_before = readability::measure(&text(&[30, 22, 22]));
         let c = readability_check(&long_before, &readability::measure(&text(&[30, 22, 24])));
         assert!(c.check.passed, "{}", c.check.detail);
+    }
+
+    /// A long sentence shortened (40 -> 30 words) or with a figure corrected is a revision of the
+    /// old one, not a new long sentence; one that grew, or an unrelated new one, still is.
+    #[test]
+    fn a_revised_long_sentence_is_not_a_new_one() {
+        let words: Vec<String> = (0..40).map(|i| format!("term{i}")).collect();
+        let long40 = format!("Alpha {}.", words[1..].join(" "));
+        let short30 = format!("Alpha {}.", words[1..30].join(" "));
+        let para = |s: &str| format!("{} {s} {}", sentence(12), sentence(12));
+        let before = readability::measure(&para(&long40));
+        let c = readability_check(&before, &readability::measure(&para(&short30)));
+        assert!(c.check.passed, "shortened: {}", c.check.detail);
+
+        let with_figure = |n: u32| format!("Alpha {} costs {n} dollars.", words[1..27].join(" "));
+        let before = readability::measure(&para(&with_figure(30)));
+        let c = readability_check(&before, &readability::measure(&para(&with_figure(35))));
+        assert!(c.check.passed, "figure corrected: {}", c.check.detail);
+
+        // Grown (30 -> 40 words): a new long sentence.
+        let before = readability::measure(&para(&short30));
+        let c = readability_check(&before, &readability::measure(&para(&long40)));
+        assert!(c.reason.expect("grown").contains("a new sentence over 25 words (40 words"));
+
+        // Unrelated: a new long sentence.
+        let other: Vec<String> = (0..30).map(|i| format!("zz{i}q")).collect();
+        let unrelated = format!("Omega {}.", other[1..].join(" "));
+        let before = readability::measure(&para(&long40));
+        let c = readability_check(&before, &readability::measure(&para(&unrelated)));
+        assert!(c.reason.expect("unrelated").contains("a new sentence over 25 words (30 words"));
     }
 
     fn reply(text: &str, p_yes: Option<f64>) -> ChatResponse {
