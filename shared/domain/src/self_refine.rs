@@ -226,6 +226,11 @@ pub enum StopReason {
 /// Most entries of a hook's exclude list.
 pub const MAX_HOOK_EXCLUDES: usize = 64;
 
+/// The producers a hook with no exclude list leaves alone: text a human wrote or edited is not
+/// polished after it was accepted (the seed's default excludes, `formatter`, `deps`, `refiner`,
+/// `verifier`, name agents no Assay pipeline has).
+pub const DEFAULT_HOOK_EXCLUDES: &[&str] = &["human"];
+
 /// Self-refine as post-processing of a pipeline's text outputs: every output that is not excluded
 /// (by its name or its producer) and is at least `min_bytes` long goes through one loop.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -282,8 +287,14 @@ impl SelfRefineHook {
         check_model_spec(&self.embedding_model, &f("embedding_model"), v);
     }
 
-    /// Whether the output `target`, written by `producer`, is left alone.
+    /// Whether the output `target`, written by `producer`, is left alone: named by the exclude
+    /// list, or, with no list, written by a producer of [`DEFAULT_HOOK_EXCLUDES`] (a list given
+    /// replaces them, as the seed's `ExcludeAgents`; name anything else, `["-"]`, to polish every
+    /// output).
     pub fn excludes(&self, target: &str, producer: &str) -> bool {
+        if self.exclude.is_empty() {
+            return DEFAULT_HOOK_EXCLUDES.contains(&producer);
+        }
         self.exclude.iter().any(|e| e.trim() == target || e.trim() == producer)
     }
 
@@ -452,5 +463,17 @@ mod tests {
         assert!(SelfRefinePass::default().kept());
         assert!(!SelfRefinePass { rolled_back: true, ..Default::default() }.kept());
         assert!(!SelfRefinePass { error: "down".into(), ..Default::default() }.kept());
+    }
+
+    #[test]
+    fn a_hook_without_an_exclude_list_leaves_human_text_alone() {
+        let hook = SelfRefineHook::default();
+        assert!(hook.excludes("intro", "human"));
+        assert!(!hook.excludes("intro", "model") && !hook.excludes("intro", "original"));
+        // A list given replaces the defaults.
+        let named = SelfRefineHook { exclude: vec!["summary".into()], ..SelfRefineHook::default() };
+        assert!(named.excludes("summary", "model") && !named.excludes("intro", "human"));
+        let all = SelfRefineHook { exclude: vec!["-".into()], ..SelfRefineHook::default() };
+        assert!(!all.excludes("intro", "human"));
     }
 }
