@@ -180,6 +180,32 @@ async fn a_reply_that_is_not_a_revision_never_converges_and_keeps_the_draft() {
     }
 }
 
+/// A refiner error keeps the previous draft and is reported (REFERENCE), on pass 1 too: the model
+/// backend failing every attempt leaves the run SUCCEEDED with the draft unchanged, stop reason
+/// REFINER_ERROR, and the backend's failure in pass 1 (its event and the result's pass).
+#[tokio::test]
+async fn a_backend_failure_on_pass_one_keeps_the_draft_and_reports_it() {
+    let sandbox = MeshSandbox::start().await;
+    sandbox.llm.set_handler(move |r| {
+        if r.is_embeddings() {
+            return Reply::embeddings(r.embedding_inputs().iter().map(|t| hash_embedding(t, 32)).collect());
+        }
+        Reply::status(503).body("the backend is down")
+    });
+    let events = run_to_end(sandbox.gateway().await, gw::run_pipeline_request::Pipeline::SelfRefine(request(2))).await;
+    let (state, out) = outcome_of(&events);
+    assert_eq!(state, gw::RunState::Succeeded as i32, "{out:?}");
+    assert_eq!(out.stop_reason, rf::SelfRefineStopReason::RefinerError as i32, "{out:?}");
+    assert_eq!((out.final_text.as_str(), out.changed, out.converged), (DRAFT, false, false));
+    let passes = passes_of(&events);
+    assert_eq!(passes, out.passes, "the event is the result's pass");
+    assert_eq!(passes.len(), 1);
+    assert!(passes[0].error.contains("unavailable") || passes[0].error.contains("circuit"), "{:?}", passes[0]);
+    assert!(passes[0].revised.is_empty());
+    assert!(chat_calls(&sandbox) >= 1, "the backend was asked");
+    sandbox.shutdown().await.unwrap();
+}
+
 /// The draft a self-refine prompt quotes.
 fn draft_of(r: &RecordedRequest) -> String {
     let prompt = r.last_user_message().unwrap_or_default();

@@ -8,7 +8,9 @@
 //! redone.
 
 use assay_domain::StageError;
-use assay_domain::self_refine::{SelfRefineOutcome, SelfRefinePass, SelfRefinePassEvent, SelfRefineRequest};
+use assay_domain::self_refine::{
+    SelfRefineOutcome, SelfRefinePass, SelfRefinePassEvent, SelfRefineRequest, StopReason,
+};
 use assay_proto::convert;
 use assay_proto::gateway::v1 as gw;
 use assay_proto::gateway::v1::run_event::Event;
@@ -54,12 +56,26 @@ impl SelfRefine {
             let request =
                 SelfRefineRequest { prior_passes: passes.clone(), passes_this_call: 1, ..self.request.clone() };
             let call = self.stages.self_refiner()?.self_refine(request, &sink);
-            let outcome = assay_runs::relay_with(&mut rx, call, |e| Self::relay(ctx, e)).await??;
+            let outcome = match assay_runs::relay_with(&mut rx, call, |e| Self::relay(ctx, e)).await? {
+                Ok(outcome) => outcome,
+                // A refiner error keeps the previous draft and is reported (REFERENCE): on pass 1
+                // the stage has nothing to report but its failure, so the draft is the outcome.
+                Err(e) if passes.is_empty() && keeps_the_draft(&e) => {
+                    let outcome = self.draft_kept(e);
+                    for p in &outcome.passes {
+                        Self::relay(ctx, SelfRefinePassEvent::PassFinished(p.clone())).await?;
+                    }
+                    outcome
+                }
+                Err(e) => return Err(e),
+            };
             // This call's passes (the earlier ones came back as they were sent).
             for p in outcome.passes.iter().skip(passes.len()) {
                 ctx.spending.add_usage(&p.usage);
             }
-            ctx.progress.add_model(&outcome.model);
+            if outcome.model != Default::default() {
+                ctx.progress.add_model(&outcome.model);
+            }
             if outcome.finished(self.request.max_passes) {
                 ctx.checkpoints.put_json(DONE, &outcome).await?;
                 return Ok(outcome);
@@ -69,11 +85,50 @@ impl SelfRefine {
         }
     }
 
+    /// The outcome of a loop whose first pass failed: the draft, unchanged, with the error in its
+    /// pass.
+    fn draft_kept(&self, e: StageError) -> SelfRefineOutcome {
+        let pass = SelfRefinePass { pass: 1, error: e.to_string(), ..SelfRefinePass::default() };
+        SelfRefineOutcome {
+            final_text: self.request.draft.clone(),
+            passes: vec![pass],
+            converged: false,
+            skipped_too_short: false,
+            rolled_back: false,
+            degraded_from: None,
+            stop_reason: StopReason::RefinerError,
+            changed: false,
+            returned_pass: 0,
+            usage: Default::default(),
+            model: Default::default(),
+        }
+    }
+
     /// A finished pass, as a `self_refine_pass` event (and one more step done).
     async fn relay(ctx: &RunCtx, event: SelfRefinePassEvent) -> Result<(), StageError> {
         let SelfRefinePassEvent::PassFinished(pass) = event;
         ctx.progress.add_done();
         ctx.log.emit(Event::SelfRefinePass(convert::self_refine::pass_to(&pass))).await
+    }
+}
+
+/// Whether a failed refiner call is a refiner error that keeps the draft (the model backend failed
+/// or refused for load), as opposed to one that ends the run: the run's budget, its deadline, a
+/// cancel, bad input, a bug.
+fn keeps_the_draft(e: &StageError) -> bool {
+    match e {
+        StageError::Unavailable(_)
+        | StageError::RateLimited(_)
+        | StageError::CircuitOpen(_)
+        | StageError::ResourceExhausted(_) => true,
+        StageError::InvalidArgument(_)
+        | StageError::NotFound(_)
+        | StageError::FailedPrecondition(_)
+        | StageError::DeadlineExceeded(_)
+        | StageError::Cancelled(_)
+        | StageError::Unimplemented(_)
+        | StageError::Internal(_)
+        | StageError::BudgetExhausted(_) => false,
     }
 }
 
