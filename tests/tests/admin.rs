@@ -13,22 +13,13 @@ use serde_json::{Value, json};
 
 const TOKEN: &str = "admin-secret";
 
+/// [`assay_tests::one_leaves_record`] with `n` records.
 fn pipeline(n: usize) -> gw::ChecklistEvalPipeline {
     gw::ChecklistEvalPipeline {
-        source: Some(gw::ChecklistSource {
-            source: Some(gw::checklist_source::Source::Checklist(pb::Checklist {
-                items: vec![pb::ChecklistItem {
-                    id: "a".into(),
-                    question: "Mentions leaves?".into(),
-                    ..Default::default()
-                }],
-                ..Default::default()
-            })),
-        }),
         records: (0..n)
             .map(|i| gw::EvalRecord { id: format!("rec-{i}"), target: format!("leaves {i}"), ..Default::default() })
             .collect(),
-        ..Default::default()
+        ..assay_tests::one_leaves_record()
     }
 }
 

@@ -43,21 +43,21 @@ pub trait Registered: PipelineContract {
     fn parse(request: Self::Request, stages: Stages) -> Result<Arc<dyn Pipeline>, StageError>;
 }
 
-/// The pipeline of `request` if it is of kind `C`.
-fn parse_as<C: Registered>(request: &Kind, stages: &Stages) -> Option<Result<Arc<dyn Pipeline>, StageError>> {
-    C::request(request.clone()).map(|r| C::parse(r, stages.clone()))
+/// The pipeline of `request`, of kind `C`: `None` when it is of another kind.
+fn parse_as<C: Registered>(request: Kind, stages: &Stages) -> Option<Result<Arc<dyn Pipeline>, StageError>> {
+    C::request(request).map(|r| C::parse(r, stages.clone()))
 }
 
-type Parse = fn(&Kind, &Stages) -> Option<Result<Arc<dyn Pipeline>, StageError>>;
+type Parse = fn(Kind, &Stages) -> Option<Result<Arc<dyn Pipeline>, StageError>>;
 
 /// Every pipeline this gateway runs: one line per kind registered in the contract
-/// (`assay_proto::pipelines`).
-const REGISTRY: &[Parse] = &[
-    parse_as::<contract::ChecklistEval>,
-    parse_as::<contract::GenerateChecklist>,
-    parse_as::<contract::TargetedRefinement>,
-    parse_as::<contract::SelfRefine>,
-    parse_as::<contract::Debate>,
+/// (`assay_proto::pipelines`), with its parser.
+const REGISTRY: &[(gw::PipelineKind, Parse)] = &[
+    (contract::ChecklistEval::KIND, parse_as::<contract::ChecklistEval>),
+    (contract::GenerateChecklist::KIND, parse_as::<contract::GenerateChecklist>),
+    (contract::TargetedRefinement::KIND, parse_as::<contract::TargetedRefinement>),
+    (contract::SelfRefine::KIND, parse_as::<contract::SelfRefine>),
+    (contract::Debate::KIND, parse_as::<contract::Debate>),
 ];
 
 impl PipelineFactory for Pipelines {
@@ -65,11 +65,17 @@ impl PipelineFactory for Pipelines {
         let Some(pipeline) = &request.pipeline else {
             return Err(StageError::invalid("pipeline", format!("is required ({})", contract::kind_names())));
         };
-        REGISTRY.iter().find_map(|parse| parse(pipeline, &self.stages)).unwrap_or_else(|| {
-            Err(StageError::Unimplemented(format!(
-                "pipeline {} is not registered in this gateway",
-                contract::kind_of(pipeline).as_str_name()
-            )))
-        })
+        // One lookup by kind, then one copy of the request for the parser that owns it.
+        let kind = contract::kind_of(pipeline);
+        REGISTRY
+            .iter()
+            .find(|(k, _)| *k == kind)
+            .and_then(|(_, parse)| parse(pipeline.clone(), &self.stages))
+            .unwrap_or_else(|| {
+                Err(StageError::Unimplemented(format!(
+                    "pipeline {} is not registered in this gateway",
+                    kind.as_str_name()
+                )))
+            })
     }
 }

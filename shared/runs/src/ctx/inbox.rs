@@ -5,6 +5,7 @@ use assay_domain::StageError;
 use assay_proto::gateway::v1 as gw;
 use tokio::sync::watch;
 
+use super::checkpoints::Checkpoints;
 use super::log::EventLog;
 use super::summary::Summary;
 use crate::clock::now;
@@ -17,17 +18,21 @@ const AUDIT: &str = "engine:audit:";
 
 /// The audit log of a stored run, oldest first (empty for a run kept in memory only).
 pub(crate) async fn stored_audit_log(store: &RunStore, run_id: &str) -> Result<Vec<gw::AuditEntry>, StageError> {
-    store.checkpoints(run_id, AUDIT).await?.into_iter().map(|(_, v)| decode_audit(&v)).collect()
-}
-
-fn decode_audit(v: &[u8]) -> Result<gw::AuditEntry, StageError> {
-    <gw::AuditEntry as prost::Message>::decode(v)
-        .map_err(|e| StageError::Internal(format!("run store: corrupt audit entry: {e}")))
+    store
+        .checkpoints(run_id, AUDIT)
+        .await?
+        .into_iter()
+        .map(|(_, v)| {
+            <gw::AuditEntry as prost::Message>::decode(v.as_slice())
+                .map_err(|e| StageError::Internal(format!("run store: corrupt audit entry: {e}")))
+        })
+        .collect()
 }
 
 /// A run's audit log and action inbox.
 pub struct Inbox {
     log: EventLog,
+    checkpoints: Checkpoints,
     summary: Summary,
     paused: watch::Receiver<bool>,
     cancelled: watch::Receiver<bool>,
@@ -44,7 +49,16 @@ impl Inbox {
         paused: watch::Receiver<bool>,
         cancelled: watch::Receiver<bool>,
     ) -> Self {
-        Self { log, summary, paused, cancelled, posted: watch::channel(0).0, journal: tokio::sync::Mutex::new(()) }
+        let checkpoints = Checkpoints::new(log.clone());
+        Self {
+            log,
+            checkpoints,
+            summary,
+            paused,
+            cancelled,
+            posted: watch::channel(0).0,
+            journal: tokio::sync::Mutex::new(()),
+        }
     }
 
     /// Append to the run's audit log (persisted).
@@ -83,7 +97,7 @@ impl Inbox {
 
     /// The audit log, oldest first.
     pub async fn audit_log(&self) -> Result<Vec<gw::AuditEntry>, StageError> {
-        self.log.raw(AUDIT).await?.into_iter().map(|(_, v)| decode_audit(&v)).collect()
+        Ok(self.checkpoints.all::<gw::AuditEntry>(AUDIT).await?.into_iter().map(|(_, e)| e).collect())
     }
 
     /// Post a pipeline action (a human decision the pipeline consumes in order with
@@ -107,16 +121,14 @@ impl Inbox {
 
     /// Posted actions with index >= `consumed`, in order.
     pub async fn actions_from(&self, consumed: u32) -> Result<Vec<gw::ControlRunRequest>, StageError> {
-        self.log
-            .raw(ACTION)
+        Ok(self
+            .checkpoints
+            .all::<gw::ControlRunRequest>(ACTION)
             .await?
             .into_iter()
             .skip(consumed as usize)
-            .map(|(_, v)| {
-                <gw::ControlRunRequest as prost::Message>::decode(v.as_slice())
-                    .map_err(|e| StageError::Internal(format!("run store: corrupt checkpoint: {e}")))
-            })
-            .collect()
+            .map(|(_, a)| a)
+            .collect())
     }
 
     fn is_cancelled(&self) -> bool {
