@@ -1262,6 +1262,59 @@ async fn us1_2_max_iterations_return_the_best_iteration_below_standard_with_hint
     sandbox.shutdown().await.unwrap();
 }
 
+/// FR-026: a loop that stops and settles at a lower tier returns its highest-scoring judged
+/// iteration, not the last: the intro's second fix (accepted by the delta judge, scored lower by
+/// the panel) is discarded and reported with why.
+#[tokio::test]
+async fn a_settled_refinement_returns_the_best_iteration_and_reports_the_fixes_it_discards() {
+    let lesson = five();
+    let muddled_intro = garble(INTRO_RIGHT);
+    let doc =
+        lesson.clone().with("intro", INTRO_RIGHT, &muddled_intro).with("practice", PRACTICE_RIGHT, PRACTICE_WRONG);
+    // As in US1-2, but the practice error is major, not critical: every judging is at least 0.75
+    // with no critical issue, so the stopped loop settles with a warning instead of a best effort.
+    let practice = Defect::new("practice", PRACTICE_WRONG, FACTUAL, "major", 0.6);
+    let garbled_intro = Defect::new("intro", muddled_intro.clone(), CLARITY, "major", 0.3).fixed_to(INTRO_VAGUE);
+    let vague = Defect::new("intro", INTRO_VAGUE, CLARITY, "minor", 0.12).fixed_to(INTRO_MUDDLED);
+    let muddled = Defect::new("intro", INTRO_MUDDLED, CLARITY, "major", 0.36);
+    let script = Script::new(&lesson, 0.95).defect(practice).defect(garbled_intro).defect(vague).defect(muddled);
+    let sandbox = MeshSandbox::start().await;
+    script.install(&sandbox.llm);
+
+    let mut p = pipeline(&doc.sections, &doc.brief, gw::RefinementMode::FullAuto);
+    p.max_iterations = Some(2);
+    let mut run = Run::start(&sandbox, p).await;
+    let result = run.finish().await;
+
+    let after1 = doc.clone().with("intro", &muddled_intro, INTRO_VAGUE);
+    let after2 = after1.clone().with("intro", INTRO_VAGUE, INTRO_MUDDLED);
+    // Iteration 1 is judged on the intro alone (clarity charged 0.15 for the minor issue, see
+    // US1-2); iteration 2 ends the loop and is confirmed by a full judging.
+    let s0 = script.score(&doc.sections);
+    let scores = [s0, s0 + (0.30 - 0.15) / 6.0, script.score(&after2.sections)];
+    assert!(scores.iter().all(|s| (0.75..0.85).contains(s)) && scores[2] < scores[1], "{scores:?}");
+    assert_scores(&result.score_history, &scores, "score history");
+    assert_eq!(result.outcome(), gw::RefinementOutcome::AcceptedWithWarning, "{result:#?}");
+    assert_eq!(result.stop_reason, "max_iterations");
+    assert_eq!(result.best_iteration, 1, "the highest-scoring iteration, not the last");
+    assert!(close(result.final_score, scores[1]), "{}", result.final_score);
+    assert_eq!(result.quality(), gw::QualityStatus::Acceptable);
+    let contents = |s: &[pb::Section]| s.iter().map(|x| x.content.clone()).collect::<Vec<_>>();
+    assert_eq!(contents(&result.sections), contents(&after1.sections), "iteration 1's document");
+    let warned: f64 = result.warning.split_whitespace().nth(1).and_then(|x| x.parse().ok()).unwrap_or(-1.0);
+    assert!((warned - scores[1]).abs() < 0.006, "the warning is the returned score's: {}", result.warning);
+    // The fix of iteration 2 (verified, then outscored) is reported as discarded.
+    assert_eq!(result.discarded_fixes.len(), 1, "{:#?}", result.discarded_fixes);
+    let d = &result.discarded_fixes[0];
+    assert_eq!((d.section_id.as_str(), d.iteration), ("intro", 2));
+    assert_eq!(d.content, after2.content("intro"));
+    assert!(d.reason.contains("iteration 1") && d.reason.contains("lower"), "{}", d.reason);
+    assert_eq!(result.changed_section_ids, vec!["intro".to_string()]);
+    assert_fr029_order(&run.events);
+    script.assert_no_unexpected_call(&sandbox.llm);
+    sandbox.shutdown().await.unwrap();
+}
+
 /// US1-3, SC-007: grammar issues in sections 2 and 4 (not adjacent) are one batch, and their two
 /// patch calls are in flight together (each is held until both have arrived).
 #[tokio::test]

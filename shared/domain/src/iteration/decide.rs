@@ -90,6 +90,37 @@ pub fn accepts(mode: Mode, score: f64, critical: bool) -> Option<Acceptance> {
     }
 }
 
+/// A judging as the decisions read it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Scored {
+    pub score: f64,
+    /// An issue of the judging is critical.
+    pub critical: bool,
+    /// The content judged holds a human's edits.
+    pub human_edited: bool,
+}
+
+impl Scored {
+    pub fn new(score: f64, critical: bool) -> Self {
+        Self { score, critical, human_edited: false }
+    }
+}
+
+/// The judging a stopped loop settles on, and how its mode accepts it: the highest-scoring
+/// judging that a tier accepts (FR-026: the highest-scoring iteration, not the last; on a tie the
+/// rule of [`super::best_judging`]). `None` when no judging is accepted by any tier.
+pub fn settle_on(mode: Mode, judged: &[Scored]) -> Option<(Acceptance, usize)> {
+    let accepted: Vec<(usize, Acceptance)> =
+        judged.iter().enumerate().filter_map(|(i, j)| Some((i, accepts(mode, j.score, j.critical)?))).collect();
+    let pairs: Vec<(f64, bool)> =
+        accepted.iter().map(|(i, _)| (judged[*i].score, judged[*i].human_edited)).collect();
+    if accepted.is_empty() {
+        return None;
+    }
+    let (index, acceptance) = accepted.into_iter().nth(super::best_judging(&pairs))?;
+    Some((acceptance, index))
+}
+
 #[derive(Debug, Clone, Copy)]
 pub struct LastJudging<'a> {
     pub score: f64,
@@ -105,8 +136,8 @@ pub struct Standing<'a> {
     pub mode: Mode,
     /// The last judging; `None` when none succeeded.
     pub last: Option<LastJudging<'a>>,
-    /// Score of every judging, the document as given first (the last judging included).
-    pub history: &'a [f64],
+    /// Every judging, the document as given first (the last judging included).
+    pub judged: &'a [Scored],
     /// Accepted edits per section id.
     pub edits: &'a BTreeMap<String, u32>,
     pub tokens_used: u64,
@@ -124,8 +155,9 @@ pub struct Standing<'a> {
 pub enum Decision {
     /// The mode's top threshold is met.
     Accept(Acceptance),
-    /// The loop stopped (the reason) and a lower tier accepts what it reached.
-    Settle(Acceptance, String),
+    /// The loop stopped (the reason) and a tier accepts the best judging it reached (its index in
+    /// the judgings, see [`settle_on`]): that judging's content is the result.
+    Settle(Acceptance, String, usize),
     /// Stop iterating below every tier, for this reason (a [`super::Stop`] name, [`JUDGES_FAILED`] or
     /// [`NOTHING_TO_FIX`]).
     Stop(String),
@@ -135,7 +167,7 @@ pub enum Decision {
 
 /// Accept, stop or go on: the mode's top threshold first; then convergence and the hard limits,
 /// then whether the plan has anything to do (a full regeneration needs an unlocked section, a
-/// targeted plan a task); a stop settles at a lower tier when one accepts (see [`accepts`]).
+/// targeted plan a task); a stop settles on the best judging a tier accepts (see [`settle_on`]).
 pub fn decide(s: &Standing<'_>) -> Decision {
     let Some(last) = s.last else { return Decision::Stop(JUDGES_FAILED.into()) };
     if meets_top(s.mode, last.score) {
@@ -144,8 +176,8 @@ pub fn decide(s: &Standing<'_>) -> Decision {
     let stop = stop_reason(s, last);
     match stop {
         None => Decision::Continue,
-        Some(reason) => match accepts(s.mode, last.score, last.critical) {
-            Some(a) => Decision::Settle(a, reason),
+        Some(reason) => match settle_on(s.mode, s.judged) {
+            Some((a, judging)) => Decision::Settle(a, reason, judging),
             None => Decision::Stop(reason),
         },
     }
@@ -154,7 +186,8 @@ pub fn decide(s: &Standing<'_>) -> Decision {
 /// Why the loop stops after this judging, if it does: convergence or a limit, else nothing left
 /// to fix.
 fn stop_reason(s: &Standing<'_>, last: LastJudging<'_>) -> Option<String> {
-    let c = convergence_within(s.history, s.edits, s.tokens_used, s.elapsed_ms, s.limits);
+    let history: Vec<f64> = s.judged.iter().map(|j| j.score).collect();
+    let c = convergence_within(&history, s.edits, s.tokens_used, s.elapsed_ms, s.limits);
     if let Some(stop) = c.stop {
         return Some(stop.name().into());
     }
@@ -224,17 +257,21 @@ mod tests {
     }
 
     /// A full-auto standing after two judgings (0.5 then 0.6) with nothing locked.
+    fn scored(history: &[f64]) -> Vec<Scored> {
+        history.iter().map(|x| Scored::new(*x, false)).collect()
+    }
+
     fn standing<'a>(
         routing: &'a Routing,
-        history: &'a [f64],
+        judged: &'a [Scored],
         sections: &'a [Section],
         locked: &'a [String],
         edits: &'a BTreeMap<String, u32>,
     ) -> Standing<'a> {
         Standing {
             mode: Mode::FullAuto,
-            last: Some(LastJudging { score: *history.last().unwrap_or(&0.0), critical: false, routing }),
-            history,
+            last: Some(LastJudging { score: judged.last().map_or(0.0, |j| j.score), critical: false, routing }),
+            judged,
             edits,
             tokens_used: 0,
             elapsed_ms: 0,
@@ -249,18 +286,18 @@ mod tests {
         let edits = BTreeMap::new();
         let secs = sections(&["s1", "s2"]);
         let with_task = Routing { tasks: vec![task("s1")], ..Routing::default() };
-        let history = [0.5, 0.6];
+        let history = scored(&[0.5, 0.6]);
         let s = standing(&with_task, &history, &secs, &[], &edits);
         assert_eq!(decide(&s), Decision::Continue);
         // No judging succeeded.
         assert_eq!(decide(&Standing { last: None, ..s }), Decision::Stop(JUDGES_FAILED.into()));
         // The thresholds win over a spent budget.
-        let accepted = [0.5, 0.9];
+        let accepted = scored(&[0.5, 0.9]);
         let s2 = Standing { tokens_used: u64::MAX, ..standing(&with_task, &accepted, &secs, &[], &edits) };
         assert_eq!(decide(&s2), Decision::Accept(Acceptance::Accepted));
         // A spent budget stops before the plan is looked at.
         assert_eq!(decide(&Standing { tokens_used: 15_000, ..s }), Decision::Stop("token_budget".into()));
-        let stalled = [0.5, 0.51, 0.52];
+        let stalled = scored(&[0.5, 0.51, 0.52]);
         assert_eq!(
             decide(&standing(&with_task, &stalled, &secs, &[], &edits)),
             Decision::Stop("gain_below_threshold".into())
@@ -275,7 +312,7 @@ mod tests {
         let edits = BTreeMap::new();
         let secs = sections(&["s1", "s2"]);
         let full = Routing { full_regenerate: true, ..Routing::default() };
-        let history = [0.4];
+        let history = scored(&[0.4]);
         let one_locked = ["s1".to_string()];
         assert_eq!(decide(&standing(&full, &history, &secs, &one_locked, &edits)), Decision::Continue);
         let all_locked = ["s1".to_string(), "s2".to_string()];
@@ -290,7 +327,7 @@ mod tests {
         let edits = BTreeMap::new();
         let secs = sections(&["s1"]);
         let with_task = Routing { tasks: vec![task("s1")], ..Routing::default() };
-        let history = [0.8];
+        let history = scored(&[0.8]);
         let s = standing(&with_task, &history, &secs, &[], &edits);
         // Both modes try for their top threshold first.
         assert_eq!(decide(&s), Decision::Continue);
@@ -299,14 +336,44 @@ mod tests {
         let empty = Routing::default();
         let s = standing(&empty, &history, &secs, &[], &edits);
         assert!(
-            matches!(decide(&s), Decision::Settle(Acceptance::AcceptedWithWarning(_), ref r) if r == NOTHING_TO_FIX)
+            matches!(decide(&s), Decision::Settle(Acceptance::AcceptedWithWarning(_), ref r, 0) if r == NOTHING_TO_FIX)
         );
         assert_eq!(decide(&Standing { mode: Mode::SemiAuto, ..s }), Decision::Stop(NOTHING_TO_FIX.into()));
-        let high = [0.87];
+        let high = scored(&[0.87]);
         let s = standing(&empty, &high, &secs, &[], &edits);
         assert_eq!(
             decide(&Standing { mode: Mode::SemiAuto, ..s }),
-            Decision::Settle(Acceptance::Accepted, NOTHING_TO_FIX.into())
+            Decision::Settle(Acceptance::Accepted, NOTHING_TO_FIX.into(), 0)
         );
+    }
+
+    #[test]
+    fn a_settled_loop_returns_its_best_judging_not_its_last() {
+        let edits = BTreeMap::new();
+        let secs = sections(&["s1"]);
+        let with_task = Routing { tasks: vec![task("s1")], ..Routing::default() };
+        // 0.70 -> 0.82 -> 0.80 -> 0.79: stalled at the last two, no critical issue.
+        let judged = scored(&[0.70, 0.82, 0.80, 0.79]);
+        match decide(&standing(&with_task, &judged, &secs, &[], &edits)) {
+            Decision::Settle(Acceptance::AcceptedWithWarning(w), reason, judging) => {
+                assert_eq!(judging, 1, "the 0.82 iteration");
+                assert_eq!(reason, "gain_below_threshold");
+                assert!(w.contains("0.82"), "the warning is about the judging returned: {w}");
+            }
+            other => panic!("expected a settle on the best judging, got {other:?}"),
+        }
+        // The best judging holds a critical issue no tier accepts: the best one a tier accepts.
+        let mut judged = scored(&[0.70, 0.82, 0.80, 0.79]);
+        judged[1].critical = true;
+        assert_eq!(settle_on(Mode::FullAuto, &judged).map(|(_, i)| i), Some(2));
+        // Semi-auto: only 0.85 without a critical issue or 0.90 settles.
+        assert_eq!(settle_on(Mode::SemiAuto, &judged), None);
+        let judged = scored(&[0.70, 0.91, 0.86, 0.86]);
+        assert_eq!(settle_on(Mode::SemiAuto, &judged), Some((Acceptance::Accepted, 1)));
+        // A tie goes to the human-edited content, else to the first.
+        let mut tie = scored(&[0.80, 0.80, 0.78]);
+        assert_eq!(settle_on(Mode::FullAuto, &tie).map(|(_, i)| i), Some(0));
+        tie[1].human_edited = true;
+        assert_eq!(settle_on(Mode::FullAuto, &tie).map(|(_, i)| i), Some(1));
     }
 }

@@ -18,7 +18,9 @@ pub mod regenerate;
 pub mod scores;
 
 pub use crate::verify::{DEFAULT_LOCK_MAX_DROP as DEFAULT_MAX_DROP, LockViolation, QualityLock};
-pub use decide::{Acceptance, Decision, LastJudging, Mode, Quality, Standing, accepts, decide, meets_top, quality};
+pub use decide::{
+    Acceptance, Decision, LastJudging, Mode, Quality, Scored, Standing, accepts, decide, meets_top, quality, settle_on,
+};
 pub use limits::{
     BUDGET_PER_DOCUMENT_TOKEN, Convergence, EDITS_TO_LOCK, Limits, MAX_ELAPSED_MS, MAX_ITERATIONS, MAX_TOKENS,
     MIN_GAIN, STALLED_ITERATIONS, Stop, convergence, convergence_within, default_token_budget, lock_violations,

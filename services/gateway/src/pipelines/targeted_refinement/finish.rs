@@ -30,11 +30,7 @@ impl TargetedRefinement {
             return last;
         }
         let best = st.best();
-        if best != last
-            && let Some(j) = st.judged.get(best)
-        {
-            st.sections = j.sections.clone();
-        }
+        st.roll_back(best);
         best
     }
 
@@ -172,6 +168,16 @@ impl TargetedRefinement {
                 .filter(|j| !j.focused && (j.iteration != 0 || self.verdicts.is_empty()))
                 .count() as u32,
             focused_judgings: st.judged.iter().filter(|j| j.focused).count() as u32,
+            discarded_fixes: st
+                .discarded
+                .iter()
+                .map(|d| gw::DiscardedFix {
+                    section_id: d.section_id.clone(),
+                    iteration: d.iteration,
+                    content: d.content.clone(),
+                    reason: d.reason.clone(),
+                })
+                .collect(),
         };
         Ok(RunOutcome {
             state: gw::RunState::Succeeded,

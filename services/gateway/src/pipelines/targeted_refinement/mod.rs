@@ -298,7 +298,7 @@ impl TargetedRefinement {
                 let last = st.judged.len() - 1;
                 self.finish(ctx, st, outcome, last, warning, None).await.map(Some)
             }
-            Decision::Settle(acceptance, reason) => {
+            Decision::Settle(acceptance, reason, judging) => {
                 st.stop_reason.clone_from(&reason);
                 self.emit(
                     ctx,
@@ -307,8 +307,10 @@ impl TargetedRefinement {
                 )
                 .await?;
                 let (outcome, warning) = acceptance_to(acceptance);
-                let last = st.judged.len() - 1;
-                self.finish(ctx, st, outcome, last, warning, None).await.map(Some)
+                // FR-026: the best judged iteration, not the last (fixes no judging scored stay).
+                let judging = if st.stale.is_empty() { judging } else { st.judged.len() - 1 };
+                st.roll_back(judging);
+                self.finish(ctx, st, outcome, judging, warning, None).await.map(Some)
             }
             Decision::Stop(reason) => self.stop(ctx, st, reason).await,
             Decision::Continue => {
@@ -319,15 +321,15 @@ impl TargetedRefinement {
         }
     }
 
-    /// The decision after the final judging of a stopped loop: the top threshold, else a lower
-    /// tier, else the stop.
+    /// The decision after the final judging of a stopped loop: the top threshold, else the best
+    /// judging a tier accepts, else the stop.
     fn final_decision(&self, st: &State, reason: String) -> Decision {
         let Some(last) = st.judged.last() else { return Decision::Stop(reason) };
         if iteration::meets_top(self.mode, last.score) {
             return Decision::Accept(Acceptance::Accepted);
         }
-        match iteration::accepts(self.mode, last.score, last.critical) {
-            Some(a) => Decision::Settle(a, reason),
+        match iteration::settle_on(self.mode, &st.scored()) {
+            Some((a, judging)) => Decision::Settle(a, reason, judging),
             None => Decision::Stop(reason),
         }
     }
@@ -353,7 +355,7 @@ impl TargetedRefinement {
 
     /// The decision after the last judging (see [`iteration::decide`]).
     fn decide(&self, ctx: &RunCtx, st: &State) -> Decision {
-        let history = st.history();
+        let judged = st.scored();
         iteration::decide(&Standing {
             mode: self.mode,
             last: st.judged.last().map(|j| LastJudging {
@@ -361,7 +363,7 @@ impl TargetedRefinement {
                 critical: j.critical,
                 routing: &j.plan.routing,
             }),
-            history: &history,
+            judged: &judged,
             edits: &st.edits,
             tokens_used: self.budget_used(ctx, st),
             elapsed_ms: self.clock.active_ms(st.active_ms),

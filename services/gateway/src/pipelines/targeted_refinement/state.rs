@@ -137,6 +137,20 @@ pub(super) struct State {
     /// Sections holding verified fixes that no judging scored (the final judging could not run).
     #[serde(default)]
     pub(super) stale: Vec<String>,
+    /// Sections sent back to the best judged iteration's content when the loop ended, with the
+    /// content they held.
+    #[serde(default)]
+    pub(super) discarded: Vec<Discarded>,
+}
+
+/// A section the loop's result sent back to an earlier judging's content.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(super) struct Discarded {
+    pub(super) section_id: String,
+    /// The first iteration whose judging held the discarded content.
+    pub(super) iteration: u32,
+    pub(super) content: String,
+    pub(super) reason: String,
 }
 
 impl State {
@@ -169,6 +183,7 @@ impl State {
             confirming: false,
             judging_scale: None,
             stale: Vec::new(),
+            discarded: Vec::new(),
         }
     }
 
@@ -200,6 +215,50 @@ impl State {
     pub(super) fn best(&self) -> usize {
         let judgings: Vec<(f64, bool)> = self.judged.iter().map(|j| (j.score, j.human_edited)).collect();
         iteration::best_judging(&judgings)
+    }
+
+    /// Every judging as the decisions read it.
+    pub(super) fn scored(&self) -> Vec<iteration::Scored> {
+        self.judged
+            .iter()
+            .map(|j| iteration::Scored { score: j.score, critical: j.critical, human_edited: j.human_edited })
+            .collect()
+    }
+
+    /// Send the document back to judging `to`'s content (a no-op for the last judging, or when
+    /// fixes no judging scored are held: they stay). Each section sent back is recorded as
+    /// discarded: the content it held, the first judged iteration that held it, and why.
+    pub(super) fn roll_back(&mut self, to: usize) {
+        let last = self.judged.len().saturating_sub(1);
+        if to >= last || !self.stale.is_empty() {
+            return;
+        }
+        let kept = &self.judged[to];
+        let mut discarded = Vec::new();
+        for (now, then) in self.sections.iter().zip(&kept.sections) {
+            if now.content == then.content {
+                continue;
+            }
+            // The first later judging that held other content for the section (the last one
+            // judged the content as it stands: no fixes are stale).
+            let held = self.judged[to + 1..]
+                .iter()
+                .find(|j| j.sections.iter().any(|s| s.id == now.id && s.content != then.content))
+                .unwrap_or(&self.judged[last]);
+            let (iteration, score) = (held.iteration, held.score);
+            discarded.push(Discarded {
+                section_id: now.id.clone(),
+                iteration,
+                content: now.content.clone(),
+                reason: format!(
+                    "iteration {} scored {:.2}, the highest of the run; the content edited since (first judged at \
+                     iteration {iteration}, {score:.2}) scored lower",
+                    kept.iteration, kept.score
+                ),
+            });
+        }
+        self.sections = kept.sections.clone();
+        self.discarded = discarded;
     }
 
     pub(super) fn section(&self, id: &str) -> Option<&Section> {
