@@ -27,6 +27,6 @@ pub use limits::{
 };
 pub use regenerate::regeneration_tasks;
 pub use scores::{
-    DEFAULT_LOCK_THRESHOLD, MeanScore, SectionLock, best_judging, document_score, mean_scores, quality_locks,
-    regressions, verdict_score,
+    DEFAULT_LOCK_THRESHOLD, MeanScore, SectionLock, best_judging, document_score, issues_gained, mean_scores,
+    quality_locks, regressions, verdict_score,
 };

@@ -2,7 +2,7 @@
 //! criterion), the quality locks taken on the first judging, the edits that break them, and which
 //! judging is the best (FR-020..FR-024).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -69,18 +69,56 @@ pub fn quality_locks(scores: &[MeanScore], threshold: f64) -> Vec<SectionLock> {
         .collect()
 }
 
+/// The (section, criterion) pairs whose issues grew since the judging before: the severity weight
+/// of their issues (critical 3, major 2, minor 1; mean over each judging's verdicts) is higher in
+/// `now` than in `before`. A new issue, or one that became more severe.
+pub fn issues_gained(now: &[JudgeVerdict], before: &[JudgeVerdict]) -> BTreeSet<(String, String)> {
+    let weights = |verdicts: &[JudgeVerdict]| {
+        let mut w: BTreeMap<(String, String), f64> = BTreeMap::new();
+        for v in verdicts {
+            for i in &v.issues {
+                *w.entry((i.section_id.clone(), i.criterion.clone())).or_default() +=
+                    super::board::severity_weight(i.severity) / verdicts.len() as f64;
+            }
+        }
+        w
+    };
+    let (now, before) = (weights(now), weights(before));
+    now.into_iter().filter(|(k, w)| *w > before.get(k).copied().unwrap_or(0.0) + 1e-9).map(|(k, _)| k).collect()
+}
+
 /// Quality-lock regressions of the sections edited since `before`: for each edited section and
 /// locked criterion, like is compared with like. The section's own unit (section x criterion)
 /// when both the lock's judging and the current one scored it; else the criterion's
 /// document-level unit in both. A document-level lock is never compared with a volunteered
 /// section score, nor the reverse.
+///
+/// A document-level drop is blamed on the edited sections whose issues explain it (`gained`, see
+/// [`issues_gained`]): those that gained issues on the criterion, else those that gained issues
+/// on any criterion; only when no edited section gained an issue is every edited section blamed
+/// (nothing tells them apart, and the lock still holds). A fix the delta judge accepted in a
+/// section with no new issue is not sent back for another section's regression.
 pub fn regressions(
     sections: &[Section],
     before: &[Section],
     locks: &[SectionLock],
     scores: &[MeanScore],
+    gained: &BTreeSet<(String, String)>,
 ) -> Vec<(String, Vec<LockViolation>)> {
-    let edited = sections.iter().zip(before).filter(|(now, was)| now.content != was.content).map(|(s, _)| &s.id);
+    let edited: Vec<&String> =
+        sections.iter().zip(before).filter(|(now, was)| now.content != was.content).map(|(s, _)| &s.id).collect();
+    let gained_on = |id: &str, criterion: Option<&str>| {
+        gained.iter().any(|(s, c)| s == id && criterion.is_none_or(|x| x == c))
+    };
+    // Who a document-level drop on a criterion is blamed on.
+    let blamed = |criterion: &str| -> Vec<&String> {
+        let on: Vec<&String> = edited.iter().copied().filter(|id| gained_on(id, Some(criterion))).collect();
+        if !on.is_empty() {
+            return on;
+        }
+        let any: Vec<&String> = edited.iter().copied().filter(|id| gained_on(id, None)).collect();
+        if any.is_empty() { edited.clone() } else { any }
+    };
     let score = |section: &str, criterion: &str| {
         scores.iter().find(|(s, c, _)| s == section && c == criterion).map(|(_, _, x)| *x)
     };
@@ -91,12 +129,13 @@ pub fn regressions(
     criteria.sort_unstable();
     criteria.dedup();
     let mut out = Vec::new();
-    for id in edited {
+    for id in edited.iter().copied() {
         let mut broken = Vec::new();
         for c in &criteria {
-            // The section's own unit when both judgings scored it, else the document's.
+            // The section's own unit when both judgings scored it, else the document's (when the
+            // drop is blamed on this section).
             let own = lock(id, c).zip(score(id, c));
-            let pair = own.or_else(|| lock("", c).zip(score("", c)));
+            let pair = own.or_else(|| lock("", c).zip(score("", c)).filter(|_| blamed(c).contains(&id)));
             if let Some((l, current)) = pair {
                 let scored: BTreeMap<String, f64> = [(l.criterion.clone(), current)].into();
                 broken.extend(lock_violations(std::slice::from_ref(l), &scored));
@@ -148,6 +187,56 @@ mod tests {
         (s.into(), c.into(), x)
     }
 
+    fn none() -> BTreeSet<(String, String)> {
+        BTreeSet::new()
+    }
+
+    fn issue(section: &str, criterion: &str, severity: crate::document::Severity) -> crate::document::JudgeIssue {
+        crate::document::JudgeIssue {
+            id: format!("{section}-{criterion}"),
+            criterion: criterion.into(),
+            severity,
+            section_id: section.into(),
+            description: String::new(),
+            fix_instruction: String::new(),
+            location: String::new(),
+            raised_by: Vec::new(),
+            context_window: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_document_level_drop_restores_only_the_sections_whose_new_issues_explain_it() {
+        use crate::document::Severity::{Critical, Major, Minor};
+        let before = [section("s1", "a"), section("s2", "b"), section("s3", "c")];
+        let now = [section("s1", "a2"), section("s2", "b"), section("s3", "c2")];
+        // Only a document-level lock on accuracy: no section scores.
+        let locks = quality_locks(&[ms("", "accuracy", 0.9)], 0.85);
+        let scores = [ms("", "accuracy", 0.7)];
+        let was = [JudgeVerdict { issues: vec![issue("s1", "accuracy", Minor)], ..JudgeVerdict::default() }];
+        // s1 and s3 edited; only s3 gets a new critical accuracy issue (s1's minor one stays).
+        let is = [JudgeVerdict {
+            issues: vec![issue("s1", "accuracy", Minor), issue("s3", "accuracy", Critical)],
+            ..JudgeVerdict::default()
+        }];
+        let gained = issues_gained(&is, &was);
+        assert_eq!(gained, [("s3".to_string(), "accuracy".to_string())].into());
+        let r = regressions(&now, &before, &locks, &scores, &gained);
+        let ids: Vec<&str> = r.iter().map(|(id, _)| id.as_str()).collect();
+        assert_eq!(ids, vec!["s3"], "only s3 is restored: {r:?}");
+        // A new issue on another criterion explains it when none is on the lock's criterion.
+        let other = [JudgeVerdict { issues: vec![issue("s1", "tone", Major)], ..JudgeVerdict::default() }];
+        let r = regressions(&now, &before, &locks, &scores, &issues_gained(&other, &[]));
+        assert_eq!(r.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(), vec!["s1"]);
+        // An issue that became more severe is gained; one that went away is not.
+        let worse = [JudgeVerdict { issues: vec![issue("s1", "accuracy", Major)], ..JudgeVerdict::default() }];
+        assert_eq!(issues_gained(&worse, &was), [("s1".to_string(), "accuracy".to_string())].into());
+        assert!(issues_gained(&[JudgeVerdict::default()], &was).is_empty());
+        // No edited section gained an issue: nothing tells them apart, both are restored.
+        let r = regressions(&now, &before, &locks, &scores, &none());
+        assert_eq!(r.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(), vec!["s1", "s3"]);
+    }
+
     #[test]
     fn a_verdict_scores_its_criteria_else_its_overall_score() {
         assert_eq!(verdict_score(&verdict(&[("a", 0.5), ("b", 1.0)], &[], 0.1)), 0.75);
@@ -182,13 +271,13 @@ mod tests {
         // The first judging scored clarity for the document only (0.9): a document lock.
         let locks = quality_locks(&[ms("", "clarity", 0.9)], 0.85);
         // The re-judging volunteers a low score for s1 but the document's clarity held.
-        let r = regressions(&now, &before, &locks, &[ms("", "clarity", 0.9), ms("s1", "clarity", 0.5)]);
+        let r = regressions(&now, &before, &locks, &[ms("", "clarity", 0.9), ms("s1", "clarity", 0.5)], &none());
         assert!(r.is_empty(), "{r:?}");
         // A section lock whose section was not scored again falls back to the document unit in
         // both judgings.
         let locks = quality_locks(&[ms("s1", "clarity", 0.95), ms("", "clarity", 0.9)], 0.85);
-        assert!(regressions(&now, &before, &locks, &[ms("", "clarity", 0.88)]).is_empty());
-        let r = regressions(&now, &before, &locks, &[ms("", "clarity", 0.7)]);
+        assert!(regressions(&now, &before, &locks, &[ms("", "clarity", 0.88)], &none()).is_empty());
+        let r = regressions(&now, &before, &locks, &[ms("", "clarity", 0.7)], &none());
         assert_eq!((r[0].1[0].baseline, r[0].1[0].current), (0.9, 0.7));
     }
 
@@ -213,13 +302,13 @@ mod tests {
             ms("s3", "clarity", 0.1),  // no lock on s3's clarity
             ms("", "accuracy", 0.8),   // the document's lock: broken for every edited section
         ];
-        let r = regressions(&now, &before, &locks, &scores);
+        let r = regressions(&now, &before, &locks, &scores, &none());
         let ids: Vec<&str> = r.iter().map(|(id, _)| id.as_str()).collect();
         assert_eq!(ids, vec!["s1", "s3"]);
         assert_eq!(r[0].1.len(), 1);
         assert_eq!((r[0].1[0].criterion.as_str(), r[0].1[0].current), ("accuracy", 0.8));
         // Nothing edited, nothing regressed.
-        assert!(regressions(&before, &before, &locks, &scores).is_empty());
+        assert!(regressions(&before, &before, &locks, &scores, &none()).is_empty());
     }
 
     #[test]
@@ -227,7 +316,7 @@ mod tests {
         let before = [section("s1", "a")];
         let now = [section("s1", "b")];
         let locks = quality_locks(&[ms("s1", "clarity", 0.9)], 0.85);
-        let r = regressions(&now, &before, &locks, &[ms("s1", "clarity", 0.8)]);
+        let r = regressions(&now, &before, &locks, &[ms("s1", "clarity", 0.8)], &none());
         assert_eq!(r.len(), 1);
         assert_eq!((r[0].1[0].baseline, r[0].1[0].current), (0.9, 0.8));
     }

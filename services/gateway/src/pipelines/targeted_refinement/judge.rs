@@ -261,8 +261,10 @@ impl TargetedRefinement {
         last: &Judging,
         board: &mut Board,
     ) -> Result<Vec<String>, StageError> {
-        let scores = iteration::mean_scores(&board.verdicts());
-        let regressions = iteration::regressions(&st.sections, &last.sections, &st.quality_locks, &scores);
+        let verdicts = board.verdicts();
+        let scores = iteration::mean_scores(&verdicts);
+        let gained = iteration::issues_gained(&verdicts, &last.board.verdicts());
+        let regressions = iteration::regressions(&st.sections, &last.sections, &st.quality_locks, &scores, &gained);
         let mut restored = Vec::new();
         for (id, broken) in regressions {
             let Some(before) = last.sections.iter().find(|s| s.id == id).cloned() else { continue };
