@@ -1630,6 +1630,49 @@ async fn us2_resume_after_escalation_verifies_the_edit_and_decides_again() {
     sandbox.shutdown().await.unwrap();
 }
 
+/// A semi-auto run escalated at its iteration limit, resumed by a human with no edit, gets a
+/// fresh iteration allowance (max_iterations again, counted from the judging after the resume):
+/// the next iteration runs its task instead of escalating again at once.
+#[tokio::test]
+async fn a_resume_after_an_escalation_at_the_iteration_limit_runs_another_iteration() {
+    let lesson = five();
+    let garbled_intro = garble(INTRO_RIGHT);
+    let doc = lesson.clone().with("intro", INTRO_RIGHT, &garbled_intro);
+    // The intro needs two fixes: garbled -> vague (still critical) -> right.
+    let first = Defect::new("intro", garbled_intro.clone(), CLARITY, "critical", 0.6).fixed_to(INTRO_VAGUE);
+    let second = Defect::new("intro", INTRO_VAGUE, CLARITY, "critical", 0.3).fixed_to(INTRO_RIGHT);
+    let script = Script::new(&lesson, 0.92).defect(first).defect(second);
+    let sandbox = MeshSandbox::start().await;
+    script.install(&sandbox.llm);
+    let mut p = pipeline(&doc.sections, &doc.brief, gw::RefinementMode::SemiAuto);
+    p.max_iterations = Some(1);
+    let mut run = Run::start(&sandbox, p).await;
+    run.until_state(gw::RunState::AwaitingHuman).await;
+    let escalations = |run: &Run| run.revs().iter().filter(|(_, r)| matches!(r, Rev::EscalationTriggered(_))).count();
+    assert_eq!(escalations(&run), 1);
+    let stopped = run.revs().iter().find_map(|(_, r)| match r {
+        Rev::ConvergenceDetected(c) => Some(c.reason.clone()),
+        _ => None,
+    });
+    assert_eq!(stopped.as_deref(), Some("max_iterations"), "{}", trace(&run.events));
+    let edits_before = script.count(&sandbox.llm, |c| c.is_edit_of("intro"));
+    assert_eq!(edits_before, 1, "one iteration, one fix");
+
+    run.control(Action::Resume(gw::ResumeRun {}), "editor", "Have another go.").await.expect("resume");
+    let result = run.finish().await;
+    assert!(
+        script.count(&sandbox.llm, |c| c.is_edit_of("intro")) > edits_before,
+        "a task ran after the resume: {}",
+        trace(&run.events)
+    );
+    assert_eq!(escalations(&run), 1, "no second escalation: {}", trace(&run.events));
+    assert_eq!(result.outcome(), gw::RefinementOutcome::Accepted, "{result:#?}");
+    assert_eq!(result.sections, lesson.sections, "both fixes");
+    assert_eq!(result.iterations, 2);
+    script.assert_no_unexpected_call(&sandbox.llm);
+    sandbox.shutdown().await.unwrap();
+}
+
 /// A human edit that leaves the score where it was is not thrown away: on a tie the judging of
 /// the human-edited content is the best one, so a second escalation, and the review that closes
 /// it, keep the edit.

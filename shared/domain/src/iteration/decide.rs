@@ -138,6 +138,10 @@ pub struct Standing<'a> {
     pub last: Option<LastJudging<'a>>,
     /// Every judging, the document as given first (the last judging included).
     pub judged: &'a [Scored],
+    /// Index of the judging convergence and the iteration limit count from: 0, or the first
+    /// judging after a human resumed an escalated loop (a resume grants the run's iteration
+    /// allowance again, and gains are measured from the document the human sent back).
+    pub since: usize,
     /// Accepted edits per section id.
     pub edits: &'a BTreeMap<String, u32>,
     pub tokens_used: u64,
@@ -186,7 +190,8 @@ pub fn decide(s: &Standing<'_>) -> Decision {
 /// Why the loop stops after this judging, if it does: convergence or a limit, else nothing left
 /// to fix.
 fn stop_reason(s: &Standing<'_>, last: LastJudging<'_>) -> Option<String> {
-    let history: Vec<f64> = s.judged.iter().map(|j| j.score).collect();
+    let counted = s.judged.get(s.since..).unwrap_or_default();
+    let history: Vec<f64> = counted.iter().map(|j| j.score).collect();
     let c = convergence_within(&history, s.edits, s.tokens_used, s.elapsed_ms, s.limits);
     if let Some(stop) = c.stop {
         return Some(stop.name().into());
@@ -272,6 +277,7 @@ mod tests {
             mode: Mode::FullAuto,
             last: Some(LastJudging { score: judged.last().map_or(0.0, |j| j.score), critical: false, routing }),
             judged,
+            since: 0,
             edits,
             tokens_used: 0,
             elapsed_ms: 0,
@@ -345,6 +351,31 @@ mod tests {
             decide(&Standing { mode: Mode::SemiAuto, ..s }),
             Decision::Settle(Acceptance::Accepted, NOTHING_TO_FIX.into(), 0)
         );
+    }
+
+    #[test]
+    fn a_resumed_loop_counts_its_iterations_and_gains_from_the_resume() {
+        let edits = BTreeMap::new();
+        let secs = sections(&["s1"]);
+        let with_task = Routing { tasks: vec![task("s1")], ..Routing::default() };
+        let limits = Limits { max_iterations: 1, ..Limits::default() };
+        // At its iteration limit (one iteration), semi-auto below its thresholds stops.
+        let judged = scored(&[0.70, 0.80]);
+        let at_limit = Standing { mode: Mode::SemiAuto, limits, ..standing(&with_task, &judged, &secs, &[], &edits) };
+        assert_eq!(decide(&at_limit), Decision::Stop("max_iterations".into()));
+        // A human resumed with no edit: the judging after the resume is where counting starts.
+        let judged = scored(&[0.70, 0.80, 0.80]);
+        let resumed = Standing { since: 2, ..Standing { judged: &judged, ..at_limit } };
+        assert_eq!(decide(&resumed), Decision::Continue, "a resume runs at least one iteration");
+        // One iteration after the resume: the limit again.
+        let judged = scored(&[0.70, 0.80, 0.80, 0.84]);
+        assert_eq!(decide(&Standing { judged: &judged, ..resumed }), Decision::Stop("max_iterations".into()));
+        // Stalled gains before the resume do not stop the resumed loop.
+        let limits = Limits::default();
+        let judged = scored(&[0.70, 0.70, 0.70, 0.70]);
+        let stalled = Standing { limits, ..Standing { judged: &judged, ..at_limit } };
+        assert_eq!(decide(&stalled), Decision::Stop("gain_below_threshold".into()));
+        assert_eq!(decide(&Standing { since: 3, ..stalled }), Decision::Continue);
     }
 
     #[test]

@@ -364,6 +364,7 @@ impl TargetedRefinement {
                 routing: &j.plan.routing,
             }),
             judged: &judged,
+            since: st.since,
             edits: &st.edits,
             tokens_used: self.budget_used(ctx, st),
             elapsed_ms: self.clock.active_ms(st.active_ms),
@@ -559,6 +560,10 @@ impl TargetedRefinement {
                         }
                         st.before_iteration = st.sections.clone();
                         st.tasks.clear();
+                        // A fresh iteration allowance: the next judging (of the document the
+                        // human sent back) is where convergence and the limit count from.
+                        st.since = st.judged.len();
+                        st.stop_reason.clear();
                         st.phase = Phase::Judge;
                         self.save(ctx, &st, "judging").await?;
                     }

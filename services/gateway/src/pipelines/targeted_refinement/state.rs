@@ -141,6 +141,10 @@ pub(super) struct State {
     /// content they held.
     #[serde(default)]
     pub(super) discarded: Vec<Discarded>,
+    /// Index of the judging that convergence and the iteration limit count from: the first
+    /// judging after a human's last resume (0 before any).
+    #[serde(default)]
+    pub(super) since: usize,
 }
 
 /// A section the loop's result sent back to an earlier judging's content.
@@ -184,6 +188,7 @@ impl State {
             judging_scale: None,
             stale: Vec::new(),
             discarded: Vec::new(),
+            since: 0,
         }
     }
 
