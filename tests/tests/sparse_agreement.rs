@@ -89,7 +89,7 @@ async fn volunteered_section_scores_do_not_collapse_agreement() {
     every[2].section_scores = vec![score("s6", "engagement_examples", 0.9)];
 
     for (what, verdicts, units) in
-        [("one judge", one, "criterion"), ("every judge", every, "criterion+section_criterion")]
+        [("one judge", one, "criterion"), ("every judge", every, "criterion")]
     {
         let plan = plan(&sandbox, verdicts).await;
         let c = plan.consolidation.unwrap();

@@ -38,7 +38,8 @@ pub enum MeasurementLevel {
 pub enum AgreementLevel {
     /// alpha >= 0.80 (or judges in exact agreement): every issue kept.
     High,
-    /// 0.67 <= alpha < 0.80: issues raised by two judges or more.
+    /// 0.67 <= alpha < 0.80: issues raised by two judges or more (two thirds of the judges when
+    /// more than three were asked for).
     Moderate,
     /// alpha < 0.67, or agreement not measurable: CRITICAL issues only, flagged for review.
     Low,
@@ -109,8 +110,8 @@ pub struct Consolidation {
     pub issues_merged: u32,
     pub unassigned_issues: u32,
     pub overall_score: f64,
-    /// "criterion", or "criterion+section_criterion" when section x criterion units scored by two
-    /// judges or more were pooled with the criteria.
+    /// "criterion": alpha is measured over the judges' criterion scores at every judging (section
+    /// scores are never units).
     pub agreement_units: String,
     /// Usage of every call: issue-matching embeddings, localization, synthesis.
     pub usage: Usage,

@@ -9,9 +9,9 @@ use assay_domain::document::{Criterion, JudgeIssue, JudgeVerdict, Section, Sever
 
 use super::alpha::{self, Level, Undefined};
 
-/// Units alpha is measured over: criteria only, or criteria pooled with section x criterion units.
+/// Units alpha is measured over: the judges' criterion scores (REFERENCE: "interval alpha on
+/// judges' criterion scores").
 pub const UNITS_CRITERION: &str = "criterion";
-pub const UNITS_POOLED: &str = "criterion+section_criterion";
 
 pub fn level(l: MeasurementLevel) -> Level {
     match l {
@@ -22,49 +22,22 @@ pub fn level(l: MeasurementLevel) -> Level {
     }
 }
 
-/// One unit of the reliability matrix: a criterion of the whole document, or a criterion on one
-/// section.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Unit<'a> {
-    Criterion(&'a str),
-    Section(&'a str, &'a str),
-}
-
-/// The reliability matrix of the verdicts: judges x units, pooling the units at least two judges
-/// scored: the document-level criteria, plus the section x criterion units two judges or more
-/// scored. Sparse, volunteered section scores thus never replace the criteria (a unit one judge
-/// scored pairs with nothing and would not change alpha anyway). Unit order is sorted
-/// (criteria, then section x criterion; deterministic).
+/// The reliability matrix of the verdicts: judges x the criteria at least two judges scored
+/// (sorted; a criterion one judge scored pairs with nothing). Section scores are never units:
+/// alpha is measured the same way at every judging, whether the judges volunteered section scores
+/// (or a focused judging's board carried them) or not, so the band that filters issues does not
+/// move because of how a judging was made.
 pub fn ratings(verdicts: &[JudgeVerdict]) -> (alpha::Ratings, &'static str) {
-    let mut raters: BTreeMap<Unit<'_>, usize> = BTreeMap::new();
+    let mut raters: BTreeMap<&str, usize> = BTreeMap::new();
     for v in verdicts {
         for c in v.criterion_scores.keys() {
-            *raters.entry(Unit::Criterion(c)).or_default() += 1;
-        }
-        let mut seen = BTreeSet::new();
-        for s in &v.section_scores {
-            if seen.insert((s.section_id.as_str(), s.criterion.as_str())) {
-                *raters.entry(Unit::Section(&s.section_id, &s.criterion)).or_default() += 1;
-            }
+            *raters.entry(c).or_default() += 1;
         }
     }
-    let units: Vec<Unit<'_>> = raters.into_iter().filter(|(_, n)| *n >= 2).map(|(u, _)| u).collect();
-    let pooled = units.iter().any(|u| matches!(u, Unit::Section(..)));
-    let data = verdicts
-        .iter()
-        .map(|v| {
-            let by_section: BTreeMap<(&str, &str), f64> =
-                v.section_scores.iter().map(|s| ((s.section_id.as_str(), s.criterion.as_str()), s.score)).collect();
-            units
-                .iter()
-                .map(|u| match u {
-                    Unit::Criterion(c) => v.criterion_scores.get(*c).copied(),
-                    Unit::Section(s, c) => by_section.get(&(*s, *c)).copied(),
-                })
-                .collect()
-        })
-        .collect();
-    (data, if pooled { UNITS_POOLED } else { UNITS_CRITERION })
+    let units: Vec<&str> = raters.into_iter().filter(|(_, n)| *n >= 2).map(|(u, _)| u).collect();
+    let data =
+        verdicts.iter().map(|v| units.iter().map(|c| v.criterion_scores.get(*c).copied()).collect()).collect();
+    (data, UNITS_CRITERION)
 }
 
 /// What the agreement measurement decided.
@@ -206,11 +179,19 @@ pub fn merge(verdicts: &[JudgeVerdict], issues: &[IssueRef], cluster: &[usize]) 
     merged
 }
 
-/// Whether an issue survives the agreement band (`None`: a single verdict, every issue kept).
-pub fn keep(band: Option<AgreementLevel>, issue: &JudgeIssue) -> bool {
+/// Judges that must raise an issue for it to survive the middle band, of `judges` verdicts: two
+/// (FR-001's panel of up to three), and at least two thirds of the judges when more were asked
+/// for (four judges: three; nine: six).
+pub fn moderate_quorum(judges: usize) -> usize {
+    (2 * judges).div_ceil(3).max(2)
+}
+
+/// Whether an issue survives the agreement band of a consolidation of `judges` verdicts (`None`:
+/// a single verdict, every issue kept).
+pub fn keep(band: Option<AgreementLevel>, judges: usize, issue: &JudgeIssue) -> bool {
     match band {
         None | Some(AgreementLevel::High) => true,
-        Some(AgreementLevel::Moderate) => issue.raised_by.len() >= 2,
+        Some(AgreementLevel::Moderate) => issue.raised_by.len() >= moderate_quorum(judges),
         Some(AgreementLevel::Low) => issue.severity == Severity::Critical,
     }
 }
@@ -344,27 +325,57 @@ mod tests {
     }
 
     #[test]
-    fn units_pool_criteria_with_section_units_two_judges_scored() {
+    fn units_are_the_criteria_two_judges_scored_never_section_scores() {
         let a = verdict("a", &[("x", 0.5), ("y", 0.9)], vec![]);
         let b = verdict("b", &[("y", 0.8)], vec![]);
         let (data, units) = ratings(&[a.clone(), b.clone()]);
         assert_eq!(units, UNITS_CRITERION);
         // x was scored by one judge only: it pairs with nothing and is left out.
         assert_eq!(data, vec![vec![Some(0.9)], vec![Some(0.8)]]);
-        let mut c = b;
+        // Both judges scored the same section unit: it is still not a unit.
+        let (mut c, mut d) = (b, a);
         c.section_scores = vec![section("s1", "y", 0.7)];
-        // One judge's volunteered section score: criteria stay the units.
-        assert_eq!(ratings(&[a.clone(), c.clone()]), (vec![vec![Some(0.9)], vec![Some(0.8)]], UNITS_CRITERION));
-        // Every judge scored a section, but never the same one: still the criteria (the old rule
-        // switched to section units here and found nothing to pair).
-        let mut d = a.clone();
-        d.section_scores = vec![section("s2", "y", 0.4)];
-        assert_eq!(ratings(&[d.clone(), c.clone()]).1, UNITS_CRITERION);
-        // A section unit both judges scored is pooled with the criteria.
-        d.section_scores.push(section("s1", "y", 0.6));
-        let (data, units) = ratings(&[d, c]);
-        assert_eq!(units, UNITS_POOLED);
-        assert_eq!(data, vec![vec![Some(0.9), Some(0.6)], vec![Some(0.8), Some(0.7)]]);
+        d.section_scores = vec![section("s1", "y", 0.6)];
+        assert_eq!(ratings(&[d, c]), (vec![vec![Some(0.9)], vec![Some(0.8)]], UNITS_CRITERION));
+    }
+
+    #[test]
+    fn section_scores_judges_disagree_on_do_not_move_the_band() {
+        // Three judges close on every criterion: high agreement.
+        let scores = [("x", 0.9), ("y", 0.6), ("z", 0.3)];
+        let near = [("x", 0.88), ("y", 0.61), ("z", 0.31)];
+        let plain = [verdict("a", &scores, vec![]), verdict("b", &near, vec![]), verdict("c", &scores, vec![])];
+        let without = measure(&plain, Level::Interval);
+        assert_eq!(without.band, Some(AgreementLevel::High), "{without:?}");
+        // The same judging with section scores all three gave and disagree on (as a focused
+        // judging's board carries them): the same alpha, the same band.
+        let mut with = plain.clone();
+        for (v, x) in with.iter_mut().zip([0.1, 0.9, 0.5]) {
+            v.section_scores = vec![section("s1", "x", x), section("s2", "y", 1.0 - x)];
+        }
+        let m = measure(&with, Level::Interval);
+        assert_eq!((m.alpha, m.band, m.units), (without.alpha, without.band, UNITS_CRITERION), "{m:?}");
+    }
+
+    #[test]
+    fn the_middle_band_needs_two_judges_of_three_and_two_thirds_of_more() {
+        assert_eq!([2, 3, 4, 5, 6, 9].map(moderate_quorum), [2, 2, 3, 4, 4, 6]);
+        let mut issue = JudgeIssue {
+            id: "i".into(),
+            criterion: "x".into(),
+            severity: Severity::Major,
+            section_id: "s1".into(),
+            description: String::new(),
+            fix_instruction: String::new(),
+            location: String::new(),
+            raised_by: vec!["a".into(), "b".into()],
+            context_window: String::new(),
+        };
+        assert!(keep(Some(AgreementLevel::Moderate), 3, &issue));
+        assert!(!keep(Some(AgreementLevel::Moderate), 4, &issue), "two of four judges is not two thirds");
+        issue.raised_by.push("c".into());
+        assert!(keep(Some(AgreementLevel::Moderate), 4, &issue));
+        assert!(!keep(Some(AgreementLevel::Moderate), 6, &issue));
     }
 
     #[test]
@@ -439,11 +450,11 @@ mod tests {
         two.raised_by = vec!["a".into(), "b".into()];
         let mut one_critical = issue("j", "s", "c", Severity::Critical, "x");
         one_critical.raised_by = vec!["a".into()];
-        assert!(keep(Some(AgreementLevel::Moderate), &two));
-        assert!(!keep(Some(AgreementLevel::Moderate), &one_critical));
-        assert!(!keep(Some(AgreementLevel::Low), &two));
-        assert!(keep(Some(AgreementLevel::Low), &one_critical));
-        assert!(keep(Some(AgreementLevel::High), &one_critical) && keep(None, &two));
+        assert!(keep(Some(AgreementLevel::Moderate), 3, &two));
+        assert!(!keep(Some(AgreementLevel::Moderate), 3, &one_critical));
+        assert!(!keep(Some(AgreementLevel::Low), 3, &two));
+        assert!(keep(Some(AgreementLevel::Low), 3, &one_critical));
+        assert!(keep(Some(AgreementLevel::High), 3, &one_critical) && keep(None, 1, &two));
     }
 
     #[test]

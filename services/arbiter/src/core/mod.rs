@@ -459,7 +459,8 @@ impl ArbiterCore {
         let merged: Vec<_> = clusters.iter().map(|c| consolidate::merge(&request.verdicts, &refs, c)).collect();
         let issues_merged = (refs.len() - merged.len()) as u32;
         let before = merged.len();
-        let issues: Vec<_> = merged.into_iter().filter(|i| consolidate::keep(measured.band, i)).collect();
+        let issues: Vec<_> =
+            merged.into_iter().filter(|i| consolidate::keep(measured.band, request.verdicts.len(), i)).collect();
         let issues_dropped = (before - issues.len()) as u32;
         // Kept issues without a known section are placed before anything is grouped by section.
         let (issues, localizations) = if issues.iter().any(|i| localize::unplaced(i, &known)) {
