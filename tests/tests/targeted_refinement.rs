@@ -645,6 +645,8 @@ fn rev(e: &gw::RunEvent) -> Option<(u32, &Rev)> {
 fn rev_name(r: &Rev) -> &'static str {
     match r {
         Rev::RefinementStart(_) => "refinement_start",
+        Rev::IterationStarted(_) => "iteration_started",
+        Rev::PatchRejected(_) => "patch_rejected",
         Rev::BatchStarted(_) => "batch_started",
         Rev::TaskStarted(_) => "task_started",
         Rev::PatchApplied(_) => "patch_applied",
@@ -817,11 +819,12 @@ impl Run {
             .collect()
     }
 
+    /// Every iteration's start: the run's refinement_start, then each iteration_started.
     fn starts(&self) -> Vec<(u32, gw::RefinementStart)> {
         self.revs()
             .into_iter()
             .filter_map(|(k, r)| match r {
-                Rev::RefinementStart(s) => Some((k, s)),
+                Rev::RefinementStart(s) | Rev::IterationStarted(s) => Some((k, s)),
                 _ => None,
             })
             .collect()
@@ -903,11 +906,12 @@ fn assert_audit(log: &[gw::AuditEntry], expected: &[(&str, &str, &str)]) {
     assert!(log.iter().all(|e| e.time.is_some()), "audit entries are timed: {log:#?}");
 }
 
-/// FR-029: within an iteration, refinement_start, then per batch batch_started, its tasks
-/// (task_started before patch_applied before verification_result, section_locked after an
-/// accepted verification of its section) and batch_complete; then judged and iteration_complete;
-/// the closing events last, refinement_complete the very last refinement event, followed by the
-/// run's completion.
+/// FR-029: one refinement_start per run, opening iteration 1 (each later iteration opens with
+/// iteration_started); then per batch batch_started, its tasks (task_started, then patch_applied
+/// for a kept fix or patch_rejected for one that was not, then verification_result), and
+/// batch_complete, after which come the sections the batch locked (section_locked); then judged
+/// and iteration_complete; the closing events last, refinement_complete the very last refinement
+/// event, followed by the run's completion.
 fn assert_fr029_order(events: &[gw::RunEvent]) {
     let t = trace(events);
     let revs: Vec<(u32, &Rev)> = events.iter().filter_map(rev).collect();
@@ -915,20 +919,30 @@ fn assert_fr029_order(events: &[gw::RunEvent]) {
     let mut iteration = 0u32;
     let mut batch: Option<u32> = None;
     let mut next_batch = 0u32;
+    let mut refinement_starts = 0;
     let mut started: HashSet<(u32, String)> = HashSet::new();
     let mut patched: HashSet<(u32, String)> = HashSet::new();
+    let mut rejected: HashSet<(u32, String)> = HashSet::new();
     let mut verified: HashSet<(u32, String)> = HashSet::new();
     // Consistency checks that found the section consistent (no edit, nothing to verify).
     let mut consistent: HashSet<(u32, String)> = HashSet::new();
+    // Sections with an accepted fix in the current batch, and in the iteration's finished batches.
+    let mut accepted_in_batch: HashSet<String> = HashSet::new();
     let mut accepted_sections: HashSet<(u32, String)> = HashSet::new();
     let mut closing = false;
     let mut ended = false;
     for (k, e) in revs {
         assert!(!ended, "nothing after refinement_complete: {t}");
         match e {
-            Rev::RefinementStart(_) => {
+            Rev::RefinementStart(_) | Rev::IterationStarted(_) => {
                 assert!(!closing && batch.is_none(), "{t}");
                 assert_eq!(k, iteration + 1, "iterations count up from 1: {t}");
+                if matches!(e, Rev::RefinementStart(_)) {
+                    refinement_starts += 1;
+                    assert_eq!(k, 1, "refinement_start opens the first iteration: {t}");
+                } else {
+                    assert!(k > 1, "iteration_started opens the later iterations: {t}");
+                }
                 iteration = k;
                 next_batch = 0;
             }
@@ -936,6 +950,7 @@ fn assert_fr029_order(events: &[gw::RunEvent]) {
                 assert!(batch.is_none() && k == iteration, "{t}");
                 assert_eq!(b.batch_index, next_batch, "batches in order: {t}");
                 batch = Some(b.batch_index);
+                accepted_in_batch.clear();
             }
             Rev::TaskStarted(s) => {
                 assert_eq!(batch, Some(s.batch_index), "a task starts inside its batch: {t}");
@@ -946,6 +961,11 @@ fn assert_fr029_order(events: &[gw::RunEvent]) {
                 assert!(started.contains(&(k, p.task_id.clone())), "patch_applied after task_started: {t}");
                 patched.insert((k, p.task_id.clone()));
             }
+            Rev::PatchRejected(p) => {
+                assert!(batch.is_some(), "{t}");
+                assert!(started.contains(&(k, p.task_id.clone())), "patch_rejected after task_started: {t}");
+                rejected.insert((k, p.task_id.clone()));
+            }
             Rev::VerificationResult(v) if v.human_edit => {
                 if v.accepted {
                     accepted_sections.insert((k, v.section_id.clone()));
@@ -955,21 +975,28 @@ fn assert_fr029_order(events: &[gw::RunEvent]) {
                 assert!(v.rolled_back && v.reason.contains("quality lock"), "only a quality lock outside a batch: {t}");
             }
             Rev::VerificationResult(v) => {
-                assert!(started.contains(&(k, v.task_id.clone())), "verification_result after task_started: {t}");
-                assert!(!verified.contains(&(k, v.task_id.clone())), "one verification per task: {t}");
-                assert!(!v.accepted || patched.contains(&(k, v.task_id.clone())), "an accepted fix was applied: {t}");
-                verified.insert((k, v.task_id.clone()));
+                let task = (k, v.task_id.clone());
+                assert!(started.contains(&task), "verification_result after task_started: {t}");
+                assert!(!verified.contains(&task), "one verification per task: {t}");
                 if v.accepted {
-                    accepted_sections.insert((k, v.section_id.clone()));
+                    assert!(patched.contains(&task), "a kept fix has its patch_applied: {t}");
+                    accepted_in_batch.insert(v.section_id.clone());
+                } else {
+                    assert!(!patched.contains(&task), "no patch_applied for a fix that was not kept: {t}");
+                    // A refiner that failed or refused made no patch at all.
+                    assert!(v.verification.is_none() || rejected.contains(&task), "a rejected fix has its patch_rejected: {t}");
                 }
+                verified.insert(task);
             }
             Rev::SectionLocked(l) => {
+                assert!(batch.is_none(), "section_locked after batch_complete: {t}");
                 assert!(accepted_sections.contains(&(k, l.section_id.clone())), "locked after an accepted edit: {t}");
             }
             Rev::BatchComplete(b) => {
                 assert_eq!(batch, Some(b.batch_index), "{t}");
                 batch = None;
                 next_batch += 1;
+                accepted_sections.extend(accepted_in_batch.drain().map(|id| (k, id)));
             }
             Rev::ConsistencyChecked(c) => {
                 assert!(started.contains(&(k, c.task_id.clone())), "consistency_checked after task_started: {t}");
@@ -994,6 +1021,7 @@ fn assert_fr029_order(events: &[gw::RunEvent]) {
             Rev::RefinementComplete(_) => ended = true,
         }
     }
+    assert!(refinement_starts <= 1, "one refinement_start per run: {t}");
     assert!(ended, "refinement_complete ends the refinement: {t}");
     assert!(matches!(events.last().and_then(|e| e.event.as_ref()), Some(Event::Completed(_))), "{t}");
 }

@@ -25,11 +25,12 @@ export const EVENT_MEMBERS = [
 export const REFINEMENT_MEMBERS = [
   'refinementStart', 'batchStarted', 'taskStarted', 'patchApplied', 'verificationResult',
   'batchComplete', 'sectionLocked', 'iterationComplete', 'convergenceDetected',
-  'bestEffortSelected', 'escalationTriggered', 'refinementComplete', 'judged',
+  'bestEffortSelected', 'escalationTriggered', 'refinementComplete', 'judged', 'consistencyChecked',
+  'iterationStarted', 'patchRejected',
 ];
 // Refinement events after which the snapshot (tasks, phase, sections) is fetched again.
 export const REFRESH_AFTER = new Set([
-  'refinementStart', 'batchStarted', 'batchComplete', 'iterationComplete', 'convergenceDetected',
+  'refinementStart', 'iterationStarted', 'batchStarted', 'batchComplete', 'iterationComplete', 'convergenceDetected',
   'bestEffortSelected', 'escalationTriggered', 'refinementComplete', 'judged',
 ]);
 // Stream errors that a reconnect cannot fix.

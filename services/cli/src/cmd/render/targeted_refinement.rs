@@ -18,7 +18,7 @@ pub fn progress_line(run_id: &str, r: &gw::RefinementEvent) -> Option<String> {
     let i = r.iteration;
     Some(match r.event.as_ref()? {
         E::Judged(j) => judged_line(i, j),
-        E::RefinementStart(s) => start_line(i, s),
+        E::RefinementStart(s) | E::IterationStarted(s) => start_line(i, s),
         E::BatchStarted(b) => format!(
             "  batch {}/{}: {}",
             b.batch_index.saturating_add(1),
@@ -29,6 +29,11 @@ pub fn progress_line(run_id: &str, r: &gw::RefinementEvent) -> Option<String> {
         E::PatchApplied(p) => {
             format!("  patch {}: {}", p.section_id, if p.diff_summary.is_empty() { "edited" } else { &p.diff_summary })
         }
+        E::PatchRejected(p) => format!(
+            "  patch {} not kept: {}",
+            p.section_id,
+            if p.reason.is_empty() { "rejected" } else { &p.reason }
+        ),
         E::VerificationResult(v) => verification_line(v),
         E::ConsistencyChecked(c) => {
             let verdict = if c.consistent { "consistent, no edit" } else { "inconsistent, patching" };

@@ -81,7 +81,8 @@ function summarize(ev, k) {
 
 function refinementSummary(inner, x) {
   switch (inner) {
-    case 'refinementStart': {
+    case 'refinementStart':
+    case 'iterationStarted': {
       const plan = x.plan || {};
       const tasks = (plan.batches || []).reduce((n, b) => n + (b.tasks || []).length, 0);
       const level = plan.consolidation ? enumLabel(plan.consolidation.agreement, 'AGREEMENT_LEVEL_') : '—';
@@ -89,6 +90,7 @@ function refinementSummary(inner, x) {
     }
     case 'batchStarted': return `batch ${num(x.batchIndex) + 1}/${num(x.batchesTotal)} started (${plural((x.taskIds || []).length, 'task')})`;
     case 'taskStarted': return `task ${(x.task && x.task.id) || ''} started: ${enumLabel(x.task && x.task.action, 'FIX_ACTION_')} of ${(x.task && x.task.sectionId) || ''}`;
+    case 'patchRejected': return `${enumLabel(x.action, 'FIX_ACTION_')} of ${x.sectionId} not kept${x.reason ? `: ${x.reason}` : ''}`;
     case 'patchApplied': return `${enumLabel(x.action, 'FIX_ACTION_')} of ${x.sectionId}${x.diffSummary ? `: ${x.diffSummary}` : ''}`;
     case 'verificationResult':
       return `${x.humanEdit ? 'human edit of ' : ''}${x.sectionId}: ${x.accepted ? 'accepted' : 'rejected'}${x.rolledBack ? ', rolled back' : ''}${x.reason ? ` — ${x.reason}` : ''} (${plural(num(x.editCount), 'edit')})`;
@@ -107,6 +109,7 @@ function refinementSummary(inner, x) {
       const failedJudges = (x.judges || []).filter((j) => !j.verdict).length;
       return `judged: score ${fmtScore(x.score)}, ${plural(num(x.openIssues), 'open issue')} (${num(x.criticalIssues)} critical)${failedJudges ? `, ${failedJudges} judge(s) failed` : ''}`;
     }
+    case 'consistencyChecked': return `check of ${x.sectionId} after ${x.previousSectionId}: ${x.consistent ? 'consistent, no edit' : 'inconsistent, patching'}${x.reason ? ` — ${x.reason}` : ''}`;
     default: return 'refinement event';
   }
 }

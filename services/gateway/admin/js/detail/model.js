@@ -45,7 +45,7 @@ export function gather(D, ev, k) {
   switch (k.member) {
     case 'refinement': {
       const y = x[k.inner];
-      if (k.inner === 'refinementStart') D.plan = y;
+      if (k.inner === 'refinementStart' || k.inner === 'iterationStarted') D.plan = y;
       else if (k.inner === 'escalationTriggered') D.escalation = y;
       else if (k.inner === 'bestEffortSelected') D.bestEffort = y.bestEffort || {};
       else if (k.inner === 'convergenceDetected') D.convergence = y;
@@ -99,6 +99,7 @@ function applyRefinement(p, iteration, inner, x) {
   };
   switch (inner) {
     case 'refinementStart':
+    case 'iterationStarted':
       p.iteration = iteration;
       if (x.lockedSectionIds) p.lockedSectionIds = x.lockedSectionIds;
       break;

@@ -110,6 +110,12 @@ impl TargetedRefinement {
             self.save(ctx, &st, "executing").await?;
             drop(st);
             self.emit(ctx, iteration, Ev::BatchComplete(event)).await?;
+            // Sections locked by the batch's edits, after batch_complete (FR-029's order).
+            let mut st = shared.lock().await;
+            for (section_id, edit_count) in std::mem::take(&mut st.locks_to_announce) {
+                self.emit(ctx, iteration, Ev::SectionLocked(gw::SectionLocked { section_id, edit_count })).await?;
+            }
+            self.save(ctx, &st, "executing").await?;
         }
         Ok((shared.into_inner(), halt))
     }
@@ -243,19 +249,6 @@ impl TargetedRefinement {
             return self.task_failed(ctx, shared, i, failure(reason)).await.map(|()| None);
         };
         let after = Section { id: before.id.clone(), index: before.index, ..after };
-        self.emit(
-            ctx,
-            iteration,
-            Ev::PatchApplied(gw::PatchApplied {
-                task_id: task.id.clone(),
-                section_id: task.section_id.clone(),
-                action: convert::arbiter::fix_action_to(task.action) as i32,
-                section: Some(convert::document::section_to(&after)),
-                diff_summary: edit.diff_summary.clone(),
-                usage: Some(convert::usage_to(&edit.usage)),
-            }),
-        )
-        .await?;
         // A task that started completes: its fix is verified whatever the budget says now.
         let verified = stages
             .delta
@@ -273,7 +266,6 @@ impl TargetedRefinement {
         }
         let (accepted, verification, reason) = verdict_of(ctx, verified)?;
         let mut st = shared.lock().await;
-        let mut locked_now = None;
         if accepted {
             st.set_section(&after);
             let n = {
@@ -283,7 +275,8 @@ impl TargetedRefinement {
             };
             if n >= EDITS_TO_LOCK && !st.locked.contains(&task.section_id) {
                 st.locked.push(task.section_id.clone());
-                locked_now = Some(n);
+                // Announced after the batch completes (FR-029's order).
+                st.locks_to_announce.push((task.section_id.clone(), n));
             }
             st.tasks[i].status = Status::Applied;
             st.tasks_completed += 1;
@@ -295,6 +288,31 @@ impl TargetedRefinement {
         let edit_count = st.edits.get(&task.section_id).copied().unwrap_or(0);
         self.save(ctx, &st, "executing").await?;
         drop(st);
+        // The edit, kept or not, then its verification.
+        let action = convert::arbiter::fix_action_to(task.action) as i32;
+        let section = Some(convert::document::section_to(&after));
+        let usage = Some(convert::usage_to(&edit.usage));
+        let patch = if accepted {
+            Ev::PatchApplied(gw::PatchApplied {
+                task_id: task.id.clone(),
+                section_id: task.section_id.clone(),
+                action,
+                section,
+                diff_summary: edit.diff_summary.clone(),
+                usage,
+            })
+        } else {
+            Ev::PatchRejected(gw::PatchRejected {
+                task_id: task.id.clone(),
+                section_id: task.section_id.clone(),
+                action,
+                section,
+                diff_summary: edit.diff_summary.clone(),
+                usage,
+                reason: reason.clone(),
+            })
+        };
+        self.emit(ctx, iteration, patch).await?;
         self.emit(
             ctx,
             iteration,
@@ -310,14 +328,6 @@ impl TargetedRefinement {
             }),
         )
         .await?;
-        if let Some(n) = locked_now {
-            self.emit(
-                ctx,
-                iteration,
-                Ev::SectionLocked(gw::SectionLocked { section_id: task.section_id.clone(), edit_count: n }),
-            )
-            .await?;
-        }
         Ok(None)
     }
 

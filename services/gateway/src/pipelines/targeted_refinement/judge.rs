@@ -350,19 +350,17 @@ impl TargetedRefinement {
             plan.estimated_tokens = st.tasks.iter().map(|t| u64::from(t.task.estimated_tokens)).sum();
         }
         self.save(ctx, st, "executing").await?;
-        self.emit(
-            ctx,
-            st.iteration,
-            Ev::RefinementStart(gw::RefinementStart {
-                mode: mode_to(self.mode) as i32,
-                plan: Some(plan),
-                full_regenerate: st.full_regenerate,
-                full_regenerate_reason: st.full_regenerate_reason.clone(),
-                locked_section_ids: st.locked.clone(),
-                score: last.score,
-            }),
-        )
-        .await
+        let start = gw::RefinementStart {
+            mode: mode_to(self.mode) as i32,
+            plan: Some(plan),
+            full_regenerate: st.full_regenerate,
+            full_regenerate_reason: st.full_regenerate_reason.clone(),
+            locked_section_ids: st.locked.clone(),
+            score: last.score,
+        };
+        // One refinement_start per run (FR-029); each later iteration opens with iteration_started.
+        let event = if st.iteration == 1 { Ev::RefinementStart(start) } else { Ev::IterationStarted(start) };
+        self.emit(ctx, st.iteration, event).await
     }
 
     /// FULL_REGENERATE: one regeneration per unlocked section, in document order, one at a time

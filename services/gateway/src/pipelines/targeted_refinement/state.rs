@@ -145,6 +145,10 @@ pub(super) struct State {
     /// judging after a human's last resume (0 before any).
     #[serde(default)]
     pub(super) since: usize,
+    /// Sections locked by the current batch's edits (id, edits), announced after its
+    /// batch_complete.
+    #[serde(default)]
+    pub(super) locks_to_announce: Vec<(String, u32)>,
 }
 
 /// A section the loop's result sent back to an earlier judging's content.
@@ -189,6 +193,7 @@ impl State {
             stale: Vec::new(),
             discarded: Vec::new(),
             since: 0,
+            locks_to_announce: Vec::new(),
         }
     }
 
