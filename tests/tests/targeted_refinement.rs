@@ -1198,6 +1198,37 @@ async fn a_document_at_the_top_threshold_is_accepted_with_zero_edits() {
     sandbox.shutdown().await.unwrap();
 }
 
+/// FR-035..FR-037: the result carries the readability of the final content, every section in
+/// document order, untouched ones included: a long sentence in a section no task touched is
+/// flagged.
+#[tokio::test]
+async fn the_result_flags_readability_on_the_final_content_untouched_sections_too() {
+    const LONG: &str = "This closing note repeats every stage of the funnel once more, from awareness through \
+                        interest and desire to action, so that the learner can see the whole path in one single \
+                        long line.";
+    let mut lesson = five();
+    let summary = lesson.sections.iter_mut().find(|s| s.id == "summary").expect("a summary");
+    summary.content = format!("{} {LONG}", summary.content.trim_end());
+    let (doc, stages) = garbled(lesson.clone(), "stages", "minor", 0.2);
+    let script = Script::new(&lesson, 0.92).defect(stages);
+    let sandbox = MeshSandbox::start().await;
+    script.install(&sandbox.llm);
+    let mut run = Run::start(&sandbox, pipeline(&doc.sections, &doc.brief, gw::RefinementMode::FullAuto)).await;
+    let result = run.finish().await;
+    assert_eq!(result.outcome(), gw::RefinementOutcome::Accepted, "{result:#?}");
+    assert_eq!(result.iterations, 0, "nothing was edited");
+    let ids: Vec<&str> = result.readability.iter().map(|r| r.section_id.as_str()).collect();
+    let expected: Vec<&str> = doc.sections.iter().map(|s| s.id.as_str()).collect();
+    assert_eq!(ids, expected, "every section, in document order");
+    let flagged: Vec<&str> = result.readability.iter().filter(|r| r.flagged).map(|r| r.section_id.as_str()).collect();
+    assert_eq!(flagged, ["summary"], "{:#?}", result.readability);
+    let summary = result.readability.iter().find(|r| r.section_id == "summary").and_then(|r| r.readability.as_ref());
+    let summary = summary.expect("the summary's figures");
+    assert_eq!(summary.long_sentences, [LONG.split_whitespace().collect::<Vec<_>>().join(" ")]);
+    assert!(summary.max_sentence_words > 25 && !summary.within_targets, "{summary:?}");
+    sandbox.shutdown().await.unwrap();
+}
+
 /// US1-2, FR-026, FR-052: the score never reaches a threshold; after max_iterations the best
 /// iteration (not the last) is returned as BEST_EFFORT, BELOW_STANDARD, with the unresolved
 /// issues' fix instructions as hints.

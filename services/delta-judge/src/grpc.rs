@@ -10,11 +10,9 @@ use assay_proto::delta_judge::v1::{
     ReadabilityResponse, VerifyRequest, VerifyResponse,
 };
 
-use assay_domain::limits::MAX_TEXT_BYTES;
 use assay_domain::{StageError, Violations};
 use tonic::service::Routes;
 
-use crate::core::readability;
 use assay_domain::iteration::{self, QualityLock as Lock};
 use assay_domain::limits::MAX_ID_BYTES;
 use assay_proto::delta_judge::v1::LockViolation;
@@ -79,16 +77,6 @@ fn convergence_input(r: &CheckConvergenceRequest) -> Result<(), StageError> {
     v.into_result()
 }
 
-fn readability_input(r: &ReadabilityRequest) -> Result<(), StageError> {
-    let mut v = Violations::new();
-    if r.text.trim().is_empty() {
-        v.push("text", "must not be blank: there is nothing to measure");
-    }
-    if r.text.len() > MAX_TEXT_BYTES {
-        v.push("text", format!("is {} bytes; the limit is {MAX_TEXT_BYTES} bytes", r.text.len()));
-    }
-    v.into_result()
-}
 use assay_domain::verify::DeltaJudge;
 use assay_proto::convert::delta_judge as convert;
 use assay_rpc::{CallContext, run_with, to_status};
@@ -127,11 +115,8 @@ impl DeltaJudgeService for DeltaJudgeGrpc {
     }
 
     async fn readability(&self, request: Request<ReadabilityRequest>) -> Result<Response<ReadabilityResponse>, Status> {
-        let request = request.into_inner();
-        readability_input(&request).map_err(assay_rpc::status::to_status)?;
-        Ok(Response::new(assay_proto::convert::delta_judge::readability_to(&crate::core::verify::report(
-            &readability::measure(&request.text),
-        ))))
+        let report = self.core.readability(request.into_inner().text).await.map_err(assay_rpc::status::to_status)?;
+        Ok(Response::new(assay_proto::convert::delta_judge::readability_to(&report)))
     }
 
     async fn check_quality_locks(

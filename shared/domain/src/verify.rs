@@ -263,6 +263,9 @@ pub trait DeltaJudge: Send + Sync {
     /// One YES/NO call: is `section` still consistent with the `previous` section (just
     /// regenerated)? The N+1 consistency check (FR-049).
     async fn check_consistency(&self, request: ConsistencyRequest) -> Result<ConsistencyOutcome, StageError>;
+    /// Readability figures of a text (FR-035..FR-037; no model call). A blank text, or one over
+    /// [`MAX_TEXT_BYTES`], is refused.
+    async fn readability(&self, text: String) -> Result<ReadabilityReport, StageError>;
 }
 
 /// Check a section against the previous one after that one was regenerated.

@@ -29,6 +29,7 @@ use assay_domain::verify::{
     IssueVerification, LockViolation, ReadabilityReport, VerifyOutcome, VerifyRequest,
 };
 use assay_domain::{Answer, JudgeIssue, ModelRecord, StageError, Usage};
+use assay_domain::limits::MAX_TEXT_BYTES;
 use assay_domain::{Section, Violations};
 use assay_llm::convergence::{Cascade, EmbeddingSource, EmbeddingUnavailable};
 use assay_llm::{ChatRequest, ChatResponse, Message, ModelHub, Purpose, ResolvedChat, ResponseFormat};
@@ -563,6 +564,23 @@ impl DeltaJudge for DeltaJudgeCore {
     async fn check_consistency(&self, request: ConsistencyRequest) -> Result<ConsistencyOutcome, StageError> {
         super::consistency::check(&self.hub, request).await
     }
+
+    async fn readability(&self, text: String) -> Result<ReadabilityReport, StageError> {
+        readability_input(&text)?;
+        Ok(report(&readability::measure(&text)))
+    }
+}
+
+/// A text readability can measure: not blank, within [`MAX_TEXT_BYTES`].
+pub fn readability_input(text: &str) -> Result<(), StageError> {
+    let mut v = Violations::new();
+    if text.trim().is_empty() {
+        v.push("text", "must not be blank: there is nothing to measure");
+    }
+    if text.len() > MAX_TEXT_BYTES {
+        v.push("text", format!("is {} bytes; the limit is {MAX_TEXT_BYTES} bytes", text.len()));
+    }
+    v.into_result()
 }
 
 #[cfg(test)]

@@ -178,6 +178,13 @@ impl DeltaJudge for Gated<dyn DeltaJudge> {
         )
         .await
     }
+
+    async fn readability(&self, text: String) -> Result<verify::ReadabilityReport, StageError> {
+        gated("delta_judge.readability", |_: &verify::ReadabilityReport| Usage::default(), || {
+            self.0.readability(text.clone())
+        })
+        .await
+    }
 }
 
 #[async_trait::async_trait]

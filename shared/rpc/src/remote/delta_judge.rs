@@ -2,7 +2,8 @@
 
 use assay_domain::StageError;
 use assay_domain::verify::{
-    CompareOutcome, CompareRequest, ConsistencyOutcome, ConsistencyRequest, DeltaJudge, VerifyOutcome, VerifyRequest,
+    CompareOutcome, CompareRequest, ConsistencyOutcome, ConsistencyRequest, DeltaJudge, ReadabilityReport, VerifyOutcome,
+    VerifyRequest,
 };
 use assay_proto::convert::delta_judge as convert;
 use assay_proto::delta_judge::v1::delta_judge_service_client::DeltaJudgeServiceClient;
@@ -48,5 +49,12 @@ impl DeltaJudge for RemoteDeltaJudge {
         let reply =
             client.check_consistency(outgoing(convert::consistency_request_to(&request))).await.map_err(from_status)?;
         Ok(convert::consistency_response_from(reply.into_inner()))
+    }
+
+    async fn readability(&self, text: String) -> Result<ReadabilityReport, StageError> {
+        let mut client = self.client.clone();
+        let request = assay_proto::delta_judge::v1::ReadabilityRequest { text };
+        let reply = client.readability(outgoing(request)).await.map_err(from_status)?;
+        Ok(convert::readability_from(Some(reply.into_inner())))
     }
 }

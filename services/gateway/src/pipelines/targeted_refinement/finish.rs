@@ -117,6 +117,7 @@ impl TargetedRefinement {
             Some(hook) => self.self_refine_sections(ctx, st, hook).await?,
             None => Vec::new(),
         };
+        let readability = self.readability(st).await?;
         let j = st.judged.get(judging);
         let final_score = j.map_or(0.0, |j| j.score);
         let quality = j.map_or(gw::QualityStatus::Unspecified, |j| quality_of(j.score, j.critical));
@@ -178,11 +179,28 @@ impl TargetedRefinement {
                     reason: d.reason.clone(),
                 })
                 .collect(),
+            readability,
         };
         Ok(RunOutcome {
             state: gw::RunState::Succeeded,
             result: Some(gw::run_result::Result::TargetedRefinement(result)),
         })
+    }
+
+    /// FR-035..FR-037 on the final document: every non-blank section's readability, untouched
+    /// sections included (the delta judge measures; no model call).
+    async fn readability(&self, st: &State) -> Result<Vec<gw::SectionReadability>, StageError> {
+        let delta = self.stages()?.delta.clone();
+        let mut out = Vec::new();
+        for s in st.sections.iter().filter(|s| !s.content.trim().is_empty()) {
+            let r = delta.readability(s.content.clone()).await?;
+            out.push(gw::SectionReadability {
+                section_id: s.id.clone(),
+                flagged: !r.long_sentences.is_empty() || r.dense_text,
+                readability: Some(convert::delta_judge::readability_to(&r)),
+            });
+        }
+        Ok(out)
     }
 
     /// The self-refine hook over the final document, sections in document order (a few at once);
