@@ -92,10 +92,11 @@ async fn batch_mode_maps_answers_and_computes_every_aggregate() {
             (pb::Answer::Unspecified as i32, pb::ItemStatus::Unanswered as i32),
         ]
     );
-    assert!((s.pass_rate - 2.0 / 3.0).abs() < 1e-9);
-    assert!((s.weighted_score - 0.8).abs() < 1e-9);
+    // The unanswered item is kept out of the rates (not counted as NO): 2 YES of 2 answered.
+    assert!((s.pass_rate - 1.0).abs() < 1e-9);
+    assert!((s.weighted_score - 1.0).abs() < 1e-9);
     assert!((s.normalized_score - s.pass_rate).abs() < 1e-9);
-    assert!((s.scaled_score_1_5 - (2.0 / 3.0 * 4.0 + 1.0)).abs() < 1e-9);
+    assert!((s.scaled_score_1_5 - 5.0).abs() < 1e-9);
     assert_eq!(s.primary_score, s.weighted_score);
     assert_eq!(s.unanswered_count, 1);
     assert_eq!(s.target_id, "0");

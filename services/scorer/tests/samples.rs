@@ -113,10 +113,11 @@ async fn item_mode_samples_are_distinct_seeded_calls_combined_by_majority() {
     assert_eq!((b.answer, b.status, b.flaky, b.abstentions), (Some(Answer::No), ItemStatus::Answered, false, 1));
     assert_eq!(b.yes_share, Some(0.0));
     assert_eq!(b.sample_answers, vec![None, Some(Answer::No), Some(Answer::No)]);
-    // Per-sample pass rates 1/2, 0, 1/2 (an abstention is not a YES within its own sample).
-    assert_eq!(s.sample_primary_scores, vec![0.5, 0.0, 0.5]);
-    assert!((s.primary_score - 1.0 / 3.0).abs() < 1e-12 && (s.pass_rate - 1.0 / 3.0).abs() < 1e-12);
-    assert!((s.sample_spread.unwrap() - (1.0f64 / 12.0).sqrt()).abs() < 1e-12);
+    // Per-sample pass rates 1/1, 0/2, 1/2 (an abstention is neither a YES nor a NO within its own
+    // sample: the first sample's rate is over its one answered item).
+    assert_eq!(s.sample_primary_scores, vec![1.0, 0.0, 0.5]);
+    assert!((s.primary_score - 0.5).abs() < 1e-12 && (s.pass_rate - 0.5).abs() < 1e-12);
+    assert!((s.sample_spread.unwrap() - 0.5).abs() < 1e-12);
     assert_eq!((s.abstentions, s.answered_count, s.unanswered_count), (1, 2, 0));
     assert_eq!((out.usage.calls, out.usage.prompt_tokens), (6, 60), "every sample's calls are counted");
     // One target, three samples: three observations of one cluster (naive interval only).

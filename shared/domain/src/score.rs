@@ -127,6 +127,11 @@ impl ItemScore {
         self.answer == Some(Answer::Yes)
     }
 
+    /// The item was answered (it counts in the rates).
+    pub fn has_answer(&self) -> bool {
+        self.status == ItemStatus::Answered && self.answer.is_some()
+    }
+
     /// One item judged by several samples (`samples[i]` is sample i's score of this item, at least
     /// one): the majority over the samples that answered (a tie is NO, and flaky), the yes-share,
     /// the abstentions (samples without an answer, never counted as NO). Answered when at least one
@@ -391,15 +396,21 @@ pub struct Score {
 
 impl Score {
     /// Compute every aggregate from item scores (aligned with the checklist's items by id).
-    /// Unanswered items count in n and as not-YES: pass_rate = #yes / n.
+    ///
+    /// An item without an answer (unanswered, unparseable, failed) is counted apart
+    /// (`unanswered_count`) and kept out of the rates: pass_rate = #yes / #answered, the weighted
+    /// score over the answered items' weights (REFERENCE: "never silently counted as NO or zero").
+    /// autochecklist 0.2.3 maps a missing batch answer to NO, which lowers its pass rate by an
+    /// answer nobody gave; on fully answered checklists both agree to the last digit.
     pub fn compute(checklist: &Checklist, item_scores: Vec<ItemScore>, primary: PrimaryMetric) -> Score {
         let n = item_scores.len();
-        let yes = item_scores.iter().filter(|s| s.is_yes()).count();
-        let pass_rate = if n == 0 { 0.0 } else { yes as f64 / n as f64 };
+        let answered_items: Vec<&ItemScore> = item_scores.iter().filter(|s| s.has_answer()).collect();
+        let yes = answered_items.iter().filter(|s| s.is_yes()).count();
+        let pass_rate = if answered_items.is_empty() { 0.0 } else { yes as f64 / answered_items.len() as f64 };
         let weight_of = |id: &str| {
             checklist.items.iter().find(|i| i.id == id).map_or(crate::checklist::DEFAULT_WEIGHT, |i| i.weight)
         };
-        let total_weight: f64 = item_scores.iter().map(|s| weight_of(&s.item_id)).sum();
+        let total_weight: f64 = answered_items.iter().map(|s| weight_of(&s.item_id)).sum();
         let yes_weight: f64 = item_scores.iter().filter(|s| s.is_yes()).map(|s| weight_of(&s.item_id)).sum();
         let weighted_score = if total_weight > 0.0 { yes_weight / total_weight } else { 0.0 };
         let confidences: Vec<f64> = item_scores.iter().filter_map(|s| s.confidence).collect();
@@ -410,7 +421,7 @@ impl Score {
             PrimaryMetric::Weighted => weighted_score,
             PrimaryMetric::Normalized => normalized_score,
         };
-        let answered = item_scores.iter().filter(|s| s.status == ItemStatus::Answered).count() as u32;
+        let answered = answered_items.len() as u32;
         Score {
             checklist_id: checklist.id.clone(),
             target_id: String::new(),
@@ -559,9 +570,9 @@ impl AggregateScores {
             primary_sum += score.primary_score;
             rate_sum += score.pass_rate;
             yes_all += score.item_scores.iter().filter(|s| s.is_yes()).count();
-            items_all += score.item_scores.len();
+            items_all += score.item_scores.iter().filter(|s| s.has_answer()).count();
             unanswered += score.unanswered_count;
-            for s in &score.item_scores {
+            for s in score.item_scores.iter().filter(|s| s.has_answer()) {
                 let cat = checklist
                     .items
                     .iter()
@@ -642,9 +653,45 @@ mod tests {
             ],
             PrimaryMetric::Pass,
         );
-        assert_eq!(s.unanswered_count, 1);
-        assert!((s.pass_rate - 2.0 / 3.0).abs() < 1e-12);
+        assert_eq!((s.unanswered_count, s.answered_count), (1, 2));
+        // Kept out of the rates, not counted as NO: both answers are YES.
+        assert_eq!(s.pass_rate, 1.0);
+        assert_eq!(s.weighted_score, 1.0, "over the answered items' weights");
         assert!((s.normalized_score - s.pass_rate).abs() < 1e-12);
+        assert_eq!(s.scaled_score_1_5, 5.0);
+        // One NO among the answered: 1/2, weights 50 (a, YES) of 50 + 20.
+        let s = Score::compute(
+            &cl,
+            vec![
+                ItemScore::answered("a", Answer::Yes),
+                ItemScore::missing("b", ItemStatus::Unparseable, "no yes/no"),
+                ItemScore::answered("c", Answer::No),
+            ],
+            PrimaryMetric::Weighted,
+        );
+        assert_eq!(s.pass_rate, 0.5);
+        assert!((s.weighted_score - 50.0 / 70.0).abs() < 1e-12);
+        // Nothing answered: zero, and every item counted unanswered.
+        let s = Score::compute(
+            &cl,
+            vec![ItemScore::missing("a", ItemStatus::Failed, "backend down")],
+            PrimaryMetric::Pass,
+        );
+        assert_eq!((s.pass_rate, s.unanswered_count, s.answered_count), (0.0, 1, 0));
+        // Aggregates: the micro rate and the categories count answered items only.
+        let one = Score::compute(
+            &cl,
+            vec![
+                ItemScore::answered("a", Answer::Yes),
+                ItemScore::missing("b", ItemStatus::Unanswered, "no answer"),
+                ItemScore::answered("c", Answer::No),
+            ],
+            PrimaryMetric::Pass,
+        );
+        let agg = AggregateScores::compute([(&one, &cl)]);
+        assert_eq!((agg.micro_pass_rate, agg.macro_pass_rate, agg.unanswered_items), (0.5, 0.5, 1));
+        let ungrouped = agg.category_pass_rates.iter().find(|c| c.category == UNGROUPED).expect("ungrouped");
+        assert_eq!((ungrouped.pass_rate, ungrouped.items), (0.0, 1), "c (NO) only: b has no answer");
     }
 
     #[test]
@@ -813,15 +860,17 @@ mod tests {
             sample(&cl, "t", &[Some(No), Some(Yes), Some(No)]),
         ];
         let primaries: Vec<f64> = samples.iter().map(|s| s.primary_score).collect();
-        assert_eq!(primaries, vec![0.8, 0.5, 0.3]);
+        // The second sample's third item has no answer: its rates are over the two answered
+        // items (weights 50 + 30).
+        assert_eq!(primaries, vec![0.8, 0.625, 0.3]);
         let s = Score::combine_samples(&cl, samples.clone(), PrimaryMetric::Weighted);
-        assert!((s.primary_score - 1.6 / 3.0).abs() < 1e-12);
-        assert!((s.weighted_score - 1.6 / 3.0).abs() < 1e-12);
-        assert!((s.pass_rate - (2.0 / 3.0 + 1.0 / 3.0 + 1.0 / 3.0) / 3.0).abs() < 1e-12);
+        assert!((s.primary_score - 1.725 / 3.0).abs() < 1e-12);
+        assert!((s.weighted_score - 1.725 / 3.0).abs() < 1e-12);
+        assert!((s.pass_rate - (2.0 / 3.0 + 1.0 / 2.0 + 1.0 / 3.0) / 3.0).abs() < 1e-12);
         assert!((s.scaled_score_1_5 - (s.pass_rate * 4.0 + 1.0)).abs() < 1e-12);
         assert_eq!(s.sample_primary_scores, primaries);
         assert!((s.sample_spread.unwrap() - crate::stats::sd(&primaries)).abs() < 1e-15);
-        assert!((s.sample_spread.unwrap() - 0.25166114784235827).abs() < 1e-12);
+        assert!((s.sample_spread.unwrap() - 0.2537222891273055).abs() < 1e-12);
         let answers: Vec<_> = s.item_scores.iter().map(|i| (i.answer, i.flaky)).collect();
         assert_eq!(answers, vec![(Some(Yes), true), (Some(Yes), true), (Some(No), false)]);
         assert_eq!((s.abstentions, s.answered_count, s.unanswered_count, s.target_id.as_str()), (1, 3, 0, "t"));
