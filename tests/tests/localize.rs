@@ -317,3 +317,48 @@ async fn targeted_refinement_fixes_a_document_level_critical_issue() {
     assert_eq!(expanded, 1, "one regeneration, of rule72");
     sandbox.shutdown().await.unwrap();
 }
+
+/// Once the arbiter placed a section-less issue, it belongs to that section: the focused
+/// re-judging of the fixed section credits the fix at once (the judges no longer raise it), where
+/// the section-less issue used to be carried forward with its penalty until a full judging.
+#[tokio::test]
+async fn a_placed_issue_is_credited_by_the_focused_rejudging_of_its_section() {
+    let sandbox = MeshSandbox::start().await;
+    sandbox.llm.set_handler(pipeline_handler);
+    let (brief, sections) = lesson();
+    let pipeline = gw::TargetedRefinementPipeline {
+        sections: sections.clone(),
+        brief: Some(brief),
+        mode: gw::RefinementMode::FullAuto as i32,
+        ..Default::default()
+    };
+    let events = sandbox.run_pipeline(gw::run_pipeline_request::Pipeline::TargetedRefinement(pipeline)).await;
+    let judged: Vec<(u32, gw::Judged)> = events
+        .iter()
+        .filter_map(|e| match &e.event {
+            Some(gw::run_event::Event::Refinement(r)) => match &r.event {
+                Some(gw::refinement_event::Event::Judged(j)) => Some((r.iteration, j.clone())),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect();
+    let scores: Vec<(u32, bool, f64)> = judged.iter().map(|(k, j)| (*k, j.focused, j.score)).collect();
+    assert!(judged.first().is_some_and(|(k, j)| *k == 0 && j.score < 0.9 && j.critical_issues == 1), "{scores:?}");
+    let (_, focused) = judged.iter().find(|(k, j)| *k == 1 && j.focused).expect("a focused re-judging");
+    assert!((focused.score - 0.95).abs() < 1e-9, "the fix is credited by the focused judging: {scores:?}");
+    assert_eq!((focused.open_issues, focused.critical_issues), (0, 0), "{scores:?}");
+    let result = events
+        .iter()
+        .find_map(|e| match &e.event {
+            Some(gw::run_event::Event::Completed(c)) => match c.result.as_ref().and_then(|r| r.result.clone()) {
+                Some(gw::run_result::Result::TargetedRefinement(r)) => Some(r),
+                _ => None,
+            },
+            _ => None,
+        })
+        .expect("the run completes");
+    assert_eq!(result.outcome(), gw::RefinementOutcome::Accepted, "{result:#?}");
+    assert_eq!(result.iterations, 1);
+    sandbox.shutdown().await.unwrap();
+}

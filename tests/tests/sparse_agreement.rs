@@ -88,9 +88,7 @@ async fn volunteered_section_scores_do_not_collapse_agreement() {
     every[1].section_scores = vec![score("s1", "clarity_readability", 0.25), score("s2", "factual_accuracy", 0.1)];
     every[2].section_scores = vec![score("s6", "engagement_examples", 0.9)];
 
-    for (what, verdicts, units) in
-        [("one judge", one, "criterion"), ("every judge", every, "criterion")]
-    {
+    for (what, verdicts, units) in [("one judge", one, "criterion"), ("every judge", every, "criterion")] {
         let plan = plan(&sandbox, verdicts).await;
         let c = plan.consolidation.unwrap();
         assert_eq!(c.agreement(), AgreementLevel::High, "{what}: {c:#?}");

@@ -672,11 +672,8 @@ mod tests {
         assert_eq!(s.pass_rate, 0.5);
         assert!((s.weighted_score - 50.0 / 70.0).abs() < 1e-12);
         // Nothing answered: zero, and every item counted unanswered.
-        let s = Score::compute(
-            &cl,
-            vec![ItemScore::missing("a", ItemStatus::Failed, "backend down")],
-            PrimaryMetric::Pass,
-        );
+        let s =
+            Score::compute(&cl, vec![ItemScore::missing("a", ItemStatus::Failed, "backend down")], PrimaryMetric::Pass);
         assert_eq!((s.pass_rate, s.unanswered_count, s.answered_count), (0.0, 1, 0));
         // Aggregates: the micro rate and the categories count answered items only.
         let one = Score::compute(

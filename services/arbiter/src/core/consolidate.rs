@@ -35,8 +35,7 @@ pub fn ratings(verdicts: &[JudgeVerdict]) -> (alpha::Ratings, &'static str) {
         }
     }
     let units: Vec<&str> = raters.into_iter().filter(|(_, n)| *n >= 2).map(|(u, _)| u).collect();
-    let data =
-        verdicts.iter().map(|v| units.iter().map(|c| v.criterion_scores.get(*c).copied()).collect()).collect();
+    let data = verdicts.iter().map(|v| units.iter().map(|c| v.criterion_scores.get(*c).copied()).collect()).collect();
     (data, UNITS_CRITERION)
 }
 

@@ -23,13 +23,13 @@
 
 use std::sync::Arc;
 
+use assay_domain::limits::MAX_TEXT_BYTES;
 use assay_domain::template::render;
 use assay_domain::verify::{
     CompareOutcome, CompareRequest, ConsistencyOutcome, ConsistencyRequest, DeltaJudge, HeuristicCheck,
     IssueVerification, LockViolation, ReadabilityReport, VerifyOutcome, VerifyRequest,
 };
 use assay_domain::{Answer, JudgeIssue, ModelRecord, StageError, Usage};
-use assay_domain::limits::MAX_TEXT_BYTES;
 use assay_domain::{Section, Violations};
 use assay_llm::convergence::{Cascade, EmbeddingSource, EmbeddingUnavailable};
 use assay_llm::{ChatRequest, ChatResponse, Message, ModelHub, Purpose, ResolvedChat, ResponseFormat};

@@ -180,9 +180,11 @@ impl DeltaJudge for Gated<dyn DeltaJudge> {
     }
 
     async fn readability(&self, text: String) -> Result<verify::ReadabilityReport, StageError> {
-        gated("delta_judge.readability", |_: &verify::ReadabilityReport| Usage::default(), || {
-            self.0.readability(text.clone())
-        })
+        gated(
+            "delta_judge.readability",
+            |_: &verify::ReadabilityReport| Usage::default(),
+            || self.0.readability(text.clone()),
+        )
         .await
     }
 }

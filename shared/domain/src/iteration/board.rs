@@ -52,6 +52,9 @@ pub struct JudgeBoard {
     pub shares: BTreeMap<String, f64>,
     /// Issues numbered so far (new issues get fresh ids).
     pub issued: u32,
+    /// Ids of the issues placed from no section into one (see [`Board::place`]).
+    #[serde(default)]
+    pub placed: BTreeSet<String>,
 }
 
 /// Every judge's standing view, in judge order of the full judging.
@@ -98,6 +101,45 @@ impl Board {
         }
     }
 
+    /// An issue that named no section, placed by the arbiter in `sections` (FR: localization),
+    /// belongs to them from now on: each judge that raised it (`raised_by`) has its section-less
+    /// issue on the same criterion (`id` for the judge whose issue the arbiter kept, else that
+    /// judge's first section-less issue on the criterion) moved into the first placed section, or
+    /// copied into each (`<id>@<section>`, its share split evenly). A focused judging of the
+    /// section then replaces it like any issue of the section: fixed, it gives its share back; a
+    /// section that was never judged again keeps it. Returns how many judges' issues moved.
+    pub fn place(&mut self, id: &str, criterion: &str, raised_by: &[String], sections: &[String]) -> usize {
+        if sections.is_empty() {
+            return 0;
+        }
+        let mut moved = 0;
+        for b in &mut self.judges {
+            if !raised_by.iter().any(|j| *j == b.verdict.judge_id) && !b.verdict.issues.iter().any(|i| i.id == id) {
+                continue;
+            }
+            let unplaced = |i: &JudgeIssue| i.section_id.is_empty() && i.criterion == criterion;
+            let Some(at) = b
+                .verdict
+                .issues
+                .iter()
+                .position(|i| i.id == id && unplaced(i))
+                .or_else(|| b.verdict.issues.iter().position(unplaced))
+            else {
+                continue;
+            };
+            let issue = b.verdict.issues.remove(at);
+            let share = b.shares.remove(&issue.id).unwrap_or(0.0) / sections.len() as f64;
+            for s in sections {
+                let id = if sections.len() == 1 { issue.id.clone() } else { format!("{}@{s}", issue.id) };
+                b.shares.insert(id.clone(), share);
+                b.placed.insert(id.clone());
+                b.verdict.issues.push(JudgeIssue { id, section_id: s.clone(), ..issue.clone() });
+            }
+            moved += 1;
+        }
+        moved
+    }
+
     /// Each judge's standing verdict: criterion scores from the open issues' shares, the
     /// standing section scores and issues.
     pub fn verdicts(&self) -> Vec<JudgeVerdict> {
@@ -142,6 +184,7 @@ impl JudgeBoard {
             per_weight,
             shares: BTreeMap::new(),
             issued: v.issues.len() as u32,
+            placed: BTreeSet::new(),
         };
         for i in &v.issues {
             let share = b.share_of(i);
@@ -158,13 +201,25 @@ impl JudgeBoard {
     }
 
     fn focused(&mut self, v: &JudgeVerdict, judged: &[String]) {
-        let gone: Vec<String> =
-            self.verdict.issues.iter().filter(|i| judged.contains(&i.section_id)).map(|i| i.id.clone()).collect();
+        // A placed issue stays open while the judge still raises it without a section (on the
+        // same criterion): judging its section did not find it fixed.
+        let still_raised = |i: &JudgeIssue| {
+            self.placed.contains(&i.id)
+                && v.issues.iter().any(|n| n.section_id.is_empty() && n.criterion == i.criterion)
+        };
+        let gone: Vec<String> = self
+            .verdict
+            .issues
+            .iter()
+            .filter(|i| judged.contains(&i.section_id) && !still_raised(i))
+            .map(|i| i.id.clone())
+            .collect();
         for id in &gone {
             self.shares.remove(id);
         }
         let mut issues: Vec<JudgeIssue> =
-            self.verdict.issues.iter().filter(|i| !judged.contains(&i.section_id)).cloned().collect();
+            self.verdict.issues.iter().filter(|i| !gone.contains(&i.id)).cloned().collect();
+        self.placed.retain(|id| !gone.contains(id));
         for i in v.issues.iter().filter(|i| judged.contains(&i.section_id)) {
             self.issued += 1;
             let i = JudgeIssue { id: format!("{}-{}", self.verdict.judge_id, self.issued), ..i.clone() };
@@ -308,6 +363,48 @@ mod tests {
         // Both fixed: the clean level.
         board.update_focused(&[verdict("a", &SCORES, vec![])], &["s3".into()]);
         assert!(close(board.verdicts()[0].criterion_scores["accuracy"], 0.85));
+    }
+
+    #[test]
+    fn a_placed_section_less_issue_is_credited_once_its_section_is_fixed() {
+        // Two judges raised "the objectives are missing" without a section; the arbiter placed it
+        // in s1 (judge a's issue kept).
+        let objectives =
+            |judge: &str, n| JudgeIssue { id: format!("{judge}-{n}"), ..issue(n, "", "accuracy", Severity::Major) };
+        let v = vec![
+            verdict("a", &SCORES, vec![objectives("a", 1)]),
+            verdict("b", &[("accuracy", 0.7), ("clarity", 0.9), ("tone", 0.9)], vec![objectives("b", 1)]),
+        ];
+        let full = document_score(&v);
+        let mut board = Board::from_full(&v);
+        let judges = ["a".to_string(), "b".to_string()];
+        assert_eq!(board.place("a-1", "accuracy", &judges, &["s1".into()]), 2);
+        assert!(board.verdicts().iter().all(|v| v.issues.iter().all(|i| i.section_id == "s1")));
+        assert!(close(document_score(&board.verdicts()), full), "placing moves no score");
+        // s1 patched and judged again, the problem gone: both judges give the share back.
+        let clean = |j: &str| verdict(j, &SCORES, vec![]);
+        board.update_focused(&[clean("a"), clean("b")], &["s1".into()]);
+        let standing = board.verdicts();
+        assert!(standing.iter().all(|v| v.issues.is_empty()), "{standing:?}");
+        assert!(document_score(&standing) > full + 0.01, "the fix is credited");
+        // A judge that still raises it without a section keeps it open in its section.
+        let mut kept = Board::from_full(&v);
+        kept.place("a-1", "accuracy", &judges, &["s1".into()]);
+        let again = |j: &str| verdict(j, &SCORES, vec![objectives(j, 9)]);
+        kept.update_focused(&[again("a"), again("b")], &["s1".into()]);
+        assert!(close(document_score(&kept.verdicts()), full), "not credited");
+        assert!(kept.verdicts().iter().all(|v| v.issues.len() == 1 && v.issues[0].section_id == "s1"));
+        // Without the placement the section-less issues were carried with their cost.
+        let mut unplaced = Board::from_full(&v);
+        unplaced.update_focused(&[clean("a"), clean("b")], &["s1".into()]);
+        assert!(close(document_score(&unplaced.verdicts()), full));
+        // Placed in two sections: one copy each, the share split; nothing placed: nothing moves.
+        let mut two = Board::from_full(&v[..1]);
+        assert_eq!(two.place("a-1", "accuracy", &judges[..1], &["s1".into(), "s2".into()]), 1);
+        let ids: Vec<String> = two.verdicts()[0].issues.iter().map(|i| i.id.clone()).collect();
+        assert_eq!(ids, ["a-1@s1", "a-1@s2"]);
+        assert!(close(document_score(&two.verdicts()), document_score(&v[..1])));
+        assert_eq!(Board::from_full(&v).place("a-1", "accuracy", &judges, &[]), 0);
     }
 
     #[test]

@@ -112,8 +112,7 @@ impl Scored {
 pub fn settle_on(mode: Mode, judged: &[Scored]) -> Option<(Acceptance, usize)> {
     let accepted: Vec<(usize, Acceptance)> =
         judged.iter().enumerate().filter_map(|(i, j)| Some((i, accepts(mode, j.score, j.critical)?))).collect();
-    let pairs: Vec<(f64, bool)> =
-        accepted.iter().map(|(i, _)| (judged[*i].score, judged[*i].human_edited)).collect();
+    let pairs: Vec<(f64, bool)> = accepted.iter().map(|(i, _)| (judged[*i].score, judged[*i].human_edited)).collect();
     if accepted.is_empty() {
         return None;
     }

@@ -107,9 +107,8 @@ pub fn regressions(
 ) -> Vec<(String, Vec<LockViolation>)> {
     let edited: Vec<&String> =
         sections.iter().zip(before).filter(|(now, was)| now.content != was.content).map(|(s, _)| &s.id).collect();
-    let gained_on = |id: &str, criterion: Option<&str>| {
-        gained.iter().any(|(s, c)| s == id && criterion.is_none_or(|x| x == c))
-    };
+    let gained_on =
+        |id: &str, criterion: Option<&str>| gained.iter().any(|(s, c)| s == id && criterion.is_none_or(|x| x == c));
     // Who a document-level drop on a criterion is blamed on.
     let blamed = |criterion: &str| -> Vec<&String> {
         let on: Vec<&String> = edited.iter().copied().filter(|id| gained_on(id, Some(criterion))).collect();

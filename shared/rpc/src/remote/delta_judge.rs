@@ -2,8 +2,8 @@
 
 use assay_domain::StageError;
 use assay_domain::verify::{
-    CompareOutcome, CompareRequest, ConsistencyOutcome, ConsistencyRequest, DeltaJudge, ReadabilityReport, VerifyOutcome,
-    VerifyRequest,
+    CompareOutcome, CompareRequest, ConsistencyOutcome, ConsistencyRequest, DeltaJudge, ReadabilityReport,
+    VerifyOutcome, VerifyRequest,
 };
 use assay_proto::convert::delta_judge as convert;
 use assay_proto::delta_judge::v1::delta_judge_service_client::DeltaJudgeServiceClient;

@@ -29,11 +29,9 @@ pub fn progress_line(run_id: &str, r: &gw::RefinementEvent) -> Option<String> {
         E::PatchApplied(p) => {
             format!("  patch {}: {}", p.section_id, if p.diff_summary.is_empty() { "edited" } else { &p.diff_summary })
         }
-        E::PatchRejected(p) => format!(
-            "  patch {} not kept: {}",
-            p.section_id,
-            if p.reason.is_empty() { "rejected" } else { &p.reason }
-        ),
+        E::PatchRejected(p) => {
+            format!("  patch {} not kept: {}", p.section_id, if p.reason.is_empty() { "rejected" } else { &p.reason })
+        }
         E::VerificationResult(v) => verification_line(v),
         E::ConsistencyChecked(c) => {
             let verdict = if c.consistent { "consistent, no edit" } else { "inconsistent, patching" };

@@ -180,6 +180,7 @@ impl TargetedRefinement {
                 })
                 .collect(),
             readability,
+            unplaced_issue_ids: issues.iter().filter(|i| i.section_id.is_empty()).map(|i| i.id.clone()).collect(),
         };
         Ok(RunOutcome {
             state: gw::RunState::Succeeded,

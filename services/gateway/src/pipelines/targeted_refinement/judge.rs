@@ -97,6 +97,15 @@ impl TargetedRefinement {
         } else {
             self.plan(ctx, st, &verdicts).await?
         };
+        // An issue the arbiter placed belongs to its section(s) from now on: re-judging the
+        // section credits its fix (it is not carried as a section-less issue).
+        let mut board = board;
+        for l in plan.consolidation.localizations.iter().filter(|l| !l.section_ids.is_empty()) {
+            let Some(placed) = plan.consolidation.issues.iter().find(|i| l.issue_ids.contains(&i.id)) else {
+                continue;
+            };
+            board.place(&l.issue_id, &placed.criterion, &placed.raised_by, &l.section_ids);
+        }
         let score = iteration::document_score(&verdicts);
         let issues = plan.consolidation.issues.clone();
         let critical_issues = issues.iter().filter(|i| i.severity == Severity::Critical).count() as u32;
