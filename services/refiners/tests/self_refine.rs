@@ -452,9 +452,10 @@ async fn a_reply_that_is_not_a_revision_keeps_the_draft_and_says_why() {
     assert_eq!(h.embedding_calls(), 0, "decided by characters alone");
 }
 
-/// The regression guard holds on pass 1 too: a revision that diverged from the draft is kept only
-/// when its similarity to the original stays at or above 0.85 x the original's own (1), even with
-/// a single pass; a faithful short rewrite passes, a refusal in a <revised> block does not.
+/// The regression guard holds on pass 1 too when embeddings measure it: a revision that diverged
+/// from the draft is kept only when its cosine to the original stays at or above 0.85 x the
+/// original's own (1), even with a single pass; a faithful short rewrite passes, a refusal in a
+/// <revised> block does not. By Jaccard (embeddings down) it is kept and flagged.
 #[tokio::test]
 async fn a_diverged_first_revision_must_pass_the_guard() {
     let h = Harness::start().await;
@@ -482,15 +483,30 @@ async fn a_diverged_first_revision_must_pass_the_guard() {
     assert!((p.similarity_to_original.unwrap() - 0.90).abs() < 1e-6);
     assert_eq!((out.final_text.as_str(), out.changed), (SUMMARY, true));
     assert_eq!(out.stop_reason, SelfRefineStopReason::MaxPasses as i32);
-    // Without embeddings the guard measures by Jaccard: a refusal shares no word with the draft
-    // (another one: the cascade's cache holds REFUSAL's vector).
+    // Without embeddings the guard measures by Jaccard, and a degraded similarity alone never
+    // rolls back a real pass-1 revision (REFERENCE): a faithful expansion of the draft, five times
+    // its length, shares few words with it by Jaccard's count; it is kept, flagged degraded_from.
     h.embeddings_down(true);
-    h.chat([reply(&["Cannot help."], "Sorry, I will not do that.")]);
+    let expansion = format!(
+        "{DRAFT} {}",
+        "In practice, a service that opens a new client for every call pays for a fresh TCP and TLS \
+         handshake each time, exhausts ephemeral ports under load, and loses the warm connection pool; \
+         sharing a single client avoids all three. Timeouts belong on the client itself: a connect \
+         timeout of a few seconds, a read timeout sized to the slowest expected response, and an overall \
+         deadline per request. Retries should be limited to idempotent requests, spaced with exponential \
+         backoff and jitter, and capped, so that a struggling upstream is not flooded. "
+            .repeat(2)
+    );
+    h.chat([reply(&["Too short for a newcomer."], &expansion)]);
     let out = h.refine(request(DRAFT)).await;
     let p = &out.passes[0];
-    assert!(out.rolled_back && out.final_text == DRAFT, "{out:?}");
+    assert!(p.diverged && !p.rolled_back && p.error.is_empty(), "{p:?}");
     assert_eq!(p.similarity_measure, "jaccard");
+    assert!(p.similarity_to_original.unwrap() < 0.85, "Jaccard would have rolled it back: {p:?}");
+    assert_eq!(p.rollback_threshold, None, "no threshold on a degraded pass-1 similarity");
     assert!(p.similarity_degraded_reason.contains("embedding call failed"), "{}", p.similarity_degraded_reason);
+    assert_eq!((out.final_text.as_str(), out.changed, out.rolled_back), (expansion.trim(), true, false));
+    assert_eq!(out.degraded_from, "embedding", "{out:?}");
 }
 
 /// The draft and the task reach the model fenced, after the rule that they are material: a forged

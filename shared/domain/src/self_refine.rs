@@ -7,7 +7,8 @@
 //!    the regression guard measures the revision's similarity to the original (embedding cosine
 //!    through the cascade's cache and breaker; Jaccard when embeddings are unavailable for it or
 //!    for an earlier revision). Below [`ROLLBACK_RATIO`] x the best similarity of the revisions
-//!    kept so far (on pass 1, for a diverged revision: x 1, the original's own), the revision is
+//!    kept so far (on pass 1, for a diverged revision measured by cosine: x 1, the original's own;
+//!    a pass-1 revision measured by Jaccard is never rolled back, only flagged `degraded_from`), the revision is
 //!    discarded (`rolled_back`) and the loop stops returning the BEST draft seen, not the previous
 //!    one: of the original and every kept revision, the one the guard scored highest (its
 //!    similarity to the original in the guard's measure). The original is the measure's reference,

@@ -195,7 +195,10 @@ fn best_kept(kept: &[KeptDraft], measure: DecidedBy) -> Option<&KeptDraft> {
 /// far. Cosine when both this revision and every kept one have it (the same measure throughout),
 /// else Jaccard; the threshold is [`ROLLBACK_RATIO`] x the best kept similarity in that measure.
 /// With nothing kept yet (pass 1), a revision that `diverged` from the draft is held to the
-/// original itself (similarity 1 in either measure): threshold [`ROLLBACK_RATIO`]; any other
+/// original itself (similarity 1) by cosine: threshold [`ROLLBACK_RATIO`]. Measured by Jaccard
+/// (embeddings unavailable) it has no threshold: REFERENCE, "a real revision is never rolled back
+/// on a degraded (Jaccard fallback) similarity alone: it is kept and flagged `degraded_from`" (a
+/// faithful expansion of a short draft shares few words with it in Jaccard's terms). Any other
 /// pass-1 revision has no threshold.
 fn guard(point: GuardPoint, embedding_error: &str, kept: &[GuardPoint], diverged: bool) -> OriginalSimilarity {
     let by_cosine = point.cosine.filter(|_| kept.iter().all(|k| k.cosine.is_some()));
@@ -210,7 +213,7 @@ fn guard(point: GuardPoint, embedding_error: &str, kept: &[GuardPoint], diverged
             (point.jaccard, DecidedBy::Jaccard, kept.iter().map(|k| k.jaccard).reduce(f64::max), reason)
         }
     };
-    let best = best.or(diverged.then_some(1.0));
+    let best = best.or((diverged && measure == DecidedBy::Embedding).then_some(1.0));
     // Never above the best itself: a cosine can be negative, and 0.85 x a negative best would
     // roll back a revision exactly as close to the original as the best kept one.
     let threshold = best.map(|b| (ROLLBACK_RATIO * b).min(b));
@@ -406,7 +409,14 @@ impl ChecklistRefiners {
                 break;
             }
         }
-        let degraded_from = passes.iter().find_map(|p| p.degraded_from().map(str::to_string));
+        // A cascade that decided without embeddings, or a guard that measured a kept revision by
+        // Jaccard, says so.
+        let degraded_from = passes.iter().find_map(|p| p.degraded_from().map(str::to_string)).or_else(|| {
+            passes
+                .iter()
+                .any(|p| p.kept() && p.original_similarity.as_ref().is_some_and(|g| !g.degraded_reason.is_empty()))
+                .then(|| "embedding".to_string())
+        });
         let outcome = SelfRefineOutcome {
             changed: current != r.draft,
             returned_pass: current_pass,
@@ -499,11 +509,12 @@ mod tests {
         assert!(g.degraded_reason.contains("earlier revision"));
         // Pass 1: nothing kept, no threshold...
         assert_eq!(guard(GuardPoint { jaccard: 0.5, cosine: Some(0.9) }, "", &[], false).threshold, None);
-        // ...unless the revision diverged: then the original itself is the baseline.
+        // ...unless the revision diverged: then the original itself is the baseline, by cosine.
         let g = guard(GuardPoint { jaccard: 0.1, cosine: Some(0.9) }, "", &[], true);
         assert_eq!((g.measure, g.threshold), (DecidedBy::Embedding, Some(0.85)));
+        // By Jaccard (degraded), pass 1 is never held to a threshold.
         let g = guard(GuardPoint { jaccard: 0.1, cosine: None }, "no embedding backend", &[], true);
-        assert_eq!((g.measure, g.similarity, g.threshold), (DecidedBy::Jaccard, 0.1, Some(0.85)));
+        assert_eq!((g.measure, g.similarity, g.threshold), (DecidedBy::Jaccard, 0.1, None));
         // A negative best cosine: the threshold is the best itself, not 0.85 x it (above it).
         let g = guard(
             GuardPoint { jaccard: 0.6, cosine: Some(-0.4) },
