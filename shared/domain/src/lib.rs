@@ -2,6 +2,7 @@
 //! Nothing here knows about gRPC or model backends: no transport, no client, no metrics.
 
 pub mod arbiter;
+pub mod asks;
 pub mod checklist;
 pub mod content;
 pub mod debate;

@@ -1,7 +1,7 @@
 //! The delta judge's pure logic: no transport types here.
 
 pub mod answer;
-pub mod asks;
+pub use assay_domain::asks;
 pub mod consistency;
 pub mod readability;
 pub mod verify;

@@ -124,8 +124,16 @@ pub fn extract_section(reply: &str) -> String {
     t.trim_matches('\n').trim_end().to_string()
 }
 
-/// Why a reply cannot replace the section, if it cannot.
-pub fn refuse(original: &Section, reply: &str, previous: Option<&Section>, next: Option<&Section>) -> Option<String> {
+/// Why a reply cannot replace the section, if it cannot. A dropped heading is refused unless one
+/// of `issues` asks for a removal, merge or restructuring ([`assay_domain::asks`]): then the drop
+/// is the fix, and the delta judge verifies it.
+pub fn refuse(
+    original: &Section,
+    reply: &str,
+    previous: Option<&Section>,
+    next: Option<&Section>,
+    issues: &[assay_domain::JudgeIssue],
+) -> Option<String> {
     if reply.trim().is_empty() {
         return Some("the reply is empty".into());
     }
@@ -142,7 +150,9 @@ pub fn refuse(original: &Section, reply: &str, previous: Option<&Section>, next:
     }
     let kept = headings(reply);
     let lost: Vec<String> = headings(&original.content).into_iter().filter(|h| !kept.contains(h)).collect();
-    if !lost.is_empty() {
+    let asked =
+        issues.iter().any(|i| assay_domain::asks::asks_to_restructure(&i.description, &i.fix_instruction).is_some());
+    if !lost.is_empty() && !asked {
         return Some(format!("the reply drops the section's heading(s): {}", lost.join(", ")));
     }
     None
@@ -223,7 +233,7 @@ impl ChecklistRefiners {
         let refused = if reply.finish_reason == assay_llm::FinishReason::Length {
             Some(format!("the reply was cut at the token limit ({} tokens)", record.max_tokens))
         } else {
-            refuse(&r.section, &text, r.previous.as_ref(), r.next.as_ref())
+            refuse(&r.section, &text, r.previous.as_ref(), r.next.as_ref(), &r.issues)
         };
         let (section, rejected_reason, diff) = match refused {
             Some(why) => (None, why, String::new()),
@@ -324,19 +334,43 @@ mod tests {
         let prev = section("p", &"The previous section ends with a long closing sentence about funnels. ".repeat(2));
         let next = section("n", &"The next section opens with a long sentence about the four stages. ".repeat(2));
         let original = section("s", "## Stages\nAwareness comes last.\n\n### Order\nSome order.");
-        assert_eq!(refuse(&original, "  ", None, None).unwrap(), "the reply is empty");
+        assert_eq!(refuse(&original, "  ", None, None, &[]).unwrap(), "the reply is empty");
         let echo = format!("## Stages\n### Order\n{}", next.content);
-        assert!(refuse(&original, &echo, Some(&prev), Some(&next)).unwrap().contains("repeats the next section"));
+        assert!(refuse(&original, &echo, Some(&prev), Some(&next), &[]).unwrap().contains("repeats the next section"));
         let echo = format!("{}\n## Stages\n### Order\nfixed", prev.content);
-        assert!(refuse(&original, &echo, Some(&prev), Some(&next)).unwrap().contains("repeats the previous section"));
-        let why = refuse(&original, "## Stages\nAwareness comes first.", Some(&prev), Some(&next)).unwrap();
+        assert!(
+            refuse(&original, &echo, Some(&prev), Some(&next), &[]).unwrap().contains("repeats the previous section")
+        );
+        let why = refuse(&original, "## Stages\nAwareness comes first.", Some(&prev), Some(&next), &[]).unwrap();
         assert_eq!(why, "the reply drops the section's heading(s): ### Order");
         assert_eq!(
-            refuse(&original, "## Stages\nAwareness first.\n\n### Order\nFixed.", Some(&prev), Some(&next)),
+            refuse(&original, "## Stages\nAwareness first.\n\n### Order\nFixed.", Some(&prev), Some(&next), &[]),
             None
         );
         // A heading inside a code block is not a heading.
         assert!(headings("```\n# not a heading\n```\n# real").eq(&["# real".to_string()]));
+        // An issue that asks for the heading's removal or a merge allows the drop (the delta judge
+        // verifies it); one that says not to remove it does not.
+        let issue = |description: &str, fix: &str| assay_domain::JudgeIssue {
+            id: "i1".into(),
+            criterion: "pedagogical_structure".into(),
+            severity: assay_domain::Severity::Minor,
+            section_id: "s".into(),
+            description: description.into(),
+            fix_instruction: fix.into(),
+            location: "### Order".into(),
+            raised_by: vec![],
+            context_window: String::new(),
+        };
+        let merged = "## Stages\nAwareness comes first, and the order follows.";
+        let asked = [issue("The Order subsection repeats the stages.", "Merge the Order subsection into Stages.")];
+        assert_eq!(refuse(&original, merged, Some(&prev), Some(&next), &asked), None);
+        let removal = [issue("A redundant heading.", "Remove the ### Order heading.")];
+        assert_eq!(refuse(&original, merged, Some(&prev), Some(&next), &removal), None);
+        let keep = [issue("Awareness is not last.", "Fix the order; do not remove the Order heading.")];
+        assert!(
+            refuse(&original, merged, Some(&prev), Some(&next), &keep).unwrap().contains("drops the section's heading")
+        );
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Whether an issue asks for a structural change: removing, merging, condensing or restructuring
-//! content. The delta judge holds a drop of headings, list items or code blocks against a fix only
-//! when no issue of the task asks for one (issue 31, point 6).
+//! content. The patcher refuses a reply that drops one of the section's headings, and the delta
+//! judge holds a drop of headings, list items or code blocks against a fix, only when no issue of
+//! the task asks for one.
 //!
 //! Detection reads the issue's description and fix instruction (the judge's and the arbiter's
 //! words; the issue carries no structured action) and looks for a word that names such a change,
