@@ -37,6 +37,7 @@ pub const RESTRUCTURE_STEMS: &[&str] = &[
     "shorten",
     "overlap",
     "prose",
+    "split",
     // Portuguese
     "apag",
     "retir",

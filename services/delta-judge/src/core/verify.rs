@@ -265,7 +265,12 @@ pub fn structure_check(before: &str, after: &str, asked: Option<&Restructuring>)
 /// whose text is not already among the long sentences of `before`), the average sentence length
 /// does not leave the 15-20 band upwards (<= 20 before, > 20 after), the text does not turn dense.
 /// An average that falls under 15 (from 15 or more) is a note, not a rejection.
-pub fn readability_check(before: &Readability, after: &Readability) -> Checked {
+///
+/// When an issue of the task asked for a structural change (`asked`: merge, condense, remove,
+/// split, restructure...), the change it asked for may move these figures (two sentences merged
+/// into a long one, paragraphs joined): the moves are reported as a note naming the issue, not
+/// held against the fix, which the issue's own YES/NO check verifies.
+pub fn readability_check(before: &Readability, after: &Readability, asked: Option<&Restructuring>) -> Checked {
     let figures = format!(
         "average {:.1} words a sentence (was {:.1}), longest {}, paragraph break ratio {:.2}",
         after.average_sentence_words,
@@ -304,6 +309,15 @@ pub fn readability_check(before: &Readability, after: &Readability) -> Checked {
         ));
     }
     if !away.is_empty() {
+        if let Some(a) = asked {
+            let what = format!(
+                "readability moved as issue {} asked ({:?}): {} ({figures})",
+                a.issue_id,
+                a.word,
+                away.join("; ")
+            );
+            return Checked { note: Some(what.clone()), ..checked("readability", true, what, None) };
+        }
         let why = format!("readability regressed: {} ({figures})", away.join("; "));
         return checked("readability", false, why.clone(), Some(why));
     }
@@ -495,7 +509,7 @@ impl DeltaJudge for DeltaJudgeCore {
             length_check(before, after, request.min_length_ratio, request.max_length_ratio),
             language_check(before, after),
             structure_check(before, after, asked.as_ref()),
-            readability_check(&read_before, &read_after),
+            readability_check(&read_before, &read_after, asked.as_ref()),
         ];
         let template_sha = assay_domain::template::template_sha256(VERIFY_TEMPLATE);
         let mut usage = Usage::default();
@@ -702,12 +716,12 @@ mod tests {
         let before = readability::measure(&text(&[18, 18, 18, 18]));
         let after = readability::measure(&text(&[10, 10, 10, 10, 10, 10, 10]));
         assert!(before.within_targets && !after.within_targets);
-        let c = readability_check(&before, &after);
+        let c = readability_check(&before, &after, None);
         assert!(c.check.passed && c.reason.is_none(), "{}", c.check.detail);
         let note = c.note.expect("a note");
         assert!(note.starts_with("shorter sentences: the average fell from 18.0 to 10.0 words"), "{note}");
         // Already short before: no note.
-        assert!(readability_check(&after, &after).note.is_none());
+        assert!(readability_check(&after, &after, None).note.is_none());
     }
 
     /// Moves away from the targets still reject: a new long sentence, the average leaving 15-20
@@ -715,21 +729,30 @@ mod tests {
     #[test]
     fn moves_away_from_the_targets_are_rejections() {
         let before = readability::measure(&text(&[16, 16, 16, 16]));
-        let c = readability_check(&before, &readability::measure(&text(&[16, 16, 16, 16, 30])));
+        let c = readability_check(&before, &readability::measure(&text(&[16, 16, 16, 16, 30])), None);
         let why = c.reason.expect("a new 30-word sentence");
         assert!(why.starts_with("readability regressed: a new sentence over 25 words (30 words"), "{why}");
 
-        let c = readability_check(&before, &readability::measure(&text(&[22, 22, 22, 22])));
+        let c = readability_check(&before, &readability::measure(&text(&[22, 22, 22, 22])), None);
         let why = c.reason.expect("the average left the band upwards");
         assert!(why.contains("the average sentence length left the 15-20 word band upwards (16.0 -> 22.0)"), "{why}");
 
         let dense = (0..13).map(|_| sentence(16)).collect::<Vec<_>>().join(" ");
-        let c = readability_check(&before, &readability::measure(&dense));
+        let c = readability_check(&before, &readability::measure(&dense), None);
         assert!(c.reason.expect("dense").contains("the text turned dense"));
+
+        // An issue that asked to merge or condense: the moves are a note naming it, not a rejection.
+        let asked = Restructuring { issue_id: "i-2".into(), word: "merge".into() };
+        let c = readability_check(&before, &readability::measure(&text(&[16, 16, 16, 16, 30])), Some(&asked));
+        assert!(c.check.passed && c.reason.is_none(), "{}", c.check.detail);
+        let note = c.note.expect("a note");
+        assert!(note.starts_with("readability moved as issue i-2 asked (\"merge\"): a new sentence over 25"), "{note}");
+        let c = readability_check(&before, &readability::measure(&dense), Some(&asked));
+        assert!(c.check.passed && c.note.is_some_and(|n| n.contains("turned dense")));
 
         // The same long sentence before and after, average already over 20: no move away.
         let long_before = readability::measure(&text(&[30, 22, 22]));
-        let c = readability_check(&long_before, &readability::measure(&text(&[30, 22, 24])));
+        let c = readability_check(&long_before, &readability::measure(&text(&[30, 22, 24])), None);
         assert!(c.check.passed, "{}", c.check.detail);
     }
 
@@ -742,24 +765,24 @@ mod tests {
         let short30 = format!("Alpha {}.", words[1..30].join(" "));
         let para = |s: &str| format!("{} {s} {}", sentence(12), sentence(12));
         let before = readability::measure(&para(&long40));
-        let c = readability_check(&before, &readability::measure(&para(&short30)));
+        let c = readability_check(&before, &readability::measure(&para(&short30)), None);
         assert!(c.check.passed, "shortened: {}", c.check.detail);
 
         let with_figure = |n: u32| format!("Alpha {} costs {n} dollars.", words[1..27].join(" "));
         let before = readability::measure(&para(&with_figure(30)));
-        let c = readability_check(&before, &readability::measure(&para(&with_figure(35))));
+        let c = readability_check(&before, &readability::measure(&para(&with_figure(35))), None);
         assert!(c.check.passed, "figure corrected: {}", c.check.detail);
 
         // Grown (30 -> 40 words): a new long sentence.
         let before = readability::measure(&para(&short30));
-        let c = readability_check(&before, &readability::measure(&para(&long40)));
+        let c = readability_check(&before, &readability::measure(&para(&long40)), None);
         assert!(c.reason.expect("grown").contains("a new sentence over 25 words (40 words"));
 
         // Unrelated: a new long sentence.
         let other: Vec<String> = (0..30).map(|i| format!("zz{i}q")).collect();
         let unrelated = format!("Omega {}.", other[1..].join(" "));
         let before = readability::measure(&para(&long40));
-        let c = readability_check(&before, &readability::measure(&para(&unrelated)));
+        let c = readability_check(&before, &readability::measure(&para(&unrelated)), None);
         assert!(c.reason.expect("unrelated").contains("a new sentence over 25 words (30 words"));
     }
 
