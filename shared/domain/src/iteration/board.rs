@@ -114,7 +114,7 @@ impl Board {
         }
         let mut moved = 0;
         for b in &mut self.judges {
-            if !raised_by.iter().any(|j| *j == b.verdict.judge_id) && !b.verdict.issues.iter().any(|i| i.id == id) {
+            if !raised_by.contains(&b.verdict.judge_id) && !b.verdict.issues.iter().any(|i| i.id == id) {
                 continue;
             }
             let unplaced = |i: &JudgeIssue| i.section_id.is_empty() && i.criterion == criterion;

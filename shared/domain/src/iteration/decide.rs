@@ -384,14 +384,13 @@ mod tests {
         let with_task = Routing { tasks: vec![task("s1")], ..Routing::default() };
         // 0.70 -> 0.82 -> 0.80 -> 0.79: stalled at the last two, no critical issue.
         let judged = scored(&[0.70, 0.82, 0.80, 0.79]);
-        match decide(&standing(&with_task, &judged, &secs, &[], &edits)) {
-            Decision::Settle(Acceptance::AcceptedWithWarning(w), reason, judging) => {
-                assert_eq!(judging, 1, "the 0.82 iteration");
-                assert_eq!(reason, "gain_below_threshold");
-                assert!(w.contains("0.82"), "the warning is about the judging returned: {w}");
-            }
-            other => panic!("expected a settle on the best judging, got {other:?}"),
-        }
+        let decision = decide(&standing(&with_task, &judged, &secs, &[], &edits));
+        let Decision::Settle(Acceptance::AcceptedWithWarning(w), reason, judging) = decision else {
+            panic!("expected a settle on the best judging, got {decision:?}")
+        };
+        assert_eq!(judging, 1, "the 0.82 iteration");
+        assert_eq!(reason, "gain_below_threshold");
+        assert!(w.contains("0.82"), "the warning is about the judging returned: {w}");
         // The best judging holds a critical issue no tier accepts: the best one a tier accepts.
         let mut judged = scored(&[0.70, 0.82, 0.80, 0.79]);
         judged[1].critical = true;
