@@ -268,16 +268,7 @@ async fn targeted_refinement_fixes_a_document_level_critical_issue() {
         ..Default::default()
     };
     let events = sandbox.run_pipeline(gw::run_pipeline_request::Pipeline::TargetedRefinement(pipeline)).await;
-    let result = events
-        .iter()
-        .find_map(|e| match &e.event {
-            Some(gw::run_event::Event::Completed(c)) => match c.result.as_ref().and_then(|r| r.result.clone()) {
-                Some(gw::run_result::Result::TargetedRefinement(r)) => Some(r),
-                _ => None,
-            },
-            _ => None,
-        })
-        .unwrap_or_else(|| panic!("the run completes: {events:#?}"));
+    let result = refinement_result(&events).unwrap_or_else(|| panic!("the run completes: {events:#?}"));
     // The refinement events, shortened, for failure messages.
     let trace: Vec<String> = events
         .iter()
@@ -348,17 +339,19 @@ async fn a_placed_issue_is_credited_by_the_focused_rejudging_of_its_section() {
     let (_, focused) = judged.iter().find(|(k, j)| *k == 1 && j.focused).expect("a focused re-judging");
     assert!((focused.score - 0.95).abs() < 1e-9, "the fix is credited by the focused judging: {scores:?}");
     assert_eq!((focused.open_issues, focused.critical_issues), (0, 0), "{scores:?}");
-    let result = events
-        .iter()
-        .find_map(|e| match &e.event {
-            Some(gw::run_event::Event::Completed(c)) => match c.result.as_ref().and_then(|r| r.result.clone()) {
-                Some(gw::run_result::Result::TargetedRefinement(r)) => Some(r),
-                _ => None,
-            },
-            _ => None,
-        })
-        .expect("the run completes");
+    let result = refinement_result(&events).expect("the run completes");
     assert_eq!(result.outcome(), gw::RefinementOutcome::Accepted, "{result:#?}");
     assert_eq!(result.iterations, 1);
     sandbox.shutdown().await.unwrap();
+}
+
+/// The targeted refinement result of a run's events.
+fn refinement_result(events: &[gw::RunEvent]) -> Option<gw::TargetedRefinementResult> {
+    events.iter().find_map(|e| match &e.event {
+        Some(gw::run_event::Event::Completed(c)) => match c.result.as_ref().and_then(|r| r.result.clone()) {
+            Some(gw::run_result::Result::TargetedRefinement(r)) => Some(r),
+            _ => None,
+        },
+        _ => None,
+    })
 }

@@ -1252,12 +1252,7 @@ async fn us1_2_max_iterations_return_the_best_iteration_below_standard_with_hint
     let script =
         Script::new(&lesson, 0.95).defect(practice.clone()).defect(garbled_intro).defect(vague.clone()).defect(muddled);
     let sandbox = MeshSandbox::start().await;
-    script.install(&sandbox.llm);
-
-    let mut p = pipeline(&doc.sections, &doc.brief, gw::RefinementMode::FullAuto);
-    p.max_iterations = Some(2);
-    let mut run = Run::start(&sandbox, p).await;
-    let result = run.finish().await;
+    let (run, result) = full_auto_in_two_iterations(&sandbox, &script, &doc).await;
 
     let after1 = doc.clone().with("intro", &muddled_intro, INTRO_VAGUE);
     let after2 = after1.clone().with("intro", INTRO_VAGUE, INTRO_MUDDLED);
@@ -1324,6 +1319,20 @@ async fn us1_2_max_iterations_return_the_best_iteration_below_standard_with_hint
     sandbox.shutdown().await.unwrap();
 }
 
+/// A full-auto run of `doc` on `script`'s backend, at most two iterations, to its result.
+async fn full_auto_in_two_iterations(
+    sandbox: &MeshSandbox,
+    script: &Script,
+    doc: &Lesson,
+) -> (Run, gw::TargetedRefinementResult) {
+    script.install(&sandbox.llm);
+    let mut p = pipeline(&doc.sections, &doc.brief, gw::RefinementMode::FullAuto);
+    p.max_iterations = Some(2);
+    let mut run = Run::start(sandbox, p).await;
+    let result = run.finish().await;
+    (run, result)
+}
+
 /// FR-026: a loop that stops and settles at a lower tier returns its highest-scoring judged
 /// iteration, not the last: the intro's second fix (accepted by the delta judge, scored lower by
 /// the panel) is discarded and reported with why.
@@ -1341,12 +1350,7 @@ async fn a_settled_refinement_returns_the_best_iteration_and_reports_the_fixes_i
     let muddled = Defect::new("intro", INTRO_MUDDLED, CLARITY, "major", 0.36);
     let script = Script::new(&lesson, 0.95).defect(practice).defect(garbled_intro).defect(vague).defect(muddled);
     let sandbox = MeshSandbox::start().await;
-    script.install(&sandbox.llm);
-
-    let mut p = pipeline(&doc.sections, &doc.brief, gw::RefinementMode::FullAuto);
-    p.max_iterations = Some(2);
-    let mut run = Run::start(&sandbox, p).await;
-    let result = run.finish().await;
+    let (run, result) = full_auto_in_two_iterations(&sandbox, &script, &doc).await;
 
     let after1 = doc.clone().with("intro", &muddled_intro, INTRO_VAGUE);
     let after2 = after1.clone().with("intro", INTRO_VAGUE, INTRO_MUDDLED);

@@ -39,6 +39,12 @@ pub const FAST_CANDIDATES: usize = 64;
 /// Completion tokens when a request sets no `max_tokens`.
 pub const DEFAULT_MAX_TOKENS: u32 = 512;
 
+/// Default context window (prompt + completion), clamped to the model's training context: the
+/// panel judge's prompt for an 18,000-character, 8-section lesson
+/// (`tests/fixtures/lesson_compound_interest.json`) is about 5,700 tokens, over the 4,096 this
+/// was, so every judge of the default backend failed on a full-size document.
+pub const DEFAULT_N_CTX: u32 = 8192;
+
 /// Options of [`LocalChat`].
 #[derive(Debug, Clone)]
 pub struct LocalChatOptions {
@@ -54,7 +60,7 @@ pub struct LocalChatOptions {
 
 impl Default for LocalChatOptions {
     fn default() -> Self {
-        Self { n_ctx: 4096, queue_capacity: 64, threads: None, prompt_style: None }
+        Self { n_ctx: DEFAULT_N_CTX, queue_capacity: 64, threads: None, prompt_style: None }
     }
 }
 

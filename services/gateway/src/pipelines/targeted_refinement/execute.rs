@@ -289,29 +289,15 @@ impl TargetedRefinement {
         self.save(ctx, &st, "executing").await?;
         drop(st);
         // The edit, kept or not, then its verification.
-        let action = convert::arbiter::fix_action_to(task.action) as i32;
-        let section = Some(convert::document::section_to(&after));
-        let usage = Some(convert::usage_to(&edit.usage));
-        let patch = if accepted {
-            Ev::PatchApplied(gw::PatchApplied {
-                task_id: task.id.clone(),
-                section_id: task.section_id.clone(),
-                action,
-                section,
-                diff_summary: edit.diff_summary.clone(),
-                usage,
-            })
-        } else {
-            Ev::PatchRejected(gw::PatchRejected {
-                task_id: task.id.clone(),
-                section_id: task.section_id.clone(),
-                action,
-                section,
-                diff_summary: edit.diff_summary.clone(),
-                usage,
-                reason: reason.clone(),
-            })
+        let applied = gw::PatchApplied {
+            task_id: task.id.clone(),
+            section_id: task.section_id.clone(),
+            action: convert::arbiter::fix_action_to(task.action) as i32,
+            section: Some(convert::document::section_to(&after)),
+            diff_summary: edit.diff_summary.clone(),
+            usage: Some(convert::usage_to(&edit.usage)),
         };
+        let patch = if accepted { Ev::PatchApplied(applied) } else { Ev::PatchRejected(rejected(applied, &reason)) };
         self.emit(ctx, iteration, patch).await?;
         self.emit(
             ctx,
@@ -459,4 +445,10 @@ fn split_estimate(task: &FixTask, section: &Section) -> (u64, u64) {
     let checks = task.issue_ids.len().max(1) as u64;
     let verify = (checks * (250 + 2 * body + 1)).min(u64::from(task.estimated_tokens));
     (u64::from(task.estimated_tokens) - verify, verify)
+}
+
+/// The event of a fix that was not kept: the patch as it would have been applied, and why not.
+fn rejected(p: gw::PatchApplied, reason: &str) -> gw::PatchRejected {
+    let gw::PatchApplied { task_id, section_id, action, section, diff_summary, usage } = p;
+    gw::PatchRejected { task_id, section_id, action, section, diff_summary, usage, reason: reason.to_string() }
 }
