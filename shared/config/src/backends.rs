@@ -39,6 +39,11 @@ pub struct BackendConfig {
     /// Send `response_format: json_schema` (unset: the client's default, yes).
     #[serde(default)]
     pub supports_json_schema: Option<bool>,
+    /// How structured output is sent (openai backends): `auto` (unset; negotiated once per model,
+    /// strongest form first: `json_schema`, `json_object` with the schema as llama-cpp-python takes
+    /// it, `json_mode`, the schema in the prompt), or one of those forms, fixed.
+    #[serde(default)]
+    pub structured_output: Option<String>,
     /// Ask for first-token logprobs (unset: the client's default, yes).
     #[serde(default)]
     pub supports_logprobs: Option<bool>,
@@ -164,6 +169,9 @@ fn shown(rate: f64) -> String {
     if rate.abs() >= 1e9 { format!("{rate:e}") } else { format!("{rate}") }
 }
 
+/// The values of `backends.<name>.structured_output`.
+pub const STRUCTURED_OUTPUT_FORMS: [&str; 5] = ["auto", "json_schema", "json_object", "json_mode", "prompt"];
+
 /// Every backend's settings usable: its price table ([`check_prices`]), `hedge_factor` and
 /// `timeout_multiplier`. The error names the key. Run by `load`; a configuration built or changed
 /// in code is checked again where backends are built from it.
@@ -181,6 +189,14 @@ pub fn check_backends(backends: &BTreeMap<String, BackendConfig>) -> Result<(), 
                      call), or 0 to hedge only the last attempt",
                     shown(h)
                 ),
+            ));
+        }
+        if let Some(form) = &entry.structured_output
+            && !STRUCTURED_OUTPUT_FORMS.contains(&form.as_str())
+        {
+            return Err(error(
+                "structured_output",
+                format!("is {form:?}; it must be one of {}", STRUCTURED_OUTPUT_FORMS.join(", ")),
             ));
         }
         let m = entry.timeout_multiplier;
@@ -293,6 +309,14 @@ mod tests {
             load_from("[backends.openai]\nhedge_factor = 0\n").unwrap().backends["openai"].hedge_factor,
             Some(0.0)
         );
+    }
+
+    #[test]
+    fn structured_output_is_one_of_its_forms() {
+        let c = load_from("[backends.openai]\nstructured_output = \"json_object\"\n").unwrap();
+        assert_eq!(c.backends["openai"].structured_output.as_deref(), Some("json_object"));
+        let e = load_from("[backends.openai]\nstructured_output = \"grammar\"\n").unwrap_err().to_string();
+        assert!(e.contains("structured_output") && e.contains("json_mode"), "{e}");
     }
 
     #[test]

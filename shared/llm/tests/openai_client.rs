@@ -490,11 +490,12 @@ async fn a_400_that_is_not_about_the_schema_is_not_remembered() {
     server
         .push(Reply::status(400))
         .push(Reply::status(400).body("context too long"))
+        .push(Reply::status(400).body("context too long"))
         .push(Reply::status(400).body("context too long"));
     let client = client(&server);
     let err = client.chat(schema_request()).await.unwrap_err();
     assert!(matches!(&err, LlmError::InvalidRequest(m) if m.contains("context too long")), "{err:?}");
-    assert_eq!(server.request_count(), 3, "each weaker form tried once, no more");
+    assert_eq!(server.request_count(), 4, "each weaker form tried once (four forms), no more");
     assert!(!client.schema_rejected());
     assert_eq!(client.schema_delivery(), "json_schema");
 }
@@ -911,4 +912,65 @@ async fn a_hung_last_attempt_is_hedged_instead_of_waiting_for_the_ceiling() {
     assert_eq!(reply.usage.retries, 1);
     assert_eq!(server.request_count(), 3 + 3, "three warm-up calls, the 503, the hung attempt and its hedge");
     assert!(eventually(Duration::from_secs(5), || server.cancelled_count() == 1).await, "the hung request dropped");
+}
+
+/// A llama-cpp-python-like server: `json_schema` refused with a 500 validation error naming the
+/// field, `json_object` (with its schema) answered.
+fn refuses_json_schema(r: &assay_testkit::RecordedRequest) -> Reply {
+    match r.body["response_format"]["type"].as_str() {
+        Some("json_schema") => Reply::status(500).body(
+            r#"{"error":{"message":"1 validation error: body.response_format.type: Input should be 'text' or 'json_object'"}}"#,
+        ),
+        _ => Reply::json(json!({"score": 3})),
+    }
+}
+
+/// Sixteen concurrent first structured calls to a model negotiate its form once: one json_schema
+/// request (refused), then everyone on json_object; no call fails and the circuit breaker, which
+/// opens after 5 failures, stays closed.
+#[tokio::test]
+async fn a_first_burst_negotiates_the_form_once_and_never_opens_the_breaker() {
+    let server = ScriptedLlm::start().await;
+    server.set_handler(refuses_json_schema);
+    let client = client(&server);
+    let calls = (0..16).map(|_| client.chat(schema_request()));
+    let replies = futures::future::join_all(calls).await;
+    assert!(replies.iter().all(|r| matches!(r, Ok(x) if x.json == Some(json!({"score": 3})))), "{replies:?}");
+    let forms: Vec<String> = server
+        .requests()
+        .iter()
+        .map(|r| r.body["response_format"]["type"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert_eq!(forms.iter().filter(|f| *f == "json_schema").count(), 1, "one negotiation: {forms:?}");
+    assert_eq!(forms.iter().filter(|f| *f == "json_object").count(), 16, "{forms:?}");
+    assert_eq!(client.breaker_state(), BreakerState::Closed);
+    assert_eq!(client.schema_delivery(), "json_object");
+    let fell_back: u32 = replies.iter().filter_map(|r| r.as_ref().ok()).map(|r| r.usage.schema_fallbacks).sum();
+    assert_eq!(fell_back, 1, "only the negotiating call paid the refused form");
+}
+
+/// Each model of a backend negotiates its own form; the refusals of six models in a row (more
+/// than the breaker's 5 failures) are no outage: the breaker stays closed and a plain call goes
+/// through. A fixed `structured_output` sends its one form, no negotiation.
+#[tokio::test]
+async fn refused_forms_are_not_failures_and_a_fixed_form_is_sent_as_is() {
+    let server = ScriptedLlm::start().await;
+    server.set_handler(refuses_json_schema);
+    let client = client(&server);
+    for m in 0..6 {
+        let request = ChatRequest { model: Some(format!("model-{m}")), ..schema_request() };
+        assert!(client.chat(request).await.is_ok(), "model-{m}");
+    }
+    assert_eq!(client.breaker_state(), BreakerState::Closed);
+    assert_eq!(server.request_count(), 12, "json_schema then json_object, per model");
+
+    let server = ScriptedLlm::start().await;
+    server.set_handler(refuses_json_schema);
+    let config = OpenAiConfig { structured_output: assay_llm::StructuredOutput::JsonMode, ..config(&server) };
+    let client = OpenAiClient::new(config).unwrap();
+    let reply = client.chat(schema_request()).await.unwrap();
+    assert!(reply.schema_fallback && reply.usage.schema_fallbacks == 0);
+    let sent = &server.requests()[0];
+    assert_eq!(sent.body["response_format"], json!({"type": "json_object"}));
+    assert!(sent.last_user_message().unwrap().contains(&schema().to_string()));
 }

@@ -154,6 +154,9 @@ pub fn openai_client(entry: &assay_config::BackendConfig) -> Result<OpenAiClient
     if let Some(on) = entry.supports_json_schema {
         c.supports_json_schema = on;
     }
+    if let Some(form) = entry.structured_output.as_deref().and_then(assay_llm::StructuredOutput::parse) {
+        c.structured_output = form;
+    }
     if let Some(on) = entry.supports_logprobs {
         c.supports_logprobs = on;
     }

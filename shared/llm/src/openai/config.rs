@@ -47,6 +47,8 @@ pub struct OpenAiConfig {
     pub breaker_cooldown: Duration,
     /// Send `response_format: json_schema`; when false the schema always goes in the prompt.
     pub supports_json_schema: bool,
+    /// How structured output is sent: negotiated per model (`Auto`), or one fixed form.
+    pub structured_output: super::format::StructuredOutput,
     pub supports_logprobs: bool,
     /// 5xx statuses that are deterministic and never retried (default 501, 505).
     pub deterministic_statuses: Vec<u16>,
@@ -78,6 +80,7 @@ impl Default for OpenAiConfig {
             breaker_failures: 5,
             breaker_cooldown: Duration::from_secs(30),
             supports_json_schema: true,
+            structured_output: super::format::StructuredOutput::Auto,
             supports_logprobs: true,
             deterministic_statuses: vec![501, 505],
             requests_per_minute: 0,
@@ -107,6 +110,7 @@ impl fmt::Debug for OpenAiConfig {
             .field("breaker_failures", &self.breaker_failures)
             .field("breaker_cooldown", &self.breaker_cooldown)
             .field("supports_json_schema", &self.supports_json_schema)
+            .field("structured_output", &self.structured_output)
             .field("supports_logprobs", &self.supports_logprobs)
             .field("deterministic_statuses", &self.deterministic_statuses)
             .field("requests_per_minute", &self.requests_per_minute)

@@ -1,8 +1,11 @@
-//! The structured-output fallback ladder: how a request's JSON schema is delivered
-//! (`json_schema`, then `json_object` with the schema, then the schema in the prompt), when a
-//! backend's answer counts as rejecting the form, and the memory of the form that worked.
+//! The structured-output ladder: how a request's JSON schema is delivered (`json_schema`, then
+//! `json_object` with the schema, then JSON mode with the schema in the prompt, then the schema in
+//! the prompt only), when a backend's answer counts as rejecting the form, and the memory of the
+//! form that worked, per model, negotiated once.
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use crate::types::{LlmError, ResponseFormat};
 
@@ -10,49 +13,114 @@ use crate::types::{LlmError, ResponseFormat};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum SchemaDelivery {
     None,
-    /// `response_format: {"type": "json_schema", ...}` (OpenAI, vLLM, llama.cpp server, Ollama).
+    /// `response_format: {"type": "json_schema", ...}` (OpenAI, vLLM, llama.cpp's llama-server,
+    /// Ollama's OpenAI endpoint).
     ResponseFormat,
     /// `response_format: {"type": "json_object", "schema": ...}` plus the schema in the prompt:
-    /// servers that enforce the schema this way (llama-cpp-python) or JSON mode at least.
+    /// servers that enforce the schema this way (llama-cpp-python, by grammar).
     JsonObject,
+    /// `response_format: {"type": "json_object"}` (JSON mode, no schema) plus the schema in the
+    /// prompt.
+    JsonMode,
     /// The schema written into the last user message only.
     Prompt,
 }
 
 impl SchemaDelivery {
-    const LEVELS: [SchemaDelivery; 3] = [Self::ResponseFormat, Self::JsonObject, Self::Prompt];
+    const LEVELS: [SchemaDelivery; 4] = [Self::ResponseFormat, Self::JsonObject, Self::JsonMode, Self::Prompt];
 
     fn level(self) -> u8 {
         match self {
             Self::ResponseFormat | Self::None => 0,
             Self::JsonObject => 1,
-            Self::Prompt => 2,
+            Self::JsonMode => 2,
+            Self::Prompt => 3,
         }
     }
 
-    /// The next, weaker form after a rejection (None after the prompt form).
-    pub(super) fn weaker(self) -> Option<Self> {
+    /// The next, weaker form after a rejection whose message is `rejection` (None after the
+    /// prompt form). A rejection that names `json_object` skips JSON mode: that type is refused.
+    pub(super) fn weaker(self, rejection: &str) -> Option<Self> {
+        let refuses_json_object = rejection.to_ascii_lowercase().contains("json_object");
         match self {
             Self::ResponseFormat => Some(Self::JsonObject),
-            Self::JsonObject => Some(Self::Prompt),
+            Self::JsonObject if refuses_json_object => Some(Self::Prompt),
+            Self::JsonObject => Some(Self::JsonMode),
+            Self::JsonMode => Some(Self::Prompt),
             Self::Prompt | Self::None => None,
         }
     }
 
     /// Whether this is a fallback form (the schema is not sent as native `json_schema`).
     pub(super) fn fell_back(self) -> bool {
-        matches!(self, Self::JsonObject | Self::Prompt)
+        matches!(self, Self::JsonObject | Self::JsonMode | Self::Prompt)
+    }
+
+    /// The form's name: `json_schema`, `json_object`, `json_mode` or `prompt`.
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Self::ResponseFormat | Self::None => "json_schema",
+            Self::JsonObject => "json_object",
+            Self::JsonMode => "json_mode",
+            Self::Prompt => "prompt",
+        }
     }
 }
 
-/// The first schema delivery a backend accepted after a rejection: 0 native json_schema,
-/// 1 json_object with the schema, 2 the schema in the prompt. Only ever moves down the ladder.
-#[derive(Debug, Default)]
-pub(super) struct SchemaMemory {
-    level: AtomicU8,
+/// How structured output is sent to a backend (`backends.<name>.structured_output`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StructuredOutput {
+    /// Negotiated once per model: the forms are tried strongest first, the first that works is
+    /// kept for the process.
+    #[default]
+    Auto,
+    /// `response_format: json_schema` only.
+    JsonSchema,
+    /// `response_format: {"type": "json_object", "schema": ...}` (llama-cpp-python).
+    JsonObject,
+    /// `response_format: {"type": "json_object"}` with the schema in the prompt.
+    JsonMode,
+    /// The schema in the prompt only.
+    Prompt,
 }
 
-impl SchemaMemory {
+impl StructuredOutput {
+    /// Parse a configuration value: `auto`, `json_schema`, `json_object`, `json_mode` or `prompt`.
+    pub fn parse(value: &str) -> Option<Self> {
+        Some(match value {
+            "auto" => Self::Auto,
+            "json_schema" => Self::JsonSchema,
+            "json_object" => Self::JsonObject,
+            "json_mode" => Self::JsonMode,
+            "prompt" => Self::Prompt,
+            _ => return None,
+        })
+    }
+
+    /// The one form a fixed setting sends; `None` for `auto`.
+    pub(super) fn fixed(self) -> Option<SchemaDelivery> {
+        match self {
+            Self::Auto => None,
+            Self::JsonSchema => Some(SchemaDelivery::ResponseFormat),
+            Self::JsonObject => Some(SchemaDelivery::JsonObject),
+            Self::JsonMode => Some(SchemaDelivery::JsonMode),
+            Self::Prompt => Some(SchemaDelivery::Prompt),
+        }
+    }
+}
+
+/// What one model of a backend accepts: the first schema delivery that worked (0 native
+/// json_schema ... 3 the prompt; only ever moves down the ladder), whether it was negotiated, and
+/// the gate that makes a first burst of calls negotiate once.
+#[derive(Debug, Default)]
+pub(super) struct ModelForms {
+    level: AtomicU8,
+    negotiated: AtomicBool,
+    /// Held by the call that negotiates; the others of the first burst wait on it.
+    pub(super) gate: tokio::sync::Mutex<()>,
+}
+
+impl ModelForms {
     /// The form to try first for a request with this response format.
     pub(super) fn first_form(&self, format: &ResponseFormat, supports_json_schema: bool) -> SchemaDelivery {
         match format {
@@ -65,23 +133,52 @@ impl SchemaMemory {
         }
     }
 
-    /// Remember a form that worked after a fallback (never moves back up the ladder).
+    /// Remember a form that worked (never moves back up the ladder).
     pub(super) fn remember(&self, worked: SchemaDelivery) {
         self.level.fetch_max(worked.level(), Ordering::Relaxed);
     }
 
-    /// Whether the native JSON schema form has been rejected.
-    pub(super) fn rejected(&self) -> bool {
-        self.level.load(Ordering::Relaxed) > 0
+    pub(super) fn negotiated(&self) -> bool {
+        self.negotiated.load(Ordering::Acquire)
     }
 
-    /// The remembered form: `json_schema`, `json_object` or `prompt`.
+    /// Mark the form settled; true the first time.
+    pub(super) fn settle(&self) -> bool {
+        !self.negotiated.swap(true, Ordering::AcqRel)
+    }
+
+    fn level(&self) -> u8 {
+        self.level.load(Ordering::Relaxed)
+    }
+}
+
+/// The forms every model of one backend accepts, by model name.
+#[derive(Debug, Default)]
+pub(super) struct SchemaMemory {
+    models: std::sync::Mutex<HashMap<String, Arc<ModelForms>>>,
+}
+
+impl SchemaMemory {
+    /// The forms of `model` (created on first use).
+    pub(super) fn of(&self, model: &str) -> Arc<ModelForms> {
+        let mut models = self.models.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        models.entry(model.to_string()).or_default().clone()
+    }
+
+    fn weakest(&self) -> u8 {
+        let models = self.models.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        models.values().map(|m| m.level()).max().unwrap_or(0)
+    }
+
+    /// Whether a model of this backend has rejected the native JSON schema form.
+    pub(super) fn rejected(&self) -> bool {
+        self.weakest() > 0
+    }
+
+    /// The weakest form a model of this backend uses: `json_schema`, `json_object`, `json_mode`
+    /// or `prompt`.
     pub(super) fn name(&self) -> &'static str {
-        match self.level.load(Ordering::Relaxed) {
-            0 => "json_schema",
-            1 => "json_object",
-            _ => "prompt",
-        }
+        SchemaDelivery::LEVELS[(self.weakest() as usize).min(SchemaDelivery::LEVELS.len() - 1)].name()
     }
 }
 
@@ -104,20 +201,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ladder_goes_down_and_is_remembered() {
+    fn ladder_goes_down_and_is_remembered_per_model() {
         let memory = SchemaMemory::default();
+        let forms = memory.of("m1");
         let schema = ResponseFormat::JsonSchema { name: "s".into(), schema: json!({"type": "object"}) };
-        assert_eq!(memory.first_form(&schema, true), SchemaDelivery::ResponseFormat);
-        assert_eq!(memory.first_form(&schema, false), SchemaDelivery::Prompt);
-        assert_eq!(memory.first_form(&ResponseFormat::Text, true), SchemaDelivery::None);
-        assert_eq!(SchemaDelivery::ResponseFormat.weaker(), Some(SchemaDelivery::JsonObject));
-        assert_eq!(SchemaDelivery::Prompt.weaker(), None);
+        assert_eq!(forms.first_form(&schema, true), SchemaDelivery::ResponseFormat);
+        assert_eq!(forms.first_form(&schema, false), SchemaDelivery::Prompt);
+        assert_eq!(forms.first_form(&ResponseFormat::Text, true), SchemaDelivery::None);
+        assert_eq!(SchemaDelivery::ResponseFormat.weaker("500"), Some(SchemaDelivery::JsonObject));
+        assert_eq!(SchemaDelivery::JsonObject.weaker("bad schema"), Some(SchemaDelivery::JsonMode));
+        assert_eq!(SchemaDelivery::JsonObject.weaker("json_object is not supported"), Some(SchemaDelivery::Prompt));
+        assert_eq!(SchemaDelivery::Prompt.weaker(""), None);
         assert!(!memory.rejected());
-        memory.remember(SchemaDelivery::Prompt);
-        memory.remember(SchemaDelivery::JsonObject);
+        forms.remember(SchemaDelivery::Prompt);
+        forms.remember(SchemaDelivery::JsonObject);
         assert!(memory.rejected());
         assert_eq!(memory.name(), "prompt");
-        assert_eq!(memory.first_form(&schema, true), SchemaDelivery::Prompt);
+        assert_eq!(forms.first_form(&schema, true), SchemaDelivery::Prompt);
+        // Another model of the backend starts at the top.
+        assert_eq!(memory.of("m2").first_form(&schema, true), SchemaDelivery::ResponseFormat);
+        assert!(forms.settle() && !forms.settle(), "settled once");
+        assert_eq!(StructuredOutput::parse("json_mode"), Some(StructuredOutput::JsonMode));
+        assert_eq!(StructuredOutput::parse("xml"), None);
     }
 
     #[test]

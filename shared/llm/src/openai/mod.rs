@@ -53,14 +53,16 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use serde_json::json;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::breaker::BreakerState;
 use crate::types::{
-    ChatModel, ChatRequest, ChatResponse, EmbeddingModel, EmbeddingRequest, EmbeddingResponse, LlmError, Usage,
+    ChatModel, ChatRequest, ChatResponse, EmbeddingModel, EmbeddingRequest, EmbeddingResponse, LlmError,
+    ResponseFormat, Usage,
 };
 
 pub use config::{MaxTokensField, OpenAiConfig};
+pub use format::StructuredOutput;
 pub use latency::{AdaptiveTimeout, DEFAULT_HEDGE_FACTOR};
 pub use reply::normalise_choice;
 pub use request::{choice_instruction, schema_instruction};
@@ -215,7 +217,26 @@ impl ChatModel for OpenAiClient {
 impl OpenAiClient {
     async fn chat_traced(&self, request: ChatRequest, model: String) -> Result<ChatResponse, LlmError> {
         let config = &self.inner.config;
-        let mut delivery = self.inner.schema.first_form(&request.response_format, config.supports_json_schema);
+        let forms = self.inner.schema.of(&model);
+        let fixed = config.structured_output.fixed();
+        let structured = matches!(request.response_format, ResponseFormat::JsonSchema { .. });
+        // The first burst of structured calls to a model negotiates once: one call finds the form
+        // while the others wait for it, then start from the form it found.
+        let negotiating = structured && fixed.is_none() && config.supports_json_schema && !forms.negotiated();
+        let gate = if negotiating {
+            let lock = forms.gate.lock();
+            Some(match request.deadline {
+                Some(d) => tokio::time::timeout_at(d.into(), lock).await.map_err(|_| LlmError::DeadlineExceeded)?,
+                None => lock.await,
+            })
+        } else {
+            None
+        };
+        let gate = gate.filter(|_| !forms.negotiated());
+        let mut delivery = match fixed {
+            Some(form) if structured => form,
+            _ => forms.first_form(&request.response_format, config.supports_json_schema),
+        };
         debug!(backend = %config.backend_name, model = %model, messages = request.messages.len(), "chat call");
         let started = Instant::now();
         let url = &self.inner.chat_url;
@@ -228,8 +249,11 @@ impl OpenAiClient {
                     let retries = earlier_retries + retries;
                     break reply::chat_response(&request, &model, completion, retries, config.supports_logprobs);
                 }
-                Err(CallError { status: Some(status), retries, error }) if is_schema_rejection(status, &error) => {
-                    let Some(weaker) = delivery.weaker().filter(|_| delivery != SchemaDelivery::None) else {
+                Err(CallError { status: Some(status), retries, error })
+                    if fixed.is_none() && is_schema_rejection(status, &error) =>
+                {
+                    let Some(weaker) = delivery.weaker(&error.to_string()).filter(|_| delivery != SchemaDelivery::None)
+                    else {
                         debug!(backend = %config.backend_name, model = %model, error = %error, "chat call failed");
                         return Err(error);
                     };
@@ -248,10 +272,15 @@ impl OpenAiClient {
         if fallbacks > 0 {
             // Remembered only once a weaker form worked: a 400 that every form gets was not about
             // the schema.
-            self.inner.schema.remember(delivery);
+            forms.remember(delivery);
             response.usage.calls += fallbacks;
             response.usage.schema_fallbacks = fallbacks;
         }
+        if gate.is_some() && forms.settle() {
+            info!(backend = %config.backend_name, model = %model, form = delivery.name(), fallbacks,
+                  "structured output negotiated: later calls to this model use this form");
+        }
+        drop(gate);
         response.schema_fallback = delivery.fell_back();
         debug!(
             backend = %config.backend_name,

@@ -42,6 +42,10 @@ pub(super) fn chat_body(config: &OpenAiConfig, request: &ChatRequest, model: &st
             body.insert("response_format".into(), json!({"type": "json_object", "schema": schema}));
             append_to_last_user(&mut messages, &schema_instruction(schema));
         }
+        (ResponseFormat::JsonSchema { schema, .. }, SchemaDelivery::JsonMode) => {
+            body.insert("response_format".into(), json!({"type": "json_object"}));
+            append_to_last_user(&mut messages, &schema_instruction(schema));
+        }
         (ResponseFormat::JsonSchema { schema, .. }, SchemaDelivery::Prompt | SchemaDelivery::None) => {
             append_to_last_user(&mut messages, &schema_instruction(schema));
         }

@@ -72,6 +72,14 @@ impl Transport {
         let result = self.call_with_retries(config, url, body, deadline, &parse).await;
         let outcome = match &result {
             Ok(_) => Outcome::Healthy,
+            // A backend refusing a structured-output form (being negotiated) is up and answering:
+            // never a failure toward the breaker.
+            Err(e)
+                if body.get("response_format").is_some()
+                    && e.status.is_some_and(|s| super::format::is_schema_rejection(s, &e.error)) =>
+            {
+                Outcome::Neutral
+            }
             Err(e) => breaker_outcome(&e.error),
         };
         if let Some(state) = permit.record(outcome) {
