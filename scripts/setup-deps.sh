@@ -39,3 +39,16 @@ if [ "${ASSAY_SKIP_PY:-0}" != "1" ]; then
     python3 -c 'import selenium' 2>/dev/null || python3 -m pip install -q selenium
   fi
 fi
+
+# On request (ASSAY_WITH_LLAMA_CPP=1), a real OpenAI-compatible server for the backend tests
+# (services/cli/tests/real_backend.rs): llama-cpp-python's server from PyPI, built from source
+# (about 4 minutes on 2 cores), in its own venv under target/ (`scripts/test.sh` points the tests
+# at it when it is there).
+if [ "${ASSAY_WITH_LLAMA_CPP:-0}" = "1" ]; then
+  LLAMA_VENV="${CARGO_TARGET_DIR:-target}/llama-venv"
+  if ! "$LLAMA_VENV/bin/python" -c 'import llama_cpp.server' 2>/dev/null; then
+    echo "installing llama-cpp-python's server into $LLAMA_VENV"
+    python3 -m venv "$LLAMA_VENV"
+    "$LLAMA_VENV/bin/pip" install -q 'llama-cpp-python[server]==0.3.36'
+  fi
+fi

@@ -6,6 +6,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup-deps.sh
 cargo run -q -p assay-cli --bin assay -- models fetch
+# The real OpenAI-compatible server setup-deps.sh installs with ASSAY_WITH_LLAMA_CPP=1
+# (services/cli/tests/real_backend.rs), when it is there.
+target="${CARGO_TARGET_DIR:-target}"
+case "$target" in /*) ;; *) target="$(pwd)/$target" ;; esac
+if [ -z "${ASSAY_LLAMA_CPP_PYTHON:-}" ] && [ -x "$target/llama-venv/bin/python" ]; then
+  export ASSAY_LLAMA_CPP_PYTHON="$target/llama-venv/bin/python"
+fi
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --no-fail-fast
   cargo test --workspace --doc

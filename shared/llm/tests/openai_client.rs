@@ -925,13 +925,27 @@ fn refuses_json_schema(r: &assay_testkit::RecordedRequest) -> Reply {
     }
 }
 
-/// Sixteen concurrent first structured calls to a model negotiate its form once: one json_schema
-/// request (refused), then everyone on json_object; no call fails and the circuit breaker, which
-/// opens after 5 failures, stays closed.
+/// A server that takes JSON mode only: `json_schema` refused with a 500 naming the field, a
+/// `json_object` carrying a schema with a 400.
+fn json_mode_only(r: &assay_testkit::RecordedRequest) -> Reply {
+    let format = &r.body["response_format"];
+    match (format["type"].as_str(), format.get("schema").is_some()) {
+        (Some("json_schema"), _) => refuses_json_schema(r),
+        (Some("json_object"), true) => {
+            Reply::status(400).body(r#"{"error":{"message":"response_format.schema is not supported"}}"#)
+        }
+        _ => Reply::json(json!({"score": 3})),
+    }
+}
+
+/// Sixteen concurrent first structured calls to a model negotiate its form once: each is refused
+/// at most once in the native form (they were sent together), one call walks down the ladder
+/// (the only `json_object` with a schema), the others wait for it and resend in the form it found;
+/// no call fails and the circuit breaker, which opens after 5 failures, stays closed.
 #[tokio::test]
 async fn a_first_burst_negotiates_the_form_once_and_never_opens_the_breaker() {
     let server = ScriptedLlm::start().await;
-    server.set_handler(refuses_json_schema);
+    server.set_handler(json_mode_only);
     let client = client(&server);
     let calls = (0..16).map(|_| client.chat(schema_request()));
     let replies = futures::future::join_all(calls).await;
@@ -939,14 +953,25 @@ async fn a_first_burst_negotiates_the_form_once_and_never_opens_the_breaker() {
     let forms: Vec<String> = server
         .requests()
         .iter()
-        .map(|r| r.body["response_format"]["type"].as_str().unwrap_or("").to_string())
+        .map(|r| {
+            let f = &r.body["response_format"];
+            format!(
+                "{}{}",
+                f["type"].as_str().unwrap_or("none"),
+                if f.get("schema").is_some() { "+schema" } else { "" }
+            )
+        })
         .collect();
-    assert_eq!(forms.iter().filter(|f| *f == "json_schema").count(), 1, "one negotiation: {forms:?}");
-    assert_eq!(forms.iter().filter(|f| *f == "json_object").count(), 16, "{forms:?}");
+    let count = |form: &str| forms.iter().filter(|f| *f == form).count();
+    assert!(count("json_schema") <= 16, "{forms:?}");
+    assert_eq!(count("json_object+schema"), 1, "one negotiation: {forms:?}");
+    assert_eq!(count("json_object"), 16, "every call answered in JSON mode: {forms:?}");
     assert_eq!(client.breaker_state(), BreakerState::Closed);
-    assert_eq!(client.schema_delivery(), "json_object");
-    let fell_back: u32 = replies.iter().filter_map(|r| r.as_ref().ok()).map(|r| r.usage.schema_fallbacks).sum();
-    assert_eq!(fell_back, 1, "only the negotiating call paid the refused form");
+    assert_eq!(client.schema_delivery(), "json_mode");
+    // Later calls start from the negotiated form.
+    let before = server.request_count();
+    client.chat(schema_request()).await.unwrap();
+    assert_eq!(server.request_count(), before + 1);
 }
 
 /// Each model of a backend negotiates its own form; the refusals of six models in a row (more

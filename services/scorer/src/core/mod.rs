@@ -224,7 +224,7 @@ impl Job<'_> {
     async fn batch(&self, t: &ScoreTarget, sample: u32) -> Result<(Vec<ItemScore>, Usage, bool, bool), StageError> {
         let questions: String =
             self.checklist.items.iter().enumerate().map(|(i, it)| format!("Q{}: {}\n", i + 1, it.question)).collect();
-        let schema = parse::batch_schema(self.config.capture_reasoning);
+        let schema = parse::batch_schema(self.config.capture_reasoning, self.checklist.items.len());
         let req = self.request(
             self.render(t, questions.trim_end()),
             ResponseFormat::JsonSchema { name: "checklist_answers".into(), schema },

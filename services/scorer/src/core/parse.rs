@@ -5,10 +5,12 @@ use assay_llm::ChatResponse;
 use assay_llm::json::reply_json;
 use serde_json::{Value, json};
 
-/// Schema of a batch reply.
-pub fn batch_schema(reasoning: bool) -> Value {
+/// Schema of a batch reply to `questions` questions: one answer per question (`minItems` =
+/// `maxItems`; a backend that enforces the schema by grammar, as llama.cpp servers do, then cannot
+/// stop after two answers), each index from 1 to `questions`.
+pub fn batch_schema(reasoning: bool, questions: usize) -> Value {
     let mut props = json!({
-        "question_index": {"type": "integer"},
+        "question_index": {"type": "integer", "minimum": 1, "maximum": questions},
         "answer": {"type": "string", "enum": ["YES", "NO"]}
     });
     let mut required = vec!["question_index", "answer"];
@@ -21,6 +23,8 @@ pub fn batch_schema(reasoning: bool) -> Value {
         "properties": {
             "answers": {
                 "type": "array",
+                "minItems": questions,
+                "maxItems": questions,
                 "items": {"type": "object", "properties": props, "required": required, "additionalProperties": false}
             }
         },

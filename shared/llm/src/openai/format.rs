@@ -51,6 +51,11 @@ impl SchemaDelivery {
         }
     }
 
+    /// Whether this form is further down the ladder than `other`.
+    pub(super) fn weaker_than(self, other: Self) -> bool {
+        self.level() > other.level()
+    }
+
     /// Whether this is a fallback form (the schema is not sent as native `json_schema`).
     pub(super) fn fell_back(self) -> bool {
         matches!(self, Self::JsonObject | Self::JsonMode | Self::Prompt)
@@ -136,10 +141,6 @@ impl ModelForms {
     /// Remember a form that worked (never moves back up the ladder).
     pub(super) fn remember(&self, worked: SchemaDelivery) {
         self.level.fetch_max(worked.level(), Ordering::Relaxed);
-    }
-
-    pub(super) fn negotiated(&self) -> bool {
-        self.negotiated.load(Ordering::Acquire)
     }
 
     /// Mark the form settled; true the first time.

@@ -220,19 +220,10 @@ impl OpenAiClient {
         let forms = self.inner.schema.of(&model);
         let fixed = config.structured_output.fixed();
         let structured = matches!(request.response_format, ResponseFormat::JsonSchema { .. });
-        // The first burst of structured calls to a model negotiates once: one call finds the form
-        // while the others wait for it, then start from the form it found.
-        let negotiating = structured && fixed.is_none() && config.supports_json_schema && !forms.negotiated();
-        let gate = if negotiating {
-            let lock = forms.gate.lock();
-            Some(match request.deadline {
-                Some(d) => tokio::time::timeout_at(d.into(), lock).await.map_err(|_| LlmError::DeadlineExceeded)?,
-                None => lock.await,
-            })
-        } else {
-            None
-        };
-        let gate = gate.filter(|_| !forms.negotiated());
+        // A refused form is negotiated once per model: the first call refused takes the gate and
+        // walks down the ladder; calls refused meanwhile wait for it, then resend in the form it
+        // found. Backends that take the native form never wait.
+        let mut gate: Option<tokio::sync::MutexGuard<'_, ()>> = None;
         let mut delivery = match fixed {
             Some(form) if structured => form,
             _ => forms.first_form(&request.response_format, config.supports_json_schema),
@@ -252,6 +243,24 @@ impl OpenAiClient {
                 Err(CallError { status: Some(status), retries, error })
                     if fixed.is_none() && is_schema_rejection(status, &error) =>
                 {
+                    if gate.is_none() && structured {
+                        let lock = forms.gate.lock();
+                        gate = Some(match request.deadline {
+                            Some(d) => {
+                                tokio::time::timeout_at(d.into(), lock).await.map_err(|_| LlmError::DeadlineExceeded)?
+                            }
+                            None => lock.await,
+                        });
+                        let known = forms.first_form(&request.response_format, config.supports_json_schema);
+                        if known.weaker_than(delivery) {
+                            // Another call negotiated meanwhile: its form, no descent of our own.
+                            gate = None;
+                            delivery = known;
+                            fallbacks += 1;
+                            earlier_retries += retries;
+                            continue;
+                        }
+                    }
                     let Some(weaker) = delivery.weaker(&error.to_string()).filter(|_| delivery != SchemaDelivery::None)
                     else {
                         debug!(backend = %config.backend_name, model = %model, error = %error, "chat call failed");
@@ -276,7 +285,7 @@ impl OpenAiClient {
             response.usage.calls += fallbacks;
             response.usage.schema_fallbacks = fallbacks;
         }
-        if gate.is_some() && forms.settle() {
+        if gate.is_some() && fallbacks > 0 && forms.settle() {
             info!(backend = %config.backend_name, model = %model, form = delivery.name(), fallbacks,
                   "structured output negotiated: later calls to this model use this form");
         }
