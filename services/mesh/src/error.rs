@@ -24,8 +24,8 @@ pub enum MeshError {
     #[error("cannot open the run store: {0}")]
     Store(#[source] StageError),
     /// The daily spend caps (`backends.<name>.daily_spend_usd`) cannot be kept.
-    #[error("{0}")]
-    SpendCaps(String),
+    #[error(transparent)]
+    SpendCaps(assay_config::ConfigError),
     #[error("cannot bind {addr}: {source}")]
     Bind { addr: String, source: std::io::Error },
     #[error("no local address: {0}")]

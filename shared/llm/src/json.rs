@@ -80,11 +80,83 @@ pub fn extract_json(text: &str) -> Option<Value> {
         .or_else(|| repair_truncated(trimmed))
 }
 
-/// `candidate` as JSON, as it is or else without trailing commas.
+/// `candidate` as JSON: as it is, else with its strings mended ([`strings_mended`]), each also
+/// tried without trailing commas.
 fn parse(candidate: &str) -> Option<Value> {
-    serde_json::from_str(candidate)
-        .ok()
-        .or_else(|| without_trailing_commas(candidate).and_then(|t| serde_json::from_str(&t).ok()))
+    let as_is = |text: &str| {
+        serde_json::from_str(text)
+            .ok()
+            .or_else(|| without_trailing_commas(text).and_then(|t| serde_json::from_str(&t).ok()))
+    };
+    as_is(candidate).or_else(|| strings_mended(candidate).and_then(|t| as_is(&t)))
+}
+
+/// `text` with what JSON forbids inside its strings mended: a raw control character is escaped (a
+/// raw line break becomes `\n`), and a `\u` escape of half a surrogate pair without its other half
+/// becomes U+FFFD (the replacement character); `None` when no string needed it. A backend that
+/// enforces a schema by grammar lets a model write both: llama-cpp-python's string rule takes any
+/// character but `"` and `\`, and any four hex digits after `\u`.
+fn strings_mended(text: &str) -> Option<String> {
+    let surrogate = |hex: &str| u16::from_str_radix(hex, 16).ok().filter(|u| (0xD800..=0xDFFF).contains(u));
+    let bytes = text.as_bytes();
+    let mut out = String::with_capacity(text.len() + 16);
+    let mut in_string = false;
+    let mut changed = false;
+    let mut chars = text.char_indices().peekable();
+    while let Some((i, c)) = chars.next() {
+        if !in_string {
+            in_string = c == '"';
+            out.push(c);
+            continue;
+        }
+        match c {
+            '"' => {
+                in_string = false;
+                out.push(c);
+            }
+            '\\' => {
+                let Some((_, next)) = chars.next() else {
+                    out.push(c);
+                    break;
+                };
+                let hex = text.get(i + 2..i + 6).filter(|_| next == 'u');
+                match hex.and_then(surrogate) {
+                    Some(0xD800..=0xDBFF)
+                        if bytes.get(i + 6..i + 8) == Some(b"\\u")
+                            && text.get(i + 8..i + 12).and_then(surrogate).is_some_and(|low| low >= 0xDC00) =>
+                    {
+                        // A whole pair: kept, both halves.
+                        out.push_str(&text[i..i + 12]);
+                        for _ in 0..10 {
+                            chars.next();
+                        }
+                    }
+                    Some(_) => {
+                        changed = true;
+                        out.push_str("\\ufffd");
+                        for _ in 0..4 {
+                            chars.next();
+                        }
+                    }
+                    None => {
+                        out.push(c);
+                        out.push(next);
+                    }
+                }
+            }
+            c if c.is_ascii_control() && c != '\u{7f}' => {
+                changed = true;
+                match c {
+                    '\n' => out.push_str("\\n"),
+                    '\r' => out.push_str("\\r"),
+                    '\t' => out.push_str("\\t"),
+                    other => out.push_str(&format!("\\u{:04x}", other as u32)),
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    changed.then_some(out)
 }
 
 /// `text` without the commas that come right before a `}` or `]` (whitespace between allowed),
@@ -208,6 +280,29 @@ mod tests {
     fn first_complete_value_before_trailing_text() {
         let text = "{\"questions\": [\"Is it kind?\", \"yes?\"]}\n{\" ]}";
         assert_eq!(extract_json(text), Some(json!({"questions": ["Is it kind?", "yes?"]})));
+    }
+
+    #[test]
+    fn raw_line_breaks_inside_strings_are_read_as_escaped() {
+        // A reply llama-cpp-python's server let SmolLM2 write under the schema's grammar.
+        let text = "{\"approach\":\"17 * 23\", \"confidence\":0.47, \"final_answer\":\"438.88 }\n{\n    \",\"reasoning_steps\":[\"{\"] } ";
+        assert_eq!(
+            extract_json(text),
+            Some(
+                json!({"approach": "17 * 23", "confidence": 0.47, "final_answer": "438.88 }\n{\n    ", "reasoning_steps": ["{"]})
+            )
+        );
+        // Tabs, carriage returns and other control characters too; escapes already there are kept,
+        // and a break between values (outside strings) needs nothing.
+        assert_eq!(
+            extract_json("{\"a\": \"x\\\"\ty\r\u{1}\",\n\"b\": [1,]}"),
+            Some(json!({"a": "x\"\ty\r\u{1}", "b": [1]}))
+        );
+        assert_eq!(super::strings_mended("{\"a\":\n \"b\"}"), None);
+        // Half a surrogate pair (any four hex digits pass the grammar) becomes U+FFFD; a whole pair
+        // and other escapes are kept.
+        let text = r#"{"a": ["\uD8EBQ\"\n", "\uD83D\uDE00 \u00e9", "\uDC00x"]}"#;
+        assert_eq!(extract_json(text), Some(json!({"a": ["\u{fffd}Q\"\n", "\u{1F600} \u{e9}", "\u{fffd}x"]})));
     }
 
     #[test]

@@ -7,6 +7,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
+use serde_json::{Value, json};
+
 use crate::types::{LlmError, ResponseFormat};
 
 /// How the JSON schema of a request is delivered.
@@ -195,6 +197,58 @@ pub(super) fn is_schema_rejection(status: u16, error: &LlmError) -> bool {
     status == 400 || (status >= 400 && complains_about_schema(error.to_string().as_bytes()))
 }
 
+/// Most integers a bounded integer may be spelt out as (see [`for_grammar`]).
+const GRAMMAR_MAX_INTEGERS: i64 = 1_000;
+/// Steps a bounded number's range is cut into (see [`for_grammar`]).
+const GRAMMAR_NUMBER_STEPS: u32 = 100;
+
+/// `schema` as sent in the `json_object` form, which llama-cpp-python turns into a grammar: its
+/// grammar ignores `minimum` and `maximum` (a small model then writes a confidence of 4 under a
+/// schema bounding it to [0, 1]), but it keeps an `enum` exactly. So a number bounded on both sides
+/// becomes the enum of its range in hundredths (0, 0.01, ... 1 for [0, 1]), and an integer bounded
+/// on both sides the enum of its values when there are at most a thousand; everything else is
+/// sent as it is.
+pub(super) fn for_grammar(schema: &Value) -> Value {
+    match schema {
+        Value::Object(o) => {
+            if let Some(values) = bounded_values(o) {
+                return json!({"enum": values});
+            }
+            Value::Object(o.iter().map(|(k, v)| (k.clone(), for_grammar(v))).collect())
+        }
+        Value::Array(items) => Value::Array(items.iter().map(for_grammar).collect()),
+        Value::Null | Value::Bool(_) | Value::Number(_) | Value::String(_) => schema.clone(),
+    }
+}
+
+/// The values a bounded number or integer may take, spelt out (see [`for_grammar`]).
+fn bounded_values(o: &serde_json::Map<String, Value>) -> Option<Vec<Value>> {
+    if o.contains_key("enum") || o.contains_key("const") {
+        return None;
+    }
+    let (min, max) = (o.get("minimum")?.as_f64()?, o.get("maximum")?.as_f64()?);
+    if !(min.is_finite() && max.is_finite() && min < max) {
+        return None;
+    }
+    match o.get("type").and_then(Value::as_str)? {
+        "integer" => {
+            let (low, high) = (min.ceil() as i64, max.floor() as i64);
+            (low <= high && high - low < GRAMMAR_MAX_INTEGERS).then(|| (low..=high).map(Value::from).collect())
+        }
+        "number" => Some(
+            (0..=GRAMMAR_NUMBER_STEPS)
+                .map(|i| {
+                    let x = min + (max - min) * f64::from(i) / f64::from(GRAMMAR_NUMBER_STEPS);
+                    // Rounded to the step's precision, so 0.3 is written 0.3 (not 0.30000000000000004).
+                    let x = (x * 1e6).round() / 1e6;
+                    Value::from(x)
+                })
+                .collect(),
+        ),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -224,6 +278,32 @@ mod tests {
         assert!(forms.settle() && !forms.settle(), "settled once");
         assert_eq!(StructuredOutput::parse("json_mode"), Some(StructuredOutput::JsonMode));
         assert_eq!(StructuredOutput::parse("xml"), None);
+    }
+
+    #[test]
+    fn bounded_numbers_reach_a_grammar_as_enums() {
+        let schema = json!({"type": "object", "properties": {
+            "confidence": {"type": "number", "minimum": 0, "maximum": 1},
+            "index": {"type": "integer", "minimum": 1, "maximum": 3},
+            "many": {"type": "integer", "minimum": 0, "maximum": 5000},
+            "free": {"type": "number", "minimum": 0},
+            "pick": {"type": "integer", "minimum": 1, "maximum": 3, "enum": [1, 3]},
+            "list": {"type": "array", "items": {"type": "number", "minimum": -1, "maximum": 1}}
+        }});
+        let g = for_grammar(&schema);
+        let p = &g["properties"];
+        let confidence = p["confidence"]["enum"].as_array().unwrap();
+        assert_eq!(confidence.len(), 101);
+        assert_eq!(
+            (confidence[0].clone(), confidence[30].clone(), confidence[100].clone()),
+            (json!(0.0), json!(0.3), json!(1.0))
+        );
+        assert_eq!(p["index"], json!({"enum": [1, 2, 3]}));
+        assert_eq!(p["many"], schema["properties"]["many"], "too many integers to spell out");
+        assert_eq!(p["free"], schema["properties"]["free"], "bounded on one side only");
+        assert_eq!(p["pick"], schema["properties"]["pick"], "an enum already");
+        assert_eq!(p["list"]["items"]["enum"].as_array().unwrap()[50], json!(0.0));
+        assert_eq!(g["type"], "object");
     }
 
     #[test]

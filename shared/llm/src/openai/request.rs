@@ -4,7 +4,7 @@
 use serde_json::{Value, json};
 
 use super::config::OpenAiConfig;
-use super::format::SchemaDelivery;
+use super::format::{SchemaDelivery, for_grammar};
 use crate::types::{ChatRequest, Message, ResponseFormat, Role};
 
 fn append_to_last_user(messages: &mut Vec<Message>, instruction: &str) {
@@ -39,7 +39,7 @@ pub(super) fn chat_body(config: &OpenAiConfig, request: &ChatRequest, model: &st
             );
         }
         (ResponseFormat::JsonSchema { schema, .. }, SchemaDelivery::JsonObject) => {
-            body.insert("response_format".into(), json!({"type": "json_object", "schema": schema}));
+            body.insert("response_format".into(), json!({"type": "json_object", "schema": for_grammar(schema)}));
             append_to_last_user(&mut messages, &schema_instruction(schema));
         }
         (ResponseFormat::JsonSchema { schema, .. }, SchemaDelivery::JsonMode) => {

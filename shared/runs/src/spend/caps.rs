@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
-use assay_config::AssayConfig;
+use assay_config::{AssayConfig, ConfigError};
 use assay_domain::StageError;
 use assay_proto::gateway::v1 as gw;
 
@@ -51,25 +51,33 @@ pub(super) fn at_cap(backend: &str, day: &str, cap: i64, spent: i64, need: i64) 
     )
 }
 
+/// A cap of `backend` that cannot be kept, as the configuration error naming its key.
+fn cap_error(backend: &str, message: String) -> ConfigError {
+    ConfigError::Backend { backend: backend.to_string(), key: "daily_spend_usd", message }
+}
+
 impl SpendCaps {
     /// The caps of `config` over `store`. A cap must be a finite positive number, on a backend
     /// with a price table (a call without a price costs an unknown amount, which no cap can count).
-    pub fn from_config(config: &AssayConfig, store: RunStore) -> Result<Arc<SpendCaps>, String> {
+    pub fn from_config(config: &AssayConfig, store: RunStore) -> Result<Arc<SpendCaps>, ConfigError> {
         let mut caps = BTreeMap::new();
         for (name, b) in &config.backends {
             if b.daily_spend_usd == 0.0 {
                 continue;
             }
             if !b.daily_spend_usd.is_finite() || b.daily_spend_usd < 0.0 {
-                return Err(format!(
-                    "backends.{name}.daily_spend_usd must be a finite number of US dollars >= 0 (0 = no cap), got {}",
-                    b.daily_spend_usd
+                return Err(cap_error(
+                    name,
+                    format!("must be a finite number of US dollars >= 0 (0 = no cap), got {}", b.daily_spend_usd),
                 ));
             }
             if b.prices.is_empty() {
-                return Err(format!(
-                    "backends.{name}.daily_spend_usd needs a price table (backends.{name}.prices): the calls of a \
-                     model without a price cost an unknown amount, which a cap cannot count"
+                return Err(cap_error(
+                    name,
+                    format!(
+                        "needs a price table (backends.{name}.prices): the calls of a model without a price cost an \
+                         unknown amount, which a cap cannot count"
+                    ),
                 ));
             }
             caps.insert(name.clone(), (b.daily_spend_usd * NANO).round() as i64);
@@ -90,11 +98,13 @@ impl SpendCaps {
                 && !b.prices.contains_key("*")
             {
                 let at = if phase.is_empty() { "models.default".to_string() } else { format!("models.phases.{phase}") };
-                return Err(format!(
-                    "backends.{0}.daily_spend_usd: {at} sends model {model:?} to backend {0}, whose price table \
-                     (backends.{0}.prices) has no entry for it and no \"*\" row: its calls could not be counted \
-                     against the cap",
-                    settings.backend
+                return Err(cap_error(
+                    &settings.backend,
+                    format!(
+                        "{at} sends model {model:?} to backend {0}, whose price table (backends.{0}.prices) has no \
+                         entry for it and no \"*\" row: its calls could not be counted against the cap",
+                        settings.backend
+                    ),
                 ));
             }
             configured.insert(settings.backend);

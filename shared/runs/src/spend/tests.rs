@@ -31,13 +31,13 @@ fn a_cap_needs_a_price_table_and_a_sane_number() {
     let mut config = assay_config::load_from("").unwrap();
     let openai = config.backends.get_mut("openai").unwrap();
     openai.daily_spend_usd = 5.0;
-    let e = SpendCaps::from_config(&config, store.clone()).err().unwrap();
-    assert!(e.contains("backends.openai.daily_spend_usd needs a price table"), "{e}");
+    let e = SpendCaps::from_config(&config, store.clone()).err().unwrap().to_string();
+    assert!(e.contains("backends.openai.daily_spend_usd: needs a price table"), "{e}");
     let openai = config.backends.get_mut("openai").unwrap();
     openai.prices.insert("*".into(), assay_config::Price { input: 1.0, output: 1.0, cached_input: None });
     openai.daily_spend_usd = f64::INFINITY;
-    let e = SpendCaps::from_config(&config, store.clone()).err().unwrap();
-    assert!(e.contains("finite number"), "{e}");
+    let e = SpendCaps::from_config(&config, store.clone()).err().unwrap().to_string();
+    assert!(e.contains("backends.openai.daily_spend_usd: must be a finite number"), "{e}");
     config.backends.get_mut("openai").unwrap().daily_spend_usd = 5.0;
     let caps = SpendCaps::from_config(&config, store).unwrap();
     assert!(caps.any());
