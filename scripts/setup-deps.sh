@@ -40,10 +40,10 @@ if [ "${ASSAY_SKIP_PY:-0}" != "1" ]; then
   fi
 fi
 
-# On request (ASSAY_WITH_LLAMA_CPP=1), a real OpenAI-compatible server for the backend tests
-# (services/cli/tests/real_backend.rs): llama-cpp-python's server from PyPI, built from source
-# (about 4 minutes on 2 cores), in its own venv under target/ (`scripts/test.sh` points the tests
-# at it when it is there).
+# On request (ASSAY_WITH_LLAMA_CPP=1, as scripts/test.sh asks by default), a real OpenAI-compatible
+# server for the backend tests (services/cli/tests/real_backend.rs): llama-cpp-python's server from
+# PyPI, built from source (about 4-10 minutes on 2 cores), in its own venv under target/
+# (`scripts/test.sh` points the tests at it).
 if [ "${ASSAY_WITH_LLAMA_CPP:-0}" = "1" ]; then
   LLAMA_VENV="${CARGO_TARGET_DIR:-target}/llama-venv"
   if ! "$LLAMA_VENV/bin/python" -c 'import llama_cpp.server' 2>/dev/null; then

@@ -4,10 +4,11 @@
 # suites against a mesh they start. Fetches the embedded models first (idempotent).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup-deps.sh
+# The tests install a real OpenAI-compatible server too (llama-cpp-python's, from PyPI, built from
+# source in about 4-10 minutes the first time; services/cli/tests/real_backend.rs):
+# ASSAY_WITH_LLAMA_CPP=0 leaves it out, and those tests then say they are skipped.
+ASSAY_WITH_LLAMA_CPP="${ASSAY_WITH_LLAMA_CPP:-1}" scripts/setup-deps.sh
 cargo run -q -p assay-cli --bin assay -- models fetch
-# The real OpenAI-compatible server setup-deps.sh installs with ASSAY_WITH_LLAMA_CPP=1
-# (services/cli/tests/real_backend.rs), when it is there.
 target="${CARGO_TARGET_DIR:-target}"
 case "$target" in /*) ;; *) target="$(pwd)/$target" ;; esac
 if [ -z "${ASSAY_LLAMA_CPP_PYTHON:-}" ] && [ -x "$target/llama-venv/bin/python" ]; then

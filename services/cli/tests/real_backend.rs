@@ -5,11 +5,17 @@
 //! problem lost to a request form, every structured reply parsed, usage counted), not the small
 //! model's quality.
 //!
-//! The server's Python is `$ASSAY_LLAMA_CPP_PYTHON` (`ASSAY_WITH_LLAMA_CPP=1 scripts/setup-deps.sh`
-//! installs llama-cpp-python into `target/llama-venv`, and `scripts/test.sh` then sets it). Without
-//! it the tests say so and pass, unless `ASSAY_REQUIRE_LLAMA_CPP=1`, which makes a missing server a
-//! failure. Not in CI yet: the debate against this server still loses problems (see the README's
-//! backend table).
+//! The server's Python is `$ASSAY_LLAMA_CPP_PYTHON` (`scripts/setup-deps.sh` installs
+//! llama-cpp-python into `target/llama-venv` when `ASSAY_WITH_LLAMA_CPP=1`, as CI sets it, and
+//! `scripts/test.sh` then points the tests at it). Without it the tests say so and pass, unless
+//! `ASSAY_REQUIRE_LLAMA_CPP=1` (CI), which makes a missing server a failure.
+//!
+//! The configuration is the one the README gives for this server: it answers one request at a
+//! time (`max_concurrency = 1`: more would only queue at the server, past the client's timeouts,
+//! and be sent again while the server still works on them), and its chat model cannot embed
+//! (`models.phases.embedding.backend = "local"`). Usage is checked against the server's access
+//! log: every chat request it answered, the refused forms' 500s included, is a call in the
+//! summary. The tests run one at a time (`.config/nextest.toml`): each starts its own server.
 
 use std::io::Read;
 use std::net::TcpListener;
@@ -92,17 +98,78 @@ fn lists_models(port: u16) -> bool {
     stream.read_exact(&mut head).is_ok() && head.ends_with(b"200")
 }
 
-/// `assay.toml` in `dir`: every model on the server's `smollm2`, the run store in memory, the
-/// response cache off.
+/// `assay.toml` in `dir`: every chat model on the server's `smollm2`, one request at a time,
+/// embeddings on the embedded model, the run store in memory, the response cache off. Every call
+/// carries a seed, so the server's sampling (and each test's outcome) is the same from run to run.
 fn config(dir: &Path, server: &LlamaServer) -> PathBuf {
     let path = dir.join("assay.toml");
     let toml = format!(
-        "[backends.openai]\nbase_url = \"{}\"\nmodel = \"smollm2\"\n\n[models.default]\nbackend = \"openai\"\n\n\
+        "[backends.openai]\nbase_url = \"{}\"\nmodel = \"smollm2\"\nmax_concurrency = 1\n\n\
+         [models.default]\nbackend = \"openai\"\nseed = 7\n\n[models.phases.embedding]\nbackend = \"local\"\n\n\
          [gateway]\nstore = \":memory:\"\n\n[cache]\nenabled = false\n",
         server.base_url
     );
     std::fs::write(&path, toml).unwrap();
     path
+}
+
+/// A started server, its access log and the configuration pointing at it, in a scratch directory.
+struct Setup {
+    dir: tempfile::TempDir,
+    log: PathBuf,
+    config: PathBuf,
+    _server: LlamaServer,
+}
+
+impl Setup {
+    /// `None` when the server is not installed here and may be skipped.
+    fn start() -> Option<Setup> {
+        let python = server_python()?;
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("server.log");
+        let server = start_server(&python, &log);
+        let config = config(dir.path(), &server);
+        Some(Setup { dir, log, config, _server: server })
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// Write `lines` as JSON lines into `name`.
+    fn jsonl(&self, name: &str, lines: &[serde_json::Value]) -> String {
+        let path = self.path(name);
+        std::fs::write(&path, lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+        path.to_str().unwrap().to_string()
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        assay(&self.config, args)
+    }
+
+    /// Chat requests the server answered, and how many of them refused the request's form (500).
+    fn served(&self) -> Served {
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let chat: Vec<&str> = log.lines().filter(|l| l.contains("POST /v1/chat/completions")).collect();
+        Served { all: chat.len(), refused: chat.iter().filter(|l| l.contains(" 500")).count() }
+    }
+}
+
+#[derive(Debug, PartialEq)]
+struct Served {
+    all: usize,
+    refused: usize,
+}
+
+/// A run's usage (proto3 JSON) against what the server served: every chat request it answered is
+/// a call to the remote backend, and the refused forms are its schema fallbacks. The remote calls
+/// are the unpriced ones: that backend has no price table here, while the embedded model's calls
+/// (embeddings for the deduplicator, the selector and the judge panel) are priced, at nothing.
+fn assert_usage_is_served(usage: &serde_json::Value, served: Served) {
+    let count = |key: &str| usage[key].as_u64().unwrap_or(0) as usize;
+    let remote = Served { all: count("unpricedCalls"), refused: count("schemaFallbacks") };
+    assert_eq!(remote, served, "usage counts every call served: {usage}");
+    assert!(count("calls") >= remote.all, "{usage}");
 }
 
 fn assay(config: &Path, args: &[&str]) -> Output {
@@ -123,56 +190,189 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-/// Chat calls the server answered, from its access log (`200 OK` lines).
-fn chat_calls_served(log: &Path) -> usize {
-    let log = std::fs::read_to_string(log).unwrap_or_default();
-    log.lines().filter(|l| l.contains("POST /v1/chat/completions") && l.contains(" 200")).count()
-}
-
 /// The tick evaluation of three records against the real server: the structured-output form is
 /// negotiated (llama-cpp-python refuses `json_schema` with a 500 and takes `json_object` with the
 /// schema), no record fails, every item is answered (the batch schema's one-answer-per-question
 /// bounds reach the model's grammar), and the usage is what the server served.
-#[test]
-fn a_tick_evaluation_runs_on_a_real_llama_cpp_server() {
-    let Some(python) = server_python() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("server.log");
-    let server = start_server(&python, &log);
-    let config = config(dir.path(), &server);
-    let records = dir.path().join("records.jsonl");
-    let lines: String = [
+/// Three records every evaluation test scores.
+fn records() -> Vec<serde_json::Value> {
+    [
         ("Name a planet of the solar system.", "Mars is a planet of the solar system."),
         ("What colour is a clear daytime sky?", "A clear daytime sky is blue."),
         ("Give one word that rhymes with cat.", "Hat rhymes with cat."),
     ]
     .iter()
     .enumerate()
-    .map(|(i, (input, target))| {
-        format!("{}\n", serde_json::json!({"id": format!("r{i}"), "input": input, "target": target}))
-    })
-    .collect();
-    std::fs::write(&records, lines).unwrap();
-    let out = dir.path().join("scores.jsonl");
-    let served_before = chat_calls_served(&log);
-    let o = assay(
-        &config,
-        &["eval", "--preset", "tick", "--data", records.to_str().unwrap(), "--out", out.to_str().unwrap(), "--json"],
-    );
+    .map(|(i, (input, target))| serde_json::json!({"id": format!("r{i}"), "input": input, "target": target}))
+    .collect()
+}
+
+/// `--out` lines.
+fn lines(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+/// `assay eval` with `preset_args` on the three records: no record failed, every item answered
+/// (the schema reached the model's grammar), the usage is what the server served.
+fn evaluation(setup: &Setup, preset_args: &[&str]) {
+    let data = setup.jsonl("records.jsonl", &records());
+    let out = setup.path("scores.jsonl");
+    let mut args = vec!["eval", "--data", &data, "--out", out.to_str().unwrap(), "--json"];
+    args.extend_from_slice(preset_args);
+    let o = setup.run(&args);
     assert!(o.status.success(), "{}", text(&o.stderr));
     let summary: serde_json::Value = serde_json::from_slice(&o.stdout).expect("a JSON summary");
     assert_eq!(summary["failed"], 0, "no record failed: {summary}");
-    // The server logs the calls it answered; a refused form (its 500 validation error) is counted
-    // in usage as a call and as a schema fallback.
-    let calls = summary["usage"]["calls"].as_u64().unwrap_or(0) as usize;
-    let fallbacks = summary["usage"]["schemaFallbacks"].as_u64().unwrap_or(0) as usize;
-    assert!(fallbacks >= 1, "the form was negotiated: {summary}");
-    assert_eq!(calls - fallbacks, chat_calls_served(&log) - served_before, "usage counts every call served: {summary}");
-    let scored: Vec<serde_json::Value> =
-        std::fs::read_to_string(&out).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let served = setup.served();
+    assert!(served.refused >= 1, "the form was negotiated: {served:?}");
+    assert_usage_is_served(&summary["usage"], served);
+    let scored = lines(&out);
     assert_eq!(scored.len(), 3);
     for r in &scored {
         assert_eq!(r["unanswered"], 0, "every item answered (the schema reached the model): {r}");
         assert!(r["answers"].as_object().is_some_and(|a| !a.is_empty()), "a checklist was generated: {r}");
     }
+}
+
+/// The tick evaluation of three records: the structured-output form is negotiated
+/// (llama-cpp-python refuses `json_schema` with a 500 and takes `json_object` with the schema), no
+/// record fails, every item is answered (the batch schema's one-answer-per-question bounds reach
+/// the model's grammar), and the usage is what the server served.
+#[test]
+fn a_tick_evaluation_runs_on_a_real_llama_cpp_server() {
+    let Some(setup) = Setup::start() else { return };
+    evaluation(&setup, &["--preset", "tick"]);
+}
+
+/// A corpus preset (feedback: one checklist from six observations in three batches, then every
+/// record scored on it).
+/// The built-in tagger is left out: it asks the model whether each question applies, and the
+/// small model may say no to every one (a quality call, not a protocol failure), which leaves
+/// nothing to score.
+#[test]
+fn a_corpus_preset_evaluation_runs_on_a_real_llama_cpp_server() {
+    let Some(setup) = Setup::start() else { return };
+    let notes = setup.path("notes.txt");
+    let observations = [
+        "The answer named no example.",
+        "The answer was one word only.",
+        "The answer was correct.",
+        "The answer did not explain why.",
+        "The answer repeated the question.",
+        "The answer was polite.",
+    ];
+    std::fs::write(&notes, observations.join("\n")).unwrap();
+    evaluation(
+        &setup,
+        &[
+            "--preset",
+            "feedback",
+            "--observations",
+            notes.to_str().unwrap(),
+            "--description",
+            "short quiz answers",
+            "--max-questions",
+            "4",
+            "--no-tagging",
+            "--batch-size",
+            "2",
+        ],
+    );
+}
+
+/// `assay score` with logprob confidence: every record scored with a confidence-weighted score
+/// strictly between 0 and 1 (the server's top logprobs read), the usage what the server served.
+#[test]
+fn scoring_with_logprobs_runs_on_a_real_llama_cpp_server() {
+    let Some(setup) = Setup::start() else { return };
+    let checklist = setup.path("checklist.json");
+    std::fs::write(
+        &checklist,
+        r#"{"id": "c1", "items": ["Does the response name a planet?", {"id": "true", "question": "Is the response factually correct?", "weight": 2}]}"#,
+    )
+    .unwrap();
+    let data = setup.jsonl("records.jsonl", &records());
+    let out = setup.path("scores.jsonl");
+    let o = setup.run(&[
+        "score",
+        "--checklist",
+        checklist.to_str().unwrap(),
+        "--data",
+        &data,
+        "--logprobs",
+        "--metric",
+        "normalized",
+        "--out",
+        out.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let summary: serde_json::Value = serde_json::from_slice(&o.stdout).expect("a JSON summary");
+    assert_eq!(summary["failed"], 0, "{summary}");
+    assert_eq!(summary["models"][0]["logprobsRequested"], true, "{summary}");
+    assert_usage_is_served(&summary["usage"], setup.served());
+    let scored = lines(&out);
+    assert_eq!(scored.len(), 3);
+    for r in &scored {
+        let s = r["normalized_score"].as_f64().unwrap_or(f64::NAN);
+        assert!(s > 0.0 && s < 1.0, "a confidence from the logprobs, not a bare yes/no: {r}");
+        assert_eq!(r["unanswered"], 0, "{r}");
+    }
+}
+
+/// `assay refine-text` (self-refine: plain-text critique and revision calls).
+#[test]
+fn self_refine_runs_on_a_real_llama_cpp_server() {
+    let Some(setup) = Setup::start() else { return };
+    let input = setup.path("draft.txt");
+    std::fs::write(
+        &input,
+        "Compound interest is interest earned on interest. When a bank adds the interest to the principal at the \
+         end of each year, the next year earns interest on a larger amount, so the balance grows faster than with \
+         simple interest. For example, 100 dollars at 10 percent becomes 110 after one year and 121 after two.",
+    )
+    .unwrap();
+    let o = setup.run(&["refine-text", "--input", input.to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let result: serde_json::Value = serde_json::from_slice(&o.stdout).expect("a JSON result");
+    assert_eq!(result["state"], "RUN_STATE_SUCCEEDED", "{result}");
+    assert!(result["usage"]["calls"].as_u64().unwrap_or(0) >= 1, "{result}");
+    assert_usage_is_served(&result["usage"], setup.served());
+}
+
+/// `assay refine` on the example lesson: the judge panel, the arbiter and whatever fixes follow,
+/// at default settings.
+#[test]
+fn a_targeted_refinement_runs_on_a_real_llama_cpp_server() {
+    let Some(setup) = Setup::start() else { return };
+    let lesson = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/lesson.json");
+    let o = setup.run(&["refine", "--doc", lesson.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let result: serde_json::Value = serde_json::from_slice(&o.stdout).expect("a JSON result");
+    assert_eq!(result["state"], "RUN_STATE_SUCCEEDED", "{}", text(&o.stderr));
+    assert!(result["fullJudgings"].as_u64().unwrap_or(0) >= 1, "the document was judged: {}", text(&o.stderr));
+    assert_usage_is_served(&result["usage"], setup.served());
+}
+
+/// `assay debate` on the three short problems: no problem fails (every solution, review,
+/// refinement and judgement parsed), and the summary's usage is what the server served.
+#[test]
+fn a_debate_runs_on_a_real_llama_cpp_server() {
+    let Some(setup) = Setup::start() else { return };
+    let problems = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/problems-short.jsonl");
+    let out = setup.path("debate.jsonl");
+    let o = setup.run(&["debate", "--data", problems.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    let stderr = text(&o.stderr);
+    assert!(o.status.success(), "{stderr}");
+    let results = lines(&out);
+    assert_eq!(results.len(), 3);
+    for r in &results {
+        assert_eq!(r["error"], "", "no problem failed: {r}");
+        assert!(r["finalAnswer"].as_str().is_some_and(|a| !a.trim().is_empty()), "{r}");
+    }
+    let calls: usize = stderr
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("debate usage")?.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("a usage line: {stderr}"));
+    assert_eq!(calls, setup.served().all, "the summary counts every call served: {stderr}");
 }
