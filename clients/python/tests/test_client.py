@@ -92,6 +92,27 @@ def test_cancel_from_the_client_ends_the_run_cancelled(client: Assay) -> None:
     assert any(a.action == "cancel" and a.actor == "pytest" for a in stored.audit_log), stored.audit_log
 
 
+def test_a_finished_run_is_deleted_and_then_not_found(client: Assay) -> None:
+    done = client.evaluate([{"target": "leaves"}], checklist=QUESTIONS)
+    deleted = client.delete_run(done.run_id)
+    assert deleted.run_id == done.run_id and deleted.state == pb.gateway.RUN_STATE_SUCCEEDED
+    for call in (client.get_run, client.delete_run):
+        with pytest.raises(AssayError) as caught:
+            call(done.run_id)
+        assert caught.value.code == grpc.StatusCode.NOT_FOUND
+    assert all(r.run_id != done.run_id for r in client.list_runs(limit=500))
+    run = client.run(checklist_eval(leaves_records(40, slow=True), checklist_given=QUESTIONS, record_concurrency=1))
+    refused = None
+    for event in run:
+        if event.kind == "record_scored" and refused is None:
+            with pytest.raises(AssayError) as caught:
+                client.delete_run(run.run_id)
+            refused = caught.value
+            run.cancel(reason="done")
+    assert refused is not None and refused.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert client.delete_run(run.run_id).state == pb.gateway.RUN_STATE_CANCELLED
+
+
 def test_a_refusal_is_an_assay_error_with_field_violations(client: Assay) -> None:
     with pytest.raises(AssayError) as caught:
         client.evaluate([{"input": "x" * 300_000, "target": "y"}], checklist=QUESTIONS)

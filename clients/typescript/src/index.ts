@@ -335,6 +335,19 @@ export class Assay {
     return res.run;
   }
 
+  /**
+   * Delete a finished run with its events and audit entries; resolves to the run as it was
+   * (without its result). An `AssayError` FAILED_PRECONDITION while it has not finished (cancel
+   * it first), NOT_FOUND when there is no such run.
+   */
+  async deleteRun(runId: string, options?: CallOptions): Promise<Run> {
+    const res = await decorated(() => this.client.deleteRun({ runId }, this.call(options)));
+    if (res.run === undefined) {
+      throw new Error(`the gateway returned no run for ${runId}`);
+    }
+    return res.run;
+  }
+
   /** A page of runs, newest first. */
   listRuns(options: ListRunsOptions = {}): Promise<ListRunsResponse> {
     const { signal, timeoutMs, ...req } = options;

@@ -246,6 +246,23 @@ describe("@assay/client against assay up", () => {
     assert.equal(cmp.gate?.regressed, false);
   });
 
+  test("a finished run is deleted, and is then not found", async () => {
+    const done = await assay.evaluate(records("del"), { checklist: QUESTIONS });
+    const deleted = await assay.deleteRun(done.runId);
+    assert.equal(deleted.runId, done.runId);
+    assert.equal(deleted.state, pb.RunState.SUCCEEDED);
+    for (const call of [(id: string) => assay.getRun(id), (id: string) => assay.deleteRun(id)]) {
+      const err = await call(done.runId).then(
+        () => assert.fail("a deleted run must be NOT_FOUND"),
+        (e: unknown) => e,
+      );
+      assert.ok(err instanceof ConnectError);
+      assert.equal(err.code, Code.NotFound);
+    }
+    const page = await assay.listRuns({ pageSize: 500 });
+    assert.ok(page.runs.every((r) => r.runId !== done.runId));
+  });
+
   test("pause and resume a run, watched to its end", async () => {
     llm.holdOn("HOLD-PAUSE");
     try {

@@ -413,6 +413,18 @@ enum RunsCommand {
         #[command(flatten)]
         who: WhoArgs,
     },
+    /// Delete finished runs with their events and audit entries: the ones named, and with
+    /// --older-than every finished run created longer ago than that. A run still executing is
+    /// refused (cancel it first). Exit code 1 when any named run could not be deleted.
+    Delete {
+        run_ids: Vec<String>,
+        /// Also every finished run created more than this long ago: 30d, 12h, 90m, 2w.
+        #[arg(long, value_parser = cmd::runs::parse_age)]
+        older_than: Option<std::time::Duration>,
+        /// List what would be deleted, delete nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
 }
 
 // Who acts on a run and why (the refinement's audit log). A plain comment: a doc comment here would
@@ -448,6 +460,7 @@ impl RunsCommand {
             RunsCommand::Cancel { run_id, who } => control(run_id, Verb::Cancel, who),
             RunsCommand::Accept { run_id, who } => control(run_id, Verb::Accept, who),
             RunsCommand::Review { run_id, who } => control(run_id, Verb::Review, who),
+            RunsCommand::Delete { run_ids, older_than, dry_run } => Action::Delete { run_ids, older_than, dry_run },
             RunsCommand::Edit { run_id, section, content, file, who } => {
                 let content = match (content, file) {
                     (Some(text), _) => EditContent::Text(text),

@@ -498,9 +498,10 @@ async fn unary(State(admin): State<Admin>, Path(method): Path<String>, headers: 
         "ListRuns" => call(&body, "ListRunsRequest", "ListRunsResponse", |r| grpc.list_runs(r)).await,
         "ControlRun" => call(&body, "ControlRunRequest", "ControlRunResponse", |r| grpc.control_run(r)).await,
         "CompareRuns" => call(&body, "CompareRunsRequest", "CompareRunsResponse", |r| grpc.compare_runs(r)).await,
+        "DeleteRun" => call(&body, "DeleteRunRequest", "DeleteRunResponse", |r| grpc.delete_run(r)).await,
         other => Err(tonic::Status::not_found(format!(
-            "no method {:?} here; the admin API has GetRun, ListRuns, ControlRun, CompareRuns (POST) and WatchRun \
-             (GET, events)",
+            "no method {:?} here; the admin API has GetRun, ListRuns, ControlRun, CompareRuns, DeleteRun (POST) and \
+             WatchRun (GET, events)",
             bounded(other, 64)
         ))),
     };

@@ -7,9 +7,9 @@ use assay_domain::limits::{MAX_ACTOR_CHARS, MAX_REASON_CHARS};
 use assay_domain::{StageError, Violations};
 use assay_proto::gateway::v1::gateway_service_server::{GatewayService, GatewayServiceServer};
 use assay_proto::gateway::v1::{
-    CompareRunsRequest, CompareRunsResponse, ControlRunRequest, ControlRunResponse, EvaluateRequest, EvaluateResponse,
-    GetRunRequest, GetRunResponse, ListRunsRequest, ListRunsResponse, RunPipelineRequest, RunPipelineResponse,
-    WatchRunRequest, WatchRunResponse,
+    CompareRunsRequest, CompareRunsResponse, ControlRunRequest, ControlRunResponse, DeleteRunRequest,
+    DeleteRunResponse, EvaluateRequest, EvaluateResponse, GetRunRequest, GetRunResponse, ListRunsRequest,
+    ListRunsResponse, RunPipelineRequest, RunPipelineResponse, WatchRunRequest, WatchRunResponse,
 };
 use assay_proto::pipelines::{self, PipelineContract, result_of};
 use assay_rpc::{CallContext, run_with, to_status};
@@ -183,6 +183,15 @@ impl GatewayService for GatewayGrpc {
         check_control(&req).map_err(to_status)?;
         let run = self.engine.control(req).await.map_err(to_status)?;
         Ok(Response::new(ControlRunResponse { run: Some(run) }))
+    }
+
+    async fn delete_run(&self, request: Request<DeleteRunRequest>) -> Result<Response<DeleteRunResponse>, Status> {
+        let DeleteRunRequest { run_id } = request.into_inner();
+        if run_id.is_empty() {
+            return Err(to_status(StageError::invalid("run_id", "must not be empty")));
+        }
+        let run = self.engine.delete(&run_id).await.map_err(to_status)?;
+        Ok(Response::new(DeleteRunResponse { run: Some(run) }))
     }
 
     /// Two stored checklist_eval runs compared by the core `assay compare` uses.

@@ -50,12 +50,13 @@ pub async fn resume_unfinished(engine: &Engine) {
     }
 }
 
-/// Resume unfinished runs, then keep this gateway's leases and take over expired ones, in the
-/// background.
+/// Resume unfinished runs, then keep this gateway's leases, take over expired ones and keep the
+/// store to its retention period, in the background.
 pub fn resume_and_supervise(engine: Engine, config: &AssayConfig) {
     let lease = assay_gateway::lease(config);
+    let retention_days = config.gateway.retention_days;
     tokio::spawn(async move {
         resume_unfinished(&engine).await;
-        engine.supervise(lease).await;
+        tokio::join!(engine.supervise(lease), engine.retain(retention_days));
     });
 }

@@ -83,6 +83,8 @@ pub struct Mesh {
     admin_auth: assay_gateway::admin::AdminAuth,
     engine: assay_gateway::Engine,
     lease: std::time::Duration,
+    /// `gateway.retention_days`.
+    retention_days: u32,
 }
 
 impl Mesh {
@@ -95,8 +97,8 @@ impl Mesh {
         // Registers every unfinished run before returning (their work continues in the background),
         // so a client reattaching right away follows them live.
         crate::gateway::resume_unfinished(&self.engine).await;
-        let (engine, lease) = (self.engine.clone(), self.lease);
-        tokio::spawn(async move { engine.supervise(lease).await });
+        let (engine, lease, days) = (self.engine.clone(), self.lease, self.retention_days);
+        tokio::spawn(async move { tokio::join!(engine.supervise(lease), engine.retain(days)) });
     }
 
     /// How the admin page authenticates (a generated token when none is configured).
@@ -204,8 +206,17 @@ pub async fn start_mesh(config: &AssayConfig, hub: Arc<ModelHub>, ready: bool) -
         };
         tasks.push(tokio::spawn(assay_rpc::serve(l, routes, r, options.clone(), shutdown)));
     }
-    let mesh =
-        Mesh { addrs, readiness, shutdown: tx, tasks, admin, admin_auth, engine, lease: assay_gateway::lease(config) };
+    let mesh = Mesh {
+        addrs,
+        readiness,
+        shutdown: tx,
+        tasks,
+        admin,
+        admin_auth,
+        engine,
+        lease: assay_gateway::lease(config),
+        retention_days: config.gateway.retention_days,
+    };
     if ready {
         mesh.set_serving().await;
     }

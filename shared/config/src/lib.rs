@@ -178,7 +178,14 @@ pub struct GatewayConfig {
     /// renewal. Renewed every third of it; another gateway takes over a run whose lease expired.
     #[serde(default = "lease_seconds")]
     pub lease_seconds: f64,
+    /// Finished runs older than this many days are deleted (every hour, by one gateway of those
+    /// sharing the store); 0 keeps every run.
+    #[serde(default)]
+    pub retention_days: u32,
 }
+
+/// The longest retention period `gateway.retention_days` takes (100 years; 0 = forever).
+pub const MAX_RETENTION_DAYS: u32 = 36_500;
 
 fn max_active_runs() -> u32 {
     4096
@@ -383,6 +390,13 @@ fn checked(config: AssayConfig) -> Result<AssayConfig, ConfigError> {
             message: format!("is {lease}; it must be between 1 and 3600 seconds"),
         });
     }
+    let days = config.gateway.retention_days;
+    if days > MAX_RETENTION_DAYS {
+        return Err(ConfigError::Key {
+            key: "gateway.retention_days",
+            message: format!("is {days}; it must be at most {MAX_RETENTION_DAYS} days (0 = keep every run)"),
+        });
+    }
     let age = config.max_connection_age_seconds;
     if age > 86_400 {
         return Err(ConfigError::Key {
@@ -438,6 +452,10 @@ mod tests {
     #[test]
     fn lease_outside_its_range_names_the_key() {
         assert_eq!(AssayConfig::defaults().gateway.lease_seconds, 15.0);
+        assert_eq!(AssayConfig::defaults().gateway.retention_days, 0, "runs are kept unless a retention is set");
+        let e = load_from("[gateway]\nretention_days = 40000\n").unwrap_err().to_string();
+        assert!(e.contains("gateway.retention_days") && e.contains("36500"), "{e}");
+        assert_eq!(load_from("[gateway]\nretention_days = 30\n").unwrap().gateway.retention_days, 30);
         let e = load_from("[gateway]\nlease_seconds = 0.5\n").unwrap_err().to_string();
         assert_eq!(e, "configuration error: gateway.lease_seconds: is 0.5; it must be between 1 and 3600 seconds");
         assert!(load_from("[gateway]\nlease_seconds = nan\n").is_err());

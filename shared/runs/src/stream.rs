@@ -72,7 +72,12 @@ pub fn replay_then_follow(
                 // Nothing new: stop once the run has ended (its last event was already sent).
                 Ok(events) if events.is_empty() => match store.get(&run_id).await {
                     Ok(Some(stored)) if crate::clock::is_terminal(stored.run.state) => return,
-                    Ok(_) => {}
+                    Ok(Some(_)) => {}
+                    // Deleted meanwhile (DeleteRun, retention): the stream ends with NOT_FOUND.
+                    Ok(None) => {
+                        let _ = tx.send(Err(StageError::NotFound(format!("run {run_id} (deleted)")))).await;
+                        return;
+                    }
                     Err(e) => {
                         let _ = tx.send(Err(e)).await;
                         return;
@@ -99,4 +104,39 @@ pub fn replay_then_follow(
         }
     });
     tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::StreamExt;
+
+    use super::*;
+
+    /// A run followed from the store (executed by another gateway, or about to be resumed) that
+    /// is deleted meanwhile ends its watchers' streams with NOT_FOUND instead of polling forever.
+    #[tokio::test]
+    async fn a_run_deleted_while_followed_ends_the_stream_with_not_found() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("runs.db");
+        let path = path.to_str().unwrap().to_string();
+        let store = RunStore::open(&path).unwrap();
+        let run = gw::Run { run_id: "w".into(), state: gw::RunState::Running as i32, ..Default::default() };
+        store.create(run, gw::RunPipelineRequest::default()).await.unwrap();
+        let mut events = Box::pin(replay_then_follow(Vec::new(), None, 0, Some((store.clone(), "w".into()))));
+        // The run's end and its deletion in one transaction (another gateway's), so no poll can
+        // fall between them.
+        let c = rusqlite::Connection::open(&path).unwrap();
+        c.execute_batch(
+            "BEGIN; UPDATE runs SET state = 5 WHERE run_id = 'w'; DELETE FROM runs WHERE run_id = 'w'; COMMIT;",
+        )
+        .unwrap();
+        let next = tokio::time::timeout(std::time::Duration::from_secs(30), events.next())
+            .await
+            .expect("the watcher polled a deleted run without end");
+        match next {
+            Some(Err(StageError::NotFound(m))) => assert_eq!(m, "run w (deleted)"),
+            other => panic!("expected NOT_FOUND, got {other:?}"),
+        }
+        assert!(events.next().await.is_none(), "and the stream ends");
+    }
 }

@@ -164,6 +164,40 @@ async fn contract(store: &RunStore) {
     // At startup the unfinished runs are this gateway's to resume, oldest first.
     let orphans: Vec<String> = store.claim_orphans(true).await.unwrap().into_iter().map(|s| s.run.run_id).collect();
     assert_eq!(orphans, ["b", "c"]);
+
+    deletion(store).await;
+}
+
+/// Deleting: finished runs only, with their events; listed by age for the retention sweep.
+async fn deletion(store: &RunStore) {
+    use assay_domain::StageError;
+    use gw::PipelineKind::ChecklistEval;
+    use gw::RunState::{Cancelled, Running, Succeeded};
+    assert!(matches!(store.delete("nope").await, Err(StageError::NotFound(m)) if m == "run nope"));
+    match store.delete("b").await {
+        Err(StageError::FailedPrecondition(m)) => assert_eq!(m, "run b is RUN_STATE_RUNNING"),
+        other => panic!("an unfinished run is not deleted: {other:?}"),
+    }
+    assert!(store.get("b").await.unwrap().is_some());
+    // Finished runs by age, oldest first, before the cutoff only, running ones never.
+    store.create(run("old", 10, Cancelled, ChecklistEval), request("old")).await.unwrap();
+    store.create(run("older-running", 5, Running, ChecklistEval), request("x")).await.unwrap();
+    assert_eq!(store.finished_before(100, 10).await.unwrap(), ["old", "e"]);
+    assert_eq!(store.finished_before(100, 1).await.unwrap(), ["old"]);
+    assert_eq!(store.finished_before(99, 10).await.unwrap(), ["old"]);
+    assert!(store.finished_before(10, 10).await.unwrap().is_empty());
+    // The run goes with its events; its summary is returned as it was.
+    let deleted = store.delete("e").await.unwrap();
+    assert_eq!((deleted.run_id.as_str(), deleted.label.as_str()), ("e", "label of e"));
+    assert_eq!(deleted.state, Succeeded as i32);
+    assert!(store.get("e").await.unwrap().is_none());
+    assert!(store.events_after("e", 0).await.unwrap().is_empty());
+    assert!(matches!(store.delete("e").await, Err(StageError::NotFound(_))), "deleted once");
+    assert_eq!(store.finished_before(100, 10).await.unwrap(), ["old"]);
+    // Other runs keep what they had.
+    assert_eq!(store.events_after("a", 0).await.unwrap().len(), 5);
+    assert!(store.hold_store_lease("retention", 60.0).await.unwrap(), "the only gateway holds the sweep lease");
+    assert!(store.hold_store_lease("retention", 60.0).await.unwrap(), "and keeps it");
 }
 
 #[tokio::test]
@@ -184,6 +218,64 @@ async fn sqlite_file_keeps_the_contract_across_reopening() {
     let again = RunStore::open(path).unwrap();
     assert_eq!(again.events_after("a", 0).await.unwrap().len(), 5);
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// What SQLite's pages are: (page_count, freelist_count), read through a second connection.
+fn pages(path: &str) -> (i64, i64) {
+    let c = rusqlite::Connection::open(path).unwrap();
+    let count = c.query_row("PRAGMA page_count", [], |r| r.get(0)).unwrap();
+    let free = c.query_row("PRAGMA freelist_count", [], |r| r.get(0)).unwrap();
+    (count, free)
+}
+
+async fn fill(store: &RunStore, runs: usize) {
+    use gw::PipelineKind::ChecklistEval;
+    let big = "x".repeat(4096);
+    for i in 0..runs {
+        let id = format!("r{i}");
+        store.create(run(&id, 1000 + i as i64, gw::RunState::Succeeded, ChecklistEval), request(&id)).await.unwrap();
+        let mut e = event(&id, 1);
+        e.event = Some(gw::run_event::Event::StateChanged(gw::RunStateChanged { state: 5, reason: big.clone() }));
+        append(store, e).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn sqlite_gives_the_space_of_deleted_runs_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("runs.db");
+    let path = path.to_str().unwrap();
+    let store = RunStore::open(path).unwrap();
+    fill(&store, 200).await;
+    let (full, _) = pages(path);
+    for i in 0..200 {
+        store.delete(&format!("r{i}")).await.unwrap();
+    }
+    let (after, free) = pages(path);
+    assert_eq!(free, 0, "freed pages go back to the file system, not to a free list");
+    assert!(after * 10 < full, "{full} pages with 200 runs, {after} after deleting them");
+}
+
+#[tokio::test]
+async fn a_sqlite_file_made_before_incremental_vacuum_is_converted_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("runs.db");
+    let path = path.to_str().unwrap();
+    // A file as an older gateway left it: no auto_vacuum.
+    let c = rusqlite::Connection::open(path).unwrap();
+    c.execute_batch("CREATE TABLE runs (run_id TEXT PRIMARY KEY, created_at INTEGER NOT NULL, state INTEGER NOT NULL, kind INTEGER NOT NULL, run BLOB NOT NULL, request BLOB NOT NULL)").unwrap();
+    assert_eq!(c.query_row("PRAGMA auto_vacuum", [], |r| r.get::<_, i64>(0)).unwrap(), 0);
+    drop(c);
+    let store = RunStore::open(path).unwrap();
+    let c = rusqlite::Connection::open(path).unwrap();
+    assert_eq!(c.query_row("PRAGMA auto_vacuum", [], |r| r.get::<_, i64>(0)).unwrap(), 2, "incremental");
+    fill(&store, 50).await;
+    let (full, _) = pages(path);
+    for i in 0..50 {
+        store.delete(&format!("r{i}")).await.unwrap();
+    }
+    let (after, free) = pages(path);
+    assert!(free == 0 && after * 5 < full, "{full} pages before, {after} after ({free} free)");
 }
 
 #[tokio::test]
@@ -272,6 +364,33 @@ async fn postgres_leases_fence_writes_and_orphans_are_taken_over() {
     assert_eq!(b.control_outcome(id2).await.unwrap(), ControlOutcome::Refused(refusal));
     b.remove_control(id2).await.unwrap();
     assert_eq!(b.control_outcome(id2).await.unwrap(), ControlOutcome::Taken);
+}
+
+#[tokio::test]
+async fn postgres_store_leases_go_to_one_gateway_at_a_time() {
+    let Some(pg) = TempPostgres::start_or_skip("postgres_store_leases_go_to_one_gateway_at_a_time") else { return };
+    let a = RunStore::connect(&pg.url(), "gw-a", Duration::from_secs(30)).await.unwrap();
+    let b = RunStore::connect(&pg.url(), "gw-b", Duration::from_secs(30)).await.unwrap();
+    assert!(a.hold_store_lease("retention", 1.0).await.unwrap());
+    assert!(!b.hold_store_lease("retention", 1.0).await.unwrap(), "held by gw-a");
+    assert!(b.hold_store_lease("other chore", 60.0).await.unwrap(), "leases are per name");
+    assert!(a.hold_store_lease("retention", 1.0).await.unwrap(), "gw-a extends its own");
+    // Once gw-a stops extending it, the lease passes to gw-b when it expires.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !b.hold_store_lease("retention", 60.0).await.unwrap() {
+        assert!(std::time::Instant::now() < deadline, "gw-b never took the expired lease");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!a.hold_store_lease("retention", 60.0).await.unwrap(), "now gw-b's");
+    // Deleting a finished run takes the controls still posted for it.
+    use gw::PipelineKind::ChecklistEval;
+    a.create(run("p", 1, gw::RunState::Running, ChecklistEval), request("p")).await.unwrap();
+    let posted = gw::ControlRunRequest { run_id: "p".into(), ..Default::default() };
+    b.post_control(posted).await.unwrap();
+    update(&a, run("p", 1, gw::RunState::Cancelled, ChecklistEval)).await.unwrap();
+    b.delete("p").await.unwrap();
+    assert!(a.posted_controls(&["p".into()]).await.unwrap().is_empty());
+    assert!(a.get("p").await.unwrap().is_none());
 }
 
 #[tokio::test]

@@ -241,6 +241,12 @@ class AsyncAssay:
         """Cancel a run."""
         return await self._control(run_id, "cancel", actor, reason)
 
+    async def delete_run(self, run_id: Any, *, timeout: Optional[float] = None) -> RunRecord:
+        """See :meth:`assay_client.Assay.delete_run`."""
+        request = gateway_pb2.DeleteRunRequest(run_id=_common.run_id_of(run_id))
+        run: RunRecord = (await self._call("DeleteRun", request, timeout)).run
+        return run
+
     async def accept(self, run_id: Any, *, reason: str = "", actor: str = "") -> RunRecord:
         """Accept a targeted refinement's current content as final."""
         return await self._control(run_id, "accept", actor, reason)

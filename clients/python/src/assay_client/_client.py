@@ -347,6 +347,14 @@ class Assay:
         """Cancel a run."""
         return self._control(run_id, "cancel", actor, reason)
 
+    def delete_run(self, run_id: Any, *, timeout: Optional[float] = None) -> RunRecord:
+        """Delete a finished run with its events and audit entries; returns the run as it was
+        (without its result). :class:`AssayError` FAILED_PRECONDITION while it has not finished
+        (cancel it first), NOT_FOUND when there is no such run."""
+        request = gateway_pb2.DeleteRunRequest(run_id=_common.run_id_of(run_id))
+        run: RunRecord = self._call("DeleteRun", request, timeout).run
+        return run
+
     def accept(self, run_id: Any, *, reason: str = "", actor: str = "") -> RunRecord:
         """Accept a targeted refinement's current content as final."""
         return self._control(run_id, "accept", actor, reason)

@@ -78,6 +78,7 @@ UNARY: Dict[str, Tuple[Type[Message], Type[Message]]] = {
     "ListRuns": (gateway_pb2.ListRunsRequest, gateway_pb2.ListRunsResponse),
     "ControlRun": (gateway_pb2.ControlRunRequest, gateway_pb2.ControlRunResponse),
     "CompareRuns": (gateway_pb2.CompareRunsRequest, gateway_pb2.CompareRunsResponse),
+    "DeleteRun": (gateway_pb2.DeleteRunRequest, gateway_pb2.DeleteRunResponse),
 }
 STREAMS: Dict[str, Tuple[Type[Message], Type[Message]]] = {
     "RunPipeline": (gateway_pb2.RunPipelineRequest, gateway_pb2.RunPipelineResponse),

@@ -34,6 +34,115 @@ pub enum Action {
         verb: Verb,
         who: Who,
     },
+    /// `DeleteRun` calls: the runs named, and every finished run older than `older_than`.
+    Delete {
+        run_ids: Vec<String>,
+        older_than: Option<std::time::Duration>,
+        dry_run: bool,
+    },
+}
+
+/// An age as `--older-than` takes it: a whole number and a unit, s, m, h, d or w (`30d`).
+pub fn parse_age(text: &str) -> Result<std::time::Duration, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let seconds = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        "w" => 7 * 86_400,
+        _ => return Err(format!("{text:?}: expected a whole number and a unit (s, m, h, d, w), e.g. 30d")),
+    };
+    let n: u64 = number.parse().map_err(|_| format!("{text:?}: expected a whole number before the unit, e.g. 30d"))?;
+    n.checked_mul(seconds).map(std::time::Duration::from_secs).ok_or_else(|| format!("{text:?}: too long an age"))
+}
+
+/// The finished runs created before `cutoff` (seconds since the Unix epoch), from every page of
+/// ListRuns.
+async fn finished_before(c: &mut super::Client, cutoff: i64) -> Result<Vec<gw::Run>, String> {
+    let mut out = Vec::new();
+    let mut token = String::new();
+    loop {
+        let page = c
+            .list_runs(gw::ListRunsRequest { page_size: 500, page_token: token, kind: 0, state: 0 })
+            .await
+            .map_err(|s| status_text(&s))?
+            .into_inner();
+        out.extend(
+            page.runs
+                .into_iter()
+                .filter(|r| r.created_at.is_some_and(|t| t.seconds < cutoff) && super::follow::is_final(r.state)),
+        );
+        if page.next_page_token.is_empty() {
+            return Ok(out);
+        }
+        token = page.next_page_token;
+    }
+}
+
+/// Delete the runs named and, with `older_than`, the finished runs older than that; one line per
+/// run. Fails (after trying every one) when a named run could not be deleted.
+async fn delete(
+    c: &mut super::Client,
+    run_ids: Vec<String>,
+    older_than: Option<std::time::Duration>,
+    dry_run: bool,
+    as_json: bool,
+) -> Result<(), String> {
+    if run_ids.is_empty() && older_than.is_none() {
+        return Err("name the runs to delete (RUN_ID...) or give --older-than".into());
+    }
+    if let Some(blank) = run_ids.iter().position(|r| r.trim().is_empty()) {
+        return Err(format!("RUN_ID {} must not be empty", blank + 1));
+    }
+    let mut targets: Vec<(String, bool)> = run_ids.into_iter().map(|r| (r, true)).collect();
+    if let Some(age) = older_than {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let cutoff = i64::try_from(now.saturating_sub(age).as_secs()).unwrap_or(i64::MAX);
+        for r in finished_before(c, cutoff).await? {
+            if !targets.iter().any(|(id, _)| *id == r.run_id) {
+                targets.push((r.run_id, false));
+            }
+        }
+    }
+    let mut failed = 0usize;
+    for (run_id, named) in &targets {
+        if dry_run {
+            if as_json {
+                outln!("{}", serde_json::json!({"runId": run_id, "deleted": false, "dryRun": true}));
+            } else {
+                outln!("would delete {run_id}");
+            }
+            continue;
+        }
+        match c.delete_run(gw::DeleteRunRequest { run_id: run_id.clone() }).await {
+            Ok(reply) => {
+                let run = reply.into_inner().run.unwrap_or_default();
+                if as_json {
+                    outln!("{}", serde_json::json!({"runId": run_id, "deleted": true, "run": to_json(&run)?}));
+                } else {
+                    outln!("deleted {}", run_line(&run));
+                }
+            }
+            // A run listed by age and deleted meanwhile (retention, another client) is not an error.
+            Err(s) if !named && s.code() == tonic::Code::NotFound => {}
+            Err(s) => {
+                failed += usize::from(*named);
+                let why = status_text(&s);
+                if as_json {
+                    outln!("{}", serde_json::json!({"runId": run_id, "deleted": false, "error": why}));
+                } else {
+                    outln!("not deleted {run_id}: {why}");
+                }
+            }
+        }
+    }
+    if failed > 0 {
+        return Err(format!("{failed} of the runs named could not be deleted"));
+    }
+    Ok(())
 }
 
 /// A `ControlRun` action.
@@ -217,6 +326,9 @@ pub async fn run(config: &AssayConfig, url: &str, action: Action, as_json: bool)
             let request = control_request(run_id, verb, who)?;
             let reply = c.control_run(request).await.map_err(|s| status_text(&s))?.into_inner();
             print_json(&to_json(&reply.run.unwrap_or_default())?, as_json)?;
+        }
+        Action::Delete { run_ids, older_than, dry_run } => {
+            delete(&mut c, run_ids, older_than, dry_run, as_json).await?
         }
     }
     Ok(())
@@ -426,6 +538,17 @@ mod tests {
         let v = to_json(&self_refine).unwrap();
         assert_eq!(v["result"]["selfRefine"]["stopReason"], "SELF_REFINE_STOP_REASON_CONVERGED");
         assert_eq!(v["result"]["selfRefine"]["finalText"], "Final.");
+    }
+
+    #[test]
+    fn ages_take_a_whole_number_and_a_unit() {
+        assert_eq!(parse_age("30d").unwrap().as_secs(), 30 * 86_400);
+        assert_eq!(parse_age("2w").unwrap().as_secs(), 14 * 86_400);
+        assert_eq!(parse_age("90m").unwrap().as_secs(), 5400);
+        assert_eq!(parse_age("0s").unwrap().as_secs(), 0);
+        for bad in ["30", "d", "1.5d", "-1d", "30 days", "99999999999999999999d"] {
+            assert!(parse_age(bad).unwrap_err().contains(bad), "{bad}");
+        }
     }
 
     #[test]

@@ -1,7 +1,8 @@
 /*
  * Assay admin page: the human loop, i.e. a run's controls (ControlRun with an actor and a reason
  * for the audit log): pause / resume / cancel for every run; for a targeted refinement Intervene,
- * edit a section, accept the current content and mark it as reviewed.
+ * edit a section, accept the current content and mark it as reviewed; Delete (DeleteRun) once a run
+ * has finished.
  */
 
 import {ACTIONS, ACTOR_KEY, AWAITING, PAUSED, PENDING, REFINEMENT, RUNNING, TERMINAL} from './constants.js';
@@ -49,6 +50,8 @@ export function buildControls(D, after) {
     e.btn.review = button('btn-review', 'Mark as reviewed', 'review');
   }
   e.btn.cancel = button('btn-cancel', 'Cancel run', 'cancel', 'danger');
+  e.btn.delete = h('button', {type: 'button', id: 'btn-delete', class: 'danger', onclick: () => remove(D, after)},
+    'Delete run');
   e.controlError = h('div', {id: 'control-error', class: 'error', role: 'alert'});
   e.controlStatus = h('p', {id: 'control-status', class: 'muted', role: 'status'});
 
@@ -59,7 +62,7 @@ export function buildControls(D, after) {
     h('div', {class: 'buttons', role: 'group', 'aria-label': 'Run actions'}, Object.values(e.btn)),
     h('p', {class: 'help'}, isRefinement
       ? 'Intervene pauses after the current task. Edit, accept or resume while paused or awaiting a human; mark as reviewed only when awaiting a human.'
-      : 'Pause while running, resume while paused; cancel until the run finishes.'),
+      : 'Pause while running, resume while paused; cancel until the run finishes, delete once it has.'),
   ];
   if (isRefinement) {
     e.editSection = h('select', {id: 'edit-section'});
@@ -95,6 +98,7 @@ export function updateControls(D) {
     accept: humanTurn,
     review: st === AWAITING,
     cancel: !TERMINAL.has(st),
+    delete: TERMINAL.has(st),
     edit: humanTurn,
   };
   if (e.editSection) {
@@ -157,6 +161,31 @@ async function control(D, after, action, payload = {}) {
     e.controlError.replaceChildren(...errorNodes(err));
   } finally {
     if (app.view === D) {
+      D.busy = false;
+      after.render(D);
+    }
+  }
+}
+
+/** Delete finished run D (after a confirmation): its events and audit entries go with it. */
+async function remove(D, after) {
+  const e = D.els;
+  if (!window.confirm(`Delete run ${D.id} with its events and audit log? This cannot be undone.`)) return;
+  D.busy = true;
+  updateControls(D);
+  e.controlError.replaceChildren();
+  e.controlStatus.textContent = 'Deleting…';
+  try {
+    await api('DeleteRun', {runId: D.id});
+    if (app.view !== D) return;
+    D.deleted = true;
+    location.hash = '#/';
+  } catch (err) {
+    if (app.view !== D || err.unauthorized) return;
+    e.controlStatus.textContent = '';
+    e.controlError.replaceChildren(...errorNodes(err));
+  } finally {
+    if (app.view === D && !D.deleted) {
       D.busy = false;
       after.render(D);
     }

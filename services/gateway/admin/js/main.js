@@ -4,7 +4,7 @@
  *
  * The page talks to the gateway's HTTP face of GatewayService (same origin):
  *   GET  /api/config                     -> {authRequired}
- *   POST /api/ListRuns|GetRun|ControlRun|CompareRuns -> proto3 JSON in and out (64-bit integers as strings)
+ *   POST /api/ListRuns|GetRun|ControlRun|CompareRuns|DeleteRun -> proto3 JSON in and out (64-bit integers as strings)
  *   GET  /api/WatchRun?run_id&after_sequence -> server-sent events, one RunEvent per message
  * with `Authorization: Bearer <token>` on every call when a token is held (sessionStorage). The
  * token comes from the URL the gateway prints (`/#token=...`, read once at start and dropped from

@@ -1,6 +1,7 @@
 //! The engine: starts, executes, watches and controls runs (see the crate's documentation).
 
 mod control;
+mod retention;
 mod supervise;
 
 use std::collections::HashMap;

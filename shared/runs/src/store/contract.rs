@@ -108,6 +108,19 @@ pub trait RunStorage: SpendLedger + Send + Sync {
     async fn control_outcome(&self, id: i64) -> Result<ControlOutcome, StageError>;
     /// How many runs the store holds in each state (`RunState` numbers; states with none left out).
     async fn count_by_state(&self) -> Result<Vec<(i32, i64)>, StageError>;
+    /// Delete finished run `run_id` with its events, checkpoints (audit entries among them) and
+    /// posted controls, in one transaction, and return its summary as it was; the space is given
+    /// back to the file system where the store can (SQLite's incremental vacuum). NOT_FOUND when
+    /// there is no such run, FAILED_PRECONDITION naming its state ([`state_refused`]) when it has
+    /// not finished.
+    async fn delete(&self, run_id: &str) -> Result<gw::Run, StageError>;
+    /// Ids of finished runs created before `before` (seconds since the Unix epoch), oldest
+    /// first, `limit` at most.
+    async fn finished_before(&self, before: i64, limit: usize) -> Result<Vec<String>, StageError>;
+    /// Take, or extend, the store-wide lease `name` for `seconds`: true while this gateway holds
+    /// it (one gateway at a time does store-wide chores, such as the retention sweep). A store of
+    /// one gateway always holds it.
+    async fn hold_store_lease(&self, name: &str, seconds: f64) -> Result<bool, StageError>;
 }
 
 /// The spend ledger behind the daily caps: spend per (UTC day, backend) and the holds of calls in

@@ -108,6 +108,15 @@ impl RunStorage for ObservedStore {
     async fn count_by_state(&self) -> Result<Vec<(i32, i64)>, StageError> {
         self.inner.count_by_state().await
     }
+    async fn delete(&self, run_id: &str) -> Result<gw::Run, StageError> {
+        self.inner.delete(run_id).await
+    }
+    async fn finished_before(&self, before: i64, limit: usize) -> Result<Vec<String>, StageError> {
+        self.inner.finished_before(before, limit).await
+    }
+    async fn hold_store_lease(&self, name: &str, seconds: f64) -> Result<bool, StageError> {
+        self.inner.hold_store_lease(name, seconds).await
+    }
 }
 
 #[async_trait::async_trait]

@@ -306,4 +306,54 @@ impl RunStorage for PostgresStore {
             .map_err(db_err)?;
         Ok(rows.iter().map(|r| (r.get::<_, i32>(0), r.get::<_, i64>(1))).collect())
     }
+
+    async fn delete(&self, run_id: &str) -> Result<gw::Run, StageError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(db_err)?;
+        let row = tx
+            .query_opt("SELECT state, run FROM runs WHERE run_id = $1 FOR UPDATE", &[&run_id])
+            .await
+            .map_err(db_err)?
+            .ok_or_else(|| StageError::NotFound(format!("run {run_id}")))?;
+        let state: i32 = row.get(0);
+        if !ENDED.contains(&state) {
+            return Err(state_refused(run_id, state));
+        }
+        let run = gw::Run::decode(row.get::<_, &[u8]>(1)).map_err(decode_err)?;
+        for table in ["events", "checkpoints", "controls", "runs"] {
+            tx.execute(&format!("DELETE FROM {table} WHERE run_id = $1"), &[&run_id]).await.map_err(db_err)?;
+        }
+        tx.commit().await.map_err(db_err)?;
+        Ok(run)
+    }
+
+    async fn finished_before(&self, before: i64, limit: usize) -> Result<Vec<String>, StageError> {
+        let rows = self
+            .client()
+            .await?
+            .query(
+                "SELECT run_id FROM runs WHERE state = ANY($1) AND created_at < $2
+                 ORDER BY created_at, run_id LIMIT $3",
+                &[&&ENDED[..], &before, &i64::try_from(limit).unwrap_or(i64::MAX)],
+            )
+            .await
+            .map_err(db_err)?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
+    async fn hold_store_lease(&self, name: &str, seconds: f64) -> Result<bool, StageError> {
+        let held = self
+            .client()
+            .await?
+            .query_opt(
+                "INSERT INTO store_leases (name, owner, lease_until) VALUES ($1, $2, now() + make_interval(secs => $3))
+                 ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, lease_until = EXCLUDED.lease_until
+                 WHERE store_leases.owner = EXCLUDED.owner OR store_leases.lease_until <= now()
+                 RETURNING owner",
+                &[&name, &self.owner, &seconds],
+            )
+            .await
+            .map_err(db_err)?;
+        Ok(held.is_some())
+    }
 }

@@ -60,6 +60,33 @@ fn put_checkpoint(c: &rusqlite::Connection, run_id: &str, key: &str, value: &[u8
     Ok(())
 }
 
+/// Terminal run states, as stored.
+const ENDED: [i32; 4] = [
+    gw::RunState::Succeeded as i32,
+    gw::RunState::Partial as i32,
+    gw::RunState::Failed as i32,
+    gw::RunState::Cancelled as i32,
+];
+
+/// Make the file give back the pages of deleted runs (`auto_vacuum = INCREMENTAL`, pages freed
+/// by `PRAGMA incremental_vacuum` after each delete). A new file takes the setting before its
+/// first table; a file made before it is rewritten once (`VACUUM`).
+fn free_pages_on_delete(c: &rusqlite::Connection) -> Result<(), StageError> {
+    const INCREMENTAL: i64 = 2;
+    let mode: i64 = c.query_row("PRAGMA auto_vacuum", [], |r| r.get(0)).map_err(db_err)?;
+    if mode == INCREMENTAL {
+        return Ok(());
+    }
+    c.execute_batch("PRAGMA auto_vacuum = INCREMENTAL").map_err(db_err)?;
+    let tables: i64 =
+        c.query_row("SELECT count(*) FROM sqlite_master WHERE type = 'table'", [], |r| r.get(0)).map_err(db_err)?;
+    if tables > 0 {
+        tracing::info!("run store: rewriting the file once so deleted runs give their space back");
+        c.execute_batch("VACUUM").map_err(db_err)?;
+    }
+    Ok(())
+}
+
 impl SqliteStore {
     /// Open (or create) the store; `":memory:"` keeps it in memory.
     pub fn open(path: &str) -> Result<SqliteStore, StageError> {
@@ -73,6 +100,7 @@ impl SqliteStore {
             rusqlite::Connection::open(path)
         }
         .map_err(db_err)?;
+        free_pages_on_delete(&conn)?;
         conn.execute_batch(
             "PRAGMA journal_mode = WAL;
              PRAGMA synchronous = NORMAL;
@@ -321,17 +349,61 @@ impl RunStorage for SqliteStore {
         })
         .await
     }
+
+    async fn delete(&self, run_id: &str) -> Result<gw::Run, StageError> {
+        let run_id = run_id.to_string();
+        self.with(move |c| {
+            let tx = c.transaction().map_err(db_err)?;
+            let row: Option<(i32, Vec<u8>)> = tx
+                .query_row("SELECT state, run FROM runs WHERE run_id = ?1", params![run_id], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })
+                .optional()
+                .map_err(db_err)?;
+            let (state, run) = row.ok_or_else(|| StageError::NotFound(format!("run {run_id}")))?;
+            if !ENDED.contains(&state) {
+                return Err(state_refused(&run_id, state));
+            }
+            for table in ["events", "checkpoints", "runs"] {
+                tx.execute(&format!("DELETE FROM {table} WHERE run_id = ?1"), params![run_id]).map_err(db_err)?;
+            }
+            tx.commit().map_err(db_err)?;
+            // The freed pages go back to the file system (auto_vacuum = INCREMENTAL): the
+            // pragma frees one page per step, so it is stepped to its end.
+            let mut vacuum = c.prepare_cached("PRAGMA incremental_vacuum").map_err(db_err)?;
+            let mut steps = vacuum.raw_query();
+            while steps.next().map_err(db_err)?.is_some() {}
+            gw::Run::decode(run.as_slice()).map_err(decode_err)
+        })
+        .await
+    }
+
+    async fn finished_before(&self, before: i64, limit: usize) -> Result<Vec<String>, StageError> {
+        self.with(move |c| {
+            let mut stmt = c
+                .prepare(
+                    "SELECT run_id FROM runs WHERE state IN (?1, ?2, ?3, ?4) AND created_at < ?5
+                     ORDER BY created_at, run_id LIMIT ?6",
+                )
+                .map_err(db_err)?;
+            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+            let rows = stmt
+                .query_map(params![ENDED[0], ENDED[1], ENDED[2], ENDED[3], before, limit], |r| r.get::<_, String>(0))
+                .map_err(db_err)?;
+            rows.map(|r| r.map_err(db_err)).collect()
+        })
+        .await
+    }
+
+    async fn hold_store_lease(&self, _name: &str, _seconds: f64) -> Result<bool, StageError> {
+        Ok(true)
+    }
 }
 
 impl SqliteStore {
     /// Runs that were in progress (to resume after a restart).
     async fn unfinished(&self) -> Result<Vec<StoredRun>, StageError> {
-        let ended = [
-            gw::RunState::Succeeded as i32,
-            gw::RunState::Partial as i32,
-            gw::RunState::Failed as i32,
-            gw::RunState::Cancelled as i32,
-        ];
+        let ended = ENDED;
         self.with(move |c| {
             let mut stmt = c
                 .prepare("SELECT run, request FROM runs WHERE state NOT IN (?1, ?2, ?3, ?4) ORDER BY created_at")
