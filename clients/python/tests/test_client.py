@@ -250,14 +250,14 @@ def test_the_server_protos_match_and_a_newer_server_is_reported(client: Assay, m
     pb.gateway.DESCRIPTOR.CopyToProto(newer)
     run = next(m for m in newer.message_type if m.name == "Run")
     run.field.add(name="owner", number=99, type=descriptor_pb2.FieldDescriptorProto.TYPE_STRING)
-    newer.service[0].method.add(name="DeleteRun", input_type=".assay.gateway.v1.GetRunRequest",
+    newer.service[0].method.add(name="ArchiveRun", input_type=".assay.gateway.v1.GetRunRequest",
                                 output_type=".assay.gateway.v1.GetRunResponse")
     state = next(e for e in newer.enum_type if e.name == "RunState")
     state.value.add(name="RUN_STATE_ARCHIVED", number=42)
     assert differences([newer]) == [
         "field assay.gateway.v1.Run.owner = 99",
         "enum value assay.gateway.v1.RunState.RUN_STATE_ARCHIVED = 42",
-        "method assay.gateway.v1.GatewayService.DeleteRun",
+        "method assay.gateway.v1.GatewayService.ArchiveRun",
     ]
     assert issubclass(ServerNewerWarning, UserWarning)
 
