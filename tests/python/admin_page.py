@@ -225,6 +225,18 @@ def checklist(d, args):
     assert not d.find_elements(By.CSS_SELECTOR, "#app img[src='x'], #app script:not([src])"), "markup was parsed"
     shot(d, args, "checklist-eval")
 
+    # The finished run is deleted from its page (after the confirmation), the list no longer has
+    # it, and its address now says NOT_FOUND.
+    assert not one(d, "#btn-cancel").is_enabled(), "nothing to cancel once finished"
+    wait(d, "delete enabled once finished", lambda d: one(d, "#btn-delete").is_enabled())
+    d.execute_script("window.confirm = () => true;")
+    one(d, "#btn-delete").click()
+    run_row = f'#runs tr[data-run-id="{args["run_id"]}"]'
+    wait(d, "the list without the deleted run", lambda d: shown(d, "#runs") and not one(d, run_row))
+    d.get(f"{args['url']}/#/runs/{args['run_id']}")
+    d.refresh()
+    wait(d, "NOT_FOUND for the deleted run", lambda d: "NOT_FOUND" in d.find_element(By.TAG_NAME, "body").text)
+
 
 def views(d, args):
     login(d, args)
