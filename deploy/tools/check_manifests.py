@@ -357,13 +357,22 @@ class Checker:
                     self.err(cwhere, "the SQLite store is not on a PersistentVolumeClaim: runs are lost with the pod")
             for stage in ("generator", "refiners", "scorer", "arbiter", "delta_judge", "debate"):
                 target = env.get(f"ASSAY__UPSTREAMS__{stage.upper()}", "")
-                m = re.fullmatch(r"(?:https?://)?([a-z0-9-]+):(\d+)", target)
+                m = re.fullmatch(r"(dns:///|https?://)?([a-z0-9-]+):(\d+)", target)
                 if not m:
-                    self.err(cwhere, f"upstream {stage} is {target!r}; expected <service>:<port>")
+                    self.err(cwhere, f"upstream {stage} is {target!r}; expected <service>:<port> or dns:///<service>:<port>")
                     continue
-                s = self.get("Service", m.group(1))
-                if s is None or int(m.group(2)) not in [p["port"] for p in s["spec"]["ports"]]:
+                s = self.get("Service", m.group(2))
+                if s is None or int(m.group(3)) not in [p["port"] for p in s["spec"]["ports"]]:
                     self.err(cwhere, f"upstream {stage} {target}: no such Service port")
+                    continue
+                # dns:/// is resolved to one address per pod and balanced per call: the Service must
+                # be headless (else it resolves to one virtual IP) and select the stage's pods.
+                pods = "assay-" + stage.replace("_", "-")
+                if m.group(1) == "dns:///" and (
+                    s["spec"].get("clusterIP") != "None"
+                    or s["spec"].get("selector", {}).get("app.kubernetes.io/name") != pods
+                ):
+                    self.err(cwhere, f"upstream {stage} {target}: a headless Service selecting {pods} pods is needed")
 
     def run(self) -> int:
         self.check_config_files()

@@ -125,6 +125,25 @@ pub async fn assay_up(store: &std::path::Path, backend: &str, env: &[(&str, &str
     (child, format!("http://{addr}"))
 }
 
+/// `assay serve <stage>` (this workspace's binary) started with `env`, and the URL it listens on.
+pub async fn serve(stage: &str, env: &[(&str, String)]) -> (tokio::process::Child, String) {
+    let (child, addr) = spawn_until(
+        tokio::process::Command::new(workspace_binary("assay", "assay-cli"))
+            .args(["serve", stage])
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdout(std::process::Stdio::null()),
+        &format!("assay serve {stage}, its address"),
+        |line| {
+            let rest = line.split("addr=Some(").nth(1).filter(|_| line.contains("listening"))?;
+            rest.split(')').next().map(str::to_string)
+        },
+    )
+    .await;
+    (child, format!("http://{addr}"))
+}
+
 /// Spawn `command` (its stderr piped) and read its stderr until `found` maps a line to a value;
 /// the rest of the output is drained in the background so the child never blocks on a full pipe.
 pub async fn spawn_until(

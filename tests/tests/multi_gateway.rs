@@ -9,37 +9,19 @@
 
 #![allow(clippy::wildcard_enum_match_arm)]
 
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use assay_proto::gateway::v1 as gw;
 use assay_proto::gateway::v1::gateway_service_client::GatewayServiceClient;
 use assay_proto::gateway::v1::run_event::Event;
 use assay_testkit::{ScriptedLlm, TempPostgres};
-use assay_tests::{check_like_clean as check, clean_leaves_run, leaves_eval, leaves_judge, spawn_until, watch_all};
-use tokio::process::{Child, Command};
+use assay_tests::{check_like_clean as check, clean_leaves_run, leaves_eval, leaves_judge, watch_all};
+use tokio::process::Child;
 use tonic::transport::Channel;
 
 const RECORDS: usize = 24;
 
-/// `assay serve <stage>` started with `env`, and the address it listens on.
-async fn spawn(stage: &str, env: &[(&str, String)]) -> (Child, String) {
-    let (child, addr) = spawn_until(
-        Command::new(assay_tests::workspace_binary("assay", "assay-cli"))
-            .args(["serve", stage])
-            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-            .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1")
-            .stdout(Stdio::null()),
-        &format!("assay serve {stage}, its address"),
-        |line| {
-            let rest = line.split("addr=Some(").nth(1).filter(|_| line.contains("listening"))?;
-            rest.split(')').next().map(str::to_string)
-        },
-    )
-    .await;
-    (child, format!("http://{addr}"))
-}
+use assay_tests::serve as spawn;
 
 async fn scorer(llm: &ScriptedLlm) -> (Child, String) {
     spawn(

@@ -211,7 +211,7 @@ impl Remotes {
             let def = stage.def();
             let connect = def.connect.ok_or(MeshError::NotCalled(def.binary))?;
             let url = url(def);
-            let channel = assay_rpc::remote::channel_with(&url, tls.as_ref())
+            let channel = assay_rpc::remote::upstream_channel(&url, tls.as_ref(), def.service_name)
                 .map_err(|source| MeshError::InvalidAddress { key: def.key, url: url.clone(), source })?;
             connect(&mut remotes, channel, token.as_deref());
         }

@@ -148,15 +148,37 @@ impl Ports {
     }
 }
 
-/// Upstream addresses of the stages as seen by the gateway.
+/// Upstream addresses of the stages as seen by the gateway. Each is one address, or replicas
+/// balanced per call: several addresses (a TOML list, or separated by commas) or
+/// `dns:///host:port` (a name resolved again every few seconds, such as a headless Service).
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct Upstreams {
+    #[serde(deserialize_with = "addresses")]
     pub generator: String,
+    #[serde(deserialize_with = "addresses")]
     pub refiners: String,
+    #[serde(deserialize_with = "addresses")]
     pub scorer: String,
+    #[serde(deserialize_with = "addresses")]
     pub arbiter: String,
+    #[serde(deserialize_with = "addresses")]
     pub delta_judge: String,
+    #[serde(deserialize_with = "addresses")]
     pub debate: String,
+}
+
+/// An upstream as a string: a list of addresses is joined with commas.
+fn addresses<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    Ok(match OneOrMany::deserialize(d)? {
+        OneOrMany::One(s) => s,
+        OneOrMany::Many(list) => list.join(","),
+    })
 }
 
 /// Gateway settings.
@@ -447,6 +469,15 @@ mod tests {
         assert!(e.starts_with("configuration error: tls.ca: cannot read \"/nonexistent/ca.pem\""), "{e}");
         let e = load_from("[tls]\nrequire_client_cert = true\n").unwrap_err().to_string();
         assert!(e.contains("tls.require_client_cert: needs tls.cert and tls.key"), "{e}");
+    }
+
+    #[test]
+    fn an_upstream_is_one_address_a_list_or_a_dns_name() {
+        let c = load_from("[upstreams]\nscorer = [\"scorer-0:50054\", \"scorer-1:50054\"]\n").unwrap();
+        assert_eq!(c.upstreams.scorer, "scorer-0:50054,scorer-1:50054");
+        let c = load_from("[upstreams]\nscorer = \"dns:///scorer-headless:50054\"\n").unwrap();
+        assert_eq!(c.upstreams.scorer, "dns:///scorer-headless:50054");
+        assert_eq!(AssayConfig::defaults().upstreams.scorer, "");
     }
 
     #[test]

@@ -76,6 +76,9 @@ pub fn from_status(s: Status) -> StageError {
     if let Some(reason) = ours {
         return StageError::from_reason(reason, msg, violations);
     }
+    if broken_connection(&s) {
+        return StageError::Unavailable(format!("the connection to the stage broke during the call: {msg}"));
+    }
     match s.code() {
         Code::InvalidArgument => StageError::from_reason(Reason::InvalidInput, msg, violations),
         Code::NotFound => StageError::NotFound(msg),
@@ -92,6 +95,24 @@ pub fn from_status(s: Status) -> StageError {
         }
         Code::Ok | Code::Unknown | Code::Internal | Code::DataLoss => StageError::Internal(msg),
     }
+}
+
+/// Whether `s` is the client's own report of a connection that broke under the call (the
+/// stage's process died, or its connection was reset), not an answer of the stage: tonic says
+/// UNKNOWN "transport error" with the transport's error as its source. The call may succeed on
+/// another connection or replica, so it is UNAVAILABLE.
+fn broken_connection(s: &Status) -> bool {
+    if !matches!(s.code(), Code::Unknown | Code::Internal) {
+        return false;
+    }
+    let mut cause = std::error::Error::source(s);
+    while let Some(e) = cause {
+        if e.is::<hyper::Error>() || e.is::<tonic::transport::Error>() {
+            return true;
+        }
+        cause = e.source();
+    }
+    false
 }
 
 /// The canonical name of a gRPC status code (`INVALID_ARGUMENT`), as grpcurl and the gRPC docs

@@ -90,6 +90,13 @@ impl ClientTls {
         self
     }
 
+    /// [`ClientTls::config`] for a replica dialled by address: the configured name, else `host`,
+    /// is the one verified in its certificate.
+    pub(crate) fn config_for(&self, host: &str) -> ClientTlsConfig {
+        let c = self.config();
+        if self.domain.is_some() { c } else { c.domain_name(host.to_string()) }
+    }
+
     pub(crate) fn config(&self) -> ClientTlsConfig {
         let mut c = ClientTlsConfig::new().timeout(HANDSHAKE_TIMEOUT);
         c = match &self.ca {

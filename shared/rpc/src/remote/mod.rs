@@ -6,6 +6,7 @@ mod debate;
 mod delta_judge;
 mod generator;
 mod refiners;
+mod replicas;
 mod resend;
 mod scorer;
 
@@ -21,6 +22,7 @@ pub use debate::RemoteDebate;
 pub use delta_judge::RemoteDeltaJudge;
 pub use generator::RemoteGenerator;
 pub use refiners::RemoteRefiners;
+pub use replicas::{PROBE_EVERY, RESOLVE_EVERY, Upstream};
 pub use resend::{MAX_SENDS, ResendUnsent, never_sent};
 pub use scorer::RemoteScorer;
 
@@ -39,16 +41,31 @@ pub fn channel_with(url: &str, tls: Option<&ClientTls>) -> Result<Channel, Stage
         None if url.starts_with("https://") => (url.to_string(), Some(&system_roots)),
         None => (url.to_string(), None),
     };
-    let mut endpoint = Endpoint::from_shared(url.clone())
-        .map_err(|e| StageError::Internal(format!("bad upstream url {url:?}: {e}")))?
-        .tcp_nodelay(true)
-        .connect_timeout(Duration::from_secs(5))
-        .http2_keep_alive_interval(Duration::from_secs(30))
-        .keep_alive_while_idle(true);
+    let mut endpoint = endpoint(&url)?;
     if let Some(t) = tls {
         endpoint = endpoint
             .tls_config(t.config())
             .map_err(|e| StageError::Internal(format!("tls for upstream {url:?}: {e}")))?;
     }
     Ok(endpoint.connect_lazy())
+}
+
+/// The endpoint of a stage at `url`, with the settings every channel to a stage has.
+fn endpoint(url: &str) -> Result<Endpoint, StageError> {
+    Ok(Endpoint::from_shared(url.to_string())
+        .map_err(|e| StageError::Internal(format!("bad upstream url {url:?}: {e}")))?
+        .tcp_nodelay(true)
+        .connect_timeout(Duration::from_secs(5))
+        .http2_keep_alive_interval(Duration::from_secs(30))
+        .keep_alive_while_idle(true))
+}
+
+/// The channel to a stage as `upstreams.<stage>` names it: one address ([`channel_with`]), or
+/// replicas balanced per call ([`Upstream`]: a list of addresses, or `dns:///host:port`), each
+/// kept in the balancer while it answers SERVING for `service`.
+pub fn upstream_channel(spec: &str, tls: Option<&ClientTls>, service: &'static str) -> Result<Channel, StageError> {
+    match Upstream::parse(spec).map_err(|e| StageError::invalid("upstream", e))? {
+        Upstream::Single(url) => channel_with(&url, tls),
+        Upstream::Replicas(targets) => replicas::balanced(targets, tls, service),
+    }
 }
