@@ -104,6 +104,7 @@ impl SqliteStore {
         conn.execute_batch(
             "PRAGMA journal_mode = WAL;
              PRAGMA synchronous = NORMAL;
+             PRAGMA journal_size_limit = 67108864;
              CREATE TABLE IF NOT EXISTS runs (
                  run_id TEXT PRIMARY KEY,
                  created_at INTEGER NOT NULL,
