@@ -4,18 +4,18 @@
 mod arbiter;
 mod debate;
 mod delta_judge;
+mod endpoint;
 mod generator;
 mod refiners;
 mod replicas;
 mod resend;
 mod scorer;
 
-use std::time::Duration;
-
 use assay_domain::StageError;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::tls::{ClientTls, https_url};
+use endpoint::endpoint;
 
 pub use arbiter::RemoteArbiter;
 pub use debate::RemoteDebate;
@@ -48,16 +48,6 @@ pub fn channel_with(url: &str, tls: Option<&ClientTls>) -> Result<Channel, Stage
             .map_err(|e| StageError::Internal(format!("tls for upstream {url:?}: {e}")))?;
     }
     Ok(endpoint.connect_lazy())
-}
-
-/// The endpoint of a stage at `url`, with the settings every channel to a stage has.
-fn endpoint(url: &str) -> Result<Endpoint, StageError> {
-    Ok(Endpoint::from_shared(url.to_string())
-        .map_err(|e| StageError::Internal(format!("bad upstream url {url:?}: {e}")))?
-        .tcp_nodelay(true)
-        .connect_timeout(Duration::from_secs(5))
-        .http2_keep_alive_interval(Duration::from_secs(30))
-        .keep_alive_while_idle(true))
 }
 
 /// The channel to a stage as `upstreams.<stage>` names it: one address ([`channel_with`]), or

@@ -86,7 +86,7 @@ pub fn balanced(
 fn endpoint(host: &str, addr: SocketAddr, tls: Option<&ClientTls>) -> Result<Endpoint, StageError> {
     let scheme = if tls.is_some() { "https" } else { "http" };
     let url = format!("{scheme}://{addr}");
-    let mut e = super::endpoint(&url)?;
+    let mut e = super::endpoint::endpoint(&url)?;
     if let Some(t) = tls {
         let config = t.config_for(host);
         e = e.tls_config(config).map_err(|e| StageError::Internal(format!("tls for upstream {host} ({addr}): {e}")))?;
