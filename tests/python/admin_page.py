@@ -8,7 +8,10 @@ Usage: admin_page.py <mode> '<json args>'. Modes:
               verification of the human edit appears), phone width.
   checklist   the auth prompt blocks everything without the token; a checklist evaluation's
               progress reaches 100% live without a reload; hostile record ids and checklist
-              questions render as characters and never run.
+              questions render as characters and never run; the records table is paged
+              (ListRunResults): opened as `#/runs/<id>?page_size=N` with N = args["page_size"]
+              (default total - 1, so a small run has two pages), the first page's rows, Next to
+              the second, Previous back, "records X–Y of <total>".
   views       a debate's problems with their answers and stage artifacts; a self-refine run's
               passes and final text.
 With args["token"] in refinement and views, the page is first opened as the gateway prints it,
@@ -75,8 +78,10 @@ def shown(d, css):
     return e is not None and e.is_displayed()
 
 
-def open_run(d, args, run_id):
-    d.get(f"{args['url']}/#/runs/{run_id}")
+def open_run(d, args, run_id, query=""):
+    """Open `#/runs/<id>` (`query`, e.g. "?page_size=3": the rows per page of a checklist
+    evaluation's records table)."""
+    d.get(f"{args['url']}/#/runs/{run_id}{query}")
     wait(d, f"run {run_id}", lambda d: one(d, f'#run[data-run-id="{run_id}"]'))
 
 
@@ -204,11 +209,12 @@ def checklist(d, args):
     one(d, "#token-submit").click()
     wait(d, "the runs list", lambda d: shown(d, "#app") and one(d, f'#runs tr[data-run-id="{args["run_id"]}"]'))
 
-    open_run(d, args, args["run_id"])
+    total = args["total"]
+    size = args.get("page_size") or max(1, total - 1)
+    open_run(d, args, args["run_id"], f"?page_size={size}")
     d.execute_script("window.__loaded_once = true;")
     wait(d, "the progress bar", lambda d: one(d, "#records-bar"))
     print("READY", flush=True)
-    total = args["total"]
     wait(d, "100% without a reload", lambda d: one(d, "#records-bar").get_attribute("value") == str(total)
          and one(d, "#records-bar").get_attribute("max") == str(total))
     wait(d, "the run's end", lambda d: state(d) == "RUN_STATE_SUCCEEDED")
@@ -224,6 +230,7 @@ def checklist(d, args):
     assert d.execute_script("return window.__xss === undefined;"), "injected markup ran"
     assert not d.find_elements(By.CSS_SELECTOR, "#app img[src='x'], #app script:not([src])"), "markup was parsed"
     shot(d, args, "checklist-eval")
+    records_pages(d, args, size)
 
     # The finished run is deleted from its page (after the confirmation), the list no longer has
     # it, and its address now says NOT_FOUND.
@@ -236,6 +243,55 @@ def checklist(d, args):
     d.get(f"{args['url']}/#/runs/{args['run_id']}")
     d.refresh()
     wait(d, "NOT_FOUND for the deleted run", lambda d: "NOT_FOUND" in d.find_element(By.TAG_NAME, "body").text)
+
+
+def record_rows(d):
+    """(index, record id, primary score cell) of each row of the records table shown."""
+    return [(r.get_attribute("data-index"), r.get_attribute("data-record-id"),
+             r.find_elements(By.CSS_SELECTOR, "td")[2].get_attribute("textContent").strip())
+            for r in d.find_elements(By.CSS_SELECTOR, "#records tr.record")]
+
+
+def records_range(d):
+    e = one(d, "#records-range")
+    return {k: e.get_attribute(f"data-{k}") for k in ("page", "first", "last", "total")} | {"text": e.text}
+
+
+def records_pages(d, args, size):
+    """The finished run's records table pages with ListRunResults: `size` rows a page."""
+    total = args["total"]
+    assert total > size, f"two pages at least: {total} records, {size} a page"
+    pages, token = [], ""
+    while True:
+        page = api(args, "ListRunResults", {"runId": args["run_id"], "pageSize": size, "pageToken": token})
+        assert int(page["recordsTotal"]) == total, page
+        pages.append([(str(r.get("index", 0)), r["recordId"],
+                       f"{r['score'].get('primaryScore', 0):.3f}" if r.get("score") else r.get("error") or "no score")
+                      for r in page.get("results", [])])
+        token = page.get("nextPageToken", "")
+        if not token:
+            break
+    assert [len(p) for p in pages[:-1]] == [size] * (len(pages) - 1) and pages[-1], pages
+    assert sum(len(p) for p in pages) == total, pages
+
+    def on_page(n):
+        first = n * size + 1
+        last = n * size + len(pages[n])
+        wait(d, f"records page {n + 1}", lambda d: records_range(d)["page"] == str(n) and record_rows(d) == pages[n])
+        r = records_range(d)
+        assert (r["first"], r["last"], r["total"]) == (str(first), str(last), str(total)), r
+        assert r["text"].replace("-", "–").startswith(f"records {first}–{last} of {total}"), r["text"]
+        assert one(d, "#records-prev").is_enabled() == (n > 0), "Previous only after the first page"
+        assert one(d, "#records-next").is_enabled() == (n + 1 < len(pages)), "Next only before the last page"
+
+    assert not shown(d, "#records-open"), "a run that is not open does not say it takes records"
+    on_page(0)
+    for n in range(1, len(pages)):
+        one(d, "#records-next").click()
+        on_page(n)
+    shot(d, args, "checklist-eval-records-last-page")
+    one(d, "#records-prev").click()
+    on_page(len(pages) - 2)
 
 
 def views(d, args):

@@ -16,7 +16,12 @@ use tonic::transport::Channel;
 pub async fn run_to_end(channel: Channel, pipeline: gw::run_pipeline_request::Pipeline) -> Vec<gw::RunEvent> {
     let mut client = gw::gateway_service_client::GatewayServiceClient::new(channel);
     let mut stream = client
-        .run_pipeline(gw::RunPipelineRequest { pipeline: Some(pipeline), label: "test".into(), budget: None })
+        .run_pipeline(gw::RunPipelineRequest {
+            open: false,
+            pipeline: Some(pipeline),
+            label: "test".into(),
+            budget: None,
+        })
         .await
         .expect("run starts")
         .into_inner();
@@ -217,6 +222,7 @@ pub async fn clean_leaves_run(
     records: usize,
 ) -> gw::EvaluateResponse {
     let request = gw::RunPipelineRequest {
+        open: false,
         pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(leaves_eval(records))),
         label: "clean".into(),
         budget: None,

@@ -41,6 +41,7 @@ async fn evaluated(sandbox: &MeshSandbox, n: usize) -> String {
         GatewayServiceClient::with_interceptor(sandbox.gateway().await, BearerInterceptor::new(Some(TOKEN)));
     let mut stream = client
         .run_pipeline(gw::RunPipelineRequest {
+            open: false,
             pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(pipeline(n))),
             label: "admin".into(),
             budget: None,
@@ -186,6 +187,7 @@ async fn the_page_asks_for_the_token_follows_an_evaluation_live_and_renders_mark
         GatewayServiceClient::with_interceptor(sandbox.gateway().await, BearerInterceptor::new(Some(TOKEN)));
     let mut stream = client
         .run_pipeline(gw::RunPipelineRequest {
+            open: false,
             pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(p)),
             label: "evaluation in the browser".into(),
             budget: None,

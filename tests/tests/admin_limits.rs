@@ -210,6 +210,7 @@ async fn held_run(sandbox: &MeshSandbox, gate: &Gate) -> String {
         GatewayServiceClient::with_interceptor(sandbox.gateway().await, BearerInterceptor::new(Some(TOKEN)));
     let pipeline = assay_tests::one_leaves_record();
     let request = gw::RunPipelineRequest {
+        open: false,
         pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(pipeline)),
         label: "held".into(),
         budget: None,

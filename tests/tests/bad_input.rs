@@ -219,7 +219,7 @@ fn evaluate(f: impl FnOnce(&mut gw::ChecklistEvalPipeline)) -> gw::EvaluateReque
 }
 
 fn run(pipeline: Pipeline) -> gw::RunPipelineRequest {
-    gw::RunPipelineRequest { pipeline: Some(pipeline), label: "bad input".into(), budget: None }
+    gw::RunPipelineRequest { open: false, pipeline: Some(pipeline), label: "bad input".into(), budget: None }
 }
 
 fn items_of(p: &mut gw::ChecklistEvalPipeline) -> &mut Vec<pb::ChecklistItem> {
@@ -635,7 +635,7 @@ fn table(ch: &Channels) -> Table {
         streaming!(
             gateway,
             run_pipeline,
-            gw::RunPipelineRequest { pipeline: None, label: String::new(), budget: None }
+            gw::RunPipelineRequest { open: false, pipeline: None, label: String::new(), budget: None }
         ),
     );
     t.invalid(
@@ -646,6 +646,7 @@ fn table(ch: &Channels) -> Table {
             gateway,
             run_pipeline,
             gw::RunPipelineRequest {
+                open: false,
                 pipeline: Some(Pipeline::ChecklistEval(eval_pipeline())),
                 label: "l".repeat(4096),
                 budget: None,
@@ -660,6 +661,7 @@ fn table(ch: &Channels) -> Table {
             &ch.gateway,
             "/assay.gateway.v1.GatewayService/RunPipeline",
             corrupt(&gw::RunPipelineRequest {
+                open: false,
                 pipeline: Some(Pipeline::ChecklistEval(eval_pipeline())),
                 label: MARK.into(),
                 budget: None,

@@ -56,6 +56,7 @@ async fn a_token_budget_holds_across_a_sigkill_with_calls_in_flight() {
     let (mut child, url) = up(&store, &llm.base_url()).await;
     let mut gateway = client(&url).await;
     let request = gw::RunPipelineRequest {
+        open: false,
         pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(leaves_eval(RECORDS))),
         label: "budget-kill".into(),
         budget: Some(gw::RunBudget { max_tokens: Some(BUDGET), max_cost_usd: None }),

@@ -48,6 +48,7 @@ async fn start(concurrency: u32) -> MeshSandbox {
 async fn run(sandbox: &MeshSandbox, records: usize, budget: Option<gw::RunBudget>) -> (gw::Run, gw::EvaluateResponse) {
     let mut client = Client::new(sandbox.gateway().await);
     let request = gw::RunPipelineRequest {
+        open: false,
         pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(leaves_eval(records))),
         label: "budget".into(),
         budget,
@@ -157,6 +158,7 @@ async fn a_stage_starts_no_call_past_the_budget_it_was_sent() {
         Some(pb::ScorerConfig { mode: pb::ScoringMode::Item as i32, concurrency: 1, ..Default::default() });
     let mut client = Client::new(sandbox.gateway().await);
     let request = gw::RunPipelineRequest {
+        open: false,
         pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(pipeline)),
         label: "stage budget".into(),
         budget: Some(gw::RunBudget { max_tokens: Some(3 * PER_CALL), max_cost_usd: None }),
@@ -195,6 +197,7 @@ async fn a_budget_of_zero_or_a_negative_cost_is_refused_naming_the_field() {
         (gw::RunBudget { max_tokens: None, max_cost_usd: Some(f64::NAN) }, "budget.max_cost_usd"),
     ] {
         let request = gw::RunPipelineRequest {
+            open: false,
             pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(leaves_eval(2))),
             label: String::new(),
             budget: Some(budget),

@@ -456,6 +456,7 @@ fn refinement_handler(sections: Vec<pb::Section>) -> impl Fn(&RecordedRequest) -
 /// Start a leaves evaluation and read its stream until `after` records are scored; the run id.
 async fn start_until(client: &mut GatewayServiceClient<Channel>, label: &str, after: usize) -> String {
     let request = gw::RunPipelineRequest {
+        open: false,
         label: label.into(),
         pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(leaves_eval(RECORDS))),
         budget: None,
@@ -723,6 +724,7 @@ async fn embedded_overlay_fetches_the_models_and_answers_on_them() {
     assert!(files > 0, "the models are on the shared volume {models} ({mount})");
     let gateway = play.deployment("gateway");
     let request = gw::RunPipelineRequest {
+        open: false,
         label: "embedded".into(),
         pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(leaves_eval(2))),
         budget: None,

@@ -45,6 +45,7 @@ async fn held_run(sandbox: &MeshSandbox, client: &mut Client, gate: &Gate) -> St
     sandbox.llm.set_handler(move |r| answer(r).gated(&g));
     let pipeline = assay_tests::one_leaves_record();
     let request = gw::RunPipelineRequest {
+        open: false,
         pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(pipeline)),
         label: "control text".into(),
         budget: None,

@@ -168,6 +168,7 @@ async fn bad_corpus_and_refiner_input_is_rejected_before_any_model_call() {
     };
     let err = client
         .run_pipeline(gw::RunPipelineRequest {
+            open: false,
             pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(bad)),
             label: String::new(),
             budget: None,

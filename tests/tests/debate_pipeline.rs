@@ -274,6 +274,7 @@ async fn a_restarted_gateway_resumes_without_redoing_finished_problems() {
     let mut client = GatewayServiceClient::new(sandbox.gateway().await);
     let mut stream = client
         .run_pipeline(gw::RunPipelineRequest {
+            open: false,
             pipeline: Some(gw::run_pipeline_request::Pipeline::Debate(pipeline(&set, false, false))),
             label: "interrupted".into(),
             budget: None,
@@ -421,6 +422,7 @@ async fn a_bad_problem_is_named_and_no_model_is_called() {
     for (p, field, text) in cases {
         let st = client
             .run_pipeline(gw::RunPipelineRequest {
+                open: false,
                 pipeline: Some(gw::run_pipeline_request::Pipeline::Debate(p)),
                 label: String::new(),
                 budget: None,

@@ -41,6 +41,7 @@ async fn runs_survive_sigkill_of_the_whole_mesh_at_20_points() {
     let mut gateway = client(&url).await;
 
     let request = |label: String| gw::RunPipelineRequest {
+        open: false,
         pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(leaves_eval(RECORDS))),
         label,
         budget: None,

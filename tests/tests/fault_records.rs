@@ -40,6 +40,7 @@ async fn transient_faults_lose_no_record() {
         }
         let mut client = Client::new(sandbox.gateway().await);
         let request = gw::RunPipelineRequest {
+            open: false,
             pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(p)),
             label: "faults".into(),
             budget: None,

@@ -109,7 +109,7 @@ async fn run(
     budget: Option<gw::RunBudget>,
 ) -> gw::Run {
     let mut client = Client::new(sandbox.gateway().await);
-    let request = gw::RunPipelineRequest { pipeline: Some(pipeline), label: "money".into(), budget };
+    let request = gw::RunPipelineRequest { open: false, pipeline: Some(pipeline), label: "money".into(), budget };
     let mut stream = client.run_pipeline(request).await.expect("run starts").into_inner();
     let mut run_id = String::new();
     while let Some(m) = stream.message().await.expect("event stream") {

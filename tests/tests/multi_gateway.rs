@@ -57,6 +57,7 @@ async fn gateway(store: &str, name: &str, scorer: &str) -> (Child, GatewayServic
 
 fn request(label: &str) -> gw::RunPipelineRequest {
     gw::RunPipelineRequest {
+        open: false,
         label: label.into(),
         pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(leaves_eval(RECORDS))),
         budget: None,

@@ -34,7 +34,8 @@ async fn start(
     client: &mut Client,
     pipeline: gw::run_pipeline_request::Pipeline,
 ) -> (tonic::Streaming<gw::RunPipelineResponse>, String) {
-    let request = gw::RunPipelineRequest { pipeline: Some(pipeline), label: "pause test".into(), budget: None };
+    let request =
+        gw::RunPipelineRequest { open: false, pipeline: Some(pipeline), label: "pause test".into(), budget: None };
     let mut stream = client.run_pipeline(request).await.expect("the run starts").into_inner();
     let run_id = stream.message().await.unwrap().unwrap().event.unwrap().run_id;
     (stream, run_id)

@@ -219,6 +219,7 @@ async fn a_cancelled_caller_stops_its_backend_calls_within_100_ms() {
     // A stored run of 20 generations cancelled with ControlRun.
     let before = sandbox.llm.request_count();
     let request = gw::RunPipelineRequest {
+        open: false,
         pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(tick(20))),
         label: String::new(),
         budget: None,
@@ -277,6 +278,7 @@ async fn many_concurrent_runs_complete_with_a_bounded_latency_spread() {
         tokio::spawn(async move {
             let t = Instant::now();
             let request = gw::RunPipelineRequest {
+                open: false,
                 pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(explicit(1))),
                 label: "load".into(),
                 budget: None,
@@ -328,6 +330,7 @@ async fn a_full_gateway_sheds_new_runs_with_resource_exhausted() {
     let mut client = GatewayServiceClient::new(sandbox.gateway().await);
     let start = |mut client: GatewayServiceClient<tonic::transport::Channel>| async move {
         let request = gw::RunPipelineRequest {
+            open: false,
             pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(explicit(1))),
             label: String::new(),
             budget: None,

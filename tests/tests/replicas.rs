@@ -50,6 +50,7 @@ async fn gateway(scorers: &str) -> (Child, GatewayServiceClient<Channel>) {
 
 fn request(records: usize) -> gw::RunPipelineRequest {
     gw::RunPipelineRequest {
+        open: false,
         label: "replicas".into(),
         pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(leaves_eval(records))),
         budget: None,

@@ -72,6 +72,7 @@ async fn a_deleted_run_is_not_found_anywhere_and_a_running_one_is_not_deleted() 
     let mut client = GatewayServiceClient::new(sandbox.gateway().await);
     let mut stream = client
         .run_pipeline(gw::RunPipelineRequest {
+            open: false,
             pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(assay_tests::leaves_eval(3))),
             label: "to delete".into(),
             budget: None,

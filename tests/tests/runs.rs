@@ -149,6 +149,7 @@ async fn a_cancelled_run_stops_and_says_so() {
     let mut client = GatewayServiceClient::new(sandbox.gateway().await);
     let mut stream = client
         .run_pipeline(gw::RunPipelineRequest {
+            open: false,
             pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(pipeline(3))),
             label: String::new(),
             budget: None,
@@ -217,6 +218,7 @@ async fn an_interrupted_run_resumes_after_a_restart_with_the_same_numbers() {
     let mut client = GatewayServiceClient::new(sandbox.gateway().await);
     let mut stream = client
         .run_pipeline(gw::RunPipelineRequest {
+            open: false,
             pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(pipeline(6))),
             label: "interrupted".into(),
             budget: None,
@@ -452,6 +454,7 @@ async fn a_paused_run_stays_paused_across_a_restart_and_can_be_resumed_or_cancel
     for _ in 0..2 {
         let mut stream = client
             .run_pipeline(gw::RunPipelineRequest {
+                open: false,
                 pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(pipeline(5))),
                 label: "paused".into(),
                 budget: None,
@@ -591,6 +594,7 @@ async fn contract_edges_of_runs() {
     let mut client = GatewayServiceClient::new(sandbox.gateway().await);
     let empty = client
         .run_pipeline(gw::RunPipelineRequest {
+            open: false,
             pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(pipeline(0))),
             label: String::new(),
             budget: None,
@@ -609,6 +613,7 @@ async fn contract_edges_of_runs() {
     }
     let err = client
         .run_pipeline(gw::RunPipelineRequest {
+            open: false,
             pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(long_ids)),
             label: String::new(),
             budget: None,
@@ -633,6 +638,7 @@ async fn contract_edges_of_runs() {
     assert!(err.message().len() < 4096, "the message does not echo the id back");
     let err = client
         .run_pipeline(gw::RunPipelineRequest {
+            open: false,
             pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(pipeline(1))),
             label: "l".repeat(4 << 20),
             budget: None,
@@ -671,6 +677,7 @@ async fn start(
     p: gw::ChecklistEvalPipeline,
 ) -> (tonic::Streaming<gw::RunPipelineResponse>, String) {
     let request = gw::RunPipelineRequest {
+        open: false,
         pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(p)),
         label: String::new(),
         budget: None,

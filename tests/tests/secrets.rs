@@ -203,6 +203,7 @@ async fn secrets_never_reach_logs_errors_or_debug_output() {
     // A streamed run whose backend fails: every event the client gets.
     let mut stream = client(sandbox.gateway().await, Some(TOKEN))
         .run_pipeline(gw::RunPipelineRequest {
+            open: false,
             pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(
                 request(&["backend-401 again", "fine"]).pipeline.unwrap(),
             )),

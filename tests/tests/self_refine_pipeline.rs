@@ -94,6 +94,7 @@ async fn bad_requests_name_the_field_and_call_no_model() {
     ] {
         let err = client
             .run_pipeline(gw::RunPipelineRequest {
+                open: false,
                 pipeline: Some(gw::run_pipeline_request::Pipeline::SelfRefine(pipeline)),
                 label: String::new(),
                 budget: None,
@@ -235,6 +236,7 @@ async fn a_restart_mid_run_appends_only_new_pass_events() {
     let mut client = GatewayServiceClient::new(sandbox.gateway().await);
     let mut stream = client
         .run_pipeline(gw::RunPipelineRequest {
+            open: false,
             pipeline: Some(gw::run_pipeline_request::Pipeline::SelfRefine(request(3))),
             label: "interrupted".into(),
             budget: None,

@@ -49,6 +49,7 @@ async fn start(cap_calls: f64, store: Option<String>) -> MeshSandbox {
 
 fn request(records: usize) -> gw::RunPipelineRequest {
     gw::RunPipelineRequest {
+        open: false,
         pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(leaves_eval(records))),
         label: "capped".into(),
         budget: None,

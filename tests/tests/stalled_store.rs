@@ -32,6 +32,7 @@ fn request() -> gw::RunPipelineRequest {
         ..Default::default()
     };
     gw::RunPipelineRequest {
+        open: false,
         label: "stalled store".into(),
         pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(pipeline)),
         budget: None,

@@ -629,6 +629,7 @@ fn pipeline(sections: &[pb::Section], brief: &pb::Brief, mode: gw::RefinementMod
 
 fn request(p: gw::TargetedRefinementPipeline) -> gw::RunPipelineRequest {
     gw::RunPipelineRequest {
+        open: false,
         pipeline: Some(gw::run_pipeline_request::Pipeline::TargetedRefinement(p)),
         label: "targeted refinement test".into(),
         budget: None,

@@ -413,6 +413,14 @@ enum RunsCommand {
         #[command(flatten)]
         who: WhoArgs,
     },
+    /// A checklist_eval run's results, one JSON line per record in record order (the lines of
+    /// `assay eval --out`), read a page at a time: any run size.
+    Results {
+        run_id: String,
+        /// Write them to this file instead of standard output.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// Delete finished runs with their events and audit entries: the ones named, and with
     /// --older-than every finished run created longer ago than that. A run still executing is
     /// refused (cancel it first). Exit code 1 when any named run could not be deleted.
@@ -461,6 +469,7 @@ impl RunsCommand {
             RunsCommand::Accept { run_id, who } => control(run_id, Verb::Accept, who),
             RunsCommand::Review { run_id, who } => control(run_id, Verb::Review, who),
             RunsCommand::Delete { run_ids, older_than, dry_run } => Action::Delete { run_ids, older_than, dry_run },
+            RunsCommand::Results { run_id, out } => Action::Results { run_id, out },
             RunsCommand::Edit { run_id, section, content, file, who } => {
                 let content = match (content, file) {
                     (Some(text), _) => EditContent::Text(text),

@@ -499,8 +499,11 @@ async fn unary(State(admin): State<Admin>, Path(method): Path<String>, headers: 
         "ControlRun" => call(&body, "ControlRunRequest", "ControlRunResponse", |r| grpc.control_run(r)).await,
         "CompareRuns" => call(&body, "CompareRunsRequest", "CompareRunsResponse", |r| grpc.compare_runs(r)).await,
         "DeleteRun" => call(&body, "DeleteRunRequest", "DeleteRunResponse", |r| grpc.delete_run(r)).await,
+        "ListRunResults" => {
+            call(&body, "ListRunResultsRequest", "ListRunResultsResponse", |r| grpc.list_run_results(r)).await
+        }
         other => Err(tonic::Status::not_found(format!(
-            "no method {:?} here; the admin API has GetRun, ListRuns, ControlRun, CompareRuns, DeleteRun (POST) and \
+            "no method {:?} here; the admin API has GetRun, ListRuns, ControlRun, CompareRuns, DeleteRun, ListRunResults (POST) and \
              WatchRun (GET, events)",
             bounded(other, 64)
         ))),

@@ -7,9 +7,10 @@ use assay_domain::limits::{MAX_ACTOR_CHARS, MAX_REASON_CHARS};
 use assay_domain::{StageError, Violations};
 use assay_proto::gateway::v1::gateway_service_server::{GatewayService, GatewayServiceServer};
 use assay_proto::gateway::v1::{
-    CompareRunsRequest, CompareRunsResponse, ControlRunRequest, ControlRunResponse, DeleteRunRequest,
-    DeleteRunResponse, EvaluateRequest, EvaluateResponse, GetRunRequest, GetRunResponse, ListRunsRequest,
-    ListRunsResponse, RunPipelineRequest, RunPipelineResponse, WatchRunRequest, WatchRunResponse,
+    AppendRecordsRequest, AppendRecordsResponse, CompareRunsRequest, CompareRunsResponse, ControlRunRequest,
+    ControlRunResponse, DeleteRunRequest, DeleteRunResponse, EvaluateRequest, EvaluateResponse, GetRunRequest,
+    GetRunResponse, ListRunResultsRequest, ListRunResultsResponse, ListRunsRequest, ListRunsResponse,
+    RunPipelineRequest, RunPipelineResponse, WatchRunRequest, WatchRunResponse,
 };
 use assay_proto::pipelines::{self, PipelineContract, result_of};
 use assay_rpc::{CallContext, run_with, to_status};
@@ -20,6 +21,7 @@ use tonic::{Request, Response, Status};
 use assay_runs::Engine;
 
 pub mod compare;
+pub mod results;
 
 /// The gateway's gRPC face.
 #[derive(Clone)]
@@ -101,6 +103,7 @@ impl GatewayService for GatewayGrpc {
             pipeline: Some(pipelines::ChecklistEval::wrap_request(pipeline)),
             label: "evaluate".into(),
             budget,
+            open: false,
         };
         let engine = self.engine.clone();
         let run = run_with(ctx, async move { engine.run_unpersisted(request).await }).await?;
@@ -192,6 +195,55 @@ impl GatewayService for GatewayGrpc {
         }
         let run = self.engine.delete(&run_id).await.map_err(to_status)?;
         Ok(Response::new(DeleteRunResponse { run: Some(run) }))
+    }
+
+    /// Records into an open run, message by message: each message is appended (all of it or
+    /// none) as it arrives, so a call broken midway keeps what it sent before; the answer says
+    /// what the run holds.
+    async fn append_records(
+        &self,
+        request: Request<tonic::Streaming<AppendRecordsRequest>>,
+    ) -> Result<Response<AppendRecordsResponse>, Status> {
+        let mut stream = request.into_inner();
+        let mut run: Option<String> = None;
+        let mut reply = AppendRecordsResponse::default();
+        let mut n = 0usize;
+        while let Some(message) = stream.message().await? {
+            let AppendRecordsRequest { run_id, records, seal } = message;
+            let run_id = match &run {
+                Some(first) if run_id.is_empty() || &run_id == first => first.clone(),
+                Some(first) => {
+                    return Err(to_status(StageError::invalid(
+                        "run_id",
+                        format!("message {n} names run {run_id:?}; this call appends to {first:?}"),
+                    )));
+                }
+                None => run_id,
+            };
+            let appended = self
+                .engine
+                .append(&run_id, records, seal)
+                .await
+                .map_err(|e| to_status(e.map_fields(|f| if n == 0 { f } else { format!("messages[{n}].{f}") })))?;
+            reply.appended += appended.total - appended.first;
+            reply.records_total = appended.total;
+            reply.sealed = appended.sealed;
+            reply.run_id.clone_from(&run_id);
+            run = Some(run_id);
+            n += 1;
+        }
+        if run.is_none() {
+            return Err(to_status(StageError::invalid("run_id", "the call sent no message")));
+        }
+        Ok(Response::new(reply))
+    }
+
+    async fn list_run_results(
+        &self,
+        request: Request<ListRunResultsRequest>,
+    ) -> Result<Response<ListRunResultsResponse>, Status> {
+        let reply = results::list_run_results(&self.engine, request.into_inner()).await.map_err(to_status)?;
+        Ok(Response::new(reply))
     }
 
     /// Two stored checklist_eval runs compared by the core `assay compare` uses.

@@ -550,60 +550,86 @@ pub struct AggregateScores {
 impl AggregateScores {
     /// Aggregate scores, each with the checklist it was scored against.
     pub fn compute<'a>(scores: impl IntoIterator<Item = (&'a Score, &'a Checklist)>) -> AggregateScores {
-        let mut targets = 0u32;
-        let mut primary_sum = 0.0;
-        let mut rate_sum = 0.0;
-        let mut yes_all = 0usize;
-        let mut items_all = 0usize;
-        let mut unanswered = 0u32;
-        let mut cats: Vec<(String, usize, usize)> = Vec::new();
-        // (cluster key, primary score): targets are clusters, an empty target id stands alone.
-        let mut observations: Vec<(String, f64)> = Vec::new();
+        let mut b = AggregateBuilder::default();
         for (score, checklist) in scores {
-            let key = if score.target_id.is_empty() { format!("#{targets}") } else { score.target_id.clone() };
-            if score.sample_primary_scores.is_empty() {
-                observations.push((key, score.primary_score));
-            } else {
-                observations.extend(score.sample_primary_scores.iter().map(|p| (key.clone(), *p)));
-            }
-            targets += 1;
-            primary_sum += score.primary_score;
-            rate_sum += score.pass_rate;
-            yes_all += score.item_scores.iter().filter(|s| s.is_yes()).count();
-            items_all += score.item_scores.iter().filter(|s| s.has_answer()).count();
-            unanswered += score.unanswered_count;
-            for s in score.item_scores.iter().filter(|s| s.has_answer()) {
-                let cat = checklist
-                    .items
-                    .iter()
-                    .find(|i| i.id == s.item_id)
-                    .and_then(|i| i.category.clone())
-                    .filter(|c| !c.is_empty())
-                    .unwrap_or_else(|| UNGROUPED.to_string());
-                let yes = usize::from(s.is_yes());
-                match cats.iter_mut().find(|(c, _, _)| *c == cat) {
-                    Some((_, y, n)) => {
-                        *y += yes;
-                        *n += 1;
-                    }
-                    None => cats.push((cat, yes, 1)),
+            b.add(score, checklist);
+        }
+        b.finish()
+    }
+}
+
+/// [`AggregateScores`] computed one score at a time (a run's results read a page at a time):
+/// running sums and counts, and the observations the uncertainty needs (one number and a
+/// cluster key per observation, not the scores).
+#[derive(Debug, Default, Clone)]
+pub struct AggregateBuilder {
+    targets: u32,
+    primary_sum: f64,
+    rate_sum: f64,
+    yes_all: usize,
+    items_all: usize,
+    unanswered: u32,
+    cats: Vec<(String, usize, usize)>,
+    /// (cluster key, primary score): targets are clusters, an empty target id stands alone.
+    observations: Vec<(Box<str>, f64)>,
+}
+
+impl AggregateBuilder {
+    /// Add one score with the checklist it was scored against.
+    pub fn add(&mut self, score: &Score, checklist: &Checklist) {
+        let key: Box<str> = if score.target_id.is_empty() {
+            format!("#{}", self.targets).into()
+        } else {
+            score.target_id.as_str().into()
+        };
+        if score.sample_primary_scores.is_empty() {
+            self.observations.push((key, score.primary_score));
+        } else {
+            self.observations.extend(score.sample_primary_scores.iter().map(|p| (key.clone(), *p)));
+        }
+        self.targets += 1;
+        self.primary_sum += score.primary_score;
+        self.rate_sum += score.pass_rate;
+        self.yes_all += score.item_scores.iter().filter(|s| s.is_yes()).count();
+        self.items_all += score.item_scores.iter().filter(|s| s.has_answer()).count();
+        self.unanswered += score.unanswered_count;
+        for s in score.item_scores.iter().filter(|s| s.has_answer()) {
+            let cat = checklist
+                .items
+                .iter()
+                .find(|i| i.id == s.item_id)
+                .and_then(|i| i.category.as_deref())
+                .filter(|c| !c.is_empty())
+                .unwrap_or(UNGROUPED);
+            let yes = usize::from(s.is_yes());
+            match self.cats.iter_mut().find(|(c, _, _)| c == cat) {
+                Some((_, y, n)) => {
+                    *y += yes;
+                    *n += 1;
                 }
+                None => self.cats.push((cat.to_string(), yes, 1)),
             }
         }
+    }
+
+    /// The aggregates of every score added.
+    pub fn finish(self) -> AggregateScores {
+        let targets = self.targets;
         let t = f64::from(targets);
-        let obs: Vec<(&str, f64)> = observations.iter().map(|(k, p)| (k.as_str(), *p)).collect();
+        let obs: Vec<(&str, f64)> = self.observations.iter().map(|(k, p)| (&**k, *p)).collect();
         let uncertainty =
             crate::stats::standard_error(&obs, UNCERTAINTY_ALPHA).ok().map(|e| ScoreUncertainty::from(&e));
         AggregateScores {
             targets,
-            mean_primary_score: if targets == 0 { 0.0 } else { primary_sum / t },
-            macro_pass_rate: if targets == 0 { 0.0 } else { rate_sum / t },
-            micro_pass_rate: if items_all == 0 { 0.0 } else { yes_all as f64 / items_all as f64 },
-            category_pass_rates: cats
+            mean_primary_score: if targets == 0 { 0.0 } else { self.primary_sum / t },
+            macro_pass_rate: if targets == 0 { 0.0 } else { self.rate_sum / t },
+            micro_pass_rate: if self.items_all == 0 { 0.0 } else { self.yes_all as f64 / self.items_all as f64 },
+            category_pass_rates: self
+                .cats
                 .into_iter()
                 .map(|(category, y, n)| CategoryPassRate { category, pass_rate: y as f64 / n as f64, items: n as u32 })
                 .collect(),
-            unanswered_items: unanswered,
+            unanswered_items: self.unanswered,
             uncertainty,
         }
     }

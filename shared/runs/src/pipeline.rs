@@ -6,6 +6,7 @@ use assay_domain::StageError;
 use assay_proto::gateway::v1 as gw;
 
 use crate::ctx::RunCtx;
+use crate::store::NewRecord;
 
 /// How a pipeline ended: its final state (SUCCEEDED, PARTIAL, FAILED or CANCELLED) and result.
 #[derive(Debug, Clone, PartialEq)]
@@ -35,6 +36,12 @@ pub trait Pipeline: Send + Sync {
     /// A pipeline-specific control: accept, review, edit_section, and resume while the run awaits
     /// a human. Validate it against the run's state, then post it with [`crate::Inbox::post_action`]
     /// (which audits it) for the run to consume.
+    /// Records appended to an open run, checked as the pipeline's own (fields named
+    /// `records[i].*`), as rows to store. Pipelines that take no appended records refuse them.
+    fn check_records(&self, records: Vec<gw::EvalRecord>) -> Result<Vec<NewRecord>, StageError> {
+        let _ = records;
+        Err(StageError::FailedPrecondition("only open checklist_eval runs take appended records".into()))
+    }
     async fn control(&self, ctx: &RunCtx, request: &gw::ControlRunRequest) -> Result<ControlEffect, StageError> {
         let _ = (ctx, request);
         Err(StageError::FailedPrecondition(
@@ -47,4 +54,10 @@ pub trait Pipeline: Send + Sync {
 /// restart (from the stored request).
 pub trait PipelineFactory: Send + Sync {
     fn parse(&self, request: &gw::RunPipelineRequest) -> Result<Arc<dyn Pipeline>, StageError>;
+    /// An open run's records that came with its request, taken out of it (they become rows; the
+    /// request is stored without them).
+    fn take_records(&self, request: &mut gw::RunPipelineRequest) -> Vec<gw::EvalRecord> {
+        let _ = request;
+        Vec::new()
+    }
 }

@@ -22,7 +22,7 @@ fn run(id: &str, created: i64, state: gw::RunState, kind: gw::PipelineKind) -> g
 }
 
 fn request(label: &str) -> gw::RunPipelineRequest {
-    gw::RunPipelineRequest { label: label.into(), pipeline: None, budget: None }
+    gw::RunPipelineRequest { open: false, label: label.into(), pipeline: None, budget: None }
 }
 
 async fn append(store: &RunStore, event: gw::RunEvent) -> Result<(), assay_domain::StageError> {
@@ -165,7 +165,99 @@ async fn contract(store: &RunStore) {
     let orphans: Vec<String> = store.claim_orphans(true).await.unwrap().into_iter().map(|s| s.run.run_id).collect();
     assert_eq!(orphans, ["b", "c"]);
 
+    records_as_rows(store).await;
     deletion(store).await;
+}
+
+fn rows(ids: &[&str]) -> Vec<assay_runs::store::NewRecord> {
+    ids.iter()
+        .map(|id| assay_runs::store::NewRecord { id: (*id).into(), record: format!("body of {id}").into_bytes() })
+        .collect()
+}
+
+/// Open runs' records as rows: appended in order, atomically, ids unique, sealed once; read a
+/// page at a time; checkpoints read by key and by page; deleted with the run.
+async fn records_as_rows(store: &RunStore) {
+    use assay_domain::StageError;
+    use gw::PipelineKind::ChecklistEval;
+    use gw::RunState::{Cancelled, Running};
+    let open = gw::RunPipelineRequest { open: true, ..request("open") };
+    store.create(run("open", 200, Running, ChecklistEval), open).await.unwrap();
+    let empty = store.records("open", 0, 10).await.unwrap();
+    assert_eq!((empty.records.len(), empty.total, empty.sealed), (0, 0, false));
+    let a = store.append_records("open", rows(&["x", "y", ""]), false, 10).await.unwrap();
+    assert_eq!((a.first, a.total, a.sealed), (0, 3, false));
+    // A duplicate id (with one already held, or earlier in the call): nothing of the call is kept.
+    match store.append_records("open", rows(&["z", "y"]), false, 10).await {
+        Err(StageError::InvalidArgument(v)) => {
+            assert_eq!(v[0].field, "records[1].id");
+            assert!(v[0].description.contains("\"y\""), "{v:?}");
+        }
+        other => panic!("a duplicate id is refused: {other:?}"),
+    }
+    // Empty ids are not ids (the index stands in): several are fine.
+    let b = store.append_records("open", rows(&["z", ""]), false, 10).await.unwrap();
+    assert_eq!((b.first, b.total), (3, 5));
+    match store.append_records("open", rows(&["1", "2", "3", "4", "5", "6"]), false, 10).await {
+        Err(StageError::InvalidArgument(v)) => {
+            assert_eq!(v[0].field, "records");
+            assert!(v[0].description.contains("11") && v[0].description.contains("limit is 10"), "{v:?}");
+        }
+        other => panic!("past the run's ceiling: {other:?}"),
+    }
+    let page = store.records("open", 1, 3).await.unwrap();
+    let got: Vec<(u64, String)> =
+        page.records.iter().map(|(i, b)| (*i, String::from_utf8(b.clone()).unwrap())).collect();
+    assert_eq!(got, [(1, "body of y".into()), (2, "body of ".into()), (3, "body of z".into())]);
+    assert_eq!((page.total, page.sealed), (5, false));
+    let sealed = store.append_records("open", rows(&["w"]), true, 10).await.unwrap();
+    assert_eq!((sealed.first, sealed.total, sealed.sealed), (5, 6, true));
+    assert!(store.records("open", 0, 100).await.unwrap().sealed);
+    match store.append_records("open", rows(&["v"]), false, 10).await {
+        Err(StageError::FailedPrecondition(m)) => assert!(m.contains("sealed"), "{m}"),
+        other => panic!("a sealed run takes no more: {other:?}"),
+    }
+    match store.append_records("a", rows(&["v"]), false, 10).await {
+        Err(StageError::FailedPrecondition(m)) => assert!(m.contains("not created open"), "{m}"),
+        other => panic!("a run not created open takes no records: {other:?}"),
+    }
+    assert!(matches!(store.append_records("nope", rows(&["v"]), false, 10).await, Err(StageError::NotFound(_))));
+    assert!(matches!(store.records("a", 0, 10).await, Err(StageError::NotFound(_))));
+    // Checkpoints by key and a page at a time.
+    for i in [0u32, 1, 2, 10, 11] {
+        put(store, "open", &format!("record:{i:08}"), &i.to_le_bytes()).await.unwrap();
+    }
+    put(store, "open", "checklist:k", b"c").await.unwrap();
+    put(store, "open", "recorded", b"not a result").await.unwrap();
+    let keys = |page: Vec<(String, Vec<u8>)>| page.into_iter().map(|(k, _)| k).collect::<Vec<_>>();
+    assert_eq!(
+        keys(store.checkpoints_page("open", "record:", "", 3).await.unwrap()),
+        ["record:00000000", "record:00000001", "record:00000002"]
+    );
+    assert_eq!(
+        keys(store.checkpoints_page("open", "record:", "record:00000002", 3).await.unwrap()),
+        ["record:00000010", "record:00000011"]
+    );
+    assert!(store.checkpoints_page("open", "record:", "record:00000011", 3).await.unwrap().is_empty());
+    let got = store.checkpoints_get("open", vec!["checklist:k".into(), "checklist:none".into()]).await.unwrap();
+    assert_eq!(got, [("checklist:k".to_string(), b"c".to_vec())]);
+    // Ended: no more records; deleted: its rows go with it.
+    let mut ended = run("open", 200, Cancelled, ChecklistEval);
+    ended.label = "label of open".into();
+    update(store, ended).await.unwrap();
+    store
+        .create(run("open2", 201, Running, ChecklistEval), gw::RunPipelineRequest { open: true, ..request("o") })
+        .await
+        .unwrap();
+    update(store, run("open2", 201, Cancelled, ChecklistEval)).await.unwrap();
+    match store.append_records("open2", rows(&["v"]), false, 10).await {
+        Err(StageError::FailedPrecondition(m)) => assert!(m.contains("CANCELLED"), "{m}"),
+        other => panic!("an ended run takes no records: {other:?}"),
+    }
+    store.delete("open").await.unwrap();
+    store.delete("open2").await.unwrap();
+    assert!(matches!(store.records("open", 0, 10).await, Err(StageError::NotFound(_))));
+    assert!(store.checkpoints_page("open", "record:", "", 10).await.unwrap().is_empty());
 }
 
 /// Deleting: finished runs only, with their events; listed by age for the retention sweep.
@@ -269,9 +361,9 @@ async fn a_sqlite_file_made_before_incremental_vacuum_is_converted_once() {
     let store = RunStore::open(path).unwrap();
     let c = rusqlite::Connection::open(path).unwrap();
     assert_eq!(c.query_row("PRAGMA auto_vacuum", [], |r| r.get::<_, i64>(0)).unwrap(), 2, "incremental");
-    fill(&store, 50).await;
+    fill(&store, 100).await;
     let (full, _) = pages(path);
-    for i in 0..50 {
+    for i in 0..100 {
         store.delete(&format!("r{i}")).await.unwrap();
     }
     let (after, free) = pages(path);

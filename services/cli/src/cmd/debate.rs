@@ -174,6 +174,7 @@ pub async fn debate(config: &AssayConfig, args: DebateArgs) -> Result<Ending, De
     let pipeline = build_pipeline(problems, &args);
     let label = args.label.clone().unwrap_or_else(|| format!("assay debate {}", args.data.display()));
     let request = gw::RunPipelineRequest {
+        open: false,
         pipeline: Some(gw::run_pipeline_request::Pipeline::Debate(pipeline)),
         label,
         budget: args.budget.budget(),

@@ -9,10 +9,13 @@ use assay_proto::common::v1 as common;
 use assay_proto::gateway::v1 as gw;
 use assay_proto::pipelines;
 
+use assay_domain::limits::MAX_RECORDS;
+
 use super::follow::{NoResult, RunFollower, Step, finished_as, follow_run, is_final, start_run};
-use super::input::{CorpusArgs, corpus_request, is_corpus, read_checklist, read_records};
+use super::input::{CorpusArgs, RecordLines, corpus_request, is_corpus, read_checklist};
 use super::render::checklist_eval::{checklist_ready_line, record_json, summary_json, summary_line};
 use super::render::stage_progress_line;
+use super::status_text;
 use super::{Progress, Session};
 
 /// What a finished evaluation command reports.
@@ -44,7 +47,7 @@ pub async fn eval(
     let preset = super::preset(preset)?;
     // `--samples N` / `--sample-model`: repeated judging, over the scoring options.
     let scorer = corpus.with_sampling(scorer)?;
-    let records = read_records(&args.data)?;
+    let records = Records::read(&args.data)?;
     let source = if is_corpus(preset) {
         gw::checklist_source::Source::Corpus(corpus_request(preset, corpus)?)
     } else {
@@ -52,14 +55,13 @@ pub async fn eval(
     };
     let pipeline = gw::ChecklistEvalPipeline {
         source: Some(gw::ChecklistSource { source: Some(source) }),
-        records,
         max_items,
         scorer,
         refiners: corpus.steps("")?,
         candidate_models: corpus.candidate_specs()?,
         ..Default::default()
     };
-    run(config, pipeline, format!("assay eval {}", args.data.display()), &args).await
+    run(config, pipeline, records, format!("assay eval {}", args.data.display()), &args).await
 }
 
 /// `assay score`: score every record against one checklist.
@@ -70,25 +72,59 @@ pub async fn score(
     args: RunArgs,
 ) -> Result<Outcome, String> {
     let checklist = read_checklist(checklist)?;
-    let records = read_records(&args.data)?;
+    let records = Records::read(&args.data)?;
     let pipeline = gw::ChecklistEvalPipeline {
         source: Some(gw::ChecklistSource { source: Some(gw::checklist_source::Source::Checklist(checklist)) }),
-        records,
         scorer: Some(scorer),
         ..Default::default()
     };
-    run(config, pipeline, format!("assay score {}", args.data.display()), &args).await
+    run(config, pipeline, records, format!("assay score {}", args.data.display()), &args).await
+}
+
+/// A records file: up to the per-request limit, read whole (the run carries them); past it, the
+/// first requests' worth and the rest left in the file, streamed into an open run.
+enum Records {
+    Whole(Vec<gw::EvalRecord>),
+    Streamed { total: u64, lines: RecordLines },
+}
+
+impl Records {
+    fn read(path: &Path) -> Result<Self, String> {
+        let mut lines = RecordLines::open(path)?;
+        let mut head = Vec::new();
+        for r in lines.by_ref() {
+            head.push(r?);
+            if head.len() > MAX_RECORDS {
+                // Counted apart (flat memory) for the progress bar, then read again as it is sent.
+                let total = RecordLines::count(path)?;
+                return Ok(Records::Streamed { total, lines: RecordLines::open(path)? });
+            }
+        }
+        if head.is_empty() {
+            return Err(format!("{}: no records", path.display()));
+        }
+        Ok(Records::Whole(head))
+    }
 }
 
 async fn run(
     config: &AssayConfig,
-    pipeline: gw::ChecklistEvalPipeline,
+    mut pipeline: gw::ChecklistEvalPipeline,
+    records: Records,
     label: String,
     args: &RunArgs,
 ) -> Result<Outcome, String> {
-    let total = pipeline.records.len();
     let mut session = Session::open(config, args.gateway.as_deref()).await?;
-    let outcome = stream(&mut session, pipeline, label, total, args).await;
+    let outcome = match records {
+        Records::Whole(records) => {
+            let total = records.len();
+            pipeline.records = records;
+            stream(&mut session, pipeline, label, total, None, args).await
+        }
+        Records::Streamed { total, lines } => {
+            stream(&mut session, pipeline, label, usize::try_from(total).unwrap_or(usize::MAX), Some(lines), args).await
+        }
+    };
     session.close().await?;
     outcome
 }
@@ -98,16 +134,18 @@ async fn stream(
     pipeline: gw::ChecklistEvalPipeline,
     label: String,
     total: usize,
+    streamed: Option<RecordLines>,
     args: &RunArgs,
 ) -> Result<Outcome, String> {
     let request = gw::RunPipelineRequest {
         pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(pipeline)),
         label,
         budget: args.budget,
+        open: streamed.is_some(),
     };
     // Pipeline time: from the request to the run's last event (no process or mesh start).
     let started = std::time::Instant::now();
-    let events = start_run(&mut session.client, request).await?;
+    let mut events = start_run(&mut session.client, request).await?;
     let out: Box<dyn Write> = match &args.out {
         Some(p) => {
             Box::new(std::io::BufWriter::new(std::fs::File::create(p).map_err(|e| format!("{}: {e}", p.display()))?))
@@ -122,8 +160,126 @@ async fn stream(
         run_id: String::new(),
         started,
         json: args.json,
+        paged: None,
     };
-    follow_run(&mut session.client, events, &mut follower).await
+    let Some(lines) = streamed else {
+        return follow_run(&mut session.client, events, &mut follower).await;
+    };
+    // An open run: its id from the first event, then the file sent beside the run's events.
+    let first = match futures::StreamExt::next(&mut events).await {
+        Some(Ok(ev)) => ev,
+        Some(Err(s)) => return Err(status_text(&s)),
+        None => return Err("the gateway closed the run's events before the first".into()),
+    };
+    let run_id = first.run_id.clone();
+    follower.paged = Some(None);
+    if let Step::Done(outcome) = follower.on_event(first) {
+        return outcome;
+    }
+    let mut sender = tokio::spawn(send_records(session.client.clone(), run_id.clone(), lines, total));
+    let mut control = session.client.clone();
+    let mut sent = false;
+    let followed = {
+        let follow = follow_run(&mut session.client, events, &mut follower);
+        tokio::pin!(follow);
+        loop {
+            tokio::select! {
+                r = &mut follow => break r,
+                s = &mut sender, if !sent => {
+                    sent = true;
+                    let e = match s {
+                        Ok(Ok(())) => continue,
+                        Ok(Err(e)) => e,
+                        Err(e) => format!("sending the records: {e}"),
+                    };
+                    // The run cannot be sealed: cancelled, with what it scored kept.
+                    let cancel = gw::ControlRunRequest {
+                        run_id: run_id.clone(),
+                        action: Some(gw::control_run_request::Action::Cancel(gw::CancelRun {})),
+                        actor: "assay".into(),
+                        reason: "the records file could not be sent whole".into(),
+                    };
+                    let _ = control.control_run(cancel).await;
+                    return Err(format!("{e}; run {run_id} cancelled (what it scored: assay runs results {run_id})"));
+                }
+            }
+        }
+    };
+    followed?;
+    let Some(Some((state, result))) = follower.paged.take() else {
+        return Err(format!("run {run_id} ended without a result"));
+    };
+    let failed = write_results(&mut session.client, &run_id, &mut follower.out).await?;
+    follower.failed = failed;
+    follower.completed(state, result)
+}
+
+/// Write a checklist_eval run's results to `out`, one JSON line per record in record order
+/// (`assay eval`'s lines), read a page at a time; returns how many failed.
+pub async fn write_results(client: &mut super::Client, run_id: &str, out: &mut dyn Write) -> Result<u64, String> {
+    let mut token = String::new();
+    let mut failed = 0u64;
+    loop {
+        let page = client
+            .list_run_results(gw::ListRunResultsRequest {
+                run_id: run_id.to_string(),
+                page_size: 5000,
+                page_token: token,
+            })
+            .await
+            .map_err(|s| format!("reading the results of run {run_id}: {}", status_text(&s)))?
+            .into_inner();
+        for r in &page.results {
+            failed += u64::from(r.score.is_none());
+            writeln!(out, "{}", record_json(r)).map_err(|e| e.to_string())?;
+        }
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    out.flush().map_err(|e| e.to_string())?;
+    Ok(failed)
+}
+
+/// Send the rest of a records file into open run `run_id` over one AppendRecords call, at most
+/// [`MAX_RECORDS`] per message, then seal it. The file is read on a blocking thread as the call
+/// takes the messages (two in flight at most).
+async fn send_records(
+    mut client: super::Client,
+    run_id: String,
+    lines: RecordLines,
+    total: usize,
+) -> Result<(), String> {
+    let (tx, rx) = tokio::sync::mpsc::channel::<gw::AppendRecordsRequest>(2);
+    let id = run_id.clone();
+    let reader = tokio::task::spawn_blocking(move || -> Result<u64, String> {
+        let mut batch = Vec::with_capacity(MAX_RECORDS);
+        let mut sent = 0u64;
+        let mut lines = lines.peekable();
+        while let Some(r) = lines.next() {
+            batch.push(r?);
+            let last = lines.peek().is_none();
+            if batch.len() == MAX_RECORDS || last {
+                sent += batch.len() as u64;
+                let message =
+                    gw::AppendRecordsRequest { run_id: id.clone(), records: std::mem::take(&mut batch), seal: last };
+                if tx.blocking_send(message).is_err() {
+                    break;
+                }
+            }
+        }
+        Ok(sent)
+    });
+    let mut rx = rx;
+    let call = client.append_records(futures::stream::poll_fn(move |cx| rx.poll_recv(cx)));
+    let (reply, read) = tokio::join!(call, reader);
+    let sent = read.map_err(|e| format!("reading the records: {e}"))??;
+    let reply = reply.map_err(|s| format!("sending the records to run {run_id}: {}", status_text(&s)))?.into_inner();
+    if !reply.sealed || sent as usize != total {
+        return Err(format!("run {run_id} took {} of the {total} records", reply.records_total));
+    }
+    Ok(())
 }
 
 /// Follows one evaluation run ([`follow_run`]): a line per scored record, progress notes, then the
@@ -139,6 +295,9 @@ struct Follower {
     started: std::time::Instant,
     /// Print the summary as JSON on standard output.
     json: bool,
+    /// An open run: its results are read in pages once it ends, not written from its events;
+    /// `Some(None)` until it ends, then how it ended.
+    paged: Option<Option<(i32, Option<gw::RunResult>)>>,
 }
 
 impl RunFollower for Follower {
@@ -158,12 +317,14 @@ impl RunFollower for Follower {
             }
             Some(Event::RecordScored(r)) => {
                 self.failed += u64::from(r.score.is_none());
-                if let Err(e) = writeln!(self.out, "{}", record_json(&r)) {
+                if self.paged.is_none()
+                    && let Err(e) = writeln!(self.out, "{}", record_json(&r))
+                {
                     return Step::Done(Err(e.to_string()));
                 }
                 self.progress.inc(self.failed);
             }
-            Some(Event::Completed(c)) => return Step::Done(self.completed(c.state, c.result)),
+            Some(Event::Completed(c)) => return Step::Done(self.ended(c.state, c.result)),
             Some(
                 Event::Aggregate(_)
                 | Event::StateChanged(_)
@@ -179,11 +340,22 @@ impl RunFollower for Follower {
     }
 
     fn on_stream_end(&mut self, run: gw::Run) -> Option<Result<Outcome, String>> {
-        is_final(run.state).then(|| self.completed(run.state, run.result))
+        is_final(run.state).then(|| self.ended(run.state, run.result))
     }
 }
 
 impl Follower {
+    /// The run ended: finish now, or (an open run) keep how it ended for after its results are read.
+    fn ended(&mut self, state: i32, result: Option<gw::RunResult>) -> Result<Outcome, String> {
+        match &mut self.paged {
+            Some(ended) => {
+                *ended = Some((state, result));
+                Ok(Outcome::Complete)
+            }
+            None => self.completed(state, result),
+        }
+    }
+
     /// The run completed: flush the lines, print the summary, map the outcome.
     fn completed(&mut self, state: i32, result: Option<gw::RunResult>) -> Result<Outcome, String> {
         let pipeline_s = self.started.elapsed().as_secs_f64();

@@ -101,6 +101,7 @@ async fn run_all(
         let mut client = client.clone();
         async move {
             let request = gw::RunPipelineRequest {
+                open: false,
                 pipeline: Some(gw::run_pipeline_request::Pipeline::GenerateChecklist(p)),
                 label: format!("assay generate #{i}"),
                 budget: None,

@@ -343,6 +343,57 @@ pub fn read_records(path: &Path) -> Result<Vec<gw::EvalRecord>, String> {
     Ok(out)
 }
 
+/// Records from JSON lines read one line at a time (a file of any size in flat memory); errors
+/// name the file and the line.
+pub struct RecordLines {
+    path: std::path::PathBuf,
+    lines: std::io::Lines<std::io::BufReader<std::fs::File>>,
+    line: usize,
+}
+
+impl RecordLines {
+    pub fn open(path: &Path) -> Result<Self, String> {
+        use std::io::BufRead;
+        let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(Self { path: path.to_path_buf(), lines: std::io::BufReader::new(file).lines(), line: 0 })
+    }
+
+    /// How many records the file holds (its non-empty lines), read without keeping them.
+    pub fn count(path: &Path) -> Result<u64, String> {
+        use std::io::BufRead;
+        let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let mut n = 0;
+        for line in std::io::BufReader::new(file).lines() {
+            let line = line.map_err(|e| format!("{}: {e}", path.display()))?;
+            n += u64::from(!line.trim().is_empty());
+        }
+        Ok(n)
+    }
+}
+
+impl Iterator for RecordLines {
+    type Item = Result<gw::EvalRecord, String>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            let line = match self.lines.next()? {
+                Ok(l) => l,
+                Err(e) => return Some(Err(format!("{}: {e}", self.path.display()))),
+            };
+            self.line += 1;
+            if line.trim().is_empty() {
+                continue;
+            }
+            let at = format!("{}:{}", self.path.display(), self.line);
+            return Some(
+                serde_json::from_str::<Value>(&line)
+                    .map_err(|e| format!("{at}: not JSON: {e}"))
+                    .and_then(|v| record_from_json(&v).map_err(|e| format!("{at}: {e}"))),
+            );
+        }
+    }
+}
+
 /// One record from a JSON object.
 pub fn record_from_json(v: &Value) -> Result<gw::EvalRecord, String> {
     if !v.is_object() {

@@ -301,6 +301,7 @@ pub async fn refine(config: &AssayConfig, args: RefineArgs) -> Result<Ending, Re
     let pipeline = build_pipeline(doc, &args).map_err(RefineError::BadInput)?;
     let label = args.label.clone().unwrap_or_else(|| format!("assay refine {}", args.doc.display()));
     let request = gw::RunPipelineRequest {
+        open: false,
         pipeline: Some(gw::run_pipeline_request::Pipeline::TargetedRefinement(pipeline)),
         label,
         budget: args.budget.budget(),

@@ -161,6 +161,7 @@ pub async fn refine_text(config: &AssayConfig, args: RefineTextArgs) -> Result<(
         format!("assay refine-text {input}")
     });
     let request = gw::RunPipelineRequest {
+        open: false,
         pipeline: Some(gw::run_pipeline_request::Pipeline::SelfRefine(gw::SelfRefinePipeline {
             request: Some(request),
         })),

@@ -34,6 +34,11 @@ pub enum Action {
         verb: Verb,
         who: Who,
     },
+    /// A checklist_eval run's results, one JSON line per record, read a page at a time.
+    Results {
+        run_id: String,
+        out: Option<std::path::PathBuf>,
+    },
     /// `DeleteRun` calls: the runs named, and every finished run older than `older_than`.
     Delete {
         run_ids: Vec<String>,
@@ -329,6 +334,15 @@ pub async fn run(config: &AssayConfig, url: &str, action: Action, as_json: bool)
         }
         Action::Delete { run_ids, older_than, dry_run } => {
             delete(&mut c, run_ids, older_than, dry_run, as_json).await?
+        }
+        Action::Results { run_id, out } => {
+            let mut out: Box<dyn std::io::Write> = match &out {
+                Some(p) => Box::new(std::io::BufWriter::new(
+                    std::fs::File::create(p).map_err(|e| format!("{}: {e}", p.display()))?,
+                )),
+                None => Box::new(std::io::stdout().lock()),
+            };
+            super::eval::write_results(&mut c, &run_id, &mut out).await?;
         }
     }
     Ok(())

@@ -119,7 +119,30 @@ pub async fn fetch_evaluation(config: &AssayConfig, url: &str, run_id: &str) -> 
             state_name(run.state)
         ));
     }
-    result_of::<pipelines::ChecklistEval>(run.result).ok_or_else(|| format!("run {run_id} holds no evaluation result"))
+    let mut e = result_of::<pipelines::ChecklistEval>(run.result)
+        .ok_or_else(|| format!("run {run_id} holds no evaluation result"))?;
+    if e.results_paged {
+        // An open run: its results a page at a time (its checklists stay in the store, so the
+        // item flips name items by id).
+        let mut token = String::new();
+        loop {
+            let page = c
+                .list_run_results(gw::ListRunResultsRequest {
+                    run_id: run_id.to_string(),
+                    page_size: 10_000,
+                    page_token: token,
+                })
+                .await
+                .map_err(|s| format!("run {run_id}: {}", status_text(&s)))?
+                .into_inner();
+            e.results.extend(page.results);
+            if page.next_page_token.is_empty() {
+                break;
+            }
+            token = page.next_page_token;
+        }
+    }
+    Ok(e)
 }
 
 /// A stored run's records for `metric`, as `CompareRuns` reads them.

@@ -105,8 +105,10 @@ async fn evaluation(engine: &Engine, side: &str, run_id: &str) -> Result<gw::Eva
             state.as_str_name().trim_start_matches("RUN_STATE_")
         )));
     }
-    result_of::<pipelines::ChecklistEval>(run.result)
-        .ok_or_else(|| StageError::FailedPrecondition(format!("{side} run {run_id} holds no evaluation result")))
+    let mut e = result_of::<pipelines::ChecklistEval>(run.result)
+        .ok_or_else(|| StageError::FailedPrecondition(format!("{side} run {run_id} holds no evaluation result")))?;
+    super::results::fill_paged(engine, &mut e).await?;
+    Ok(e)
 }
 
 /// The report as the response message.

@@ -219,7 +219,7 @@ impl ChecklistPlan {
     }
 
     /// Key of the checklist a record is scored against.
-    fn key(&self, r: &EvalRecord) -> String {
+    pub fn key(&self, r: &EvalRecord) -> String {
         match &self.source {
             ChecklistSource::Preset(_) => {
                 let mut h = sha2::Sha256::new();
@@ -306,7 +306,7 @@ impl ChecklistPlan {
     }
 
     /// Produce one checklist (generate or take the given one), then run the refiner chain on it.
-    async fn produce(
+    pub async fn produce(
         &self,
         ctx: &RunCtx,
         stages: &Stages,
@@ -490,7 +490,7 @@ fn generation_field(field: &str, record: &str) -> String {
 }
 
 /// Checkpoint key prefix of the run's checklists.
-const CHECKLIST: &str = "checklist:";
+pub const CHECKLIST: &str = "checklist:";
 
 /// A finished refiner step as progress: items in (total) and out (done), and what happened.
 fn step_progress(s: &StepReport) -> pb::Progress {
@@ -504,7 +504,7 @@ fn step_progress(s: &StepReport) -> pb::Progress {
 }
 
 /// A stored wire checklist as a domain one (validated).
-fn decode_checklist(c: pb::Checklist) -> Result<Checklist, StageError> {
+pub fn decode_checklist(c: pb::Checklist) -> Result<Checklist, StageError> {
     let mut v = Violations::new();
     let c = convert::checklist(Some(c), "checklist", &mut v);
     v.into_result().map(|()| c)

@@ -20,8 +20,11 @@ use super::checklist::{ChecklistPlan, EvalRecord};
 use super::stages::Stages;
 use assay_runs::{Pipeline, RunCtx, RunOutcome, Writes};
 
-/// Checkpoint key prefix of the scored records.
-const RECORD: &str = "record:";
+mod open;
+
+/// Checkpoint key prefix of the scored records (each under its index, in eight digits).
+pub const RESULT_PREFIX: &str = "record:";
+const RECORD: &str = RESULT_PREFIX;
 
 /// A parsed checklist evaluation.
 pub struct ChecklistEval {
@@ -34,11 +37,23 @@ pub struct ChecklistEval {
     /// Records scored at once (the caller's cap, else the gateway's).
     concurrency: usize,
     stages: Stages,
+    /// An open run: its records are rows of the run store (`records` holds only those that came
+    /// with the request, already stored as rows).
+    open: bool,
 }
 
 impl ChecklistEval {
     /// Parse and validate (fields named `pipeline.*`).
     pub fn parse(p: gw::ChecklistEvalPipeline, stages: Stages) -> Result<Self, StageError> {
+        Self::parse_as(p, stages, false)
+    }
+
+    /// Parse an open run's pipeline: its records may be none (they are appended).
+    pub fn parse_open(p: gw::ChecklistEvalPipeline, stages: Stages) -> Result<Self, StageError> {
+        Self::parse_as(p, stages, true)
+    }
+
+    fn parse_as(p: gw::ChecklistEvalPipeline, stages: Stages, open: bool) -> Result<Self, StageError> {
         let gw::ChecklistEvalPipeline {
             source,
             records,
@@ -55,11 +70,18 @@ impl ChecklistEval {
             v.push("pipeline.concurrency", format!("is {concurrency}; the limit is 256"));
         }
         let plan = ChecklistPlan::parse(source, generator_model, max_items, refiners, candidate_models, &mut v);
-        if records.is_empty() {
-            v.push("pipeline.records", "must not be empty");
+        if records.is_empty() && !open {
+            v.push("pipeline.records", "must not be empty (or create the run open and append them)");
         }
         if records.len() > MAX_RECORDS {
-            v.push("pipeline.records", format!("has {} records; the limit is {MAX_RECORDS}", records.len()));
+            v.push(
+                "pipeline.records",
+                format!(
+                    "has {} records; the limit is {MAX_RECORDS} per request (a run created open takes up to {} with AppendRecords)",
+                    records.len(),
+                    assay_domain::limits::MAX_RUN_RECORDS
+                ),
+            );
         }
         let needs_input = plan.as_ref().and_then(ChecklistPlan::preset).is_some();
         // Record ids are optional (the index stands in) and unique when given, as item ids are.
@@ -97,18 +119,45 @@ impl ChecklistEval {
             .check("pipeline.scorer", &mut v);
         v.into_result()?;
         let concurrency = if concurrency > 0 { concurrency as usize } else { stages.concurrency };
-        Ok(Self { plan, records, scorer, scorer_model, concurrency, stages })
+        Ok(Self { plan, records, scorer, scorer_model, concurrency, stages, open })
+    }
+
+    /// Records for an open run, checked as the request's are (fields named `records[i].*`).
+    fn rows(&self, records: Vec<gw::EvalRecord>) -> Result<Vec<assay_runs::store::NewRecord>, StageError> {
+        let needs_input = self.plan.preset().is_some();
+        let mut v = Violations::new();
+        let mut ids = HashSet::new();
+        for (i, r) in records.iter().enumerate() {
+            if !r.id.is_empty() && !ids.insert(r.id.as_str()) {
+                v.push(format!("records[{i}].id"), format!("duplicate id {:?}", r.id));
+            }
+        }
+        let parsed: Vec<EvalRecord> = records
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let f = format!("records[{i}]");
+                if r.target.trim().is_empty() {
+                    v.push(format!("{f}.target"), "must not be empty");
+                }
+                if needs_input && r.input.trim().is_empty() {
+                    v.push(format!("{f}.input"), "must not be empty: the preset generates a checklist from it");
+                }
+                EvalRecord::parse(r.clone(), &f, &mut v)
+            })
+            .collect();
+        for (field, description) in self.plan.validate_generation(&parsed, |i| format!("records[{i}]")) {
+            v.push(field, description);
+        }
+        v.into_result()?;
+        Ok(records
+            .into_iter()
+            .map(|r| assay_runs::store::NewRecord { id: r.id.clone(), record: prost::Message::encode_to_vec(&r) })
+            .collect())
     }
 
     fn target(&self, checklist: &Checklist, i: usize) -> ScoreTarget {
-        let r = &self.records[i];
-        ScoreTarget {
-            id: r.id_or(i),
-            input: if r.input.is_empty() { checklist.input.clone() } else { r.input.clone() },
-            target: r.target.clone(),
-            reference: r.reference.clone(),
-            history: r.history.clone(),
-        }
+        target_of(checklist, &self.records[i], i)
     }
 
     /// Score one record against its checklist.
@@ -118,9 +167,20 @@ impl ChecklistEval {
         config: &ScorerSettings,
         i: usize,
     ) -> Result<(gw::RecordResult, Usage, ModelRecord), StageError> {
+        self.score_record(checklist, config, i, &self.records[i]).await
+    }
+
+    /// Score record `r` (index `i`) against its checklist.
+    async fn score_record(
+        &self,
+        checklist: &Checklist,
+        config: &ScorerSettings,
+        i: usize,
+        r: &EvalRecord,
+    ) -> Result<(gw::RecordResult, Usage, ModelRecord), StageError> {
         let request = ScoreRequest {
             checklist: checklist.clone(),
-            targets: vec![self.target(checklist, i)],
+            targets: vec![target_of(checklist, r, i)],
             config: config.clone(),
             model: self.scorer_model.clone(),
         };
@@ -130,10 +190,23 @@ impl ChecklistEval {
         let score =
             out.scores.into_iter().next().ok_or_else(|| StageError::Internal("scorer returned no score".into()))?;
         let mut wire = convert::score_to(&score);
-        wire.target_id = self.records[i].id_or(i);
-        Ok((record_result(i, &self.records[i], &checklist.id, Some(wire), String::new()), out.usage, out.model))
+        wire.target_id = r.id_or(i);
+        Ok((record_result(i, r, &checklist.id, Some(wire), String::new()), out.usage, out.model))
     }
+}
 
+/// What the scorer is asked about record `r` (index `i`).
+fn target_of(checklist: &Checklist, r: &EvalRecord, i: usize) -> ScoreTarget {
+    ScoreTarget {
+        id: r.id_or(i),
+        input: if r.input.is_empty() { checklist.input.clone() } else { r.input.clone() },
+        target: r.target.clone(),
+        reference: r.reference.clone(),
+        history: r.history.clone(),
+    }
+}
+
+impl ChecklistEval {
     /// Without persistence (Evaluate) and with one checklist: every record in one scorer call (the
     /// scorer runs targets concurrently); its errors are the pipeline's.
     async fn score_together(
@@ -172,6 +245,7 @@ impl ChecklistEval {
             models: ctx.progress.models().iter().map(convert::model_record_to).collect(),
             // One scorer call without a budget: nothing to stop.
             budget_exhausted: String::new(),
+            results_paged: false,
         };
         Ok(RunOutcome { state, result: Some(gw::run_result::Result::ChecklistEval(response)) })
     }
@@ -198,6 +272,7 @@ impl ChecklistEval {
             usage: Some(ctx.spending.usage()),
             models: ctx.progress.models().iter().map(convert::model_record_to).collect(),
             budget_exhausted: ctx.snapshot().budget_exhausted,
+            results_paged: false,
         })
     }
 
@@ -231,9 +306,21 @@ impl Pipeline for ChecklistEval {
         self.records.len() as u32
     }
 
+    fn check_records(&self, records: Vec<gw::EvalRecord>) -> Result<Vec<assay_runs::store::NewRecord>, StageError> {
+        if !self.open {
+            return Err(StageError::FailedPrecondition(
+                "the run was not created open (RunPipelineRequest.open): its records came with its request".into(),
+            ));
+        }
+        self.rows(records)
+    }
+
     /// Each record is scored as soon as its checklist exists: generation (one per distinct
     /// input) and scoring overlap, so the run's critical path is one generation and one scoring.
     async fn run(&self, ctx: &RunCtx) -> Result<RunOutcome, StageError> {
+        if self.open {
+            return self.run_open(ctx).await;
+        }
         let (mut production, mut producing) = self.plan.production(ctx, &self.stages, &self.records).await?;
         if ctx.is_ephemeral() && production.checklist_count() == 1 && !ctx.spending.has_budget() {
             // Evaluate with one checklist: nothing to overlap; every record in one scorer call.
@@ -369,7 +456,7 @@ impl Pipeline for ChecklistEval {
 /// record's cost, however many the gateway could score at once). Before any record was scored,
 /// [`Reserve::FIRST`] at a time.
 #[derive(Debug, Default)]
-struct Reserve {
+pub(super) struct Reserve {
     scored: u64,
     tokens: u64,
     usd: f64,
@@ -378,13 +465,13 @@ struct Reserve {
 impl Reserve {
     const FIRST: usize = 4;
 
-    fn add(&mut self, usage: &assay_domain::Usage) {
+    pub(super) fn add(&mut self, usage: &assay_domain::Usage) {
         self.scored += 1;
         self.tokens += usage.tokens();
         self.usd += usage.cost_usd;
     }
 
-    fn in_flight(&self, left: &assay_budget::Limits) -> usize {
+    pub(super) fn in_flight(&self, left: &assay_budget::Limits) -> usize {
         if self.scored == 0 {
             return Self::FIRST;
         }
@@ -397,11 +484,11 @@ impl Reserve {
     }
 }
 
-fn record_key(i: usize) -> String {
+pub(super) fn record_key(i: usize) -> String {
     format!("{RECORD}{i:08}")
 }
 
-fn record_result(
+pub(super) fn record_result(
     i: usize,
     r: &EvalRecord,
     checklist_id: &str,

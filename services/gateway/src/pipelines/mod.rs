@@ -65,6 +65,23 @@ impl PipelineFactory for Pipelines {
         let Some(pipeline) = &request.pipeline else {
             return Err(StageError::invalid("pipeline", format!("is required ({})", contract::kind_names())));
         };
+        if request.open {
+            // An open run's records are rows of the run store: checklist_eval runs only.
+            return match pipeline {
+                Kind::ChecklistEval(p) => {
+                    Ok(Arc::new(checklist_eval::ChecklistEval::parse_open(p.clone(), self.stages.clone())?))
+                }
+                Kind::GenerateChecklist(_) | Kind::TargetedRefinement(_) | Kind::SelfRefine(_) | Kind::Debate(_) => {
+                    Err(StageError::invalid(
+                        "open",
+                        format!(
+                            "only checklist_eval runs are created open, not {}",
+                            contract::kind_of(pipeline).as_str_name()
+                        ),
+                    ))
+                }
+            };
+        }
         // One lookup by kind, then one copy of the request for the parser that owns it.
         let kind = contract::kind_of(pipeline);
         REGISTRY
@@ -77,5 +94,13 @@ impl PipelineFactory for Pipelines {
                     kind.as_str_name()
                 )))
             })
+    }
+
+    fn take_records(&self, request: &mut gw::RunPipelineRequest) -> Vec<gw::EvalRecord> {
+        match &mut request.pipeline {
+            Some(Kind::ChecklistEval(p)) => std::mem::take(&mut p.records),
+            Some(Kind::GenerateChecklist(_) | Kind::TargetedRefinement(_) | Kind::SelfRefine(_) | Kind::Debate(_))
+            | None => Vec::new(),
+        }
     }
 }

@@ -29,16 +29,26 @@ impl Checkpoints {
 
     /// The checkpoints whose key starts with `prefix`, by key, decoded.
     pub async fn all<M: prost::Message + Default>(&self, prefix: &str) -> Result<Vec<(String, M)>, StageError> {
-        self.log
-            .raw(prefix)
-            .await?
-            .into_iter()
-            .map(|(k, v)| {
-                M::decode(v.as_slice())
-                    .map(|m| (k, m))
-                    .map_err(|e| StageError::Internal(format!("run store: corrupt checkpoint: {e}")))
-            })
-            .collect()
+        decode_all(self.log.raw(prefix).await?)
+    }
+
+    /// Up to `limit` checkpoints under `prefix` whose key sorts after `after` (empty: from the
+    /// first), by key, decoded: a run's checkpoints read a page at a time.
+    pub async fn page<M: prost::Message + Default>(
+        &self,
+        prefix: &str,
+        after: &str,
+        limit: usize,
+    ) -> Result<Vec<(String, M)>, StageError> {
+        decode_all(self.log.raw_page(prefix, after, limit).await?)
+    }
+
+    /// The checkpoints stored under any of `keys` (those that exist), decoded.
+    pub async fn get_many<M: prost::Message + Default>(
+        &self,
+        keys: Vec<String>,
+    ) -> Result<Vec<(String, M)>, StageError> {
+        decode_all(self.log.raw_keys(keys).await?)
     }
 
     /// Store a serde value as a checkpoint under `key` (JSON).
@@ -55,4 +65,14 @@ impl Checkpoints {
             .map(Some)
             .map_err(|e| StageError::Internal(format!("run store: corrupt checkpoint {key}: {e}")))
     }
+}
+
+fn decode_all<M: prost::Message + Default>(raw: Vec<(String, Vec<u8>)>) -> Result<Vec<(String, M)>, StageError> {
+    raw.into_iter()
+        .map(|(k, v)| {
+            M::decode(v.as_slice())
+                .map(|m| (k, m))
+                .map_err(|e| StageError::Internal(format!("run store: corrupt checkpoint: {e}")))
+        })
+        .collect()
 }

@@ -218,6 +218,38 @@ impl EventLog {
         }
     }
 
+    /// Up to `limit` checkpoints under `prefix` sorting after `after`, by key.
+    pub(crate) async fn raw_page(
+        &self,
+        prefix: &str,
+        after: &str,
+        limit: usize,
+    ) -> Result<Vec<(String, Vec<u8>)>, StageError> {
+        match &self.0.persistence {
+            Persistence::Store(store) => store.checkpoints_page(&self.0.run_id, prefix, after, limit).await,
+            Persistence::Memory(m) => Ok(m
+                .lock()
+                .map_err(|_| StageError::Internal("checkpoint lock poisoned".into()))?
+                .range(prefix.to_string()..)
+                .take_while(|(k, _)| k.starts_with(prefix))
+                .filter(|(k, _)| k.as_str() > after)
+                .take(limit)
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()),
+        }
+    }
+
+    /// The checkpoints stored under any of `keys`.
+    pub(crate) async fn raw_keys(&self, keys: Vec<String>) -> Result<Vec<(String, Vec<u8>)>, StageError> {
+        match &self.0.persistence {
+            Persistence::Store(store) => store.checkpoints_get(&self.0.run_id, keys).await,
+            Persistence::Memory(m) => {
+                let m = m.lock().map_err(|_| StageError::Internal("checkpoint lock poisoned".into()))?;
+                Ok(keys.into_iter().filter_map(|k| m.get(&k).cloned().map(|v| (k, v))).collect())
+            }
+        }
+    }
+
     /// Store checkpoints `writes` (key, value) only if the run is in one of the `expect` states,
     /// atomically: the stored state is checked in the transaction that writes them
     /// (FAILED_PRECONDITION naming the state found, nothing written, otherwise). `state`: the

@@ -5,6 +5,7 @@
 mod checkpoints;
 mod gate;
 mod inbox;
+mod inputs;
 mod log;
 mod progress;
 mod spending;
@@ -21,6 +22,7 @@ pub use checkpoints::Checkpoints;
 pub use gate::{Gate, stage_gate};
 pub use inbox::Inbox;
 pub(crate) use inbox::stored_audit_log;
+pub use inputs::Inputs;
 pub use log::{EventLog, Writes, Written};
 pub use progress::{Progress, relay_with};
 pub use spending::Spending;
@@ -41,6 +43,8 @@ pub struct RunCtx {
     pub gate: Gate,
     /// Human actions and the audit log.
     pub inbox: Inbox,
+    /// An open run's records (rows of the run store).
+    pub inputs: Inputs,
     /// Usage, budget and caps.
     pub spending: Spending,
     /// State, units done, models used, stage progress.
@@ -55,10 +59,11 @@ impl RunCtx {
     pub(crate) fn new(run: gw::Run, seq: u64, store: Option<RunStore>) -> Self {
         let run_id = run.run_id.clone();
         let summary = Summary::new(run);
-        let log = EventLog::new(run_id.clone(), seq, store, summary.clone());
+        let log = EventLog::new(run_id.clone(), seq, store.clone(), summary.clone());
         let gate = Gate::default();
         Self {
             checkpoints: Checkpoints::new(log.clone()),
+            inputs: Inputs::new(run_id.clone(), store.clone()),
             inbox: Inbox::new(log.clone(), summary.clone(), gate.paused.subscribe(), gate.cancelled.subscribe()),
             spending: Spending::new(log.clone(), summary.clone()),
             progress: Progress::new(log.clone(), summary.clone()),

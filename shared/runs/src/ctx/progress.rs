@@ -49,6 +49,15 @@ impl Progress {
         self.summary.update(|r| r.records_done = done);
     }
 
+    /// Set how many units of work the run has (an open run's records, as they arrive), and
+    /// whether more can come.
+    pub fn set_total(&self, total: u32, open: bool) {
+        self.summary.update(|r| {
+            r.records_total = total;
+            r.open = open;
+        });
+    }
+
     /// One more unit of work done.
     pub fn add_done(&self) {
         self.summary.update(|r| r.records_done += 1);

@@ -1,6 +1,7 @@
 //! The engine: starts, executes, watches and controls runs (see the crate's documentation).
 
 mod control;
+mod records;
 mod retention;
 mod supervise;
 
@@ -182,7 +183,7 @@ impl Engine {
         self.live.lock().ok().and_then(|m| m.get(run_id).cloned())
     }
 
-    fn new_run(pipeline: &dyn Pipeline, label: String, budget: Option<gw::RunBudget>) -> gw::Run {
+    fn new_run(pipeline: &dyn Pipeline, label: String, budget: Option<gw::RunBudget>, open: bool) -> gw::Run {
         let t = now();
         gw::Run {
             run_id: uuid::Uuid::now_v7().to_string(),
@@ -200,20 +201,31 @@ impl Engine {
             audit_log: Vec::new(),
             budget,
             budget_exhausted: String::new(),
+            open,
         }
     }
 
     /// Parse, store and start a pipeline; returns the run id (its first event, RunStarted, is stored
     /// before this returns).
-    pub async fn start(&self, request: gw::RunPipelineRequest) -> Result<String, StageError> {
+    pub async fn start(&self, mut request: gw::RunPipelineRequest) -> Result<String, StageError> {
         check_label(&request.label)?;
         check_budget(request.budget.as_ref())?;
         let pipeline = self.factory.parse(&request)?;
+        // An open run's records become rows; its request is stored without them.
+        let rows = if request.open {
+            let inline = self.factory.take_records(&mut request);
+            Some(pipeline.check_records(inline)?)
+        } else {
+            None
+        };
         let spend = self.admit_spend(&request).await?;
         let slot = self.admit()?;
-        let run = Self::new_run(pipeline.as_ref(), request.label.clone(), request.budget);
+        let run = Self::new_run(pipeline.as_ref(), request.label.clone(), request.budget, request.open);
         let run_id = run.run_id.clone();
         self.store.create(run.clone(), request).await?;
+        if let Some(rows) = rows {
+            self.store.append_records(&run_id, rows, false, assay_domain::limits::MAX_RUN_RECORDS).await?;
+        }
         let ctx = Arc::new(self.capped(RunCtx::new(run, 0, Some(self.store.clone())), spend));
         ctx.log
             .emit(Event::Started(gw::RunStarted { kind: pipeline.kind() as i32, records: pipeline.total() }))
@@ -229,8 +241,11 @@ impl Engine {
         check_budget(request.budget.as_ref())?;
         let pipeline = self.factory.parse(&request)?;
         let spend = self.admit_spend(&request).await?;
+        if request.open {
+            return Err(StageError::invalid("open", "an evaluation answered at once cannot be open; use RunPipeline"));
+        }
         let _slot = self.admit()?;
-        let run = Self::new_run(pipeline.as_ref(), request.label.clone(), request.budget);
+        let run = Self::new_run(pipeline.as_ref(), request.label.clone(), request.budget, false);
         let ctx = self.capped(RunCtx::new(run, 0, None), spend);
         let outcome = ctx.spending.scope(pipeline.run(&ctx)).await;
         let outcome = outcome?;

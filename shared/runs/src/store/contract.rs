@@ -60,12 +60,13 @@ pub fn state_refused(run_id: &str, found: i32) -> StageError {
 
 /// Run storage behind the engine.
 #[async_trait::async_trait]
-pub trait RunStorage: SpendLedger + Send + Sync {
+pub trait RunStorage: SpendLedger + RecordStorage + Send + Sync {
     /// What the store is, for logs (no secrets).
     fn describe(&self) -> String;
     /// Whether several gateways share it (leases, takeover and cross-gateway watching apply).
     fn shared(&self) -> bool;
-    /// Insert a new run, owned by this gateway.
+    /// Insert a new run, owned by this gateway; a request with `open` set makes the run take
+    /// records as rows ([`RecordStorage::append_records`]).
     async fn create(&self, run: gw::Run, request: gw::RunPipelineRequest) -> Result<(), StageError>;
     /// Apply `writes` of run `run_id` in order, in one transaction: all of them or none. The run's
     /// writer hands over everything queued since its last write at once (group commit), so a run
@@ -186,4 +187,92 @@ pub(crate) fn hold_outcome(spent: i64, held: i64, cap: i64, min: i64, want: i64)
         return HoldOutcome::Wait;
     }
     HoldOutcome::Granted(want.min(free).max(min))
+}
+
+/// A record for an open run's rows: its id (empty: its index stands in) and the encoded
+/// `EvalRecord`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewRecord {
+    pub id: String,
+    pub record: Vec<u8>,
+}
+
+/// What an append left: the first index it took, the run's records and whether it is sealed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Appended {
+    pub first: u64,
+    pub total: u64,
+    pub sealed: bool,
+}
+
+/// A page of an open run's records, with the run's count and whether more can come.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RecordsPage {
+    /// (index, encoded `EvalRecord`), by index.
+    pub records: Vec<(u64, Vec<u8>)>,
+    pub total: u64,
+    pub sealed: bool,
+}
+
+/// The records of open runs, as rows, and their results read a page at a time.
+#[async_trait::async_trait]
+pub trait RecordStorage: Send + Sync {
+    /// Add `records` to open run `run_id` after those it holds (indices continue), and seal it
+    /// when `seal`: all of them or none, atomically with other appends. NOT_FOUND without such a
+    /// run; FAILED_PRECONDITION when it was not created open, is sealed or has ended;
+    /// INVALID_ARGUMENT naming `records[i].id` when an id is already in the run, or `records`
+    /// when the run would hold more than `max_total`.
+    async fn append_records(
+        &self,
+        run_id: &str,
+        records: Vec<NewRecord>,
+        seal: bool,
+        max_total: u64,
+    ) -> Result<Appended, StageError>;
+    /// Up to `limit` of an open run's records from index `first` on, by index (NOT_FOUND when
+    /// the run has no records as rows).
+    async fn records(&self, run_id: &str, first: u64, limit: usize) -> Result<RecordsPage, StageError>;
+    /// The checkpoints of a run stored under any of `keys` (those that exist).
+    async fn checkpoints_get(&self, run_id: &str, keys: Vec<String>) -> Result<Vec<(String, Vec<u8>)>, StageError>;
+    /// Up to `limit` of a run's checkpoints whose key starts with `prefix` and sorts after
+    /// `after`, by key.
+    async fn checkpoints_page(
+        &self,
+        run_id: &str,
+        prefix: &str,
+        after: &str,
+        limit: usize,
+    ) -> Result<Vec<(String, Vec<u8>)>, StageError>;
+}
+
+/// The errors of an append, shared by the stores.
+pub(crate) mod append {
+    use super::StageError;
+
+    pub fn not_open(run_id: &str) -> StageError {
+        StageError::FailedPrecondition(format!(
+            "run {run_id} was not created open (RunPipelineRequest.open): its records came with its request"
+        ))
+    }
+
+    pub fn sealed(run_id: &str) -> StageError {
+        StageError::FailedPrecondition(format!("run {run_id} is sealed: it takes no more records"))
+    }
+
+    pub fn too_many(held: u64, adding: usize, max: u64) -> StageError {
+        StageError::invalid(
+            "records",
+            format!(
+                "would make the run {} records (it holds {held}); the limit is {max} per run",
+                held + adding as u64
+            ),
+        )
+    }
+
+    pub fn duplicate(i: usize, id: &str) -> StageError {
+        StageError::invalid(
+            format!("records[{i}].id"),
+            format!("duplicate id {id:?}: the run already holds a record with it"),
+        )
+    }
 }

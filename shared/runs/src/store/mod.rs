@@ -16,8 +16,8 @@ mod postgres;
 mod sqlite;
 
 pub use contract::{
-    ControlOutcome, ControlRefusal, HoldOutcome, PostedControl, RunStorage, RunWrite, SpendHold, SpendLedger,
-    StoredRun, state_refused,
+    Appended, ControlOutcome, ControlRefusal, HoldOutcome, NewRecord, PostedControl, RecordStorage, RecordsPage,
+    RunStorage, RunWrite, SpendHold, SpendLedger, StoredRun, state_refused,
 };
 pub use handle::RunStore;
 pub use observed::ObservedStore;

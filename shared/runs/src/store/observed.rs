@@ -10,7 +10,8 @@ use assay_proto::gateway::v1 as gw;
 use tokio::sync::watch;
 
 use super::contract::{
-    ControlOutcome, ControlRefusal, HoldOutcome, PostedControl, RunStorage, RunWrite, SpendHold, SpendLedger, StoredRun,
+    Appended, ControlOutcome, ControlRefusal, HoldOutcome, NewRecord, PostedControl, RecordStorage, RecordsPage,
+    RunStorage, RunWrite, SpendHold, SpendLedger, StoredRun,
 };
 use super::handle::RunStore;
 
@@ -139,5 +140,33 @@ impl SpendLedger for ObservedStore {
         actual: i64,
     ) -> Result<i64, StageError> {
         self.inner.settle_spend(day, backend, id, reserved, actual).await
+    }
+}
+
+#[async_trait::async_trait]
+impl RecordStorage for ObservedStore {
+    async fn append_records(
+        &self,
+        run_id: &str,
+        records: Vec<NewRecord>,
+        seal: bool,
+        max_total: u64,
+    ) -> Result<Appended, StageError> {
+        self.inner.append_records(run_id, records, seal, max_total).await
+    }
+    async fn records(&self, run_id: &str, first: u64, limit: usize) -> Result<RecordsPage, StageError> {
+        self.inner.records(run_id, first, limit).await
+    }
+    async fn checkpoints_get(&self, run_id: &str, keys: Vec<String>) -> Result<Vec<(String, Vec<u8>)>, StageError> {
+        self.inner.checkpoints_get(run_id, keys).await
+    }
+    async fn checkpoints_page(
+        &self,
+        run_id: &str,
+        prefix: &str,
+        after: &str,
+        limit: usize,
+    ) -> Result<Vec<(String, Vec<u8>)>, StageError> {
+        self.inner.checkpoints_page(run_id, prefix, after, limit).await
     }
 }

@@ -23,26 +23,31 @@ impl RunStorage for PostgresStore {
     async fn create(&self, run: gw::Run, request: gw::RunPipelineRequest) -> Result<(), StageError> {
         // A finished run (Evaluate) is stored unowned.
         let owner = (!ENDED.contains(&run.state)).then_some(self.owner.as_str());
-        self.client()
-            .await?
-            .execute(
-                "INSERT INTO runs (run_id, created_at, state, kind, run, request, owner, lease_until)
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(db_err)?;
+        tx.execute(
+            "INSERT INTO runs (run_id, created_at, state, kind, run, request, owner, lease_until)
                  VALUES ($1, $2, $3, $4, $5, $6, $7::text,
                          CASE WHEN $7::text IS NULL THEN NULL ELSE now() + make_interval(secs => $8) END)",
-                &[
-                    &run.run_id,
-                    &run.created_at.map_or(0, |t| t.seconds),
-                    &run.state,
-                    &run.kind,
-                    &run.encode_to_vec(),
-                    &request.encode_to_vec(),
-                    &owner,
-                    &self.lease_seconds,
-                ],
-            )
-            .await
-            .map_err(db_err)?;
-        Ok(())
+            &[
+                &run.run_id,
+                &run.created_at.map_or(0, |t| t.seconds),
+                &run.state,
+                &run.kind,
+                &run.encode_to_vec(),
+                &request.encode_to_vec(),
+                &owner,
+                &self.lease_seconds,
+            ],
+        )
+        .await
+        .map_err(db_err)?;
+        if request.open {
+            tx.execute("INSERT INTO run_inputs (run_id, total, sealed) VALUES ($1, 0, false)", &[&run.run_id])
+                .await
+                .map_err(db_err)?;
+        }
+        tx.commit().await.map_err(db_err)
     }
 
     async fn write(&self, run_id: &str, writes: Vec<RunWrite>) -> Result<(), StageError> {
@@ -320,7 +325,7 @@ impl RunStorage for PostgresStore {
             return Err(state_refused(run_id, state));
         }
         let run = gw::Run::decode(row.get::<_, &[u8]>(1)).map_err(decode_err)?;
-        for table in ["events", "checkpoints", "controls", "runs"] {
+        for table in ["events", "checkpoints", "controls", "run_records", "run_inputs", "runs"] {
             tx.execute(&format!("DELETE FROM {table} WHERE run_id = $1"), &[&run_id]).await.map_err(db_err)?;
         }
         tx.commit().await.map_err(db_err)?;

@@ -1,5 +1,6 @@
 //! The SQLite run store: one gateway per file (the embedded default).
 
+mod records;
 mod spend;
 
 use std::path::Path;
@@ -143,6 +144,7 @@ impl SqliteStore {
              CREATE INDEX IF NOT EXISTS spend_holds_day ON spend_holds (day, backend);",
         )
         .map_err(db_err)?;
+        conn.execute_batch(records::SCHEMA).map_err(db_err)?;
         Ok(SqliteStore { location: path.to_string(), conn: Arc::new(Mutex::new(conn)) })
     }
 
@@ -177,7 +179,8 @@ impl RunStorage for SqliteStore {
     /// Insert a new run.
     async fn create(&self, run: gw::Run, request: gw::RunPipelineRequest) -> Result<(), StageError> {
         self.with(move |c| {
-            c.execute(
+            let tx = c.transaction().map_err(db_err)?;
+            tx.execute(
                 "INSERT INTO runs (run_id, created_at, state, kind, run, request) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
                 params![
                     run.run_id,
@@ -189,7 +192,10 @@ impl RunStorage for SqliteStore {
                 ],
             )
             .map_err(db_err)?;
-            Ok(())
+            if request.open {
+                records::open_run(&tx, &run.run_id)?;
+            }
+            tx.commit().map_err(db_err)
         })
         .await
     }
@@ -365,7 +371,7 @@ impl RunStorage for SqliteStore {
             if !ENDED.contains(&state) {
                 return Err(state_refused(&run_id, state));
             }
-            for table in ["events", "checkpoints", "runs"] {
+            for table in ["events", "checkpoints", "run_records", "run_inputs", "runs"] {
                 tx.execute(&format!("DELETE FROM {table} WHERE run_id = ?1"), params![run_id]).map_err(db_err)?;
             }
             tx.commit().map_err(db_err)?;
