@@ -1,7 +1,8 @@
 /**
  * `@assay/client`: a typed client for the Assay gateway (`assay.gateway.v1.GatewayService`) over
  * gRPC (HTTP/2). `new Assay({ target })`, then `evaluate`, `run` (an async iterator of events),
- * `watch`, `getRun`, `listRuns`, the run controls, `compare`, `refine`, `debate`, `selfRefine`.
+ * `watch`, `getRun`, `listRuns`, the run controls, `compare`, `refine`, `debate`, `selfRefine`;
+ * for large runs `run(..., { open: true })`, `appendRecords` and `listRunResults`.
  * The generated messages are re-exported under `pb`.
  */
 import { create, type MessageInitShape } from "@bufbuild/protobuf";
@@ -14,6 +15,8 @@ import { ChecklistSchema } from "./gen/assay/common/v1/common_pb.js";
 import { Preset } from "./gen/assay/generator/v1/generator_pb.js";
 import type { SelfRefineRequestSchema } from "./gen/assay/refiners/v1/refiners_pb.js";
 import {
+  type AppendRecordsRequestSchema,
+  type AppendRecordsResponse,
   type ChecklistEvalPipelineSchema,
   CompareMetric,
   type CompareRunsResponse,
@@ -23,6 +26,7 @@ import {
   GatewayService,
   type ListRunsResponse,
   type PipelineKind,
+  type RecordResult,
   RefinementMode,
   type Run,
   type RunPipelineRequestSchema,
@@ -30,7 +34,7 @@ import {
   type TargetedRefinementPipelineSchema,
 } from "./gen/assay/gateway/v1/gateway_pb.js";
 import { AUTO_CHECK_ATTEMPTS, AUTO_CHECK_TIMEOUT_MS, differences, emitServerNewer, reflectFiles } from "./compat.js";
-import { decorated } from "./errors.js";
+import { decorated, toAssayError } from "./errors.js";
 import { RunStream, type RunStreamOptions } from "./run-stream.js";
 
 export { type AssayError, fieldViolations } from "./errors.js";
@@ -138,6 +142,30 @@ export interface CompareOptions extends CallOptions {
   bootstrapSeed?: bigint | number;
 }
 
+/** Options of `run`. */
+export type RunOptions = RunStreamOptions & {
+  /**
+   * checklist_eval only: create the run open (`RunPipelineRequest.open`). Its records (the
+   * pipeline's, possibly none, then `appendRecords`) are kept in the run store and scored as they
+   * arrive; it finishes once sealed, and its results are read with `listRunResults`.
+   */
+  open?: boolean;
+};
+
+/** Records per AppendRecords message at most (as `pipeline.records`). */
+export const MAX_APPEND_BATCH = 10_000;
+
+/** Options of `appendRecords`. */
+export interface AppendRecordsOptions {
+  /** End the run's records: the last message carries it, and the run finishes once they are scored. */
+  seal?: boolean;
+  /** Records per message, 1 to 10,000 (default 10,000). */
+  batchSize?: number;
+  signal?: AbortSignal;
+  /** Deadline of the whole call (none by default: the client's `timeoutMs` is for unary calls). */
+  timeoutMs?: number;
+}
+
 /** Filters and paging of `listRuns`. */
 export interface ListRunsOptions extends CallOptions {
   pageSize?: number;
@@ -176,6 +204,28 @@ function enumByName<E extends Record<string, string | number>>(e: E, name: strin
 }
 
 const debug = debuglog("assay");
+
+/**
+ * The AppendRecords messages of `records`, `batchSize` each, built as they are read (one message
+ * held at a time). A full message goes out once the next record exists, so the last one holds the
+ * last records and carries `seal`; no records at all make one empty message.
+ */
+async function* appendRequests(
+  runId: string,
+  records: Iterable<RecordInit> | AsyncIterable<RecordInit>,
+  seal: boolean,
+  batchSize: number,
+): AsyncGenerator<MessageInitShape<typeof AppendRecordsRequestSchema>> {
+  let batch: RecordInit[] = [];
+  for await (const record of records) {
+    if (batch.length === batchSize) {
+      yield { runId, records: batch };
+      batch = [];
+    }
+    batch.push(record);
+  }
+  yield { runId, records: batch, seal };
+}
 
 /** A connection to one gateway. */
 export class Assay {
@@ -303,8 +353,15 @@ export class Assay {
     );
   }
 
-  /** Start any pipeline and iterate its events; `await stream.result()` for the outcome. */
-  run(request: MessageInitShape<typeof RunPipelineRequestSchema>, options: RunStreamOptions = {}): RunStream {
+  /**
+   * Start any pipeline and iterate its events; `await stream.result()` for the outcome. With
+   * `open: true` (checklist_eval only) the run is created open: `await stream.started()` gives its
+   * id, `appendRecords` feeds it, and `listRunResults` reads its results.
+   */
+  run(request: MessageInitShape<typeof RunPipelineRequestSchema>, options: RunOptions = {}): RunStream {
+    if (options.open === true) {
+      request = { ...request, open: true };
+    }
     return new RunStream(
       (runId, after, signal) =>
         runId === undefined
@@ -346,6 +403,75 @@ export class Assay {
       throw new Error(`the gateway returned no run for ${runId}`);
     }
     return res.run;
+  }
+
+  /**
+   * Add `records` to an open run (`run(..., { open: true })`; `runId` may be its `RunStream`) over
+   * one AppendRecords client stream, in messages of `batchSize` records (at most 10,000). The
+   * records (an array, a generator, an async iterable) are read as the messages are sent, never
+   * held whole. `seal` ends the run's records (the last message carries it). Resolves to what the
+   * run holds: `appended` by this call, `recordsTotal`, `sealed`. Rejects FAILED_PRECONDITION for a
+   * sealed run or one not created open, NOT_FOUND for no such run, INVALID_ARGUMENT for a refused
+   * record; an error thrown by `records` cancels the call and rejects as it was thrown (messages
+   * sent before it may have been added).
+   */
+  async appendRecords(
+    runId: string | RunStream,
+    records: Iterable<RecordInit> | AsyncIterable<RecordInit>,
+    options: AppendRecordsOptions = {},
+  ): Promise<AppendRecordsResponse> {
+    const { seal, batchSize, signal, timeoutMs } = options;
+    const size = batchSize ?? MAX_APPEND_BATCH;
+    if (!Number.isInteger(size) || size < 1 || size > MAX_APPEND_BATCH) {
+      throw new RangeError(`batchSize: must be an integer between 1 and ${MAX_APPEND_BATCH}, got ${size}`);
+    }
+    if (records == null || (typeof records !== "object" && typeof records !== "function")) {
+      throw new TypeError(`records: expected an iterable of records, got ${typeof records}`);
+    }
+    if (!(Symbol.iterator in records) && !(Symbol.asyncIterator in records)) {
+      throw new TypeError("records: expected an iterable or an async iterable of records");
+    }
+    const id = typeof runId === "string" ? runId : await runId.started();
+    let failed: { error: unknown } | undefined;
+    async function* guarded() {
+      try {
+        yield* appendRequests(id, records, seal ?? false, size);
+      } catch (error) {
+        failed = { error };
+        throw error;
+      }
+    }
+    try {
+      return await this.client.appendRecords(guarded(), { signal, timeoutMs });
+    } catch (err) {
+      if (failed !== undefined) {
+        throw failed.error;
+      }
+      throw toAssayError(err);
+    }
+  }
+
+  /**
+   * A checklist_eval run's record results in record order, every page: ListRunResults `pageSize`
+   * results at a time (default 1000, at most 10,000) as the iteration goes, following
+   * `nextPageToken` to the last page. Any run, small or open; while the run executes it ends with
+   * the results stored so far. Rejects (on iteration) NOT_FOUND for no such run.
+   */
+  async *listRunResults(
+    runId: string | RunStream,
+    pageSize = 1000,
+    options?: CallOptions,
+  ): AsyncGenerator<RecordResult, void, undefined> {
+    const id = typeof runId === "string" ? runId : await runId.started();
+    let pageToken = "";
+    for (;;) {
+      const page = await decorated(() => this.client.listRunResults({ runId: id, pageSize, pageToken }, this.call(options)));
+      yield* page.results;
+      pageToken = page.nextPageToken;
+      if (pageToken === "") {
+        return;
+      }
+    }
   }
 
   /** A page of runs, newest first. */

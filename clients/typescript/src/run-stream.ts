@@ -36,7 +36,8 @@ export type CancelRun = (runId: string) => Promise<unknown>;
 /**
  * The events of one run, in sequence order, each once (`for await (const ev of stream)`); the
  * typed payload is `ev.event` (`case` names the kind). Iterate it once; `result()` drains what
- * is left and returns the `RunCompleted` event (state and result).
+ * is left and returns the `RunCompleted` event (state and result); `started()` resolves to the
+ * run's id (reading ahead to the first event, which the iteration still yields).
  */
 export class RunStream implements AsyncIterable<RunEvent> {
   /** The run's id, known from the first event. */
@@ -48,7 +49,10 @@ export class RunStream implements AsyncIterable<RunEvent> {
   /** Reattachments made after broken streams. */
   reattached = 0;
 
-  private started = false;
+  private iterated = false;
+  private source: AsyncGenerator<RunEvent> | undefined;
+  /** Events read ahead by `started()`, yielded before any other. */
+  private readonly early: RunEvent[] = [];
   private readonly open: OpenStream;
   private readonly cancelRun: CancelRun;
   private readonly options: RunStreamOptions;
@@ -63,10 +67,44 @@ export class RunStream implements AsyncIterable<RunEvent> {
   }
 
   async *[Symbol.asyncIterator](): AsyncIterator<RunEvent> {
-    if (this.started) {
+    if (this.iterated) {
       throw new Error("a RunStream is iterated once; use watch(runId, after) to read its events again");
     }
-    this.started = true;
+    this.iterated = true;
+    const source = this.events();
+    while (this.early.length > 0) {
+      yield this.early.shift()!;
+    }
+    yield* source;
+  }
+
+  /**
+   * The run's id. Before the first event has arrived the stream is read up to it (that event
+   * stays for the iteration, which yields it first); rejects as the stream does when the gateway
+   * refused the run. Call it before iterating (or once an event was yielded).
+   */
+  async started(): Promise<string> {
+    if (this.runId !== undefined) {
+      return this.runId;
+    }
+    if (this.iterated) {
+      throw new Error("started(): the stream is being iterated; its first event carries the run id");
+    }
+    const first = await this.events().next();
+    if (first.done === true || this.runId === undefined) {
+      throw new ConnectError("the event stream ended before the run started", Code.Unavailable);
+    }
+    this.early.push(first.value);
+    return this.runId;
+  }
+
+  /** The one reader of the stream (started by `started()` or the iteration). */
+  private events(): AsyncGenerator<RunEvent> {
+    this.source ??= this.read();
+    return this.source;
+  }
+
+  private async *read(): AsyncGenerator<RunEvent> {
     const outer = this.options.signal;
     const reconnects = this.options.reconnects ?? 3;
     for (;;) {
@@ -111,7 +149,7 @@ export class RunStream implements AsyncIterable<RunEvent> {
 
   /** Reads every remaining event and returns the run's final event. */
   async result(): Promise<RunCompleted> {
-    if (!this.started) {
+    if (!this.iterated) {
       for await (const _ of this) {
         // Drained for its side effect: `completed`.
       }

@@ -72,6 +72,40 @@ async function rejection(it: AsyncIterator<pb.RunEvent>): Promise<unknown> {
 
 const isCanceled = (e: unknown): boolean => e instanceof ConnectError && e.code === Code.Canceled;
 
+/** A run id of the gateway's form that no run has. */
+const UNKNOWN_RUN = "00000000-0000-7000-8000-000000000000";
+
+/** Records start..stop-1, made as they are read. */
+function* openRecords(start: number, stop: number, prefix = "o"): Generator<{ id: string; input: string; target: string }> {
+  for (let i = start; i < stop; i++) {
+    yield { id: `${prefix}${i}`, input: "Say hello.", target: `Hello there (${i}).` };
+  }
+}
+
+/** An open checklist_eval run of `records` (none by default), with the test's checklist. */
+function openRun(tag: string, records: Array<{ id: string; input: string; target: string }> = []): RunStream {
+  const source = { source: { case: "checklist" as const, value: { items: QUESTIONS.map((question, i) => ({ id: `q${i + 1}`, question })) } } };
+  return assay.run({ label: tag, pipeline: { case: "checklistEval", value: { records, source } } }, { open: true });
+}
+
+/** The code of the rejection of `p`. */
+async function codeOf(p: Promise<unknown>): Promise<Code | undefined> {
+  const err = await p.then(
+    () => assert.fail("the call must be refused"),
+    (e: unknown) => e,
+  );
+  assert.ok(err instanceof ConnectError, String(err));
+  return err.code;
+}
+
+async function collect<T>(it: AsyncIterable<T>): Promise<T[]> {
+  const out: T[] = [];
+  for await (const x of it) {
+    out.push(x);
+  }
+  return out;
+}
+
 describe("@assay/client against assay up", () => {
   test("evaluate with a given checklist scores every record on every question", async () => {
     const before = llm.calls.length;
@@ -261,6 +295,106 @@ describe("@assay/client against assay up", () => {
     }
     const page = await assay.listRuns({ pageSize: 500 });
     assert.ok(page.runs.every((r) => r.runId !== done.runId));
+  });
+
+  test("an open run takes 2,500 records in batches of 1,000, sealed, and pages its results", async () => {
+    const stream = openRun("open 2500");
+    const runId = await stream.started();
+    const first = await assay.appendRecords(stream, openRecords(0, 2000), { batchSize: 1000 });
+    assert.deepEqual([first.runId, first.appended, first.recordsTotal, first.sealed], [runId, 2000n, 2000n, false]);
+    assert.equal((await assay.getRun(runId)).open, true, "the run takes records until sealed");
+    const last = await assay.appendRecords(runId, openRecords(2000, 2500), { seal: true, batchSize: 1000 });
+    assert.deepEqual([last.appended, last.recordsTotal, last.sealed], [500n, 2500n, true]);
+
+    const done = await stream.result();
+    assert.equal(done.state, pb.RunState.SUCCEEDED);
+    assert.equal(done.result?.result.case, "checklistEval");
+    if (done.result?.result.case === "checklistEval") {
+      assert.equal(done.result.result.value.resultsPaged, true);
+      assert.equal(done.result.result.value.results.length, 0, "an open run's results are read with ListRunResults");
+    }
+    const stored = await assay.getRun(runId);
+    assert.deepEqual([stored.open, stored.recordsTotal, stored.recordsDone], [false, 2500, 2500]);
+
+    // A client whose ListRunResults calls are counted.
+    const spied = new Assay({ target: mesh.target, token: TOKEN, timeoutMs: 60_000 });
+    const pages: number[] = [];
+    const real = spied.client.listRunResults.bind(spied.client);
+    (spied.client as { listRunResults: typeof real }).listRunResults = async (...args: Parameters<typeof real>) => {
+      const page = await real(...args);
+      pages.push(page.results.length);
+      assert.equal(page.recordsTotal, 2500n);
+      return page;
+    };
+    const results = await collect(spied.listRunResults(runId, 1000));
+    assert.deepEqual(pages, [1000, 1000, 500]);
+    assert.equal(results.length, 2500);
+    assert.deepEqual(
+      results.map((r) => r.index),
+      [...Array(2500).keys()],
+    );
+    assert.deepEqual(
+      results.map((r) => r.recordId),
+      [...openRecords(0, 2500)].map((r) => r.id),
+    );
+    const unscored = results.filter((r) => r.error !== "" || r.score === undefined).map((r) => r.index);
+    assert.deepEqual(unscored, [], "every record scored");
+    assert.ok(results.every((r) => r.score?.passRate === 1 && r.checklistId !== ""));
+
+    assert.equal(await codeOf(assay.appendRecords(runId, [{ id: "late", input: "Say hello.", target: "Hi." }])), Code.FailedPrecondition);
+    assert.equal(await codeOf(assay.appendRecords(runId, [], { seal: true })), Code.FailedPrecondition);
+    assert.equal((await assay.getRun(runId)).recordsTotal, 2500);
+  });
+
+  test("listRunResults and appendRecords of an unknown run are NOT_FOUND", async () => {
+    assert.equal(await codeOf(collect(assay.listRunResults(UNKNOWN_RUN))), Code.NotFound);
+    assert.equal(await codeOf(assay.appendRecords(UNKNOWN_RUN, openRecords(0, 3), { seal: true })), Code.NotFound);
+  });
+
+  test("listRunResults reads a small run's inline results too; a run not created open takes no records", async () => {
+    const stream = assay.run(evalRun("inline"));
+    const done = await stream.result();
+    assert.equal(done.result?.result.case, "checklistEval");
+    const inline = done.result?.result.case === "checklistEval" ? done.result.result.value.results : [];
+    assert.equal(inline.length, 2);
+    const paged = await collect(assay.listRunResults(stream.runId!, 1));
+    assert.deepEqual(
+      paged.map((r) => [r.index, r.recordId, r.score?.passRate]),
+      inline.map((r) => [r.index, r.recordId, r.score?.passRate]),
+    );
+    assert.equal(await codeOf(assay.appendRecords(stream, openRecords(0, 1))), Code.FailedPrecondition);
+  });
+
+  test("an open run fed from an async iterable; an error of the records rejects as thrown", async () => {
+    async function* asyncRecords(n: number) {
+      for (const r of openRecords(0, n, "a")) {
+        yield r;
+      }
+    }
+    const stream = openRun("open async");
+    const appended = await assay.appendRecords(stream, asyncRecords(250), { seal: true, batchSize: 100 });
+    assert.deepEqual([appended.appended, appended.recordsTotal, appended.sealed], [250n, 250n, true]);
+    const events = await collect(stream);
+    assert.equal(events[0]?.event.case, "started", "the event read by started() is still yielded");
+    assert.equal(events.at(-1)?.event.case, "completed");
+    assert.equal(stream.completed?.state, pb.RunState.SUCCEEDED);
+    const results = await collect(assay.listRunResults(stream, 100));
+    assert.deepEqual(
+      results.map((r) => r.recordId),
+      [...openRecords(0, 250, "a")].map((r) => r.id),
+    );
+    assert.ok(results.every((r) => r.score !== undefined && r.error === ""));
+
+    const broken = openRun("open broken");
+    const boom = new Error("the source broke");
+    function* failing() {
+      yield* openRecords(0, 2, "b");
+      throw boom;
+    }
+    await assert.rejects(assay.appendRecords(broken, failing(), { batchSize: 1 }), (e: unknown) => e === boom);
+    await assert.rejects(assay.appendRecords(broken, [], { batchSize: 0 }), RangeError);
+    await assay.cancel(await broken.started(), { reason: "test done" });
+    assert.equal((await broken.result()).state, pb.RunState.CANCELLED);
   });
 
   test("pause and resume a run, watched to its end", async () => {

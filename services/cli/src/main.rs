@@ -339,6 +339,10 @@ struct RunArgs {
     /// Print the final summary as one JSON line on standard output.
     #[arg(long)]
     json: bool,
+    /// Stream the records into an open run (read as they are sent, results read back in pages)
+    /// whatever their number; files over 10,000 records always are.
+    #[arg(long)]
+    open: bool,
     #[command(flatten)]
     budget: cmd::BudgetArgs,
 }
@@ -529,6 +533,7 @@ impl RunArgs {
             gateway: self.gateway,
             json: self.json,
             budget: self.budget.budget(),
+            open: self.open,
         }
     }
 }

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, AsyncIterable, AsyncIterator, Iterable, List, Optional, Sequence, Tuple, Union
 
 import grpc
 import grpc.aio
@@ -33,6 +33,11 @@ class AsyncRun(_common.RunEvents):
         return self
 
     async def __anext__(self) -> Event:
+        if self._early:
+            return self._early.popleft()
+        return await self._read()
+
+    async def _read(self) -> Event:
         await self._client._check.ensure_async(self._client._channel, self._client._metadata)
         while not self._done:
             try:
@@ -70,15 +75,22 @@ class AsyncRun(_common.RunEvents):
 
     async def cancel(self, reason: str = "", actor: str = "") -> RunRecord:
         """Cancel the run in the gateway."""
-        while not self.run_id:
-            await self.__anext__()
-        return await self._client.cancel(self.run_id, reason=reason, actor=actor)
+        return await self._client.cancel(await self.started(), reason=reason, actor=actor)
 
     async def record(self, *, timeout: Optional[float] = None) -> RunRecord:
         """See :meth:`assay_client.Run.record`."""
-        while not self.run_id:
-            await self.__anext__()
-        return await self._client.get_run(self.run_id, timeout=timeout)
+        return await self._client.get_run(await self.started(), timeout=timeout)
+
+    async def started(self) -> str:
+        """See :meth:`assay_client.Run.started`."""
+        while not self.run_id and not self._done:
+            try:
+                self._early.append(await self._read())
+            except StopAsyncIteration:
+                break
+        if not self.run_id:
+            raise AssayError(grpc.StatusCode.UNAVAILABLE, "the event stream ended before the run started")
+        return self.run_id
 
     async def wait(self) -> gateway_pb2.RunResult:
         """Consume the remaining events and return the run's result."""
@@ -115,7 +127,7 @@ class AsyncAssay:
             self._channel = grpc.aio.secure_channel(target, creds, options=opts)
         self._metadata = _common.metadata(token)
         self.timeout = timeout
-        self._unary, self._streams = _common.stubs(self._channel)
+        self._unary, self._streams, self._client_streams = _common.stubs(self._channel)
 
     async def close(self) -> None:
         """Close the channel."""
@@ -180,6 +192,73 @@ class AsyncAssay:
         )
         return Evaluation(await self._call("Evaluate", request, timeout))
 
+    async def evaluate_stream(
+        self,
+        records: Union[Iterable[_convert.RecordLike], AsyncIterable[_convert.RecordLike]],
+        preset: Union[str, int] = "tick",
+        *,
+        checklist: Any = None,
+        max_items: Optional[int] = None,
+        record_concurrency: int = 0,
+        generator_model: Optional[_convert.ModelLike] = None,
+        scorer_model: Optional[_convert.ModelLike] = None,
+        max_tokens: Optional[int] = None,
+        max_cost_usd: Optional[float] = None,
+        label: str = "",
+        batch_size: int = _convert.MAX_APPEND_BATCH,
+        page_size: int = 1000,
+        timeout: Optional[float] = None,
+        **scorer_options: Any,
+    ) -> Evaluation:
+        """See :meth:`assay_client.Assay.evaluate_stream`; ``records`` may also be an async
+        iterable. Cancelling the task cancels the run."""
+        _convert.check_records(records, (Iterable, AsyncIterable))
+        size = _convert.batch_size(batch_size)
+        preset_checked = preset if checklist is None else None
+        records = await _convert.first_checked_async(records, preset_checked)
+        request = _common.open_evaluation_request(
+            preset,
+            checklist,
+            max_items,
+            record_concurrency,
+            generator_model,
+            scorer_model,
+            scorer_options,
+            max_tokens,
+            max_cost_usd,
+            label,
+        )
+        run = self.run(request, timeout=timeout)
+        run_id = await run.started()
+        run.close()  # the run goes on; its end is watched once every record is in
+        try:
+            appends = _convert.append_requests_async(run_id, records, True, size, preset_checked)
+            await self._append(appends, timeout)
+            state, result = await self._finish(run_id, timeout)
+        except BaseException:
+            await asyncio.shield(self._cancel_quietly(run_id))
+            raise
+        response = _common.finished_evaluation(run_id, state, result)
+        if response.results_paged:
+            del response.results[:]
+            response.results.extend([r async for r in self.list_run_results(run_id, page_size, timeout=timeout)])
+        return Evaluation(response)
+
+    async def _finish(self, run_id: str, timeout: Optional[float]) -> Tuple[int, gateway_pb2.RunResult]:
+        """Wait for a run to end: (its state, its result)."""
+        stored = await self.get_run(run_id, timeout=timeout)
+        if stored.state in _common.FINISHED:
+            return stored.state, stored.result
+        watch = self.watch(run_id, after=stored.last_sequence)
+        result = await watch.wait()
+        return watch.state, result
+
+    async def _cancel_quietly(self, run_id: str) -> None:
+        try:
+            await self.cancel(run_id, reason="the client's evaluate_stream failed")
+        except Exception:  # the run may have ended, or the gateway be gone: the first error matters
+            pass
+
     def run(
         self,
         pipeline: Any,
@@ -189,9 +268,13 @@ class AsyncAssay:
         max_cost_usd: Optional[float] = None,
         timeout: Optional[float] = None,
         reconnect: int = 5,
+        open: bool = False,
     ) -> AsyncRun:
-        """See :meth:`assay_client.Assay.run`."""
-        request = _convert.pipeline_request(pipeline, label, _convert.budget(max_tokens, max_cost_usd))
+        """See :meth:`assay_client.Assay.run` (``open=True``: an open checklist_eval run, its id
+        from ``await run.started()``)."""
+        request = _convert.pipeline_request(
+            pipeline, label, _convert.budget(max_tokens, max_cost_usd), open_run=open
+        )
         call = self._streams["RunPipeline"](request, metadata=self._metadata, timeout=timeout)
         return AsyncRun(self, call, reconnect=reconnect)
 
@@ -246,6 +329,71 @@ class AsyncAssay:
         request = gateway_pb2.DeleteRunRequest(run_id=_common.run_id_of(run_id))
         run: RunRecord = (await self._call("DeleteRun", request, timeout)).run
         return run
+
+    async def append_records(
+        self,
+        run_id: Any,
+        records: Union[Iterable[_convert.RecordLike], AsyncIterable[_convert.RecordLike]],
+        seal: bool = False,
+        batch_size: int = _convert.MAX_APPEND_BATCH,
+        *,
+        timeout: Optional[float] = None,
+    ) -> gateway_pb2.AppendRecordsResponse:
+        """See :meth:`assay_client.Assay.append_records`; ``records`` may also be an async
+        iterable (read as the messages are sent); cancelling the task cancels the call."""
+        _convert.check_records(records, (Iterable, AsyncIterable))
+        size = _convert.batch_size(batch_size)
+        requests = _convert.append_requests_async(await self._run_id(run_id), records, seal, size)
+        return await self._append(requests, timeout)
+
+    async def _append(
+        self, requests: AsyncIterator[gateway_pb2.AppendRecordsRequest], timeout: Optional[float]
+    ) -> gateway_pb2.AppendRecordsResponse:
+        await self._check.ensure_async(self._channel, self._metadata)
+        failed: List[BaseException] = []
+
+        async def guarded() -> AsyncIterator[gateway_pb2.AppendRecordsRequest]:
+            # grpc.aio cancels the call on an error of the request iterator and only logs it.
+            try:
+                async for request in requests:
+                    yield request
+            except BaseException as e:
+                failed.append(e)
+                raise
+
+        call = self._client_streams["AppendRecords"](guarded(), metadata=self._metadata, timeout=timeout)
+        try:
+            response: gateway_pb2.AppendRecordsResponse = await call
+            return response
+        except grpc.aio.AioRpcError as e:
+            if failed:
+                raise failed[0] from None
+            raise from_rpc_error(e) from None
+        except asyncio.CancelledError:
+            if failed and not isinstance(failed[0], asyncio.CancelledError):
+                raise failed[0] from None
+            call.cancel()
+            raise
+
+    async def list_run_results(
+        self, run_id: Any, page_size: int = 1000, *, timeout: Optional[float] = None
+    ) -> AsyncIterator[gateway_pb2.RecordResult]:
+        """See :meth:`assay_client.Assay.list_run_results`: ``async for result in ...``."""
+        rid = await self._run_id(run_id)
+        token = ""
+        while True:
+            response = await self._call("ListRunResults", _common.results_request(rid, page_size, token), timeout)
+            for result in response.results:
+                yield result
+            token = response.next_page_token
+            if not token:
+                return
+
+    async def _run_id(self, value: Any) -> str:
+        """A run id; an :class:`AsyncRun` whose id is not known yet is read up to its first event."""
+        if isinstance(value, AsyncRun) and not value.run_id:
+            return await value.started()
+        return _common.run_id_of(value)
 
     async def accept(self, run_id: Any, *, reason: str = "", actor: str = "") -> RunRecord:
         """Accept a targeted refinement's current content as final."""

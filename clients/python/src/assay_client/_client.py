@@ -50,6 +50,27 @@ def _stream(call: Any) -> "queue.SimpleQueue[Any]":
     return out
 
 
+class _Guarded:
+    """A request iterator that keeps the error it raised: grpc only reports "Exception iterating
+    requests" (UNKNOWN) and logs it, and the caller should see the error itself."""
+
+    def __init__(self, requests: Iterator[Any]) -> None:
+        self._requests = requests
+        self.error: Optional[BaseException] = None
+
+    def __iter__(self) -> "_Guarded":
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            return next(self._requests)
+        except StopIteration:
+            raise
+        except BaseException as e:
+            self.error = e
+            raise
+
+
 class Run(_common.RunEvents):
     """A pipeline run's event stream (from RunPipeline or WatchRun).
 
@@ -89,6 +110,11 @@ class Run(_common.RunEvents):
         self.close()
 
     def __next__(self) -> Event:
+        if self._early:
+            return self._early.popleft()
+        return self._read()
+
+    def _read(self) -> Event:
         while not self._done:
             try:
                 message = _take(self._messages)
@@ -146,9 +172,21 @@ class Run(_common.RunEvents):
         return self._client.get_run(self.run_id, timeout=timeout)
 
     def _first_event(self) -> None:
-        for _ in self:
-            if self.run_id:
+        """Read events ahead (kept for iteration) until the run's id is known."""
+        while not self.run_id and not self._done:
+            try:
+                self._early.append(self._read())
+            except StopIteration:
                 return
+
+    def started(self) -> str:
+        """The run's id: when it is not known yet, the stream is read up to the run's first event,
+        which iterating the run still yields. Raises :class:`AssayError` when the gateway refused
+        the run."""
+        self._first_event()
+        if not self.run_id:
+            raise AssayError(grpc.StatusCode.UNAVAILABLE, "the event stream ended before the run started")
+        return self.run_id
 
     def wait(self) -> gateway_pb2.RunResult:
         """Consume the remaining events and return the run's result."""
@@ -189,7 +227,7 @@ class Assay:
             self._channel = grpc.secure_channel(target, creds, options=opts)
         self._metadata = _common.metadata(token)
         self.timeout = timeout
-        self._unary, self._streams = _common.stubs(self._channel)
+        self._unary, self._streams, self._client_streams = _common.stubs(self._channel)
 
     def close(self) -> None:
         """Close the channel."""
@@ -276,6 +314,81 @@ class Assay:
         )
         return Evaluation(self._call("Evaluate", request, timeout))
 
+    def evaluate_stream(
+        self,
+        records: Iterable[_convert.RecordLike],
+        preset: Union[str, int] = "tick",
+        *,
+        checklist: Any = None,
+        max_items: Optional[int] = None,
+        record_concurrency: int = 0,
+        generator_model: Optional[_convert.ModelLike] = None,
+        scorer_model: Optional[_convert.ModelLike] = None,
+        max_tokens: Optional[int] = None,
+        max_cost_usd: Optional[float] = None,
+        label: str = "",
+        batch_size: int = _convert.MAX_APPEND_BATCH,
+        page_size: int = 1000,
+        timeout: Optional[float] = None,
+        **scorer_options: Any,
+    ) -> Evaluation:
+        """:meth:`evaluate` for any number of records, over an open run: the run is started open,
+        ``records`` (any iterable, a generator included, read as it is sent) appended in
+        messages of ``batch_size`` and sealed, the run waited for, and its results read with
+        :meth:`list_run_results` (``page_size`` a page) into the returned :class:`Evaluation`
+        (``raw.results_paged`` is set; ``checklists`` is empty, each result names its checklist).
+        The arguments are :meth:`evaluate`'s; ``timeout`` is the deadline of each call made
+        (waiting for the run has none). The results are held in memory: for runs too large for
+        that, use ``run(..., open=True)``, :meth:`append_records` and :meth:`list_run_results`.
+        A failure (a refused record, Ctrl-C) cancels the run; :class:`AssayError` CANCELLED when
+        the run was cancelled, ABORTED when it failed."""
+        _convert.check_records(records)
+        size = _convert.batch_size(batch_size)
+        preset_checked = preset if checklist is None else None
+        records = _convert.first_checked(records, preset_checked)
+        request = _common.open_evaluation_request(
+            preset,
+            checklist,
+            max_items,
+            record_concurrency,
+            generator_model,
+            scorer_model,
+            scorer_options,
+            max_tokens,
+            max_cost_usd,
+            label,
+        )
+        run = self.run(request, timeout=timeout)
+        run_id = run.started()
+        run.close()  # the run goes on; its end is watched once every record is in
+        try:
+            appends = _convert.append_requests(run_id, records, True, size, preset_checked)
+            self._append(_Guarded(appends), timeout)
+            state, result = self._finish(run_id, timeout)
+        except BaseException:
+            self._cancel_quietly(run_id)
+            raise
+        response = _common.finished_evaluation(run_id, state, result)
+        if response.results_paged:
+            del response.results[:]
+            response.results.extend(self.list_run_results(run_id, page_size, timeout=timeout))
+        return Evaluation(response)
+
+    def _finish(self, run_id: str, timeout: Optional[float]) -> Tuple[int, gateway_pb2.RunResult]:
+        """Wait for a run to end: (its state, its result)."""
+        stored = self.get_run(run_id, timeout=timeout)
+        if stored.state in _common.FINISHED:
+            return stored.state, stored.result
+        watch = self.watch(run_id, after=stored.last_sequence)
+        result = watch.wait()
+        return watch.state, result
+
+    def _cancel_quietly(self, run_id: str) -> None:
+        try:
+            self.cancel(run_id, reason="the client's evaluate_stream failed")
+        except Exception:  # the run may have ended, or the gateway be gone: the first error matters
+            pass
+
     def run(
         self,
         pipeline: Any,
@@ -286,14 +399,23 @@ class Assay:
         timeout: Optional[float] = None,
         reconnect: int = 5,
         cancel_on_interrupt: bool = False,
+        open: bool = False,
     ) -> Run:
         """Start a pipeline (a RunPipelineRequest, a pipeline message, or its dict form such as
         ``{"checklist_eval": {...}}``) and return its event stream.
 
         ``max_tokens`` / ``max_cost_usd`` set the run's budget (replacing a request's own): once
         it is spent no new model call starts and the run ends PARTIAL with what it has (see
-        :meth:`evaluate`; :meth:`Run.record` says why it stopped)."""
-        request = _convert.pipeline_request(pipeline, label, _convert.budget(max_tokens, max_cost_usd))
+        :meth:`evaluate`; :meth:`Run.record` says why it stopped).
+
+        ``open=True`` (checklist_eval only) creates the run open: its records (the pipeline's,
+        possibly none, then :meth:`append_records`) are kept in the run store and scored as they
+        arrive; it finishes once sealed, and its results are read with :meth:`list_run_results`
+        (its ``evaluation`` has ``results_paged`` set and no results). ``run.started()`` gives
+        its id for the appends."""
+        request = _convert.pipeline_request(
+            pipeline, label, _convert.budget(max_tokens, max_cost_usd), open_run=open
+        )
         self._check.ensure(self._channel, self._metadata)
         call = self._streams["RunPipeline"](request, metadata=self._metadata, timeout=timeout)
         return Run(self, call, reconnect=reconnect, cancel_on_interrupt=cancel_on_interrupt)
@@ -354,6 +476,73 @@ class Assay:
         request = gateway_pb2.DeleteRunRequest(run_id=_common.run_id_of(run_id))
         run: RunRecord = self._call("DeleteRun", request, timeout).run
         return run
+
+    def append_records(
+        self,
+        run_id: Any,
+        records: Iterable[_convert.RecordLike],
+        seal: bool = False,
+        batch_size: int = _convert.MAX_APPEND_BATCH,
+        *,
+        timeout: Optional[float] = None,
+    ) -> gateway_pb2.AppendRecordsResponse:
+        """Add ``records`` (as :meth:`evaluate` takes them: dicts, dataclasses, EvalRecord
+        messages, bare targets) to an open run (``run(..., open=True)``; ``run_id`` may be that
+        :class:`Run`), over one AppendRecords call in messages of ``batch_size`` records (at most
+        10,000). ``records`` is read as the messages are sent, never held whole: a generator of
+        any length works. ``seal=True`` ends the run's records (the last message carries it; with
+        no records, one empty message seals): the run finishes once they are scored.
+
+        Returns the AppendRecordsResponse (``appended`` by this call, ``records_total``,
+        ``sealed``). :class:`AssayError` FAILED_PRECONDITION for a sealed run or one not created
+        open, NOT_FOUND for no such run, INVALID_ARGUMENT for a refused record; an error raised
+        while reading ``records`` cancels the call and is raised as it was (messages sent before
+        it may have been added). ``timeout``: the call's deadline (none by default: the client's
+        ``timeout`` is for unary calls)."""
+        _convert.check_records(records)
+        size = _convert.batch_size(batch_size)
+        requests = _Guarded(_convert.append_requests(self._run_id(run_id), records, seal, size))
+        return self._append(requests, timeout)
+
+    def _append(self, requests: "_Guarded", timeout: Optional[float]) -> gateway_pb2.AppendRecordsResponse:
+        self._check.ensure(self._channel, self._metadata)
+        future = self._client_streams["AppendRecords"].future(requests, metadata=self._metadata, timeout=timeout)
+        done: "queue.SimpleQueue[None]" = queue.SimpleQueue()
+        future.add_done_callback(lambda _: done.put(None))
+        try:
+            _take(done)  # Ctrl-C lands here, outside grpc's locks (see _pump)
+            response: gateway_pb2.AppendRecordsResponse = future.result()
+            return response
+        except grpc.RpcError as e:
+            if requests.error is not None:
+                raise requests.error from None
+            raise from_rpc_error(e) from None
+        except BaseException:
+            future.cancel()
+            raise
+
+    def list_run_results(
+        self, run_id: Any, page_size: int = 1000, *, timeout: Optional[float] = None
+    ) -> Iterator[gateway_pb2.RecordResult]:
+        """A checklist_eval run's record results (``RecordResult``), in record order, read a
+        page of ``page_size`` (at most 10,000) at a time with ListRunResults as the iteration
+        goes: any run, small or open. While the run executes it ends with the results stored so
+        far. A generator: :class:`AssayError` (NOT_FOUND for no such run) is raised by the
+        iteration. ``timeout``: each page's deadline (default: the client's)."""
+        rid = self._run_id(run_id)
+        token = ""
+        while True:
+            response = self._call("ListRunResults", _common.results_request(rid, page_size, token), timeout)
+            yield from response.results
+            token = response.next_page_token
+            if not token:
+                return
+
+    def _run_id(self, value: Any) -> str:
+        """A run id; a :class:`Run` whose id is not known yet is read up to its first event."""
+        if isinstance(value, Run) and not value.run_id:
+            return value.started()
+        return _common.run_id_of(value)
 
     def accept(self, run_id: Any, *, reason: str = "", actor: str = "") -> RunRecord:
         """Accept a targeted refinement's current content as final."""

@@ -3,14 +3,16 @@ the bookkeeping of a run's events."""
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Type, Union
+from typing import Any, Deque, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Type, Union
 
 import grpc
 from google.protobuf.message import Message
 
 from . import _convert
+from ._errors import AssayError
 from ._proto.assay.common.v1 import common_pb2
 from ._proto.assay.gateway.v1 import gateway_pb2
 from ._types import Evaluation, Event, cost_usd, result_usage
@@ -79,16 +81,30 @@ UNARY: Dict[str, Tuple[Type[Message], Type[Message]]] = {
     "ControlRun": (gateway_pb2.ControlRunRequest, gateway_pb2.ControlRunResponse),
     "CompareRuns": (gateway_pb2.CompareRunsRequest, gateway_pb2.CompareRunsResponse),
     "DeleteRun": (gateway_pb2.DeleteRunRequest, gateway_pb2.DeleteRunResponse),
+    "ListRunResults": (gateway_pb2.ListRunResultsRequest, gateway_pb2.ListRunResultsResponse),
 }
 STREAMS: Dict[str, Tuple[Type[Message], Type[Message]]] = {
     "RunPipeline": (gateway_pb2.RunPipelineRequest, gateway_pb2.RunPipelineResponse),
     "WatchRun": (gateway_pb2.WatchRunRequest, gateway_pb2.WatchRunResponse),
 }
+#: Client-streaming RPCs (a stream of requests, one response).
+CLIENT_STREAMS: Dict[str, Tuple[Type[Message], Type[Message]]] = {
+    "AppendRecords": (gateway_pb2.AppendRecordsRequest, gateway_pb2.AppendRecordsResponse),
+}
+#: States a run ends in.
+FINISHED = frozenset(
+    {
+        gateway_pb2.RUN_STATE_SUCCEEDED,
+        gateway_pb2.RUN_STATE_PARTIAL,
+        gateway_pb2.RUN_STATE_FAILED,
+        gateway_pb2.RUN_STATE_CANCELLED,
+    }
+)
 
 
-def stubs(channel: Any) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-    """(unary, stream) callables of every gateway RPC on ``channel`` (a grpc or grpc.aio
-    channel: both make them the same way)."""
+def stubs(channel: Any) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, Any]]:
+    """(unary, server-streaming, client-streaming) callables of every gateway RPC on ``channel``
+    (a grpc or grpc.aio channel: both make them the same way)."""
     unary = {
         name: channel.unary_unary(
             method(name), request_serializer=req.SerializeToString, response_deserializer=resp.FromString
@@ -101,7 +117,13 @@ def stubs(channel: Any) -> Tuple[Dict[str, Any], Dict[str, Any]]:
         )
         for name, (req, resp) in STREAMS.items()
     }
-    return unary, streams
+    client_streams = {
+        name: channel.stream_unary(
+            method(name), request_serializer=req.SerializeToString, response_deserializer=resp.FromString
+        )
+        for name, (req, resp) in CLIENT_STREAMS.items()
+    }
+    return unary, streams, client_streams
 
 
 class RunEvents:
@@ -117,6 +139,8 @@ class RunEvents:
         self.completed: Optional[gateway_pb2.RunCompleted] = None
         #: How many times the stream was reattached.
         self.reattached = 0
+        # Events read ahead to learn the run's id (``started()``), yielded before any other.
+        self._early: Deque[Event] = deque()
 
     def _accept(self, event: gateway_pb2.RunEvent) -> Optional[Event]:
         """The Event of ``event``, or None when it was already yielded (replayed after a
@@ -213,6 +237,54 @@ def evaluate_request(
     if run_budget is not None:
         request.budget.CopyFrom(run_budget)
     return request
+
+
+def open_evaluation_request(
+    preset: Union[str, int],
+    checklist: Any,
+    max_items: Optional[int],
+    record_concurrency: int,
+    generator_model: Optional[_convert.ModelLike],
+    scorer_model: Optional[_convert.ModelLike],
+    scorer_options: Mapping[str, Any],
+    max_tokens: Optional[int],
+    max_cost_usd: Optional[float],
+    label: str,
+) -> gateway_pb2.RunPipelineRequest:
+    """The RunPipelineRequest of an open checklist_eval run without records (they follow with
+    AppendRecords)."""
+    pipeline = _convert.checklist_eval(
+        [],
+        preset=preset,
+        checklist_given=checklist,
+        max_items=max_items,
+        record_concurrency=record_concurrency,
+        generator_model=generator_model,
+        scorer_model=scorer_model,
+        scorer_options=scorer_options,
+    )
+    return _convert.pipeline_request(pipeline, label, _convert.budget(max_tokens, max_cost_usd), open_run=True)
+
+
+def results_request(run_id: str, page_size: int, page_token: str) -> gateway_pb2.ListRunResultsRequest:
+    """A ListRunResultsRequest (``page_size`` 0: the gateway's default, 1000)."""
+    return gateway_pb2.ListRunResultsRequest(run_id=run_id, page_size=page_size, page_token=page_token)
+
+
+def finished_evaluation(run_id: str, state: int, result: gateway_pb2.RunResult) -> gateway_pb2.EvaluateResponse:
+    """The EvaluateResponse of a finished checklist_eval run (a copy, for the caller to fill with
+    its paged results); :class:`AssayError` when the run was cancelled (CANCELLED) or ended
+    without an evaluation (ABORTED, with the run's error)."""
+    name = gateway_pb2.RunState.Name(state)[len("RUN_STATE_") :].lower()
+    if state == gateway_pb2.RUN_STATE_CANCELLED:
+        raise AssayError(grpc.StatusCode.CANCELLED, f"run {run_id} was cancelled")
+    if result.error or result.WhichOneof("result") != "checklist_eval":
+        reason = result.error or "without an evaluation"
+        raise AssayError(grpc.StatusCode.ABORTED, f"run {run_id} ended {name}: {reason}")
+    response = gateway_pb2.EvaluateResponse()
+    response.CopyFrom(result.checklist_eval)
+    response.run_id = response.run_id or run_id
+    return response
 
 
 def run_id_of(value: Any) -> str:

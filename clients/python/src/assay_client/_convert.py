@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import numbers
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
+from typing import Any, AsyncIterable, AsyncIterator, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Union
 
 from google.protobuf import json_format
 from google.protobuf.descriptor import EnumDescriptor
@@ -68,26 +69,122 @@ def record(value: RecordLike, index: int) -> gateway_pb2.EvalRecord:
     return message
 
 
-def _records(values: Iterable[RecordLike], preset: Optional[Union[str, int]]) -> List[gateway_pb2.EvalRecord]:
-    """The records of an evaluation. Bare text (the target alone) is refused up front when
-    ``preset`` generates each record's checklist from its input: the server would refuse every
-    such record with "input must not be empty"."""
-    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable):
+def check_records(values: Any, iterable: Any = Iterable) -> None:
+    """Refuse ``values`` unless it is a collection of records (``iterable``: the abstract class it
+    must be an instance of): a string or a single record dict is a common slip."""
+    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, iterable):
         raise TypeError(
             f"records: expected a list of records (dicts, dataclasses, EvalRecord messages or strings), "
             f"got {type(values).__name__}"
         )
-    records = []
+
+
+def checked_record(value: RecordLike, index: int, preset: Optional[Union[str, int]]) -> gateway_pb2.EvalRecord:
+    """:func:`record`, refusing bare text up front when ``preset`` generates each record's
+    checklist from its input: the server would refuse every such record with "input must not be
+    empty"."""
+    if isinstance(value, str) and preset is not None:
+        raise TypeError(
+            f"records[{index}]: a bare string is a record's target (the response scored), but preset "
+            f"{preset!r} generates each record's checklist from its input: pass "
+            f"{{'input': <prompt>, 'target': <response>}} records, or a checklist=[...] to score "
+            f"bare targets against"
+        )
+    return record(value, index)
+
+
+def _records(values: Iterable[RecordLike], preset: Optional[Union[str, int]]) -> List[gateway_pb2.EvalRecord]:
+    """The records of an evaluation (see :func:`checked_record`)."""
+    check_records(values)
+    return [checked_record(value, i, preset) for i, value in enumerate(values)]
+
+
+def first_checked(values: Iterable[RecordLike], preset: Optional[Union[str, int]]) -> Iterable[RecordLike]:
+    """``values`` with its first record converted up front (:func:`checked_record`), so that the
+    common slip (bare text with a preset, a non-record) is refused before a run starts; the
+    rest is still read lazily."""
+    it = iter(values)
+    for first in it:
+        checked_record(first, 0, preset)
+        return itertools.chain([first], it)
+    return []
+
+
+async def first_checked_async(
+    values: Union[Iterable[RecordLike], AsyncIterable[RecordLike]], preset: Optional[Union[str, int]]
+) -> Union[Iterable[RecordLike], AsyncIterable[RecordLike]]:
+    """:func:`first_checked` for an iterable or an async iterable."""
+    if not isinstance(values, AsyncIterable):
+        return first_checked(values, preset)
+    it = values.__aiter__()
+    try:
+        first = await it.__anext__()
+    except StopAsyncIteration:
+        return []
+    checked_record(first, 0, preset)
+
+    async def chained() -> AsyncIterator[RecordLike]:
+        yield first
+        async for value in it:
+            yield value
+
+    return chained()
+
+
+#: Records one AppendRecords message carries at most (as ``pipeline.records``).
+MAX_APPEND_BATCH = 10_000
+
+
+def batch_size(value: int) -> int:
+    """``value`` as the records per AppendRecords message: 1 to :data:`MAX_APPEND_BATCH`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"batch_size: expected an int, got {type(value).__name__}")
+    if not 1 <= int(value) <= MAX_APPEND_BATCH:
+        raise ValueError(f"batch_size: must be between 1 and {MAX_APPEND_BATCH}, got {value}")
+    return int(value)
+
+
+def append_requests(
+    run_id: str,
+    values: Iterable[RecordLike],
+    seal: bool,
+    size: int,
+    preset: Optional[Union[str, int]] = None,
+) -> Iterator[gateway_pb2.AppendRecordsRequest]:
+    """The AppendRecords messages of ``values``, ``size`` records each, built as they are read
+    (one message in memory at a time). A full message is sent only once the next record exists,
+    so the last one holds the last records and carries ``seal``; no records at all make one
+    empty message (sealing the run when ``seal``)."""
+    batch: List[gateway_pb2.EvalRecord] = []
     for i, value in enumerate(values):
-        if isinstance(value, str) and preset is not None:
-            raise TypeError(
-                f"records[{i}]: a bare string is a record's target (the response scored), but preset "
-                f"{preset!r} generates each record's checklist from its input: pass "
-                f"{{'input': <prompt>, 'target': <response>}} records, or a checklist=[...] to score "
-                f"bare targets against"
-            )
-        records.append(record(value, i))
-    return records
+        if len(batch) == size:
+            yield gateway_pb2.AppendRecordsRequest(run_id=run_id, records=batch)
+            batch = []
+        batch.append(checked_record(value, i, preset))
+    yield gateway_pb2.AppendRecordsRequest(run_id=run_id, records=batch, seal=seal)
+
+
+async def append_requests_async(
+    run_id: str,
+    values: Union[Iterable[RecordLike], AsyncIterable[RecordLike]],
+    seal: bool,
+    size: int,
+    preset: Optional[Union[str, int]] = None,
+) -> AsyncIterator[gateway_pb2.AppendRecordsRequest]:
+    """:func:`append_requests` over an iterable or an async iterable."""
+    if not isinstance(values, AsyncIterable):
+        for request in append_requests(run_id, values, seal, size, preset):
+            yield request
+        return
+    batch: List[gateway_pb2.EvalRecord] = []
+    i = 0
+    async for value in values:
+        if len(batch) == size:
+            yield gateway_pb2.AppendRecordsRequest(run_id=run_id, records=batch)
+            batch = []
+        batch.append(checked_record(value, i, preset))
+        i += 1
+    yield gateway_pb2.AppendRecordsRequest(run_id=run_id, records=batch, seal=seal)
 
 
 def model(value: Optional[ModelLike], field: str) -> Optional[common_pb2.ModelSpec]:
@@ -223,18 +320,21 @@ def budget(max_tokens: Optional[int] = None, max_cost_usd: Optional[float] = Non
 
 
 def pipeline_request(
-    pipeline: Any, label: str = "", run_budget: Optional[gateway_pb2.RunBudget] = None
+    pipeline: Any, label: str = "", run_budget: Optional[gateway_pb2.RunBudget] = None, open_run: bool = False
 ) -> gateway_pb2.RunPipelineRequest:
     """A RunPipelineRequest from a request, one of the pipeline messages, or a dict such as
     ``{"checklist_eval": {...}}`` (the request's JSON form). ``run_budget``, when set, replaces
-    the request's own budget (on a copy: the caller's request is left as it was)."""
-    if run_budget is not None and isinstance(pipeline, gateway_pb2.RunPipelineRequest):
+    the request's own budget, and ``open_run`` sets ``open`` (on a copy: the caller's request is
+    left as it was)."""
+    if (run_budget is not None or open_run) and isinstance(pipeline, gateway_pb2.RunPipelineRequest):
         copy = gateway_pb2.RunPipelineRequest()
         copy.CopyFrom(pipeline)
         pipeline = copy
     request = _pipeline_request(pipeline, label)
     if run_budget is not None:
         request.budget.CopyFrom(run_budget)
+    if open_run:
+        request.open = True
     return request
 
 

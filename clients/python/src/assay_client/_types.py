@@ -157,6 +157,13 @@ class Evaluation:
         return self.raw.budget_exhausted
 
     @property
+    def results_paged(self) -> bool:
+        """The run was open: the gateway's response held no results (nor checklists; each result
+        names its checklist), which are read with ``list_run_results``. ``evaluate_stream`` has
+        read them into :attr:`results` already."""
+        return self.raw.results_paged
+
+    @property
     def mean_score(self) -> float:
         """Mean primary score over the scored records."""
         return self.raw.aggregate.mean_primary_score

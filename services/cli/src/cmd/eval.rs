@@ -33,6 +33,8 @@ pub struct RunArgs {
     pub gateway: Option<String>,
     pub json: bool,
     pub budget: Option<gw::RunBudget>,
+    /// Stream the records into an open run whatever their number.
+    pub open: bool,
 }
 
 /// `assay eval`: generate with a preset, score every record.
@@ -47,7 +49,7 @@ pub async fn eval(
     let preset = super::preset(preset)?;
     // `--samples N` / `--sample-model`: repeated judging, over the scoring options.
     let scorer = corpus.with_sampling(scorer)?;
-    let records = Records::read(&args.data)?;
+    let records = Records::read(&args.data, args.open)?;
     let source = if is_corpus(preset) {
         gw::checklist_source::Source::Corpus(corpus_request(preset, corpus)?)
     } else {
@@ -72,7 +74,7 @@ pub async fn score(
     args: RunArgs,
 ) -> Result<Outcome, String> {
     let checklist = read_checklist(checklist)?;
-    let records = Records::read(&args.data)?;
+    let records = Records::read(&args.data, args.open)?;
     let pipeline = gw::ChecklistEvalPipeline {
         source: Some(gw::ChecklistSource { source: Some(gw::checklist_source::Source::Checklist(checklist)) }),
         scorer: Some(scorer),
@@ -89,12 +91,12 @@ enum Records {
 }
 
 impl Records {
-    fn read(path: &Path) -> Result<Self, String> {
+    fn read(path: &Path, open: bool) -> Result<Self, String> {
         let mut lines = RecordLines::open(path)?;
         let mut head = Vec::new();
         for r in lines.by_ref() {
             head.push(r?);
-            if head.len() > MAX_RECORDS {
+            if head.len() > MAX_RECORDS || open {
                 // Counted apart (flat memory) for the progress bar, then read again as it is sent.
                 let total = RecordLines::count(path)?;
                 return Ok(Records::Streamed { total, lines: RecordLines::open(path)? });

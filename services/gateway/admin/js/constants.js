@@ -45,7 +45,12 @@ export const RECONNECT_MS = 1000;
 export const REFRESH_DEBOUNCE_MS = 300;
 export const RENDER_DELAY_MS = 50;
 export const EVENT_LOG_CAP = 500;
-export const RECORD_ROWS_CAP = 500;
+// A checklist evaluation's record table (ListRunResults, a page at a time): the rows of a page
+// (`#/runs/<id>?page_size=N` sets another, 1..RESULTS_PAGE_MAX), the most the gateway serves in
+// one page, and how often the page shown is read again while records are being scored.
+export const RESULTS_PAGE_SIZE = 100;
+export const RESULTS_PAGE_MAX = 10000;
+export const RESULTS_REFRESH_MS = 1000;
 
 export const ACTIONS = {
   pause: ['Pausing…', 'Pause requested: the run stops after its current step.'],

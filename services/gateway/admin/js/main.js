@@ -4,7 +4,8 @@
  *
  * The page talks to the gateway's HTTP face of GatewayService (same origin):
  *   GET  /api/config                     -> {authRequired}
- *   POST /api/ListRuns|GetRun|ControlRun|CompareRuns|DeleteRun -> proto3 JSON in and out (64-bit integers as strings)
+ *   POST /api/ListRuns|GetRun|ControlRun|CompareRuns|DeleteRun|ListRunResults -> proto3 JSON in and out
+ *                                        (64-bit integers as strings)
  *   GET  /api/WatchRun?run_id&after_sequence -> server-sent events, one RunEvent per message
  * with `Authorization: Bearer <token>` on every call when a token is held (sessionStorage). The
  * token comes from the URL the gateway prints (`/#token=...`, read once at start and dropped from
@@ -14,8 +15,9 @@
  * "#/runs/<id>" shows one run: a GetRun snapshot, then its events from sequence 0 over one streamed
  * fetch (reconnecting after 1 s from the last sequence seen), with a debounced GetRun after events
  * that change what only the snapshot holds (tasks, sections, state) (detail/run.js, one module per
- * pipeline kind under detail/, the controls in human.js). "#/compare/<baseline>/<candidate>"
- * compares two checklist evaluations (compare.js).
+ * pipeline kind under detail/, the controls in human.js), a checklist evaluation's records a page
+ * at a time (ListRunResults; "#/runs/<id>?page_size=N" sets the rows per page).
+ * "#/compare/<baseline>/<candidate>" compares two checklist evaluations (compare.js).
  *
  * Safety: data (run labels, model output, record text, errors) only ever reaches the page through
  * textContent, createElement, setAttribute and form values: never through HTML parsing.
@@ -39,10 +41,13 @@ function parseRoute() {
       return {name: 'compare', baseline: decodeURIComponent(c[1]), candidate: decodeURIComponent(c[2])};
     } catch { /* malformed escape: fall back to the list */ }
   }
-  const m = /^#\/runs\/([^/?#]+)/.exec(location.hash);
+  // "#/runs/<id>?page_size=N": N rows per page of a checklist evaluation's records (the tests use
+  // a small N to page a small run); absent or not in 1..RESULTS_PAGE_MAX, the default.
+  const m = /^#\/runs\/([^/?#]+)(?:\?([^#]*))?/.exec(location.hash);
   if (m) {
     try {
-      return {name: 'run', id: decodeURIComponent(m[1])};
+      const pageSize = Number(new URLSearchParams(m[2] || '').get('page_size')) || 0;
+      return {name: 'run', id: decodeURIComponent(m[1]), pageSize};
     } catch { /* malformed escape: fall back to the list */ }
   }
   return {name: 'list'};
@@ -53,7 +58,7 @@ function route() {
   teardownView();
   const r = parseRoute();
   if (r.name === 'compare') openCompare(r.baseline, r.candidate);
-  else if (r.name === 'run') openRun(r.id);
+  else if (r.name === 'run') openRun(r.id, r.pageSize);
   else openList();
 }
 
@@ -71,6 +76,7 @@ function teardownView() {
     D.abort.abort();
     clearTimeout(D.refreshTimer);
     clearTimeout(D.renderTimer);
+    if (D.results) clearTimeout(D.results.timer);
   }
   app.view = null;
 }

@@ -109,7 +109,8 @@ function listProgress(run) {
   const p = run.refinement;
   if (p) return `iteration ${num(p.iteration)}/${num(p.maxIterations)}${p.phase ? ` · ${p.phase}` : ''}`;
   const total = num(run.recordsTotal);
-  return total > 0 ? `${num(run.recordsDone)}/${total}` : '—';
+  const open = run.open ? ' · open' : ''; // an open run still takes records: its total grows
+  return total > 0 ? `${num(run.recordsDone)}/${total}${open}` : open ? 'open' : '—';
 }
 
 /** Open the run of a row (remembered, to focus it again when the reader comes back). */

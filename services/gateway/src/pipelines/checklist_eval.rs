@@ -71,7 +71,7 @@ impl ChecklistEval {
         }
         let plan = ChecklistPlan::parse(source, generator_model, max_items, refiners, candidate_models, &mut v);
         if records.is_empty() && !open {
-            v.push("pipeline.records", "must not be empty (or create the run open and append them)");
+            v.push("pipeline.records", "must not be empty");
         }
         if records.len() > MAX_RECORDS {
             v.push(
@@ -519,6 +519,10 @@ fn scorer_fields(e: StageError) -> StageError {
 impl super::Registered for assay_proto::pipelines::ChecklistEval {
     fn parse(request: Self::Request, stages: super::Stages) -> Result<std::sync::Arc<dyn Pipeline>, StageError> {
         Ok(std::sync::Arc::new(ChecklistEval::parse(request, stages)?))
+    }
+
+    fn parse_open(request: Self::Request, stages: super::Stages) -> Result<std::sync::Arc<dyn Pipeline>, StageError> {
+        Ok(std::sync::Arc::new(ChecklistEval::parse_open(request, stages)?))
     }
 }
 

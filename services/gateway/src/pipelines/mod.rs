@@ -41,14 +41,27 @@ impl Pipelines {
 /// the pipeline.
 pub trait Registered: PipelineContract {
     fn parse(request: Self::Request, stages: Stages) -> Result<Arc<dyn Pipeline>, StageError>;
+    /// The pipeline of a run created open (`RunPipelineRequest.open`: its records appended as
+    /// rows of the run store); refused unless the kind takes its records so.
+    fn parse_open(request: Self::Request, stages: Stages) -> Result<Arc<dyn Pipeline>, StageError> {
+        let _ = (request, stages);
+        Err(StageError::invalid(
+            "open",
+            format!("only checklist_eval runs are created open, not {}", Self::KIND.as_str_name()),
+        ))
+    }
 }
 
 /// The pipeline of `request`, of kind `C`: `None` when it is of another kind.
-fn parse_as<C: Registered>(request: Kind, stages: &Stages) -> Option<Result<Arc<dyn Pipeline>, StageError>> {
-    C::request(request).map(|r| C::parse(r, stages.clone()))
+fn parse_as<C: Registered>(
+    request: Kind,
+    stages: &Stages,
+    open: bool,
+) -> Option<Result<Arc<dyn Pipeline>, StageError>> {
+    C::request(request).map(|r| if open { C::parse_open(r, stages.clone()) } else { C::parse(r, stages.clone()) })
 }
 
-type Parse = fn(Kind, &Stages) -> Option<Result<Arc<dyn Pipeline>, StageError>>;
+type Parse = fn(Kind, &Stages, bool) -> Option<Result<Arc<dyn Pipeline>, StageError>>;
 
 /// Every pipeline this gateway runs: one line per kind registered in the contract
 /// (`assay_proto::pipelines`), with its parser.
@@ -65,29 +78,12 @@ impl PipelineFactory for Pipelines {
         let Some(pipeline) = &request.pipeline else {
             return Err(StageError::invalid("pipeline", format!("is required ({})", contract::kind_names())));
         };
-        if request.open {
-            // An open run's records are rows of the run store: checklist_eval runs only.
-            return match pipeline {
-                Kind::ChecklistEval(p) => {
-                    Ok(Arc::new(checklist_eval::ChecklistEval::parse_open(p.clone(), self.stages.clone())?))
-                }
-                Kind::GenerateChecklist(_) | Kind::TargetedRefinement(_) | Kind::SelfRefine(_) | Kind::Debate(_) => {
-                    Err(StageError::invalid(
-                        "open",
-                        format!(
-                            "only checklist_eval runs are created open, not {}",
-                            contract::kind_of(pipeline).as_str_name()
-                        ),
-                    ))
-                }
-            };
-        }
         // One lookup by kind, then one copy of the request for the parser that owns it.
         let kind = contract::kind_of(pipeline);
         REGISTRY
             .iter()
             .find(|(k, _)| *k == kind)
-            .and_then(|(_, parse)| parse(pipeline.clone(), &self.stages))
+            .and_then(|(_, parse)| parse(pipeline.clone(), &self.stages, request.open))
             .unwrap_or_else(|| {
                 Err(StageError::Unimplemented(format!(
                     "pipeline {} is not registered in this gateway",

@@ -1,23 +1,51 @@
 /*
- * Assay admin page, run detail: a checklist evaluation (aggregates, category pass rates, each
- * record's score, the checklists) and a checklist generation (the checklist).
+ * Assay admin page, run detail: a checklist evaluation (aggregates, category pass rates, the
+ * records' results a page at a time, the checklists) and a checklist generation (the checklist).
+ *
+ * The records table reads ListRunResults, page by page (Previous / Next, "records X–Y of N"), for
+ * every evaluation: an open run's result carries no record results (resultsPaged) and may hold
+ * millions, and an inline one is served the same way. While records are being scored the page
+ * shown is read again (at most every RESULTS_REFRESH_MS) when the run's progress moved.
  */
 
-import {RECORD_ROWS_CAP} from '../constants.js';
+import {RESULTS_PAGE_MAX, RESULTS_PAGE_SIZE, RESULTS_REFRESH_MS} from '../constants.js';
 import {confLevel, fmtPct, fmtScore, num, plural, tokensOf} from '../format.js';
+import {api, errorNodes} from '../api.js';
+import {app} from '../page.js';
 import {h, kv, panel, patch, table, tag} from '../render.js';
 import {buildProgress, renderProgress} from './progress.js';
 
+/** The rows of a page: `D.pageSize` (from the address, `#/runs/<id>?page_size=N`) when valid. */
+function pageSizeOf(D) {
+  const n = Math.trunc(num(D.pageSize));
+  return n >= 1 && n <= RESULTS_PAGE_MAX ? n : RESULTS_PAGE_SIZE;
+}
+
 export function buildChecklistEval(D) {
   const e = D.els;
+  // The pager: tokens[p] reads page p ('' the first; a page's nextPageToken the next one's);
+  // `page` is the page asked for, `shown` the one whose answer `res` is on screen.
+  D.results = {
+    size: pageSizeOf(D), tokens: [''], page: 0, shown: -1, res: null, error: null,
+    version: null, loading: false, timer: 0, gen: 0, lastAt: 0,
+  };
   e.aggregates = h('dl', {id: 'aggregates', class: 'kv'});
   e.categories = h('div', {id: 'category-rates'});
+  e.recordsRange = h('p', {id: 'records-range', class: 'muted', role: 'status'});
+  e.recordsOpen = h('p', {id: 'records-open', class: 'notice', hidden: true}, 'open: still taking records');
   e.records = h('div', {id: 'records'});
+  e.recordsError = h('div', {id: 'records-error', class: 'error', role: 'alert'});
+  e.recordsPrev = h('button', {type: 'button', id: 'records-prev', onclick: () => goPage(D, D.results.page - 1)},
+    '← Previous');
+  e.recordsNext = h('button', {type: 'button', id: 'records-next', onclick: () => goPage(D, D.results.page + 1)},
+    'Next →');
   e.checklists = h('div', {id: 'checklists'});
   return [
     buildProgress(D, 'Records'),
     panel('Aggregates', e.aggregates, e.categories),
-    panel('Records', e.records),
+    panel('Records', e.recordsOpen, e.recordsRange, e.records,
+      h('div', {class: 'pager', role: 'group', 'aria-label': 'Record pages'}, e.recordsPrev, e.recordsNext),
+      e.recordsError),
     panel('Checklists', e.checklists),
   ];
 }
@@ -25,11 +53,11 @@ export function buildChecklistEval(D) {
 export function renderChecklistEval(D) {
   const {run, els: e} = D;
   const res = run.result && run.result.checklistEval;
-  const records = res && (res.results || []).length
-    ? res.results : [...D.records.values()].sort((a, b) => num(a.index) - num(b.index));
-  const failed = records.filter((r) => r.error || !r.score).length;
-  const done = Math.max(num(run.recordsDone), D.records.size, records.length);
-  renderProgress(D, done, num(run.recordsTotal), failed);
+  // An inline result (not resultsPaged) is in the snapshot anyway: its failures count too.
+  const inline = (res && !res.resultsPaged && res.results) || [];
+  const failed = Math.max(D.recordsFailed, inline.filter((r) => r.error || !r.score).length);
+  const done = Math.max(num(run.recordsDone), D.recordsScored, inline.length);
+  renderProgress(D, done, recordsTotal(D), failed);
 
   const agg = (res && res.aggregate) || D.aggregate;
   const u = agg && agg.uncertainty;
@@ -47,27 +75,116 @@ export function renderChecklistEval(D) {
   patch(e.categories, cats, () => (cats.length ? table(['Category', 'Pass rate', 'Items'], cats.map((c) => h('tr',
     h('td', c.category), h('td', {class: 'num'}, fmtPct(c.passRate)), h('td', {class: 'num'}, String(num(c.items))))), 'categories') : []));
 
-  patch(e.records, records, () => recordsNodes(records));
+  syncResults(D);
   const checklists = new Map(D.checklists);
   for (const c of (res && res.checklists) || []) checklists.set(c.id, c);
   patch(e.checklists, [...checklists.values()], () => checklistNodes([...checklists.values()]));
 }
 
-function recordsNodes(records) {
-  if (!records.length) return h('p', {class: 'muted'}, 'No record scored yet.');
-  const shown = records.slice(0, RECORD_ROWS_CAP);
-  return [
-    records.length > shown.length ? h('p', {class: 'muted'}, `The first ${shown.length} of ${records.length} records.`) : null,
-    table(['#', 'Record', 'Checklist', 'Primary score', 'Pass rate', 'Answered', 'Unanswered', 'Error'], shown.map((r) => {
-      const sc = r.score;
-      return h('tr', {class: ['record', !sc && 'failed'], 'data-record-id': r.recordId || ''},
-        h('td', {class: 'num'}, String(num(r.index))), h('td', r.recordId), h('td', r.checklistId || '—'),
-        h('td', {class: 'num'}, sc ? fmtScore(sc.primaryScore) : '—'), h('td', {class: 'num'}, sc ? fmtPct(sc.passRate) : '—'),
-        h('td', {class: 'num'}, sc ? String(num(sc.answeredCount)) : '—'),
-        h('td', {class: 'num'}, sc ? String(num(sc.unansweredCount)) : '—'),
-        h('td', {class: 'text error-text'}, r.error || ''));
-    }), 'records'),
-  ];
+/** The run's records: the snapshot's count or, fresher for an open run, the last page's. */
+function recordsTotal(D) {
+  const P = D.results;
+  return Math.max(num(D.run.recordsTotal), P && P.res ? num(P.res.recordsTotal) : 0);
+}
+
+/** What the page shown depends on: when it changes, the page is read again. */
+function wanted(D) {
+  const {run} = D;
+  return JSON.stringify([D.results.page, run.state, num(run.recordsDone), D.recordsScored, D.recordsFailed,
+    num(run.recordsTotal), Boolean(run.open)]);
+}
+
+/**
+ * Read the page asked for again when it is not on screen yet or the run moved on since it was
+ * read (records scored, state, more records): at once the first time, else at most every
+ * RESULTS_REFRESH_MS. Then show what is held.
+ */
+function syncResults(D) {
+  const P = D.results;
+  if (wanted(D) !== P.version && !P.loading && !P.timer) {
+    const wait = P.shown < 0 ? 0 : Math.max(0, P.lastAt + RESULTS_REFRESH_MS - Date.now());
+    P.timer = setTimeout(() => loadResults(D), wait);
+  }
+  renderResults(D);
+}
+
+/** Show page `page` (Previous / Next): read at once; an older answer still coming is dropped. */
+function goPage(D, page) {
+  const P = D.results;
+  if (page < 0 || page >= P.tokens.length || page === P.page) return;
+  P.page = page;
+  clearTimeout(P.timer);
+  P.timer = 0;
+  P.loading = false;
+  loadResults(D);
+  renderResults(D);
+}
+
+async function loadResults(D) {
+  const P = D.results;
+  P.timer = 0;
+  if (app.view !== D) return;
+  const gen = ++P.gen;
+  const page = P.page;
+  const version = wanted(D);
+  P.loading = true;
+  P.lastAt = Date.now();
+  try {
+    const res = await api('ListRunResults', {runId: D.id, pageSize: P.size, pageToken: P.tokens[page]});
+    if (app.view !== D || gen !== P.gen) return;
+    P.res = res;
+    P.shown = page;
+    P.error = null;
+    // the pages after this one follow from its token (none: this is the last one, for now)
+    P.tokens.length = page + 1;
+    if (res.nextPageToken) P.tokens.push(res.nextPageToken);
+  } catch (err) {
+    if (app.view !== D || gen !== P.gen || err.unauthorized) return;
+    P.error = err;
+  }
+  P.loading = false;
+  P.version = version; // also after an error: read again once the run moves, not in a loop
+  P.lastAt = Date.now();
+  if (D.run) renderChecklistEval(D);
+}
+
+function renderResults(D) {
+  const P = D.results;
+  const {run, els: e} = D;
+  e.recordsOpen.hidden = !run.open;
+  const rows = (P.res && P.res.results) || [];
+  const total = recordsTotal(D);
+  const first = P.shown * P.size + 1;
+  const last = P.shown * P.size + rows.length;
+  const range = P.shown < 0 ? 'Loading records…'
+    : rows.length ? `records ${count(first)}–${count(last)} of ${count(total)}`
+      : `no record results yet · ${plural(total, 'record')}`;
+  e.recordsRange.textContent = range + (P.loading && P.page !== P.shown && P.shown >= 0 ? ' · loading…' : '');
+  e.recordsRange.dataset.first = rows.length ? String(first) : '0';
+  e.recordsRange.dataset.last = rows.length ? String(last) : '0';
+  e.recordsRange.dataset.total = String(total);
+  e.recordsRange.dataset.page = String(P.shown);
+  patch(e.records, P.res ? [P.shown, rows] : null, () => recordsNodes(rows));
+  e.recordsPrev.disabled = P.page <= 0;
+  e.recordsNext.disabled = P.page !== P.shown || P.page + 1 >= P.tokens.length;
+  patch(e.recordsError, P.error ? [P.error.code, P.error.message] : null, () => (P.error ? errorNodes(P.error) : []));
+}
+
+const count = (n) => num(n).toLocaleString();
+
+function recordsNodes(rows) {
+  if (!rows.length) return [];
+  return table(['Index', 'Record', 'Primary score', 'Pass rate', 'Checklist'], rows.map((r) => {
+    const sc = r.score;
+    return h('tr', {class: ['record', !sc && 'failed'], 'data-key': `record/${num(r.index)}`,
+      'data-index': String(num(r.index)), 'data-record-id': r.recordId || ''},
+    h('td', {class: 'num'}, String(num(r.index))),
+    h('td', {class: 'text record-id'}, r.recordId || '—'),
+    sc ? h('td', {class: 'num score'}, fmtScore(sc.primaryScore))
+      : h('td', {class: 'text error-text'}, r.error || 'no score'),
+    h('td', {class: 'num'}, sc ? fmtPct(sc.passRate) : '—'),
+    h('td', {class: 'checklist-id'}, r.checklistId || '—'));
+  }), 'records');
 }
 
 function checklistNodes(checklists) {

@@ -1,6 +1,6 @@
 /*
  * Assay admin page, run detail: the model of one opened run (pure, no DOM). What events carry
- * (plans, stage artifacts, passes, record results) is gathered here, and an event newer than the
+ * (plans, stage artifacts, passes, record counts) is gathered here, and an event newer than the
  * latest GetRun snapshot is applied on top of it until the next snapshot says it all.
  */
 
@@ -10,14 +10,17 @@ import {num, snake} from '../format.js';
 /**
  * One opened run. `run` is the latest GetRun snapshot (it covers events up to snapSeq) with
  * the live events after it applied on top; the other fields are gathered from every event.
+ * Record results are counted, not kept (a run may hold millions): the table of a checklist
+ * evaluation reads them a page at a time (ListRunResults, detail/checklist_eval.js), `pageSize`
+ * rows a page (0: the default).
  */
-export function newDetail(id) {
+export function newDetail(id, pageSize = 0) {
   return {
-    id, kind: '', closed: false, abort: new AbortController(),
+    id, kind: '', closed: false, abort: new AbortController(), pageSize,
     run: null, snapSeq: 0, lastSeq: 0, completed: false, streamFatal: false, streamError: null, liveEvents: [],
     refreshTimer: 0, renderTimer: 0, busy: false,
     plan: null, escalation: null, bestEffort: null, convergence: null,
-    records: new Map(), aggregate: null, checklists: new Map(), stageProgress: null,
+    recordsScored: 0, recordsFailed: 0, results: null, aggregate: null, checklists: new Map(), stageProgress: null,
     problems: new Map(), problemEls: new Map(), passes: new Map(), hooks: new Map(),
     pendingLog: [], eventCount: 0,
     edit: {sectionId: '', prefill: null},
@@ -39,7 +42,7 @@ function problemEntry(D, id, index) {
   return D.problems.get(key);
 }
 
-/** Facts only events carry (plans, stage artifacts, passes, record results). */
+/** Facts only events carry (plans, stage artifacts, passes, record counts). */
 export function gather(D, ev, k) {
   const x = ev[k.member];
   switch (k.member) {
@@ -51,7 +54,11 @@ export function gather(D, ev, k) {
       else if (k.inner === 'convergenceDetected') D.convergence = y;
       break;
     }
-    case 'recordScored': D.records.set(num(x.index), x); break;
+    case 'recordScored':
+      // each record is reported once (events are deduplicated by sequence)
+      D.recordsScored += 1;
+      if (x.error || !x.score) D.recordsFailed += 1;
+      break;
     case 'aggregate': D.aggregate = x.aggregate || null; break;
     case 'checklistReady': D.checklists.set(x.checklist?.id || `#${D.checklists.size + 1}`, x.checklist || {}); break;
     case 'progress': D.stageProgress = x; break;

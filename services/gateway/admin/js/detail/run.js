@@ -18,12 +18,15 @@ import {buildSelfRefine, renderSelfRefine} from './self_refine.js';
 import {setStream, watch} from './stream.js';
 import {buildRefinement, renderRefinement} from './targeted_refinement.js';
 
-/** Open run `id`: its snapshot, then its events live, until the view is torn down (app.view changes). */
-export async function openRun(id) {
+/**
+ * Open run `id`: its snapshot, then its events live, until the view is torn down (app.view
+ * changes). `pageSize`: rows per page of a checklist evaluation's records (0: the default).
+ */
+export async function openRun(id, pageSize = 0) {
   els.listView.hidden = true;
   els.detailView.hidden = false;
   window.scrollTo(0, 0);
-  const D = newDetail(id);
+  const D = newDetail(id, pageSize);
   app.view = D;
   document.title = `Run ${id} · Assay admin`;
   const back = () => h('a', {id: 'back', class: 'back', href: '#/'}, '← All runs');
@@ -197,7 +200,9 @@ function renderOutcome(D) {
         + (d.accuracyAll != null ? ` (graded) · ${fmtPct(d.accuracyAll)} over all problems, failed counted wrong` : '')));
     } else if (result.checklistEval) {
       const r = result.checklistEval;
-      lines.push(h('p', `${plural((r.results || []).length, 'record')} · mean primary score ${fmtScore(r.aggregate && r.aggregate.meanPrimaryScore)}`));
+      // an open run's result carries no record results (resultsPaged): the run counts them
+      const records = Math.max(num(run.recordsTotal), (r.results || []).length);
+      lines.push(h('p', `${plural(records, 'record')} · mean primary score ${fmtScore(r.aggregate && r.aggregate.meanPrimaryScore)}`));
     } else if (result.selfRefine) {
       lines.push(h('p', `Stopped: ${enumLabel(result.selfRefine.stopReason, 'SELF_REFINE_STOP_REASON_')}`));
     }

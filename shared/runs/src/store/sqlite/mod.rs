@@ -141,10 +141,23 @@ impl SqliteStore {
                  nano_usd INTEGER NOT NULL,
                  expires_at INTEGER NOT NULL
              );
-             CREATE INDEX IF NOT EXISTS spend_holds_day ON spend_holds (day, backend);",
+             CREATE INDEX IF NOT EXISTS spend_holds_day ON spend_holds (day, backend);
+             -- Open runs' records as rows, and per open run how many it holds and whether sealed.
+             CREATE TABLE IF NOT EXISTS run_records (
+                 run_id TEXT NOT NULL,
+                 idx INTEGER NOT NULL,
+                 record_id TEXT NOT NULL,
+                 record BLOB NOT NULL,
+                 PRIMARY KEY (run_id, idx)
+             );
+             CREATE UNIQUE INDEX IF NOT EXISTS run_records_id ON run_records (run_id, record_id) WHERE record_id <> '';
+             CREATE TABLE IF NOT EXISTS run_inputs (
+                 run_id TEXT PRIMARY KEY,
+                 total INTEGER NOT NULL,
+                 sealed INTEGER NOT NULL
+             );",
         )
         .map_err(db_err)?;
-        conn.execute_batch(records::SCHEMA).map_err(db_err)?;
         Ok(SqliteStore { location: path.to_string(), conn: Arc::new(Mutex::new(conn)) })
     }
 
@@ -193,7 +206,9 @@ impl RunStorage for SqliteStore {
             )
             .map_err(db_err)?;
             if request.open {
-                records::open_run(&tx, &run.run_id)?;
+                // An open run: no record yet, not sealed.
+                tx.execute("INSERT INTO run_inputs (run_id, total, sealed) VALUES (?1, 0, 0)", params![run.run_id])
+                    .map_err(db_err)?;
             }
             tx.commit().map_err(db_err)
         })

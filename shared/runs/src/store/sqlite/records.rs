@@ -6,28 +6,6 @@ use rusqlite::{OptionalExtension, params};
 use super::{ENDED, SqliteStore, db_err};
 use crate::store::contract::{Appended, NewRecord, RecordStorage, RecordsPage, append, state_refused};
 
-/// The tables of open runs' records: the rows, and per run how many it holds and whether sealed.
-pub(super) const SCHEMA: &str = "
-    CREATE TABLE IF NOT EXISTS run_records (
-        run_id TEXT NOT NULL,
-        idx INTEGER NOT NULL,
-        record_id TEXT NOT NULL,
-        record BLOB NOT NULL,
-        PRIMARY KEY (run_id, idx)
-    );
-    CREATE UNIQUE INDEX IF NOT EXISTS run_records_id ON run_records (run_id, record_id) WHERE record_id <> '';
-    CREATE TABLE IF NOT EXISTS run_inputs (
-        run_id TEXT PRIMARY KEY,
-        total INTEGER NOT NULL,
-        sealed INTEGER NOT NULL
-    );";
-
-/// Make `run_id` an open run holding no record yet (in the transaction creating it).
-pub(super) fn open_run(c: &rusqlite::Connection, run_id: &str) -> Result<(), StageError> {
-    c.execute("INSERT INTO run_inputs (run_id, total, sealed) VALUES (?1, 0, 0)", params![run_id]).map_err(db_err)?;
-    Ok(())
-}
-
 #[async_trait::async_trait]
 impl RecordStorage for SqliteStore {
     async fn append_records(
