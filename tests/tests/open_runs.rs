@@ -300,7 +300,11 @@ async fn assay_score_streams_a_file_over_the_request_limit_into_one_run() {
     let asked: HashSet<String> = llm.requests().iter().map(|r| r.last_user_message().unwrap_or_default()).collect();
     assert_eq!(asked.len(), N, "every record asked about");
     let served = llm.request_count();
-    assert!((N..=N + N / 100).contains(&served), "{served} calls served for {N} records; the run counted {}", summary["usage"]["calls"]);
+    assert!(
+        (N..=N + N / 100).contains(&served),
+        "{served} calls served for {N} records; the run counted {}",
+        summary["usage"]["calls"]
+    );
 
     // The --out lines: one per record, in record order, every one scored.
     let written = std::fs::read_to_string(&out).unwrap();
@@ -344,4 +348,54 @@ async fn assay_score_streams_a_file_over_the_request_limit_into_one_run() {
     assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stderr));
     assert_eq!(String::from_utf8_lossy(&again.stdout), std::fs::read_to_string(&out).unwrap());
     up.kill().await.unwrap();
+}
+
+/// An open run of `n` leaves records through `assay up` on `store`, killed (SIGKILL) once a third
+/// is scored and started again on the same store: the run is taken back, every record has one
+/// result, in order, and the calls made again are at most those in flight at the kill.
+async fn killed_and_resumed(store: &std::path::Path, n: usize) {
+    let llm = ScriptedLlm::start().await;
+    llm.set_handler(leaves_judge(Duration::from_millis(5)));
+    let (mut up, gateway) = assay_up(store, &llm.base_url(), &[("ASSAY__GATEWAY__INSTANCE_ID", "gw-1")]).await;
+    let mut client = Client::connect(gateway).await.unwrap();
+    let (run_id, _events) = start_open(&mut client, Vec::new()).await;
+    let messages = (0..n).step_by(1000).map(|s| message(&run_id, leaves_records(s..(s + 1000).min(n)), s + 1000 >= n));
+    let reply = append(&mut client, messages.collect()).await.unwrap();
+    assert_eq!((reply.records_total, reply.sealed), (n as u64, true));
+    assert!(assay_testkit::eventually(Duration::from_secs(60), || llm.request_count() >= n / 3).await);
+    up.start_kill().unwrap();
+    up.wait().await.unwrap();
+    let served_before = llm.request_count();
+    assert!(served_before < n, "killed before the end ({served_before} of {n} served)");
+
+    let (mut up, gateway) = assay_up(store, &llm.base_url(), &[("ASSAY__GATEWAY__INSTANCE_ID", "gw-1")]).await;
+    let mut client = Client::connect(gateway).await.unwrap();
+    let mut watch =
+        client.watch_run(gw::WatchRunRequest { run_id: run_id.clone(), after_sequence: 0 }).await.unwrap().into_inner();
+    while watch.message().await.unwrap().is_some() {}
+    let run = get(&mut client, &run_id).await;
+    assert_eq!((run.state, run.records_total, run.records_done), (gw::RunState::Succeeded as i32, n as u32, n as u32));
+    let (results, _) = all_results(&mut client, &run_id, 10_000).await;
+    let ids: Vec<String> = results.iter().map(|r| r.record_id.clone()).collect();
+    assert_eq!(ids, (0..n).map(|i| format!("r{i}")).collect::<Vec<_>>(), "one result per record, in order");
+    assert!(results.iter().all(|r| r.score.is_some()));
+    // Calls in flight at the kill are asked again; nothing scored before is.
+    let again = llm.request_count() - n;
+    assert!(again <= 512, "{again} calls made again after the restart");
+    assert_eq!(evaluation(&run).aggregate.unwrap().targets, n as u32);
+    up.kill().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_run_killed_midway_resumes_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    killed_and_resumed(&dir.path().join("runs.db"), 3000).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_run_killed_midway_resumes_on_postgres() {
+    let Some(pg) = assay_testkit::TempPostgres::start_or_skip("an_open_run_killed_midway_resumes_on_postgres") else {
+        return;
+    };
+    killed_and_resumed(std::path::Path::new(&pg.url()), 3000).await;
 }
