@@ -53,7 +53,7 @@ print(" ".join(str(s.getsockname()[1]) for s in socks))')"
   for _ in $(seq 200); do grep -q "every service SERVING" "$WORK/up.log" && break; sleep 0.05; done
   start=$(date +%s.%N)
   summary=$("$BIN"/assay eval --gateway "http://127.0.0.1:$P_GW" --preset tick --open \
-    --data "$WORK/records.jsonl" --out "$WORK/out.jsonl" --json 2>"$WORK/eval.log")
+    --data "$WORK/records.jsonl" --out "$WORK/out.jsonl" --json 2>"$WORK/eval.log") || { cat "$WORK/eval.log" >&2; exit 1; }
   end=$(date +%s.%N)
   rss_kb=$(awk '/VmHWM/ {print $2}' "/proc/$UP_PID/status")
   kill "$UP_PID" && wait "$UP_PID" 2>/dev/null || true

@@ -399,3 +399,63 @@ async fn an_open_run_killed_midway_resumes_on_postgres() {
     };
     killed_and_resumed(std::path::Path::new(&pg.url()), 3000).await;
 }
+
+/// More distinct inputs than the run keeps checklists of in memory (4,096): each input's
+/// checklist generated once, every record scored against it, and the aggregates read back from
+/// the store at the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_tick_run_generates_each_inputs_checklist_once_past_the_cache() {
+    const N: usize = 10_000;
+    let sandbox = MeshSandbox::start().await;
+    sandbox.llm.set_handler(assay_testkit::schema_handler(Duration::ZERO));
+    let mut client = Client::new(sandbox.gateway().await);
+    let mut pipeline = gw::ChecklistEvalPipeline {
+        source: Some(gw::ChecklistSource {
+            source: Some(gw::checklist_source::Source::Preset(assay_proto::generator::v1::Preset::Tick as i32)),
+        }),
+        ..Default::default()
+    };
+    // Two records per input, far apart: the second reads its input's checklist back.
+    pipeline.records = Vec::new();
+    let records: Vec<gw::EvalRecord> = (0..N)
+        .map(|i| gw::EvalRecord {
+            id: format!("r{i}"),
+            input: format!("Explain topic {} simply.", i % (N / 2)),
+            target: format!("An answer {i}."),
+            ..Default::default()
+        })
+        .collect();
+    let mut events = client
+        .run_pipeline(gw::RunPipelineRequest {
+            pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(pipeline)),
+            label: "tick".into(),
+            budget: None,
+            open: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let run_id = events.message().await.unwrap().unwrap().event.unwrap().run_id;
+    let messages: Vec<_> =
+        records.chunks(1000).enumerate().map(|(k, c)| message(&run_id, c.to_vec(), k == N / 1000 - 1)).collect();
+    append(&mut client, messages).await.unwrap();
+    let mut ready = 0;
+    while let Some(m) = events.message().await.unwrap() {
+        ready += usize::from(matches!(m.event.and_then(|e| e.event), Some(gw::run_event::Event::ChecklistReady(_))));
+    }
+    let run = get(&mut client, &run_id).await;
+    assert_eq!(run.state, gw::RunState::Succeeded as i32, "{:?}", run.result);
+    assert_eq!(ready, N / 2, "one checklist per distinct input");
+    let (results, _) = all_results(&mut client, &run_id, 10_000).await;
+    assert_eq!(results.len(), N);
+    for i in 0..N / 2 {
+        assert_eq!(
+            results[i].checklist_id,
+            results[i + N / 2].checklist_id,
+            "records {i} and {} share an input",
+            i + N / 2
+        );
+    }
+    assert_eq!(sandbox.llm.request_count(), N / 2 + N, "a generation per input and a scoring per record");
+    assert_eq!(evaluation(&run).aggregate.unwrap().targets, N as u32);
+}

@@ -66,10 +66,15 @@ impl Checklists {
     }
 
     fn insert(&mut self, key: String, c: Arc<Checklist>) {
+        self.cache.insert(key, c);
+    }
+
+    /// Start the cache again when it is full: called before a page of records is looked up, so
+    /// what one page loads stays until the page is done with.
+    fn trim(&mut self) {
         if self.cache.len() >= CACHE {
             self.cache.clear();
         }
-        self.cache.insert(key, c);
     }
 
     /// Put the stored checklists of `keys` not in memory into it.
@@ -161,6 +166,7 @@ impl ChecklistEval {
                     let record = decode_record(&bytes)?;
                     fresh.push((self.plan.key(&record), Pending { index, record }));
                 }
+                checklists.trim();
                 let unknown: HashSet<String> = fresh
                     .iter()
                     .filter(|(k, _)| checklists.get(k).is_none() && !waiting.contains_key(k))
@@ -301,6 +307,7 @@ impl ChecklistEval {
                 .iter()
                 .map(|(i, bytes)| decode_record(bytes).map(|r| (*i, self.plan.key(&r))))
                 .collect::<Result<_, _>>()?;
+            checklists.trim();
             checklists.load(ctx, keys.values().cloned().collect::<HashSet<_>>()).await?;
             for (_, r) in page {
                 results += 1;
