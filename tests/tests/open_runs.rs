@@ -106,6 +106,10 @@ fn assert_same_aggregate(a: &pb::AggregateScores, b: &pb::AggregateScores) {
         assert!((x - y).abs() < 1e-12, "{what}: {x} vs {y}");
     }
     assert_eq!(a.category_pass_rates.len(), b.category_pass_rates.len());
+    for (x, y) in a.category_pass_rates.iter().zip(&b.category_pass_rates) {
+        assert_eq!((&x.category, x.items), (&y.category, y.items));
+        assert!((x.pass_rate - y.pass_rate).abs() < 1e-12, "{x:?} vs {y:?}");
+    }
     let (ua, ub) = (a.uncertainty.unwrap(), b.uncertainty.unwrap());
     assert!((ua.se - ub.se).abs() < 1e-12 && (ua.mean - ub.mean).abs() < 1e-12, "{ua:?} vs {ub:?}");
     assert_eq!(ua.observations, ub.observations);
@@ -458,4 +462,40 @@ async fn an_open_tick_run_generates_each_inputs_checklist_once_past_the_cache() 
     }
     assert_eq!(sandbox.llm.request_count(), N / 2 + N, "a generation per input and a scoring per record");
     assert_eq!(evaluation(&run).aggregate.unwrap().targets, N as u32);
+}
+
+/// A checklist with categories: the open run's category pass rates, read back with each record's
+/// checklist at the end, are the inline run's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_runs_category_rates_are_the_inline_runs() {
+    let sandbox = MeshSandbox::start().await;
+    sandbox.llm.set_handler(leaves_judge(Duration::ZERO));
+    let mut client = Client::new(sandbox.gateway().await);
+    let mut pipeline = leaves_eval(0);
+    if let Some(gw::checklist_source::Source::Checklist(c)) = pipeline.source.as_mut().and_then(|s| s.source.as_mut()) {
+        c.items[0].category = "topic".into();
+    }
+    let mut inline = pipeline.clone();
+    inline.records = leaves_records(0..12);
+    let events = sandbox.run_pipeline(gw::run_pipeline_request::Pipeline::ChecklistEval(inline)).await;
+    let reference = events.iter().rev().find_map(assay_tests::evaluation).unwrap();
+    let want = reference.aggregate.unwrap();
+    assert_eq!(want.category_pass_rates.len(), 2, "{want:?}");
+
+    pipeline.records = leaves_records(0..12);
+    let mut events = client
+        .run_pipeline(gw::RunPipelineRequest {
+            pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(pipeline)),
+            label: "open".into(),
+            budget: None,
+            open: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let run_id = events.message().await.unwrap().unwrap().event.unwrap().run_id;
+    append(&mut client, vec![message(&run_id, Vec::new(), true)]).await.unwrap();
+    while events.message().await.unwrap().is_some() {}
+    let run = get(&mut client, &run_id).await;
+    assert_same_aggregate(evaluation(&run).aggregate.as_ref().unwrap(), &want);
 }

@@ -11,9 +11,9 @@ pub const MAX_TARGETS: usize = 1_000;
 /// Maximum records in one pipeline request (and in one AppendRecords message).
 pub const MAX_RECORDS: usize = 10_000;
 /// Records of one open run (RunPipelineRequest.open; appended at most MAX_RECORDS per message).
-/// A result is keyed by its index in eight digits, and at this size the run store holds about
-/// 10 GB of a run's rows (about 1 KB per record with its result and events): past it, split the
-/// data into several runs.
+/// A result is keyed by its index in eight digits, and at this size the run store holds some
+/// 25 GB of a run's rows (about 2.5 KB per tick record with its checklist, result and events):
+/// past it, split the data into several runs.
 pub const MAX_RUN_RECORDS: u64 = 10_000_000;
 /// Maximum bytes of a custom prompt template.
 pub const MAX_TEMPLATE_BYTES: usize = 32 * 1024;

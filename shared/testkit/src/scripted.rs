@@ -459,6 +459,10 @@ struct State {
     queue: Mutex<VecDeque<Reply>>,
     handler: Mutex<Option<Handler>>,
     requests: Mutex<Vec<RecordedRequest>>,
+    /// Requests received, recorded or not.
+    received: AtomicUsize,
+    /// Keep no request (a long benchmark): only the count.
+    unrecorded: std::sync::atomic::AtomicBool,
     /// (arrival, answer) of each request, index-aligned with `requests`.
     times: Mutex<Vec<(Instant, Option<Instant>)>>,
     cancelled: AtomicUsize,
@@ -588,7 +592,13 @@ impl ScriptedLlm {
 
     /// Number of requests received so far.
     pub fn request_count(&self) -> usize {
-        lock(&self.state.requests).len()
+        self.state.received.load(Ordering::SeqCst)
+    }
+
+    /// Count requests without keeping them (`requests()` then stays empty), so a server
+    /// answering millions of calls (a benchmark) holds no memory per call.
+    pub fn stop_recording(&self) {
+        self.state.unrecorded.store(true, Ordering::SeqCst);
     }
 
     /// Requests whose client went away before the reply was sent.
@@ -684,9 +694,13 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Result<Respons
         body: serde_json::from_slice(&raw).unwrap_or(Value::Null),
         raw_body,
     };
-    let index = {
+    let index = if state.unrecorded.load(Ordering::SeqCst) {
+        state.received.fetch_add(1, Ordering::SeqCst);
+        usize::MAX
+    } else {
         let mut requests = lock(&state.requests);
         requests.push(recorded.clone());
+        state.received.fetch_add(1, Ordering::SeqCst);
         let mut times = lock(&state.times);
         times.push((Instant::now(), None));
         requests.len() - 1

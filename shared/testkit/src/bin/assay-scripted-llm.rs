@@ -61,6 +61,8 @@ async fn main() {
         }
     }
     let server = assay_testkit::ScriptedLlm::start().await;
+    // Millions of calls in a long benchmark: counted, not kept.
+    server.stop_recording();
     let answers = assay_testkit::schema_handler(Duration::from_millis(latency_ms));
     let counts = Arc::new(FaultCounts::default());
     match faults {

@@ -20,6 +20,15 @@ use super::super::checklist::{CHECKLIST, EvalRecord, decode_checklist};
 use super::{ChecklistEval, RECORD, Reserve, record_key, record_result};
 use assay_runs::{RunCtx, RunOutcome, Writes};
 
+/// The checkpoint saying a checklist of the run has categories (the first such checklist): the
+/// end of the run reads each record's checklist back only then (category pass rates); else every
+/// answered item is ungrouped whatever its checklist.
+const CATEGORIZED: &str = "open:categorized";
+
+fn has_categories(c: &Checklist) -> bool {
+    c.items.iter().any(|i| i.category.as_deref().is_some_and(|c| !c.is_empty()))
+}
+
 /// Records read from the store at once.
 const PAGE: usize = 1024;
 /// Checklists kept in memory by key; past it the cache starts again (a checklist not in memory
@@ -107,6 +116,15 @@ async fn stored_results(ctx: &RunCtx) -> Result<Done, StageError> {
     Ok(done)
 }
 
+/// A record's result as its event says it: without the item scores, which its stored result
+/// holds (ListRunResults), so an open run stores them once.
+fn slim(mut r: gw::RecordResult) -> gw::RecordResult {
+    if let Some(s) = r.score.as_mut() {
+        s.item_scores.clear();
+    }
+    r
+}
+
 /// A record's wire form decoded back (it was checked when appended).
 fn decode_record(bytes: &[u8]) -> Result<EvalRecord, StageError> {
     let wire =
@@ -136,6 +154,7 @@ impl ChecklistEval {
         let mut writes = Writes::default();
         let mut reserve = Reserve::default();
         let config = &self.scorer;
+        let mut categorized = false;
         loop {
             // A spent budget starts no new record: those read are not run, and say why.
             if let Some(why) = ctx.spending.budget_exhausted() {
@@ -143,7 +162,7 @@ impl ChecklistEval {
                     let r = record_result(p.index, &p.record, &c.id, None, format!("not run: {}", why.message));
                     writes.push(ctx.checkpoints.queued(&record_key(p.index), &r));
                     ctx.progress.add_done();
-                    writes.push(ctx.log.emit_queued(Event::RecordScored(r)));
+                    writes.push(ctx.log.emit_queued(Event::RecordScored(slim(r))));
                 }
             }
             // Read more records while fewer than two rounds of scoring wait.
@@ -217,6 +236,10 @@ impl ChecklistEval {
                         Ok(c) => {
                             let wire = convert::checklist_to(&c);
                             writes.push(ctx.checkpoints.queued(&format!("{CHECKLIST}{key}"), &wire));
+                            if !categorized && has_categories(&c) {
+                                categorized = true;
+                                writes.push(ctx.checkpoints.queued(CATEGORIZED, &wire));
+                            }
                             let record_indices = records.iter().map(|p| p.index as u32).collect();
                             writes.push(ctx.log.emit_queued(Event::ChecklistReady(gw::ChecklistReady {
                                 checklist: Some(wire),
@@ -242,7 +265,7 @@ impl ChecklistEval {
                                 let r = record_result(p.index, &p.record, "", None, why.clone());
                                 writes.push(ctx.checkpoints.queued(&record_key(p.index), &r));
                                 ctx.progress.add_done();
-                                writes.push(ctx.log.emit_queued(Event::RecordScored(r)));
+                                writes.push(ctx.log.emit_queued(Event::RecordScored(slim(r))));
                             }
                         }
                     }
@@ -268,7 +291,7 @@ impl ChecklistEval {
                     };
                     writes.push(ctx.checkpoints.queued(&record_key(p.index), &result));
                     ctx.progress.add_done();
-                    writes.push(ctx.log.emit_queued(Event::RecordScored(result)));
+                    writes.push(ctx.log.emit_queued(Event::RecordScored(slim(result))));
                 }
                 () = ctx.inputs.arrival(), if idle => {}
                 e = writes.next_error() => return Err(e),
@@ -293,31 +316,41 @@ impl ChecklistEval {
         ctx.spending.record_budget_stop();
         let mut aggregate = AggregateBuilder::default();
         let (mut results, mut failed) = (0u64, 0u64);
+        let categorized = !ctx.checkpoints.get_many::<pb::Checklist>(vec![CATEGORIZED.to_string()]).await?.is_empty();
+        // Without categories a checklist decides nothing in the aggregates.
+        let uncategorized = Arc::new(Checklist::default());
         let mut after = String::new();
         loop {
             let page = ctx.checkpoints.page::<gw::RecordResult>(RECORD, &after, PAGE).await?;
             let (Some((last, _)), Some((_, first))) = (page.last(), page.first()) else { break };
             after.clone_from(last);
-            // The page's records, for the keys of their checklists.
-            let first = u64::from(first.index);
-            let span = page.last().map_or(0, |(_, r)| u64::from(r.index) - first + 1);
-            let records = ctx.inputs.page(first, usize::try_from(span).unwrap_or(usize::MAX)).await?;
-            let keys: HashMap<u64, String> = records
-                .records
-                .iter()
-                .map(|(i, bytes)| decode_record(bytes).map(|r| (*i, self.plan.key(&r))))
-                .collect::<Result<_, _>>()?;
-            checklists.trim();
-            checklists.load(ctx, keys.values().cloned().collect::<HashSet<_>>()).await?;
+            // The page's records, for the keys of their checklists (only when one has categories).
+            let mut keys: HashMap<u64, String> = HashMap::new();
+            if categorized {
+                let first = u64::from(first.index);
+                let span = page.last().map_or(0, |(_, r)| u64::from(r.index) - first + 1);
+                let records = ctx.inputs.page(first, usize::try_from(span).unwrap_or(usize::MAX)).await?;
+                keys = records
+                    .records
+                    .iter()
+                    .map(|(i, bytes)| decode_record(bytes).map(|r| (*i, self.plan.key(&r))))
+                    .collect::<Result<_, _>>()?;
+                checklists.trim();
+                checklists.load(ctx, keys.values().cloned().collect::<HashSet<_>>()).await?;
+            }
             for (_, r) in page {
                 results += 1;
                 let Some(score) = r.score else {
                     failed += 1;
                     continue;
                 };
-                let checklist = keys.get(&u64::from(r.index)).and_then(|k| checklists.get(k)).ok_or_else(|| {
-                    StageError::Internal(format!("the checklist of record {} is not stored", r.index))
-                })?;
+                let checklist = if categorized {
+                    keys.get(&u64::from(r.index)).and_then(|k| checklists.get(k)).ok_or_else(|| {
+                        StageError::Internal(format!("the checklist of record {} is not stored", r.index))
+                    })?
+                } else {
+                    uncategorized.clone()
+                };
                 aggregate.add(&convert::score_from(score), &checklist);
             }
         }
