@@ -121,6 +121,15 @@ def test_append_requests_batch_lazily_and_seal_the_last_message() -> None:
     assert [(len(r.records), r.seal) for r in _convert.append_requests("run-1", [], True, 10)] == [(0, True)]
 
 
+def test_append_requests_go_out_early_at_the_byte_cap() -> None:
+    big = ({"id": f"r{i}", "target": "x" * (5 * 1024 * 1024)} for i in range(7))
+    got = list(_convert.append_requests("run-1", big, True, 10_000))
+    # Three records of 5 MiB fit under 16 MiB; the fourth opens the next message.
+    assert [len(r.records) for r in got] == [3, 3, 1]
+    assert all(r.ByteSize() < 64 * 1024 * 1024 for r in got)
+    assert [r.seal for r in got] == [False, False, True]
+
+
 async def test_async_append_requests_take_async_and_plain_iterables() -> None:
     async def agen() -> AsyncIterator[Any]:
         for i in range(5):

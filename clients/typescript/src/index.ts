@@ -154,6 +154,21 @@ export type RunOptions = RunStreamOptions & {
 
 /** Records per AppendRecords message at most (as `pipeline.records`). */
 export const MAX_APPEND_BATCH = 10_000;
+/** Bytes of record text per AppendRecords message at most (the gateway takes up to 64 MiB): a
+ * batch goes out early when its records reach this, however few they are. */
+export const MAX_APPEND_BYTES = 16 * 1024 * 1024;
+
+/** About how many bytes a record takes on the wire: its texts. */
+function recordBytes(r: RecordInit): number {
+  const text = (v: unknown) => (typeof v === "string" ? Buffer.byteLength(v) : 0);
+  const o = r as Record<string, unknown>;
+  let n = 16;
+  for (const k of ["id", "input", "target", "reference", "history"]) n += text(o[k]);
+  if (Array.isArray(o.candidates)) {
+    for (const c of o.candidates) n += typeof c === "string" ? text(c) : text((c as Record<string, unknown>)?.text);
+  }
+  return n;
+}
 
 /** Options of `appendRecords`. */
 export interface AppendRecordsOptions {
@@ -217,12 +232,16 @@ async function* appendRequests(
   batchSize: number,
 ): AsyncGenerator<MessageInitShape<typeof AppendRecordsRequestSchema>> {
   let batch: RecordInit[] = [];
+  let bytes = 0;
   for await (const record of records) {
-    if (batch.length === batchSize) {
+    const size = recordBytes(record);
+    if (batch.length > 0 && (batch.length === batchSize || bytes + size > MAX_APPEND_BYTES)) {
       yield { runId, records: batch };
       batch = [];
+      bytes = 0;
     }
     batch.push(record);
+    bytes += size;
   }
   yield { runId, records: batch, seal };
 }

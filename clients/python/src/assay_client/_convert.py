@@ -133,6 +133,9 @@ async def first_checked_async(
 
 #: Records one AppendRecords message carries at most (as ``pipeline.records``).
 MAX_APPEND_BATCH = 10_000
+# Bytes of records per AppendRecords message at most (the gateway takes messages of up to 64 MiB):
+# a batch goes out early when its records reach this, however few they are.
+MAX_APPEND_BYTES = 16 * 1024 * 1024
 
 
 def batch_size(value: int) -> int:
@@ -156,11 +159,14 @@ def append_requests(
     so the last one holds the last records and carries ``seal``; no records at all make one
     empty message (sealing the run when ``seal``)."""
     batch: List[gateway_pb2.EvalRecord] = []
+    nbytes = 0
     for i, value in enumerate(values):
-        if len(batch) == size:
+        record = checked_record(value, i, preset)
+        if batch and (len(batch) == size or nbytes + record.ByteSize() > MAX_APPEND_BYTES):
             yield gateway_pb2.AppendRecordsRequest(run_id=run_id, records=batch)
-            batch = []
-        batch.append(checked_record(value, i, preset))
+            batch, nbytes = [], 0
+        batch.append(record)
+        nbytes += record.ByteSize()
     yield gateway_pb2.AppendRecordsRequest(run_id=run_id, records=batch, seal=seal)
 
 
@@ -177,12 +183,15 @@ async def append_requests_async(
             yield request
         return
     batch: List[gateway_pb2.EvalRecord] = []
+    nbytes = 0
     i = 0
     async for value in values:
-        if len(batch) == size:
+        record = checked_record(value, i, preset)
+        if batch and (len(batch) == size or nbytes + record.ByteSize() > MAX_APPEND_BYTES):
             yield gateway_pb2.AppendRecordsRequest(run_id=run_id, records=batch)
-            batch = []
-        batch.append(checked_record(value, i, preset))
+            batch, nbytes = [], 0
+        batch.append(record)
+        nbytes += record.ByteSize()
         i += 1
     yield gateway_pb2.AppendRecordsRequest(run_id=run_id, records=batch, seal=seal)
 

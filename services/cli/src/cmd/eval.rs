@@ -216,11 +216,14 @@ async fn stream(
     follower.completed(state, result)
 }
 
-/// Write a checklist_eval run's results to `out`, one JSON line per record in record order
-/// (`assay eval`'s lines), read a page at a time; returns how many failed.
-pub async fn write_results(client: &mut super::Client, run_id: &str, out: &mut dyn Write) -> Result<u64, String> {
+/// Every result of a checklist_eval run, in record order, read a page of 5,000 at a time and
+/// handed to `each`.
+pub async fn each_result(
+    client: &mut super::Client,
+    run_id: &str,
+    mut each: impl FnMut(gw::RecordResult) -> Result<(), String>,
+) -> Result<(), String> {
     let mut token = String::new();
-    let mut failed = 0u64;
     loop {
         let page = client
             .list_run_results(gw::ListRunResultsRequest {
@@ -231,18 +234,31 @@ pub async fn write_results(client: &mut super::Client, run_id: &str, out: &mut d
             .await
             .map_err(|s| format!("reading the results of run {run_id}: {}", status_text(&s)))?
             .into_inner();
-        for r in &page.results {
-            failed += u64::from(r.score.is_none());
-            writeln!(out, "{}", record_json(r)).map_err(|e| e.to_string())?;
+        for r in page.results {
+            each(r)?;
         }
         if page.next_page_token.is_empty() {
-            break;
+            return Ok(());
         }
         token = page.next_page_token;
     }
+}
+
+/// Write a checklist_eval run's results to `out`, one JSON line per record in record order
+/// (`assay eval`'s lines), read a page at a time; returns how many failed.
+pub async fn write_results(client: &mut super::Client, run_id: &str, out: &mut dyn Write) -> Result<u64, String> {
+    let mut failed = 0u64;
+    each_result(client, run_id, |r| {
+        failed += u64::from(r.score.is_none());
+        writeln!(out, "{}", record_json(&r)).map_err(|e| e.to_string())
+    })
+    .await?;
     out.flush().map_err(|e| e.to_string())?;
     Ok(failed)
 }
+
+/// Bytes of records per AppendRecords message at most.
+const MAX_APPEND_BYTES: usize = 16 * 1024 * 1024;
 
 /// Send the rest of a records file into open run `run_id` over one AppendRecords call, at most
 /// [`MAX_RECORDS`] per message, then seal it. The file is read on a blocking thread as the call
@@ -257,12 +273,17 @@ async fn send_records(
     let id = run_id.clone();
     let reader = tokio::task::spawn_blocking(move || -> Result<u64, String> {
         let mut batch = Vec::with_capacity(MAX_RECORDS);
+        let mut bytes = 0usize;
         let mut sent = 0u64;
         let mut lines = lines.peekable();
         while let Some(r) = lines.next() {
-            batch.push(r?);
+            let r = r?;
+            bytes += prost::Message::encoded_len(&r);
+            batch.push(r);
             let last = lines.peek().is_none();
-            if batch.len() == MAX_RECORDS || last {
+            // A message goes at 10,000 records, or early at 16 MiB (the gateway takes up to 64 MiB).
+            if batch.len() == MAX_RECORDS || bytes >= MAX_APPEND_BYTES || last {
+                bytes = 0;
                 sent += batch.len() as u64;
                 let message =
                     gw::AppendRecordsRequest { run_id: id.clone(), records: std::mem::take(&mut batch), seal: last };

@@ -124,23 +124,11 @@ pub async fn fetch_evaluation(config: &AssayConfig, url: &str, run_id: &str) -> 
     if e.results_paged {
         // An open run: its results a page at a time (its checklists stay in the store, so the
         // item flips name items by id).
-        let mut token = String::new();
-        loop {
-            let page = c
-                .list_run_results(gw::ListRunResultsRequest {
-                    run_id: run_id.to_string(),
-                    page_size: 10_000,
-                    page_token: token,
-                })
-                .await
-                .map_err(|s| format!("run {run_id}: {}", status_text(&s)))?
-                .into_inner();
-            e.results.extend(page.results);
-            if page.next_page_token.is_empty() {
-                break;
-            }
-            token = page.next_page_token;
-        }
+        super::eval::each_result(&mut c, run_id, |r| {
+            e.results.push(r);
+            Ok(())
+        })
+        .await?;
     }
     Ok(e)
 }

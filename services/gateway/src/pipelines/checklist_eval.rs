@@ -422,19 +422,7 @@ impl Pipeline for ChecklistEval {
                         Err(e) => return Err(e),
                     };
                     let checklist_id = ready[production.record_checklist[i]].as_ref().map(|c| c.id.clone()).unwrap_or_default();
-                    let result = match scored {
-                        Ok((r, usage, model)) => {
-                            reserve.add(&usage);
-                            ctx.spending.add_usage(&usage);
-                            ctx.progress.add_model(&model);
-                            r
-                        }
-                        Err(e @ (StageError::InvalidArgument(_) | StageError::FailedPrecondition(_) | StageError::Unimplemented(_))) => return Err(e),
-                        Err(StageError::BudgetExhausted(m)) => {
-                            record_result(i, &self.records[i], &checklist_id, None, format!("not run: {m}"))
-                        }
-                        Err(e) => record_result(i, &self.records[i], &checklist_id, None, e.to_string()),
-                    };
+                    let result = settle(ctx, &mut reserve, i, &self.records[i], &checklist_id, scored)?;
                     writes.push(ctx.checkpoints.queued(&record_key(i), &result));
                     ctx.progress.add_done();
                     writes.push(ctx.log.emit_queued(Event::RecordScored(result)));
@@ -482,6 +470,34 @@ impl Reserve {
         let fit = by_tokens.min(by_usd);
         if fit.is_finite() { (fit.ceil() as usize).max(1) } else { usize::MAX }
     }
+}
+
+/// A record's scoring as its result: the usage and model counted when it was scored; a call the
+/// budget refused says "not run"; a transient failure fails the record; bad input or a refused
+/// request fails the run.
+pub(super) fn settle(
+    ctx: &RunCtx,
+    reserve: &mut Reserve,
+    i: usize,
+    r: &EvalRecord,
+    checklist_id: &str,
+    scored: Result<(gw::RecordResult, Usage, ModelRecord), StageError>,
+) -> Result<gw::RecordResult, StageError> {
+    Ok(match scored {
+        Ok((result, usage, model)) => {
+            reserve.add(&usage);
+            ctx.spending.add_usage(&usage);
+            ctx.progress.add_model(&model);
+            result
+        }
+        Err(
+            e @ (StageError::InvalidArgument(_) | StageError::FailedPrecondition(_) | StageError::Unimplemented(_)),
+        ) => {
+            return Err(e);
+        }
+        Err(StageError::BudgetExhausted(m)) => record_result(i, r, checklist_id, None, format!("not run: {m}")),
+        Err(e) => record_result(i, r, checklist_id, None, e.to_string()),
+    })
 }
 
 pub(super) fn record_key(i: usize) -> String {

@@ -17,7 +17,7 @@ use futures::stream::FuturesUnordered;
 use prost::Message;
 
 use super::super::checklist::{CHECKLIST, EvalRecord, decode_checklist};
-use super::{ChecklistEval, RECORD, Reserve, record_key, record_result};
+use super::{ChecklistEval, RECORD, Reserve, record_key, record_result, settle};
 use assay_runs::{RunCtx, RunOutcome, Writes};
 
 /// The checkpoint saying a checklist of the run has categories (the first such checklist): the
@@ -276,19 +276,7 @@ impl ChecklistEval {
                         Err(StageError::Cancelled(_)) if ctx.gate.is_cancelled() => break,
                         Err(e) => return Err(e),
                     };
-                    let result = match scored {
-                        Ok((r, usage, model)) => {
-                            reserve.add(&usage);
-                            ctx.spending.add_usage(&usage);
-                            ctx.progress.add_model(&model);
-                            r
-                        }
-                        Err(e @ (StageError::InvalidArgument(_) | StageError::FailedPrecondition(_) | StageError::Unimplemented(_))) => return Err(e),
-                        Err(StageError::BudgetExhausted(m)) => {
-                            record_result(p.index, &p.record, &checklist.id, None, format!("not run: {m}"))
-                        }
-                        Err(e) => record_result(p.index, &p.record, &checklist.id, None, e.to_string()),
-                    };
+                    let result = settle(ctx, &mut reserve, p.index, &p.record, &checklist.id, scored)?;
                     writes.push(ctx.checkpoints.queued(&record_key(p.index), &result));
                     ctx.progress.add_done();
                     writes.push(ctx.log.emit_queued(Event::RecordScored(slim(result))));
