@@ -33,6 +33,13 @@ pub trait Pipeline: Send + Sync {
     /// Run to the end (or until cancelled), resuming from the run's checkpoints. An error fails
     /// the run; observe [`crate::Gate::wait`] before starting new work.
     async fn run(&self, ctx: &RunCtx) -> Result<RunOutcome, StageError>;
+    /// Work on a run another gateway executes, with `ctx` from [`RunCtx`]'s helper form: claim
+    /// chunks of its records, score them and store their results, until nothing is left to
+    /// claim. Only pipelines whose records can be spread do anything.
+    async fn help(&self, ctx: &RunCtx) -> Result<(), StageError> {
+        let _ = ctx;
+        Ok(())
+    }
     /// A pipeline-specific control: accept, review, edit_section, and resume while the run awaits
     /// a human. Validate it against the run's state, then post it with [`crate::Inbox::post_action`]
     /// (which audits it) for the run to consume.

@@ -20,8 +20,8 @@ class Event:
 
     ``kind`` names the event (``started``, ``progress``, ``checklist_ready``, ``record_scored``,
     ``aggregate``, ``refinement``, ``self_refine_pass``, ``debate_stage``, ``state_changed``,
-    ``completed``, ``debate_problem_done``, ``self_refined``); ``payload`` is its message and
-    ``raw`` the whole ``assay.gateway.v1.RunEvent``.
+    ``completed``, ``debate_problem_done``, ``self_refined``, ``records_claimed``); ``payload`` is
+    its message and ``raw`` the whole ``assay.gateway.v1.RunEvent``.
     """
 
     run_id: str

@@ -251,7 +251,8 @@ impl RunFollower for Follower {
                 | Event::RecordScored(_)
                 | Event::Aggregate(_)
                 | Event::Refinement(_)
-                | Event::SelfRefinePass(_),
+                | Event::SelfRefinePass(_)
+                | Event::RecordsClaimed(_),
             )
             | None => {}
         }

@@ -355,7 +355,8 @@ impl RunFollower for Follower {
                 | Event::SelfRefinePass(_)
                 | Event::DebateStage(_)
                 | Event::DebateProblemDone(_)
-                | Event::SelfRefined(_),
+                | Event::SelfRefined(_)
+                | Event::RecordsClaimed(_),
             )
             | None => {}
         }

@@ -399,7 +399,8 @@ impl RunFollower for Follower {
                 | Event::Aggregate(_)
                 | Event::SelfRefinePass(_)
                 | Event::DebateStage(_)
-                | Event::DebateProblemDone(_),
+                | Event::DebateProblemDone(_)
+                | Event::RecordsClaimed(_),
             )
             | None => Step::Continue,
         }

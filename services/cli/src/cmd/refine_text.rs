@@ -242,7 +242,8 @@ impl RunFollower for Follower {
                 | Event::Refinement(_)
                 | Event::DebateStage(_)
                 | Event::DebateProblemDone(_)
-                | Event::SelfRefined(_),
+                | Event::SelfRefined(_)
+                | Event::RecordsClaimed(_),
             )
             | None => {}
         }

@@ -366,6 +366,13 @@ fn watch_line(e: &gw::RunEvent, as_json: bool) -> Result<String, String> {
         Some(Event::SelfRefined(r)) => Some(self_refine::self_refined_line(r)),
         Some(Event::DebateProblemDone(p)) => Some(super::render::debate::problem_line(p)),
         Some(Event::StateChanged(s)) => Some(state_line(s)),
+        Some(Event::RecordsClaimed(c)) => Some(format!(
+            "records {}-{} claimed by gateway {}{}",
+            c.first,
+            (c.first + u64::from(c.count)).saturating_sub(1),
+            c.gateway,
+            if c.takeover { " (taken over from an expired claim)" } else { "" }
+        )),
         Some(Event::Completed(c)) => Some(completed_line(&e.run_id, c)),
         Some(
             Event::Started(_)

@@ -21,6 +21,7 @@ use super::stages::Stages;
 use assay_runs::{Pipeline, RunCtx, RunOutcome, Writes};
 
 mod open;
+mod spread;
 
 /// Checkpoint key prefix of the scored records (each under its index, in eight digits).
 pub const RESULT_PREFIX: &str = "record:";
@@ -313,6 +314,14 @@ impl Pipeline for ChecklistEval {
             ));
         }
         self.rows(records)
+    }
+
+    /// An open run spread over the gateways sharing the store: claim chunks of its records.
+    async fn help(&self, ctx: &RunCtx) -> Result<(), StageError> {
+        if !self.open {
+            return Ok(());
+        }
+        self.help_spread(ctx).await
     }
 
     /// Each record is scored as soon as its checklist exists: generation (one per distinct

@@ -75,6 +75,17 @@ impl RunCtx {
         }
     }
 
+    /// The context of a gateway helping with a run another gateway executes (its records spread
+    /// over the gateways sharing the store): records and stored checkpoints come from the store;
+    /// its events, checkpoints, usage and progress stay in memory (what it stores goes through
+    /// [`Inputs::commit`]).
+    pub(crate) fn helper(run: gw::Run, store: RunStore) -> Self {
+        let mut ctx = Self::new(run, 0, None);
+        ctx.inputs = Inputs::new(ctx.run_id.clone(), Some(store));
+        ctx.spending.take_usage();
+        ctx
+    }
+
     /// Hold the run to the daily spend caps of `backends` (see [`Spending`]).
     #[must_use]
     pub(crate) fn with_spend(mut self, caps: Arc<SpendCaps>, backends: BTreeSet<String>) -> Self {

@@ -58,6 +58,11 @@ impl Progress {
         });
     }
 
+    /// Each gateway's share of a spread run (stored with the next event).
+    pub fn set_gateways(&self, gateways: Vec<gw::GatewayShare>) {
+        self.summary.update(|r| r.gateways = gateways);
+    }
+
     /// One more unit of work done.
     pub fn add_done(&self) {
         self.summary.update(|r| r.records_done += 1);

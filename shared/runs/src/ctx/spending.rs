@@ -175,6 +175,14 @@ impl Spending {
         charge(&self.summary, usage);
     }
 
+    /// The usage so far, reset to none: what a helping gateway hands over with its finished
+    /// chunks (its context's usage is its own, not the run's).
+    pub fn take_usage(&self) -> pb::Usage {
+        let mut taken = pb::Usage::default();
+        self.summary.update(|run| taken = run.usage.replace(pb::Usage::default()).unwrap_or_default());
+        taken
+    }
+
     /// The run's usage so far.
     pub fn usage(&self) -> pb::Usage {
         self.summary.snapshot().usage.unwrap_or_default()

@@ -1,6 +1,7 @@
 //! The engine: starts, executes, watches and controls runs (see the crate's documentation).
 
 mod control;
+mod help;
 mod records;
 mod retention;
 mod supervise;
@@ -87,6 +88,8 @@ pub struct Engine {
     max_active: usize,
     /// Spend per backend and the daily caps.
     spend: Option<Arc<SpendCaps>>,
+    /// Runs other gateways execute that this one helps with (spread runs).
+    helping: Arc<Mutex<std::collections::HashSet<String>>>,
 }
 
 /// One executing run's place under [`Engine::with_max_active_runs`].
@@ -110,6 +113,7 @@ impl Engine {
             active,
             max_active: usize::MAX,
             spend: None,
+            helping: Arc::default(),
         }
     }
 
@@ -202,6 +206,7 @@ impl Engine {
             budget,
             budget_exhausted: String::new(),
             open,
+            gateways: Vec::new(),
         }
     }
 

@@ -24,6 +24,7 @@ impl Engine {
         let mut halt = self.halt.subscribe();
         let renew_every = lease / 3;
         let mut last_renew = tokio::time::Instant::now();
+        let mut last_look = tokio::time::Instant::now();
         loop {
             tokio::select! {
                 () = tokio::time::sleep(CONTROL_POLL) => {}
@@ -55,6 +56,10 @@ impl Engine {
                     }
                 }
                 Err(e) => tracing::warn!(error = %e, "could not read posted controls"),
+            }
+            if last_look.elapsed() >= super::help::LOOK_EVERY {
+                last_look = tokio::time::Instant::now();
+                self.look_for_help().await;
             }
             if last_renew.elapsed() < renew_every {
                 continue;

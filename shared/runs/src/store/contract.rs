@@ -60,7 +60,7 @@ pub fn state_refused(run_id: &str, found: i32) -> StageError {
 
 /// Run storage behind the engine.
 #[async_trait::async_trait]
-pub trait RunStorage: SpendLedger + RecordStorage + Send + Sync {
+pub trait RunStorage: SpendLedger + RecordStorage + ChunkStorage + Send + Sync {
     /// What the store is, for logs (no secrets).
     fn describe(&self) -> String;
     /// Whether several gateways share it (leases, takeover and cross-gateway watching apply).
@@ -243,6 +243,96 @@ pub trait RecordStorage: Send + Sync {
         after: &str,
         limit: usize,
     ) -> Result<Vec<(String, Vec<u8>)>, StageError>;
+}
+
+/// A chunk of an open run's records, `[first, first + count)`, claimed by this gateway.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Chunk {
+    pub first: u64,
+    pub count: u32,
+    /// It was claimed before, by a claim that expired.
+    pub takeover: bool,
+}
+
+/// What [`ChunkStorage::claim_chunk`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    /// A chunk, now held by the claim's token.
+    Chunk(Chunk),
+    /// Nothing to claim now: the other chunks are held, or records may still be appended.
+    Wait,
+    /// The run is sealed and every record is in a finished chunk.
+    Finished,
+}
+
+/// A chunk as the store has it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChunkRow {
+    pub first: u64,
+    pub count: u32,
+    /// The gateway that holds (or finished) it.
+    pub owner: String,
+    /// The claim that holds it (a new one after a takeover).
+    pub token: String,
+    /// How many claims it has had (more than one: taken over after a claim expired).
+    pub claims: u32,
+    pub done: bool,
+    /// What a helping gateway spent on it (encoded `Usage`), once done.
+    pub usage: Option<Vec<u8>>,
+}
+
+/// One commit of a claim's work ([`ChunkStorage::commit_chunks`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ChunkCommit {
+    /// The chunks the claim works on: their claims are renewed.
+    pub held: Vec<u64>,
+    /// Results and other checkpoints, each stored only if none is stored under its key yet, with
+    /// the chunk it belongs to (`None`: not fenced by a chunk, such as a checklist).
+    pub checkpoints: Vec<(Option<u64>, String, Vec<u8>)>,
+    /// Chunks every record of which has a result now.
+    pub done: Vec<u64>,
+    /// What the claim spent since its last commit (encoded `Usage`), kept on its first done chunk.
+    pub usage: Option<Vec<u8>>,
+}
+
+/// An open run's records spread over the gateways sharing a store: claimed in chunks, each chunk's
+/// results written by the claim that holds it (at-least-once dispatch: a chunk whose claim expired
+/// is claimed again; results written once: a result stored under a record's key is never
+/// replaced). Stores of one gateway do not spread runs.
+#[async_trait::async_trait]
+pub trait ChunkStorage: Send + Sync {
+    /// Let other gateways claim chunks of open run `run_id` (its executor does).
+    async fn spread(&self, run_id: &str) -> Result<(), StageError> {
+        let _ = run_id;
+        Err(StageError::Unimplemented("this run store has one gateway: runs are not spread".into()))
+    }
+    /// Claim a chunk of running open run `run_id` for `token` (for the store's lease): an unfinished
+    /// chunk whose claim expired first, else the next records not in a chunk, `max` at most.
+    async fn claim_chunk(&self, run_id: &str, token: &str, max: u32) -> Result<Claim, StageError> {
+        let _ = (run_id, token, max);
+        Err(StageError::Unimplemented("this run store has one gateway: runs are not spread".into()))
+    }
+    /// Store `commit` for the claim `token` in one transaction: what belongs to a chunk the token
+    /// no longer holds is dropped, and those chunks are returned (another claim has them now).
+    async fn commit_chunks(&self, run_id: &str, token: &str, commit: ChunkCommit) -> Result<Vec<u64>, StageError> {
+        let _ = (run_id, token, commit);
+        Err(StageError::Unimplemented("this run store has one gateway: runs are not spread".into()))
+    }
+    /// Give up the unfinished chunks `token` holds (it stops): another claim takes them at once.
+    async fn release_chunks(&self, run_id: &str, token: &str) -> Result<(), StageError> {
+        let _ = (run_id, token);
+        Ok(())
+    }
+    /// The chunks of run `run_id` from `first` on, by first index.
+    async fn chunks(&self, run_id: &str, first: u64) -> Result<Vec<ChunkRow>, StageError> {
+        let _ = (run_id, first);
+        Ok(Vec::new())
+    }
+    /// Running spread runs this gateway does not execute with a chunk to claim, `limit` at most.
+    async fn runs_to_help(&self, limit: usize) -> Result<Vec<String>, StageError> {
+        let _ = limit;
+        Ok(Vec::new())
+    }
 }
 
 /// The errors of an append, shared by the stores.

@@ -16,8 +16,9 @@ mod postgres;
 mod sqlite;
 
 pub use contract::{
-    Appended, ControlOutcome, ControlRefusal, HoldOutcome, NewRecord, PostedControl, RecordStorage, RecordsPage,
-    RunStorage, RunWrite, SpendHold, SpendLedger, StoredRun, state_refused,
+    Appended, Chunk, ChunkCommit, ChunkRow, ChunkStorage, Claim, ControlOutcome, ControlRefusal, HoldOutcome,
+    NewRecord, PostedControl, RecordStorage, RecordsPage, RunStorage, RunWrite, SpendHold, SpendLedger, StoredRun,
+    state_refused,
 };
 pub use handle::RunStore;
 pub use observed::ObservedStore;

@@ -10,8 +10,8 @@ use assay_proto::gateway::v1 as gw;
 use tokio::sync::watch;
 
 use super::contract::{
-    Appended, ControlOutcome, ControlRefusal, HoldOutcome, NewRecord, PostedControl, RecordStorage, RecordsPage,
-    RunStorage, RunWrite, SpendHold, SpendLedger, StoredRun,
+    Appended, ChunkCommit, ChunkRow, ChunkStorage, Claim, ControlOutcome, ControlRefusal, HoldOutcome, NewRecord,
+    PostedControl, RecordStorage, RecordsPage, RunStorage, RunWrite, SpendHold, SpendLedger, StoredRun,
 };
 use super::handle::RunStore;
 
@@ -168,5 +168,27 @@ impl RecordStorage for ObservedStore {
         limit: usize,
     ) -> Result<Vec<(String, Vec<u8>)>, StageError> {
         self.inner.checkpoints_page(run_id, prefix, after, limit).await
+    }
+}
+
+#[async_trait::async_trait]
+impl ChunkStorage for ObservedStore {
+    async fn spread(&self, run_id: &str) -> Result<(), StageError> {
+        self.inner.spread(run_id).await
+    }
+    async fn claim_chunk(&self, run_id: &str, token: &str, max: u32) -> Result<Claim, StageError> {
+        self.inner.claim_chunk(run_id, token, max).await
+    }
+    async fn commit_chunks(&self, run_id: &str, token: &str, commit: ChunkCommit) -> Result<Vec<u64>, StageError> {
+        self.inner.commit_chunks(run_id, token, commit).await
+    }
+    async fn release_chunks(&self, run_id: &str, token: &str) -> Result<(), StageError> {
+        self.inner.release_chunks(run_id, token).await
+    }
+    async fn chunks(&self, run_id: &str, first: u64) -> Result<Vec<ChunkRow>, StageError> {
+        self.inner.chunks(run_id, first).await
+    }
+    async fn runs_to_help(&self, limit: usize) -> Result<Vec<String>, StageError> {
+        self.inner.runs_to_help(limit).await
     }
 }

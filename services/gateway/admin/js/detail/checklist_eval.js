@@ -31,6 +31,7 @@ export function buildChecklistEval(D) {
   };
   e.aggregates = h('dl', {id: 'aggregates', class: 'kv'});
   e.categories = h('div', {id: 'category-rates'});
+  e.gateways = h('div', {id: 'gateway-shares'});
   e.recordsRange = h('p', {id: 'records-range', class: 'muted', role: 'status'});
   e.recordsOpen = h('p', {id: 'records-open', class: 'notice', hidden: true}, 'open: still taking records');
   e.records = h('div', {id: 'records'});
@@ -42,7 +43,7 @@ export function buildChecklistEval(D) {
   e.checklists = h('div', {id: 'checklists'});
   return [
     buildProgress(D, 'Records'),
-    panel('Aggregates', e.aggregates, e.categories),
+    panel('Aggregates', e.aggregates, e.categories, e.gateways),
     panel('Records', e.recordsOpen, e.recordsRange, e.records,
       h('div', {class: 'pager', role: 'group', 'aria-label': 'Record pages'}, e.recordsPrev, e.recordsNext),
       e.recordsError),
@@ -74,6 +75,12 @@ export function renderChecklistEval(D) {
   const cats = (agg && agg.categoryPassRates) || [];
   patch(e.categories, cats, () => (cats.length ? table(['Category', 'Pass rate', 'Items'], cats.map((c) => h('tr',
     h('td', c.category), h('td', {class: 'num'}, fmtPct(c.passRate)), h('td', {class: 'num'}, String(num(c.items))))), 'categories') : []));
+
+  // A run spread over several gateways: what each claimed and finished.
+  const shares = run.gateways || [];
+  patch(e.gateways, shares, () => (shares.length ? table(['Gateway', 'Records claimed', 'Records done'],
+    shares.map((g) => h('tr', h('td', g.gateway), h('td', {class: 'num'}, String(num(g.recordsClaimed))),
+      h('td', {class: 'num'}, String(num(g.recordsDone))))), 'gateways') : []));
 
   syncResults(D);
   const checklists = new Map(D.checklists);

@@ -75,6 +75,8 @@ function summarize(ev, k) {
       return `problem ${x.id} done: ${x.error ? `failed: ${x.error}` : `answer “${clip(x.finalAnswer)}”`}${x.correct == null ? '' : x.correct ? ', correct' : ', incorrect'}`;
     case 'selfRefined':
       return `self-refine hook on ${x.target} (${x.producer || '—'}): ${x.skipped ? `skipped, ${x.skipped}` : x.error ? `failed: ${x.error}` : x.after !== x.before ? 'refined' : 'unchanged'}`;
+    case 'recordsClaimed':
+      return `records ${num(x.first)}–${num(x.first) + num(x.count) - 1} claimed by gateway ${x.gateway}${x.takeover ? ' (taken over from an expired claim)' : ''}`;
     default: return 'unknown event';
   }
 }

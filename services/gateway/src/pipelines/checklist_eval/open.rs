@@ -23,30 +23,32 @@ use assay_runs::{RunCtx, RunOutcome, Writes};
 /// The checkpoint saying a checklist of the run has categories (the first such checklist): the
 /// end of the run reads each record's checklist back only then (category pass rates); else every
 /// answered item is ungrouped whatever its checklist.
-const CATEGORIZED: &str = "open:categorized";
+pub(super) const CATEGORIZED: &str = "open:categorized";
 
-fn has_categories(c: &Checklist) -> bool {
+pub(super) fn has_categories(c: &Checklist) -> bool {
     c.items.iter().any(|i| i.category.as_deref().is_some_and(|c| !c.is_empty()))
 }
 
 /// Records read from the store at once.
-const PAGE: usize = 1024;
+pub(super) const PAGE: usize = 1024;
 /// Checklists kept in memory by key; past it the cache starts again (a checklist not in memory
 /// is read back from the store).
 const CACHE: usize = 4096;
 
 /// A record read and waiting for its checklist or its scoring.
-struct Pending {
-    index: usize,
-    record: EvalRecord,
+pub(super) struct Pending {
+    pub(super) index: usize,
+    pub(super) record: EvalRecord,
+    /// The chunk it belongs to (a spread run), else 0.
+    pub(super) chunk: u64,
 }
 
 /// Which records already have a result (a resumed run), one bit per record.
 #[derive(Default)]
-struct Done(Vec<u64>);
+pub(super) struct Done(Vec<u64>);
 
 impl Done {
-    fn insert(&mut self, i: usize) {
+    pub(super) fn insert(&mut self, i: usize) {
         let (w, b) = (i / 64, i % 64);
         if self.0.len() <= w {
             self.0.resize(w + 1, 0);
@@ -54,46 +56,53 @@ impl Done {
         self.0[w] |= 1 << b;
     }
 
-    fn contains(&self, i: usize) -> bool {
+    pub(super) fn contains(&self, i: usize) -> bool {
         self.0.get(i / 64).is_some_and(|w| w & (1 << (i % 64)) != 0)
     }
 
-    fn count(&self) -> u32 {
+    pub(super) fn count(&self) -> u32 {
         self.0.iter().map(|w| w.count_ones()).sum()
     }
 }
 
 /// The checklists a run has produced, the most recent ones in memory.
 #[derive(Default)]
-struct Checklists {
+pub(super) struct Checklists {
     cache: HashMap<String, Arc<Checklist>>,
 }
 
 impl Checklists {
-    fn get(&self, key: &str) -> Option<Arc<Checklist>> {
+    pub(super) fn get(&self, key: &str) -> Option<Arc<Checklist>> {
         self.cache.get(key).cloned()
     }
 
-    fn insert(&mut self, key: String, c: Arc<Checklist>) {
+    pub(super) fn insert(&mut self, key: String, c: Arc<Checklist>) {
         self.cache.insert(key, c);
     }
 
     /// Start the cache again when it is full: called before a page of records is looked up, so
     /// what one page loads stays until the page is done with.
-    fn trim(&mut self) {
+    pub(super) fn trim(&mut self) {
         if self.cache.len() >= CACHE {
             self.cache.clear();
         }
     }
 
     /// Put the stored checklists of `keys` not in memory into it.
-    async fn load(&mut self, ctx: &RunCtx, keys: impl IntoIterator<Item = String>) -> Result<(), StageError> {
+    pub(super) async fn load(
+        &mut self,
+        ctx: &RunCtx,
+        keys: impl IntoIterator<Item = String>,
+    ) -> Result<(), StageError> {
         let missing: Vec<String> =
             keys.into_iter().filter(|k| !self.cache.contains_key(k)).map(|k| format!("{CHECKLIST}{k}")).collect();
         if missing.is_empty() {
             return Ok(());
         }
-        for (key, c) in ctx.checkpoints.get_many::<pb::Checklist>(missing).await? {
+        // From the store, whatever the context keeps its own writes in (a helper keeps none).
+        for (key, bytes) in ctx.inputs.stored(missing).await? {
+            let c = pb::Checklist::decode(bytes.as_slice())
+                .map_err(|e| StageError::Internal(format!("run store: corrupt checkpoint: {e}")))?;
             let key = key.strip_prefix(CHECKLIST).unwrap_or(&key).to_string();
             self.insert(key, Arc::new(decode_checklist(c)?));
         }
@@ -102,7 +111,7 @@ impl Checklists {
 }
 
 /// The records of a run that already have a result.
-async fn stored_results(ctx: &RunCtx) -> Result<Done, StageError> {
+pub(super) async fn stored_results(ctx: &RunCtx) -> Result<Done, StageError> {
     let mut done = Done::default();
     let mut after = String::new();
     loop {
@@ -118,7 +127,7 @@ async fn stored_results(ctx: &RunCtx) -> Result<Done, StageError> {
 
 /// A record's result as its event says it: without the item scores, which its stored result
 /// holds (ListRunResults), so an open run stores them once.
-fn slim(mut r: gw::RecordResult) -> gw::RecordResult {
+pub(super) fn slim(mut r: gw::RecordResult) -> gw::RecordResult {
     if let Some(s) = r.score.as_mut() {
         s.item_scores.clear();
     }
@@ -126,7 +135,7 @@ fn slim(mut r: gw::RecordResult) -> gw::RecordResult {
 }
 
 /// A record's wire form decoded back (it was checked when appended).
-fn decode_record(bytes: &[u8]) -> Result<EvalRecord, StageError> {
+pub(super) fn decode_record(bytes: &[u8]) -> Result<EvalRecord, StageError> {
     let wire =
         gw::EvalRecord::decode(bytes).map_err(|e| StageError::Internal(format!("run store: corrupt record: {e}")))?;
     let mut v = assay_domain::Violations::new();
@@ -137,6 +146,11 @@ fn decode_record(bytes: &[u8]) -> Result<EvalRecord, StageError> {
 impl ChecklistEval {
     /// Run an open run to the end: until it is sealed and every record it holds has a result.
     pub(super) async fn run_open(&self, ctx: &RunCtx) -> Result<RunOutcome, StageError> {
+        // On a shared store, a run without a budget is spread over the gateways (a budget is
+        // settled by the one gateway that executes the run).
+        if ctx.inputs.can_spread() && !ctx.spending.has_budget() {
+            return self.run_spread(ctx).await;
+        }
         let done = stored_results(ctx).await?;
         ctx.progress.set_done(done.count());
         // The run's only checklist (an explicit one, or from a corpus) fails the run when it
@@ -183,7 +197,7 @@ impl ChecklistEval {
                         continue;
                     }
                     let record = decode_record(&bytes)?;
-                    fresh.push((self.plan.key(&record), Pending { index, record }));
+                    fresh.push((self.plan.key(&record), Pending { index, record, chunk: 0 }));
                 }
                 checklists.trim();
                 let unknown: HashSet<String> = fresh
@@ -295,7 +309,7 @@ impl ChecklistEval {
     /// The end of an open run: the aggregates in one pass over the stored results (each with its
     /// record's checklist), then the outcome by how many records failed. The results stay in the
     /// store (ListRunResults).
-    async fn finish_open(
+    pub(super) async fn finish_open(
         &self,
         ctx: &RunCtx,
         checklists: &mut Checklists,

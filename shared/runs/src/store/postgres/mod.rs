@@ -3,6 +3,7 @@
 //! server's, the same for every gateway); writes of a run's events, summary and checkpoints are
 //! fenced by that lease.
 
+mod chunks;
 mod records;
 mod runs;
 mod spend;

@@ -180,6 +180,17 @@ impl RunStorage for PostgresStore {
     }
 
     async fn claim_orphans(&self, startup: bool) -> Result<Vec<StoredRun>, StageError> {
+        if startup {
+            // Chunks this gateway's previous process held are free to claim again at once.
+            self.client()
+                .await?
+                .execute(
+                    "UPDATE run_chunks SET lease_until = to_timestamp(0) WHERE owner = $1 AND NOT done",
+                    &[&self.owner],
+                )
+                .await
+                .map_err(db_err)?;
+        }
         // SKIP LOCKED: gateways scanning together split the orphans instead of queueing.
         let rows = self
             .client()
@@ -325,7 +336,7 @@ impl RunStorage for PostgresStore {
             return Err(state_refused(run_id, state));
         }
         let run = gw::Run::decode(row.get::<_, &[u8]>(1)).map_err(decode_err)?;
-        for table in ["events", "checkpoints", "controls", "run_records", "run_inputs", "runs"] {
+        for table in ["events", "checkpoints", "controls", "run_records", "run_inputs", "run_chunks", "runs"] {
             tx.execute(&format!("DELETE FROM {table} WHERE run_id = $1"), &[&run_id]).await.map_err(db_err)?;
         }
         tx.commit().await.map_err(db_err)?;

@@ -18,6 +18,7 @@ pub(super) const MIGRATIONS: &[(i32, &str)] = &[
     (4, include_str!("../../../migrations/postgres/0004_spend_holds.sql")),
     (5, include_str!("../../../migrations/postgres/0005_retention.sql")),
     (6, include_str!("../../../migrations/postgres/0006_run_records.sql")),
+    (7, include_str!("../../../migrations/postgres/0007_run_chunks.sql")),
 ];
 /// A run's summary, fenced by this gateway's lease: $1 run, $2 state, $3 summary, $4 owner.
 pub(super) const UPDATE_SUMMARY: &str =

@@ -6,6 +6,9 @@ use rusqlite::{OptionalExtension, params};
 use super::{ENDED, SqliteStore, db_err};
 use crate::store::contract::{Appended, NewRecord, RecordStorage, RecordsPage, append, state_refused};
 
+/// One gateway per file: runs are not spread (the defaults refuse).
+impl crate::store::contract::ChunkStorage for SqliteStore {}
+
 #[async_trait::async_trait]
 impl RecordStorage for SqliteStore {
     async fn append_records(

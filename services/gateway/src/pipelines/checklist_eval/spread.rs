@@ -1,0 +1,426 @@
+//! An open run spread over the gateways sharing a PostgreSQL store. Its records are claimed in
+//! chunks of [`PAGE`] by the executing gateway and by every other gateway that helps
+//! ([`assay_runs::Pipeline::help`]); each claim scores its chunk's records and stores their results
+//! (and the checklists it produced) through its claim, a few hundred at a time, then marks the
+//! chunk done. Dispatch is at least once (a chunk whose claim expired is claimed again, and its
+//! records without a stored result are scored again); results are written once (a result stored
+//! under a record's key is never replaced, and a claim that lost its chunk stores nothing of it).
+//!
+//! The executor alone writes the run's events: its own records as they are scored, the records of
+//! other gateways' chunks once those are done (read back from the store), and a `records_claimed`
+//! event per claim; it keeps each gateway's share in the run's summary and, once every chunk is
+//! done, adds what helpers spent (kept with their chunks) to the run's usage and computes the
+//! aggregates.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use assay_domain::{Checklist, StageError};
+use assay_proto::convert;
+use assay_proto::gateway::v1 as gw;
+use assay_proto::gateway::v1::run_event::Event;
+use assay_runs::store::{ChunkCommit, ChunkRow, Claim};
+use assay_runs::{RunCtx, RunOutcome, Writes};
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
+use prost::Message;
+
+use super::super::checklist::CHECKLIST;
+use super::open::{CATEGORIZED, Checklists, Done, PAGE, Pending, decode_record, has_categories, slim, stored_results};
+use super::{ChecklistEval, RECORD, Reserve, record_key, record_result, settle};
+
+/// How often a claim looks again when nothing was left to claim, renews its chunks when it stored
+/// nothing meanwhile, and the executor reads the run's chunks.
+const TICK: Duration = Duration::from_millis(500);
+
+/// Who works on the chunks.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// The gateway executing the run: it writes the run's events and ends the run.
+    Executor,
+    /// Another gateway sharing the store.
+    Helper,
+}
+
+/// What the executor knows of the run's chunks and has said of them.
+#[derive(Default)]
+struct Watch {
+    /// Every chunk seen, as last read (a resumed executor starts again: it says the claims it
+    /// finds once more).
+    chunks: BTreeMap<u64, ChunkRow>,
+    /// Chunks whose records other claims scored that have been read back and said.
+    absorbed: HashSet<u64>,
+    /// Chunks below this are all done and said: read from here on.
+    low: u64,
+}
+
+impl Watch {
+    /// Each gateway's share, by name.
+    fn shares(&self) -> Vec<gw::GatewayShare> {
+        let mut by: BTreeMap<&str, gw::GatewayShare> = BTreeMap::new();
+        for c in self.chunks.values() {
+            let s = by
+                .entry(c.owner.as_str())
+                .or_insert_with(|| gw::GatewayShare { gateway: c.owner.clone(), ..Default::default() });
+            s.records_claimed += u64::from(c.count);
+            if c.done {
+                s.records_done += u64::from(c.count);
+            }
+        }
+        by.into_values().collect()
+    }
+}
+
+/// The results stored for records of `[first, first + count)`.
+async fn results_in(ctx: &RunCtx, first: u64, count: u32) -> Result<Vec<gw::RecordResult>, StageError> {
+    let after = if first == 0 { String::new() } else { record_key((first - 1) as usize) };
+    let page = ctx.inputs.stored_page(RECORD, &after, count as usize).await?;
+    let mut results = Vec::with_capacity(page.len());
+    for (_, bytes) in page {
+        let r = gw::RecordResult::decode(bytes.as_slice())
+            .map_err(|e| StageError::Internal(format!("run store: corrupt result: {e}")))?;
+        if u64::from(r.index) < first + u64::from(count) {
+            results.push(r);
+        }
+    }
+    Ok(results)
+}
+
+impl ChecklistEval {
+    /// Execute a spread run: work on its chunks like any helper, say what every claim does, and
+    /// end the run once it is sealed and every chunk is done.
+    pub(super) async fn run_spread(&self, ctx: &RunCtx) -> Result<RunOutcome, StageError> {
+        // The run's only checklist (explicit, or from a corpus) is produced once, here, before
+        // any record is spread; helpers read it from the store.
+        if self.plan.preset().is_none() {
+            let key = self.plan.key(&Default::default());
+            let mut known = Checklists::default();
+            known.load(ctx, [key.clone()]).await?;
+            if known.get(&key).is_none() {
+                let c = self.plan.produce(ctx, &self.stages, &Default::default(), 0).await?;
+                let wire = convert::checklist_to(&c);
+                let mut commit = ChunkCommit {
+                    checkpoints: vec![(None, format!("{CHECKLIST}{key}"), wire.encode_to_vec())],
+                    ..Default::default()
+                };
+                if has_categories(&c) {
+                    commit.checkpoints.push((None, CATEGORIZED.to_string(), wire.encode_to_vec()));
+                }
+                ctx.inputs.commit(commit).await?;
+                ctx.log
+                    .emit(Event::ChecklistReady(gw::ChecklistReady {
+                        checklist: Some(wire),
+                        record_indices: Vec::new(),
+                    }))
+                    .await?;
+            }
+        }
+        ctx.inputs.spread().await?;
+        let said = stored_results(ctx).await?;
+        ctx.progress.set_done(said.count());
+        let cancelled = self.work(ctx, Role::Executor, said).await?;
+        // What helpers spent, once, at the end (a resumed executor would count it twice if it
+        // added it as chunks finished: the run's stored usage is its executors' own).
+        for row in ctx.inputs.chunks(0).await? {
+            if let Some(bytes) = row.usage.filter(|_| row.token != ctx.inputs.token()) {
+                let usage = assay_proto::common::v1::Usage::decode(bytes.as_slice())
+                    .map_err(|e| StageError::Internal(format!("run store: corrupt usage: {e}")))?;
+                ctx.spending.add_usage(&convert::usage_from(Some(usage)));
+            }
+        }
+        let mut checklists = Checklists::default();
+        self.finish_open(ctx, &mut checklists, cancelled).await
+    }
+
+    /// Help with a spread run another gateway executes.
+    pub(super) async fn help_spread(&self, ctx: &RunCtx) -> Result<(), StageError> {
+        self.work(ctx, Role::Helper, Done::default()).await.map(|_| ())
+    }
+
+    /// Claim chunks and score their records until nothing is left to claim (a helper) or the run
+    /// is sealed and every chunk is done (the executor). `said`: records whose result the run's
+    /// events have told (the executor's). Returns whether the run was cancelled.
+    async fn work(&self, ctx: &RunCtx, role: Role, mut said: Done) -> Result<bool, StageError> {
+        let executor = role == Role::Executor;
+        let single = self.plan.preset().is_none();
+        let mut checklists = Checklists::default();
+        let mut waiting: HashMap<String, Vec<Pending>> = HashMap::new();
+        let mut waiting_n = 0usize;
+        let mut queue: VecDeque<(Pending, Arc<Checklist>)> = VecDeque::new();
+        let mut producing = FuturesUnordered::new();
+        let mut scoring = FuturesUnordered::new();
+        // Chunks this claim works on, with their records still without a result.
+        let mut held: HashMap<u64, usize> = HashMap::new();
+        let mut pending = ChunkCommit::default();
+        let mut committing: Option<BoxFuture<'_, Result<Vec<u64>, StageError>>> = None;
+        let mut last_commit = tokio::time::Instant::now();
+        let mut finished = false;
+        let mut idle = false;
+        let mut events = Writes::default();
+        let mut reserve = Reserve::default();
+        let mut watch = Watch::default();
+        let mut categorized = false;
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let config = &self.scorer;
+        let mut cancelled = false;
+        loop {
+            if !finished && !idle && queue.len() + waiting_n < 2 * self.concurrency {
+                match ctx.inputs.claim(PAGE as u32).await? {
+                    Claim::Chunk(chunk) => {
+                        let page = ctx.inputs.page(chunk.first, chunk.count as usize).await?;
+                        if executor {
+                            ctx.progress.set_total(u32::try_from(page.total).unwrap_or(u32::MAX), !page.sealed);
+                        }
+                        let end = chunk.first + u64::from(chunk.count);
+                        let mut stored = Done::default();
+                        if chunk.takeover {
+                            // Records an expired claim stored a result for are not scored again.
+                            for r in results_in(ctx, chunk.first, chunk.count).await? {
+                                stored.insert((u64::from(r.index) - chunk.first) as usize);
+                                if executor && !said.contains(r.index as usize) {
+                                    said.insert(r.index as usize);
+                                    ctx.progress.add_done();
+                                    events.push(ctx.log.emit_queued(Event::RecordScored(slim(r))));
+                                }
+                            }
+                        }
+                        let mut fresh = Vec::new();
+                        for (index, bytes) in page.records.into_iter().filter(|(i, _)| *i < end) {
+                            if stored.contains((index - chunk.first) as usize) {
+                                continue;
+                            }
+                            let record = decode_record(&bytes)?;
+                            let index = usize::try_from(index)
+                                .map_err(|_| StageError::Internal(format!("record index {index} out of range")))?;
+                            fresh.push((self.plan.key(&record), Pending { index, record, chunk: chunk.first }));
+                        }
+                        if fresh.is_empty() {
+                            pending.done.push(chunk.first);
+                        } else {
+                            held.insert(chunk.first, fresh.len());
+                        }
+                        checklists.trim();
+                        let unknown: HashSet<String> = fresh
+                            .iter()
+                            .filter(|(k, _)| checklists.get(k).is_none() && !waiting.contains_key(k))
+                            .map(|(k, _)| k.clone())
+                            .collect();
+                        checklists.load(ctx, unknown).await?;
+                        for (key, p) in fresh {
+                            if let Some(c) = checklists.get(&key) {
+                                queue.push_back((p, c));
+                                continue;
+                            }
+                            waiting_n += 1;
+                            if let Some(w) = waiting.get_mut(&key) {
+                                w.push(p);
+                                continue;
+                            }
+                            let (record, index) = (p.record.clone(), p.index);
+                            waiting.insert(key.clone(), vec![p]);
+                            producing.push(async move {
+                                let out = match ctx.gate.wait().await {
+                                    Ok(()) => self.plan.produce(ctx, &self.stages, &record, index).await,
+                                    Err(e) => Err(e),
+                                };
+                                (key, out)
+                            });
+                        }
+                    }
+                    Claim::Wait => idle = true,
+                    Claim::Finished => finished = true,
+                }
+            }
+            while scoring.len() < self.concurrency {
+                let Some((p, checklist)) = queue.pop_front() else { break };
+                scoring.push(async move {
+                    ctx.gate.wait().await?;
+                    let out = self.score_record(&checklist, config, p.index, &p.record).await;
+                    Ok::<_, StageError>((p, checklist, out))
+                });
+            }
+            let busy = !(scoring.is_empty() && producing.is_empty() && queue.is_empty() && held.is_empty());
+            let unstored = !(pending.checkpoints.is_empty() && pending.done.is_empty());
+            if committing.is_none() && (unstored || (!held.is_empty() && last_commit.elapsed() >= TICK)) {
+                let mut commit = std::mem::take(&mut pending);
+                commit.held = held.keys().copied().collect();
+                if role == Role::Helper && !commit.done.is_empty() {
+                    commit.usage = Some(ctx.spending.take_usage().encode_to_vec());
+                }
+                last_commit = tokio::time::Instant::now();
+                committing = Some(Box::pin(ctx.inputs.commit(commit)));
+            }
+            let quiet = !busy && committing.is_none() && !unstored;
+            match role {
+                Role::Executor if finished && quiet => break,
+                Role::Helper if (finished || idle) && quiet => break,
+                Role::Executor | Role::Helper => {}
+            }
+            tokio::select! {
+                Some((key, out)) = producing.next(), if !producing.is_empty() => {
+                    let records = waiting.remove(&key).unwrap_or_default();
+                    waiting_n -= records.len();
+                    match out {
+                        Ok(c) => {
+                            let wire = convert::checklist_to(&c);
+                            pending.checkpoints.push((None, format!("{CHECKLIST}{key}"), wire.encode_to_vec()));
+                            if !categorized && has_categories(&c) {
+                                categorized = true;
+                                pending.checkpoints.push((None, CATEGORIZED.to_string(), wire.encode_to_vec()));
+                            }
+                            if executor {
+                                let record_indices = records.iter().map(|p| p.index as u32).collect();
+                                events.push(ctx.log.emit_queued(Event::ChecklistReady(gw::ChecklistReady {
+                                    checklist: Some(wire),
+                                    record_indices,
+                                })));
+                            }
+                            let c = Arc::new(c);
+                            checklists.insert(key, c.clone());
+                            queue.extend(records.into_iter().map(|p| (p, c.clone())));
+                        }
+                        Err(e @ (StageError::InvalidArgument(_)
+                        | StageError::FailedPrecondition(_)
+                        | StageError::Unimplemented(_)
+                        | StageError::Cancelled(_))) => return Err(e),
+                        Err(e) if single => return Err(e),
+                        Err(e) => {
+                            tracing::warn!(run_id = %ctx.run_id(), error = %e, "checklist generation failed for one input");
+                            let why = format!("checklist generation failed: {e}");
+                            for p in records {
+                                let r = record_result(p.index, &p.record, "", None, why.clone());
+                                self.scored(ctx, role, p, r, &mut held, &mut pending, &mut said, &mut events);
+                            }
+                        }
+                    }
+                }
+                Some(scored) = scoring.next(), if !scoring.is_empty() => {
+                    let (p, checklist, scored) = match scored {
+                        Ok(x) => x,
+                        Err(StageError::Cancelled(_)) if ctx.gate.is_cancelled() => { cancelled = true; break }
+                        Err(e) => return Err(e),
+                    };
+                    let result = settle(ctx, &mut reserve, p.index, &p.record, &checklist.id, scored)?;
+                    self.scored(ctx, role, p, result, &mut held, &mut pending, &mut said, &mut events);
+                }
+                lost = async {
+                    match committing.as_mut() {
+                        Some(c) => c.await,
+                        None => std::future::pending().await,
+                    }
+                }, if committing.is_some() => {
+                    committing = None;
+                    for first in lost? {
+                        // Another claim holds it now: what is left of it is that claim's.
+                        if held.remove(&first).is_some() {
+                            tracing::info!(run_id = %ctx.run_id(), first, "a chunk's claim was lost");
+                        }
+                    }
+                }
+                _ = tick.tick() => {
+                    idle = false;
+                    if executor {
+                        self.look(ctx, &mut watch, &mut said, &mut events).await?;
+                    }
+                }
+                () = ctx.inputs.arrival(), if executor && idle => idle = false,
+                e = events.next_error() => return Err(e),
+                () = ctx.gate.cancelled() => { cancelled = true; break }
+            }
+        }
+        drop(scoring);
+        drop(producing);
+        if let Some(c) = committing.take() {
+            c.await?;
+        }
+        if !pending.checkpoints.is_empty() || !pending.done.is_empty() {
+            pending.held = held.keys().copied().collect();
+            ctx.inputs.commit(pending).await?;
+        }
+        if executor {
+            // The last chunks other gateways finished, said before the end.
+            self.look(ctx, &mut watch, &mut said, &mut events).await?;
+        }
+        events.flush().await?;
+        Ok(cancelled)
+    }
+
+    /// A record of chunk `p.chunk` has its result: stored with the claim's next commit, the chunk
+    /// done once its last record is, and (the executor) said.
+    #[allow(clippy::too_many_arguments)]
+    fn scored(
+        &self,
+        ctx: &RunCtx,
+        role: Role,
+        p: Pending,
+        result: gw::RecordResult,
+        held: &mut HashMap<u64, usize>,
+        pending: &mut ChunkCommit,
+        said: &mut Done,
+        events: &mut Writes,
+    ) {
+        pending.checkpoints.push((Some(p.chunk), record_key(p.index), result.encode_to_vec()));
+        if let Some(left) = held.get_mut(&p.chunk) {
+            *left -= 1;
+            if *left == 0 {
+                held.remove(&p.chunk);
+                pending.done.push(p.chunk);
+            }
+        }
+        if role == Role::Executor && !said.contains(p.index) {
+            said.insert(p.index);
+            ctx.progress.add_done();
+            events.push(ctx.log.emit_queued(Event::RecordScored(slim(result))));
+        }
+    }
+
+    /// The executor reads the run's chunks: a `records_claimed` event for each new claim, the
+    /// records of chunks other claims finished read back and said, what helpers spent added to
+    /// the run's usage, and each gateway's share in the summary.
+    async fn look(
+        &self,
+        ctx: &RunCtx,
+        watch: &mut Watch,
+        said: &mut Done,
+        events: &mut Writes,
+    ) -> Result<(), StageError> {
+        let rows = ctx.inputs.chunks(watch.low).await?;
+        for row in rows {
+            let first = row.first;
+            let seen = watch.chunks.get(&first).map(|c| c.token.clone());
+            if seen.as_deref() != Some(row.token.as_str()) {
+                events.push(ctx.log.emit_queued(Event::RecordsClaimed(gw::RecordsClaimed {
+                    gateway: row.owner.clone(),
+                    first,
+                    count: row.count,
+                    takeover: row.claims > 1,
+                })));
+            }
+            if row.done && row.token != ctx.inputs.token() && !watch.absorbed.contains(&first) {
+                for r in results_in(ctx, first, row.count).await? {
+                    if !said.contains(r.index as usize) {
+                        said.insert(r.index as usize);
+                        ctx.progress.add_done();
+                        events.push(ctx.log.emit_queued(Event::RecordScored(slim(r))));
+                    }
+                }
+                watch.absorbed.insert(first);
+            }
+            watch.chunks.insert(first, row);
+        }
+        // Past every chunk done and said, the next look starts.
+        while let Some(c) = watch.chunks.get(&watch.low) {
+            if !c.done || (c.token != ctx.inputs.token() && !watch.absorbed.contains(&watch.low)) {
+                break;
+            }
+            watch.low += u64::from(c.count);
+        }
+        ctx.progress.set_gateways(watch.shares());
+        let page = ctx.inputs.page(u64::MAX >> 2, 0).await?;
+        ctx.progress.set_total(u32::try_from(page.total).unwrap_or(u32::MAX), !page.sealed);
+        Ok(())
+    }
+}

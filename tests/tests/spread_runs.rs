@@ -1,0 +1,225 @@
+//! One open run spread over two gateways sharing a real PostgreSQL store (started on loopback):
+//! both claim chunks of its records (`records_claimed` events, each gateway's share in GetRun),
+//! one of them is killed with SIGKILL mid-run, and the run finishes on the other with every
+//! record scored once, in order, its aggregates those of its results.
+//!
+//! Needs the workspace's `assay` binary (`assay serve gateway`, `assay serve scorer`).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use assay_proto::gateway::v1 as gw;
+use assay_proto::gateway::v1::gateway_service_client::GatewayServiceClient;
+use assay_proto::gateway::v1::run_event::Event;
+use assay_testkit::{ScriptedLlm, TempPostgres};
+use assay_tests::{leaves_eval, leaves_judge, serve, watch_all};
+use tokio::process::Child;
+use tonic::transport::Channel;
+
+type Client = GatewayServiceClient<Channel>;
+
+const RECORDS: usize = 6000;
+
+async fn scorer(llm: &ScriptedLlm) -> (Child, String) {
+    serve(
+        "scorer",
+        &[
+            ("ASSAY__PORTS__SCORER", "0".into()),
+            ("ASSAY__MODELS__DEFAULT__BACKEND", "openai".into()),
+            ("OPENAI_BASE_URL", llm.base_url()),
+            ("OPENAI_API_KEY", "spread".into()),
+            ("OPENAI_MODEL", "scripted".into()),
+            ("ASSAY__CACHE__ENABLED", "false".into()),
+        ],
+    )
+    .await
+}
+
+async fn gateway(store: &str, name: &str, scorer: &str) -> (Child, Client) {
+    let (child, url) = serve(
+        "gateway",
+        &[
+            ("ASSAY__PORTS__GATEWAY", "0".into()),
+            ("ASSAY__GATEWAY__STORE", store.into()),
+            ("ASSAY__GATEWAY__INSTANCE_ID", name.into()),
+            ("ASSAY__GATEWAY__LEASE_SECONDS", "2".into()),
+            ("ASSAY__GATEWAY__CONCURRENCY", "8".into()),
+            ("ASSAY__UPSTREAMS__SCORER", scorer.into()),
+        ],
+    )
+    .await;
+    let channel = Channel::from_shared(url).unwrap().connect().await.expect("connect to the gateway");
+    (child, GatewayServiceClient::new(channel))
+}
+
+fn records(range: std::ops::Range<usize>) -> Vec<gw::EvalRecord> {
+    range
+        .map(|i| gw::EvalRecord {
+            id: format!("r{i}"),
+            target: if i % 3 == 0 { format!("leaves {i}") } else { format!("stones {i}") },
+            ..Default::default()
+        })
+        .collect()
+}
+
+async fn get(client: &mut Client, run_id: &str) -> gw::Run {
+    client.get_run(gw::GetRunRequest { run_id: run_id.into() }).await.unwrap().into_inner().run.unwrap()
+}
+
+/// Each gateway's (claimed, done) records of the run, as GetRun says.
+fn shares(run: &gw::Run) -> BTreeMap<String, (u64, u64)> {
+    run.gateways.iter().map(|g| (g.gateway.clone(), (g.records_claimed, g.records_done))).collect()
+}
+
+/// An open run of RECORDS records started on gateway A, helped by B; once both have finished
+/// chunks and `victim` holds an unfinished one, `victim` is killed. The survivor ends the run.
+async fn spread_and_kill(kill_executor: bool) {
+    let test = if kill_executor { "spread_run_executor_killed" } else { "spread_run_helper_killed" };
+    let Some(pg) = TempPostgres::start_or_skip(test) else { return };
+    let store = pg.url();
+    let llm = ScriptedLlm::start().await;
+    llm.set_handler(leaves_judge(Duration::from_millis(20)));
+    let (_scorer, scorer_url) = scorer(&llm).await;
+    let (mut a, mut client_a) = gateway(&store, "gw-a", &scorer_url).await;
+    let (mut b, mut client_b) = gateway(&store, "gw-b", &scorer_url).await;
+
+    let mut events = client_a
+        .run_pipeline(gw::RunPipelineRequest {
+            pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(leaves_eval(0))),
+            label: "spread".into(),
+            budget: None,
+            open: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let run_id = events.message().await.unwrap().unwrap().event.unwrap().run_id;
+    drop(events);
+    let messages = (0..RECORDS).step_by(2000).map(|s| gw::AppendRecordsRequest {
+        run_id: run_id.clone(),
+        records: records(s..s + 2000),
+        seal: s + 2000 >= RECORDS,
+    });
+    let reply =
+        client_a.append_records(futures::stream::iter(messages.collect::<Vec<_>>())).await.unwrap().into_inner();
+    assert_eq!((reply.records_total, reply.sealed), (RECORDS as u64, true));
+
+    // Both gateways work on the run: each has finished a chunk, and the victim holds one.
+    let victim_name = if kill_executor { "gw-a" } else { "gw-b" };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    let before_kill = loop {
+        let run = get(&mut client_a, &run_id).await;
+        let s = shares(&run);
+        let both = ["gw-a", "gw-b"].iter().all(|g| s.get(*g).is_some_and(|(_, done)| *done > 0));
+        let holds = s.get(victim_name).is_some_and(|(claimed, done)| claimed > done);
+        if both && holds {
+            break s;
+        }
+        assert!(run.state == gw::RunState::Running as i32, "the run ended before both gateways worked on it: {s:?}");
+        assert!(tokio::time::Instant::now() < deadline, "both gateways never worked on the run: {s:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let (victim, survivor) = if kill_executor { (&mut a, &mut client_b) } else { (&mut b, &mut client_a) };
+    victim.start_kill().expect("SIGKILL");
+    victim.wait().await.expect("reaped");
+    let served_at_kill = llm.request_count();
+    assert!(served_at_kill < RECORDS, "killed before the end ({served_at_kill} of {RECORDS} served)");
+
+    // The survivor finishes the run (taking it over when the executor died).
+    let all = watch_all(survivor, &run_id).await;
+    let run = get(survivor, &run_id).await;
+    assert_eq!(run.state, gw::RunState::Succeeded as i32, "{:?}", run.result);
+    assert_eq!((run.records_total, run.records_done), (RECORDS as u32, RECORDS as u32));
+
+    // One result per record, in order, each scored.
+    let mut results = Vec::new();
+    let mut token = String::new();
+    loop {
+        let page = survivor
+            .list_run_results(gw::ListRunResultsRequest { run_id: run_id.clone(), page_size: 5000, page_token: token })
+            .await
+            .unwrap()
+            .into_inner();
+        results.extend(page.results);
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    let ids: Vec<String> = results.iter().map(|r| r.record_id.clone()).collect();
+    assert_eq!(ids, (0..RECORDS).map(|i| format!("r{i}")).collect::<Vec<_>>(), "one result per record, in order");
+    for r in &results {
+        let score = r.score.as_ref().unwrap_or_else(|| panic!("record {} failed: {}", r.record_id, r.error));
+        assert_eq!(score.item_scores.len(), 2, "record {}", r.record_id);
+        assert!(score.item_scores.iter().all(|i| i.answer == pb_yes()), "record {}", r.record_id);
+    }
+
+    // Every record asked about; asked again only what the victim had in flight or had not
+    // stored yet (its unfinished chunk, at most).
+    let served = llm.request_count();
+    assert!(served >= RECORDS, "{served} calls for {RECORDS} records");
+    assert!(served - RECORDS <= 1024, "{} calls made again after the kill", served - RECORDS);
+
+    // Every claim is an event; both gateways claimed, and the victim's unfinished chunk was
+    // taken over by a new claim.
+    let claims: Vec<&gw::RecordsClaimed> = all
+        .iter()
+        .filter_map(|e| match &e.event {
+            Some(Event::RecordsClaimed(c)) => Some(c),
+            _ => None,
+        })
+        .collect();
+    for g in ["gw-a", "gw-b"] {
+        assert!(claims.iter().any(|c| c.gateway == g), "no claim by {g}");
+    }
+    assert!(claims.iter().any(|c| c.takeover), "the victim's chunk was taken over");
+    // The chunks cover every record once (a resumed executor says the claims it finds again).
+    let chunks: BTreeMap<u64, u32> = claims.iter().map(|c| (c.first, c.count)).collect();
+    let mut next = 0u64;
+    for (first, count) in &chunks {
+        assert_eq!(*first, next, "chunks {chunks:?}");
+        next += u64::from(*count);
+    }
+    assert_eq!(next, RECORDS as u64, "chunks {chunks:?}");
+    // Every record is said once its result is stored; a killed executor's last events (queued,
+    // not yet written) are not said again by the one that takes over (the results are stored).
+    let scored_events = all.iter().filter(|e| matches!(e.event, Some(Event::RecordScored(_)))).count();
+    if !kill_executor {
+        assert!(scored_events >= RECORDS, "{scored_events} record_scored events");
+    }
+
+    // Each gateway's share: everything done, and no less than before the kill.
+    let after = shares(&run);
+    assert_eq!(after.values().map(|(_, done)| done).sum::<u64>(), RECORDS as u64, "{after:?}");
+    assert!(after["gw-a"].1 > 0 && after["gw-b"].1 > 0, "{after:?}");
+    assert!(before_kill[victim_name].1 <= after[victim_name].1, "{before_kill:?} then {after:?}");
+
+    // The aggregates are those of the stored results.
+    let Some(gw::run_result::Result::ChecklistEval(eval)) = run.result.and_then(|r| r.result) else {
+        panic!("no evaluation")
+    };
+    let agg = eval.aggregate.unwrap();
+    assert_eq!(agg.targets, RECORDS as u32);
+    let mean = results.iter().map(|r| r.score.as_ref().unwrap().primary_score).sum::<f64>() / RECORDS as f64;
+    assert!((agg.mean_primary_score - mean).abs() < 1e-12, "{} vs {mean}", agg.mean_primary_score);
+    assert!(eval.usage.unwrap().calls as usize >= RECORDS - 1024, "helpers' calls are in the run's usage");
+    eprintln!(
+        "{test}: {served} calls for {RECORDS} records; claims {}, shares before the kill {before_kill:?}, after {after:?}",
+        claims.len()
+    );
+    let _ = (a.start_kill(), b.start_kill());
+}
+
+fn pb_yes() -> i32 {
+    assay_proto::common::v1::Answer::Yes as i32
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spread_run_finishes_when_its_helper_is_killed() {
+    spread_and_kill(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spread_run_finishes_on_the_helper_when_its_executor_is_killed() {
+    spread_and_kill(true).await;
+}
