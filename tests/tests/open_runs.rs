@@ -383,9 +383,12 @@ async fn killed_and_resumed(store: &std::path::Path, n: usize) {
     let ids: Vec<String> = results.iter().map(|r| r.record_id.clone()).collect();
     assert_eq!(ids, (0..n).map(|i| format!("r{i}")).collect::<Vec<_>>(), "one result per record, in order");
     assert!(results.iter().all(|r| r.score.is_some()));
-    // Calls in flight at the kill are asked again; nothing scored before is.
+    // Calls in flight at the kill are asked again, and on a shared store (the run spread in
+    // chunks, results stored a batch at a time by the claim) those of its chunk not stored yet:
+    // at most the chunk of 1,024. Nothing stored before is asked again.
     let again = llm.request_count() - n;
-    assert!(again <= 512, "{again} calls made again after the restart");
+    let bound = if store.to_string_lossy().starts_with("postgres") { 1024 } else { 512 };
+    assert!(again <= bound, "{again} calls made again after the restart");
     assert_eq!(evaluation(&run).aggregate.unwrap().targets, n as u32);
     up.kill().await.unwrap();
 }

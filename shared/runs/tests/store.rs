@@ -495,3 +495,92 @@ async fn a_bad_postgres_url_is_a_clear_error_without_the_password() {
     assert!(!e.contains("hunter2"), "{e}");
     assert!(e.contains("u:redacted@127.0.0.1:1/db") && e.contains("connect"), "{e}");
 }
+
+/// A spread run's chunks on PostgreSQL: gateways claiming together take different chunks; a
+/// claim's results are stored only while it holds its chunk, and never replace a stored one; an
+/// expired claim is taken over; the run is finished once sealed and every chunk is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_spread_runs_claim_chunks_once_and_store_results_once() {
+    use assay_runs::store::{ChunkCommit, Claim};
+    use gw::PipelineKind::ChecklistEval;
+    use gw::RunState::Running;
+    let Some(pg) = TempPostgres::start_or_skip("postgres_spread_runs") else { return };
+    let url = pg.url();
+    let a = RunStore::connect(&url, "gw-a", Duration::from_secs(1)).await.unwrap();
+    let b = RunStore::connect(&url, "gw-b", Duration::from_secs(30)).await.unwrap();
+    a.create(run("s", 300, Running, ChecklistEval), gw::RunPipelineRequest { open: true, ..request("s") })
+        .await
+        .unwrap();
+    a.spread("s").await.unwrap();
+    let ids: Vec<String> = (0..10).map(|i| format!("r{i}")).collect();
+    let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    a.append_records("s", rows(&refs), false, 100).await.unwrap();
+    assert_eq!(b.runs_to_help(10).await.unwrap(), ["s"], "B sees a run it can help with");
+    assert!(a.runs_to_help(10).await.unwrap().is_empty(), "not the run's own executor");
+
+    // Claims made at once take distinct chunks of 4 and then the rest (2).
+    let (x, y, z) = tokio::join!(a.claim_chunk("s", "ta", 4), b.claim_chunk("s", "tb", 4), b.claim_chunk("s", "tc", 4));
+    let mut got: Vec<(u64, u32)> = [x, y, z]
+        .into_iter()
+        .map(|c| match c.unwrap() {
+            Claim::Chunk(c) => (c.first, c.count),
+            other => panic!("a chunk: {other:?}"),
+        })
+        .collect();
+    got.sort_unstable();
+    assert_eq!(got, [(0, 4), (4, 4), (8, 2)]);
+    // Unsealed with every record claimed: wait.
+    assert_eq!(b.claim_chunk("s", "td", 4).await.unwrap(), Claim::Wait);
+    let chunks = a.chunks("s", 0).await.unwrap();
+    let token_of = |first: u64| chunks.iter().find(|c| c.first == first).unwrap().token.clone();
+    let a_first = chunks.iter().find(|c| c.owner == "gw-a").unwrap().first;
+    assert_eq!(token_of(a_first), "ta");
+
+    // B stores results of its chunk; a second write under a stored key keeps the first.
+    let b_first = chunks.iter().find(|c| c.owner == "gw-b").unwrap().first;
+    let b_token = token_of(b_first);
+    let result = |tag: &str| (Some(b_first), format!("record:{b_first:08}"), tag.as_bytes().to_vec());
+    let lost = b
+        .commit_chunks("s", &b_token, ChunkCommit { checkpoints: vec![result("first")], ..Default::default() })
+        .await
+        .unwrap();
+    assert!(lost.is_empty());
+    b.commit_chunks("s", &b_token, ChunkCommit { checkpoints: vec![result("second")], ..Default::default() })
+        .await
+        .unwrap();
+    let stored = a.checkpoints_get("s", vec![format!("record:{b_first:08}")]).await.unwrap();
+    assert_eq!(stored[0].1, b"first", "a stored result is never replaced");
+
+    // A's claim expires (a 1 s lease): B takes the chunk over; A's later writes are dropped.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    match b.claim_chunk("s", "te", 4).await.unwrap() {
+        Claim::Chunk(c) => assert_eq!((c.first, c.takeover), (a_first, true)),
+        other => panic!("the expired chunk: {other:?}"),
+    }
+    let late = (Some(a_first), format!("record:{a_first:08}"), b"late".to_vec());
+    let lost = a
+        .commit_chunks("s", "ta", ChunkCommit { checkpoints: vec![late], done: vec![a_first], ..Default::default() })
+        .await
+        .unwrap();
+    assert_eq!(lost, [a_first], "A lost its chunk");
+    assert!(a.checkpoints_get("s", vec![format!("record:{a_first:08}")]).await.unwrap().is_empty());
+    let chunks = a.chunks("s", 0).await.unwrap();
+    let taken = chunks.iter().find(|c| c.first == a_first).unwrap();
+    assert_eq!((taken.owner.as_str(), taken.claims, taken.done), ("gw-b", 2, false));
+
+    // Sealed, every chunk done (usage kept with a done chunk): finished.
+    a.append_records("s", Vec::new(), true, 100).await.unwrap();
+    for c in &chunks {
+        let usage = (c.first == b_first).then(|| vec![1, 2, 3]);
+        let lost = b
+            .commit_chunks("s", &c.token, ChunkCommit { done: vec![c.first], usage, ..Default::default() })
+            .await
+            .unwrap();
+        assert!(lost.is_empty(), "chunk {} of {}", c.first, c.owner);
+    }
+    assert_eq!(a.claim_chunk("s", "tf", 4).await.unwrap(), Claim::Finished);
+    assert!(b.runs_to_help(10).await.unwrap().is_empty());
+    let done = a.chunks("s", 0).await.unwrap();
+    assert!(done.iter().all(|c| c.done));
+    assert_eq!(done.iter().find(|c| c.first == b_first).unwrap().usage.as_deref(), Some(&[1u8, 2, 3][..]));
+}
