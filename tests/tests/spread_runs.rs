@@ -223,3 +223,49 @@ async fn a_spread_run_finishes_when_its_helper_is_killed() {
 async fn a_spread_run_finishes_on_the_helper_when_its_executor_is_killed() {
     spread_and_kill(true).await;
 }
+
+/// An open run with a budget on a shared store is not spread: its one gateway settles the budget,
+/// which holds (no other gateway claims a chunk, the tokens stay under the limit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_run_with_a_budget_stays_on_its_gateway_and_its_budget_holds() {
+    let Some(pg) = TempPostgres::start_or_skip("an_open_run_with_a_budget_stays_on_its_gateway") else { return };
+    let store = pg.url();
+    let llm = ScriptedLlm::start().await;
+    llm.set_handler(|_req: &assay_testkit::RecordedRequest| {
+        assay_testkit::Reply::json(serde_json::json!({"answers": [
+            {"question_index": 1, "answer": "YES"},
+            {"question_index": 2, "answer": "YES"},
+        ]}))
+        .usage(100, 10)
+        .delay(Duration::from_millis(10))
+    });
+    let (_scorer, scorer_url) = scorer(&llm).await;
+    let (mut a, mut client_a) = gateway(&store, "gw-a", &scorer_url).await;
+    let (mut b, _client_b) = gateway(&store, "gw-b", &scorer_url).await;
+    const MAX: u64 = 110 * 50;
+    let mut events = client_a
+        .run_pipeline(gw::RunPipelineRequest {
+            pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(leaves_eval(0))),
+            label: "budget".into(),
+            budget: Some(gw::RunBudget { max_tokens: Some(MAX), max_cost_usd: None }),
+            open: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let run_id = events.message().await.unwrap().unwrap().event.unwrap().run_id;
+    drop(events);
+    let message = gw::AppendRecordsRequest { run_id: run_id.clone(), records: records(0..2000), seal: true };
+    client_a.append_records(futures::stream::iter(vec![message])).await.unwrap();
+    let all = watch_all(&mut client_a, &run_id).await;
+    let run = get(&mut client_a, &run_id).await;
+    assert_eq!(run.state, gw::RunState::Partial as i32, "stopped by its budget: {:?}", run.result);
+    assert!(!run.budget_exhausted.is_empty());
+    assert!(run.gateways.is_empty(), "not spread: {:?}", run.gateways);
+    assert!(!all.iter().any(|e| matches!(e.event, Some(Event::RecordsClaimed(_)))), "no chunk claimed");
+    let usage = run.usage.unwrap();
+    let used = usage.prompt_tokens + usage.completion_tokens;
+    assert!(used <= MAX, "{used} tokens for a budget of {MAX}");
+    assert!(llm.request_count() as u64 <= MAX / 110, "{} calls served", llm.request_count());
+    let _ = (a.start_kill(), b.start_kill());
+}

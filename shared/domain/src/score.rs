@@ -558,6 +558,15 @@ impl AggregateScores {
     }
 }
 
+/// A record's cluster key in [`AggregateBuilder`]: a fixed 64-bit hash of its id (the same in
+/// every process, so a run's aggregates do not depend on which gateway computes them).
+fn cluster_key(id: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    id.hash(&mut h);
+    h.finish()
+}
+
 /// [`AggregateScores`] computed one score at a time (a run's results read a page at a time):
 /// running sums and counts, and the observations the uncertainty needs (one number and a
 /// cluster key per observation, not the scores).
@@ -570,22 +579,24 @@ pub struct AggregateBuilder {
     items_all: usize,
     unanswered: u32,
     cats: Vec<(String, usize, usize)>,
-    /// (cluster key, primary score): targets are clusters, an empty target id stands alone.
-    observations: Vec<(Box<str>, f64)>,
+    /// (cluster key, primary score): targets are clusters, an empty target id stands alone. The
+    /// key is a 64-bit hash of the id (16 bytes per observation, whatever the ids): two ids share a
+    /// hash with odds of about n²/2⁶⁵ (3e-8 at a million records).
+    observations: Vec<(u64, f64)>,
 }
 
 impl AggregateBuilder {
     /// Add one score with the checklist it was scored against.
     pub fn add(&mut self, score: &Score, checklist: &Checklist) {
-        let key: Box<str> = if score.target_id.is_empty() {
-            format!("#{}", self.targets).into()
+        let key = if score.target_id.is_empty() {
+            cluster_key(&format!("#{}", self.targets))
         } else {
-            score.target_id.as_str().into()
+            cluster_key(&score.target_id)
         };
         if score.sample_primary_scores.is_empty() {
             self.observations.push((key, score.primary_score));
         } else {
-            self.observations.extend(score.sample_primary_scores.iter().map(|p| (key.clone(), *p)));
+            self.observations.extend(score.sample_primary_scores.iter().map(|p| (key, *p)));
         }
         self.targets += 1;
         self.primary_sum += score.primary_score;
@@ -616,9 +627,10 @@ impl AggregateBuilder {
     pub fn finish(self) -> AggregateScores {
         let targets = self.targets;
         let t = f64::from(targets);
-        let obs: Vec<(&str, f64)> = self.observations.iter().map(|(k, p)| (&**k, *p)).collect();
+        let mut obs = self.observations;
         let uncertainty =
-            crate::stats::standard_error(&obs, UNCERTAINTY_ALPHA).ok().map(|e| ScoreUncertainty::from(&e));
+            crate::stats::standard_error_keyed(&mut obs, UNCERTAINTY_ALPHA).ok().map(|e| ScoreUncertainty::from(&e));
+        drop(obs);
         AggregateScores {
             targets,
             mean_primary_score: if targets == 0 { 0.0 } else { self.primary_sum / t },
