@@ -4,8 +4,9 @@
 # scripted OpenAI-compatible backend at a fixed latency per call. `assay up` runs the stages and
 # the first gateway; each further gateway is `assay serve gateway` on the same store and stages.
 # The run is started on the first gateway; the others claim chunks of it. Per gateway count: the
-# run's time, records/s, the bound one gateway's `gateway.concurrency` sets (concurrency / the
-# 2-call critical path) times the gateways, each gateway's share of the records, and the calls.
+# run's time, records/s and its speed-up over the first count given, how busy the machine's CPUs
+# were meanwhile (every process: stages, gateways, the backend, PostgreSQL), each gateway's share
+# of the records, and the calls.
 #
 #   bench/spread.sh [records=50000] [latency_ms=50] [gateways="1 2 3"]
 #   ASSAY_BENCH_BIN=DIR bench/spread.sh ...   use prebuilt `assay` and `assay-scripted-llm` in DIR
@@ -52,13 +53,10 @@ read -r PG_PORT <<< "$(free_ports 1)"
 PIDS+=($!)
 for _ in $(seq 100); do [ -s "$WORK/backend.url" ] && break; sleep 0.05; done
 BASE_URL=$(head -1 "$WORK/backend.url")
-CONCURRENCY=${ASSAY__GATEWAY__CONCURRENCY:-$(python3 -c '
-import tomllib
-print(tomllib.load(open("shared/config/default.toml", "rb"))["gateway"]["concurrency"])')}
 python3 bench/anchor/make_records.py "$N" > "$WORK/records.jsonl"
 export OPENAI_BASE_URL="$BASE_URL" OPENAI_API_KEY=bench OPENAI_MODEL=scripted ASSAY__CACHE__ENABLED=false RUST_LOG=warn
 
-printf '| gateways | run s | records/s | bound records/s | of bound | per gateway (records done) | model calls | failed |\n'
+printf '| gateways | run s | records/s | speed-up | CPU busy | per gateway (records done) | model calls | failed |\n'
 printf '|---|---|---|---|---|---|---|---|\n'
 for G in $GATEWAYS; do
   DB="spread_$G"
@@ -81,23 +79,31 @@ for G in $GATEWAYS; do
   done
   PIDS+=("${ROUND[@]}")
   sleep 2
-  start=$(date +%s.%N)
-  summary=$("$BIN"/assay eval --gateway "http://127.0.0.1:$P_GW" --preset tick --open \
-    --data "$WORK/records.jsonl" --json 2>"$WORK/eval-$G.log") || { cat "$WORK/eval-$G.log" >&2; exit 1; }
-  end=$(date +%s.%N)
-  run_id=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["runId"])' "$summary")
-  shown=$("$BIN"/assay runs show "$run_id" --gateway "http://127.0.0.1:$P_GW" --json)
+  read -r cpu0 idle0 <<< "$(awk '/^cpu / {print $2+$3+$4+$5+$6+$7+$8, $5+$6}' /proc/stat)"
+  "$BIN"/assay eval --gateway "http://127.0.0.1:$P_GW" --preset tick --open \
+    --data "$WORK/records.jsonl" --json > "$WORK/summary.json" 2>"$WORK/eval-$G.log" \
+    || { cat "$WORK/eval-$G.log" >&2; exit 1; }
+  read -r cpu1 idle1 <<< "$(awk '/^cpu / {print $2+$3+$4+$5+$6+$7+$8, $5+$6}' /proc/stat)"
+  busy=$(( 100 - 100 * (idle1 - idle0) / (cpu1 - cpu0) ))
+  run_id=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).read().splitlines()[-1])["runId"])' "$WORK/summary.json")
+  "$BIN"/assay runs show "$run_id" --gateway "http://127.0.0.1:$P_GW" --json > "$WORK/shown.json"
   kill "${ROUND[@]}" 2>/dev/null || true
   wait "${ROUND[@]}" 2>/dev/null || true
-  python3 - "$N" "$summary" "$shown" "$LATENCY" "$CONCURRENCY" "$G" <<'PY'
+  python3 - "$N" "$WORK/summary.json" "$WORK/shown.json" "$G" "$busy" "$WORK/first.rate" <<'PY'
 import json, sys
-n, summary, shown = int(sys.argv[1]), json.loads(sys.argv[2]), json.loads(sys.argv[3])
-latency, concurrency, g = float(sys.argv[4]) / 1000, int(sys.argv[5]), int(sys.argv[6])
+n, shown = int(sys.argv[1]), json.load(open(sys.argv[3]))
+summary = json.loads(open(sys.argv[2]).read().splitlines()[-1])  # the results' lines come first
+g, busy, first = int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
 run = shown.get("run", shown)
 run_s = summary["pipelineSeconds"]
-bound = g * concurrency / (2 * latency)
+rate = n / run_s
+try:
+    base = float(open(first).read())
+except FileNotFoundError:
+    base = rate
+    open(first, "w").write(str(rate))
 shares = ", ".join(f"{s['gateway']} {int(s.get('recordsDone', 0))}" for s in run.get("gateways", []))
-print(f"| {g} | {run_s:.1f} | {n / run_s:.0f} | {bound:.0f} | {n / run_s / bound:.2f} | {shares} | "
+print(f"| {g} | {run_s:.1f} | {rate:.0f} | {rate / base:.2f}x | {busy}% | {shares} | "
       f"{summary['usage']['calls']} | {summary['failed']} |")
 PY
 done
