@@ -7,6 +7,7 @@ use assay_domain::generator::{ChecklistGenerator, CorpusProgress};
 use assay_domain::no_events;
 use assay_proto::convert::generator::{
     corpus_request, corpus_response_to, generate_request, generate_response_to, preset_info_to, progress_to,
+    respond_done_to, respond_request,
 };
 use assay_proto::generator::v1 as pb;
 use assay_proto::generator::v1::generate_corpus_stream_response::Event;
@@ -76,6 +77,22 @@ impl GeneratorService for GeneratorGrpc {
             |e: CorpusProgress| pb::GenerateCorpusStreamResponse { event: Some(Event::Progress(progress_to(&e))) };
         let result = |o| pb::GenerateCorpusStreamResponse { event: Some(Event::Result(corpus_response_to(&o))) };
         Ok(Response::new(serve_stream(ctx, work, progress, result)))
+    }
+
+    type RespondStream = EventStream<pb::RespondResponse>;
+
+    async fn respond(&self, request: Request<pb::RespondRequest>) -> Result<Response<Self::RespondStream>, Status> {
+        use pb::respond_response::Event as Respond;
+        let ctx = CallContext::from_request(&request);
+        // Bad input fails the call itself, before the stream starts.
+        let req = respond_request(request.into_inner()).map_err(to_status)?;
+        let core = self.core.clone();
+        let work = move |sink: Emit<(u32, String)>| async move { core.respond(req, &*sink).await };
+        let response = |(sample, text): (u32, String)| pb::RespondResponse {
+            event: Some(Respond::Response(pb::SampleResponse { sample, text })),
+        };
+        let done = |o| pb::RespondResponse { event: Some(Respond::Done(respond_done_to(&o))) };
+        Ok(Response::new(serve_stream(ctx, work, response, done)))
     }
 
     async fn list_presets(

@@ -621,3 +621,68 @@ async fn remote_generator_matches_the_in_process_core() {
     let assay_domain::StageError::InvalidArgument(v) = e else { panic!("not invalid argument: {e}") };
     assert_eq!(v[0].field, "reference");
 }
+
+/// Respond: a model under test answers the prompt (with its system message), one response per
+/// sample streamed as it finishes, then the responses with their usage; samples are distinct
+/// draws (seed plus the sample); the remote client reads the same; bad input names the field.
+#[tokio::test]
+async fn respond_streams_each_sample_then_their_usage() {
+    let h = harness().await;
+    h.llm.set_handler(|r: &RecordedRequest| {
+        let seed = r.body["seed"].as_u64().map_or("none".to_string(), |s| s.to_string());
+        Reply::text(format!("answer with seed {seed}")).usage(20, 5)
+    });
+    let request = pb::RespondRequest {
+        model: Some(common::ModelSpec { seed: Some(40), ..Default::default() }),
+        system_prompt: "Answer in one line.".into(),
+        prompt: "What is 2 + 2?".into(),
+        samples: 3,
+    };
+    let mut stream = h.client().await.respond(request.clone()).await.unwrap().into_inner();
+    let (mut seen, mut done) = (Vec::new(), None);
+    while let Some(m) = stream.message().await.unwrap() {
+        match m.event.unwrap() {
+            pb::respond_response::Event::Response(r) => seen.push((r.sample, r.text)),
+            pb::respond_response::Event::Done(d) => done = Some(d),
+        }
+    }
+    seen.sort();
+    let want: Vec<(u32, String)> = (0..3).map(|k| (k, format!("answer with seed {}", 40 + k))).collect();
+    assert_eq!(seen, want);
+    let done = done.expect("the last event");
+    assert_eq!(done.responses, want.iter().map(|(_, t)| t.clone()).collect::<Vec<_>>());
+    let usage = done.usage.unwrap();
+    assert_eq!((usage.calls, usage.prompt_tokens, usage.completion_tokens), (3, 60, 15));
+    let model = done.model.unwrap();
+    assert_eq!((model.phase.as_str(), model.model.as_str()), ("responder", "gen-1"));
+    // Each call: the system message, then the prompt; several samples are drawn at 0.7.
+    let calls = h.llm.requests();
+    assert_eq!(calls.len(), 3);
+    for c in &calls {
+        assert_eq!(c.body["messages"][0]["role"], "system");
+        assert_eq!(c.body["messages"][0]["content"], "Answer in one line.");
+        assert_eq!(c.body["messages"][1]["content"], "What is 2 + 2?");
+        assert!((temperature(c) - 0.7).abs() < 1e-6);
+    }
+
+    // The remote client (the gateway's) reads the same, with each response as it comes.
+    let remote = RemoteGenerator::new(h.server.channel().await, None);
+    let events = std::sync::Mutex::new(Vec::new());
+    let sink = |e: (u32, String)| events.lock().unwrap().push(e);
+    let domain =
+        assay_proto::convert::generator::respond_request(pb::RespondRequest { samples: 1, ..request.clone() }).unwrap();
+    let out = remote.respond(domain, &sink).await.unwrap();
+    assert_eq!(out.responses, ["answer with seed 40"]);
+    assert_eq!(*events.lock().unwrap(), [(0, "answer with seed 40".to_string())]);
+    assert!((temperature(h.llm.requests().last().unwrap()) - 0.0).abs() < 1e-6, "one sample at 0");
+
+    // Bad input: the fields named, before any call.
+    let before = h.llm.request_count();
+    let bad = pb::RespondRequest { prompt: " ".into(), samples: 11, ..request };
+    let status = h.client().await.respond(bad).await.expect_err("refused");
+    assert_eq!(status.code(), Code::InvalidArgument);
+    let fields: Vec<String> =
+        status.get_details_bad_request().unwrap().field_violations.into_iter().map(|f| f.field).collect();
+    assert_eq!(fields, ["prompt", "samples"]);
+    assert_eq!(h.llm.request_count(), before);
+}

@@ -80,6 +80,19 @@ impl ChecklistGenerator for Gated<dyn ChecklistGenerator> {
         // No model call.
         self.0.list_presets().await
     }
+
+    async fn respond(
+        &self,
+        request: generator::RespondRequest,
+        events: EventSink<'_, (u32, String)>,
+    ) -> Result<generator::RespondOutcome, StageError> {
+        gated(
+            "generator.respond",
+            |o: &generator::RespondOutcome| o.usage.clone(),
+            || self.0.respond(request.clone(), events),
+        )
+        .await
+    }
 }
 
 #[async_trait::async_trait]

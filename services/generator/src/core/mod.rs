@@ -13,7 +13,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use assay_domain::generator::{
     Candidate, CandidateSource, ChecklistGenerator, CorpusOutcome, CorpusProgress, CorpusRequest, GenerateOutcome,
-    GenerateRequest, PresetInfo, preset_table,
+    GenerateRequest, PresetInfo, RespondOutcome, RespondRequest, preset_table,
 };
 use assay_domain::limits::MAX_QUESTION_BYTES;
 use assay_domain::refiners::ChecklistRefiner;
@@ -28,6 +28,13 @@ pub use prompts::{format_candidates, item_count, render_prompt};
 pub const PHASE: &str = "generator";
 /// Configuration phase of the candidate models.
 pub const CANDIDATES_PHASE: &str = "generator_candidates";
+/// Model phase of the models under test (responders).
+pub const RESPONDER_PHASE: &str = "responder";
+/// A responder's reply token limit unless its spec or phase sets one.
+pub const RESPONDER_MAX_TOKENS: u32 = 1024;
+/// A responder's temperature unless its spec or phase sets one: 0 for one sample (the model's
+/// most likely answer), 0.7 for several (distinct draws).
+pub const RESPONDER_SAMPLES_TEMPERATURE: f64 = 0.7;
 
 /// Placeholders the generator's prompt templates use.
 pub const PLACEHOLDERS: &[&str] =
@@ -196,6 +203,51 @@ impl Generator {
         })
     }
 
+    /// Ask a model under test for `request.samples` responses to its prompt, concurrently
+    /// (bounded), each reported to `events` as it finishes. Sample k is sent with the seed plus k
+    /// (seed k without one), so samples are distinct draws, each cached apart; an empty response
+    /// is kept (it is what the model said).
+    pub async fn respond(
+        &self,
+        request: RespondRequest,
+        events: EventSink<'_, (u32, String)>,
+    ) -> Result<RespondOutcome, StageError> {
+        request.validate()?;
+        let chat = self.hub.chat(RESPONDER_PHASE, &request.model, "model")?;
+        let samples = request.sample_count();
+        // The spec's temperature, else the phase's, else 0 for one sample and 0.7 for several.
+        let mut purpose = Purpose::new(RESPONDER_MAX_TOKENS);
+        if samples > 1 {
+            purpose.temperature = RESPONDER_SAMPLES_TEMPERATURE as f32;
+        }
+        let mut messages = Vec::new();
+        if !request.system_prompt.is_empty() {
+            messages.push(Message::system(request.system_prompt.clone()));
+        }
+        messages.push(Message::user(request.prompt.clone()));
+        let base = chat.request(messages, purpose);
+        let calls = (0..samples).map(|k| {
+            let req = ChatRequest {
+                seed: if samples > 1 { Some(base.seed.unwrap_or(0) + u64::from(k)) } else { base.seed },
+                ..base.clone()
+            };
+            let chat = &chat;
+            async move { (k, chat.model.chat(req).await) }
+        });
+        let mut replies = futures::stream::iter(calls).buffer_unordered(self.concurrency);
+        let mut responses = vec![String::new(); samples as usize];
+        let mut usage = Usage::default();
+        while let Some((k, reply)) = replies.next().await {
+            let reply = reply.map_err(StageError::from)?;
+            usage.add(&reply.usage);
+            events((k, reply.text.clone()));
+            responses[k as usize] = reply.text;
+        }
+        let mut model = chat.record(RESPONDER_PHASE, chat.max_tokens(purpose), String::new(), false);
+        model.temperature = base.temperature.map(f64::from);
+        Ok(RespondOutcome { responses, usage, model })
+    }
+
     /// Candidate responses from candidate models, concurrently (bounded): several models give one
     /// response each at 0.7, a single model gives 4 at 0.9 (a spec's own temperature wins).
     async fn candidates(
@@ -277,5 +329,13 @@ impl ChecklistGenerator for Generator {
 
     async fn list_presets(&self) -> Result<Vec<PresetInfo>, StageError> {
         Ok(self.presets())
+    }
+
+    async fn respond(
+        &self,
+        request: RespondRequest,
+        events: EventSink<'_, (u32, String)>,
+    ) -> Result<RespondOutcome, StageError> {
+        Generator::respond(self, request, events).await
     }
 }

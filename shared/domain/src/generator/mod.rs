@@ -185,6 +185,51 @@ pub struct GenerateOutcome {
     pub model: ModelRecord,
 }
 
+/// Most responses one [`RespondRequest`] asks for.
+pub const MAX_RESPONSE_SAMPLES: u32 = 10;
+
+/// A prompt for a model under test (a responder).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RespondRequest {
+    pub model: ModelSpec,
+    /// The system message, when not empty.
+    pub system_prompt: String,
+    /// The user message.
+    pub prompt: String,
+    /// Responses wanted (0 = 1), at most [`MAX_RESPONSE_SAMPLES`].
+    pub samples: u32,
+}
+
+impl RespondRequest {
+    /// The responses it asks for.
+    pub fn sample_count(&self) -> u32 {
+        self.samples.max(1)
+    }
+
+    /// Every rule of a request, fields named.
+    pub fn validate(&self) -> Result<(), StageError> {
+        let mut v = Violations::new();
+        if self.prompt.trim().is_empty() {
+            v.push("prompt", "is required");
+        }
+        text_limit(&self.prompt, "prompt", &mut v);
+        text_limit(&self.system_prompt, "system_prompt", &mut v);
+        if self.samples > MAX_RESPONSE_SAMPLES {
+            v.push("samples", format!("is {}; the limit is {MAX_RESPONSE_SAMPLES}", self.samples));
+        }
+        v.into_result()
+    }
+}
+
+/// A responder's responses, by sample, with what they took.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RespondOutcome {
+    pub responses: Vec<String>,
+    pub usage: Usage,
+    /// The calls' model (phase `responder`).
+    pub model: ModelRecord,
+}
+
 /// The generator stage: the generator core in-process, or the generator service over gRPC
 /// (`assay_rpc::remote::RemoteGenerator`).
 #[async_trait::async_trait]
@@ -200,6 +245,13 @@ pub trait ChecklistGenerator: Send + Sync {
     ) -> Result<CorpusOutcome, StageError>;
     /// The presets (instance and corpus level) and their defaults.
     async fn list_presets(&self) -> Result<Vec<PresetInfo>, StageError>;
+    /// Ask a model under test: one response per sample, reported to `events` as each finishes
+    /// (sample index, text).
+    async fn respond(
+        &self,
+        request: RespondRequest,
+        events: EventSink<'_, (u32, String)>,
+    ) -> Result<RespondOutcome, StageError>;
 }
 
 fn text_limit(text: &str, field: &str, v: &mut Violations) {

@@ -3,7 +3,8 @@
 
 use assay_domain::generator::{
     AugmentationMode, Candidate, CorpusOutcome, CorpusPreset, CorpusProgress, CorpusRefinement, CorpusRequest,
-    Dimension, GenerateOutcome, GenerateRequest, Preset, PresetId, PresetInfo, SubDimension,
+    Dimension, GenerateOutcome, GenerateRequest, Preset, PresetId, PresetInfo, RespondOutcome, RespondRequest,
+    SubDimension,
 };
 use assay_domain::{FieldViolation, GenerationLevel, StageError, Violations};
 
@@ -155,6 +156,45 @@ pub fn generate_request(p: pb::GenerateRequest) -> Result<GenerateRequest, Stage
         model,
         candidate_models,
     })
+}
+
+/// A responder's request from the wire (fields named as in `RespondRequest`).
+pub fn respond_request(p: pb::RespondRequest) -> Result<RespondRequest, StageError> {
+    let pb::RespondRequest { model, system_prompt, prompt, samples } = p;
+    let mut v = Violations::new();
+    let model = convert::model_spec(model, "model", &mut v);
+    v.into_result()?;
+    let r = RespondRequest { model, system_prompt, prompt, samples };
+    r.validate()?;
+    Ok(r)
+}
+
+/// A responder's request to the wire (for remote callers).
+pub fn respond_request_to(r: &RespondRequest) -> pb::RespondRequest {
+    pb::RespondRequest {
+        model: Some(convert::model_spec_to(&r.model)),
+        system_prompt: r.system_prompt.clone(),
+        prompt: r.prompt.clone(),
+        samples: r.samples,
+    }
+}
+
+/// A responder's outcome to the wire (Respond's last event).
+pub fn respond_done_to(o: &RespondOutcome) -> pb::RespondDone {
+    pb::RespondDone {
+        responses: o.responses.clone(),
+        usage: Some(convert::usage_to(&o.usage)),
+        model: Some(convert::model_record_to(&o.model)),
+    }
+}
+
+/// A responder's outcome from the wire (for remote callers).
+pub fn respond_done_from(p: pb::RespondDone) -> RespondOutcome {
+    RespondOutcome {
+        responses: p.responses,
+        usage: convert::usage_from(p.usage),
+        model: convert::model_record_from(p.model),
+    }
 }
 
 /// Generate request to the wire (for remote callers).

@@ -2,6 +2,7 @@
 
 use assay_domain::generator::{
     ChecklistGenerator, CorpusOutcome, CorpusProgress, CorpusRequest, GenerateOutcome, GenerateRequest, PresetInfo,
+    RespondOutcome, RespondRequest,
 };
 use assay_domain::{EventSink, StageError};
 use assay_proto::convert::generator as convert;
@@ -60,6 +61,25 @@ impl ChecklistGenerator for RemoteGenerator {
         };
         let call = client.generate_corpus_stream(outgoing(msg));
         consume_stream(call, events, read, "the generator's corpus stream").await
+    }
+
+    /// Over Respond: each response reaches `events` as the remote stage finishes it.
+    async fn respond(
+        &self,
+        request: RespondRequest,
+        events: EventSink<'_, (u32, String)>,
+    ) -> Result<RespondOutcome, StageError> {
+        use assay_proto::generator::v1::respond_response::Event as Respond;
+        let mut client = self.client.clone();
+        let read = |reply: assay_proto::generator::v1::RespondResponse| {
+            Ok(match reply.event {
+                Some(Respond::Response(r)) => Streamed::Event((r.sample, r.text)),
+                Some(Respond::Done(d)) => Streamed::Done(convert::respond_done_from(d)),
+                None => Streamed::Skip,
+            })
+        };
+        let call = client.respond(outgoing(convert::respond_request_to(&request)));
+        consume_stream(call, events, read, "the generator's respond stream").await
     }
 
     async fn list_presets(&self) -> Result<Vec<PresetInfo>, StageError> {
