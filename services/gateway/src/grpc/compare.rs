@@ -4,8 +4,8 @@
 //! give the same numbers.
 
 use assay_domain::stats::DEFAULT_BOOTSTRAP_SEED;
-use assay_domain::stats::runs::{self, CompareOptions, RunCompareError, RunComparison, RunMetric};
-use assay_domain::stats::{Method, StatsError};
+use assay_domain::stats::StatsError;
+use assay_domain::stats::runs::{self, CompareOptions, RunCompareError, RunMetric};
 use assay_domain::{StageError, Violations};
 use assay_proto::gateway::v1 as gw;
 use assay_proto::pipelines::{self, PipelineContract, result_of};
@@ -30,24 +30,6 @@ fn metric_of(m: gw::CompareMetric) -> RunMetric {
         gw::CompareMetric::PassRate => RunMetric::PassRate,
         gw::CompareMetric::Weighted => RunMetric::Weighted,
         gw::CompareMetric::Normalized => RunMetric::Normalized,
-    }
-}
-
-fn metric_to_proto(m: RunMetric) -> gw::CompareMetric {
-    match m {
-        RunMetric::Primary => gw::CompareMetric::Primary,
-        RunMetric::PassRate => gw::CompareMetric::PassRate,
-        RunMetric::Weighted => gw::CompareMetric::Weighted,
-        RunMetric::Normalized => gw::CompareMetric::Normalized,
-    }
-}
-
-fn method_to_proto(m: Method) -> gw::CompareMethod {
-    match m {
-        Method::PairedT => gw::CompareMethod::PairedT,
-        Method::McNemar => gw::CompareMethod::Mcnemar,
-        Method::WelchT => gw::CompareMethod::WelchT,
-        Method::TwoProportion => gw::CompareMethod::TwoProportion,
     }
 }
 
@@ -111,73 +93,6 @@ async fn evaluation(engine: &Engine, side: &str, run_id: &str) -> Result<gw::Eva
     Ok(e)
 }
 
-/// The report as the response message.
-fn response(baseline: String, candidate: String, r: &RunComparison) -> gw::CompareRunsResponse {
-    let c = &r.comparison;
-    let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
-    gw::CompareRunsResponse {
-        baseline_run_id: baseline,
-        candidate_run_id: candidate,
-        metric: metric_to_proto(r.metric) as i32,
-        method: method_to_proto(c.method) as i32,
-        paired: c.paired,
-        alpha: c.alpha,
-        n_pairs: c.n_pairs.map(count),
-        n_baseline: count(c.n_records_b),
-        n_candidate: count(c.n_records_a),
-        mean_baseline: c.mean_b,
-        mean_candidate: c.mean_a,
-        diff: c.diff,
-        ci_low: c.ci.0,
-        ci_high: c.ci.1,
-        p_value: c.p_value,
-        significant: c.significant(),
-        variance_reduction: c.variance_reduction,
-        effective_n: c.effective_n,
-        n_discordant: c.n_discordant,
-        odds_ratio: c.odds_ratio,
-        odds_ratio_ci_low: c.ci_odds_ratio.map(|x| x.0),
-        odds_ratio_ci_high: c.ci_odds_ratio.map(|x| x.1),
-        bootstrap: r.bootstrap.map(|b| gw::CompareBootstrap {
-            ci_low: b.low,
-            ci_high: b.high,
-            resamples: count(b.resamples),
-            seed: b.seed,
-        }),
-        warnings: c.warnings.clone(),
-        notes: c.notes.clone(),
-        items: r
-            .items
-            .iter()
-            .map(|i| gw::CompareItemFlips {
-                item: i.item.clone(),
-                compared: count(i.compared),
-                yes_to_no: count(i.yes_to_no),
-                no_to_yes: count(i.no_to_yes),
-            })
-            .collect(),
-        worst_regressions: r
-            .worst
-            .iter()
-            .map(|w| gw::CompareRecordDiff {
-                record_id: w.id.clone(),
-                baseline: w.baseline,
-                candidate: w.candidate,
-                diff: w.diff(),
-            })
-            .collect(),
-        baseline_only: r.baseline_only.clone(),
-        candidate_only: r.candidate_only.clone(),
-        unscored_baseline: r.unscored_baseline.clone(),
-        unscored_candidate: r.unscored_candidate.clone(),
-        gate: r.gate.as_ref().map(|g| gw::CompareGate {
-            regressed: g.regressed,
-            min_effect: g.min_effect,
-            reason: g.reason.clone(),
-        }),
-    }
-}
-
 /// Compare the request's two runs.
 pub async fn compare_runs(engine: &Engine, req: gw::CompareRunsRequest) -> Result<gw::CompareRunsResponse, StageError> {
     let Parsed { baseline, candidate, options } = parse(req)?;
@@ -195,7 +110,7 @@ pub async fn compare_runs(engine: &Engine, req: gw::CompareRunsRequest) -> Resul
             StageError::FailedPrecondition(format!("runs {baseline} and {candidate}: cannot compare: {s}"))
         }
     })?;
-    Ok(response(baseline, candidate, &report))
+    Ok(assay_proto::convert::runs::comparison_to(baseline, candidate, &report))
 }
 
 #[cfg(test)]

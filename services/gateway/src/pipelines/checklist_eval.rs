@@ -21,6 +21,7 @@ use super::stages::Stages;
 use assay_runs::{Pipeline, RunCtx, RunOutcome, Writes};
 
 mod open;
+mod respond;
 mod spread;
 
 /// Checkpoint key prefix of the scored records (each under its index, in eight digits).
@@ -41,6 +42,10 @@ pub struct ChecklistEval {
     /// An open run: its records are rows of the run store (`records` holds only those that came
     /// with the request, already stored as rows).
     open: bool,
+    /// Models under test: each answers every record, and its answers are what is scored.
+    responders: Vec<respond::Responder>,
+    /// With responders, once they answered: the targets to score.
+    derived: std::sync::OnceLock<respond::Derived>,
 }
 
 impl ChecklistEval {
@@ -65,11 +70,25 @@ impl ChecklistEval {
             refiners,
             concurrency,
             candidate_models,
+            responders,
         } = p;
         let mut v = Violations::new();
+        let responders = respond::parse(responders, &mut v);
+        if open && !responders.is_empty() {
+            v.push("pipeline.responders", "an open run takes no responders yet: send the records with the request");
+        }
         if concurrency > 256 {
             v.push("pipeline.concurrency", format!("is {concurrency}; the limit is 256"));
         }
+        // With responders, checklists are generated with a fixed seed unless the caller set one:
+        // a seeded call is cached, so a re-run with one more responder generates nothing again.
+        let generator_model = if responders.is_empty() {
+            generator_model
+        } else {
+            let mut m = generator_model.unwrap_or_default();
+            m.seed.get_or_insert(respond::GENERATION_SEED);
+            Some(m)
+        };
         let plan = ChecklistPlan::parse(source, generator_model, max_items, refiners, candidate_models, &mut v);
         if records.is_empty() && !open {
             v.push("pipeline.records", "must not be empty");
@@ -97,8 +116,11 @@ impl ChecklistEval {
             .enumerate()
             .map(|(i, r)| {
                 let f = format!("pipeline.records[{i}]");
-                if r.target.trim().is_empty() {
+                if responders.is_empty() && r.target.trim().is_empty() {
                     v.push(format!("{f}.target"), "must not be empty");
+                }
+                if !responders.is_empty() && r.input.trim().is_empty() {
+                    v.push(format!("{f}.input"), "must not be empty: the responders answer it");
                 }
                 if needs_input && r.input.trim().is_empty() {
                     v.push(format!("{f}.input"), "must not be empty: the preset generates a checklist from it");
@@ -120,7 +142,25 @@ impl ChecklistEval {
             .check("pipeline.scorer", &mut v);
         v.into_result()?;
         let concurrency = if concurrency > 0 { concurrency as usize } else { stages.concurrency };
-        Ok(Self { plan, records, scorer, scorer_model, concurrency, stages, open })
+        Ok(Self {
+            plan,
+            records,
+            scorer,
+            scorer_model,
+            concurrency,
+            stages,
+            open,
+            responders,
+            derived: std::sync::OnceLock::new(),
+        })
+    }
+
+    /// The records scored: the request's, or with responders the targets they made.
+    fn records(&self) -> &[EvalRecord] {
+        match self.derived.get() {
+            Some(d) => &d.targets,
+            None => &self.records,
+        }
     }
 
     /// Records for an open run, checked as the request's are (fields named `records[i].*`).
@@ -158,7 +198,7 @@ impl ChecklistEval {
     }
 
     fn target(&self, checklist: &Checklist, i: usize) -> ScoreTarget {
-        target_of(checklist, &self.records[i], i)
+        target_of(checklist, &self.records()[i], i)
     }
 
     /// Score one record against its checklist.
@@ -168,7 +208,10 @@ impl ChecklistEval {
         config: &ScorerSettings,
         i: usize,
     ) -> Result<(gw::RecordResult, Usage, ModelRecord), StageError> {
-        self.score_record(checklist, config, i, &self.records[i]).await
+        if let Some(why) = self.derived.get().and_then(|d| d.failures.get(&i)) {
+            return Err(StageError::Unavailable(why.clone()));
+        }
+        self.score_record(checklist, config, i, &self.records()[i]).await
     }
 
     /// Score record `r` (index `i`) against its checklist.
@@ -221,7 +264,7 @@ impl ChecklistEval {
         config.concurrency = config.concurrency.or(Some(self.concurrency as u32));
         let request = ScoreRequest {
             checklist: checklist.clone(),
-            targets: (0..self.records.len()).map(|i| self.target(checklist, i)).collect(),
+            targets: (0..self.records().len()).map(|i| self.target(checklist, i)).collect(),
             config,
             model: self.scorer_model.clone(),
         };
@@ -233,7 +276,9 @@ impl ChecklistEval {
             .scores
             .iter()
             .enumerate()
-            .map(|(i, s)| record_result(i, &self.records[i], &checklist.id, Some(convert::score_to(s)), String::new()))
+            .map(|(i, s)| {
+                record_result(i, &self.records()[i], &checklist.id, Some(convert::score_to(s)), String::new())
+            })
             .collect();
         let state =
             if results.iter().all(|r| r.score.is_some()) { gw::RunState::Succeeded } else { gw::RunState::Partial };
@@ -247,6 +292,8 @@ impl ChecklistEval {
             // One scorer call without a budget: nothing to stop.
             budget_exhausted: String::new(),
             results_paged: false,
+            responders: Vec::new(),
+            comparisons: Vec::new(),
         };
         Ok(RunOutcome { state, result: Some(gw::run_result::Result::ChecklistEval(response)) })
     }
@@ -274,18 +321,23 @@ impl ChecklistEval {
             models: ctx.progress.models().iter().map(convert::model_record_to).collect(),
             budget_exhausted: ctx.snapshot().budget_exhausted,
             results_paged: false,
+            responders: Vec::new(),
+            comparisons: Vec::new(),
         })
     }
 
     /// The run's end: aggregate event, then the outcome by how many records failed.
     async fn finish(&self, ctx: &RunCtx, checklists: &[Checklist], cancelled: bool) -> Result<RunOutcome, StageError> {
-        let result = self.result(ctx, checklists).await?;
+        let mut result = self.result(ctx, checklists).await?;
+        if let Some(d) = self.derived.get() {
+            self.annotate(&mut result, d);
+        }
         let failed = result.results.iter().filter(|r| r.score.is_none()).count();
         let state = if cancelled {
             gw::RunState::Cancelled
         } else if failed == 0 {
             gw::RunState::Succeeded
-        } else if failed == self.records.len() {
+        } else if failed == self.records().len() {
             gw::RunState::Failed
         } else {
             gw::RunState::Partial
@@ -304,7 +356,11 @@ impl Pipeline for ChecklistEval {
     }
 
     fn total(&self) -> u32 {
-        self.records.len() as u32
+        if self.responders.is_empty() {
+            self.records.len() as u32
+        } else {
+            respond::layout(self.records.len(), &self.responders).len() as u32
+        }
     }
 
     fn check_records(&self, records: Vec<gw::EvalRecord>) -> Result<Vec<assay_runs::store::NewRecord>, StageError> {
@@ -330,8 +386,16 @@ impl Pipeline for ChecklistEval {
         if self.open {
             return self.run_open(ctx).await;
         }
-        let (mut production, mut producing) = self.plan.production(ctx, &self.stages, &self.records).await?;
-        if ctx.is_ephemeral() && production.checklist_count() == 1 && !ctx.spending.has_budget() {
+        if !self.responders.is_empty() && self.derived.get().is_none() {
+            let derived = self.respond_all(ctx).await?;
+            let _ = self.derived.set(derived);
+        }
+        let (mut production, mut producing) = self.plan.production(ctx, &self.stages, self.records()).await?;
+        if ctx.is_ephemeral()
+            && production.checklist_count() == 1
+            && !ctx.spending.has_budget()
+            && self.responders.is_empty()
+        {
             // Evaluate with one checklist: nothing to overlap; every record in one scorer call.
             // (With a budget, records go one scorer call each, so those scored before it ran
             // out are kept.)
@@ -349,7 +413,7 @@ impl Pipeline for ChecklistEval {
         ctx.progress.set_done(done.len() as u32);
         // Per checklist, its records still to score, released to `queue` once it exists.
         let mut waiting: Vec<Vec<usize>> = vec![Vec::new(); production.checklist_count()];
-        for i in (0..self.records.len()).filter(|i| !done.contains(&(*i as u32))) {
+        for i in (0..self.records().len()).filter(|i| !done.contains(&(*i as u32))) {
             waiting[production.record_checklist[i]].push(i);
         }
         let mut ready: Vec<Option<Arc<Checklist>>> = vec![None; production.checklist_count()];
@@ -379,7 +443,7 @@ impl Pipeline for ChecklistEval {
                     let checklist_id =
                         ready[production.record_checklist[i]].as_ref().map(|c| c.id.clone()).unwrap_or_default();
                     let result =
-                        record_result(i, &self.records[i], &checklist_id, None, format!("not run: {}", why.message));
+                        record_result(i, &self.records()[i], &checklist_id, None, format!("not run: {}", why.message));
                     writes.push(ctx.checkpoints.queued(&record_key(i), &result));
                     ctx.progress.add_done();
                     writes.push(ctx.log.emit_queued(Event::RecordScored(result)));
@@ -418,7 +482,7 @@ impl Pipeline for ChecklistEval {
                     };
                     for i in std::mem::take(&mut waiting[k]) {
                         let why = why.clone();
-                        let result = record_result(i, &self.records[i], "", None, why);
+                        let result = record_result(i, &self.records()[i], "", None, why);
                         ctx.checkpoints.put(&record_key(i), &result).await?;
                         ctx.progress.add_done();
                         ctx.log.emit(Event::RecordScored(result)).await?;
@@ -431,7 +495,7 @@ impl Pipeline for ChecklistEval {
                         Err(e) => return Err(e),
                     };
                     let checklist_id = ready[production.record_checklist[i]].as_ref().map(|c| c.id.clone()).unwrap_or_default();
-                    let result = settle(ctx, &mut reserve, i, &self.records[i], &checklist_id, scored)?;
+                    let result = settle(ctx, &mut reserve, i, &self.records()[i], &checklist_id, scored)?;
                     writes.push(ctx.checkpoints.queued(&record_key(i), &result));
                     ctx.progress.add_done();
                     writes.push(ctx.log.emit_queued(Event::RecordScored(result)));
@@ -520,7 +584,14 @@ pub(super) fn record_result(
     score: Option<assay_proto::common::v1::Score>,
     error: String,
 ) -> gw::RecordResult {
-    gw::RecordResult { index: i as u32, record_id: r.id_or(i), checklist_id: checklist_id.to_string(), score, error }
+    gw::RecordResult {
+        index: i as u32,
+        record_id: r.id_or(i),
+        checklist_id: checklist_id.to_string(),
+        score,
+        error,
+        ..Default::default()
+    }
 }
 
 /// A scorer's field names (`targets[i].target`, `checklist.items`) as the pipeline's

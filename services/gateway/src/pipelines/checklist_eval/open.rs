@@ -380,6 +380,8 @@ impl ChecklistEval {
             models: ctx.progress.models().iter().map(convert::model_record_to).collect(),
             budget_exhausted: ctx.snapshot().budget_exhausted,
             results_paged: true,
+            responders: Vec::new(),
+            comparisons: Vec::new(),
         };
         Ok(RunOutcome { state, result: Some(gw::run_result::Result::ChecklistEval(response)) })
     }

@@ -1,0 +1,224 @@
+//! Responders: a checklist evaluation that asks the models under test itself. Two responders x 30
+//! inputs with the tick preset through the whole mesh on the scripted backend: one checklist
+//! generation per input (not per responder), one response and one scoring per (input, responder);
+//! the responders' comparison equals CompareRuns' analysis of their results; a re-run with a third
+//! responder (response cache on) asks only the new one.
+
+use std::collections::BTreeMap;
+
+use assay_proto::gateway::v1 as gw;
+use assay_proto::gateway::v1::gateway_service_client::GatewayServiceClient;
+use assay_testkit::{RecordedRequest, Reply};
+use assay_tests::{MeshSandbox, SandboxOptions};
+
+const INPUTS: usize = 30;
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Calls {
+    generations: usize,
+    responses: usize,
+    scorings: usize,
+}
+
+/// What kind of call a request is: a checklist generation (its schema is named `checklist`), a
+/// scoring (another schema), or a responder's answer (free text).
+fn kind(r: &RecordedRequest) -> &'static str {
+    match r.body.pointer("/response_format/json_schema/name").and_then(|n| n.as_str()) {
+        Some("checklist") => "generation",
+        Some(_) => "scoring",
+        None => "response",
+    }
+}
+
+fn count(calls: &[RecordedRequest]) -> Calls {
+    let mut c = Calls::default();
+    for r in calls {
+        match kind(r) {
+            "generation" => c.generations += 1,
+            "scoring" => c.scorings += 1,
+            _ => c.responses += 1,
+        }
+    }
+    c
+}
+
+/// Generations: a schema-shaped checklist; responses: model-a answers well, model-b well on two
+/// inputs in three, model-c badly on every other; scorings: YES to every question of a good answer,
+/// NO to the first question of a weak one.
+fn handler(r: &RecordedRequest) -> Reply {
+    match kind(r) {
+        "generation" => assay_testkit::schema_reply(r),
+        "scoring" => {
+            let prompt = r.last_user_message().unwrap_or_default();
+            let n = prompt.lines().filter(|l| l.starts_with('Q') && l.contains(':')).count().max(1);
+            let weak = prompt.contains("weak answer");
+            let answers: Vec<serde_json::Value> = (1..=n)
+                .map(|i| serde_json::json!({"question_index": i, "answer": if weak && i == 1 { "NO" } else { "YES" }}))
+                .collect();
+            Reply::json(serde_json::json!({ "answers": answers }))
+        }
+        _ => {
+            let model = r.body["model"].as_str().unwrap_or_default().to_string();
+            let prompt = r.last_user_message().unwrap_or_default();
+            let n: usize =
+                prompt.split_whitespace().last().and_then(|w| w.trim_end_matches('?').parse().ok()).unwrap_or(0);
+            let weak = match model.as_str() {
+                "model-b" => n.is_multiple_of(3),
+                "model-c" => n.is_multiple_of(2),
+                _ => false,
+            };
+            let how = if weak { "weak" } else { "strong" };
+            Reply::text(format!("A {how} answer about {n}, by {model}."))
+        }
+    }
+}
+
+fn responder(model: &str) -> gw::Responder {
+    gw::Responder {
+        model: Some(assay_proto::common::v1::ModelSpec { model: model.into(), ..Default::default() }),
+        template: "Please answer: {input}".into(),
+        ..Default::default()
+    }
+}
+
+fn pipeline(responders: Vec<gw::Responder>) -> gw::ChecklistEvalPipeline {
+    gw::ChecklistEvalPipeline {
+        source: Some(gw::ChecklistSource {
+            source: Some(gw::checklist_source::Source::Preset(assay_proto::generator::v1::Preset::Tick as i32)),
+        }),
+        records: (0..INPUTS)
+            .map(|i| gw::EvalRecord {
+                id: format!("q{i}"),
+                input: format!("What about topic {i}?"),
+                ..Default::default()
+            })
+            .collect(),
+        responders,
+        ..Default::default()
+    }
+}
+
+async fn evaluate(sandbox: &MeshSandbox, responders: Vec<gw::Responder>) -> gw::EvaluateResponse {
+    let mut client = GatewayServiceClient::new(sandbox.gateway().await);
+    client
+        .evaluate(gw::EvaluateRequest { pipeline: Some(pipeline(responders)), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_responders_share_each_inputs_checklist_and_are_compared_as_compare_runs_does() {
+    let sandbox = MeshSandbox::start_with(SandboxOptions { cache: true, ..Default::default() }).await;
+    sandbox.llm.set_handler(handler);
+    let e = evaluate(&sandbox, vec![responder("model-a"), responder("model-b")]).await;
+
+    // One generation per input, shared; one response and one scoring per (input, responder).
+    assert_eq!(
+        count(&sandbox.llm.requests()),
+        Calls { generations: INPUTS, responses: 2 * INPUTS, scorings: 2 * INPUTS }
+    );
+    // Each response went through the responder's template to its model.
+    let asked: Vec<(String, String)> = sandbox
+        .llm
+        .requests()
+        .iter()
+        .filter(|r| kind(r) == "response")
+        .map(|r| (r.body["model"].as_str().unwrap_or_default().to_string(), r.last_user_message().unwrap_or_default()))
+        .collect();
+    assert!(asked.iter().any(|(m, p)| m == "model-a" && p == "Please answer: What about topic 7?"), "{asked:?}");
+
+    // One result per (record, responder), record by record, with the response; both responders of
+    // a record were scored against the same checklist.
+    assert_eq!(e.results.len(), 2 * INPUTS);
+    for i in 0..INPUTS {
+        let (a, b) = (&e.results[2 * i], &e.results[2 * i + 1]);
+        assert_eq!((a.record_id.as_str(), a.responder.as_str()), (format!("q{i}").as_str(), "model-a"));
+        assert_eq!((b.record_id.as_str(), b.responder.as_str()), (format!("q{i}").as_str(), "model-b"));
+        assert_eq!(a.checklist_id, b.checklist_id, "one checklist per input");
+        assert_eq!(a.response, format!("A strong answer about {i}, by model-a."));
+        assert!(a.score.is_some() && b.score.is_some(), "{a:?} {b:?}");
+    }
+
+    // Per responder: its aggregate, its answering cost.
+    let names: Vec<&str> = e.responders.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, ["model-a", "model-b"]);
+    for r in &e.responders {
+        assert_eq!((r.responses, r.failed), (INPUTS as u32, 0));
+        assert_eq!(r.usage.as_ref().unwrap().calls, INPUTS as u32, "answering calls of {}", r.name);
+    }
+    let (ma, mb) = (
+        e.responders[0].aggregate.as_ref().unwrap().mean_primary_score,
+        e.responders[1].aggregate.as_ref().unwrap().mean_primary_score,
+    );
+    assert!(ma > mb, "model-b is weaker on a third of the inputs: {ma} vs {mb}");
+
+    // The comparison is CompareRuns' on the two responders' results, to 1e-12.
+    assert_eq!(e.comparisons.len(), 1);
+    let c = &e.comparisons[0];
+    assert_eq!((c.baseline_run_id.as_str(), c.candidate_run_id.as_str()), ("model-a", "model-b"));
+    let side = |name: &str| gw::EvaluateResponse {
+        results: e.results.iter().filter(|r| r.responder == name).cloned().collect(),
+        ..Default::default()
+    };
+    use assay_domain::stats::runs::{CompareOptions, RunMetric, compare_runs};
+    let metric = RunMetric::Primary;
+    let report = compare_runs(
+        &assay_proto::convert::runs::run_results(&side("model-a"), metric),
+        &assay_proto::convert::runs::run_results(&side("model-b"), metric),
+        CompareOptions {
+            metric,
+            alpha: 0.05,
+            seed: assay_domain::stats::DEFAULT_BOOTSTRAP_SEED,
+            min_effect: Some(0.0),
+        },
+    )
+    .unwrap();
+    let want = assay_proto::convert::runs::comparison_to("model-a".into(), "model-b".into(), &report);
+    assert_eq!(c.n_pairs, Some(INPUTS as u32));
+    for (x, y, what) in
+        [(c.diff, want.diff, "diff"), (c.ci_low, want.ci_low, "ci_low"), (c.ci_high, want.ci_high, "ci_high")]
+    {
+        assert!((x - y).abs() < 1e-12, "{what}: {x} vs {y}");
+    }
+    assert_eq!(c.method, want.method);
+    assert!(c.diff < 0.0 && c.gate.as_ref().is_some_and(|g| g.regressed), "{c:?}");
+
+    // A third responder: only its responses and scorings are new (checklists, the first two
+    // responders' answers and scorings come from the response cache).
+    let before = count(&sandbox.llm.requests());
+    let again = evaluate(&sandbox, vec![responder("model-a"), responder("model-b"), responder("model-c")]).await;
+    let after = count(&sandbox.llm.requests());
+    assert_eq!(
+        Calls {
+            generations: after.generations - before.generations,
+            responses: after.responses - before.responses,
+            scorings: after.scorings - before.scorings,
+        },
+        Calls { generations: 0, responses: INPUTS, scorings: INPUTS }
+    );
+    assert_eq!(again.comparisons.len(), 2);
+    let by: BTreeMap<&str, f64> = again.comparisons.iter().map(|c| (c.candidate_run_id.as_str(), c.diff)).collect();
+    assert!((by["model-b"] - c.diff).abs() < 1e-12, "the same comparison again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_responders_are_named() {
+    let sandbox = MeshSandbox::start().await;
+    let mut client = GatewayServiceClient::new(sandbox.gateway().await);
+    let mut p = pipeline(vec![
+        gw::Responder { name: "x".into(), samples: 11, ..responder("model-a") },
+        gw::Responder { name: "x".into(), ..responder("model-b") },
+    ]);
+    p.records[3].input = String::new();
+    let status =
+        client.evaluate(gw::EvaluateRequest { pipeline: Some(p), ..Default::default() }).await.expect_err("refused");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    use tonic_types::StatusExt;
+    let fields: Vec<String> =
+        status.get_details_bad_request().unwrap().field_violations.into_iter().map(|f| f.field).collect();
+    for f in ["pipeline.responders[0].samples", "pipeline.responders[1].name", "pipeline.records[3].input"] {
+        assert!(fields.iter().any(|x| x == f), "{f} in {fields:?}");
+    }
+    assert_eq!(sandbox.llm.request_count(), 0);
+}
