@@ -222,3 +222,62 @@ async fn bad_responders_are_named() {
     }
     assert_eq!(sandbox.llm.request_count(), 0);
 }
+
+/// `assay eval --respond A --respond B`: the per-responder lines and comparison on standard
+/// error, `--out` one line per (record, responder) with its response, `--json` the summary with
+/// `responders` and `comparisons`; `--fail-on-regression` exits 1 when the second is significantly
+/// worse, 0 when it is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn assay_eval_respond_compares_models_and_gates_on_a_regression() {
+    let sandbox = MeshSandbox::start_with(SandboxOptions { cache: true, ..Default::default() }).await;
+    sandbox.llm.set_handler(handler);
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("prompts.jsonl");
+    let lines: Vec<String> = (0..INPUTS)
+        .map(|i| serde_json::json!({"id": format!("q{i}"), "input": format!("What about topic {i}?")}).to_string())
+        .collect();
+    std::fs::write(&data, lines.join("\n") + "\n").unwrap();
+    let template = dir.path().join("v1.txt");
+    std::fs::write(&template, "Please answer: {input}\n").unwrap();
+    let out = dir.path().join("out.jsonl");
+    let eval = |models: &[&str], gate: bool, json: bool| {
+        let mut cmd = tokio::process::Command::new(assay_tests::workspace_binary("assay", "assay-cli"));
+        cmd.args(["eval", "--preset", "tick", "--gateway", &sandbox.gateway_url()]);
+        cmd.arg("--data").arg(&data).arg("--out").arg(&out).arg("--respond-template").arg(&template);
+        for m in models {
+            cmd.args(["--respond", m]);
+        }
+        if gate {
+            cmd.arg("--fail-on-regression");
+        }
+        if json {
+            cmd.arg("--json");
+        }
+        cmd.output()
+    };
+    let run = eval(&["openai:model-a", "openai:model-b"], true, false).await.unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "model-b is worse: {stderr}");
+    assert!(stderr.contains("responder model-a: mean primary"), "{stderr}");
+    assert!(stderr.contains("model-b vs model-a: diff -"), "{stderr}");
+    assert!(stderr.contains("significantly worse"), "{stderr}");
+    let written: Vec<serde_json::Value> =
+        std::fs::read_to_string(&out).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(written.len(), 2 * INPUTS);
+    assert_eq!(written[1]["responder"], "model-b");
+    assert_eq!(written[1]["id"], "q0");
+    assert_eq!(written[0]["response"], "A strong answer about 0, by model-a.");
+
+    // Without the gate: 0; and --json carries the responders and the comparison.
+    let run = eval(&["openai:model-a", "openai:model-b"], false, true).await.unwrap();
+    assert_eq!(run.status.code(), Some(0), "{}", String::from_utf8_lossy(&run.stderr));
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let summary: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(summary["responders"].as_array().unwrap().len(), 2, "{summary}");
+    assert_eq!(summary["comparisons"][0]["candidateRunId"], "model-b");
+    assert_eq!(summary["comparisons"][0]["nPairs"], INPUTS);
+
+    // A candidate that is not worse passes the gate.
+    let run = eval(&["openai:model-a", "openai:model-a2"], true, false).await.unwrap();
+    assert_eq!(run.status.code(), Some(0), "{}", String::from_utf8_lossy(&run.stderr));
+}

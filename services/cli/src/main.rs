@@ -129,6 +129,8 @@ enum Command {
         #[command(flatten)]
         corpus: cmd::generate::CorpusArgs,
         #[command(flatten)]
+        responders: cmd::eval::ResponderArgs,
+        #[command(flatten)]
         scoring: ScoringArgs,
         #[command(flatten)]
         run: RunArgs,
@@ -534,6 +536,7 @@ impl RunArgs {
             json: self.json,
             budget: self.budget.budget(),
             open: self.open,
+            fail_on_regression: false,
         }
     }
 }
@@ -541,6 +544,10 @@ impl RunArgs {
 fn exit_of(outcome: Result<cmd::eval::Outcome, String>) -> ExitCode {
     match outcome {
         Ok(cmd::eval::Outcome::Complete) => ExitCode::SUCCESS,
+        Ok(cmd::eval::Outcome::Regressed) => {
+            eprintln!("assay: a responder is significantly worse than the first (--fail-on-regression)");
+            ExitCode::FAILURE
+        }
         Ok(cmd::eval::Outcome::Partial) => ExitCode::from(cmd::EXIT_PARTIAL),
         Err(e) => {
             eprintln!("assay: {e}");
@@ -838,10 +845,11 @@ async fn run() -> ExitCode {
         },
         Command::Serve { stage } => return assay_mesh::standalone::run(stage).await,
         Command::Models { command: ModelsCommand::Fetch { dir } } => models_fetch(dir).await,
-        Command::Eval { preset, max_items, corpus, scoring, run, backend } => {
+        Command::Eval { preset, max_items, corpus, responders, scoring, run, backend } => {
             let outcome = async {
                 let config = load_config(cli.config.as_deref(), &backend)?;
-                cmd::eval::eval(&config, &preset, max_items, scoring.config()?, &corpus, run.into_cmd()).await
+                let scorer = scoring.config()?;
+                cmd::eval::eval(&config, &preset, max_items, scorer, &corpus, &responders, run.into_cmd()).await
             };
             return exit_of(outcome.await);
         }

@@ -13,7 +13,7 @@ use assay_domain::limits::MAX_RECORDS;
 
 use super::follow::{NoResult, RunFollower, Step, finished_as, follow_run, is_final, start_run};
 use super::input::{CorpusArgs, RecordLines, corpus_request, is_corpus, read_checklist};
-use super::render::checklist_eval::{checklist_ready_line, record_json, summary_json, summary_line};
+use super::render::checklist_eval::{checklist_ready_line, record_json, responder_lines, summary_json, summary_line};
 use super::render::stage_progress_line;
 use super::status_text;
 use super::{Progress, Session};
@@ -24,6 +24,85 @@ pub enum Outcome {
     Complete,
     /// Some records failed; the others were written.
     Partial,
+    /// `--fail-on-regression`: a responder is significantly worse than the first.
+    Regressed,
+}
+
+/// Models under test (`assay eval --respond`): each answers every record's input, and its answers
+/// are what is scored.
+#[derive(clap::Args, Debug, Default, Clone)]
+pub struct ResponderArgs {
+    /// A model under test, `BACKEND:MODEL` (`openai:gpt-4o-mini`, `local:`), `MODEL@BACKEND` or
+    /// `MODEL` (repeat for several; the first is the baseline). Each answers every record's input
+    /// and its answers are scored; one checklist per input is shared by every responder.
+    #[arg(long = "respond", value_name = "MODEL")]
+    pub respond: Vec<String>,
+    /// A responder prompt template file (`{input}`, `{id}`, `{reference}`, `{history}`); repeat
+    /// to compare prompts: every --respond model answers through every template (the same model
+    /// with two templates is two responders). (`--template` is the judge's prompt.)
+    #[arg(long = "respond-template", value_name = "FILE")]
+    pub templates: Vec<PathBuf>,
+    /// A system message file sent before every responder's prompt.
+    #[arg(long = "respond-system", value_name = "FILE")]
+    pub system: Option<PathBuf>,
+    /// Responses per record and responder (1 to 10), each scored (`--samples` repeats the judge).
+    #[arg(long = "respond-samples")]
+    pub response_samples: Option<u32>,
+    /// Exit 1 when a responder is significantly worse than the first (its paired comparison's
+    /// interval lies below 0).
+    #[arg(long)]
+    pub fail_on_regression: bool,
+}
+
+impl ResponderArgs {
+    /// The responders, models by templates.
+    pub fn responders(&self) -> Result<Vec<gw::Responder>, String> {
+        let read = |p: &Path| std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()));
+        let system = self.system.as_deref().map(read).transpose()?.unwrap_or_default();
+        let templates: Vec<(String, String)> = if self.templates.is_empty() {
+            vec![(String::new(), String::new())]
+        } else {
+            self.templates
+                .iter()
+                .map(|p| {
+                    let stem = p.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
+                    read(p).map(|t| (stem, t))
+                })
+                .collect::<Result<_, _>>()?
+        };
+        let mut out = Vec::new();
+        for value in &self.respond {
+            let model = responder_model(value)?;
+            for (stem, template) in &templates {
+                let base = if model.model.is_empty() { model.backend.clone() } else { model.model.clone() };
+                let name = if templates.len() > 1 { format!("{base}/{stem}") } else { String::new() };
+                out.push(gw::Responder {
+                    name,
+                    model: Some(model.clone()),
+                    system_prompt: system.clone(),
+                    template: template.trim_end_matches('\n').to_string(),
+                    samples: self.response_samples.unwrap_or(0),
+                });
+            }
+        }
+        if out.is_empty() && (!self.templates.is_empty() || self.response_samples.is_some() || self.system.is_some()) {
+            return Err(
+                "--respond-template, --respond-system and --respond-samples need at least one --respond MODEL".into()
+            );
+        }
+        Ok(out)
+    }
+}
+
+/// `--respond`: `BACKEND:MODEL` for the built-in backends, `MODEL@BACKEND`, or `MODEL`.
+fn responder_model(value: &str) -> Result<common::ModelSpec, String> {
+    if !value.contains('@')
+        && let Some((backend, model)) = value.split_once(':')
+        && ["openai", "local"].contains(&backend)
+    {
+        return Ok(common::ModelSpec { backend: backend.into(), model: model.trim().into(), ..Default::default() });
+    }
+    Ok(super::input::model_spec("--respond", Some(value))?.unwrap_or_default())
 }
 
 /// Options shared by `eval` and `score`.
@@ -35,6 +114,9 @@ pub struct RunArgs {
     pub budget: Option<gw::RunBudget>,
     /// Stream the records into an open run whatever their number.
     pub open: bool,
+    /// With responders: end with [`Outcome::Regressed`] when one is significantly worse than
+    /// the first.
+    pub fail_on_regression: bool,
 }
 
 /// `assay eval`: generate with a preset, score every record.
@@ -44,6 +126,7 @@ pub async fn eval(
     max_items: Option<u32>,
     scorer: Option<common::ScorerConfig>,
     corpus: &CorpusArgs,
+    responders: &ResponderArgs,
     args: RunArgs,
 ) -> Result<Outcome, String> {
     let preset = super::preset(preset)?;
@@ -61,8 +144,10 @@ pub async fn eval(
         scorer,
         refiners: corpus.steps("")?,
         candidate_models: corpus.candidate_specs()?,
+        responders: responders.responders()?,
         ..Default::default()
     };
+    let args = RunArgs { fail_on_regression: responders.fail_on_regression, ..args };
     run(config, pipeline, records, format!("assay eval {}", args.data.display()), &args).await
 }
 
@@ -163,6 +248,7 @@ async fn stream(
         started,
         json: args.json,
         paged: None,
+        fail_on_regression: args.fail_on_regression,
     };
     let Some(lines) = streamed else {
         return follow_run(&mut session.client, events, &mut follower).await;
@@ -321,6 +407,8 @@ struct Follower {
     /// An open run: its results are read in pages once it ends, not written from its events;
     /// `Some(None)` until it ends, then how it ended.
     paged: Option<Option<(i32, Option<gw::RunResult>)>>,
+    /// `--fail-on-regression`.
+    fail_on_regression: bool,
 }
 
 impl RunFollower for Follower {
@@ -400,7 +488,17 @@ impl Follower {
             outln!("{}", summary_json(run_id, state, self.total, failed, &e, pipeline_s)?);
         } else {
             eprintln!("{}", summary_line(run_id, self.total, failed, &e, pipeline_s));
+            for line in responder_lines(&e) {
+                eprintln!("{line}");
+            }
         }
-        Ok(if failed == 0 { Outcome::Complete } else { Outcome::Partial })
+        let regressed = e.comparisons.iter().any(|c| c.gate.as_ref().is_some_and(|g| g.regressed));
+        Ok(if self.fail_on_regression && regressed {
+            Outcome::Regressed
+        } else if failed == 0 {
+            Outcome::Complete
+        } else {
+            Outcome::Partial
+        })
     }
 }

@@ -43,9 +43,9 @@ pub struct ChecklistEval {
     /// with the request, already stored as rows).
     open: bool,
     /// Models under test: each answers every record, and its answers are what is scored.
-    responders: Vec<respond::Responder>,
+    responders: Vec<super::responders::Responder>,
     /// With responders, once they answered: the targets to score.
-    derived: std::sync::OnceLock<respond::Derived>,
+    derived: std::sync::OnceLock<super::responders::Derived>,
 }
 
 impl ChecklistEval {
@@ -73,7 +73,7 @@ impl ChecklistEval {
             responders,
         } = p;
         let mut v = Violations::new();
-        let responders = respond::parse(responders, &mut v);
+        let responders = super::responders::parse(responders, &mut v);
         if open && !responders.is_empty() {
             v.push("pipeline.responders", "an open run takes no responders yet: send the records with the request");
         }
@@ -86,7 +86,7 @@ impl ChecklistEval {
             generator_model
         } else {
             let mut m = generator_model.unwrap_or_default();
-            m.seed.get_or_insert(respond::GENERATION_SEED);
+            m.seed.get_or_insert(super::responders::GENERATION_SEED);
             Some(m)
         };
         let plan = ChecklistPlan::parse(source, generator_model, max_items, refiners, candidate_models, &mut v);
@@ -153,6 +153,14 @@ impl ChecklistEval {
             responders,
             derived: std::sync::OnceLock::new(),
         })
+    }
+
+    /// A result named by its responder and sample, with the response (with responders).
+    fn labelled(&self, mut r: gw::RecordResult) -> gw::RecordResult {
+        if let Some(d) = self.derived.get() {
+            super::responders::label(&mut r, &self.responders, self.records.len(), d);
+        }
+        r
     }
 
     /// The records scored: the request's, or with responders the targets they made.
@@ -359,7 +367,7 @@ impl Pipeline for ChecklistEval {
         if self.responders.is_empty() {
             self.records.len() as u32
         } else {
-            respond::layout(self.records.len(), &self.responders).len() as u32
+            super::responders::layout(self.records.len(), &self.responders).len() as u32
         }
     }
 
@@ -444,6 +452,7 @@ impl Pipeline for ChecklistEval {
                         ready[production.record_checklist[i]].as_ref().map(|c| c.id.clone()).unwrap_or_default();
                     let result =
                         record_result(i, &self.records()[i], &checklist_id, None, format!("not run: {}", why.message));
+                    let result = self.labelled(result);
                     writes.push(ctx.checkpoints.queued(&record_key(i), &result));
                     ctx.progress.add_done();
                     writes.push(ctx.log.emit_queued(Event::RecordScored(result)));
@@ -482,7 +491,7 @@ impl Pipeline for ChecklistEval {
                     };
                     for i in std::mem::take(&mut waiting[k]) {
                         let why = why.clone();
-                        let result = record_result(i, &self.records()[i], "", None, why);
+                        let result = self.labelled(record_result(i, &self.records()[i], "", None, why));
                         ctx.checkpoints.put(&record_key(i), &result).await?;
                         ctx.progress.add_done();
                         ctx.log.emit(Event::RecordScored(result)).await?;
@@ -495,7 +504,7 @@ impl Pipeline for ChecklistEval {
                         Err(e) => return Err(e),
                     };
                     let checklist_id = ready[production.record_checklist[i]].as_ref().map(|c| c.id.clone()).unwrap_or_default();
-                    let result = settle(ctx, &mut reserve, i, &self.records()[i], &checklist_id, scored)?;
+                    let result = self.labelled(settle(ctx, &mut reserve, i, &self.records()[i], &checklist_id, scored)?);
                     writes.push(ctx.checkpoints.queued(&record_key(i), &result));
                     ctx.progress.add_done();
                     writes.push(ctx.log.emit_queued(Event::RecordScored(result)));

@@ -8,6 +8,7 @@ pub mod checklist_eval;
 pub mod debate;
 mod gated;
 pub mod generate_checklist;
+pub mod responders;
 mod rounds;
 pub mod self_refine;
 pub mod self_refine_hook;

@@ -40,6 +40,11 @@ pub fn record_json(r: &gw::RecordResult) -> Value {
         "unanswered": r.score.as_ref().map(|s| s.unanswered_count),
         "answers": answers,
     });
+    if let (false, Value::Object(o)) = (r.responder.is_empty(), &mut line) {
+        o.insert("responder".into(), json!(r.responder));
+        o.insert("sample".into(), json!(r.sample));
+        o.insert("response".into(), json!(r.response));
+    }
     if let (Some(s), Value::Object(o)) = (&r.score, &mut line) {
         if !s.sample_primary_scores.is_empty() {
             o.insert("sample_scores".into(), json!(s.sample_primary_scores));
@@ -97,6 +102,52 @@ pub fn summary_line(run_id: &str, total: usize, failed: u64, e: &gw::EvaluateRes
         super::cost_text(&u),
         u.cache_hits
     )
+}
+
+/// With responders: a line per responder (its mean and interval, responses, what answering cost),
+/// then a line per comparison with the first.
+pub fn responder_lines(e: &gw::EvaluateResponse) -> Vec<String> {
+    let mut lines: Vec<String> = e
+        .responders
+        .iter()
+        .map(|r| {
+            let a = r.aggregate.clone().unwrap_or_default();
+            let u = r.usage.clone().unwrap_or_default();
+            format!(
+                "  responder {}: mean primary {}, {} responses, {} failed; answering {} calls, {} tokens, {}",
+                r.name,
+                mean_with_interval(&a),
+                r.responses,
+                r.failed,
+                u.calls,
+                u.prompt_tokens + u.completion_tokens,
+                super::cost_text(&u)
+            )
+        })
+        .collect();
+    for c in &e.comparisons {
+        let method = gw::CompareMethod::try_from(c.method)
+            .map(|m| m.as_str_name().trim_start_matches("COMPARE_METHOD_").to_lowercase())
+            .unwrap_or_default();
+        let verdict = match (&c.gate, c.significant) {
+            (Some(g), _) if g.regressed => "significantly worse",
+            (_, true) if c.diff > 0.0 => "significantly better",
+            (_, true) => "significantly different",
+            (_, false) => "no significant difference",
+        };
+        lines.push(format!(
+            "  {} vs {}: diff {:+.4}, {:.0}% CI [{:.4}, {:.4}] ({method}, {} pairs), p = {:.4}: {verdict}",
+            c.candidate_run_id,
+            c.baseline_run_id,
+            c.diff,
+            (1.0 - c.alpha) * 100.0,
+            c.ci_low,
+            c.ci_high,
+            c.n_pairs.unwrap_or(0),
+            c.p_value
+        ));
+    }
+    lines
 }
 
 /// The summary of `--json`: the evaluation in the proto3 JSON mapping without its per-record
