@@ -28,6 +28,7 @@ import {
   type PipelineKind,
   type RecordResult,
   RefinementMode,
+  type ResponderSchema,
   type Run,
   type RunPipelineRequestSchema,
   type RunState,
@@ -93,12 +94,39 @@ export type RecordInit = MessageInitShape<typeof EvalRecordSchema>;
 /** A checklist preset by name (`"tick"`, `"rocketeval"`, `"rlcf_direct"`, ...) or value. */
 export type PresetName = Lowercase<Exclude<keyof typeof Preset, "UNSPECIFIED">> | Preset;
 
-/** What `evaluate` scores with: a preset, or a checklist (questions, or a full Checklist). */
+/**
+ * A model under test: `"openai:MODEL"` / `"local:"` / `"MODEL@BACKEND"` / `"MODEL"`, or a
+ * Responder (`name`, `model`, `systemPrompt`, `template`, `samples`).
+ */
+export type ResponderInit = string | MessageInitShape<typeof ResponderSchema>;
+
+/**
+ * What `evaluate` scores with: a preset, or a checklist (questions, or a full Checklist). With
+ * `respond` (models under test, the first the baseline) each answers every record's `input`, its
+ * answers are scored, and the response has `responders` (aggregate and cost of each) and
+ * `comparisons` (each against the first, as `compareRuns` computes it).
+ */
 export type EvaluateOptions = CallOptions &
   Omit<MessageInitShape<typeof ChecklistEvalPipelineSchema>, "records" | "source" | "$typeName"> & {
     preset?: PresetName;
     checklist?: string[] | MessageInitShape<typeof ChecklistSchema>;
+    respond?: ResponderInit[];
   };
+
+/** A responder's model from `BACKEND:MODEL` (built-in backends), `MODEL@BACKEND` or `MODEL`. */
+export function responderInit(value: ResponderInit): MessageInitShape<typeof ResponderSchema> {
+  if (typeof value !== "string") {
+    return value;
+  }
+  const colon = value.indexOf(":");
+  if (!value.includes("@") && colon > 0 && ["openai", "local"].includes(value.slice(0, colon))) {
+    return { model: { backend: value.slice(0, colon), model: value.slice(colon + 1).trim() } };
+  }
+  const at = value.lastIndexOf("@");
+  return at >= 0
+    ? { model: { model: value.slice(0, at).trim(), backend: value.slice(at + 1).trim() } }
+    : { model: { model: value.trim() } };
+}
 
 /** Who acts on a run, for its audit log. */
 export interface ControlOptions extends CallOptions {
@@ -362,7 +390,10 @@ export class Assay {
 
   /** Checklist evaluation of `records`, waited for (aborting `signal` stops the work). */
   evaluate(records: RecordInit[], options: EvaluateOptions = {}): Promise<EvaluateResponse> {
-    const { signal, timeoutMs, preset, checklist, ...pipeline } = options;
+    const { signal, timeoutMs, preset, checklist, respond, ...pipeline } = options;
+    if (respond !== undefined) {
+      pipeline.responders = [...(pipeline.responders ?? []), ...respond.map(responderInit)];
+    }
     const source =
       checklist !== undefined
         ? { source: { case: "checklist" as const, value: checklistInit(checklist) } }

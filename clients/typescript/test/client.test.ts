@@ -107,6 +107,32 @@ async function collect<T>(it: AsyncIterable<T>): Promise<T[]> {
 }
 
 describe("@assay/client against assay up", () => {
+  test("evaluate with responders scores each model's answers and compares them", async () => {
+    const before = llm.calls.length;
+    const inputs = [0, 1, 2, 3, 4, 5].map((i) => ({ id: `t${i}`, input: `Write about topic ${i}?` }));
+    const res = await assay.evaluate(inputs, {
+      preset: "tick",
+      respond: ["openai:model-a", { name: "b", model: { backend: "openai", model: "model-b" } }],
+    });
+    const calls = llm.calls.slice(before);
+    assert.equal(calls.filter((c) => c.schema === "checklist").length, 6, "one checklist per input, shared");
+    assert.equal(calls.filter((c) => c.schema === "").length, 12, "one answer per input and responder");
+    assert.equal(res.results.length, 12);
+    assert.deepEqual(
+      res.results.slice(0, 2).map((r) => r.responder),
+      ["model-a", "b"],
+    );
+    assert.equal(res.results[0]?.response, "Falling leaves for topic 0, by model-a.");
+    assert.deepEqual(
+      res.responders.map((r) => r.name),
+      ["model-a", "b"],
+    );
+    assert.equal(res.comparisons.length, 1);
+    assert.equal(res.comparisons[0]?.candidateRunId, "b");
+    assert.equal(res.comparisons[0]?.nPairs, 6);
+    assert.ok((res.comparisons[0]?.diff ?? 0) < 0);
+  });
+
   test("evaluate with a given checklist scores every record on every question", async () => {
     const before = llm.calls.length;
     const res = await assay.evaluate(records("eval"), { checklist: QUESTIONS });

@@ -175,6 +175,7 @@ class AsyncAssay:
         max_tokens: Optional[int] = None,
         max_cost_usd: Optional[float] = None,
         timeout: Optional[float] = None,
+        respond: Optional[Sequence[Any]] = None,
         **scorer_options: Any,
     ) -> Evaluation:
         """See :meth:`assay_client.Assay.evaluate`; cancelling the task cancels the call."""
@@ -189,6 +190,7 @@ class AsyncAssay:
             scorer_options,
             max_tokens,
             max_cost_usd,
+            respond,
         )
         return Evaluation(await self._call("Evaluate", request, timeout))
 

@@ -286,6 +286,7 @@ class Assay:
         max_tokens: Optional[int] = None,
         max_cost_usd: Optional[float] = None,
         timeout: Optional[float] = None,
+        respond: Optional[Sequence[Any]] = None,
         **scorer_options: Any,
     ) -> Evaluation:
         """Evaluate ``records`` (dicts or dataclasses with ``input``, ``target``, ...) and wait.
@@ -299,6 +300,12 @@ class Assay:
         every model call; US dollars from the backends' price tables): once it is spent no new
         model call starts, the records scored so far are kept and every other one's error says
         ``not run: budget exhausted: ...``.
+
+        ``respond`` names models under test (``"openai:MODEL"``, ``"MODEL@BACKEND"``, or dicts of
+        Responder fields: ``name``, ``model``, ``system_prompt``, ``template``, ``samples``): each
+        answers every record's ``input`` and its answers are scored against the input's checklist
+        (one per input, shared). :attr:`Evaluation.responders` has each one's aggregate and cost,
+        :attr:`Evaluation.comparisons` each one against the first, as ``compare_runs`` computes it.
         """
         request = _common.evaluate_request(
             records,
@@ -311,6 +318,7 @@ class Assay:
             scorer_options,
             max_tokens,
             max_cost_usd,
+            respond,
         )
         return Evaluation(self._call("Evaluate", request, timeout))
 

@@ -220,8 +220,10 @@ def evaluate_request(
     scorer_options: Mapping[str, Any],
     max_tokens: Optional[int],
     max_cost_usd: Optional[float],
+    respond: Optional[Sequence[Any]] = None,
 ) -> gateway_pb2.EvaluateRequest:
-    """An EvaluateRequest: the checklist_eval pipeline of ``records`` and its budget."""
+    """An EvaluateRequest: the checklist_eval pipeline of ``records`` (answered by the
+    ``respond`` models when given) and its budget."""
     pipeline = _convert.checklist_eval(
         records,
         preset=preset,
@@ -231,6 +233,7 @@ def evaluate_request(
         generator_model=generator_model,
         scorer_model=scorer_model,
         scorer_options=scorer_options,
+        responders=respond,
     )
     request = gateway_pb2.EvaluateRequest(pipeline=pipeline)
     run_budget = _convert.budget(max_tokens, max_cost_usd)

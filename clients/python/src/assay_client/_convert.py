@@ -258,8 +258,11 @@ def checklist_eval(
     generator_model: Optional[ModelLike] = None,
     scorer_model: Optional[ModelLike] = None,
     scorer_options: Optional[Mapping[str, Any]] = None,
+    responders: Optional[Sequence["ResponderLike"]] = None,
 ) -> gateway_pb2.ChecklistEvalPipeline:
-    """The checklist_eval pipeline: a given checklist, or one generated per input by ``preset``."""
+    """The checklist_eval pipeline: a given checklist, or one generated per input by ``preset``;
+    with ``responders`` (models under test, the first the baseline) each answers every record's
+    input and its answers are what is scored."""
     pipeline = gateway_pb2.ChecklistEvalPipeline(
         records=_records(records, preset if checklist_given is None else None), concurrency=record_concurrency
     )
@@ -276,7 +279,40 @@ def checklist_eval(
     config = scorer_config(scorer_options or {})
     if config is not None:
         pipeline.scorer.CopyFrom(config)
+    for i, value in enumerate(responders or []):
+        pipeline.responders.append(responder(value, f"responders[{i}]"))
     return pipeline
+
+
+#: A model under test: ``"openai:MODEL"`` / ``"local:"`` / ``"MODEL@BACKEND"`` / ``"MODEL"``, a dict
+#: of Responder fields (``model`` may be such a string), or the message.
+ResponderLike = Union[str, Mapping[str, Any], "gateway_pb2.Responder"]
+
+
+def responder_model(value: str) -> common_pb2.ModelSpec:
+    """A responder's model from ``BACKEND:MODEL`` (built-in backends), ``MODEL@BACKEND`` or ``MODEL``."""
+    if "@" not in value and ":" in value:
+        backend, name = value.split(":", 1)
+        if backend in ("openai", "local"):
+            return common_pb2.ModelSpec(backend=backend, model=name.strip())
+    name, _, backend = value.rpartition("@") if "@" in value else (value, "", "")
+    return common_pb2.ModelSpec(backend=backend.strip(), model=name.strip())
+
+
+def responder(value: ResponderLike, field: str) -> gateway_pb2.Responder:
+    """A Responder from a model string, a dict or the message."""
+    if isinstance(value, gateway_pb2.Responder):
+        return value
+    if isinstance(value, str):
+        return gateway_pb2.Responder(model=responder_model(value))
+    fields = dict(value)
+    model_value = fields.pop("model", None)
+    message: gateway_pb2.Responder = to_message(fields, gateway_pb2.Responder, field)
+    if isinstance(model_value, str):
+        message.model.CopyFrom(responder_model(model_value))
+    elif model_value is not None:
+        message.model.CopyFrom(to_message(model_value, common_pb2.ModelSpec, f"{field}.model"))
+    return message
 
 
 def sections(document: Union[str, Sequence[SectionLike]]) -> List[common_pb2.Section]:

@@ -125,6 +125,17 @@ class Evaluation:
         return list(self.raw.results)
 
     @property
+    def responders(self) -> List[gateway_pb2.ResponderResult]:
+        """With responders: each one's aggregate and answering cost, in the request's order."""
+        return list(self.raw.responders)
+
+    @property
+    def comparisons(self) -> List[gateway_pb2.CompareRunsResponse]:
+        """With responders: each one after the first against the first (``baseline_run_id`` /
+        ``candidate_run_id`` hold their names)."""
+        return list(self.raw.comparisons)
+
+    @property
     def aggregate(self) -> common_pb2.AggregateScores:
         """Aggregates over the scored records."""
         return self.raw.aggregate
@@ -176,7 +187,9 @@ class Evaluation:
 
     def to_records(self) -> List[Dict[str, Any]]:
         """One flat dict per record: ids, every aggregate of its score, its error, and one
-        ``item:<item id>`` column per checklist item ("YES", "NO" or None when unanswered)."""
+        ``item:<item id>`` column per checklist item ("YES", "NO" or None when unanswered); with
+        responders one per (record, responder, sample), with ``responder``, ``sample`` and
+        ``response`` columns."""
         rows: List[Dict[str, Any]] = []
         for result in self.raw.results:
             row: Dict[str, Any] = {
@@ -185,6 +198,8 @@ class Evaluation:
                 "checklist_id": result.checklist_id,
                 "error": result.error or None,
             }
+            if result.responder:
+                row.update(responder=result.responder, sample=result.sample, response=result.response)
             if result.HasField("score"):
                 score = result.score
                 row.update(

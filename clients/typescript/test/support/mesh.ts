@@ -125,8 +125,27 @@ export class ScriptedLlm {
     let content: unknown;
     switch (schema) {
       case "checklist_answers": {
+        // NO to the first question of a response of grey stones (a responder's weak answer).
         const indices = [...prompt.matchAll(/^Q(\d+):/gm)].map((m) => Number(m[1]));
-        content = { answers: indices.map((question_index) => ({ question_index, answer: "YES" })) };
+        const weak = prompt.includes("Grey stones");
+        content = {
+          answers: indices.map((question_index) => ({
+            question_index,
+            answer: weak && question_index === 1 ? "NO" : "YES",
+          })),
+        };
+        break;
+      }
+      case "checklist": {
+        // A generated checklist (a preset).
+        content = { items: [{ question: "Does it mention leaves?" }, { question: "Is it an answer?" }] };
+        break;
+      }
+      case "": {
+        // A responder (free text): model-a mentions leaves, model-b on even topics only.
+        const n = Number(/topic (\d+)/.exec(prompt)?.[1] ?? 0);
+        const leaves = body.model === "model-a" || n % 2 === 0;
+        content = `${leaves ? "Falling leaves" : "Grey stones"} for topic ${n}, by ${body.model}.`;
         break;
       }
       case "section_verdict": {
@@ -145,7 +164,13 @@ export class ScriptedLlm {
       id: `chatcmpl-${this.calls.length}`,
       object: "chat.completion",
       model: body.model,
-      choices: [{ index: 0, message: { role: "assistant", content: JSON.stringify(content) }, finish_reason: "stop" }],
+      choices: [
+        {
+          index: 0,
+          message: { role: "assistant", content: typeof content === "string" ? content : JSON.stringify(content) },
+          finish_reason: "stop",
+        },
+      ],
       usage: { prompt_tokens: 10, completion_tokens: 5, total_tokens: 15 },
     });
   }
