@@ -261,11 +261,12 @@ async fn assay_eval_respond_compares_models_and_gates_on_a_regression() {
     assert!(stderr.contains("responder model-a: mean primary"), "{stderr}");
     assert!(stderr.contains("model-b vs model-a: diff -"), "{stderr}");
     assert!(stderr.contains("significantly worse"), "{stderr}");
-    let written: Vec<serde_json::Value> =
+    // Lines come as records are scored: in record order once sorted by index.
+    let mut written: Vec<serde_json::Value> =
         std::fs::read_to_string(&out).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    written.sort_by_key(|l| l["index"].as_u64());
     assert_eq!(written.len(), 2 * INPUTS);
-    assert_eq!(written[1]["responder"], "model-b");
-    assert_eq!(written[1]["id"], "q0");
+    assert_eq!((written[1]["id"].as_str(), written[1]["responder"].as_str()), (Some("q0"), Some("model-b")));
     assert_eq!(written[0]["response"], "A strong answer about 0, by model-a.");
 
     // Without the gate: 0; and --json carries the responders and the comparison.
@@ -280,4 +281,54 @@ async fn assay_eval_respond_compares_models_and_gates_on_a_regression() {
     // A candidate that is not worse passes the gate.
     let run = eval(&["openai:model-a", "openai:model-a2"], true, false).await.unwrap();
     assert_eq!(run.status.code(), Some(0), "{}", String::from_utf8_lossy(&run.stderr));
+}
+
+/// A dataset as it comes: a CSV file with its own column names, mapped with `--input-field`,
+/// `--target-field` and `--id-field`, evaluates; a column that is not there is refused before any
+/// run, naming it, its flag and the line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_csv_with_its_own_column_names_evaluates_and_a_missing_column_is_named() {
+    let sandbox = MeshSandbox::start().await;
+    sandbox.llm.set_handler(assay_tests::leaves_judge(std::time::Duration::ZERO));
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("hub.csv");
+    std::fs::write(
+        &data,
+        "qid,question,answer\nk1,\"Describe autumn, briefly.\",Falling leaves.\nk2,Describe stone.,Grey stones.\n",
+    )
+    .unwrap();
+    let checklist = dir.path().join("checklist.json");
+    std::fs::write(&checklist, r#"["Mentions leaves?", "Is it short?"]"#).unwrap();
+    let out = dir.path().join("out.jsonl");
+    let score = |input_field: &str| {
+        tokio::process::Command::new(assay_tests::workspace_binary("assay", "assay-cli"))
+            .args(["score", "--gateway", &sandbox.gateway_url()])
+            .arg("--checklist")
+            .arg(&checklist)
+            .arg("--data")
+            .arg(&data)
+            .arg("--out")
+            .arg(&out)
+            .args(["--input-field", input_field, "--target-field", "answer", "--id-field", "qid"])
+            .output()
+    };
+    let ok = score("question").await.unwrap();
+    assert_eq!(ok.status.code(), Some(0), "{}", String::from_utf8_lossy(&ok.stderr));
+    let lines: Vec<serde_json::Value> =
+        std::fs::read_to_string(&out).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let mut ids: Vec<&str> = lines.iter().map(|l| l["id"].as_str().unwrap()).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, ["k1", "k2"]);
+    let asked = sandbox.llm.requests();
+    assert!(asked.iter().any(|r| r.last_user_message().unwrap_or_default().contains("Falling leaves.")));
+
+    let before = sandbox.llm.request_count();
+    let bad = score("prompt").await.unwrap();
+    assert_eq!(bad.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        stderr.contains("hub.csv:1") && stderr.contains("\"prompt\"") && stderr.contains("--input-field"),
+        "{stderr}"
+    );
+    assert_eq!(sandbox.llm.request_count(), before, "nothing asked");
 }

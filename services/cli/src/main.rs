@@ -345,6 +345,16 @@ struct RunArgs {
     /// whatever their number; files over 10,000 records always are.
     #[arg(long)]
     open: bool,
+    /// The field (JSON lines) or column (a `.csv` file, first row the names) holding each record's
+    /// input, e.g. `question` or `prompt`.
+    #[arg(long, value_name = "NAME")]
+    input_field: Option<String>,
+    /// The field or column holding each record's target (the response scored), e.g. `answer`.
+    #[arg(long, value_name = "NAME")]
+    target_field: Option<String>,
+    /// The field or column holding each record's id.
+    #[arg(long, value_name = "NAME")]
+    id_field: Option<String>,
     #[command(flatten)]
     budget: cmd::BudgetArgs,
 }
@@ -537,6 +547,7 @@ impl RunArgs {
             budget: self.budget.budget(),
             open: self.open,
             fail_on_regression: false,
+            fields: cmd::input::FieldMap { input: self.input_field, target: self.target_field, id: self.id_field },
         }
     }
 }

@@ -12,7 +12,7 @@ use assay_proto::pipelines;
 use assay_domain::limits::MAX_RECORDS;
 
 use super::follow::{NoResult, RunFollower, Step, finished_as, follow_run, is_final, start_run};
-use super::input::{CorpusArgs, RecordLines, corpus_request, is_corpus, read_checklist};
+use super::input::{CorpusArgs, FieldMap, RecordLines, corpus_request, is_corpus, read_checklist};
 use super::render::checklist_eval::{checklist_ready_line, record_json, responder_lines, summary_json, summary_line};
 use super::render::stage_progress_line;
 use super::status_text;
@@ -117,6 +117,8 @@ pub struct RunArgs {
     /// With responders: end with [`Outcome::Regressed`] when one is significantly worse than
     /// the first.
     pub fail_on_regression: bool,
+    /// The dataset's names of the record fields (`--input-field`, ...).
+    pub fields: FieldMap,
 }
 
 /// `assay eval`: generate with a preset, score every record.
@@ -132,7 +134,7 @@ pub async fn eval(
     let preset = super::preset(preset)?;
     // `--samples N` / `--sample-model`: repeated judging, over the scoring options.
     let scorer = corpus.with_sampling(scorer)?;
-    let records = Records::read(&args.data, args.open)?;
+    let records = Records::read(&args.data, args.open, &args.fields)?;
     let source = if is_corpus(preset) {
         gw::checklist_source::Source::Corpus(corpus_request(preset, corpus)?)
     } else {
@@ -159,7 +161,7 @@ pub async fn score(
     args: RunArgs,
 ) -> Result<Outcome, String> {
     let checklist = read_checklist(checklist)?;
-    let records = Records::read(&args.data, args.open)?;
+    let records = Records::read(&args.data, args.open, &args.fields)?;
     let pipeline = gw::ChecklistEvalPipeline {
         source: Some(gw::ChecklistSource { source: Some(gw::checklist_source::Source::Checklist(checklist)) }),
         scorer: Some(scorer),
@@ -176,15 +178,15 @@ enum Records {
 }
 
 impl Records {
-    fn read(path: &Path, open: bool) -> Result<Self, String> {
-        let mut lines = RecordLines::open(path)?;
+    fn read(path: &Path, open: bool, fields: &FieldMap) -> Result<Self, String> {
+        let mut lines = RecordLines::open_mapped(path, fields.clone())?;
         let mut head = Vec::new();
         for r in lines.by_ref() {
             head.push(r?);
             if head.len() > MAX_RECORDS || open {
                 // Counted apart (flat memory) for the progress bar, then read again as it is sent.
                 let total = RecordLines::count(path)?;
-                return Ok(Records::Streamed { total, lines: RecordLines::open(path)? });
+                return Ok(Records::Streamed { total, lines: RecordLines::open_mapped(path, fields.clone())? });
             }
         }
         if head.is_empty() {

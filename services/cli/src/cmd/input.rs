@@ -343,24 +343,102 @@ pub fn read_records(path: &Path) -> Result<Vec<gw::EvalRecord>, String> {
     Ok(out)
 }
 
-/// Records from JSON lines read one line at a time (a file of any size in flat memory); errors
-/// name the file and the line.
+/// How a dataset's own field names map onto a record's (`--input-field question` reads a record's
+/// input from its `question` field or column).
+#[derive(Debug, Clone, Default)]
+pub struct FieldMap {
+    pub input: Option<String>,
+    pub target: Option<String>,
+    pub id: Option<String>,
+}
+
+impl FieldMap {
+    /// Rename the mapped fields of `record` to a record's names: a mapped field that is missing is
+    /// an error naming it and its flag.
+    fn apply(&self, record: &mut serde_json::Map<String, Value>) -> Result<(), String> {
+        for (flag, from, to) in [
+            ("--input-field", &self.input, "input"),
+            ("--target-field", &self.target, "target"),
+            ("--id-field", &self.id, "id"),
+        ] {
+            if let Some(from) = from.as_deref().filter(|f| *f != to) {
+                let v = record.remove(from).ok_or_else(|| format!("no field {from:?} (named by {flag})"))?;
+                record.insert(to.to_string(), v);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Where records come from: JSON lines, or a CSV file with a header row (`.csv`).
+enum Source {
+    Json(std::io::Lines<std::io::BufReader<std::fs::File>>),
+    Csv { rows: csv::StringRecordsIntoIter<std::fs::File>, headers: csv::StringRecord },
+}
+
+/// Records from JSON lines, or CSV rows (a file named `*.csv`, its first row the column names),
+/// read one at a time (a file of any size in flat memory), their fields renamed by a [`FieldMap`];
+/// errors name the file and the line.
 pub struct RecordLines {
     path: std::path::PathBuf,
-    lines: std::io::Lines<std::io::BufReader<std::fs::File>>,
+    source: Source,
+    fields: FieldMap,
     line: usize,
 }
 
+fn is_csv(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e.eq_ignore_ascii_case("csv"))
+}
+
 impl RecordLines {
-    pub fn open(path: &Path) -> Result<Self, String> {
+    /// The records of `path` with their fields renamed by `fields`. A CSV file without a mapped
+    /// column is refused at once, naming the column, its flag and the columns there are.
+    pub fn open_mapped(path: &Path, fields: FieldMap) -> Result<Self, String> {
         use std::io::BufRead;
-        let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        Ok(Self { path: path.to_path_buf(), lines: std::io::BufReader::new(file).lines(), line: 0 })
+        let source = if is_csv(path) {
+            let mut reader = csv::ReaderBuilder::new()
+                .flexible(true)
+                .from_path(path)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            let headers = reader.headers().map_err(|e| format!("{}:1: {e}", path.display()))?.clone();
+            for (flag, column) in
+                [("--input-field", &fields.input), ("--target-field", &fields.target), ("--id-field", &fields.id)]
+            {
+                if let Some(c) = column
+                    && !headers.iter().any(|h| h == c)
+                {
+                    let have: Vec<&str> = headers.iter().collect();
+                    return Err(format!(
+                        "{}:1: no column {c:?} (named by {flag}); the columns are {}",
+                        path.display(),
+                        have.join(", ")
+                    ));
+                }
+            }
+            Source::Csv { rows: reader.into_records(), headers }
+        } else {
+            let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            Source::Json(std::io::BufReader::new(file).lines())
+        };
+        Ok(Self { path: path.to_path_buf(), source, fields, line: 0 })
     }
 
-    /// How many records the file holds (its non-empty lines), read without keeping them.
+    /// How many records the file holds (its non-empty lines, or its CSV rows), read without
+    /// keeping them.
     pub fn count(path: &Path) -> Result<u64, String> {
         use std::io::BufRead;
+        if is_csv(path) {
+            let mut reader = csv::ReaderBuilder::new()
+                .flexible(true)
+                .from_path(path)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            let mut n = 0;
+            for row in reader.records() {
+                row.map_err(|e| format!("{}: {e}", path.display()))?;
+                n += 1;
+            }
+            return Ok(n);
+        }
         let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
         let mut n = 0;
         for line in std::io::BufReader::new(file).lines() {
@@ -369,6 +447,14 @@ impl RecordLines {
         }
         Ok(n)
     }
+
+    /// A record from a JSON object, its fields renamed.
+    fn record(&self, mut v: Value) -> Result<gw::EvalRecord, String> {
+        if let Value::Object(o) = &mut v {
+            self.fields.apply(o)?;
+        }
+        record_from_json(&v)
+    }
 }
 
 impl Iterator for RecordLines {
@@ -376,20 +462,35 @@ impl Iterator for RecordLines {
 
     fn next(&mut self) -> Option<Self::Item> {
         loop {
-            let line = match self.lines.next()? {
-                Ok(l) => l,
-                Err(e) => return Some(Err(format!("{}: {e}", self.path.display()))),
-            };
-            self.line += 1;
-            if line.trim().is_empty() {
-                continue;
+            match &mut self.source {
+                Source::Json(lines) => {
+                    let line = match lines.next()? {
+                        Ok(l) => l,
+                        Err(e) => return Some(Err(format!("{}: {e}", self.path.display()))),
+                    };
+                    self.line += 1;
+                    if line.trim().is_empty() {
+                        continue;
+                    }
+                    let at = format!("{}:{}", self.path.display(), self.line);
+                    return Some(
+                        serde_json::from_str::<Value>(&line)
+                            .map_err(|e| format!("{at}: not JSON: {e}"))
+                            .and_then(|v| self.record(v).map_err(|e| format!("{at}: {e}"))),
+                    );
+                }
+                Source::Csv { rows, headers } => {
+                    let row = match rows.next()? {
+                        Ok(r) => r,
+                        Err(e) => return Some(Err(format!("{}: {e}", self.path.display()))),
+                    };
+                    let line = row.position().map_or(0, |p| p.line());
+                    let object: serde_json::Map<String, Value> =
+                        headers.iter().zip(row.iter()).map(|(h, v)| (h.to_string(), Value::from(v))).collect();
+                    let at = format!("{}:{line}", self.path.display());
+                    return Some(self.record(Value::Object(object)).map_err(|e| format!("{at}: {e}")));
+                }
             }
-            let at = format!("{}:{}", self.path.display(), self.line);
-            return Some(
-                serde_json::from_str::<Value>(&line)
-                    .map_err(|e| format!("{at}: not JSON: {e}"))
-                    .and_then(|v| record_from_json(&v).map_err(|e| format!("{at}: {e}"))),
-            );
         }
     }
 }
@@ -539,6 +640,36 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn csv_and_json_lines_map_a_datasets_own_names_and_name_what_is_missing() {
+        let dir = tempfile::tempdir().unwrap();
+        let csv_path = dir.path().join("hub.csv");
+        std::fs::write(&csv_path, "qid,question,answer,extra\n7,\"Why, though?\",Because.,x\n8,What?,That.,y\n")
+            .unwrap();
+        let fields = FieldMap { input: Some("question".into()), target: Some("answer".into()), id: Some("qid".into()) };
+        let got: Vec<gw::EvalRecord> =
+            RecordLines::open_mapped(&csv_path, fields.clone()).unwrap().collect::<Result<_, _>>().unwrap();
+        assert_eq!(got.len(), 2);
+        assert_eq!(
+            (got[0].id.as_str(), got[0].input.as_str(), got[0].target.as_str()),
+            ("7", "Why, though?", "Because.")
+        );
+        assert_eq!(RecordLines::count(&csv_path).unwrap(), 2);
+        // A column that is not there: refused at once, with the columns there are.
+        let wrong = FieldMap { input: Some("prompt".into()), ..FieldMap::default() };
+        let Err(e) = RecordLines::open_mapped(&csv_path, wrong) else { panic!("a missing column is refused") };
+        assert!(e.contains("hub.csv:1") && e.contains("\"prompt\"") && e.contains("--input-field"), "{e}");
+        assert!(e.contains("qid, question, answer, extra"), "{e}");
+        // JSON lines: the line without the field is named.
+        let jsonl = dir.path().join("hub.jsonl");
+        std::fs::write(&jsonl, "{\"question\": \"a\"}\n\n{\"prompt\": \"b\"}\n").unwrap();
+        let mapped = FieldMap { input: Some("question".into()), ..FieldMap::default() };
+        let read: Vec<Result<gw::EvalRecord, String>> = RecordLines::open_mapped(&jsonl, mapped).unwrap().collect();
+        assert_eq!(read[0].as_ref().unwrap().input, "a");
+        let e = read[1].as_ref().unwrap_err();
+        assert!(e.contains("hub.jsonl:3") && e.contains("\"question\"") && e.contains("--input-field"), "{e}");
+    }
 
     #[test]
     fn samples_are_a_count_or_a_file_and_reach_the_scorer_settings() {
