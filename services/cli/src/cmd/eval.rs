@@ -174,7 +174,7 @@ pub async fn score(
 /// first requests' worth and the rest left in the file, streamed into an open run.
 enum Records {
     Whole(Vec<gw::EvalRecord>),
-    Streamed { total: u64, lines: RecordLines },
+    Streamed { total: u64, lines: Box<RecordLines> },
 }
 
 impl Records {
@@ -186,7 +186,10 @@ impl Records {
             if head.len() > MAX_RECORDS || open {
                 // Counted apart (flat memory) for the progress bar, then read again as it is sent.
                 let total = RecordLines::count(path)?;
-                return Ok(Records::Streamed { total, lines: RecordLines::open_mapped(path, fields.clone())? });
+                return Ok(Records::Streamed {
+                    total,
+                    lines: Box::new(RecordLines::open_mapped(path, fields.clone())?),
+                });
             }
         }
         if head.is_empty() {
@@ -211,7 +214,8 @@ async fn run(
             stream(&mut session, pipeline, label, total, None, args).await
         }
         Records::Streamed { total, lines } => {
-            stream(&mut session, pipeline, label, usize::try_from(total).unwrap_or(usize::MAX), Some(lines), args).await
+            stream(&mut session, pipeline, label, usize::try_from(total).unwrap_or(usize::MAX), Some(*lines), args)
+                .await
         }
     };
     session.close().await?;
