@@ -278,6 +278,29 @@ async fn assay_eval_respond_compares_models_and_gates_on_a_regression() {
     assert_eq!(summary["comparisons"][0]["candidateRunId"], "model-b");
     assert_eq!(summary["comparisons"][0]["nPairs"], INPUTS);
 
+    // `assay compare RUN RUN --responder model-a --responder model-b` gives the run's comparison.
+    let run_id = summary["runId"].as_str().unwrap().to_string();
+    let compared = tokio::process::Command::new(assay_tests::workspace_binary("assay", "assay-cli"))
+        .args(["compare", &run_id, &run_id, "--responder", "model-a", "--responder", "model-b", "--json"])
+        .args(["--gateway", &sandbox.gateway_url()])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(compared.status.code(), Some(0), "{}", String::from_utf8_lossy(&compared.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&compared.stdout).unwrap();
+    let (d1, d2) = (report["diff"].as_f64().unwrap(), summary["comparisons"][0]["diff"].as_f64().unwrap());
+    assert!((d1 - d2).abs() < 1e-12, "{d1} vs {d2}");
+    let unknown = tokio::process::Command::new(assay_tests::workspace_binary("assay", "assay-cli"))
+        .args(["compare", &run_id, &run_id, "--responder", "model-a", "--responder", "model-z"])
+        .args(["--gateway", &sandbox.gateway_url()])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(unknown.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&unknown.stderr).contains("no responder \"model-z\"; its responders: model-a, model-b")
+    );
+
     // A candidate that is not worse passes the gate.
     let run = eval(&["openai:model-a", "openai:model-a2"], true, false).await.unwrap();
     assert_eq!(run.status.code(), Some(0), "{}", String::from_utf8_lossy(&run.stderr));

@@ -96,6 +96,10 @@ pub struct CompareArgs {
     /// Gateway address for run ids (default: the configured gateway port on this machine).
     #[arg(long)]
     pub gateway: Option<String>,
+    /// Compare two responders of runs evaluated with `assay eval --respond`: give it twice, the
+    /// baseline's responder then the candidate's (the same run id may be both sides).
+    #[arg(long, value_name = "NAME")]
+    pub responder: Vec<String>,
 }
 
 /// Run `assay compare` with `config` (its token and TLS settings reach the gateway).
@@ -145,6 +149,40 @@ async fn report(config: &AssayConfig, args: &CompareArgs) -> Result<(RunComparis
     let labels = [base.label(), cand.label()];
     let min_effect = args.fail_on_regression.then(|| args.min_effect.unwrap_or(0.0));
     let url = source::gateway_url(config, args.gateway.as_deref());
+    let responders: Option<[&str; 2]> = match args.responder.as_slice() {
+        [] => None,
+        [b, c] => Some([b.as_str(), c.as_str()]),
+        other => {
+            return Err(format!(
+                "--responder takes two names (the baseline's, then the candidate's), got {}",
+                other.len()
+            ));
+        }
+    };
+    if let Some(names) = responders {
+        let mut sides = Vec::new();
+        for (spec, name) in [(&base, names[0]), (&cand, names[1])] {
+            let Spec::Run(id) = spec else {
+                return Err(format!("--responder compares runs by id; {} is a file", spec.label()));
+            };
+            let mut e = source::fetch_evaluation(config, &url, id).await?;
+            let known: Vec<String> = e.responders.iter().map(|r| r.name.clone()).collect();
+            if !known.iter().any(|k| k == name) {
+                return Err(format!(
+                    "run {id} has no responder {name:?}; its responders: {}",
+                    if known.is_empty() { "none".to_string() } else { known.join(", ") }
+                ));
+            }
+            e.results.retain(|r| r.responder == name);
+            sides.push(assay_proto::convert::runs::run_results(&e, metric));
+        }
+        let labels = [format!("{} ({})", labels[0], names[0]), format!("{} ({})", labels[1], names[1])];
+        let cand_results = sides.pop().unwrap_or_default();
+        let base_results = sides.pop().unwrap_or_default();
+        let options = CompareOptions { metric, alpha: args.alpha, seed: args.seed, min_effect };
+        let r = runs::compare_runs(&base_results, &cand_results, options).map_err(|e| compare_error(e, &labels))?;
+        return Ok((r, labels));
+    }
     if let (Spec::Run(b), Spec::Run(c)) = (&base, &cand) {
         let request = gw::CompareRunsRequest {
             baseline_run_id: b.clone(),
@@ -177,14 +215,19 @@ async fn report(config: &AssayConfig, args: &CompareArgs) -> Result<(RunComparis
     };
     let (b, c) = (load(base).await?, load(cand).await?);
     let options = CompareOptions { metric, alpha: args.alpha, seed: args.seed, min_effect };
-    let r = runs::compare_runs(&b, &c, options).map_err(|e| match e {
+    let r = runs::compare_runs(&b, &c, options).map_err(|e| compare_error(e, &labels))?;
+    Ok((r, labels))
+}
+
+/// A comparison that could not be made, in words.
+fn compare_error(e: runs::RunCompareError, labels: &[String; 2]) -> String {
+    match e {
         runs::RunCompareError::NoSharedRecords { baseline, candidate } => format!(
             "no shared records: {} ({baseline} scored) and {} ({candidate} scored) have no scored record id in common",
             labels[0], labels[1]
         ),
         runs::RunCompareError::Stats(s) => format!("cannot compare: {s}"),
-    })?;
-    Ok((r, labels))
+    }
 }
 
 /// Why the comparison's numbers decide nothing, when a statistic is not a (finite) number: which

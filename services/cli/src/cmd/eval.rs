@@ -207,9 +207,11 @@ async fn run(
     args: &RunArgs,
 ) -> Result<Outcome, String> {
     let mut session = Session::open(config, args.gateway.as_deref()).await?;
+    // With responders each record is scored once per responder and sample.
+    let per_record = pipeline.responders.iter().map(|r| r.samples.max(1) as usize).sum::<usize>().max(1);
     let outcome = match records {
         Records::Whole(records) => {
-            let total = records.len();
+            let total = records.len() * per_record;
             pipeline.records = records;
             stream(&mut session, pipeline, label, total, None, args).await
         }
