@@ -805,3 +805,119 @@ async fn the_compare_view_plots_the_difference_and_lists_flips_and_worst_records
     );
     sandbox.shutdown().await.unwrap();
 }
+
+/// A two-responder evaluation's page in headless Chromium: the responders side by side (the
+/// baseline marked), the forest plot of the second against the first (its interval left of zero:
+/// a planted regression), the comparison's difference as the run holds it, and a responder column
+/// in the records table.
+const RESPONDER_CHECKS: &str = r##"
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import admin_page as P
+from selenium.webdriver.common.by import By
+
+args = json.loads(sys.argv[2])
+P.ARGS = args
+d = P.browser()
+try:
+    P.login(d, args)
+    P.open_run(d, args, args["run_id"])
+    P.wait(d, "the responders", lambda d: len(d.find_elements(By.CSS_SELECTOR, "#responders tr.responder")) == 2)
+    names = [r.get_attribute("data-responder") for r in d.find_elements(By.CSS_SELECTOR, "#responders tr.responder")]
+    assert names == ["model-a", "model-b"], names
+    assert "(baseline)" in P.one(d, '#responders tr.responder[data-responder="model-a"]').text
+    diff = P.one(d, '#responders tr.comparison[data-candidate="model-b"] td.diff').text
+    assert diff == f"{args['diff']:+.4f}", (diff, args["diff"])
+    num = lambda e, a: float(e.get_attribute(a))
+    zero = P.one(d, "#responder-forest line.zero")
+    ci = P.one(d, '#responder-forest g[data-candidate="model-b"] line.interval')
+    point = P.one(d, '#responder-forest g[data-candidate="model-b"] circle.point')
+    assert num(ci, "x1") <= num(point, "cx") <= num(ci, "x2") < num(zero, "x1"), "model-b is worse: all below zero"
+    P.wait(d, "the records with their responder", lambda d: d.find_elements(By.CSS_SELECTOR, "#records td.responder"))
+    cells = {c.text for c in d.find_elements(By.CSS_SELECTOR, "#records td.responder")}
+    assert cells == {"model-a", "model-b"}, cells
+    P.shot(d, args, "responders")
+finally:
+    d.quit()
+print("OK", flush=True)
+"##;
+
+/// Responders on the scripted backend: model-b says "weak" on every other input, and a weak answer
+/// fails the first question.
+fn responder_backend(r: &RecordedRequest) -> Reply {
+    match r.body.pointer("/response_format/json_schema/name").and_then(|n| n.as_str()) {
+        Some("checklist") => assay_testkit::schema_reply(r),
+        Some(_) => {
+            let prompt = r.last_user_message().unwrap_or_default();
+            let n = prompt.lines().filter(|l| l.starts_with('Q') && l.contains(':')).count().max(1);
+            let weak = prompt.contains("weak answer");
+            let answers: Vec<Value> = (1..=n)
+                .map(|i| json!({"question_index": i, "answer": if weak && i == 1 { "NO" } else { "YES" }}))
+                .collect();
+            Reply::json(json!({ "answers": answers }))
+        }
+        None => {
+            let model = r.body["model"].as_str().unwrap_or_default().to_string();
+            let prompt = r.last_user_message().unwrap_or_default();
+            let n: usize =
+                prompt.trim_end_matches('?').split_whitespace().last().and_then(|w| w.parse().ok()).unwrap_or(0);
+            let weak = model == "model-b" && n % 2 == 1;
+            Reply::text(format!("A {} answer about {n}, by {model}.", if weak { "weak" } else { "strong" }))
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_responder_runs_page_shows_the_models_side_by_side_and_their_comparison() {
+    let sandbox = MeshSandbox::start_with(SandboxOptions { admin: true, ..Default::default() }).await;
+    sandbox.llm.set_handler(responder_backend);
+    let responder = |model: &str| gw::Responder {
+        model: Some(pb::ModelSpec { model: model.into(), ..Default::default() }),
+        ..Default::default()
+    };
+    let pipeline = gw::ChecklistEvalPipeline {
+        source: Some(gw::ChecklistSource {
+            source: Some(gw::checklist_source::Source::Preset(assay_proto::generator::v1::Preset::Tick as i32)),
+        }),
+        records: (0..12)
+            .map(|i| gw::EvalRecord {
+                id: format!("q{i}"),
+                input: format!("What about topic {i}?"),
+                ..Default::default()
+            })
+            .collect(),
+        responders: vec![responder("model-a"), responder("model-b")],
+        ..Default::default()
+    };
+    let events = sandbox.run_pipeline(gw::run_pipeline_request::Pipeline::ChecklistEval(pipeline)).await;
+    let run_id = events[0].run_id.clone();
+    let token = sandbox.admin_token().expect("a generated token");
+    let (status, run) = post(&sandbox.admin_url(), "GetRun", Some(&token), &json!({"runId": run_id}).to_string()).await;
+    assert_eq!(status, 200, "{run}");
+    let diff =
+        run.pointer("/run/result/checklistEval/comparisons/0/diff").and_then(Value::as_f64).expect("a comparison");
+    assert!(diff < 0.0, "{diff}");
+    let args = json!({
+        "url": sandbox.admin_url(),
+        "token": token,
+        "run_id": run_id,
+        "diff": diff,
+        "shots": format!("{}/admin-screenshots", env!("CARGO_TARGET_TMPDIR")),
+    });
+    let out = tokio::process::Command::new("python3")
+        .arg("-c")
+        .arg(RESPONDER_CHECKS)
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/python"))
+        .arg(args.to_string())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("python3 runs (scripts/setup-deps.sh installs selenium, chromium and chromium-driver)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.lines().last() == Some("OK"),
+        "responder view checks failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    sandbox.shutdown().await.unwrap();
+}

@@ -12,7 +12,7 @@ import {RESULTS_PAGE_MAX, RESULTS_PAGE_SIZE, RESULTS_REFRESH_MS} from '../consta
 import {confLevel, fmtPct, fmtScore, num, plural, tokensOf} from '../format.js';
 import {api, errorNodes} from '../api.js';
 import {app} from '../page.js';
-import {h, kv, panel, patch, table, tag} from '../render.js';
+import {h, kv, panel, patch, s, table, tag} from '../render.js';
 import {buildProgress, renderProgress} from './progress.js';
 
 /** The rows of a page: `D.pageSize` (from the address, `#/runs/<id>?page_size=N`) when valid. */
@@ -32,6 +32,7 @@ export function buildChecklistEval(D) {
   e.aggregates = h('dl', {id: 'aggregates', class: 'kv'});
   e.categories = h('div', {id: 'category-rates'});
   e.gateways = h('div', {id: 'gateway-shares'});
+  e.responders = h('div', {id: 'responders'});
   e.recordsRange = h('p', {id: 'records-range', class: 'muted', role: 'status'});
   e.recordsOpen = h('p', {id: 'records-open', class: 'notice', hidden: true}, 'open: still taking records');
   e.records = h('div', {id: 'records'});
@@ -44,6 +45,7 @@ export function buildChecklistEval(D) {
   return [
     buildProgress(D, 'Records'),
     panel('Aggregates', e.aggregates, e.categories, e.gateways),
+    panel('Responders', e.responders),
     panel('Records', e.recordsOpen, e.recordsRange, e.records,
       h('div', {class: 'pager', role: 'group', 'aria-label': 'Record pages'}, e.recordsPrev, e.recordsNext),
       e.recordsError),
@@ -81,6 +83,13 @@ export function renderChecklistEval(D) {
   patch(e.gateways, shares, () => (shares.length ? table(['Gateway', 'Records claimed', 'Records done'],
     shares.map((g) => h('tr', h('td', g.gateway), h('td', {class: 'num'}, String(num(g.recordsClaimed))),
       h('td', {class: 'num'}, String(num(g.recordsDone))))), 'gateways') : []));
+
+  // Models under test (responders): side by side, and each against the first as a forest plot.
+  const responders = (res && res.responders) || [];
+  const comparisons = (res && res.comparisons) || [];
+  patch(e.responders, [responders, comparisons], () => responderNodes(responders, comparisons));
+  const respondersPanel = e.responders.closest('section');
+  if (respondersPanel) respondersPanel.hidden = !responders.length;
 
   syncResults(D);
   const checklists = new Map(D.checklists);
@@ -178,15 +187,77 @@ function renderResults(D) {
 }
 
 const count = (n) => num(n).toLocaleString();
+const fmtDiff = (v) => (v == null || !Number.isFinite(Number(v)) ? '—' : `${Number(v) >= 0 ? '+' : ''}${Number(v).toFixed(4)}`);
+
+/** The responders side by side (mean and interval, responses, failures, answering tokens), then
+ * each one's comparison with the first (the baseline) as a forest plot and a table. */
+function responderNodes(responders, comparisons) {
+  if (!responders.length) return [];
+  const rows = responders.map((r, i) => {
+    const a = r.aggregate || {};
+    const u = a.uncertainty;
+    const usage = r.usage || {};
+    return h('tr', {class: 'responder', 'data-responder': r.name},
+      h('td', {class: 'text'}, r.name + (i === 0 ? ' (baseline)' : '')),
+      h('td', {class: 'num mean'}, fmtScore(a.meanPrimaryScore)),
+      h('td', {class: 'num'}, u ? `[${fmtScore(u.ciLow)}, ${fmtScore(u.ciHigh)}]` : '—'),
+      h('td', {class: 'num'}, String(num(r.responses))),
+      h('td', {class: 'num'}, String(num(r.failed))),
+      h('td', {class: 'num'}, String(num(usage.promptTokens) + num(usage.completionTokens))));
+  });
+  return [
+    table(['Responder', 'Mean primary', 'Interval', 'Responses', 'Failed', 'Answering tokens'], rows, 'responders'),
+    comparisons.length ? responderForest(comparisons) : null,
+    comparisons.length ? table(['Candidate', 'Baseline', 'Difference', 'Interval', 'Method', 'p'],
+      comparisons.map((c) => h('tr', {class: 'comparison', 'data-candidate': c.candidateRunId},
+        h('td', {class: 'text'}, c.candidateRunId), h('td', {class: 'text'}, c.baselineRunId),
+        h('td', {class: 'num diff'}, fmtDiff(c.diff)), h('td', {class: 'num'}, `[${fmtDiff(c.ciLow)}, ${fmtDiff(c.ciHigh)}]`),
+        h('td', {class: 'text'}, String(c.method || '').replace('COMPARE_METHOD_', '').toLowerCase()),
+        h('td', {class: 'num'}, c.pValue == null ? '—' : Number(c.pValue).toFixed(4)))), 'comparisons') : null,
+  ];
+}
+
+/** Each responder's difference from the baseline with its interval: one row each, a zero line. */
+function responderForest(comparisons) {
+  const W = 560, left = 140, right = 20, rowH = 28, top = 14;
+  const rows = comparisons.map((c) => ({label: c.candidateRunId, lo: Number(c.ciLow), hi: Number(c.ciHigh), d: Number(c.diff)}));
+  const values = [0, ...rows.flatMap((r) => [r.lo, r.hi, r.d])].filter(Number.isFinite);
+  let min = Math.min(...values), max = Math.max(...values);
+  if (max - min < 1e-9) { min -= 0.05; max += 0.05; }
+  const pad = (max - min) * 0.1;
+  min -= pad; max += pad;
+  const x = (v) => left + ((v - min) / (max - min)) * (W - left - right);
+  const H = top + rows.length * rowH + 22;
+  const axisY = top + rows.length * rowH;
+  return h('figure', {class: 'forest'},
+    s('svg', {class: 'forest', id: 'responder-forest', viewBox: `0 0 ${W} ${H}`, role: 'img',
+      'aria-label': 'each responder against the baseline'},
+    s('line', {class: 'axis', x1: left, x2: W - right, y1: axisY, y2: axisY}),
+    s('line', {class: 'zero', x1: x(0), x2: x(0), y1: top - 8, y2: axisY}),
+    s('text', {class: 'tick', x: x(0), y: axisY + 14, 'text-anchor': 'middle'}, '0'),
+    rows.map((r, i) => {
+      const y = top + i * rowH + rowH / 2;
+      if (!Number.isFinite(r.lo) || !Number.isFinite(r.hi)) return null;
+      return s('g', {class: 'row ci', 'data-candidate': r.label},
+        s('text', {x: 4, y: y + 4}, r.label),
+        s('line', {class: ['interval', 'ci'], x1: x(r.lo), x2: x(r.hi), y1: y, y2: y}),
+        Number.isFinite(r.d) ? s('circle', {class: 'point', cx: x(r.d), cy: y, r: 5}) : null);
+    })),
+    h('figcaption', {class: 'muted'}, 'Each responder minus the baseline, with its interval; the dashed line is no difference.'));
+}
 
 function recordsNodes(rows) {
   if (!rows.length) return [];
-  return table(['Index', 'Record', 'Primary score', 'Pass rate', 'Checklist'], rows.map((r) => {
+  const byResponder = rows.some((r) => r.responder);
+  const head = byResponder ? ['Index', 'Record', 'Responder', 'Primary score', 'Pass rate', 'Checklist']
+    : ['Index', 'Record', 'Primary score', 'Pass rate', 'Checklist'];
+  return table(head, rows.map((r) => {
     const sc = r.score;
     return h('tr', {class: ['record', !sc && 'failed'], 'data-key': `record/${num(r.index)}`,
       'data-index': String(num(r.index)), 'data-record-id': r.recordId || ''},
     h('td', {class: 'num'}, String(num(r.index))),
     h('td', {class: 'text record-id'}, r.recordId || '—'),
+    byResponder ? h('td', {class: 'text responder', title: r.response || ''}, r.responder || '—') : null,
     sc ? h('td', {class: 'num score'}, fmtScore(sc.primaryScore))
       : h('td', {class: 'text error-text'}, r.error || 'no score'),
     h('td', {class: 'num'}, sc ? fmtPct(sc.passRate) : '—'),
