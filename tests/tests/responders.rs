@@ -355,3 +355,58 @@ async fn a_csv_with_its_own_column_names_evaluates_and_a_missing_column_is_named
     );
     assert_eq!(sandbox.llm.request_count(), before, "nothing asked");
 }
+
+/// A budget that runs out midway through a two-responder evaluation: the records are answered and
+/// judged together, so those before it have both responders scored (at most the few in flight when
+/// it ran out are split), the spend stays within the budget, and each responder names the records
+/// it has no scored response for; the comparison pairs exactly the complete records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_budget_stopped_matrix_keeps_complete_pairs_and_names_the_missing_ones() {
+    const PER_CALL: u64 = 110;
+    const BUDGET: u64 = 70 * PER_CALL;
+    let sandbox = MeshSandbox::start().await;
+    sandbox.llm.set_handler(|r| handler(r).usage(100, 10));
+    let mut p = pipeline(vec![responder("model-a"), responder("model-b")]);
+    p.concurrency = 4;
+    let mut client = GatewayServiceClient::new(sandbox.gateway().await);
+    let e = client
+        .evaluate(gw::EvaluateRequest {
+            pipeline: Some(p),
+            budget: Some(gw::RunBudget { max_tokens: Some(BUDGET), max_cost_usd: None }),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+
+    // What the scripted server served is what the run says it spent, within the budget.
+    let served = count(&sandbox.llm.requests());
+    let calls = served.generations + served.responses + served.scorings;
+    let usage = e.usage.clone().unwrap();
+    assert_eq!(u64::from(usage.calls), calls as u64, "{usage:?}");
+    assert!(calls as u64 * PER_CALL <= BUDGET, "{calls} calls of {PER_CALL} tokens against {BUDGET}");
+    assert!(e.budget_exhausted.starts_with("budget exhausted"), "{}", e.budget_exhausted);
+    let answering: u32 = e.responders.iter().map(|r| r.usage.as_ref().unwrap().calls).sum();
+    assert_eq!(answering as usize, served.responses, "answering calls per responder add up");
+
+    // Every (record, responder) has its result: scored, or not run because the budget stopped.
+    assert_eq!(e.results.len(), 2 * INPUTS);
+    let scored = |i: usize, name: &str| {
+        e.results.iter().any(|r| r.record_id == format!("q{i}") && r.responder == name && r.score.is_some())
+    };
+    for r in e.results.iter().filter(|r| r.score.is_none()) {
+        assert!(r.error.starts_with("not run: budget exhausted"), "{r:?}");
+    }
+    let complete: Vec<usize> = (0..INPUTS).filter(|i| scored(*i, "model-a") && scored(*i, "model-b")).collect();
+    let split = (0..INPUTS).filter(|i| scored(*i, "model-a") != scored(*i, "model-b")).count();
+    assert!(complete.len() >= 5, "records answered and judged by both before the budget ran out: {complete:?}");
+    assert!(complete.len() < INPUTS, "the budget stopped the run: {complete:?}");
+    assert!(split <= 2, "only records in flight when it ran out are split: {split}");
+
+    // Each responder names the records it has no scored response for; the comparison pairs the
+    // complete records.
+    for r in &e.responders {
+        let want: Vec<String> = (0..INPUTS).filter(|i| !scored(*i, &r.name)).map(|i| format!("q{i}")).collect();
+        assert_eq!(r.missing, want, "{}", r.name);
+    }
+    assert_eq!(e.comparisons[0].n_pairs, Some(complete.len() as u32));
+}

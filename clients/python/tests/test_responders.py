@@ -53,6 +53,7 @@ def test_two_responders_are_scored_and_compared(client: Assay, llm: ScriptedLlm)
     assert rows[0]["response"] == "Falling leaves for topic 0, by model-a."
     means = {r.name: r.aggregate.mean_primary_score for r in e.responders}
     assert means["model-a"] > means["b"], means
+    assert [list(r.missing) for r in e.responders] == [[], []], "every record scored for both"
     assert len(e.comparisons) == 1
     c = e.comparisons[0]
     assert (c.baseline_run_id, c.candidate_run_id, c.n_pairs) == ("model-a", "b", INPUTS)

@@ -65,6 +65,7 @@ static SCRIPTS: &[(&str, &str)] = &[
     ("/js/api.js", include_str!("../admin/js/api.js")),
     ("/js/runs.js", include_str!("../admin/js/runs.js")),
     ("/js/compare.js", include_str!("../admin/js/compare.js")),
+    ("/js/forest.js", include_str!("../admin/js/forest.js")),
     ("/js/human.js", include_str!("../admin/js/human.js")),
     ("/js/detail/run.js", include_str!("../admin/js/detail/run.js")),
     ("/js/detail/model.js", include_str!("../admin/js/detail/model.js")),

@@ -126,7 +126,8 @@ class Evaluation:
 
     @property
     def responders(self) -> List[gateway_pb2.ResponderResult]:
-        """With responders: each one's aggregate and answering cost, in the request's order."""
+        """With responders: each one's aggregate, answering cost and ``missing`` (the record ids it
+        has no scored response for, e.g. after a budget stopped the run), in the request's order."""
         return list(self.raw.responders)
 
     @property

@@ -7,7 +7,8 @@
 import {confLevel, fmtScore, num, plural} from './format.js';
 import {api, errorNodes} from './api.js';
 import {els} from './page.js';
-import {h, kv, panel, s, table} from './render.js';
+import {forest, fmtDiff} from './forest.js';
+import {h, kv, panel, table} from './render.js';
 
 /** The compare view: `gen` counts openings, so an answer for a view since left is dropped. */
 export const compare = {gen: 0};
@@ -15,7 +16,6 @@ const COMPARE_METRICS = [
   ['COMPARE_METRIC_PRIMARY', 'primary score'], ['COMPARE_METRIC_PASS_RATE', 'pass rate'],
   ['COMPARE_METRIC_WEIGHTED', 'weighted score'], ['COMPARE_METRIC_NORMALIZED', 'normalized score'],
 ];
-const fmtDiff = (v) => (v == null || !Number.isFinite(Number(v)) ? '—' : `${Number(v) >= 0 ? '+' : ''}${Number(v).toFixed(4)}`);
 const fmtP = (v) => (v == null || !Number.isFinite(Number(v)) ? '—' : Number(v) < 0.0001 ? '< 0.0001' : Number(v).toFixed(4));
 
 /** "COMPARE_METHOD_PAIRED_T" -> "paired_t" (evalconfidence's names). */
@@ -86,7 +86,7 @@ function compareNodes(r, baseline, candidate, runLink) {
       h('p', h('strong', {id: 'compare-diff'}, fmtDiff(r.diff)), ` ${conf} CI `,
         h('span', {id: 'compare-ci'}, `[${fmtDiff(r.ciLow)}, ${fmtDiff(r.ciHigh)}]`), ' · ',
         h('span', {class: ['verdict', worse && 'worse', better && 'better'], id: 'compare-verdict'}, verdict)),
-      forest(r),
+      differenceForest(r),
       h('dl', {class: 'kv', id: 'compare-stats'}, kv([
         ['Method', h('code', {id: 'compare-method'}, methodName(r.method))],
         ['Paired', r.paired ? `yes, ${plural(num(r.nPairs), 'record')}` : 'no (unpaired fallback)'],
@@ -116,35 +116,14 @@ function compareNodes(r, baseline, candidate, runLink) {
 }
 
 /** The difference and its intervals as a forest plot: a zero line, each interval, the point. */
-function forest(r) {
-  const W = 560, left = 110, right = 20, rowH = 28, top = 14;
-  const rows = [{label: methodName(r.method), lo: Number(r.ciLow), hi: Number(r.ciHigh), cls: 'ci'}];
-  if (r.bootstrap) rows.push({label: 'bootstrap', lo: Number(r.bootstrap.ciLow), hi: Number(r.bootstrap.ciHigh), cls: 'bootstrap'});
+function differenceForest(r) {
   const d = Number(r.diff);
-  const values = [0, d, ...rows.flatMap((row) => [row.lo, row.hi])].filter(Number.isFinite);
-  let min = Math.min(...values), max = Math.max(...values);
-  if (max - min < 1e-9) { min -= 0.05; max += 0.05; }
-  const pad = (max - min) * 0.1;
-  min -= pad; max += pad;
-  const x = (v) => left + ((v - min) / (max - min)) * (W - left - right);
-  const H = top + rows.length * rowH + 22;
-  const axisY = top + rows.length * rowH;
-  return h('figure', {class: 'forest'},
-    s('svg', {class: 'forest', id: 'forest', viewBox: `0 0 ${W} ${H}`, role: 'img',
-      'aria-label': `difference ${fmtDiff(d)}, interval ${fmtDiff(r.ciLow)} to ${fmtDiff(r.ciHigh)}`},
-    s('line', {class: 'axis', x1: left, x2: W - right, y1: axisY, y2: axisY}),
-    s('line', {class: 'zero', x1: x(0), x2: x(0), y1: top - 8, y2: axisY}),
-    s('text', {class: 'tick', x: x(0), y: axisY + 14, 'text-anchor': 'middle'}, '0'),
-    // the ends of the data, unless they sit on the zero tick
-    [min + pad, max - pad].filter((v) => Math.abs(x(v) - x(0)) > 48).map((v) =>
-      s('text', {class: 'tick', x: x(v), y: axisY + 14, 'text-anchor': 'middle'}, fmtDiff(v))),
-    rows.map((row, i) => {
-      const y = top + i * rowH + rowH / 2;
-      if (!Number.isFinite(row.lo) || !Number.isFinite(row.hi)) return null;
-      return s('g', {class: `row ${row.cls}`},
-        s('text', {x: 4, y: y + 4}, row.label),
-        s('line', {class: ['interval', row.cls], x1: x(row.lo), x2: x(row.hi), y1: y, y2: y}),
-        Number.isFinite(d) ? s('circle', {class: 'point', cx: x(d), cy: y, r: 5}) : null);
-    })),
-    h('figcaption', {class: 'muted'}, `${confLevel(r.alpha)} intervals on the difference; the dashed line is no difference.`));
+  const rows = [{label: methodName(r.method), lo: Number(r.ciLow), hi: Number(r.ciHigh), d, cls: 'ci'}];
+  if (r.bootstrap) rows.push({label: 'bootstrap', lo: Number(r.bootstrap.ciLow), hi: Number(r.bootstrap.ciHigh), d, cls: 'bootstrap'});
+  return forest(rows, {
+    id: 'forest',
+    ends: true,
+    ariaLabel: `difference ${fmtDiff(d)}, interval ${fmtDiff(r.ciLow)} to ${fmtDiff(r.ciHigh)}`,
+    caption: `${confLevel(r.alpha)} intervals on the difference; the dashed line is no difference.`,
+  });
 }

@@ -209,17 +209,20 @@ impl ChecklistEval {
         target_of(checklist, &self.records()[i], i)
     }
 
-    /// Score one record against its checklist.
+    /// Score target `i` against its checklist (with responders, answered first); and what
+    /// answering it cost now.
+    #[allow(clippy::type_complexity)]
     async fn score_one(
         &self,
+        ctx: &RunCtx,
         checklist: &Checklist,
         config: &ScorerSettings,
         i: usize,
-    ) -> Result<(gw::RecordResult, Usage, ModelRecord), StageError> {
-        if let Some(why) = self.derived.get().and_then(|d| d.failures.get(&i)) {
-            return Err(StageError::Unavailable(why.clone()));
+    ) -> Result<(Usage, Result<(gw::RecordResult, Usage, ModelRecord), StageError>), StageError> {
+        match self.derived.get() {
+            Some(d) => self.answer_and_score(ctx, d, checklist, config, i).await,
+            None => Ok((Usage::default(), self.score_record(checklist, config, i, &self.records[i]).await)),
         }
-        self.score_record(checklist, config, i, &self.records()[i]).await
     }
 
     /// Score record `r` (index `i`) against its checklist.
@@ -395,7 +398,7 @@ impl Pipeline for ChecklistEval {
             return self.run_open(ctx).await;
         }
         if !self.responders.is_empty() && self.derived.get().is_none() {
-            let derived = self.respond_all(ctx).await?;
+            let derived = self.prepare(ctx).await?;
             let _ = self.derived.set(derived);
         }
         let (mut production, mut producing) = self.plan.production(ctx, &self.stages, self.records()).await?;
@@ -465,7 +468,8 @@ impl Pipeline for ChecklistEval {
                 scoring.push(async move {
                     // Paused runs start no new record; in-flight ones finish.
                     ctx.gate.wait().await?;
-                    Ok::<_, StageError>((i, self.score_one(&checklist, config, i).await))
+                    let (answering, scored) = self.score_one(ctx, &checklist, config, i).await?;
+                    Ok::<_, StageError>((i, answering, scored))
                 });
             }
             if !generating && scoring.is_empty() {
@@ -484,11 +488,9 @@ impl Pipeline for ChecklistEval {
                         continue;
                     }
                     // Records whose checklist could not be produced fail on their own; the others go on.
-                    let why = match &production.failures[k] {
-                        Some(StageError::BudgetExhausted(why)) => format!("not run: {}", why.message),
-                        Some(e) => format!("checklist generation failed: {e}"),
-                        None => "checklist generation failed".to_string(),
-                    };
+                    let why = production.failures[k]
+                        .as_ref()
+                        .map_or_else(|| "checklist generation failed".to_string(), generation_failure);
                     for i in std::mem::take(&mut waiting[k]) {
                         let why = why.clone();
                         let result = self.labelled(record_result(i, &self.records()[i], "", None, why));
@@ -498,11 +500,12 @@ impl Pipeline for ChecklistEval {
                     }
                 }
                 Some(next) = scoring.next(), if !scoring.is_empty() => {
-                    let (i, scored) = match next {
+                    let (i, answering, scored) = match next {
                         Ok(x) => x,
                         Err(StageError::Cancelled(_)) if ctx.gate.is_cancelled() => break,
                         Err(e) => return Err(e),
                     };
+                    reserve.charge(&answering);
                     let checklist_id = ready[production.record_checklist[i]].as_ref().map(|c| c.id.clone()).unwrap_or_default();
                     let result = self.labelled(settle(ctx, &mut reserve, i, &self.records()[i], &checklist_id, scored)?);
                     writes.push(ctx.checkpoints.queued(&record_key(i), &result));
@@ -537,6 +540,12 @@ impl Reserve {
 
     pub(super) fn add(&mut self, usage: &assay_domain::Usage) {
         self.scored += 1;
+        self.tokens += usage.tokens();
+        self.usd += usage.cost_usd;
+    }
+
+    /// What a record's work cost besides its scoring (answering it, with responders).
+    pub(super) fn charge(&mut self, usage: &assay_domain::Usage) {
         self.tokens += usage.tokens();
         self.usd += usage.cost_usd;
     }
@@ -580,6 +589,29 @@ pub(super) fn settle(
         Err(StageError::BudgetExhausted(m)) => record_result(i, r, checklist_id, None, format!("not run: {m}")),
         Err(e) => record_result(i, r, checklist_id, None, e.to_string()),
     })
+}
+
+/// Why the records of a checklist that could not be produced fail (each on its own): not run when
+/// a budget or cap refused the generation.
+pub(super) fn generation_failure(e: &StageError) -> String {
+    if let StageError::BudgetExhausted(why) = e {
+        format!("not run: {}", why.message)
+    } else {
+        format!("checklist generation failed: {e}")
+    }
+}
+
+/// Whether a failed generation fails the whole run: a request the generator refused (the others
+/// fail only their records, unless the run has a single checklist).
+pub(super) fn generation_fails_run(e: &StageError, single: bool) -> bool {
+    single
+        || matches!(
+            e,
+            StageError::InvalidArgument(_)
+                | StageError::FailedPrecondition(_)
+                | StageError::Unimplemented(_)
+                | StageError::Cancelled(_)
+        )
 }
 
 pub(super) fn record_key(i: usize) -> String {

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use assay_domain::{ModelSpec, Usage, Violations};
+use assay_domain::{ModelSpec, StageError, Usage, Violations};
 use assay_proto::convert;
 use assay_proto::gateway::v1 as gw;
 
@@ -95,15 +95,64 @@ pub(crate) fn key(i: usize, j: usize) -> String {
     format!("{RESPONSE}{i:08}:{j}")
 }
 
-/// The targets responders made, with what could not be scored and what answering cost.
-#[derive(Debug, Default)]
-pub struct Derived {
-    /// One per target of [`layout`]: the record with the response as its target.
-    pub targets: Vec<EvalRecord>,
-    /// Targets not to score, and why (their responder failed or answered nothing).
-    pub failures: HashMap<usize, String>,
-    /// Each responder's answering cost.
-    pub usage: Vec<Usage>,
+/// A run's responders at work: the targets they make (records whose target is the response),
+/// and each (record, responder)'s answer, asked once by whichever of its samples is scored first.
+#[derive(Debug)]
+pub(crate) struct Derived {
+    /// One per target of [`layout`]: its record (the response is its target once answered).
+    pub(crate) targets: Vec<EvalRecord>,
+    /// Where each target comes from.
+    pub(crate) layout: Layout,
+    /// Per (record, responder), `record * responders + responder`: its answer once asked (or read
+    /// back); a failure is kept for the pair's other samples, not stored.
+    pub(crate) answers: Vec<tokio::sync::OnceCell<Result<Answered, StageError>>>,
+    pub(crate) responders: usize,
+}
+
+impl Derived {
+    /// The targets of `records` records and `responders`, with the answers stored before.
+    pub(crate) fn new(
+        records: &[EvalRecord],
+        responders: &[Responder],
+        stored: HashMap<(usize, usize), Answered>,
+    ) -> Self {
+        let layout = layout(records.len(), responders);
+        let targets = layout
+            .iter()
+            .map(|(i, _, _)| EvalRecord { id: records[*i].id_or(*i), target: String::new(), ..records[*i].clone() })
+            .collect();
+        let mut stored = stored;
+        let answers = (0..records.len())
+            .flat_map(|i| (0..responders.len()).map(move |j| (i, j)))
+            .map(|ij| tokio::sync::OnceCell::new_with(stored.remove(&ij).map(Ok)))
+            .collect();
+        Self { targets, layout, answers, responders: responders.len() }
+    }
+
+    /// The answer cell of (record `i`, responder `j`).
+    pub(crate) fn cell(&self, i: usize, j: usize) -> &tokio::sync::OnceCell<Result<Answered, StageError>> {
+        &self.answers[i * self.responders + j]
+    }
+
+    /// Target `t`'s response, once answered.
+    pub(crate) fn response(&self, t: usize) -> Option<&str> {
+        let (i, j, s) = *self.layout.get(t)?;
+        match self.cell(i, j).get()? {
+            Ok(a) => a.responses.get(s as usize).map(String::as_str),
+            Err(_) => None,
+        }
+    }
+
+    /// Each responder's answering cost, over the answers there are.
+    pub(crate) fn usage(&self) -> Vec<Usage> {
+        let mut out = vec![Usage::default(); self.responders];
+        for (k, cell) in self.answers.iter().enumerate() {
+            if let Some(Ok(a)) = cell.get() {
+                out[k % self.responders].add(&a.usage);
+            }
+        }
+        out
+    }
 }
 
 /// Where each scored target comes from: (record, responder, sample).
@@ -123,13 +172,13 @@ pub fn layout(records: usize, responders: &[Responder]) -> Layout {
 
 /// Name result `r` (its index a target of [`layout`] over `records` records) by its responder and
 /// sample, with the response.
-pub fn label(r: &mut gw::RecordResult, responders: &[Responder], records: usize, derived: &Derived) {
+pub(crate) fn label(r: &mut gw::RecordResult, responders: &[Responder], records: usize, derived: &Derived) {
     let t = r.index as usize;
     let Some(j) = responder_of(t, responders, records) else { return };
     let (_, s) = j;
     r.responder.clone_from(&responders[j.0].name);
     r.sample = s;
-    r.response = derived.targets.get(t).map(|x| x.target.clone()).unwrap_or_default();
+    r.response = derived.response(t).unwrap_or_default().to_string();
 }
 
 /// The (responder, sample) of target `t`.

@@ -57,6 +57,19 @@ impl Checkpoints {
         self.log.put(key, bytes).await
     }
 
+    /// The serde checkpoints whose key starts with `prefix`, by key (one read).
+    pub async fn all_json<T: serde::de::DeserializeOwned>(&self, prefix: &str) -> Result<Vec<(String, T)>, StageError> {
+        self.log
+            .raw(prefix)
+            .await?
+            .into_iter()
+            .map(|(k, bytes)| match serde_json::from_slice(&bytes) {
+                Ok(v) => Ok((k, v)),
+                Err(e) => Err(StageError::Internal(format!("run store: corrupt checkpoint {k}: {e}"))),
+            })
+            .collect()
+    }
+
     /// The serde checkpoint stored under `key`, if any.
     pub async fn load_json<T: serde::de::DeserializeOwned>(&self, key: &str) -> Result<Option<T>, StageError> {
         let raw = self.log.raw(key).await?;

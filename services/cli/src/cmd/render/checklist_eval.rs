@@ -104,8 +104,11 @@ pub fn summary_line(run_id: &str, total: usize, failed: u64, e: &gw::EvaluateRes
     )
 }
 
-/// With responders: a line per responder (its mean and interval, responses, what answering cost),
-/// then a line per comparison with the first.
+/// Missing records a responder line names (`--json` has them all).
+const MISSING_SHOWN: usize = 10;
+
+/// With responders: a line per responder (its mean and interval, responses, what answering cost,
+/// the records it has no scored response for), then a line per comparison with the first.
 pub fn responder_lines(e: &gw::EvaluateResponse) -> Vec<String> {
     let mut lines: Vec<String> = e
         .responders
@@ -113,8 +116,17 @@ pub fn responder_lines(e: &gw::EvaluateResponse) -> Vec<String> {
         .map(|r| {
             let a = r.aggregate.clone().unwrap_or_default();
             let u = r.usage.clone().unwrap_or_default();
+            let missing = match r.missing.len() {
+                0 => String::new(),
+                n => {
+                    let shown: Vec<&str> = r.missing.iter().take(MISSING_SHOWN).map(String::as_str).collect();
+                    let more =
+                        if n > MISSING_SHOWN { format!(" and {} more", n - MISSING_SHOWN) } else { String::new() };
+                    format!("; {n} records without a scored response: {}{more}", shown.join(", "))
+                }
+            };
             format!(
-                "  responder {}: mean primary {}, {} responses, {} failed; answering {} calls, {} tokens, {}",
+                "  responder {}: mean primary {}, {} responses, {} failed; answering {} calls, {} tokens, {}{missing}",
                 r.name,
                 mean_with_interval(&a),
                 r.responses,

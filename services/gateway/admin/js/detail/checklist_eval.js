@@ -12,7 +12,8 @@ import {RESULTS_PAGE_MAX, RESULTS_PAGE_SIZE, RESULTS_REFRESH_MS} from '../consta
 import {confLevel, fmtPct, fmtScore, num, plural, tokensOf} from '../format.js';
 import {api, errorNodes} from '../api.js';
 import {app} from '../page.js';
-import {h, kv, panel, patch, s, table, tag} from '../render.js';
+import {forest, fmtDiff} from '../forest.js';
+import {h, kv, panel, patch, table, tag} from '../render.js';
 import {buildProgress, renderProgress} from './progress.js';
 
 /** The rows of a page: `D.pageSize` (from the address, `#/runs/<id>?page_size=N`) when valid. */
@@ -187,7 +188,6 @@ function renderResults(D) {
 }
 
 const count = (n) => num(n).toLocaleString();
-const fmtDiff = (v) => (v == null || !Number.isFinite(Number(v)) ? '—' : `${Number(v) >= 0 ? '+' : ''}${Number(v).toFixed(4)}`);
 
 /** The responders side by side (mean and interval, responses, failures, answering tokens), then
  * each one's comparison with the first (the baseline) as a forest plot and a table. */
@@ -203,10 +203,11 @@ function responderNodes(responders, comparisons) {
       h('td', {class: 'num'}, u ? `[${fmtScore(u.ciLow)}, ${fmtScore(u.ciHigh)}]` : '—'),
       h('td', {class: 'num'}, String(num(r.responses))),
       h('td', {class: 'num'}, String(num(r.failed))),
+      h('td', {class: 'num missing', title: missingTitle(r.missing)}, String((r.missing || []).length)),
       h('td', {class: 'num'}, String(num(usage.promptTokens) + num(usage.completionTokens))));
   });
   return [
-    table(['Responder', 'Mean primary', 'Interval', 'Responses', 'Failed', 'Answering tokens'], rows, 'responders'),
+    table(['Responder', 'Mean primary', 'Interval', 'Responses', 'Failed', 'Records missing', 'Answering tokens'], rows, 'responders'),
     comparisons.length ? responderForest(comparisons) : null,
     comparisons.length ? table(['Candidate', 'Baseline', 'Difference', 'Interval', 'Method', 'p'],
       comparisons.map((c) => h('tr', {class: 'comparison', 'data-candidate': c.candidateRunId},
@@ -217,33 +218,25 @@ function responderNodes(responders, comparisons) {
   ];
 }
 
+/** The records a responder has no scored response for, as a tooltip (the first twenty). */
+function missingTitle(missing) {
+  const ids = missing || [];
+  if (!ids.length) return null;
+  return ids.slice(0, 20).join(', ') + (ids.length > 20 ? ` and ${ids.length - 20} more` : '');
+}
+
 /** Each responder's difference from the baseline with its interval: one row each, a zero line. */
 function responderForest(comparisons) {
-  const W = 560, left = 140, right = 20, rowH = 28, top = 14;
-  const rows = comparisons.map((c) => ({label: c.candidateRunId, lo: Number(c.ciLow), hi: Number(c.ciHigh), d: Number(c.diff)}));
-  const values = [0, ...rows.flatMap((r) => [r.lo, r.hi, r.d])].filter(Number.isFinite);
-  let min = Math.min(...values), max = Math.max(...values);
-  if (max - min < 1e-9) { min -= 0.05; max += 0.05; }
-  const pad = (max - min) * 0.1;
-  min -= pad; max += pad;
-  const x = (v) => left + ((v - min) / (max - min)) * (W - left - right);
-  const H = top + rows.length * rowH + 22;
-  const axisY = top + rows.length * rowH;
-  return h('figure', {class: 'forest'},
-    s('svg', {class: 'forest', id: 'responder-forest', viewBox: `0 0 ${W} ${H}`, role: 'img',
-      'aria-label': 'each responder against the baseline'},
-    s('line', {class: 'axis', x1: left, x2: W - right, y1: axisY, y2: axisY}),
-    s('line', {class: 'zero', x1: x(0), x2: x(0), y1: top - 8, y2: axisY}),
-    s('text', {class: 'tick', x: x(0), y: axisY + 14, 'text-anchor': 'middle'}, '0'),
-    rows.map((r, i) => {
-      const y = top + i * rowH + rowH / 2;
-      if (!Number.isFinite(r.lo) || !Number.isFinite(r.hi)) return null;
-      return s('g', {class: 'row ci', 'data-candidate': r.label},
-        s('text', {x: 4, y: y + 4}, r.label),
-        s('line', {class: ['interval', 'ci'], x1: x(r.lo), x2: x(r.hi), y1: y, y2: y}),
-        Number.isFinite(r.d) ? s('circle', {class: 'point', cx: x(r.d), cy: y, r: 5}) : null);
-    })),
-    h('figcaption', {class: 'muted'}, 'Each responder minus the baseline, with its interval; the dashed line is no difference.'));
+  const rows = comparisons.map((c) => ({
+    label: c.candidateRunId, lo: Number(c.ciLow), hi: Number(c.ciHigh), d: Number(c.diff), cls: 'ci',
+    data: {'data-candidate': c.candidateRunId},
+  }));
+  return forest(rows, {
+    id: 'responder-forest',
+    left: 140,
+    ariaLabel: 'each responder against the baseline',
+    caption: 'Each responder minus the baseline, with its interval; the dashed line is no difference.',
+  });
 }
 
 function recordsNodes(rows) {

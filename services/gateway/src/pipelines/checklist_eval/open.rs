@@ -17,7 +17,9 @@ use futures::stream::FuturesUnordered;
 use prost::Message;
 
 use super::super::checklist::{CHECKLIST, EvalRecord, decode_checklist};
-use super::{ChecklistEval, RECORD, Reserve, record_key, record_result, settle};
+use super::{
+    ChecklistEval, RECORD, Reserve, generation_fails_run, generation_failure, record_key, record_result, settle,
+};
 use assay_runs::{RunCtx, RunOutcome, Writes};
 
 /// The checkpoint saying a checklist of the run has categories (the first such checklist): the
@@ -263,18 +265,10 @@ impl ChecklistEval {
                             checklists.insert(key, c.clone());
                             queue.extend(records.into_iter().map(|p| (p, c.clone())));
                         }
-                        Err(e @ (StageError::InvalidArgument(_)
-                        | StageError::FailedPrecondition(_)
-                        | StageError::Unimplemented(_)
-                        | StageError::Cancelled(_))) => return Err(e),
-                        Err(e) if single => return Err(e),
+                        Err(e) if generation_fails_run(&e, single) => return Err(e),
                         Err(e) => {
                             tracing::warn!(run_id = %ctx.run_id(), error = %e, "checklist generation failed for one input");
-                            let why = if let StageError::BudgetExhausted(why) = &e {
-                                format!("not run: {}", why.message)
-                            } else {
-                                format!("checklist generation failed: {e}")
-                            };
+                            let why = generation_failure(&e);
                             for p in records {
                                 let r = record_result(p.index, &p.record, "", None, why.clone());
                                 writes.push(ctx.checkpoints.queued(&record_key(p.index), &r));

@@ -2,109 +2,102 @@
 //! through the responder's template, `samples` times); each answer becomes a target scored
 //! against the record's checklist, one checklist per distinct input shared by every responder (a
 //! checklist's key ignores the target), so the comparison is paired and generation is paid once.
-//! Responses are checkpointed per (record, responder): a resumed run asks only what is missing,
-//! and the response cache makes a re-run with one more responder ask only that one. The result
-//! carries each responder's aggregate and answering cost, and each responder after the first
-//! compared with the first as CompareRuns compares two runs.
+//! A (record, responder) is asked when its first target is scored, so answering and judging go
+//! record by record together: a budget that runs out leaves the records before it answered and
+//! judged by every responder, and names the pairs it did not reach. Answers are checkpointed per
+//! (record, responder): a resumed run asks only what is missing, and the response cache makes a
+//! re-run with one more responder ask only that one. The result carries each responder's
+//! aggregate, answering cost and missing records, and each responder after the first compared
+//! with the first as CompareRuns compares two runs.
 
 use std::collections::HashMap;
 
 use assay_domain::generator::RespondRequest;
 use assay_domain::stats::DEFAULT_BOOTSTRAP_SEED;
 use assay_domain::stats::runs::{self, CompareOptions, RunMetric};
-use assay_domain::{AggregateScores, Checklist, StageError, Usage, Violations};
+use assay_domain::{AggregateScores, Checklist, ModelRecord, ScorerSettings, StageError, Usage, Violations};
 use assay_proto::convert;
 use assay_proto::gateway::v1 as gw;
-use futures::StreamExt;
 
 use super::super::checklist::EvalRecord;
-use super::super::responders::{Answered, Derived, key, label, layout, render};
+use super::super::responders::{Answered, Derived, RESPONSE, key, label, render};
 use super::ChecklistEval;
 use assay_runs::RunCtx;
 
 impl ChecklistEval {
-    /// Ask every responder about every record not answered yet (stored answers are read back),
-    /// `concurrency` calls at once: the records to score (one per target of [`layout`], the
-    /// response as its target), why targets cannot be scored (their responder failed), and each
-    /// responder's answering cost.
-    pub(super) async fn respond_all(&self, ctx: &RunCtx) -> Result<Derived, StageError> {
-        let generator = self.stages.generator()?;
-        let mut answered: HashMap<String, Answered> = HashMap::new();
-        let pairs: Vec<(usize, usize)> =
-            (0..self.records.len()).flat_map(|i| (0..self.responders.len()).map(move |j| (i, j))).collect();
-        for (i, j) in &pairs {
-            if let Some(a) = ctx.checkpoints.load_json::<Answered>(&key(*i, *j)).await? {
-                answered.insert(key(*i, *j), a);
+    /// The responders' targets, with the answers a previous process stored (one read).
+    pub(super) async fn prepare(&self, ctx: &RunCtx) -> Result<Derived, StageError> {
+        let mut stored = HashMap::new();
+        for (k, a) in ctx.checkpoints.all_json::<Answered>(RESPONSE).await? {
+            if let Some(ij) = parse_key(&k).filter(|(i, j)| *i < self.records.len() && *j < self.responders.len()) {
+                stored.insert(ij, a);
             }
         }
-        let missing: Vec<(usize, usize)> =
-            pairs.iter().copied().filter(|(i, j)| !answered.contains_key(&key(*i, *j))).collect();
-        let mut calls = futures::stream::iter(missing.into_iter().map(|(i, j)| {
-            let r = &self.responders[j];
-            let request = RespondRequest {
-                model: r.model.clone(),
-                system_prompt: r.system_prompt.clone(),
-                prompt: render(&r.template, &self.records[i], i),
-                samples: r.samples,
-            };
-            async move {
-                ctx.gate.wait().await?;
-                Ok::<_, StageError>((i, j, generator.respond(request, &assay_domain::no_events).await))
-            }
-        }))
-        .buffer_unordered(self.concurrency);
-        while let Some(next) = calls.next().await {
-            let (i, j, out) = next?;
-            let a = match out {
-                Ok(out) => {
-                    ctx.spending.add_usage(&out.usage);
-                    ctx.progress.add_model(&out.model);
-                    Answered { responses: out.responses, error: String::new(), usage: out.usage }
+        Ok(Derived::new(&self.records, &self.responders, stored))
+    }
+
+    /// Target `t` answered by its responder (asked now unless it was already, by this target's
+    /// pair or before a restart) and scored; and what answering cost now, if this target asked.
+    /// A responder that failed or was refused by the budget fails the target (the inner result);
+    /// a request the generator refused fails the run (the outer one).
+    #[allow(clippy::type_complexity)]
+    pub(super) async fn answer_and_score(
+        &self,
+        ctx: &RunCtx,
+        d: &Derived,
+        checklist: &Checklist,
+        config: &ScorerSettings,
+        t: usize,
+    ) -> Result<(Usage, Result<(gw::RecordResult, Usage, ModelRecord), StageError>), StageError> {
+        let (i, j, s) = d.layout[t];
+        let mut paid = Usage::default();
+        let answered = d
+            .cell(i, j)
+            .get_or_try_init(|| async {
+                let generator = self.stages.generator()?;
+                let r = &self.responders[j];
+                let request = RespondRequest {
+                    model: r.model.clone(),
+                    system_prompt: r.system_prompt.clone(),
+                    prompt: render(&r.template, &self.records[i], i),
+                    samples: r.samples,
+                };
+                match generator.respond(request, &assay_domain::no_events).await {
+                    Ok(out) => {
+                        ctx.spending.add_usage(&out.usage);
+                        ctx.progress.add_model(&out.model);
+                        let a = Answered { responses: out.responses, error: String::new(), usage: out.usage };
+                        ctx.checkpoints.put_json(&key(i, j), &a).await?;
+                        paid = a.usage.clone();
+                        Ok(Ok(a))
+                    }
+                    Err(
+                        e @ (StageError::InvalidArgument(_)
+                        | StageError::FailedPrecondition(_)
+                        | StageError::Unimplemented(_)
+                        | StageError::Cancelled(_)),
+                    ) => Err(e.map_fields(|f| format!("pipeline.responders[{j}].{f}"))),
+                    Err(e @ StageError::BudgetExhausted(_)) => Ok(Err(e)),
+                    Err(e) => Ok(Err(StageError::Unavailable(format!("responder {} failed: {e}", r.name)))),
                 }
-                Err(
-                    e @ (StageError::InvalidArgument(_)
-                    | StageError::FailedPrecondition(_)
-                    | StageError::Unimplemented(_)
-                    | StageError::Cancelled(_)),
-                ) => {
-                    return Err(e.map_fields(|f| format!("pipeline.responders[{j}].{f}")));
-                }
-                Err(StageError::BudgetExhausted(why)) => {
-                    Answered { error: format!("not run: {}", why.message), ..Default::default() }
-                }
-                Err(e) => Answered {
-                    error: format!("responder {} failed: {e}", self.responders[j].name),
-                    ..Default::default()
-                },
-            };
-            ctx.checkpoints.put_json(&key(i, j), &a).await?;
-            answered.insert(key(i, j), a);
+            })
+            .await?;
+        let response = match answered {
+            Ok(a) => a.responses.get(s as usize).cloned().unwrap_or_default(),
+            Err(e) => return Ok((paid, Err(e.clone()))),
+        };
+        if response.trim().is_empty() {
+            let why = format!("responder {} gave an empty response", self.responders[j].name);
+            return Ok((paid, Err(StageError::Unavailable(why))));
         }
-        drop(calls);
-        let mut d = Derived { usage: vec![Usage::default(); self.responders.len()], ..Default::default() };
-        for (t, (i, j, s)) in layout(self.records.len(), &self.responders).into_iter().enumerate() {
-            let a = answered.get(&key(i, j));
-            if let Some(a) = a {
-                if s == 0 {
-                    d.usage[j].add(&a.usage);
-                }
-                if !a.error.is_empty() {
-                    d.failures.insert(t, a.error.clone());
-                }
-            }
-            let response = a.and_then(|a| a.responses.get(s as usize)).cloned().unwrap_or_default();
-            if response.trim().is_empty() && !d.failures.contains_key(&t) {
-                d.failures.insert(t, format!("responder {} gave an empty response", self.responders[j].name));
-            }
-            d.targets.push(EvalRecord { id: self.records[i].id_or(i), target: response, ..self.records[i].clone() });
-        }
-        Ok(d)
+        let target = EvalRecord { target: response, ..d.targets[t].clone() };
+        Ok((paid, self.score_record(checklist, config, t, &target).await))
     }
 
     /// Each result named by its responder and sample, with the response; each responder's
     /// aggregate and cost; each responder after the first compared with the first.
     pub(super) fn annotate(&self, result: &mut gw::EvaluateResponse, derived: &Derived) {
-        let usage = &derived.usage;
+        let usage = derived.usage();
         for r in &mut result.results {
             label(r, &self.responders, self.records.len(), derived);
         }
@@ -127,6 +120,12 @@ impl ChecklistEval {
                 })
                 .collect();
             let aggregate = AggregateScores::compute(scored.iter().map(|(s, c)| (s, *c)));
+            let have: std::collections::HashSet<&str> =
+                mine.iter().filter(|x| x.score.is_some()).map(|x| x.record_id.as_str()).collect();
+            let missing: Vec<String> = (0..self.records.len())
+                .map(|i| self.records[i].id_or(i))
+                .filter(|id| !have.contains(id.as_str()))
+                .collect();
             summaries.push(gw::ResponderResult {
                 name: r.name.clone(),
                 model: Some(convert::model_spec_to(&r.model)),
@@ -135,6 +134,7 @@ impl ChecklistEval {
                 usage: Some(convert::usage_to(&usage.get(j).cloned().unwrap_or_default())),
                 responses: mine.len() as u32,
                 failed: mine.iter().filter(|x| x.score.is_none()).count() as u32,
+                missing,
             });
         }
         let subset = |j: usize| gw::EvaluateResponse { results: of(j), ..Default::default() };
@@ -159,6 +159,12 @@ impl ChecklistEval {
         result.responders = summaries;
         result.comparisons = comparisons;
     }
+}
+
+/// (record, responder) of an answer's checkpoint key.
+fn parse_key(k: &str) -> Option<(usize, usize)> {
+    let (i, j) = k.strip_prefix(RESPONSE)?.split_once(':')?;
+    Some((i.parse().ok()?, j.parse().ok()?))
 }
 
 fn runs_of(e: &gw::EvaluateResponse) -> runs::RunResults {

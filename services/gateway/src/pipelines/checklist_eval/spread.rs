@@ -29,7 +29,9 @@ use prost::Message;
 
 use super::super::checklist::CHECKLIST;
 use super::open::{CATEGORIZED, Checklists, Done, PAGE, Pending, decode_record, has_categories, slim, stored_results};
-use super::{ChecklistEval, RECORD, Reserve, record_key, record_result, settle};
+use super::{
+    ChecklistEval, RECORD, Reserve, generation_fails_run, generation_failure, record_key, record_result, settle,
+};
 
 /// How often a claim looks again when nothing was left to claim, renews its chunks when it stored
 /// nothing meanwhile, and the executor reads the run's chunks.
@@ -282,14 +284,10 @@ impl ChecklistEval {
                             checklists.insert(key, c.clone());
                             queue.extend(records.into_iter().map(|p| (p, c.clone())));
                         }
-                        Err(e @ (StageError::InvalidArgument(_)
-                        | StageError::FailedPrecondition(_)
-                        | StageError::Unimplemented(_)
-                        | StageError::Cancelled(_))) => return Err(e),
-                        Err(e) if single => return Err(e),
+                        Err(e) if generation_fails_run(&e, single) => return Err(e),
                         Err(e) => {
                             tracing::warn!(run_id = %ctx.run_id(), error = %e, "checklist generation failed for one input");
-                            let why = format!("checklist generation failed: {e}");
+                            let why = generation_failure(&e);
                             for p in records {
                                 let r = record_result(p.index, &p.record, "", None, why.clone());
                                 self.scored(ctx, role, p, r, &mut held, &mut pending, &mut said, &mut events);
