@@ -359,7 +359,7 @@ async fn a_csv_with_its_own_column_names_evaluates_and_a_missing_column_is_named
 /// A budget that runs out midway through a two-responder evaluation: the records are answered and
 /// judged together, so those before it have both responders scored (at most the few in flight when
 /// it ran out are split), the spend stays within the budget, and each responder names the records
-/// it has no scored response for; the comparison pairs exactly the complete records.
+/// it has no scored response for; the comparison is paired on exactly the complete records.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_budget_stopped_matrix_keeps_complete_pairs_and_names_the_missing_ones() {
     const PER_CALL: u64 = 110;
@@ -408,5 +408,12 @@ async fn a_budget_stopped_matrix_keeps_complete_pairs_and_names_the_missing_ones
         let want: Vec<String> = (0..INPUTS).filter(|i| !scored(*i, &r.name)).map(|i| format!("q{i}")).collect();
         assert_eq!(r.missing, want, "{}", r.name);
     }
-    assert_eq!(e.comparisons[0].n_pairs, Some(complete.len() as u32));
+    let c = &e.comparisons[0];
+    assert!(c.paired && c.n_pairs == Some(complete.len() as u32), "paired on the complete records: {c:?}");
+    let unscored = |name: &str| -> Vec<String> {
+        let mut ids: Vec<String> = (0..INPUTS).filter(|i| !scored(*i, name)).map(|i| format!("q{i}")).collect();
+        ids.sort_unstable(); // by id
+        ids
+    };
+    assert_eq!((c.unscored_baseline.clone(), c.unscored_candidate.clone()), (unscored("model-a"), unscored("model-b")));
 }

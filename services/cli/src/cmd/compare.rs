@@ -180,7 +180,8 @@ async fn report(config: &AssayConfig, args: &CompareArgs) -> Result<(RunComparis
         let cand_results = sides.pop().unwrap_or_default();
         let base_results = sides.pop().unwrap_or_default();
         let options = CompareOptions { metric, alpha: args.alpha, seed: args.seed, min_effect };
-        let r = runs::compare_runs(&base_results, &cand_results, options).map_err(|e| compare_error(e, &labels))?;
+        // As the run compares its responders: on the records both have a score for.
+        let r = runs::compare_complete(&base_results, &cand_results, options).map_err(|e| compare_error(e, &labels))?;
         return Ok((r, labels));
     }
     if let (Spec::Run(b), Spec::Run(c)) = (&base, &cand) {

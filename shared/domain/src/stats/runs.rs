@@ -242,6 +242,38 @@ pub fn compare_runs(
     })
 }
 
+/// Two sides of one run (its responders) compared on the records both have a score for: a record
+/// one side lacks (not reached before a budget stopped the run, or failed) is left out of both, so
+/// the comparison stays paired on what was completed. Each side's `unscored_*` lists the records it
+/// lacks, and a note says how many records were left out. With every record scored on both sides
+/// this is [`compare_runs`].
+pub fn compare_complete(
+    baseline: &RunResults,
+    candidate: &RunResults,
+    options: CompareOptions,
+) -> Result<RunComparison, RunCompareError> {
+    let (bm, cm) = (baseline.means(), candidate.means());
+    let both: BTreeSet<&str> = bm.keys().filter(|k| cm.contains_key(*k)).copied().collect();
+    let keep = |r: &RunResults| RunResults {
+        records: r.records.iter().filter(|l| l.score.is_some() && both.contains(l.id.as_str())).cloned().collect(),
+    };
+    let mut out = compare_runs(&keep(baseline), &keep(candidate), options)?;
+    let (bids, cids) = (baseline.ids(), candidate.ids());
+    let all: BTreeSet<&str> = bids.union(&cids).copied().collect();
+    out.baseline_only = bids.difference(&cids).map(|s| (*s).to_string()).collect();
+    out.candidate_only = cids.difference(&bids).map(|s| (*s).to_string()).collect();
+    out.unscored_baseline = all.iter().filter(|id| !bm.contains_key(*id)).map(|s| (*s).to_string()).collect();
+    out.unscored_candidate = all.iter().filter(|id| !cm.contains_key(*id)).map(|s| (*s).to_string()).collect();
+    let left_out = all.len() - both.len();
+    if left_out > 0 {
+        out.comparison.notes.push(format!(
+            "Compared on the {} records both sides have a score for; {left_out} left out (see the unscored records).",
+            both.len()
+        ));
+    }
+    Ok(out)
+}
+
 /// Per item over the records on both sides: yes->no and no->yes. Items are keyed by question text
 /// when both sides of a record know it, else by item id.
 fn flips(base: &RunResults, cand: &RunResults) -> Vec<ItemFlips> {
@@ -354,6 +386,43 @@ mod tests {
 
     fn options(min_effect: Option<f64>) -> CompareOptions {
         CompareOptions { metric: RunMetric::Primary, alpha: 0.05, seed: DEFAULT_BOOTSTRAP_SEED, min_effect }
+    }
+
+    /// Ten records; the baseline lacks r7-r9 and the candidate r6-r9 (a budget stopped the run):
+    /// compared paired on r0-r5, the same numbers as comparing those six alone, and the records
+    /// left out named per side. compare_runs falls back to unpaired on the same input.
+    #[test]
+    fn responders_are_compared_on_the_records_both_have() {
+        let score = |i: usize, shift: f64| 0.5 + (i % 3) as f64 / 10.0 + shift;
+        let side = |lacks: usize, shift: f64| RunResults {
+            records: (0..10).map(|i| line(&format!("r{i}"), (i < lacks).then(|| score(i, shift)), &[], &[])).collect(),
+        };
+        let (base, cand) = (side(7, 0.0), side(6, -0.05));
+        let r = compare_complete(&base, &cand, options(Some(0.0))).unwrap();
+        let six = |shift: f64| RunResults {
+            records: (0..6).map(|i| line(&format!("r{i}"), Some(score(i, shift)), &[], &[])).collect(),
+        };
+        let alone = compare_runs(&six(0.0), &six(-0.05), options(Some(0.0))).unwrap();
+        assert!(r.comparison.paired && r.comparison.n_pairs == Some(6), "{:?}", r.comparison);
+        assert_eq!(
+            (r.comparison.diff, r.comparison.ci, r.comparison.p_value),
+            (alone.comparison.diff, alone.comparison.ci, alone.comparison.p_value)
+        );
+        assert_eq!(r.unscored_baseline, ["r7", "r8", "r9"]);
+        assert_eq!(r.unscored_candidate, ["r6", "r7", "r8", "r9"]);
+        assert!(
+            r.comparison
+                .notes
+                .iter()
+                .any(|n| n.contains("on the 6 records both sides have") && n.contains("4 left out"))
+        );
+        assert!(
+            !compare_runs(&base, &cand, options(None)).unwrap().comparison.paired,
+            "6 of 7 shared is below the pairing threshold"
+        );
+        // Everything scored on both sides: compare_runs, note and all.
+        let full = compare_complete(&six(0.0), &six(-0.05), options(Some(0.0))).unwrap();
+        assert_eq!(full, alone);
     }
 
     #[test]

@@ -147,7 +147,7 @@ impl ChecklistEval {
                 seed: DEFAULT_BOOTSTRAP_SEED,
                 min_effect: Some(0.0),
             };
-            match runs::compare_runs(&baseline, &runs_of(&subset(j)), options) {
+            match runs::compare_complete(&baseline, &runs_of(&subset(j)), options) {
                 Ok(report) => comparisons.push(convert::runs::comparison_to(
                     self.responders[0].name.clone(),
                     self.responders[j].name.clone(),
