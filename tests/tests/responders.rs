@@ -220,6 +220,17 @@ async fn bad_responders_are_named() {
     for f in ["pipeline.responders[0].samples", "pipeline.responders[1].name", "pipeline.records[3].input"] {
         assert!(fields.iter().any(|x| x == f), "{f} in {fields:?}");
     }
+    // A matrix past the results a run holds: refused, the count and the limit stated.
+    let mut p = pipeline(vec![responder("model-a"), responder("model-b")]);
+    p.records = (0..5_001)
+        .map(|i| gw::EvalRecord { id: format!("q{i}"), input: format!("What about topic {i}?"), ..Default::default() })
+        .collect();
+    let status =
+        client.evaluate(gw::EvaluateRequest { pipeline: Some(p), ..Default::default() }).await.expect_err("refused");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    let v = status.get_details_bad_request().unwrap().field_violations;
+    assert_eq!(v[0].field, "pipeline.responders");
+    assert!(v[0].description.contains("10002 responses") && v[0].description.contains("limit is 10000"), "{v:?}");
     assert_eq!(sandbox.llm.request_count(), 0);
 }
 

@@ -103,6 +103,20 @@ impl ChecklistEval {
                 ),
             );
         }
+        // With responders every record is scored once per responder and sample: the results a run
+        // holds are capped as the records are.
+        let per_record: usize = responders.iter().map(|r| r.samples as usize).sum();
+        if records.len() <= MAX_RECORDS && records.len() * per_record > MAX_RECORDS {
+            v.push(
+                "pipeline.responders",
+                format!(
+                    "make {} responses to score ({} records x {per_record} responses per record); the limit is \
+                     {MAX_RECORDS} per run: send fewer records or responders",
+                    records.len() * per_record,
+                    records.len()
+                ),
+            );
+        }
         let needs_input = plan.as_ref().and_then(ChecklistPlan::preset).is_some();
         // Record ids are optional (the index stands in) and unique when given, as item ids are.
         let mut ids = HashSet::new();
