@@ -369,8 +369,9 @@ async fn a_csv_with_its_own_column_names_evaluates_and_a_missing_column_is_named
 
 /// A budget that runs out midway through a two-responder evaluation: the records are answered and
 /// judged together, so those before it have both responders scored (at most the few in flight when
-/// it ran out are split), the spend stays within the budget, and each responder names the records
-/// it has no scored response for; the comparison is paired on exactly the complete records.
+/// it ran out are split), checklists are generated only a round (`concurrency`) ahead of the records
+/// judged, the spend stays within the budget, and each responder names the records it has no
+/// scored response for; the comparison is paired on exactly the complete records.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_budget_stopped_matrix_keeps_complete_pairs_and_names_the_missing_ones() {
     const PER_CALL: u64 = 110;
@@ -411,6 +412,9 @@ async fn a_budget_stopped_matrix_keeps_complete_pairs_and_names_the_missing_ones
     let split = (0..INPUTS).filter(|i| scored(*i, "model-a") != scored(*i, "model-b")).count();
     assert!(complete.len() >= 5, "records answered and judged by both before the budget ran out: {complete:?}");
     assert!(complete.len() < INPUTS, "the budget stopped the run: {complete:?}");
+    // Checklists are generated a round of records ahead of those judged, not for every input.
+    let judged = (0..INPUTS).filter(|i| scored(*i, "model-a")).count();
+    assert!(served.generations <= judged + 4, "{} generations for {judged} records judged", served.generations);
     assert!(split <= 2, "only records in flight when it ran out are split: {split}");
 
     // Each responder names the records it has no scored response for; the comparison pairs the

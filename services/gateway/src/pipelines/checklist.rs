@@ -4,6 +4,7 @@
 //! events and each checklist checkpointed, so a resumed run scores against exactly the same ones.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use assay_domain::generator::{Candidate, CorpusRequest, GenerateRequest, Preset};
 use assay_domain::limits::{MAX_ID_BYTES, MAX_TEXT_BYTES};
@@ -248,7 +249,7 @@ impl ChecklistPlan {
         stages: &Stages,
         records: &[EvalRecord],
     ) -> Result<Produced, StageError> {
-        let (mut production, mut producing) = self.production(ctx, stages, records).await?;
+        let (mut production, mut producing) = self.production(ctx, stages, records, None).await?;
         loop {
             // Cancel drops the productions in flight (their stage calls with them).
             let next = tokio::select! {
@@ -264,12 +265,15 @@ impl ChecklistPlan {
 
     /// Start producing the run's checklists: what is known at once (which checklist each record
     /// needs, the stored ones) and the stream of the missing ones as they finish, each to be
-    /// handed to [`Production::accept`]. The stream is cancel-safe to poll in a `select!`.
+    /// handed to [`Production::accept`]. The stream is cancel-safe to poll in a `select!`. With
+    /// `lookahead`, each generation first takes one of its permits (the caller gives them back as
+    /// records finish), so generation runs only so far ahead of scoring.
     pub async fn production<'a>(
         &'a self,
         ctx: &'a RunCtx,
         stages: &'a Stages,
         records: &'a [EvalRecord],
+        lookahead: Option<Arc<tokio::sync::Semaphore>>,
     ) -> Result<(Production, ProductionStream<'a>), StageError> {
         let mut keys: Vec<String> = Vec::new();
         let mut index: HashMap<String, usize> = HashMap::new();
@@ -292,12 +296,20 @@ impl ChecklistPlan {
         let firsts: Vec<usize> =
             missing.iter().map(|k| record_checklist.iter().position(|x| x == k).unwrap_or(0)).collect();
         let producing = futures::stream::iter(missing.into_iter().zip(firsts))
-            .map(move |(k, first)| async move {
-                let out = match ctx.gate.wait().await {
-                    Ok(()) => self.produce(ctx, stages, &records[first], first).await,
-                    Err(e) => Err(e),
-                };
-                (k, out)
+            .map(move |(k, first)| {
+                let lookahead = lookahead.clone();
+                async move {
+                    if let Some(l) = &lookahead
+                        && let Ok(permit) = l.acquire().await
+                    {
+                        permit.forget();
+                    }
+                    let out = match ctx.gate.wait().await {
+                        Ok(()) => self.produce(ctx, stages, &records[first], first).await,
+                        Err(e) => Err(e),
+                    };
+                    (k, out)
+                }
             })
             .buffer_unordered(stages.concurrency)
             .boxed();

@@ -415,7 +415,20 @@ impl Pipeline for ChecklistEval {
             let derived = self.prepare(ctx).await?;
             let _ = self.derived.set(derived);
         }
-        let (mut production, mut producing) = self.plan.production(ctx, &self.stages, self.records()).await?;
+        // Under a budget, checklists are generated only so far ahead of the records being scored
+        // (a round of records, then one more per record finished), so what the budget pays for is
+        // records evaluated, not checklists of records it never reaches.
+        let lookahead = ctx.spending.has_budget().then(|| Arc::new(tokio::sync::Semaphore::new(self.concurrency)));
+        let (mut production, mut producing) =
+            self.plan.production(ctx, &self.stages, self.records(), lookahead.clone()).await?;
+        // A record finished (scored, failed or not run): one more generation may start.
+        let finished = |t: usize| {
+            if let Some(l) = &lookahead
+                && self.derived.get().is_none_or(|d| d.layout.get(t).is_some_and(|(_, j, s)| *j == 0 && *s == 0))
+            {
+                l.add_permits(1);
+            }
+        };
         if ctx.is_ephemeral()
             && production.checklist_count() == 1
             && !ctx.spending.has_budget()
@@ -472,6 +485,7 @@ impl Pipeline for ChecklistEval {
                     let result = self.labelled(result);
                     writes.push(ctx.checkpoints.queued(&record_key(i), &result));
                     ctx.progress.add_done();
+                    finished(i);
                     writes.push(ctx.log.emit_queued(Event::RecordScored(result)));
                 }
             }
@@ -510,6 +524,7 @@ impl Pipeline for ChecklistEval {
                         let result = self.labelled(record_result(i, &self.records()[i], "", None, why));
                         ctx.checkpoints.put(&record_key(i), &result).await?;
                         ctx.progress.add_done();
+                        finished(i);
                         ctx.log.emit(Event::RecordScored(result)).await?;
                     }
                 }
@@ -524,6 +539,7 @@ impl Pipeline for ChecklistEval {
                     let result = self.labelled(settle(ctx, &mut reserve, i, &self.records()[i], &checklist_id, scored)?);
                     writes.push(ctx.checkpoints.queued(&record_key(i), &result));
                     ctx.progress.add_done();
+                    finished(i);
                     writes.push(ctx.log.emit_queued(Event::RecordScored(result)));
                 }
                 e = writes.next_error() => return Err(e),
