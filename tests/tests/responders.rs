@@ -432,3 +432,180 @@ async fn a_budget_stopped_matrix_keeps_complete_pairs_and_names_the_missing_ones
     };
     assert_eq!((c.unscored_baseline.clone(), c.unscored_candidate.clone()), (unscored("model-a"), unscored("model-b")));
 }
+
+/// An open run with two responders: records come inline and in an append that seals it; every
+/// record x responder is answered and scored once, each result stored as its own row (paged by
+/// ListRunResults, labelled with its responder and response); the run's verdict (per-responder
+/// aggregates, the comparison) equals that of the same records evaluated whole, which the
+/// response cache then serves without a call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_run_takes_responders_and_gives_the_same_verdict_as_a_whole_one() {
+    let sandbox = MeshSandbox::start_with(SandboxOptions { cache: true, ..Default::default() }).await;
+    sandbox.llm.set_handler(handler);
+    let mut client = GatewayServiceClient::new(sandbox.gateway().await);
+    let mut p = pipeline(vec![responder("model-a"), responder("model-b")]);
+    let rest = p.records.split_off(10);
+    let mut events = client
+        .run_pipeline(gw::RunPipelineRequest {
+            pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(p)),
+            label: "open matrix".into(),
+            budget: None,
+            open: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let run_id = events.message().await.unwrap().unwrap().event.unwrap().run_id;
+    let reply = client
+        .append_records(futures::stream::iter(vec![gw::AppendRecordsRequest {
+            run_id: run_id.clone(),
+            records: rest,
+            seal: true,
+        }]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((reply.records_total, reply.sealed), (INPUTS as u64, true));
+    while events.message().await.unwrap().is_some() {}
+    let run = client.get_run(gw::GetRunRequest { run_id: run_id.clone() }).await.unwrap().into_inner().run.unwrap();
+    assert_eq!((run.state, run.records_total, run.records_done), (gw::RunState::Succeeded as i32, 60, 60));
+    assert_eq!(
+        count(&sandbox.llm.requests()),
+        Calls { generations: INPUTS, responses: 2 * INPUTS, scorings: 2 * INPUTS }
+    );
+    let Some(gw::run_result::Result::ChecklistEval(open)) = run.result.and_then(|r| r.result) else {
+        panic!("no evaluation")
+    };
+    assert!(open.results_paged && open.results.is_empty());
+
+    // One row per (record, responder), in record order, labelled.
+    let mut rows = Vec::new();
+    let mut token = String::new();
+    loop {
+        let page = client
+            .list_run_results(gw::ListRunResultsRequest { run_id: run_id.clone(), page_size: 25, page_token: token })
+            .await
+            .unwrap()
+            .into_inner();
+        rows.extend(page.results);
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    assert_eq!(rows.len(), 2 * INPUTS);
+    for (t, r) in rows.iter().enumerate() {
+        let (i, name) = (t / 2, if t % 2 == 0 { "model-a" } else { "model-b" });
+        assert_eq!((r.index as usize, r.record_id.clone(), r.responder.as_str()), (t, format!("q{i}"), name));
+        assert_eq!(
+            r.response,
+            format!(
+                "A {} answer about {i}, by {name}.",
+                if name == "model-b" && i % 3 == 0 { "weak" } else { "strong" }
+            )
+        );
+        assert!(r.score.is_some(), "{r:?}");
+    }
+
+    // The same verdict as the records evaluated whole (every call now from the cache).
+    let before = sandbox.llm.request_count();
+    let whole = evaluate(&sandbox, vec![responder("model-a"), responder("model-b")]).await;
+    assert_eq!(sandbox.llm.request_count(), before, "the whole run is served by the cache");
+    assert_eq!(open.responders.len(), 2);
+    for (a, b) in open.responders.iter().zip(&whole.responders) {
+        assert_eq!((&a.name, a.responses, a.failed, &a.missing), (&b.name, b.responses, b.failed, &b.missing));
+        let (ma, mb) =
+            (a.aggregate.as_ref().unwrap().mean_primary_score, b.aggregate.as_ref().unwrap().mean_primary_score);
+        assert!((ma - mb).abs() < 1e-12, "{}: {ma} vs {mb}", a.name);
+        assert_eq!(a.usage.as_ref().unwrap().calls, INPUTS as u32, "answering calls of {}", a.name);
+    }
+    let (c, w) = (&open.comparisons[0], &whole.comparisons[0]);
+    assert_eq!((c.n_pairs, c.method), (Some(INPUTS as u32), w.method));
+    for (x, y, what) in [(c.diff, w.diff, "diff"), (c.ci_low, w.ci_low, "ci_low"), (c.ci_high, w.ci_high, "ci_high")] {
+        assert!((x - y).abs() < 1e-12, "{what}: {x} vs {y}");
+    }
+    assert!(c.gate.as_ref().is_some_and(|g| g.regressed), "model-b is worse: {c:?}");
+}
+
+/// An open run with two responders through `assay up` on SQLite, killed (SIGKILL) once a third of
+/// its calls are served and started again on the same store: the run is taken back, every
+/// (record, responder) has one scored result, in order, and what is asked again is at most what
+/// was in flight at the kill (stored answers are not asked again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_matrix_killed_midway_resumes_asking_only_what_was_in_flight() {
+    const N: usize = 600;
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("runs.db");
+    let llm = assay_testkit::ScriptedLlm::start().await;
+    llm.set_handler(|r| handler(r).delay(std::time::Duration::from_millis(5)));
+    let (mut up, gateway) = assay_tests::assay_up(&store, &llm.base_url(), &[]).await;
+    let mut client = GatewayServiceClient::connect(gateway).await.unwrap();
+    let mut p = pipeline(vec![responder("model-a"), responder("model-b")]);
+    p.records.clear();
+    let mut events = client
+        .run_pipeline(gw::RunPipelineRequest {
+            pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(p)),
+            label: "open matrix".into(),
+            budget: None,
+            open: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let run_id = events.message().await.unwrap().unwrap().event.unwrap().run_id;
+    let records: Vec<gw::EvalRecord> = (0..N)
+        .map(|i| gw::EvalRecord { id: format!("q{i}"), input: format!("What about topic {i}?"), ..Default::default() })
+        .collect();
+    let message = gw::AppendRecordsRequest { run_id: run_id.clone(), records, seal: true };
+    client.append_records(futures::stream::iter(vec![message])).await.unwrap();
+    let all = 5 * N; // a generation, two answers and two scorings per input
+    assert!(assay_testkit::eventually(std::time::Duration::from_secs(60), || llm.request_count() >= all / 3).await);
+    up.start_kill().unwrap();
+    up.wait().await.unwrap();
+    let before = count(&llm.requests());
+    assert!(before.scorings < 2 * N, "killed before the end: {before:?}");
+
+    let (mut up, gateway) = assay_tests::assay_up(&store, &llm.base_url(), &[]).await;
+    let mut client = GatewayServiceClient::connect(gateway).await.unwrap();
+    let mut watch =
+        client.watch_run(gw::WatchRunRequest { run_id: run_id.clone(), after_sequence: 0 }).await.unwrap().into_inner();
+    while watch.message().await.unwrap().is_some() {}
+    let run = client.get_run(gw::GetRunRequest { run_id: run_id.clone() }).await.unwrap().into_inner().run.unwrap();
+    assert_eq!(
+        (run.state, run.records_total, run.records_done),
+        (gw::RunState::Succeeded as i32, 2 * N as u32, 2 * N as u32)
+    );
+    let mut rows = Vec::new();
+    let mut token = String::new();
+    loop {
+        let page = client
+            .list_run_results(gw::ListRunResultsRequest { run_id: run_id.clone(), page_size: 500, page_token: token })
+            .await
+            .unwrap()
+            .into_inner();
+        rows.extend(page.results);
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    let got: Vec<(String, String)> = rows.iter().map(|r| (r.record_id.clone(), r.responder.clone())).collect();
+    let want: Vec<(String, String)> =
+        (0..N).flat_map(|i| ["model-a", "model-b"].map(|m| (format!("q{i}"), m.to_string()))).collect();
+    assert_eq!(got, want, "one result per (record, responder), in order");
+    assert!(rows.iter().all(|r| r.score.is_some() && !r.response.is_empty()));
+    let after = count(&llm.requests());
+    for (what, served, once) in [
+        ("answers", after.responses, 2 * N),
+        ("scorings", after.scorings, 2 * N),
+        ("generations", after.generations, N),
+    ] {
+        assert!(served >= once && served - once <= 512, "{what}: {served} served for {once}");
+    }
+    let Some(gw::run_result::Result::ChecklistEval(e)) = run.result.and_then(|r| r.result) else {
+        panic!("no evaluation")
+    };
+    assert_eq!(e.responders.iter().map(|r| r.responses).collect::<Vec<_>>(), [N as u32, N as u32]);
+    assert_eq!(e.comparisons[0].n_pairs, Some(N as u32));
+    up.kill().await.unwrap();
+}

@@ -49,6 +49,11 @@ pub trait Pipeline: Send + Sync {
         let _ = records;
         Err(StageError::FailedPrecondition("only open checklist_eval runs take appended records".into()))
     }
+    /// Records an open run of this pipeline holds at most (a pipeline that makes several results
+    /// of each record holds fewer).
+    fn max_records(&self) -> u64 {
+        assay_domain::limits::MAX_RUN_RECORDS
+    }
     async fn control(&self, ctx: &RunCtx, request: &gw::ControlRunRequest) -> Result<ControlEffect, StageError> {
         let _ = (ctx, request);
         Err(StageError::FailedPrecondition(

@@ -134,7 +134,11 @@ pub async fn eval(
     let preset = super::preset(preset)?;
     // `--samples N` / `--sample-model`: repeated judging, over the scoring options.
     let scorer = corpus.with_sampling(scorer)?;
-    let records = Records::read(&args.data, args.open, &args.fields)?;
+    let respond = responders.responders()?;
+    // With responders each record makes a result per responder and sample: a request holds
+    // fewer records, and a larger file goes into an open run.
+    let per_record = respond.iter().map(|r| r.samples.max(1) as usize).sum::<usize>().max(1);
+    let records = Records::read(&args.data, args.open, &args.fields, MAX_RECORDS / per_record)?;
     let source = if is_corpus(preset) {
         gw::checklist_source::Source::Corpus(corpus_request(preset, corpus)?)
     } else {
@@ -146,7 +150,7 @@ pub async fn eval(
         scorer,
         refiners: corpus.steps("")?,
         candidate_models: corpus.candidate_specs()?,
-        responders: responders.responders()?,
+        responders: respond,
         ..Default::default()
     };
     let args = RunArgs { fail_on_regression: responders.fail_on_regression, ..args };
@@ -161,7 +165,7 @@ pub async fn score(
     args: RunArgs,
 ) -> Result<Outcome, String> {
     let checklist = read_checklist(checklist)?;
-    let records = Records::read(&args.data, args.open, &args.fields)?;
+    let records = Records::read(&args.data, args.open, &args.fields, MAX_RECORDS)?;
     let pipeline = gw::ChecklistEvalPipeline {
         source: Some(gw::ChecklistSource { source: Some(gw::checklist_source::Source::Checklist(checklist)) }),
         scorer: Some(scorer),
@@ -170,20 +174,20 @@ pub async fn score(
     run(config, pipeline, records, format!("assay score {}", args.data.display()), &args).await
 }
 
-/// A records file: up to the per-request limit, read whole (the run carries them); past it, the
-/// first requests' worth and the rest left in the file, streamed into an open run.
+/// A records file: up to `whole` records (the per-request limit), read whole (the run carries
+/// them); past it, streamed into an open run.
 enum Records {
     Whole(Vec<gw::EvalRecord>),
     Streamed { total: u64, lines: Box<RecordLines> },
 }
 
 impl Records {
-    fn read(path: &Path, open: bool, fields: &FieldMap) -> Result<Self, String> {
+    fn read(path: &Path, open: bool, fields: &FieldMap, whole: usize) -> Result<Self, String> {
         let mut lines = RecordLines::open_mapped(path, fields.clone())?;
         let mut head = Vec::new();
         for r in lines.by_ref() {
             head.push(r?);
-            if head.len() > MAX_RECORDS || open {
+            if head.len() > whole || open {
                 // Counted apart (flat memory) for the progress bar, then read again as it is sent.
                 let total = RecordLines::count(path)?;
                 return Ok(Records::Streamed {
@@ -216,8 +220,8 @@ async fn run(
             stream(&mut session, pipeline, label, total, None, args).await
         }
         Records::Streamed { total, lines } => {
-            stream(&mut session, pipeline, label, usize::try_from(total).unwrap_or(usize::MAX), Some(*lines), args)
-                .await
+            let total = usize::try_from(total).unwrap_or(usize::MAX).saturating_mul(per_record);
+            stream(&mut session, pipeline, label, total, Some(*lines), args).await
         }
     };
     session.close().await?;

@@ -74,9 +74,6 @@ impl ChecklistEval {
         } = p;
         let mut v = Violations::new();
         let responders = super::responders::parse(responders, &mut v);
-        if open && !responders.is_empty() {
-            v.push("pipeline.responders", "an open run takes no responders yet: send the records with the request");
-        }
         if concurrency > 256 {
             v.push("pipeline.concurrency", format!("is {concurrency}; the limit is 256"));
         }
@@ -106,12 +103,12 @@ impl ChecklistEval {
         // With responders every record is scored once per responder and sample: the results a run
         // holds are capped as the records are.
         let per_record: usize = responders.iter().map(|r| r.samples as usize).sum();
-        if records.len() <= MAX_RECORDS && records.len() * per_record > MAX_RECORDS {
+        if !open && records.len() <= MAX_RECORDS && records.len() * per_record > MAX_RECORDS {
             v.push(
                 "pipeline.responders",
                 format!(
                     "make {} responses to score ({} records x {per_record} responses per record); the limit is \
-                     {MAX_RECORDS} per run: send fewer records or responders",
+                     {MAX_RECORDS} per request: send fewer records or responders, or create the run open",
                     records.len() * per_record,
                     records.len()
                 ),
@@ -172,7 +169,8 @@ impl ChecklistEval {
     /// A result named by its responder and sample, with the response (with responders).
     fn labelled(&self, mut r: gw::RecordResult) -> gw::RecordResult {
         if let Some(d) = self.derived.get() {
-            super::responders::label(&mut r, &self.responders, self.records.len(), d);
+            let response = d.response(r.index as usize);
+            super::responders::label(&mut r, &self.responders, response);
         }
         r
     }
@@ -200,8 +198,11 @@ impl ChecklistEval {
             .enumerate()
             .map(|(i, r)| {
                 let f = format!("records[{i}]");
-                if r.target.trim().is_empty() {
+                if self.responders.is_empty() && r.target.trim().is_empty() {
                     v.push(format!("{f}.target"), "must not be empty");
+                }
+                if !self.responders.is_empty() && r.input.trim().is_empty() {
+                    v.push(format!("{f}.input"), "must not be empty: the responders answer it");
                 }
                 if needs_input && r.input.trim().is_empty() {
                     v.push(format!("{f}.input"), "must not be empty: the preset generates a checklist from it");
@@ -234,7 +235,7 @@ impl ChecklistEval {
         i: usize,
     ) -> Result<(Usage, Result<(gw::RecordResult, Usage, ModelRecord), StageError>), StageError> {
         match self.derived.get() {
-            Some(d) => self.answer_and_score(ctx, d, checklist, config, i).await,
+            Some(d) => self.answer_and_score_target(ctx, d, checklist, config, i).await,
             None => Ok((Usage::default(), self.score_record(checklist, config, i, &self.records[i]).await)),
         }
     }
@@ -386,6 +387,12 @@ impl Pipeline for ChecklistEval {
         } else {
             super::responders::layout(self.records.len(), &self.responders).len() as u32
         }
+    }
+
+    /// With responders each record makes several results, each keyed by its own index.
+    fn max_records(&self) -> u64 {
+        let per = super::responders::per_record(&self.responders).max(1) as u64;
+        assay_domain::limits::MAX_RUN_RECORDS / per
     }
 
     fn check_records(&self, records: Vec<gw::EvalRecord>) -> Result<Vec<assay_runs::store::NewRecord>, StageError> {

@@ -95,6 +95,10 @@ pub(crate) fn key(i: usize, j: usize) -> String {
     format!("{RESPONSE}{i:08}:{j}")
 }
 
+/// One (record, responder)'s answer once asked (or read back); a failure is kept for the pair's
+/// other samples, not stored.
+pub(crate) type AnswerCell = tokio::sync::OnceCell<Result<Answered, StageError>>;
+
 /// A run's responders at work: the targets they make (records whose target is the response),
 /// and each (record, responder)'s answer, asked once by whichever of its samples is scored first.
 #[derive(Debug)]
@@ -105,7 +109,7 @@ pub(crate) struct Derived {
     pub(crate) layout: Layout,
     /// Per (record, responder), `record * responders + responder`: its answer once asked (or read
     /// back); a failure is kept for the pair's other samples, not stored.
-    pub(crate) answers: Vec<tokio::sync::OnceCell<Result<Answered, StageError>>>,
+    pub(crate) answers: Vec<AnswerCell>,
     pub(crate) responders: usize,
 }
 
@@ -130,7 +134,7 @@ impl Derived {
     }
 
     /// The answer cell of (record `i`, responder `j`).
-    pub(crate) fn cell(&self, i: usize, j: usize) -> &tokio::sync::OnceCell<Result<Answered, StageError>> {
+    pub(crate) fn cell(&self, i: usize, j: usize) -> &AnswerCell {
         &self.answers[i * self.responders + j]
     }
 
@@ -170,29 +174,32 @@ pub fn layout(records: usize, responders: &[Responder]) -> Layout {
     out
 }
 
-/// Name result `r` (its index a target of [`layout`] over `records` records) by its responder and
-/// sample, with the response.
-pub(crate) fn label(r: &mut gw::RecordResult, responders: &[Responder], records: usize, derived: &Derived) {
-    let t = r.index as usize;
-    let Some(j) = responder_of(t, responders, records) else { return };
-    let (_, s) = j;
-    r.responder.clone_from(&responders[j.0].name);
-    r.sample = s;
-    r.response = derived.response(t).unwrap_or_default().to_string();
+/// Responses each record makes: the responders' samples summed.
+pub fn per_record(responders: &[Responder]) -> usize {
+    responders.iter().map(|r| r.samples as usize).sum()
 }
 
-/// The (responder, sample) of target `t`.
-fn responder_of(t: usize, responders: &[Responder], records: usize) -> Option<(usize, u32)> {
-    let per_record: usize = responders.iter().map(|r| r.samples as usize).sum();
-    if per_record == 0 || t >= per_record * records {
+/// Where target `t` comes from, (record, responder, sample): the targets of a record follow each
+/// other, responder by responder, sample by sample (as [`layout`] lists them).
+pub(crate) fn target_of(t: usize, responders: &[Responder]) -> Option<(usize, usize, u32)> {
+    let per = per_record(responders);
+    if per == 0 {
         return None;
     }
-    let mut k = t % per_record;
+    let mut k = t % per;
     for (j, r) in responders.iter().enumerate() {
         if k < r.samples as usize {
-            return Some((j, k as u32));
+            return Some((t / per, j, k as u32));
         }
         k -= r.samples as usize;
     }
     None
+}
+
+/// Name result `r` (its index a target) by its responder and sample, with the response.
+pub(crate) fn label(r: &mut gw::RecordResult, responders: &[Responder], response: Option<&str>) {
+    let Some((_, j, s)) = target_of(r.index as usize, responders) else { return };
+    r.responder.clone_from(&responders[j].name);
+    r.sample = s;
+    r.response = response.unwrap_or_default().to_string();
 }

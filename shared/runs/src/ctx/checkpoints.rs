@@ -70,6 +70,25 @@ impl Checkpoints {
             .collect()
     }
 
+    /// Up to `limit` serde checkpoints under `prefix` whose key sorts after `after` (empty: from
+    /// the first), by key.
+    pub async fn page_json<T: serde::de::DeserializeOwned>(
+        &self,
+        prefix: &str,
+        after: &str,
+        limit: usize,
+    ) -> Result<Vec<(String, T)>, StageError> {
+        self.log
+            .raw_page(prefix, after, limit)
+            .await?
+            .into_iter()
+            .map(|(k, bytes)| match serde_json::from_slice(&bytes) {
+                Ok(v) => Ok((k, v)),
+                Err(e) => Err(StageError::Internal(format!("run store: corrupt checkpoint {k}: {e}"))),
+            })
+            .collect()
+    }
+
     /// The serde checkpoint stored under `key`, if any.
     pub async fn load_json<T: serde::de::DeserializeOwned>(&self, key: &str) -> Result<Option<T>, StageError> {
         let raw = self.log.raw(key).await?;

@@ -229,7 +229,7 @@ impl Engine {
         let run_id = run.run_id.clone();
         self.store.create(run.clone(), request).await?;
         if let Some(rows) = rows {
-            self.store.append_records(&run_id, rows, false, assay_domain::limits::MAX_RUN_RECORDS).await?;
+            self.store.append_records(&run_id, rows, false, pipeline.max_records()).await?;
         }
         let ctx = Arc::new(self.capped(RunCtx::new(run, 0, Some(self.store.clone())), spend));
         ctx.log

@@ -23,8 +23,8 @@ impl Engine {
             ));
         }
         let live = self.live(run_id);
-        let rows = match &live {
-            Some(l) => l.pipeline.check_records(records)?,
+        let (rows, max) = match &live {
+            Some(l) => (l.pipeline.check_records(records)?, l.pipeline.max_records()),
             None => {
                 // Executed by another gateway (or about to be resumed): its stored request says
                 // how the records are checked.
@@ -38,10 +38,11 @@ impl Engine {
                         "run {run_id} was not created open (RunPipelineRequest.open): its records came with its request"
                     )));
                 }
-                self.factory.parse(&stored.request)?.check_records(records)?
+                let pipeline = self.factory.parse(&stored.request)?;
+                (pipeline.check_records(records)?, pipeline.max_records())
             }
         };
-        let appended = self.store.append_records(run_id, rows, seal, assay_domain::limits::MAX_RUN_RECORDS).await?;
+        let appended = self.store.append_records(run_id, rows, seal, max).await?;
         if let Some(l) = live {
             l.ctx.inputs.nudge();
         }

@@ -7,7 +7,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
-use assay_domain::{AggregateBuilder, Checklist, StageError};
+use assay_domain::{AggregateBuilder, Checklist, StageError, Usage};
 use assay_proto::common::v1 as pb;
 use assay_proto::convert;
 use assay_proto::gateway::v1 as gw;
@@ -17,6 +17,8 @@ use futures::stream::FuturesUnordered;
 use prost::Message;
 
 use super::super::checklist::{CHECKLIST, EvalRecord, decode_checklist};
+use super::super::responders::{Answered, RESPONSE, label, per_record, target_of};
+use super::respond::InFlight;
 use super::{
     ChecklistEval, RECORD, Reserve, generation_fails_run, generation_failure, record_key, record_result, settle,
 };
@@ -136,6 +138,23 @@ pub(super) fn slim(mut r: gw::RecordResult) -> gw::RecordResult {
     r
 }
 
+/// Each responder's answering cost, over the answers the run stored (a page at a time).
+async fn answering_usage(ctx: &RunCtx, responders: usize) -> Result<Vec<Usage>, StageError> {
+    let mut usage = vec![Usage::default(); responders];
+    let mut after = String::new();
+    loop {
+        let page = ctx.checkpoints.page_json::<Answered>(RESPONSE, &after, PAGE).await?;
+        let Some((last, _)) = page.last() else { break };
+        after.clone_from(last);
+        for (k, a) in page {
+            if let Some(j) = k.rsplit(':').next().and_then(|j| j.parse::<usize>().ok()).filter(|j| *j < responders) {
+                usage[j].add(&a.usage);
+            }
+        }
+    }
+    Ok(usage)
+}
+
 /// A record's wire form decoded back (it was checked when appended).
 pub(super) fn decode_record(bytes: &[u8]) -> Result<EvalRecord, StageError> {
     let wire =
@@ -149,10 +168,14 @@ impl ChecklistEval {
     /// Run an open run to the end: until it is sealed and every record it holds has a result.
     pub(super) async fn run_open(&self, ctx: &RunCtx) -> Result<RunOutcome, StageError> {
         // On a shared store, a run without a budget is spread over the gateways (a budget is
-        // settled by the one gateway that executes the run).
-        if ctx.inputs.can_spread() && !ctx.spending.has_budget() {
+        // settled by the one gateway that executes the run; responders answer on it too).
+        if ctx.inputs.can_spread() && !ctx.spending.has_budget() && self.responders.is_empty() {
             return self.run_spread(ctx).await;
         }
+        // With responders each record is `per` targets, each with its own result (index
+        // `record * per + k`, see `target_of`); without, one.
+        let per = per_record(&self.responders).max(1);
+        let answers = InFlight::default();
         let done = stored_results(ctx).await?;
         ctx.progress.set_done(done.count());
         // The run's only checklist (an explicit one, or from a corpus) fails the run when it
@@ -175,7 +198,8 @@ impl ChecklistEval {
             // A spent budget starts no new record: those read are not run, and say why.
             if let Some(why) = ctx.spending.budget_exhausted() {
                 for (p, c) in std::mem::take(&mut queue) {
-                    let r = record_result(p.index, &p.record, &c.id, None, format!("not run: {}", why.message));
+                    let mut r = record_result(p.index, &p.record, &c.id, None, format!("not run: {}", why.message));
+                    label(&mut r, &self.responders, None);
                     writes.push(ctx.checkpoints.queued(&record_key(p.index), &r));
                     ctx.progress.add_done();
                     writes.push(ctx.log.emit_queued(Event::RecordScored(slim(r))));
@@ -185,7 +209,8 @@ impl ChecklistEval {
             let mut starved = false;
             if !sealed_and_read && queue.len() + waiting_n < 2 * self.concurrency {
                 let page = ctx.inputs.page(next, PAGE).await?;
-                ctx.progress.set_total(u32::try_from(page.total).unwrap_or(u32::MAX), !page.sealed);
+                let total = page.total.saturating_mul(per as u64);
+                ctx.progress.set_total(u32::try_from(total).unwrap_or(u32::MAX), !page.sealed);
                 if page.records.is_empty() {
                     sealed_and_read = page.sealed && next >= page.total;
                     starved = !sealed_and_read;
@@ -195,11 +220,21 @@ impl ChecklistEval {
                     next = index + 1;
                     let index = usize::try_from(index)
                         .map_err(|_| StageError::Internal(format!("record index {index} out of range")))?;
-                    if done.contains(index) {
+                    let targets: Vec<usize> = (index * per..(index + 1) * per).filter(|t| !done.contains(*t)).collect();
+                    if targets.is_empty() {
                         continue;
                     }
-                    let record = decode_record(&bytes)?;
-                    fresh.push((self.plan.key(&record), Pending { index, record, chunk: 0 }));
+                    let mut record = decode_record(&bytes)?;
+                    if self.responders.is_empty() {
+                        fresh.push((self.plan.key(&record), Pending { index, record, chunk: 0 }));
+                        continue;
+                    }
+                    // Each target its record's (the id its index's when none is given).
+                    record.id = record.id_or(index);
+                    let key = self.plan.key(&record);
+                    for t in targets {
+                        fresh.push((key.clone(), Pending { index: t, record: record.clone(), chunk: 0 }));
+                    }
                 }
                 checklists.trim();
                 let unknown: HashSet<String> = fresh
@@ -233,10 +268,17 @@ impl ChecklistEval {
             let affordable = ctx.spending.budget_left().map_or(usize::MAX, |left| reserve.in_flight(&left));
             while scoring.len() < self.concurrency.min(affordable) {
                 let Some((p, checklist)) = queue.pop_front() else { break };
+                let answers = &answers;
                 scoring.push(async move {
                     ctx.gate.wait().await?;
-                    let out = self.score_record(&checklist, config, p.index, &p.record).await;
-                    Ok::<_, StageError>((p, checklist, out))
+                    let (answering, out) = match target_of(p.index, &self.responders) {
+                        None => (Usage::default(), self.score_record(&checklist, config, p.index, &p.record).await),
+                        Some((i, j, _)) => {
+                            let cell = answers.cell(i, j);
+                            self.answer_and_score(ctx, &cell, true, &p.record, &checklist, config, p.index).await?
+                        }
+                    };
+                    Ok::<_, StageError>((p, checklist, answering, out))
                 });
             }
             if sealed_and_read && scoring.is_empty() && producing.is_empty() && queue.is_empty() {
@@ -270,7 +312,8 @@ impl ChecklistEval {
                             tracing::warn!(run_id = %ctx.run_id(), error = %e, "checklist generation failed for one input");
                             let why = generation_failure(&e);
                             for p in records {
-                                let r = record_result(p.index, &p.record, "", None, why.clone());
+                                let mut r = record_result(p.index, &p.record, "", None, why.clone());
+                                label(&mut r, &self.responders, None);
                                 writes.push(ctx.checkpoints.queued(&record_key(p.index), &r));
                                 ctx.progress.add_done();
                                 writes.push(ctx.log.emit_queued(Event::RecordScored(slim(r))));
@@ -279,12 +322,17 @@ impl ChecklistEval {
                     }
                 }
                 Some(scored) = scoring.next(), if !scoring.is_empty() => {
-                    let (p, checklist, scored) = match scored {
+                    let (p, checklist, answering, scored) = match scored {
                         Ok(x) => x,
                         Err(StageError::Cancelled(_)) if ctx.gate.is_cancelled() => break,
                         Err(e) => return Err(e),
                     };
-                    let result = settle(ctx, &mut reserve, p.index, &p.record, &checklist.id, scored)?;
+                    reserve.charge(&answering);
+                    let mut result = settle(ctx, &mut reserve, p.index, &p.record, &checklist.id, scored)?;
+                    if let Some((i, j, sample)) = target_of(p.index, &self.responders) {
+                        let response = answers.settled(i, j, sample, self.responders[j].samples);
+                        label(&mut result, &self.responders, response.as_deref());
+                    }
                     writes.push(ctx.checkpoints.queued(&record_key(p.index), &result));
                     ctx.progress.add_done();
                     writes.push(ctx.log.emit_queued(Event::RecordScored(slim(result))));
@@ -315,6 +363,9 @@ impl ChecklistEval {
         let categorized = !ctx.checkpoints.get_many::<pb::Checklist>(vec![CATEGORIZED.to_string()]).await?.is_empty();
         // Without categories a checklist decides nothing in the aggregates.
         let uncategorized = Arc::new(Checklist::default());
+        // With responders: every result, and its checklist, for their verdict.
+        let mut matrix: Vec<gw::RecordResult> = Vec::new();
+        let mut matrix_checklists: HashMap<String, Arc<Checklist>> = HashMap::new();
         let mut after = String::new();
         loop {
             let page = ctx.checkpoints.page::<gw::RecordResult>(RECORD, &after, PAGE).await?;
@@ -322,9 +373,11 @@ impl ChecklistEval {
             after.clone_from(last);
             // The page's records, for the keys of their checklists (only when one has categories).
             let mut keys: HashMap<u64, String> = HashMap::new();
+            // A result's record: its index over the targets each record makes.
+            let per = per_record(&self.responders).max(1) as u64;
             if categorized {
-                let first = u64::from(first.index);
-                let span = page.last().map_or(0, |(_, r)| u64::from(r.index) - first + 1);
+                let first = u64::from(first.index) / per;
+                let span = page.last().map_or(0, |(_, r)| u64::from(r.index) / per - first + 1);
                 let records = ctx.inputs.page(first, usize::try_from(span).unwrap_or(usize::MAX)).await?;
                 keys = records
                     .records
@@ -336,18 +389,25 @@ impl ChecklistEval {
             }
             for (_, r) in page {
                 results += 1;
-                let Some(score) = r.score else {
+                let Some(score) = &r.score else {
                     failed += 1;
+                    if !self.responders.is_empty() {
+                        matrix.push(r);
+                    }
                     continue;
                 };
                 let checklist = if categorized {
-                    keys.get(&u64::from(r.index)).and_then(|k| checklists.get(k)).ok_or_else(|| {
+                    keys.get(&(u64::from(r.index) / per)).and_then(|k| checklists.get(k)).ok_or_else(|| {
                         StageError::Internal(format!("the checklist of record {} is not stored", r.index))
                     })?
                 } else {
                     uncategorized.clone()
                 };
-                aggregate.add(&convert::score_from(score), &checklist);
+                aggregate.add(&convert::score_from(score.clone()), &checklist);
+                if !self.responders.is_empty() {
+                    matrix_checklists.entry(r.checklist_id.clone()).or_insert(checklist);
+                    matrix.push(r);
+                }
             }
         }
         let total = u64::from(ctx.snapshot().records_total);
@@ -362,6 +422,18 @@ impl ChecklistEval {
             gw::RunState::Partial
         };
         let aggregate = Some(convert::aggregate_to(&aggregate.finish()));
+        let (responders, comparisons) = if self.responders.is_empty() {
+            (Vec::new(), Vec::new())
+        } else {
+            let usage = answering_usage(ctx, self.responders.len()).await?;
+            let mut seen = HashSet::new();
+            let ids: Vec<String> =
+                matrix.iter().filter(|r| seen.insert(r.record_id.clone())).map(|r| r.record_id.clone()).collect();
+            let checklist_of = |r: &gw::RecordResult| {
+                Some(matrix_checklists.get(&r.checklist_id).cloned().unwrap_or_else(|| uncategorized.clone()))
+            };
+            self.verdict(&matrix, checklist_of, &usage, &ids)
+        };
         if !cancelled {
             ctx.log.emit(Event::Aggregate(gw::AggregateReady { aggregate: aggregate.clone() })).await?;
         }
@@ -374,8 +446,8 @@ impl ChecklistEval {
             models: ctx.progress.models().iter().map(convert::model_record_to).collect(),
             budget_exhausted: ctx.snapshot().budget_exhausted,
             results_paged: true,
-            responders: Vec::new(),
-            comparisons: Vec::new(),
+            responders,
+            comparisons,
         };
         Ok(RunOutcome { state, result: Some(gw::run_result::Result::ChecklistEval(response)) })
     }

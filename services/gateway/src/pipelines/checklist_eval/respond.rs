@@ -10,7 +10,8 @@
 //! aggregate, answering cost and missing records, and each responder after the first compared
 //! with the first as CompareRuns compares two runs.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use assay_domain::generator::RespondRequest;
 use assay_domain::stats::DEFAULT_BOOTSTRAP_SEED;
@@ -20,7 +21,7 @@ use assay_proto::convert;
 use assay_proto::gateway::v1 as gw;
 
 use super::super::checklist::EvalRecord;
-use super::super::responders::{Answered, Derived, RESPONSE, key, label, render};
+use super::super::responders::{AnswerCell, Answered, Derived, RESPONSE, key, label, render, target_of};
 use super::ChecklistEval;
 use assay_runs::RunCtx;
 
@@ -36,12 +37,9 @@ impl ChecklistEval {
         Ok(Derived::new(&self.records, &self.responders, stored))
     }
 
-    /// Target `t` answered by its responder (asked now unless it was already, by this target's
-    /// pair or before a restart) and scored; and what answering cost now, if this target asked.
-    /// A responder that failed or was refused by the budget fails the target (the inner result);
-    /// a request the generator refused fails the run (the outer one).
+    /// Target `t` of a closed run answered and scored (see [`Self::answer_and_score`]).
     #[allow(clippy::type_complexity)]
-    pub(super) async fn answer_and_score(
+    pub(super) async fn answer_and_score_target(
         &self,
         ctx: &RunCtx,
         d: &Derived,
@@ -49,17 +47,41 @@ impl ChecklistEval {
         config: &ScorerSettings,
         t: usize,
     ) -> Result<(Usage, Result<(gw::RecordResult, Usage, ModelRecord), StageError>), StageError> {
-        let (i, j, s) = d.layout[t];
+        let (i, j, _) = d.layout[t];
+        self.answer_and_score(ctx, d.cell(i, j), false, &d.targets[t], checklist, config, t).await
+    }
+
+    /// Target `t` (of `record`, its id set) answered by its responder through `cell` (asked now
+    /// unless it was already, by another sample of the pair or, with `look_stored`, before a
+    /// restart) and scored; and what answering cost now, if this target asked. A responder that
+    /// failed or was refused by the budget fails the target (the inner result); a request the
+    /// generator refused fails the run (the outer one).
+    #[allow(clippy::type_complexity, clippy::too_many_arguments)]
+    pub(super) async fn answer_and_score(
+        &self,
+        ctx: &RunCtx,
+        cell: &AnswerCell,
+        look_stored: bool,
+        record: &EvalRecord,
+        checklist: &Checklist,
+        config: &ScorerSettings,
+        t: usize,
+    ) -> Result<(Usage, Result<(gw::RecordResult, Usage, ModelRecord), StageError>), StageError> {
+        let Some((i, j, s)) = target_of(t, &self.responders) else {
+            return Err(StageError::Internal(format!("target {t} has no responder")));
+        };
         let mut paid = Usage::default();
-        let answered = d
-            .cell(i, j)
+        let answered = cell
             .get_or_try_init(|| async {
+                if look_stored && let Some(a) = ctx.checkpoints.load_json::<Answered>(&key(i, j)).await? {
+                    return Ok(Ok(a));
+                }
                 let generator = self.stages.generator()?;
                 let r = &self.responders[j];
                 let request = RespondRequest {
                     model: r.model.clone(),
                     system_prompt: r.system_prompt.clone(),
-                    prompt: render(&r.template, &self.records[i], i),
+                    prompt: render(&r.template, record, i),
                     samples: r.samples,
                 };
                 match generator.respond(request, &assay_domain::no_events).await {
@@ -90,42 +112,49 @@ impl ChecklistEval {
             let why = format!("responder {} gave an empty response", self.responders[j].name);
             return Ok((paid, Err(StageError::Unavailable(why))));
         }
-        let target = EvalRecord { target: response, ..d.targets[t].clone() };
+        let target = EvalRecord { target: response, ..record.clone() };
         Ok((paid, self.score_record(checklist, config, t, &target).await))
     }
 
     /// Each result named by its responder and sample, with the response; each responder's
     /// aggregate and cost; each responder after the first compared with the first.
     pub(super) fn annotate(&self, result: &mut gw::EvaluateResponse, derived: &Derived) {
-        let usage = derived.usage();
         for r in &mut result.results {
-            label(r, &self.responders, self.records.len(), derived);
+            label(r, &self.responders, derived.response(r.index as usize));
         }
-        let checklists: Vec<Checklist> = result
+        let checklists: Vec<Arc<Checklist>> = result
             .checklists
             .iter()
-            .map(|c| convert::checklist(Some(c.clone()), "checklist", &mut Violations::new()))
+            .map(|c| Arc::new(convert::checklist(Some(c.clone()), "checklist", &mut Violations::new())))
             .collect();
+        let ids: Vec<String> = (0..self.records.len()).map(|i| self.records[i].id_or(i)).collect();
+        let checklist_of = |r: &gw::RecordResult| checklists.iter().find(|c| c.id == r.checklist_id).cloned();
+        let (summaries, comparisons) = self.verdict(&result.results, checklist_of, &derived.usage(), &ids);
+        result.responders = summaries;
+        result.comparisons = comparisons;
+    }
+
+    /// From a run's labelled results (`checklist_of` each one's checklist), what answering cost
+    /// per responder and the run's record ids in order: each responder's summary, and each one
+    /// after the first compared with the first on the records both have (as CompareRuns would).
+    pub(super) fn verdict(
+        &self,
+        results: &[gw::RecordResult],
+        checklist_of: impl Fn(&gw::RecordResult) -> Option<Arc<Checklist>>,
+        usage: &[Usage],
+        ids: &[String],
+    ) -> (Vec<gw::ResponderResult>, Vec<gw::CompareRunsResponse>) {
         let of = |j: usize| -> Vec<gw::RecordResult> {
-            result.results.iter().filter(|r| r.responder == self.responders[j].name).cloned().collect()
+            results.iter().filter(|r| r.responder == self.responders[j].name).cloned().collect()
         };
         let mut summaries = Vec::new();
         for (j, r) in self.responders.iter().enumerate() {
             let mine = of(j);
-            let scored: Vec<(assay_domain::Score, &Checklist)> = mine
-                .iter()
-                .filter_map(|x| {
-                    let cl = checklists.iter().find(|c| c.id == x.checklist_id)?;
-                    Some((convert::score_from(x.score.clone()?), cl))
-                })
-                .collect();
-            let aggregate = AggregateScores::compute(scored.iter().map(|(s, c)| (s, *c)));
-            let have: std::collections::HashSet<&str> =
-                mine.iter().filter(|x| x.score.is_some()).map(|x| x.record_id.as_str()).collect();
-            let missing: Vec<String> = (0..self.records.len())
-                .map(|i| self.records[i].id_or(i))
-                .filter(|id| !have.contains(id.as_str()))
-                .collect();
+            let scored: Vec<(assay_domain::Score, Arc<Checklist>)> =
+                mine.iter().filter_map(|x| Some((convert::score_from(x.score.clone()?), checklist_of(x)?))).collect();
+            let aggregate = AggregateScores::compute(scored.iter().map(|(s, c)| (s, c.as_ref())));
+            let have: HashSet<&str> = mine.iter().filter(|x| x.score.is_some()).map(|x| x.record_id.as_str()).collect();
+            let missing: Vec<String> = ids.iter().filter(|id| !have.contains(id.as_str())).cloned().collect();
             summaries.push(gw::ResponderResult {
                 name: r.name.clone(),
                 model: Some(convert::model_spec_to(&r.model)),
@@ -156,8 +185,42 @@ impl ChecklistEval {
                 Err(e) => tracing::warn!(responder = %self.responders[j].name, error = %e, "responders not compared"),
             }
         }
-        result.responders = summaries;
-        result.comparisons = comparisons;
+        (summaries, comparisons)
+    }
+}
+
+/// The answers of an open run's records in flight, per (record, responder): shared by the pair's
+/// samples, dropped once every sample is settled.
+#[derive(Default)]
+pub(super) struct InFlight(std::sync::Mutex<Pairs>);
+
+/// Per (record, responder) in flight: its answer cell and how many of its samples are settled.
+type Pairs = HashMap<(usize, usize), (Arc<AnswerCell>, u32)>;
+
+impl InFlight {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Pairs> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The answer cell of (record `i`, responder `j`).
+    pub(super) fn cell(&self, i: usize, j: usize) -> Arc<AnswerCell> {
+        self.lock().entry((i, j)).or_default().0.clone()
+    }
+
+    /// One of the pair's `samples` settled: its response (if answered), the cell dropped after the
+    /// last.
+    pub(super) fn settled(&self, i: usize, j: usize, s: u32, samples: u32) -> Option<String> {
+        let mut map = self.lock();
+        let entry = map.get_mut(&(i, j))?;
+        let response = match entry.0.get() {
+            Some(Ok(a)) => a.responses.get(s as usize).cloned(),
+            Some(Err(_)) | None => None,
+        };
+        entry.1 += 1;
+        if entry.1 >= samples {
+            map.remove(&(i, j));
+        }
+        response
     }
 }
 
