@@ -315,6 +315,44 @@ async fn assay_eval_respond_compares_models_and_gates_on_a_regression() {
     // A candidate that is not worse passes the gate.
     let run = eval(&["openai:model-a", "openai:model-a2"], true, false).await.unwrap();
     assert_eq!(run.status.code(), Some(0), "{}", String::from_utf8_lossy(&run.stderr));
+
+    // Streamed into an open run (`--open`, as a file past the request limit is): the same lines,
+    // the same comparison, the same gate.
+    let streamed = tokio::process::Command::new(assay_tests::workspace_binary("assay", "assay-cli"))
+        .args([
+            "eval",
+            "--preset",
+            "tick",
+            "--open",
+            "--json",
+            "--fail-on-regression",
+            "--gateway",
+            &sandbox.gateway_url(),
+        ])
+        .arg("--data")
+        .arg(&data)
+        .arg("--out")
+        .arg(&out)
+        .arg("--respond-template")
+        .arg(&template)
+        .args(["--respond", "openai:model-a", "--respond", "openai:model-b"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(streamed.status.code(), Some(1), "model-b is worse: {}", String::from_utf8_lossy(&streamed.stderr));
+    let open: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&streamed.stdout).lines().last().unwrap()).unwrap();
+    assert_eq!(
+        (open["resultsPaged"].as_bool(), open["comparisons"][0]["nPairs"].as_u64()),
+        (Some(true), Some(INPUTS as u64))
+    );
+    let (d1, d2) =
+        (open["comparisons"][0]["diff"].as_f64().unwrap(), summary["comparisons"][0]["diff"].as_f64().unwrap());
+    assert!((d1 - d2).abs() < 1e-12, "{d1} vs {d2}");
+    let lines: Vec<serde_json::Value> =
+        std::fs::read_to_string(&out).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 2 * INPUTS);
+    assert_eq!((lines[3]["id"].as_str(), lines[3]["responder"].as_str()), (Some("q1"), Some("model-b")));
 }
 
 /// A dataset as it comes: a CSV file with its own column names, mapped with `--input-field`,

@@ -219,21 +219,24 @@ async fn run(
             pipeline.records = records;
             stream(&mut session, pipeline, label, total, None, args).await
         }
-        Records::Streamed { total, lines } => {
-            let total = usize::try_from(total).unwrap_or(usize::MAX).saturating_mul(per_record);
-            stream(&mut session, pipeline, label, total, Some(*lines), args).await
+        Records::Streamed { total: records, lines } => {
+            let records = usize::try_from(records).unwrap_or(usize::MAX);
+            let total = records.saturating_mul(per_record);
+            stream(&mut session, pipeline, label, total, Some((*lines, records)), args).await
         }
     };
     session.close().await?;
     outcome
 }
 
+/// Run `pipeline` and follow it: `total` results (records x responses per record); `streamed`,
+/// a file's records and how many, sent into the open run beside its events.
 async fn stream(
     session: &mut Session,
     pipeline: gw::ChecklistEvalPipeline,
     label: String,
     total: usize,
-    streamed: Option<RecordLines>,
+    streamed: Option<(RecordLines, usize)>,
     args: &RunArgs,
 ) -> Result<Outcome, String> {
     let request = gw::RunPipelineRequest {
@@ -262,7 +265,7 @@ async fn stream(
         paged: None,
         fail_on_regression: args.fail_on_regression,
     };
-    let Some(lines) = streamed else {
+    let Some((lines, records)) = streamed else {
         return follow_run(&mut session.client, events, &mut follower).await;
     };
     // An open run: its id from the first event, then the file sent beside the run's events.
@@ -276,7 +279,7 @@ async fn stream(
     if let Step::Done(outcome) = follower.on_event(first) {
         return outcome;
     }
-    let mut sender = tokio::spawn(send_records(session.client.clone(), run_id.clone(), lines, total));
+    let mut sender = tokio::spawn(send_records(session.client.clone(), run_id.clone(), lines, records));
     let mut control = session.client.clone();
     let mut sent = false;
     let followed = {
