@@ -72,3 +72,25 @@ async def test_the_async_client_takes_responders(mesh: Mesh, llm: ScriptedLlm) -
     finally:
         llm.handlers.clear()
         llm.handlers.update(saved)
+
+
+def test_a_streamed_evaluation_takes_responders(client: Assay, llm: ScriptedLlm) -> None:
+    """``evaluate_stream(..., respond=[...])``: an open run, its records appended in batches, one
+    result per (record, responder) read back in pages, the responders and their comparison."""
+    e = client.evaluate_stream(
+        iter(records()), preset="tick", respond=["openai:model-a", "openai:model-b"], batch_size=4, page_size=5
+    )
+    assert [r.name for r in e.responders] == ["model-a", "model-b"]
+    rows = e.to_records()
+    assert len(rows) == 2 * INPUTS
+    assert [(r["record_id"], r["responder"]) for r in rows[:4]] == [
+        ("q0", "model-a"),
+        ("q0", "model-b"),
+        ("q1", "model-a"),
+        ("q1", "model-b"),
+    ]
+    assert rows[0]["response"] == "Falling leaves for topic 0, by model-a."
+    assert [list(r.missing) for r in e.responders] == [[], []]
+    c = e.comparisons[0]
+    assert (c.baseline_run_id, c.candidate_run_id, c.n_pairs) == ("model-a", "model-b", INPUTS)
+    assert c.diff < 0

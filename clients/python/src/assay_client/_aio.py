@@ -210,6 +210,7 @@ class AsyncAssay:
         batch_size: int = _convert.MAX_APPEND_BATCH,
         page_size: int = 1000,
         timeout: Optional[float] = None,
+        respond: Optional[Sequence[Any]] = None,
         **scorer_options: Any,
     ) -> Evaluation:
         """See :meth:`assay_client.Assay.evaluate_stream`; ``records`` may also be an async
@@ -229,6 +230,7 @@ class AsyncAssay:
             max_tokens,
             max_cost_usd,
             label,
+            respond,
         )
         run = self.run(request, timeout=timeout)
         run_id = await run.started()

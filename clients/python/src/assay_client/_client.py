@@ -338,6 +338,7 @@ class Assay:
         batch_size: int = _convert.MAX_APPEND_BATCH,
         page_size: int = 1000,
         timeout: Optional[float] = None,
+        respond: Optional[Sequence[Any]] = None,
         **scorer_options: Any,
     ) -> Evaluation:
         """:meth:`evaluate` for any number of records, over an open run: the run is started open,
@@ -348,6 +349,9 @@ class Assay:
         The arguments are :meth:`evaluate`'s; ``timeout`` is the deadline of each call made
         (waiting for the run has none). The results are held in memory: for runs too large for
         that, use ``run(..., open=True)``, :meth:`append_records` and :meth:`list_run_results`.
+        ``respond`` as in :meth:`evaluate`: each record's result is one per (record, responder,
+        sample), and the evaluation has the responders and their comparisons, so a model x
+        prompt matrix past the 10,000 results of one request goes this way.
         A failure (a refused record, Ctrl-C) cancels the run; :class:`AssayError` CANCELLED when
         the run was cancelled, ABORTED when it failed."""
         _convert.check_records(records)
@@ -365,6 +369,7 @@ class Assay:
             max_tokens,
             max_cost_usd,
             label,
+            respond,
         )
         run = self.run(request, timeout=timeout)
         run_id = run.started()

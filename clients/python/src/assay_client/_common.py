@@ -253,9 +253,10 @@ def open_evaluation_request(
     max_tokens: Optional[int],
     max_cost_usd: Optional[float],
     label: str,
+    respond: Optional[Sequence[Any]] = None,
 ) -> gateway_pb2.RunPipelineRequest:
     """The RunPipelineRequest of an open checklist_eval run without records (they follow with
-    AppendRecords)."""
+    AppendRecords), answered by the ``respond`` models when given."""
     pipeline = _convert.checklist_eval(
         [],
         preset=preset,
@@ -265,6 +266,7 @@ def open_evaluation_request(
         generator_model=generator_model,
         scorer_model=scorer_model,
         scorer_options=scorer_options,
+        responders=respond,
     )
     return _convert.pipeline_request(pipeline, label, _convert.budget(max_tokens, max_cost_usd), open_run=True)
 
