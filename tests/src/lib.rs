@@ -62,6 +62,52 @@ pub async fn watch_all(
     events
 }
 
+/// A checklist_eval run created open with `pipeline` (its records inline, more to append) under
+/// `budget`: its id and its events.
+pub async fn start_open_run(
+    client: &mut gw::gateway_service_client::GatewayServiceClient<Channel>,
+    pipeline: gw::ChecklistEvalPipeline,
+    label: &str,
+    budget: Option<gw::RunBudget>,
+) -> (String, tonic::Streaming<gw::RunPipelineResponse>) {
+    let mut events = client
+        .run_pipeline(gw::RunPipelineRequest {
+            pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(pipeline)),
+            label: label.into(),
+            budget,
+            open: true,
+        })
+        .await
+        .expect("run starts")
+        .into_inner();
+    let first = events.message().await.expect("events").expect("a first event").event.expect("an event");
+    (first.run_id, events)
+}
+
+/// Every result of a checklist_eval run through ListRunResults, `page_size` at a time, and the
+/// number of pages read.
+pub async fn all_results(
+    client: &mut gw::gateway_service_client::GatewayServiceClient<Channel>,
+    run_id: &str,
+    page_size: u32,
+) -> (Vec<gw::RecordResult>, usize) {
+    let (mut out, mut pages, mut token) = (Vec::new(), 0, String::new());
+    loop {
+        let page = client
+            .list_run_results(gw::ListRunResultsRequest { run_id: run_id.into(), page_size, page_token: token })
+            .await
+            .expect("a page of results")
+            .into_inner();
+        pages += 1;
+        assert!(page.results.len() <= page_size as usize, "a page holds at most page_size results");
+        out.extend(page.results);
+        if page.next_page_token.is_empty() {
+            return (out, pages);
+        }
+        token = page.next_page_token;
+    }
+}
+
 /// A binary of this workspace from the target directory of the running test (built by
 /// `cargo build -p <package>`, and by any workspace test run).
 pub fn workspace_binary(name: &str, package: &str) -> std::path::PathBuf {

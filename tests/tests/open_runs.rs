@@ -10,7 +10,7 @@ use assay_proto::common::v1 as pb;
 use assay_proto::gateway::v1 as gw;
 use assay_proto::gateway::v1::gateway_service_client::GatewayServiceClient;
 use assay_testkit::ScriptedLlm;
-use assay_tests::{MeshSandbox, assay_up, leaves_eval, leaves_judge, workspace_binary};
+use assay_tests::{MeshSandbox, all_results, assay_up, leaves_eval, leaves_judge, start_open_run, workspace_binary};
 use serde_json::Value;
 use tonic::Code;
 use tonic::transport::Channel;
@@ -34,18 +34,7 @@ async fn start_open(
 ) -> (String, tonic::Streaming<gw::RunPipelineResponse>) {
     let mut pipeline = leaves_eval(0);
     pipeline.records = inline;
-    let mut events = client
-        .run_pipeline(gw::RunPipelineRequest {
-            pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(pipeline)),
-            label: "open".into(),
-            budget: None,
-            open: true,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let first = events.message().await.unwrap().unwrap().event.unwrap();
-    (first.run_id, events)
+    start_open_run(client, pipeline, "open", None).await
 }
 
 async fn append(
@@ -57,25 +46,6 @@ async fn append(
 
 fn message(run_id: &str, records: Vec<gw::EvalRecord>, seal: bool) -> gw::AppendRecordsRequest {
     gw::AppendRecordsRequest { run_id: run_id.into(), records, seal }
-}
-
-/// Every result of a run, read `page_size` at a time; the number of pages.
-async fn all_results(client: &mut Client, run_id: &str, page_size: u32) -> (Vec<gw::RecordResult>, usize) {
-    let (mut out, mut pages, mut token) = (Vec::new(), 0, String::new());
-    loop {
-        let page = client
-            .list_run_results(gw::ListRunResultsRequest { run_id: run_id.into(), page_size, page_token: token })
-            .await
-            .unwrap()
-            .into_inner();
-        pages += 1;
-        assert!(page.results.len() <= page_size as usize);
-        out.extend(page.results);
-        if page.next_page_token.is_empty() {
-            return (out, pages);
-        }
-        token = page.next_page_token;
-    }
 }
 
 async fn get(client: &mut Client, run_id: &str) -> gw::Run {
@@ -432,17 +402,7 @@ async fn an_open_tick_run_generates_each_inputs_checklist_once_past_the_cache() 
             ..Default::default()
         })
         .collect();
-    let mut events = client
-        .run_pipeline(gw::RunPipelineRequest {
-            pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(pipeline)),
-            label: "tick".into(),
-            budget: None,
-            open: true,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let run_id = events.message().await.unwrap().unwrap().event.unwrap().run_id;
+    let (run_id, mut events) = start_open_run(&mut client, pipeline, "tick", None).await;
     let messages: Vec<_> =
         records.chunks(1000).enumerate().map(|(k, c)| message(&run_id, c.to_vec(), k == N / 1000 - 1)).collect();
     append(&mut client, messages).await.unwrap();
@@ -486,17 +446,7 @@ async fn an_open_runs_category_rates_are_the_inline_runs() {
     assert_eq!(want.category_pass_rates.len(), 2, "{want:?}");
 
     pipeline.records = leaves_records(0..12);
-    let mut events = client
-        .run_pipeline(gw::RunPipelineRequest {
-            pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(pipeline)),
-            label: "open".into(),
-            budget: None,
-            open: true,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let run_id = events.message().await.unwrap().unwrap().event.unwrap().run_id;
+    let (run_id, mut events) = start_open_run(&mut client, pipeline, "open", None).await;
     append(&mut client, vec![message(&run_id, Vec::new(), true)]).await.unwrap();
     while events.message().await.unwrap().is_some() {}
     let run = get(&mut client, &run_id).await;

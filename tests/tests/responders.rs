@@ -483,17 +483,7 @@ async fn an_open_run_takes_responders_and_gives_the_same_verdict_as_a_whole_one(
     let mut client = GatewayServiceClient::new(sandbox.gateway().await);
     let mut p = pipeline(vec![responder("model-a"), responder("model-b")]);
     let rest = p.records.split_off(10);
-    let mut events = client
-        .run_pipeline(gw::RunPipelineRequest {
-            pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(p)),
-            label: "open matrix".into(),
-            budget: None,
-            open: true,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let run_id = events.message().await.unwrap().unwrap().event.unwrap().run_id;
+    let (run_id, mut events) = assay_tests::start_open_run(&mut client, p, "open matrix", None).await;
     let reply = client
         .append_records(futures::stream::iter(vec![gw::AppendRecordsRequest {
             run_id: run_id.clone(),
@@ -517,20 +507,8 @@ async fn an_open_run_takes_responders_and_gives_the_same_verdict_as_a_whole_one(
     assert!(open.results_paged && open.results.is_empty());
 
     // One row per (record, responder), in record order, labelled.
-    let mut rows = Vec::new();
-    let mut token = String::new();
-    loop {
-        let page = client
-            .list_run_results(gw::ListRunResultsRequest { run_id: run_id.clone(), page_size: 25, page_token: token })
-            .await
-            .unwrap()
-            .into_inner();
-        rows.extend(page.results);
-        if page.next_page_token.is_empty() {
-            break;
-        }
-        token = page.next_page_token;
-    }
+    let (rows, pages) = assay_tests::all_results(&mut client, &run_id, 25).await;
+    assert_eq!(pages, 3);
     assert_eq!(rows.len(), 2 * INPUTS);
     for (t, r) in rows.iter().enumerate() {
         let (i, name) = (t / 2, if t % 2 == 0 { "model-a" } else { "model-b" });
@@ -580,17 +558,7 @@ async fn an_open_matrix_killed_midway_resumes_asking_only_what_was_in_flight() {
     let mut client = GatewayServiceClient::connect(gateway).await.unwrap();
     let mut p = pipeline(vec![responder("model-a"), responder("model-b")]);
     p.records.clear();
-    let mut events = client
-        .run_pipeline(gw::RunPipelineRequest {
-            pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(p)),
-            label: "open matrix".into(),
-            budget: None,
-            open: true,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let run_id = events.message().await.unwrap().unwrap().event.unwrap().run_id;
+    let (run_id, _events) = assay_tests::start_open_run(&mut client, p, "open matrix", None).await;
     let records: Vec<gw::EvalRecord> = (0..N)
         .map(|i| gw::EvalRecord { id: format!("q{i}"), input: format!("What about topic {i}?"), ..Default::default() })
         .collect();
@@ -613,20 +581,7 @@ async fn an_open_matrix_killed_midway_resumes_asking_only_what_was_in_flight() {
         (run.state, run.records_total, run.records_done),
         (gw::RunState::Succeeded as i32, 2 * N as u32, 2 * N as u32)
     );
-    let mut rows = Vec::new();
-    let mut token = String::new();
-    loop {
-        let page = client
-            .list_run_results(gw::ListRunResultsRequest { run_id: run_id.clone(), page_size: 500, page_token: token })
-            .await
-            .unwrap()
-            .into_inner();
-        rows.extend(page.results);
-        if page.next_page_token.is_empty() {
-            break;
-        }
-        token = page.next_page_token;
-    }
+    let (rows, _) = assay_tests::all_results(&mut client, &run_id, 500).await;
     let got: Vec<(String, String)> = rows.iter().map(|r| (r.record_id.clone(), r.responder.clone())).collect();
     let want: Vec<(String, String)> =
         (0..N).flat_map(|i| ["model-a", "model-b"].map(|m| (format!("q{i}"), m.to_string()))).collect();

@@ -12,7 +12,7 @@ use assay_proto::gateway::v1 as gw;
 use assay_proto::gateway::v1::gateway_service_client::GatewayServiceClient;
 use assay_proto::gateway::v1::run_event::Event;
 use assay_testkit::{ScriptedLlm, TempPostgres};
-use assay_tests::{leaves_eval, leaves_judge, serve, watch_all};
+use assay_tests::{all_results, leaves_eval, leaves_judge, serve, start_open_run, watch_all};
 use tokio::process::Child;
 use tonic::transport::Channel;
 
@@ -83,17 +83,7 @@ async fn spread_and_kill(kill_executor: bool) {
     let (mut a, mut client_a) = gateway(&store, "gw-a", &scorer_url).await;
     let (mut b, mut client_b) = gateway(&store, "gw-b", &scorer_url).await;
 
-    let mut events = client_a
-        .run_pipeline(gw::RunPipelineRequest {
-            pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(leaves_eval(0))),
-            label: "spread".into(),
-            budget: None,
-            open: true,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let run_id = events.message().await.unwrap().unwrap().event.unwrap().run_id;
+    let (run_id, events) = start_open_run(&mut client_a, leaves_eval(0), "spread", None).await;
     drop(events);
     let messages = (0..RECORDS).step_by(2000).map(|s| gw::AppendRecordsRequest {
         run_id: run_id.clone(),
@@ -132,20 +122,7 @@ async fn spread_and_kill(kill_executor: bool) {
     assert_eq!((run.records_total, run.records_done), (RECORDS as u32, RECORDS as u32));
 
     // One result per record, in order, each scored.
-    let mut results = Vec::new();
-    let mut token = String::new();
-    loop {
-        let page = survivor
-            .list_run_results(gw::ListRunResultsRequest { run_id: run_id.clone(), page_size: 5000, page_token: token })
-            .await
-            .unwrap()
-            .into_inner();
-        results.extend(page.results);
-        if page.next_page_token.is_empty() {
-            break;
-        }
-        token = page.next_page_token;
-    }
+    let (results, _) = all_results(survivor, &run_id, 5000).await;
     let ids: Vec<String> = results.iter().map(|r| r.record_id.clone()).collect();
     assert_eq!(ids, (0..RECORDS).map(|i| format!("r{i}")).collect::<Vec<_>>(), "one result per record, in order");
     for r in &results {
@@ -243,17 +220,8 @@ async fn an_open_run_with_a_budget_stays_on_its_gateway_and_its_budget_holds() {
     let (mut a, mut client_a) = gateway(&store, "gw-a", &scorer_url).await;
     let (mut b, _client_b) = gateway(&store, "gw-b", &scorer_url).await;
     const MAX: u64 = 110 * 50;
-    let mut events = client_a
-        .run_pipeline(gw::RunPipelineRequest {
-            pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(leaves_eval(0))),
-            label: "budget".into(),
-            budget: Some(gw::RunBudget { max_tokens: Some(MAX), max_cost_usd: None }),
-            open: true,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let run_id = events.message().await.unwrap().unwrap().event.unwrap().run_id;
+    let budget = gw::RunBudget { max_tokens: Some(MAX), max_cost_usd: None };
+    let (run_id, events) = start_open_run(&mut client_a, leaves_eval(0), "budget", Some(budget)).await;
     drop(events);
     let message = gw::AppendRecordsRequest { run_id: run_id.clone(), records: records(0..2000), seal: true };
     client_a.append_records(futures::stream::iter(vec![message])).await.unwrap();
