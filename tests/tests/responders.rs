@@ -269,6 +269,7 @@ async fn assay_eval_respond_compares_models_and_gates_on_a_regression() {
     let run = eval(&["openai:model-a", "openai:model-b"], true, false).await.unwrap();
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert_eq!(run.status.code(), Some(1), "model-b is worse: {stderr}");
+    assert!(stderr.contains(&format!(": {} responses, 0 failed;", 2 * INPUTS)), "{stderr}");
     assert!(stderr.contains("responder model-a: mean primary"), "{stderr}");
     assert!(stderr.contains("model-b vs model-a: diff -"), "{stderr}");
     assert!(stderr.contains("significantly worse"), "{stderr}");

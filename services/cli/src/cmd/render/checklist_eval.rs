@@ -91,8 +91,10 @@ pub fn summary_line(run_id: &str, total: usize, failed: u64, e: &gw::EvaluateRes
     };
     let stopped =
         if e.budget_exhausted.is_empty() { String::new() } else { format!("; stopped: {}", e.budget_exhausted) };
+    // With responders each record is scored once per responder and sample: those are counted.
+    let what = if e.responders.is_empty() { "records" } else { "responses" };
     format!(
-        "run {run_id}: {total} records, {failed} failed; mean primary {}, macro pass {:.3}, micro pass {:.3}; \
+        "run {run_id}: {total} {what}, {failed} failed; mean primary {}, macro pass {:.3}, micro pass {:.3}; \
          {sampled}{} calls, {} tokens, {}, {} cache hits; {pipeline_s:.2} s{stopped}",
         mean_with_interval(&a),
         a.macro_pass_rate,
