@@ -13,7 +13,8 @@ Usage: admin_page.py <mode> '<json args>'. Modes:
               (default total - 1, so a small run has two pages), the first page's rows, Next to
               the second, Previous back, "records X–Y of <total>".
   views       a debate's problems with their answers and stage artifacts; a self-refine run's
-              passes and final text.
+              passes and final text; the event log's line of every event kind, those no run here
+              makes included (a spread run's records_claimed), fed to the page's own module.
 With args["token"] in refinement and views, the page is first opened as the gateway prints it,
 `<url>/#token=<token>` (a token generated at start): it keeps the token and drops it from the URL.
 Prints READY (the Rust side then releases the backend) where a mode needs it, and OK at the end;
@@ -315,6 +316,37 @@ def views(d, args):
     assert "Say what the answer means." in passes[0].get_attribute("textContent")
     wait(d, "the final text", lambda d: one(d, "#final-text").get_attribute("textContent").strip() == args["final_text"])
     shot(d, args, "self-refine")
+    event_lines(d)
+
+
+def logged(d, events):
+    """{sequence: (data-kind, summary)} of `events` (RunEvents in the proto3 JSON mapping) as the
+    page's event log shows them (detail/events.js, the module the page runs)."""
+    got = d.execute_async_script(
+        "const [events, done] = arguments;"
+        "import('/js/detail/events.js').then((m) => {"
+        "  const D = {els: {events: document.createElement('ul'), eventsMeta: document.createElement('p')},"
+        "             pendingLog: events.slice(), eventCount: events.length};"
+        "  m.flushEventLog(D);"
+        "  done([...D.els.events.children].map((li) =>"
+        "    [li.dataset.seq, li.dataset.kind, li.querySelector('.summary').textContent]));"
+        "}, (e) => done(String(e)));", events)
+    assert isinstance(got, list), f"the event log module: {got}"
+    return {seq: (kind, summary) for seq, kind, summary in got}
+
+
+def event_lines(d):
+    """A chunk claim of a run spread over gateways (records_claimed, PostgreSQL stores only) is a
+    line of its own, not "unknown event"; a member the page does not know still is."""
+    lines = logged(d, [
+        {"sequence": "7", "recordsClaimed": {"gateway": "gw-a", "count": 1024}},
+        {"sequence": "8", "recordsClaimed": {"gateway": "gw-b", "first": "1024", "count": 1024, "takeover": True}},
+        {"sequence": "9", "notInTheContract": {}},
+    ])
+    assert lines["7"] == ("recordsClaimed", "records 0–1023 claimed by gateway gw-a"), lines
+    assert lines["8"] == ("recordsClaimed",
+                          "records 1024–2047 claimed by gateway gw-b (taken over from an expired claim)"), lines
+    assert lines["9"] == ("unknown", "unknown event"), lines
 
 
 ARGS = {}

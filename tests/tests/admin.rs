@@ -242,7 +242,9 @@ fn debate_and_polish(r: &RecordedRequest) -> Reply {
 }
 
 /// In headless Chromium: a debate shows each problem's answer and stage artifacts, a self-refine
-/// run its passes and final text.
+/// run its passes and final text; the event log gives a spread run's `records_claimed` (which
+/// needs PostgreSQL and two gateways; fed to the page's own module) a line of its own, not
+/// "unknown event".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_page_shows_a_debate_stage_by_stage_and_the_passes_of_a_self_refine() {
     let sandbox = MeshSandbox::start_with(SandboxOptions { admin: true, ..Default::default() }).await;
@@ -635,6 +637,34 @@ async fn every_module_the_page_imports_is_served_as_javascript() {
     }
     assert_eq!(served, on_disk, "the modules reached from the page are the files under admin/js");
     sandbox.shutdown().await.unwrap();
+}
+
+/// The members of a oneof of the contract, by their proto3 JSON names (what the page reads).
+fn oneof_members(message: &str, oneof: &str) -> std::collections::BTreeSet<String> {
+    let pool = assay_proto::descriptor_pool().expect("the contract's descriptors");
+    let m = pool.get_message_by_name(message).unwrap_or_else(|| panic!("{message} in the contract"));
+    let o = m.oneofs().find(|o| o.name() == oneof).unwrap_or_else(|| panic!("{message}.{oneof}"));
+    o.fields().map(|f| f.json_name().to_string()).collect()
+}
+
+/// The quoted names of `export const <name> = [...]` in the page's `js/constants.js`.
+fn page_list(name: &str) -> std::collections::BTreeSet<String> {
+    let constants = include_str!("../../services/gateway/admin/js/constants.js");
+    let list = constants
+        .split(&format!("export const {name} = ["))
+        .nth(1)
+        .and_then(|rest| rest.split("];").next())
+        .unwrap_or_else(|| panic!("{name} in constants.js"));
+    list.split('\'').skip(1).step_by(2).map(str::to_string).collect()
+}
+
+/// The page knows every event of the contract: each member of `RunEvent.event` and
+/// `RefinementEvent.event` is in its list (`EVENT_MEMBERS`, `REFINEMENT_MEMBERS`), so none is
+/// logged as "unknown event" (`records_claimed` was, issue 58), and the lists name nothing else.
+#[test]
+fn the_page_knows_every_event_of_the_contract() {
+    assert_eq!(page_list("EVENT_MEMBERS"), oneof_members("assay.gateway.v1.RunEvent", "event"));
+    assert_eq!(page_list("REFINEMENT_MEMBERS"), oneof_members("assay.gateway.v1.RefinementEvent", "event"));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -24,11 +24,26 @@ const PRICE: f64 = 1000.0;
 /// Completion tokens every reply reports.
 const COMPLETION: u64 = 40;
 
-/// What the backend served: calls and tokens.
+/// What the backend served: calls and tokens (every request it received: a provider bills a
+/// reply whether or not its client is still waiting). With `slow`, one request in seven is
+/// answered after [`SLOW`], past the attempt timeout the client has learnt.
 #[derive(Default)]
 struct Served {
     calls: AtomicU64,
     tokens: AtomicU64,
+    slow: bool,
+    /// Requests answered after [`SLOW`], and their tokens.
+    slow_calls: AtomicU64,
+    slow_tokens: AtomicU64,
+}
+
+/// How late a slow reply comes: past the attempt timeout of [`fast_timeouts`] (floor 150 ms,
+/// 4x a 5 ms latency), well inside the ceiling.
+const SLOW: Duration = Duration::from_millis(900);
+
+/// Attempt timeouts learnt from a 5 ms backend: 150 ms at least.
+fn fast_timeouts() -> assay_llm::AdaptiveTimeout {
+    assay_llm::AdaptiveTimeout { floor: Duration::from_millis(150), ..assay_llm::AdaptiveTimeout::default() }
 }
 
 impl Served {
@@ -46,8 +61,14 @@ impl Served {
 /// `reply` with usage as a provider counts it (a token per four bytes of the request), counted.
 fn served(served: &Served, r: &RecordedRequest, reply: Reply) -> Reply {
     let prompt = (r.raw_body.len() as u64 / 4).max(1);
-    served.calls.fetch_add(1, Ordering::SeqCst);
+    let n = served.calls.fetch_add(1, Ordering::SeqCst);
     served.tokens.fetch_add(prompt + COMPLETION, Ordering::SeqCst);
+    // Never the first requests: the client learns the backend's pace from them.
+    if served.slow && n >= 12 && n % 7 == 3 {
+        served.slow_calls.fetch_add(1, Ordering::SeqCst);
+        served.slow_tokens.fetch_add(prompt + COMPLETION, Ordering::SeqCst);
+        return reply.usage(prompt, COMPLETION).delay(SLOW);
+    }
     reply.usage(prompt, COMPLETION).delay(Duration::from_millis(5))
 }
 
@@ -89,6 +110,7 @@ async fn start_counting(cap_usd: Option<f64>, store: Option<String>, count: &Arc
         daily_spend_usd: cap_usd,
         concurrency: Some(256),
         store,
+        adaptive_timeout: count.slow.then(fast_timeouts),
         ..SandboxOptions::default()
     })
     .await;
@@ -98,7 +120,12 @@ async fn start_counting(cap_usd: Option<f64>, store: Option<String>, count: &Arc
 }
 
 async fn start(cap_usd: Option<f64>, store: Option<String>) -> (MeshSandbox, Arc<Served>) {
-    let count = Arc::new(Served::default());
+    start_served(cap_usd, store, false).await
+}
+
+/// A mesh whose backend counts what it serves, answering one request in seven late (`slow`).
+async fn start_served(cap_usd: Option<f64>, store: Option<String>, slow: bool) -> (MeshSandbox, Arc<Served>) {
+    let count = Arc::new(Served { slow, ..Served::default() });
     (start_counting(cap_usd, store, &count).await, count)
 }
 
@@ -198,7 +225,11 @@ async fn a_debate_of_many_problems_holds_a_token_budget() {
         "the summary's debate usage is what was served"
     );
     assert!(!run.budget_exhausted.is_empty(), "30 problems do not fit: the run says so");
-    assert!(run.records_done > 0 || served > 0, "some work was done");
+    // Problems start only while the budget can finish them: some finish (before, the 30 ran at
+    // once, shared the budget, and none finished).
+    let finished = d.problems_total - d.problems_failed;
+    eprintln!("{finished} of 30 problems finished");
+    assert!(finished >= 2, "{finished} problems finished on a {max}-token budget");
     sandbox.shutdown().await.unwrap();
 }
 
@@ -275,5 +306,83 @@ async fn a_capped_backend_refuses_a_model_it_cannot_price() {
     let run = run(&sandbox, gw::run_pipeline_request::Pipeline::ChecklistEval(p), None).await;
     assert_eq!(count.calls(), 0, "no call to a model without a price reaches a capped backend");
     assert!(run.budget_exhausted.contains("gpt-4o") || run.state != gw::RunState::Succeeded as i32, "{run:?}");
+    sandbox.shutdown().await.unwrap();
+}
+
+/// Every request the backend served is in the run's usage: as a measured reply, as a duplicate
+/// (at the usage of the reply used), or as an abandoned attempt at its reservation, which errs
+/// high. `runs` together are all the backend served.
+fn every_served_call_counted(runs: &[gw::Run], count: &Served, what: &str) {
+    let usage: Vec<_> = runs.iter().map(|r| r.usage.clone().unwrap_or_default()).collect();
+    let calls: u64 = usage.iter().map(|u| u64::from(u.calls)).sum();
+    let abandoned: u64 = usage.iter().map(|u| u64::from(u.abandoned_calls)).sum();
+    let hedged: u64 = usage.iter().map(|u| u64::from(u.hedged_calls)).sum();
+    let tokens: u64 = usage.iter().map(|u| u.prompt_tokens + u.completion_tokens).sum();
+    let abandoned_tokens: u64 = usage.iter().map(|u| u.abandoned_tokens).sum();
+    eprintln!(
+        "{what}: served {} calls ({} late), {} tokens; counted {calls} calls ({abandoned} abandoned, {hedged} hedged), \
+         {tokens} tokens ({abandoned_tokens} reserved for abandoned attempts)",
+        count.calls(),
+        count.slow_calls.load(Ordering::SeqCst),
+        count.tokens(),
+    );
+    assert!(count.slow_calls.load(Ordering::SeqCst) > 0, "{what}: some replies came late");
+    assert!(abandoned > 0, "{what}: the late replies were given up on");
+    assert_eq!(calls, count.calls(), "{what}: every request served is a call of some run");
+    assert!(tokens >= count.tokens(), "{what}: {tokens} tokens counted, {} served", count.tokens());
+    assert!(
+        tokens - abandoned_tokens <= count.tokens(),
+        "{what}: measured {} tokens, more than the {} served",
+        tokens - abandoned_tokens,
+        count.tokens()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_given_up_on_are_counted_and_a_dollar_budget_still_holds() {
+    let (sandbox, count) = start_served(None, None, true).await;
+    let budget = 60.0;
+    let run = run(&sandbox, tick_eval(200), Some(gw::RunBudget { max_tokens: None, max_cost_usd: Some(budget) })).await;
+    let served = count.usd();
+    eprintln!(
+        "tick eval, 200 inputs, --max-cost {budget}, late replies: served ${served:.4} ({:.2}x)",
+        served / budget
+    );
+    assert!(served <= budget * 1.1, "served ${served} on a ${budget} budget");
+    assert!(usd(&run) <= budget * 1.0001, "the run counts ${} on a ${budget} budget", usd(&run));
+    every_served_call_counted(std::slice::from_ref(&run), &count, "--max-cost");
+    sandbox.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_given_up_on_are_counted_and_a_debates_token_budget_still_holds() {
+    let (sandbox, count) = start_served(None, None, true).await;
+    let max = 100_000;
+    let run = run(&sandbox, debate(30), Some(gw::RunBudget { max_tokens: Some(max), max_cost_usd: None })).await;
+    let served = count.tokens();
+    eprintln!("debate, --max-tokens {max}, late replies: served {served} ({:.2}x)", served as f64 / max as f64);
+    assert!(served as f64 <= max as f64 * 1.1, "served {served} tokens on a {max} budget");
+    every_served_call_counted(std::slice::from_ref(&run), &count, "--max-tokens");
+    sandbox.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_given_up_on_are_counted_and_twenty_runs_hold_a_daily_cap() {
+    let cap = 100.0;
+    let (sandbox, count) = start_served(Some(cap), None, true).await;
+    let runs = futures::future::join_all((0..20).map(|_| run(&sandbox, tick_eval(20), None))).await;
+    let served = count.usd();
+    eprintln!("20 runs, ${cap} daily cap, late replies: served ${served:.4} ({:.2}x)", served / cap);
+    assert!(served <= cap * 1.1, "served ${served} on a ${cap} cap");
+    every_served_call_counted(&runs, &count, "daily cap");
+    sandbox.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hedged_and_abandoned_requests_of_a_run_without_limits_are_in_its_usage() {
+    let (sandbox, count) = start_served(None, None, true).await;
+    let run = run(&sandbox, tick_eval(150), None).await;
+    assert_eq!(run.state, gw::RunState::Succeeded as i32, "{run:?}");
+    every_served_call_counted(std::slice::from_ref(&run), &count, "no limits");
     sandbox.shutdown().await.unwrap();
 }

@@ -324,10 +324,12 @@ async fn assay_score_streams_a_file_over_the_request_limit_into_one_run() {
     up.kill().await.unwrap();
 }
 
-/// An open run of `n` leaves records through `assay up` on `store`, killed (SIGKILL) once a third
-/// is scored and started again on the same store: the run is taken back, every record has one
-/// result, in order, and the calls made again are at most those in flight at the kill.
-async fn killed_and_resumed(store: &std::path::Path, n: usize) {
+/// An open run of `n` leaves records through `assay up` on `store`, killed (SIGKILL) once
+/// `kill_at` calls are served and started again on the same store: the run is taken back, every
+/// record has one result, in order, and the calls made again are at most those in flight at the
+/// kill. Killed past the first page of records (1,024), the resumed run reads pages whose records
+/// all have a result before it finds work.
+async fn killed_and_resumed(store: &std::path::Path, n: usize, kill_at: usize) {
     let llm = ScriptedLlm::start().await;
     llm.set_handler(leaves_judge(Duration::from_millis(5)));
     let (mut up, gateway) = assay_up(store, &llm.base_url(), &[("ASSAY__GATEWAY__INSTANCE_ID", "gw-1")]).await;
@@ -336,7 +338,7 @@ async fn killed_and_resumed(store: &std::path::Path, n: usize) {
     let messages = (0..n).step_by(1000).map(|s| message(&run_id, leaves_records(s..(s + 1000).min(n)), s + 1000 >= n));
     let reply = append(&mut client, messages.collect()).await.unwrap();
     assert_eq!((reply.records_total, reply.sealed), (n as u64, true));
-    assert!(assay_testkit::eventually(Duration::from_secs(60), || llm.request_count() >= n / 3).await);
+    assert!(assay_testkit::eventually(Duration::from_secs(60), || llm.request_count() >= kill_at).await);
     up.start_kill().unwrap();
     up.wait().await.unwrap();
     let served_before = llm.request_count();
@@ -346,8 +348,11 @@ async fn killed_and_resumed(store: &std::path::Path, n: usize) {
     let mut client = Client::connect(gateway).await.unwrap();
     let mut watch =
         client.watch_run(gw::WatchRunRequest { run_id: run_id.clone(), after_sequence: 0 }).await.unwrap().into_inner();
-    while watch.message().await.unwrap().is_some() {}
+    let ended =
+        tokio::time::timeout(Duration::from_secs(120), async { while watch.message().await.unwrap().is_some() {} })
+            .await;
     let run = get(&mut client, &run_id).await;
+    assert!(ended.is_ok(), "the resumed run never ended: {} of {n} done", run.records_done);
     assert_eq!((run.state, run.records_total, run.records_done), (gw::RunState::Succeeded as i32, n as u32, n as u32));
     let (results, _) = all_results(&mut client, &run_id, 10_000).await;
     let ids: Vec<String> = results.iter().map(|r| r.record_id.clone()).collect();
@@ -366,7 +371,13 @@ async fn killed_and_resumed(store: &std::path::Path, n: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_open_run_killed_midway_resumes_on_sqlite() {
     let dir = tempfile::tempdir().unwrap();
-    killed_and_resumed(&dir.path().join("runs.db"), 3000).await;
+    killed_and_resumed(&dir.path().join("runs.db"), 3000, 1000).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_run_killed_past_its_first_page_resumes_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    killed_and_resumed(&dir.path().join("runs.db"), 3000, 2400).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -374,7 +385,17 @@ async fn an_open_run_killed_midway_resumes_on_postgres() {
     let Some(pg) = assay_testkit::TempPostgres::start_or_skip("an_open_run_killed_midway_resumes_on_postgres") else {
         return;
     };
-    killed_and_resumed(std::path::Path::new(&pg.url()), 3000).await;
+    killed_and_resumed(std::path::Path::new(&pg.url()), 3000, 1000).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_run_killed_past_its_first_page_resumes_on_postgres() {
+    let Some(pg) =
+        assay_testkit::TempPostgres::start_or_skip("an_open_run_killed_past_its_first_page_resumes_on_postgres")
+    else {
+        return;
+    };
+    killed_and_resumed(std::path::Path::new(&pg.url()), 3000, 2400).await;
 }
 
 /// More distinct inputs than the run keeps checklists of in memory (4,096): each input's
@@ -451,4 +472,42 @@ async fn an_open_runs_category_rates_are_the_inline_runs() {
     while events.message().await.unwrap().is_some() {}
     let run = get(&mut client, &run_id).await;
     assert_same_aggregate(evaluation(&run).aggregate.as_ref().unwrap(), &want);
+}
+
+/// A second `assay up` on the SQLite file a live one holds is refused at start, naming the file,
+/// the process and PostgreSQL for several gateways: before, it resumed the first one's running
+/// run and both executed it. The first one finishes its run alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_gateway_on_a_live_sqlite_file_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("runs.db");
+    let llm = ScriptedLlm::start().await;
+    llm.set_handler(leaves_judge(Duration::from_millis(5)));
+    let (mut up, gateway) = assay_up(&store, &llm.base_url(), &[]).await;
+    let mut client = Client::connect(gateway).await.unwrap();
+    let (run_id, _events) = start_open(&mut client, leaves_records(0..50)).await;
+    let second = tokio::process::Command::new(workspace_binary("assay", "assay-cli"))
+        .args(["up", "--backend", "openai"])
+        .env("OPENAI_BASE_URL", llm.base_url())
+        .env("OPENAI_API_KEY", "assay-tests")
+        .env("ASSAY__GATEWAY__STORE", &store)
+        .env("NO_COLOR", "1")
+        .envs(
+            ["GATEWAY", "GENERATOR", "REFINERS", "SCORER", "ARBITER", "DELTA_JUDGE", "DEBATE", "ADMIN"]
+                .map(|p| (format!("ASSAY__PORTS__{p}"), "0")),
+        )
+        .output();
+    let second = tokio::time::timeout(Duration::from_secs(60), second).await.expect("refused at once").unwrap();
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(!second.status.success(), "a second gateway started on a live SQLite file: {stderr}");
+    assert!(stderr.contains("in use by another gateway") && stderr.contains("postgres://"), "{stderr}");
+    assert!(stderr.contains(&store.display().to_string()), "names the file: {stderr}");
+    append(&mut client, vec![message(&run_id, Vec::new(), true)]).await.unwrap();
+    let mut watch =
+        client.watch_run(gw::WatchRunRequest { run_id: run_id.clone(), after_sequence: 0 }).await.unwrap().into_inner();
+    while watch.message().await.unwrap().is_some() {}
+    let run = get(&mut client, &run_id).await;
+    assert_eq!((run.state, run.records_done), (gw::RunState::Succeeded as i32, 50));
+    assert_eq!(llm.request_count(), 50, "each record judged once, by the one gateway");
+    up.kill().await.unwrap();
 }

@@ -162,7 +162,10 @@ async fn a_100_record_evaluation_under_backend_faults_equals_a_fault_free_one() 
     assert_eq!(outcome(&faulted), outcome(&clean), "the same checklists and answers, record by record");
     assert_eq!(faulted.aggregate, clean.aggregate);
     let usage = faulted.usage.unwrap();
-    assert_eq!(usage.calls, clean.usage.unwrap().calls);
+    // Every request the backend got and did not refuse is a call of the run: the answers used,
+    // and the hung ones, given up on (counted at their reservation) or beaten by a duplicate.
+    assert_eq!(usage.calls - usage.abandoned_calls - usage.hedged_calls, clean.usage.unwrap().calls);
+    assert_eq!((usage.abandoned_calls + usage.hedged_calls) as usize, f.hangs, "every hung request counted: {usage:?}");
     assert!(usage.retries as usize >= attempts - f.answered, "every failed attempt retried: {usage:?}");
     sandbox.shutdown().await.unwrap();
 }

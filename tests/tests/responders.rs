@@ -603,3 +603,30 @@ async fn an_open_matrix_killed_midway_resumes_asking_only_what_was_in_flight() {
     assert_eq!(e.comparisons[0].n_pairs, Some(N as u32));
     up.kill().await.unwrap();
 }
+
+/// One responder's model fails on the server (500 for it alone): it is shown unscored (no mean,
+/// compared with nothing), and the backend stays open to the other models: the next, unrelated
+/// run succeeds, every record scored (before, its breaker opened for the whole backend and the
+/// next runs failed every record with "circuit open" for 20-40 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_responder_model_is_unscored_and_leaves_the_backend_to_the_others() {
+    let sandbox = MeshSandbox::start().await;
+    sandbox.llm.set_handler(|r| match r.model() {
+        Some("broken-model") => {
+            Reply::status(500).body(r#"{"error":{"message":"model broken-model could not be loaded"}}"#)
+        }
+        _ => handler(r),
+    });
+    let e = evaluate(&sandbox, vec![responder("model-a"), responder("broken-model")]).await;
+    let broken = &e.responders[1];
+    assert_eq!(broken.name, e.responders[1].name);
+    assert!(broken.aggregate.is_none(), "an unscored responder has no mean: {:?}", broken.aggregate);
+    assert_eq!(broken.failed, INPUTS as u32, "{broken:?}");
+    assert!(e.responders[0].aggregate.is_some());
+    assert!(e.comparisons.is_empty(), "nothing to compare: {:?}", e.comparisons);
+    // An unrelated run right after: served, not refused by an open breaker.
+    let after = evaluate(&sandbox, vec![responder("model-a")]).await;
+    let failed: Vec<&str> = after.results.iter().filter(|r| r.score.is_none()).map(|r| r.error.as_str()).collect();
+    assert!(failed.is_empty(), "the next run's records failed: {failed:?}");
+    sandbox.shutdown().await.unwrap();
+}

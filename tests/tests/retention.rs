@@ -229,7 +229,7 @@ async fn runs_are_deleted_by_the_cli_and_swept_past_the_retention_on_sqlite() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("runs.db");
     {
-        let store = RunStore::open(path.to_str().unwrap()).unwrap();
+        let store = RunStore::open_unlocked(path.to_str().unwrap()).unwrap();
         stored_run(&store, "old-failed", 45, gw::RunState::Failed).await;
         stored_run(&store, "old-cancelled", 31, gw::RunState::Cancelled).await;
         stored_run(&store, "recent", 2, gw::RunState::Partial).await;
@@ -242,7 +242,7 @@ async fn runs_are_deleted_by_the_cli_and_swept_past_the_retention_on_sqlite() {
     let _ = up.wait().await;
 
     let sweep = dir.path().join("sweep.db");
-    let store = RunStore::open(sweep.to_str().unwrap()).unwrap();
+    let store = RunStore::open_unlocked(sweep.to_str().unwrap()).unwrap();
     swept(&store, sweep.to_str().unwrap()).await;
 }
 

@@ -113,10 +113,11 @@ enum Command {
     },
     /// Evaluate records: generate a checklist per input and score each record against it.
     ///
-    /// Records are JSON lines ({"id","input","target","reference","history","candidates"}). The
-    /// preset generates one checklist per distinct input, then every record is scored against its
-    /// input's checklist. Writes one JSON line per record. Exit codes: 0 all scored, 3 some records
-    /// failed, 1 the run failed.
+    /// Records are JSON lines ({"id","input","target","reference","history","candidates"}) or a
+    /// CSV file with those columns. The preset generates one checklist per distinct input, then
+    /// every record is scored against its input's checklist. Writes one JSON line per record. Exit
+    /// codes: 0 all scored, 3 some records failed, 1 the run failed or its input was refused, 2 a
+    /// malformed option.
     Eval {
         /// Preset: tick, rocketeval, rlcf_direct, rlcf_candidate, rlcf_candidates_only,
         /// openrubrics_pairwise, openrubrics_listwise; or a corpus preset (feedback, checkeval,
@@ -329,7 +330,7 @@ struct ScoringArgs {
 
 #[derive(Args, Clone)]
 struct RunArgs {
-    /// Input records (JSON lines).
+    /// Input records: JSON lines, or a CSV file (`.csv`, its first row the column names).
     #[arg(long)]
     data: PathBuf,
     /// Output (JSON lines); standard output when absent.
@@ -558,6 +559,12 @@ fn exit_of(outcome: Result<cmd::eval::Outcome, String>) -> ExitCode {
         Ok(cmd::eval::Outcome::Regressed) => {
             eprintln!("assay: a responder is significantly worse than the first (--fail-on-regression)");
             ExitCode::FAILURE
+        }
+        Ok(cmd::eval::Outcome::Unevaluated) => {
+            eprintln!(
+                "assay: a responder could not be evaluated: none of its responses was scored (--fail-on-regression)"
+            );
+            ExitCode::from(cmd::eval::EXIT_UNEVALUATED)
         }
         Ok(cmd::eval::Outcome::Partial) => ExitCode::from(cmd::EXIT_PARTIAL),
         Err(e) => {

@@ -304,6 +304,164 @@ async fn generate_refines_a_given_checklist() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("needs --samples"));
 }
 
+/// A gateway address nothing listens on: a command that gets past its own checks fails to
+/// connect there, so a refusal that names the problem was made before contacting any server.
+fn dead_gateway() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    format!("http://{}", listener.local_addr().unwrap())
+}
+
+/// `assay` with `args` against `gateway`: its exit code and stderr.
+fn refused(gateway: &str, args: &[&str]) -> (Option<i32>, String) {
+    let mut all = args.to_vec();
+    all.extend(["--gateway", gateway]);
+    let o = common::assay(&all);
+    (o.status.code(), common::stderr(&o))
+}
+
+/// Checks passed, the command went on to the (dead) gateway.
+fn reached_the_gateway(code: Option<i32>, err: &str) -> bool {
+    code == Some(1) && (err.contains("transport error") || err.contains("onnect"))
+}
+
+/// Responder options that cannot be meant are refused before any server is contacted, naming the
+/// flag: a template without `{input}` (every record would get the same prompt), an empty or blank
+/// template file (it silently became the default), `--respond-samples` outside 1-10 (0 silently
+/// meant 1, 11 was refused by the gateway).
+#[test]
+fn responder_options_that_cannot_be_meant_are_refused_naming_the_flag() {
+    let gateway = dead_gateway();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("prompts.jsonl");
+    std::fs::write(&data, "{\"id\": \"p1\", \"input\": \"Name a colour.\"}\n").unwrap();
+    let file = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let eval = |extra: &[&str]| {
+        let mut args = vec!["eval", "--preset", "tick", "--data", data.to_str().unwrap(), "--respond", "openai:m"];
+        args.extend(extra);
+        refused(&gateway, &args)
+    };
+
+    let constant = file("constant.txt", "Answer the question politely.\n");
+    let (code, err) = eval(&["--respond-template", &constant]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("--respond-template")
+            && err.contains("constant.txt")
+            && err.contains("no {input} in the template"),
+        "{err}"
+    );
+    for (name, text, what) in [("empty.txt", "", "is empty"), ("blank.txt", "  \n\t\n", "holds only whitespace")] {
+        let path = file(name, text);
+        let (code, err) = eval(&["--respond-template", &path]);
+        assert_eq!(code, Some(1), "{err}");
+        assert!(err.contains("--respond-template") && err.contains(name) && err.contains(what), "{name}: {err}");
+    }
+    // The second of two templates is checked as the first.
+    let good = file("good.txt", "Answer briefly: {input}\n");
+    let (code, err) = eval(&["--respond-template", &good, "--respond-template", &constant]);
+    assert!(code == Some(1) && err.contains("constant.txt") && err.contains("no {input}"), "{err}");
+
+    // A usage error, as `--samples 0` is (exit 2).
+    for n in ["0", "11"] {
+        let (code, err) = eval(&["--respond-samples", n]);
+        assert_eq!(code, Some(2), "--respond-samples {n}: {err}");
+        assert!(err.contains("--respond-samples") && err.contains("give 1 to 10"), "--respond-samples {n}: {err}");
+    }
+
+    // What can be meant goes on to the gateway.
+    let (code, err) = eval(&["--respond-template", &good, "--respond-samples", "10"]);
+    assert!(reached_the_gateway(code, &err), "{err}");
+}
+
+/// A CSV file the run cannot use is refused before any server is contacted, naming the column,
+/// the header and the line: a column the run needs missing (only when it needs it), a column the
+/// records are read from named twice (the last silently won), a row of more or fewer cells than
+/// the header (the gateway's field errors, or cells silently dropped), also past the rows read
+/// before the run starts (`--open`).
+#[test]
+fn csv_files_the_run_cannot_use_are_refused_naming_the_column_header_and_line() {
+    let gateway = dead_gateway();
+    let dir = tempfile::tempdir().unwrap();
+    let checklist = dir.path().join("checklist.json");
+    std::fs::write(&checklist, r#"["Is it short?"]"#).unwrap();
+    let data = |text: &str| {
+        let p = dir.path().join("data.csv");
+        std::fs::write(&p, text).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let eval = |csv: &str, extra: &[&str]| {
+        let path = data(csv);
+        let mut args = vec!["eval", "--preset", "tick", "--data", path.as_str()];
+        args.extend(extra);
+        refused(&gateway, &args)
+    };
+    let score = |csv: &str| {
+        let path = data(csv);
+        refused(&gateway, &["score", "--checklist", checklist.to_str().unwrap(), "--data", &path])
+    };
+
+    // No input column, the default names: the preset generates from the input.
+    let (code, err) = eval("id,question,target\n1,Why?,Because.\n", &[]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("data.csv:1: no column \"input\"")
+            && err.contains("the columns are id, question, target")
+            && err.contains("--input-field"),
+        "{err}"
+    );
+    // ... the responders answer it.
+    let (code, err) = eval("id,question\n1,Why?\n", &["--respond", "openai:m"]);
+    assert!(code == Some(1) && err.contains("no column \"input\"") && err.contains("responders"), "{err}");
+    // ... mapped, or not needed: on to the gateway.
+    let (code, err) = eval("id,question,target\n1,Why?,Because.\n", &["--input-field", "question"]);
+    assert!(reached_the_gateway(code, &err), "{err}");
+    let (code, err) = score("id,question,target\n1,Why?,Because.\n");
+    assert!(reached_the_gateway(code, &err), "score needs no input: {err}");
+    let (code, err) = eval("id,input\n1,Why?\n", &["--respond", "openai:m"]);
+    assert!(reached_the_gateway(code, &err), "the responders write the targets: {err}");
+    // No target column: what is scored.
+    let (code, err) = score("id,input,answer\n1,Why?,Because.\n");
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("data.csv:1: no column \"target\"")
+            && err.contains("id, input, answer")
+            && err.contains("--target-field"),
+        "{err}"
+    );
+
+    // A column read twice.
+    let (code, err) = eval("id,input,input,target\n1,a,b,c\n", &[]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("data.csv:1: the header names column \"input\" twice (columns 2 and 3)")
+            && err.contains("the columns are id, input, input, target"),
+        "{err}"
+    );
+    // A column nothing reads may repeat.
+    let (code, err) = eval("id,input,target,note,note\n1,a,b,x,y\n", &[]);
+    assert!(reached_the_gateway(code, &err), "{err}");
+
+    // Ragged rows: the line as a spreadsheet numbers it (the header is line 1).
+    let (code, err) = eval("id,input,target\n1,a,b\n2,c\n3,d,e\n", &[]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("data.csv:3: 2 cells, the header has 3"), "{err}");
+    let (code, err) = score("id,input,target\n1,a,b,extra\n");
+    assert!(code == Some(1) && err.contains("data.csv:2: 4 cells, the header has 3"), "{err}");
+    // A quoted cell over two lines: the file's line and the spreadsheet's row.
+    let (code, err) = eval("id,input,target\n1,\"a\nb\",c\n2,d\n", &[]);
+    assert!(code == Some(1) && err.contains("data.csv:4 (row 3): 2 cells, the header has 3"), "{err}");
+    // Past the first rows, streamed into an open run: refused before it starts.
+    let mut rows: String = "id,input,target\n".into();
+    rows.extend((0..50).map(|i| format!("{i},in {i},out {i}\n")));
+    rows.push_str("50,in\n");
+    let (code, err) = eval(&rows, &["--open"]);
+    assert!(code == Some(1) && err.contains("data.csv:52: 2 cells, the header has 3"), "{err}");
+}
+
 /// `assay --help` fits on one screen: every command on one line of at most 100 characters, the
 /// whole under 40 lines; each command's own help keeps the detail.
 #[test]

@@ -54,9 +54,9 @@ pub async fn resume_unfinished(engine: &Engine) {
 /// store to its retention period, in the background.
 pub fn resume_and_supervise(engine: Engine, config: &AssayConfig) {
     let lease = assay_gateway::lease(config);
-    let retention_days = config.gateway.retention_days;
+    let retention = config.gateway.retention();
     tokio::spawn(async move {
         resume_unfinished(&engine).await;
-        tokio::join!(engine.supervise(lease), engine.retain(retention_days));
+        tokio::join!(engine.supervise(lease), engine.retain(retention));
     });
 }

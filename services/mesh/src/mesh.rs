@@ -83,8 +83,8 @@ pub struct Mesh {
     admin_auth: assay_gateway::admin::AdminAuth,
     engine: assay_gateway::Engine,
     lease: std::time::Duration,
-    /// `gateway.retention_days`.
-    retention_days: u32,
+    /// `gateway.retention_days`, as a period (None = keep every run).
+    retention: Option<std::time::Duration>,
 }
 
 impl Mesh {
@@ -97,7 +97,7 @@ impl Mesh {
         // Registers every unfinished run before returning (their work continues in the background),
         // so a client reattaching right away follows them live.
         crate::gateway::resume_unfinished(&self.engine).await;
-        let (engine, lease, days) = (self.engine.clone(), self.lease, self.retention_days);
+        let (engine, lease, days) = (self.engine.clone(), self.lease, self.retention);
         tokio::spawn(async move { tokio::join!(engine.supervise(lease), engine.retain(days)) });
     }
 
@@ -215,7 +215,7 @@ pub async fn start_mesh(config: &AssayConfig, hub: Arc<ModelHub>, ready: bool) -
         admin_auth,
         engine,
         lease: assay_gateway::lease(config),
-        retention_days: config.gateway.retention_days,
+        retention: config.gateway.retention(),
     };
     if ready {
         mesh.set_serving().await;

@@ -201,13 +201,21 @@ pub struct GatewayConfig {
     #[serde(default = "lease_seconds")]
     pub lease_seconds: f64,
     /// Finished runs older than this many days are deleted (every hour, by one gateway of those
-    /// sharing the store); 0 keeps every run.
+    /// sharing the store); 0 keeps every run. A fraction is honoured as it is (1.5 = 36 hours),
+    /// never rounded.
     #[serde(default)]
-    pub retention_days: u32,
+    pub retention_days: f64,
 }
 
 /// The longest retention period `gateway.retention_days` takes (100 years; 0 = forever).
-pub const MAX_RETENTION_DAYS: u32 = 36_500;
+pub const MAX_RETENTION_DAYS: f64 = 36_500.0;
+
+impl GatewayConfig {
+    /// How long finished runs are kept, None = forever (`retention_days` 0), to the second.
+    pub fn retention(&self) -> Option<std::time::Duration> {
+        (self.retention_days > 0.0).then(|| std::time::Duration::from_secs_f64(self.retention_days * 86_400.0))
+    }
+}
 
 fn max_active_runs() -> u32 {
     4096
@@ -413,10 +421,14 @@ fn checked(config: AssayConfig) -> Result<AssayConfig, ConfigError> {
         });
     }
     let days = config.gateway.retention_days;
-    if days > MAX_RETENTION_DAYS {
+    // At least a minute: a fraction so small it rounds to nothing would delete runs as they end.
+    if !(days == 0.0 || (1.0 / 1440.0..=MAX_RETENTION_DAYS).contains(&days)) {
         return Err(ConfigError::Key {
             key: "gateway.retention_days",
-            message: format!("is {days}; it must be at most {MAX_RETENTION_DAYS} days (0 = keep every run)"),
+            message: format!(
+                "is {days}; it must be between 0.000695 (a minute) and {MAX_RETENTION_DAYS} days, a fraction \
+                 taken as it is (1.5 = 36 hours), or 0 to keep every run"
+            ),
         });
     }
     let age = config.max_connection_age_seconds;
@@ -483,10 +495,20 @@ mod tests {
     #[test]
     fn lease_outside_its_range_names_the_key() {
         assert_eq!(AssayConfig::defaults().gateway.lease_seconds, 15.0);
-        assert_eq!(AssayConfig::defaults().gateway.retention_days, 0, "runs are kept unless a retention is set");
+        assert_eq!(AssayConfig::defaults().gateway.retention_days, 0.0, "runs are kept unless a retention is set");
+        assert_eq!(AssayConfig::defaults().gateway.retention(), None);
         let e = load_from("[gateway]\nretention_days = 40000\n").unwrap_err().to_string();
         assert!(e.contains("gateway.retention_days") && e.contains("36500"), "{e}");
-        assert_eq!(load_from("[gateway]\nretention_days = 30\n").unwrap().gateway.retention_days, 30);
+        assert_eq!(load_from("[gateway]\nretention_days = 30\n").unwrap().gateway.retention_days, 30.0);
+        // A fraction is honoured, never rounded (1.4 was taken as 1, and 0.4 as 0 = forever).
+        let g = load_from("[gateway]\nretention_days = 1.4\n").unwrap().gateway;
+        assert_eq!(g.retention(), Some(std::time::Duration::from_secs(120_960)));
+        let g = load_from("[gateway]\nretention_days = 0.4\n").unwrap().gateway;
+        assert_eq!(g.retention(), Some(std::time::Duration::from_secs(34_560)));
+        for bad in ["-1", "0.0001", "nan", "inf"] {
+            let e = load_from(&format!("[gateway]\nretention_days = {bad}\n")).unwrap_err().to_string();
+            assert!(e.contains("gateway.retention_days: is "), "{bad}: {e}");
+        }
         let e = load_from("[gateway]\nlease_seconds = 0.5\n").unwrap_err().to_string();
         assert_eq!(e, "configuration error: gateway.lease_seconds: is 0.5; it must be between 1 and 3600 seconds");
         assert!(load_from("[gateway]\nlease_seconds = nan\n").is_err());

@@ -28,6 +28,21 @@ pub struct Usage {
     /// backend's daily spend cap counts.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub cost_by_backend: BTreeMap<String, f64>,
+    /// Attempts given up on after they were sent (timed out, cut off, or answered with a body
+    /// that could not be read) that the backend may have served: part of `calls`, each counted at
+    /// its reservation (the prompt estimated plus its completion limit), not measured.
+    #[serde(default)]
+    pub abandoned_calls: u32,
+    /// The tokens of `abandoned_calls` (part of `prompt_tokens` and `completion_tokens`).
+    #[serde(default)]
+    pub abandoned_tokens: u64,
+    /// The cost of `abandoned_calls` (part of `cost_usd`).
+    #[serde(default)]
+    pub abandoned_cost_usd: f64,
+    /// Duplicate requests (hedges, or the request a hedge answered for) whose reply was not the
+    /// one used: part of `calls`, each counted at the usage of the reply that was.
+    #[serde(default)]
+    pub hedged_calls: u32,
 }
 
 impl Usage {
@@ -44,6 +59,10 @@ impl Usage {
         for (backend, usd) in &other.cost_by_backend {
             *self.cost_by_backend.entry(backend.clone()).or_default() += usd;
         }
+        self.abandoned_calls += other.abandoned_calls;
+        self.abandoned_tokens += other.abandoned_tokens;
+        self.abandoned_cost_usd += other.abandoned_cost_usd;
+        self.hedged_calls += other.hedged_calls;
     }
 
     /// The cost in USD, or None when some call's model has no price.

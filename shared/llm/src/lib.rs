@@ -13,6 +13,7 @@
 //! - [`json`]: lenient reply parsing ([`extract_json`], [`json::reply_json`], [`json::lenient_bool`],
 //!   [`json::preview`]).
 
+pub mod attempts;
 pub mod breaker;
 pub mod cache;
 pub mod clock;

@@ -9,13 +9,20 @@
 //!    under a dollar limit (its cost could not be counted);
 //! 2. price its usage from the backend's [`Prices`]: `cost_usd` set and `unpriced_calls` cleared
 //!    when the model has a price, left unpriced otherwise (unknown, never zero);
-//! 3. settle the reservation to that usage (a failed or cancelled call gives it back) and count
-//!    the cost (`assay.llm.cost`, USD, by backend and model).
+//! 3. count the attempts the backend may have served beyond the reply ([`crate::attempts`]): an
+//!    abandoned attempt is charged its reservation when it is given up on (the attempt after it
+//!    reserves its own first), whether or not the call then succeeds; a duplicate whose reply was
+//!    not used is counted at the usage of the one that was;
+//! 4. settle the last reservation to the reply's usage (a call that failed or was cancelled gives
+//!    back what its abandoned attempts did not spend) and count the cost (`assay.llm.cost`, USD,
+//!    by backend and model). The reply's usage includes its abandoned attempts.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 
 use assay_budget::{Cost, Exhaustion, Hold};
+
+use crate::attempts::{self, Ledger};
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::Counter;
 
@@ -113,6 +120,32 @@ fn chat_prompt_tokens(request: &ChatRequest) -> u64 {
     prompt_tokens_of(text + format) + 4 * request.messages.len() as u64 + 16
 }
 
+/// One abandoned attempt of `(prompt, completion)` tokens, priced as `requested` on `backend`:
+/// what it is charged (its cost counts toward the backend's daily cap as any call's).
+fn abandoned_attempt(prices: &Prices, backend: &str, (prompt, completion): (u64, u64), requested: &str) -> Usage {
+    let mut u = Usage { calls: 1, prompt_tokens: prompt, completion_tokens: completion, ..Usage::default() };
+    prices.apply(&mut u, requested, requested);
+    if u.unpriced_calls == 0 && u.cost_usd > 0.0 {
+        u.cost_by_backend = BTreeMap::from([(backend.to_string(), u.cost_usd)]);
+    }
+    u.abandoned_calls = 1;
+    u.abandoned_tokens = u.tokens();
+    u.abandoned_cost_usd = u.cost_usd;
+    u
+}
+
+/// `usage` with `n` more requests of `one`'s tokens (duplicates of the request that answered).
+fn add_duplicates(usage: &mut Usage, one: &Usage, n: u32) {
+    if n == 0 {
+        return;
+    }
+    usage.calls += n;
+    usage.prompt_tokens += one.prompt_tokens * u64::from(n);
+    usage.cached_prompt_tokens += one.cached_prompt_tokens * u64::from(n);
+    usage.completion_tokens += one.completion_tokens * u64::from(n);
+    usage.hedged_calls += n;
+}
+
 /// Price one finished call's usage, settle its reservation to it and count it.
 fn settle(prices: &Prices, backend: &str, usage: &mut Usage, (requested, reported): (&str, &str), hold: Option<Hold>) {
     prices.apply(usage, requested, reported);
@@ -171,9 +204,20 @@ impl ChatModel for PricedChat {
         }
         let completion = u64::from(request.max_tokens.unwrap_or(0));
         let price = self.prices.of(&requested, &requested);
-        let hold = reserve(worst_of(price, chat_prompt_tokens(&request), completion), &requested, &self.name).await?;
-        let mut reply = self.inner.chat(request).await?;
-        settle(&self.prices, &self.name, &mut reply.usage, (&requested, &reply.model), hold);
+        let prompt = chat_prompt_tokens(&request);
+        let worst = worst_of(price, prompt, completion);
+        let hold = reserve(worst, &requested, &self.name).await?;
+        // An attempt given up on is counted at its worst case; without a completion limit (no
+        // budget) at the default one.
+        let limit = if completion > 0 { completion } else { u64::from(DEFAULT_COMPLETION_LIMIT) };
+        let one = abandoned_attempt(&self.prices, &self.name, (prompt, limit), &requested);
+        let ledger = Ledger::new(assay_budget::current(), worst, one, hold);
+        let out = attempts::scope(ledger.clone(), self.inner.chat(request)).await;
+        let mut reply = out?;
+        let one = Usage { calls: 1, ..reply.usage.clone() };
+        add_duplicates(&mut reply.usage, &one, ledger.duplicates());
+        settle(&self.prices, &self.name, &mut reply.usage, (&requested, &reply.model), ledger.take_hold());
+        reply.usage.add(&ledger.abandoned_usage());
         Ok(reply)
     }
 }
@@ -207,9 +251,15 @@ impl EmbeddingModel for PricedEmbed {
         let requested = requested.unwrap_or_else(|| self.inner.default_model().to_string());
         let chars: usize = request.texts.iter().map(|t| t.chars().count()).sum();
         let prompt = prompt_tokens_of(chars) + 4 * request.texts.len() as u64;
-        let hold = reserve(worst_of(self.prices.of(&requested, &requested), prompt, 0), &requested, &self.name).await?;
-        let mut reply = self.inner.embed(request).await?;
-        settle(&self.prices, &self.name, &mut reply.usage, (&requested, &reply.model), hold);
+        let worst = worst_of(self.prices.of(&requested, &requested), prompt, 0);
+        let hold = reserve(worst, &requested, &self.name).await?;
+        let one = abandoned_attempt(&self.prices, &self.name, (prompt, 0), &requested);
+        let ledger = Ledger::new(assay_budget::current(), worst, one, hold);
+        let mut reply = attempts::scope(ledger.clone(), self.inner.embed(request)).await?;
+        let one = Usage { calls: 1, ..reply.usage.clone() };
+        add_duplicates(&mut reply.usage, &one, ledger.duplicates());
+        settle(&self.prices, &self.name, &mut reply.usage, (&requested, &reply.model), ledger.take_hold());
+        reply.usage.add(&ledger.abandoned_usage());
         Ok(reply)
     }
 }

@@ -399,6 +399,37 @@ async fn circuit_breaker_opens_fails_fast_and_recovers() {
     assert_eq!(server.request_count(), 3);
 }
 
+/// One model the server cannot serve (500 for it alone) opens that model's breaker, not the
+/// backend's: calls to the other models go on being sent. The server itself failing (503) is the
+/// backend's.
+#[tokio::test]
+async fn a_failing_model_opens_its_own_breaker_not_the_backends() {
+    let server = ScriptedLlm::start().await;
+    server.set_handler(|r| match r.model() {
+        Some("broken-model") => Reply::status(500).body(r#"{"error":{"message":"model broken-model failed to load"}}"#),
+        _ => Reply::text("fine"),
+    });
+    let client = OpenAiClient::new(OpenAiConfig {
+        max_retries: 0,
+        breaker_failures: 2,
+        breaker_cooldown: Duration::from_secs(60),
+        ..config(&server)
+    })
+    .unwrap();
+    let broken = || ChatRequest { model: Some("broken-model".into()), ..ask("q") };
+    for _ in 0..2 {
+        assert!(matches!(client.chat(broken()).await, Err(LlmError::Unavailable(_))));
+    }
+    assert_eq!(client.model_breaker_state("broken-model"), BreakerState::Open);
+    assert_eq!(client.chat(broken()).await.unwrap_err(), LlmError::CircuitOpen, "the broken model fails fast");
+    assert_eq!(server.request_count(), 2);
+    assert_eq!(client.breaker_state(), BreakerState::Closed, "the backend answered: it is up");
+    for _ in 0..3 {
+        assert_eq!(client.chat(ask("q")).await.unwrap().text, "fine", "another model is still served");
+    }
+    assert_eq!(server.request_count(), 5);
+}
+
 #[tokio::test]
 async fn dropping_the_call_cancels_the_backend_request() {
     let server = ScriptedLlm::start().await;

@@ -301,6 +301,26 @@ async fn sqlite_in_memory_keeps_the_contract() {
     assert!(store.renew(&["b".into()]).await.unwrap().is_empty());
 }
 
+/// A SQLite file is one gateway's: a second gateway on the live file is refused, naming the
+/// process holding it and PostgreSQL for several gateways; once the first closes it, it opens.
+#[tokio::test]
+async fn a_second_gateway_on_a_live_sqlite_file_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("runs.db");
+    let path = path.to_str().unwrap();
+    let first = RunStore::open(path).unwrap();
+    let Err(e) = RunStore::open(path) else { panic!("a second gateway opened a live SQLite store") };
+    let message = e.to_string();
+    assert!(matches!(e, assay_domain::StageError::FailedPrecondition(_)), "{e:?}");
+    assert!(message.contains(&format!("process {}", std::process::id())), "{message}");
+    assert!(message.contains("postgres://") && message.contains("gateway.store"), "{message}");
+    // Reading beside the gateway is allowed.
+    let reader = RunStore::open_unlocked(path).unwrap();
+    assert!(reader.get("none").await.unwrap().is_none());
+    drop(first);
+    RunStore::open(path).expect("the file is free once its gateway closed it");
+}
+
 #[tokio::test]
 async fn sqlite_file_keeps_the_contract_across_reopening() {
     let dir = std::env::temp_dir().join(format!("assay-store-test-{}", std::process::id()));
@@ -568,10 +588,14 @@ async fn postgres_spread_runs_claim_chunks_once_and_store_results_once() {
     let taken = chunks.iter().find(|c| c.first == a_first).unwrap();
     assert_eq!((taken.owner.as_str(), taken.claims, taken.done), ("gw-b", 2, false));
 
-    // Sealed, every chunk done (usage kept with a done chunk): finished.
+    // Sealed, every chunk done (a claim's spend so far kept under its key, replaced by each
+    // commit): finished.
     a.append_records("s", Vec::new(), true, 100).await.unwrap();
+    b.commit_chunks("s", "tb", ChunkCommit { usage: Some(("spent:tb".into(), vec![9])), ..Default::default() })
+        .await
+        .unwrap();
     for c in &chunks {
-        let usage = (c.first == b_first).then(|| vec![1, 2, 3]);
+        let usage = (c.first == b_first).then(|| ("spent:tb".to_string(), vec![1, 2, 3]));
         let lost = b
             .commit_chunks("s", &c.token, ChunkCommit { done: vec![c.first], usage, ..Default::default() })
             .await
@@ -582,5 +606,6 @@ async fn postgres_spread_runs_claim_chunks_once_and_store_results_once() {
     assert!(b.runs_to_help(10).await.unwrap().is_empty());
     let done = a.chunks("s", 0).await.unwrap();
     assert!(done.iter().all(|c| c.done));
-    assert_eq!(done.iter().find(|c| c.first == b_first).unwrap().usage.as_deref(), Some(&[1u8, 2, 3][..]));
+    let spent = a.checkpoints_get("s", vec!["spent:tb".into()]).await.unwrap();
+    assert_eq!(spent, [("spent:tb".to_string(), vec![1u8, 2, 3])], "the last commit's spend replaced the first's");
 }

@@ -9,10 +9,11 @@ use assay_proto::common::v1 as common;
 use assay_proto::gateway::v1 as gw;
 use assay_proto::pipelines;
 
+use assay_domain::generator::MAX_RESPONSE_SAMPLES;
 use assay_domain::limits::MAX_RECORDS;
 
 use super::follow::{NoResult, RunFollower, Step, finished_as, follow_run, is_final, start_run};
-use super::input::{CorpusArgs, FieldMap, RecordLines, corpus_request, is_corpus, read_checklist};
+use super::input::{CorpusArgs, FieldMap, Needs, RecordLines, corpus_request, is_corpus, read_checklist};
 use super::render::checklist_eval::{checklist_ready_line, record_json, responder_lines, summary_json, summary_line};
 use super::render::stage_progress_line;
 use super::status_text;
@@ -26,7 +27,14 @@ pub enum Outcome {
     Partial,
     /// `--fail-on-regression`: a responder is significantly worse than the first.
     Regressed,
+    /// `--fail-on-regression`: a responder (or the baseline) has no scored response, so nothing
+    /// could be compared ([`EXIT_UNEVALUATED`]).
+    Unevaluated,
 }
+
+/// Exit code of `--fail-on-regression` when a responder could not be evaluated at all (every
+/// response failed): no verdict, which is not a pass.
+pub const EXIT_UNEVALUATED: u8 = 5;
 
 /// Models under test (`assay eval --respond`): each answers every record's input, and its answers
 /// are what is scored.
@@ -37,19 +45,21 @@ pub struct ResponderArgs {
     /// and its answers are scored; one checklist per input is shared by every responder.
     #[arg(long = "respond", value_name = "MODEL")]
     pub respond: Vec<String>,
-    /// A responder prompt template file (`{input}`, `{id}`, `{reference}`, `{history}`); repeat
-    /// to compare prompts: every --respond model answers through every template (the same model
-    /// with two templates is two responders). (`--template` is the judge's prompt.)
+    /// A responder prompt template file (`{input}`, `{id}`, `{reference}`, `{history}`; it must
+    /// hold `{input}`); repeat to compare prompts: every --respond model answers through every
+    /// template (the same model with two templates is two responders). (`--template` is the
+    /// judge's prompt.)
     #[arg(long = "respond-template", value_name = "FILE")]
     pub templates: Vec<PathBuf>,
     /// A system message file sent before every responder's prompt.
     #[arg(long = "respond-system", value_name = "FILE")]
     pub system: Option<PathBuf>,
     /// Responses per record and responder (1 to 10), each scored (`--samples` repeats the judge).
-    #[arg(long = "respond-samples")]
+    #[arg(long = "respond-samples", value_name = "N", value_parser = response_samples)]
     pub response_samples: Option<u32>,
     /// Exit 1 when a responder is significantly worse than the first (its paired comparison's
-    /// interval lies below 0).
+    /// interval lies below 0), 5 when a responder could not be evaluated (none of its responses
+    /// was scored).
     #[arg(long)]
     pub fail_on_regression: bool,
 }
@@ -64,9 +74,11 @@ impl ResponderArgs {
         } else {
             self.templates
                 .iter()
-                .map(|p| {
+                .map(|p| -> Result<(String, String), String> {
                     let stem = p.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
-                    read(p).map(|t| (stem, t))
+                    let template = read(p)?;
+                    check_template(p, &template)?;
+                    Ok((stem, template))
                 })
                 .collect::<Result<_, _>>()?
         };
@@ -94,6 +106,35 @@ impl ResponderArgs {
     }
 }
 
+/// `--respond-samples N`: 1 to [`MAX_RESPONSE_SAMPLES`] (0 would mean one, silently).
+fn response_samples(value: &str) -> Result<u32, String> {
+    match value.parse::<u32>() {
+        Ok(n) if (1..=MAX_RESPONSE_SAMPLES).contains(&n) => Ok(n),
+        Ok(_) | Err(_) => Err(format!("give 1 to {MAX_RESPONSE_SAMPLES} responses per record and responder")),
+    }
+}
+
+/// A `--respond-template` file's text: refused when it is blank (the default template would stand
+/// in for it, silently) or has no `{input}` (every record would get the same prompt).
+fn check_template(path: &Path, template: &str) -> Result<(), String> {
+    if template.trim().is_empty() {
+        let what = if template.is_empty() { "is empty" } else { "holds only whitespace" };
+        return Err(format!(
+            "--respond-template {}: the file {what}; write the prompt in it with {{input}} where each \
+             record's input goes (without --respond-template the input alone is sent)",
+            path.display()
+        ));
+    }
+    if !template.contains("{input}") {
+        return Err(format!(
+            "--respond-template {}: no {{input}} in the template, so every record would get the same \
+             prompt; put {{input}} where each record's input goes",
+            path.display()
+        ));
+    }
+    Ok(())
+}
+
 /// `--respond`: `BACKEND:MODEL` for the built-in backends, `MODEL@BACKEND`, or `MODEL`.
 fn responder_model(value: &str) -> Result<common::ModelSpec, String> {
     if !value.contains('@')
@@ -104,6 +145,10 @@ fn responder_model(value: &str) -> Result<common::ModelSpec, String> {
     }
     Ok(super::input::model_spec("--respond", Some(value))?.unwrap_or_default())
 }
+
+/// Why a run without responders needs each record's target (a CSV file without its column is
+/// refused).
+const SCORED_TARGET: &str = "each record's target is the response scored";
 
 /// Options shared by `eval` and `score`.
 pub struct RunArgs {
@@ -138,7 +183,16 @@ pub async fn eval(
     // With responders each record makes a result per responder and sample: a request holds
     // fewer records, and a larger file goes into an open run.
     let per_record = respond.iter().map(|r| r.samples.max(1) as usize).sum::<usize>().max(1);
-    let records = Records::read(&args.data, args.open, &args.fields, MAX_RECORDS / per_record)?;
+    let needs = if respond.is_empty() {
+        Needs {
+            input: (!is_corpus(preset)).then_some("the preset generates each record's checklist from its input"),
+            target: Some(SCORED_TARGET),
+        }
+    } else {
+        // The responders write the targets.
+        Needs { input: Some("the responders answer each record's input"), target: None }
+    };
+    let records = Records::read(&args.data, args.open, &args.fields, needs, MAX_RECORDS / per_record)?;
     let source = if is_corpus(preset) {
         gw::checklist_source::Source::Corpus(corpus_request(preset, corpus)?)
     } else {
@@ -165,7 +219,8 @@ pub async fn score(
     args: RunArgs,
 ) -> Result<Outcome, String> {
     let checklist = read_checklist(checklist)?;
-    let records = Records::read(&args.data, args.open, &args.fields, MAX_RECORDS)?;
+    let needs = Needs { input: None, target: Some(SCORED_TARGET) };
+    let records = Records::read(&args.data, args.open, &args.fields, needs, MAX_RECORDS)?;
     let pipeline = gw::ChecklistEvalPipeline {
         source: Some(gw::ChecklistSource { source: Some(gw::checklist_source::Source::Checklist(checklist)) }),
         scorer: Some(scorer),
@@ -182,8 +237,8 @@ enum Records {
 }
 
 impl Records {
-    fn read(path: &Path, open: bool, fields: &FieldMap, whole: usize) -> Result<Self, String> {
-        let mut lines = RecordLines::open_mapped(path, fields.clone())?;
+    fn read(path: &Path, open: bool, fields: &FieldMap, needs: Needs, whole: usize) -> Result<Self, String> {
+        let mut lines = RecordLines::open_mapped(path, fields.clone(), needs)?;
         let mut head = Vec::new();
         for r in lines.by_ref() {
             head.push(r?);
@@ -192,7 +247,7 @@ impl Records {
                 let total = RecordLines::count(path)?;
                 return Ok(Records::Streamed {
                     total,
-                    lines: Box::new(RecordLines::open_mapped(path, fields.clone())?),
+                    lines: Box::new(RecordLines::open_mapped(path, fields.clone(), needs)?),
                 });
             }
         }
@@ -508,7 +563,10 @@ impl Follower {
             }
         }
         let regressed = e.comparisons.iter().any(|c| c.gate.as_ref().is_some_and(|g| g.regressed));
-        Ok(if self.fail_on_regression && regressed {
+        let unevaluated = e.responders.iter().any(|r| r.aggregate.is_none());
+        Ok(if self.fail_on_regression && unevaluated {
+            Outcome::Unevaluated
+        } else if self.fail_on_regression && regressed {
             Outcome::Regressed
         } else if failed == 0 {
             Outcome::Complete

@@ -370,6 +370,16 @@ impl FieldMap {
     }
 }
 
+/// The record fields a run cannot do without, each with why: a CSV file without its column (under
+/// its own name or the one a [`FieldMap`] gives) is refused before any run.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Needs {
+    /// Each record's input: a preset generates its checklist from it, or responders answer it.
+    pub input: Option<&'static str>,
+    /// Each record's target: the response scored, unless responders write it.
+    pub target: Option<&'static str>,
+}
+
 /// Where records come from: JSON lines, or a CSV file with a header row (`.csv`).
 enum Source {
     Json(std::io::Lines<std::io::BufReader<std::fs::File>>),
@@ -390,31 +400,110 @@ fn is_csv(path: &Path) -> bool {
     path.extension().is_some_and(|e| e.eq_ignore_ascii_case("csv"))
 }
 
+/// A CSV reader of `path`: a header row, then rows of as many cells (a row of more or fewer is an
+/// error naming its line).
+fn csv_reader(path: &Path) -> Result<csv::Reader<std::fs::File>, String> {
+    csv::ReaderBuilder::new().flexible(false).from_path(path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// `path:line` of a CSV position (the file's line where the row starts, the header's is 1), with
+/// the row as a spreadsheet numbers it when a quoted cell spans lines before it.
+fn csv_at(path: &Path, pos: Option<&csv::Position>) -> String {
+    match pos {
+        Some(p) if p.record() + 1 != p.line() => format!("{}:{} (row {})", path.display(), p.line(), p.record() + 1),
+        Some(p) => format!("{}:{}", path.display(), p.line()),
+        None => path.display().to_string(),
+    }
+}
+
+/// A CSV reading error, its line named: a row of more or fewer cells than the header says how
+/// many of each.
+fn csv_error(path: &Path, e: &csv::Error) -> String {
+    if let csv::ErrorKind::UnequalLengths { pos, expected_len, len } = e.kind() {
+        let cells = if *len == 1 { "1 cell".to_string() } else { format!("{len} cells") };
+        return format!("{}: {cells}, the header has {expected_len}", csv_at(path, pos.as_ref()));
+    }
+    if let csv::ErrorKind::Utf8 { pos, err } = e.kind() {
+        return format!("{}: not UTF-8 text ({err})", csv_at(path, pos.as_ref()));
+    }
+    format!("{}: {e}", path.display())
+}
+
+/// A CSV header refused before any row is read: a mapped column that is not there, a column the
+/// records are read from named twice, a column the run needs that is not there; each error names
+/// the column and the header.
+fn check_header(path: &Path, headers: &csv::StringRecord, fields: &FieldMap, needs: Needs) -> Result<(), String> {
+    if headers.is_empty() {
+        // An empty file: "no records", once the rows are read.
+        return Ok(());
+    }
+    let columns = || headers.iter().collect::<Vec<_>>().join(", ");
+    for (flag, column) in
+        [("--input-field", &fields.input), ("--target-field", &fields.target), ("--id-field", &fields.id)]
+    {
+        if let Some(c) = column
+            && !headers.iter().any(|h| h == c)
+        {
+            return Err(format!(
+                "{}:1: no column {c:?} (named by {flag}); the columns are {}",
+                path.display(),
+                columns()
+            ));
+        }
+    }
+    // The columns a record is read from: one cell each, so a name given twice is ambiguous.
+    let read = [
+        fields.input.as_deref().unwrap_or("input"),
+        fields.target.as_deref().unwrap_or("target"),
+        fields.id.as_deref().unwrap_or("id"),
+        "reference",
+        "history",
+        "candidates",
+    ];
+    for name in read {
+        let at: Vec<String> =
+            headers.iter().enumerate().filter(|(_, h)| *h == name).map(|(i, _)| (i + 1).to_string()).collect();
+        if let [first @ .., last] = at.as_slice()
+            && !first.is_empty()
+        {
+            let times = if at.len() == 2 { "twice".to_string() } else { format!("{} times", at.len()) };
+            return Err(format!(
+                "{}:1: the header names column {name:?} {times} (columns {} and {last}): which one holds the \
+                 records' {name} is unclear; the columns are {}",
+                path.display(),
+                first.join(", "),
+                columns()
+            ));
+        }
+    }
+    for (flag, field, mapped, why) in [
+        ("--input-field", "input", &fields.input, needs.input),
+        ("--target-field", "target", &fields.target, needs.target),
+    ] {
+        if let Some(why) = why
+            && mapped.is_none()
+            && !headers.iter().any(|h| h == field)
+        {
+            return Err(format!(
+                "{}:1: no column {field:?} ({why}); the columns are {}: name the {field} column with {flag}",
+                path.display(),
+                columns()
+            ));
+        }
+    }
+    Ok(())
+}
+
 impl RecordLines {
-    /// The records of `path` with their fields renamed by `fields`. A CSV file without a mapped
-    /// column is refused at once, naming the column, its flag and the columns there are.
-    pub fn open_mapped(path: &Path, fields: FieldMap) -> Result<Self, String> {
+    /// The records of `path` with their fields renamed by `fields`. A CSV file is refused at once
+    /// when its header lacks a mapped column or one the run `needs`, or names a column the records
+    /// are read from twice, naming the column, its flag and the columns there are.
+    pub fn open_mapped(path: &Path, fields: FieldMap, needs: Needs) -> Result<Self, String> {
         use std::io::BufRead;
         let source = if is_csv(path) {
-            let mut reader = csv::ReaderBuilder::new()
-                .flexible(true)
-                .from_path(path)
-                .map_err(|e| format!("{}: {e}", path.display()))?;
-            let headers = reader.headers().map_err(|e| format!("{}:1: {e}", path.display()))?.clone();
-            for (flag, column) in
-                [("--input-field", &fields.input), ("--target-field", &fields.target), ("--id-field", &fields.id)]
-            {
-                if let Some(c) = column
-                    && !headers.iter().any(|h| h == c)
-                {
-                    let have: Vec<&str> = headers.iter().collect();
-                    return Err(format!(
-                        "{}:1: no column {c:?} (named by {flag}); the columns are {}",
-                        path.display(),
-                        have.join(", ")
-                    ));
-                }
-            }
+            let mut reader = csv_reader(path)?;
+            let headers = reader.headers().map_err(|e| csv_error(path, &e))?.clone();
+            check_header(path, &headers, &fields, needs)?;
             Source::Csv { rows: reader.into_records(), headers }
         } else {
             let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -428,13 +517,10 @@ impl RecordLines {
     pub fn count(path: &Path) -> Result<u64, String> {
         use std::io::BufRead;
         if is_csv(path) {
-            let mut reader = csv::ReaderBuilder::new()
-                .flexible(true)
-                .from_path(path)
-                .map_err(|e| format!("{}: {e}", path.display()))?;
+            let mut reader = csv_reader(path)?;
             let mut n = 0;
             for row in reader.records() {
-                row.map_err(|e| format!("{}: {e}", path.display()))?;
+                row.map_err(|e| csv_error(path, &e))?;
                 n += 1;
             }
             return Ok(n);
@@ -482,12 +568,11 @@ impl Iterator for RecordLines {
                 Source::Csv { rows, headers } => {
                     let row = match rows.next()? {
                         Ok(r) => r,
-                        Err(e) => return Some(Err(format!("{}: {e}", self.path.display()))),
+                        Err(e) => return Some(Err(csv_error(&self.path, &e))),
                     };
-                    let line = row.position().map_or(0, |p| p.line());
                     let object: serde_json::Map<String, Value> =
                         headers.iter().zip(row.iter()).map(|(h, v)| (h.to_string(), Value::from(v))).collect();
-                    let at = format!("{}:{line}", self.path.display());
+                    let at = csv_at(&self.path, row.position());
                     return Some(self.record(Value::Object(object)).map_err(|e| format!("{at}: {e}")));
                 }
             }
@@ -648,8 +733,10 @@ mod tests {
         std::fs::write(&csv_path, "qid,question,answer,extra\n7,\"Why, though?\",Because.,x\n8,What?,That.,y\n")
             .unwrap();
         let fields = FieldMap { input: Some("question".into()), target: Some("answer".into()), id: Some("qid".into()) };
-        let got: Vec<gw::EvalRecord> =
-            RecordLines::open_mapped(&csv_path, fields.clone()).unwrap().collect::<Result<_, _>>().unwrap();
+        let got: Vec<gw::EvalRecord> = RecordLines::open_mapped(&csv_path, fields.clone(), Needs::default())
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
         assert_eq!(got.len(), 2);
         assert_eq!(
             (got[0].id.as_str(), got[0].input.as_str(), got[0].target.as_str()),
@@ -658,14 +745,17 @@ mod tests {
         assert_eq!(RecordLines::count(&csv_path).unwrap(), 2);
         // A column that is not there: refused at once, with the columns there are.
         let wrong = FieldMap { input: Some("prompt".into()), ..FieldMap::default() };
-        let Err(e) = RecordLines::open_mapped(&csv_path, wrong) else { panic!("a missing column is refused") };
+        let Err(e) = RecordLines::open_mapped(&csv_path, wrong, Needs::default()) else {
+            panic!("a missing column is refused")
+        };
         assert!(e.contains("hub.csv:1") && e.contains("\"prompt\"") && e.contains("--input-field"), "{e}");
         assert!(e.contains("qid, question, answer, extra"), "{e}");
         // JSON lines: the line without the field is named.
         let jsonl = dir.path().join("hub.jsonl");
         std::fs::write(&jsonl, "{\"question\": \"a\"}\n\n{\"prompt\": \"b\"}\n").unwrap();
         let mapped = FieldMap { input: Some("question".into()), ..FieldMap::default() };
-        let read: Vec<Result<gw::EvalRecord, String>> = RecordLines::open_mapped(&jsonl, mapped).unwrap().collect();
+        let read: Vec<Result<gw::EvalRecord, String>> =
+            RecordLines::open_mapped(&jsonl, mapped, Needs::default()).unwrap().collect();
         assert_eq!(read[0].as_ref().unwrap().input, "a");
         let e = read[1].as_ref().unwrap_err();
         assert!(e.contains("hub.jsonl:3") && e.contains("\"question\"") && e.contains("--input-field"), "{e}");

@@ -17,6 +17,7 @@ use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 
 use super::checklist::{ChecklistPlan, EvalRecord};
+use super::reserve::Reserve;
 use super::stages::Stages;
 use assay_runs::{Pipeline, RunCtx, RunOutcome, Writes};
 
@@ -115,13 +116,7 @@ impl ChecklistEval {
             );
         }
         let needs_input = plan.as_ref().and_then(ChecklistPlan::preset).is_some();
-        // Record ids are optional (the index stands in) and unique when given, as item ids are.
-        let mut ids = HashSet::new();
-        for (i, r) in records.iter().enumerate() {
-            if !r.id.is_empty() && !ids.insert(r.id.as_str()) {
-                v.push(format!("pipeline.records[{i}].id"), format!("duplicate id {:?}", r.id));
-            }
-        }
+        check_ids(&records, "pipeline.records", &mut v);
         let records: Vec<EvalRecord> = records
             .into_iter()
             .enumerate()
@@ -187,12 +182,7 @@ impl ChecklistEval {
     fn rows(&self, records: Vec<gw::EvalRecord>) -> Result<Vec<assay_runs::store::NewRecord>, StageError> {
         let needs_input = self.plan.preset().is_some();
         let mut v = Violations::new();
-        let mut ids = HashSet::new();
-        for (i, r) in records.iter().enumerate() {
-            if !r.id.is_empty() && !ids.insert(r.id.as_str()) {
-                v.push(format!("records[{i}].id"), format!("duplicate id {:?}", r.id));
-            }
-        }
+        check_ids(&records, "records", &mut v);
         let parsed: Vec<EvalRecord> = records
             .iter()
             .enumerate()
@@ -561,45 +551,6 @@ impl Pipeline for ChecklistEval {
     }
 }
 
-/// How many records a budget lets be in flight: what is left of it over the mean cost of a scored
-/// record, so the calls started never owe much more than is left (the overshoot is then about one
-/// record's cost, however many the gateway could score at once). Before any record was scored,
-/// [`Reserve::FIRST`] at a time.
-#[derive(Debug, Default)]
-pub(super) struct Reserve {
-    scored: u64,
-    tokens: u64,
-    usd: f64,
-}
-
-impl Reserve {
-    const FIRST: usize = 4;
-
-    pub(super) fn add(&mut self, usage: &assay_domain::Usage) {
-        self.scored += 1;
-        self.tokens += usage.tokens();
-        self.usd += usage.cost_usd;
-    }
-
-    /// What a record's work cost besides its scoring (answering it, with responders).
-    pub(super) fn charge(&mut self, usage: &assay_domain::Usage) {
-        self.tokens += usage.tokens();
-        self.usd += usage.cost_usd;
-    }
-
-    pub(super) fn in_flight(&self, left: &assay_budget::Limits) -> usize {
-        if self.scored == 0 {
-            return Self::FIRST;
-        }
-        let n = self.scored as f64;
-        let fits = |left: f64, spent: f64| if spent > 0.0 { left / (spent / n) } else { f64::INFINITY };
-        let by_tokens = left.max_tokens.map_or(f64::INFINITY, |t| fits(t as f64, self.tokens as f64));
-        let by_usd = left.max_cost_usd.map_or(f64::INFINITY, |u| fits(u, self.usd));
-        let fit = by_tokens.min(by_usd);
-        if fit.is_finite() { (fit.ceil() as usize).max(1) } else { usize::MAX }
-    }
-}
-
 /// A record's scoring as its result: the usage and model counted when it was scored; a call the
 /// budget refused says "not run"; a transient failure fails the record; bad input or a refused
 /// request fails the run.
@@ -700,6 +651,30 @@ impl super::Registered for assay_proto::pipelines::ChecklistEval {
     }
 }
 
+/// Record ids are optional (the position stands in) and unique when given, as item ids are. Given
+/// for some records only, an empty id would take its position, which may be another record's id
+/// (`[{id:"1"}, {id:""}]` made two records "1"): refused, naming the record.
+fn check_ids(records: &[gw::EvalRecord], field: &str, v: &mut Violations) {
+    let mut ids = HashSet::new();
+    for (i, r) in records.iter().enumerate() {
+        if !r.id.is_empty() && !ids.insert(r.id.as_str()) {
+            v.push(format!("{field}[{i}].id"), format!("duplicate id {:?}", r.id));
+        }
+    }
+    if let Some(named) = records.iter().position(|r| !r.id.is_empty()) {
+        for (i, _) in records.iter().enumerate().filter(|(_, r)| r.id.is_empty()) {
+            v.push(
+                format!("{field}[{i}].id"),
+                format!(
+                    "is empty while other records have ids ({field}[{named}].id is {:?}): give every record an \
+                     id, or none (a record without one is known by its position)",
+                    records[named].id
+                ),
+            );
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -712,7 +687,7 @@ mod tests {
     fn a_budget_lets_as_many_records_fly_as_it_still_pays_for() {
         let mut r = Reserve::default();
         let tokens = |t| assay_budget::Limits { max_tokens: Some(t), max_cost_usd: None };
-        assert_eq!(r.in_flight(&tokens(1_000_000)), Reserve::FIRST, "nothing known yet");
+        assert_eq!(r.in_flight(&tokens(1_000_000)), 4, "nothing known yet");
         r.add(&usage(100, 0.001));
         r.add(&usage(120, 0.001));
         assert_eq!(r.in_flight(&tokens(1_100)), 10, "1,100 tokens left at 110 a record");

@@ -27,8 +27,10 @@ use assay_proto::convert;
 use assay_proto::gateway::v1 as gw;
 use assay_proto::gateway::v1::run_event::Event;
 use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use tokio::sync::mpsc;
 
+use super::reserve::Reserve;
 use super::self_refine_hook::{self, Output};
 use super::stages::Stages;
 use assay_runs::{Pipeline, RunCtx, RunOutcome};
@@ -328,6 +330,10 @@ fn without(total: &Usage, part: &Usage) -> Usage {
         cost_usd: (total.cost_usd - part.cost_usd).max(0.0),
         unpriced_calls: total.unpriced_calls.saturating_sub(part.unpriced_calls),
         cost_by_backend,
+        abandoned_calls: total.abandoned_calls.saturating_sub(part.abandoned_calls),
+        abandoned_tokens: total.abandoned_tokens.saturating_sub(part.abandoned_tokens),
+        abandoned_cost_usd: (total.abandoned_cost_usd - part.abandoned_cost_usd).max(0.0),
+        hedged_calls: total.hedged_calls.saturating_sub(part.hedged_calls),
     }
 }
 
@@ -394,19 +400,29 @@ impl Pipeline for DebatePipeline {
         let done: HashSet<u32> =
             ctx.checkpoints.all::<gw::DebateProblemResult>(PROBLEM).await?.iter().map(|(_, r)| r.index).collect();
         ctx.progress.set_done(done.len() as u32);
-        let todo: Vec<usize> = (0..self.problems.len()).filter(|i| !done.contains(&(*i as u32))).collect();
-        let mut work = futures::stream::iter(todo)
-            .map(|i| async move {
-                // Paused runs start no new problem; problems in flight finish.
-                ctx.gate.wait().await?;
-                // A spent budget starts no new problem: finished ones are kept.
-                if let Some(why) = ctx.spending.budget_exhausted() {
-                    return Ok((i, Err(StageError::BudgetExhausted(why))));
-                }
-                Ok::<_, StageError>((i, self.solve_one(ctx, i).await))
-            })
-            .buffer_unordered(self.concurrency);
+        let mut todo = (0..self.problems.len()).filter(|i| !done.contains(&(*i as u32)));
+        let mut work = FuturesUnordered::new();
+        // Under a budget, problems start only while what is left can finish them: one at a time
+        // until one finished, then what is left over a finished problem's cost (problems run at
+        // once shared the budget until none could finish).
+        let mut reserve = Reserve::starting(1);
         loop {
+            let affordable = ctx.spending.budget_left().map_or(usize::MAX, |left| reserve.in_flight(&left));
+            while work.len() < self.concurrency.min(affordable) {
+                let Some(i) = todo.next() else { break };
+                work.push(async move {
+                    // Paused runs start no new problem; problems in flight finish.
+                    ctx.gate.wait().await?;
+                    // A spent budget starts no new problem: finished ones are kept.
+                    if let Some(why) = ctx.spending.budget_exhausted() {
+                        return Ok((i, Err(StageError::BudgetExhausted(why))));
+                    }
+                    Ok::<_, StageError>((i, self.solve_one(ctx, i).await))
+                });
+            }
+            if work.is_empty() {
+                break;
+            }
             tokio::select! {
                 next = work.next() => {
                     let Some(next) = next else { break };
@@ -416,7 +432,10 @@ impl Pipeline for DebatePipeline {
                         Err(e) => return Err(e),
                     };
                     let result = match solved {
-                        Ok(r) => r,
+                        Ok(r) => {
+                            reserve.add(&problem_usage(&r));
+                            r
+                        }
                         Err(StageError::Cancelled(_)) if ctx.gate.is_cancelled() => break,
                         Err(e @ (StageError::InvalidArgument(_) | StageError::FailedPrecondition(_) | StageError::Unimplemented(_))) => {
                             return Err(e.map_fields(|f| {
@@ -442,6 +461,13 @@ impl Pipeline for DebatePipeline {
         drop(work);
         self.finish(ctx, ctx.gate.is_cancelled()).await
     }
+}
+
+/// What one finished problem cost: its debate and its baselines.
+fn problem_usage(r: &gw::DebateProblemResult) -> Usage {
+    let mut u = convert::usage_from(r.debate.as_ref().and_then(|d| d.usage.clone()));
+    u.add(&convert::usage_from(r.baselines.as_ref().and_then(|b| b.usage.clone())));
+    u
 }
 
 fn problem_key(i: usize) -> String {

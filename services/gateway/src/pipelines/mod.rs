@@ -8,6 +8,7 @@ pub mod checklist_eval;
 pub mod debate;
 mod gated;
 pub mod generate_checklist;
+mod reserve;
 pub mod responders;
 mod rounds;
 pub mod self_refine;

@@ -122,9 +122,15 @@ impl OpenAiClient {
         &self.inner.config
     }
 
-    /// Current circuit-breaker state.
+    /// Current circuit-breaker state of the backend (opened by failures of the server itself).
     pub fn breaker_state(&self) -> BreakerState {
         self.inner.transport.breaker_state()
+    }
+
+    /// Current circuit-breaker state of one model of the backend (opened by errors the server
+    /// answered for that model only).
+    pub fn model_breaker_state(&self, model: &str) -> BreakerState {
+        self.inner.transport.model_breaker_state(model)
     }
 
     /// The current concurrency limit.

@@ -86,7 +86,7 @@ pub(super) fn chat_response(
             // Priced by the backend's price table where one is configured (assay-runtime).
             cost_usd: 0.0,
             unpriced_calls: 1,
-            cost_by_backend: Default::default(),
+            ..Usage::default()
         },
         schema_fallback: false,
         cached: false,
@@ -118,7 +118,7 @@ pub(super) fn embedding_response(list: wire::EmbeddingList, model: String, retri
             cached_prompt_tokens: 0,
             cost_usd: 0.0,
             unpriced_calls: 1,
-            cost_by_backend: Default::default(),
+            ..Usage::default()
         },
     }
 }

@@ -27,7 +27,13 @@ pub(super) struct Transport {
     http: reqwest::Client,
     rate: RateLimits,
     limit: Arc<AdaptiveLimit>,
+    /// The backend's breaker: opened by failures of the server itself (no connection, timeouts,
+    /// 429 / 502 / 503 / 504).
     breaker: Arc<CircuitBreaker>,
+    /// A breaker per model: opened by failures the server answered for one model (a 500 for a
+    /// model it cannot load), so one broken model fails its own calls, not the backend's.
+    models: std::sync::Mutex<std::collections::HashMap<String, Arc<CircuitBreaker>>>,
+    breaker_settings: (u32, std::time::Duration),
     latency: LatencyBook,
     hedges: HedgeBudget,
 }
@@ -43,7 +49,16 @@ impl Transport {
         let breaker = Arc::new(CircuitBreaker::new(config.breaker_failures, config.breaker_cooldown));
         crate::metrics::observe_backend(&config.backend_name, &limit, &breaker);
         let rate = RateLimits::new(&config.backend_name, config.requests_per_minute, config.tokens_per_minute);
-        Ok(Self { http, rate, limit, breaker, latency: LatencyBook::default(), hedges: HedgeBudget::default() })
+        Ok(Self {
+            http,
+            rate,
+            limit,
+            breaker,
+            models: std::sync::Mutex::default(),
+            breaker_settings: (config.breaker_failures, config.breaker_cooldown),
+            latency: LatencyBook::default(),
+            hedges: HedgeBudget::default(),
+        })
     }
 
     /// The concurrency limit (current value, in flight).
@@ -54,6 +69,20 @@ impl Transport {
     /// Current circuit-breaker state.
     pub(super) fn breaker_state(&self) -> BreakerState {
         self.breaker.state()
+    }
+
+    /// The state of `model`'s own breaker (closed for a model not called yet).
+    pub(super) fn model_breaker_state(&self, model: &str) -> BreakerState {
+        let models = self.models.lock().unwrap_or_else(|p| p.into_inner());
+        models.get(model).map_or(BreakerState::Closed, |b| b.state())
+    }
+
+    fn model_breaker(&self, model: &str) -> Arc<CircuitBreaker> {
+        let mut models = self.models.lock().unwrap_or_else(|p| p.into_inner());
+        models
+            .entry(model.to_string())
+            .or_insert_with(|| Arc::new(CircuitBreaker::new(self.breaker_settings.0, self.breaker_settings.1)))
+            .clone()
     }
 
     /// One call through the breaker, with retries.
@@ -69,21 +98,36 @@ impl Transport {
             debug!(backend = %config.backend_name, "circuit open, failing fast");
             return Err(CallError { error: LlmError::CircuitOpen, status: None, retries: 0 });
         };
+        let model = body.get("model").and_then(Value::as_str).unwrap_or_default();
+        let model_breaker = self.model_breaker(model);
+        let Some(model_permit) = model_breaker.try_acquire() else {
+            debug!(backend = %config.backend_name, model, "circuit open for this model, failing fast");
+            return Err(CallError { error: LlmError::CircuitOpen, status: None, retries: 0 });
+        };
         let result = self.call_with_retries(config, url, body, deadline, &parse).await;
-        let outcome = match &result {
-            Ok(_) => Outcome::Healthy,
+        let (backend, of_model) = match &result {
+            Ok(_) => (Outcome::Healthy, Outcome::Healthy),
             // A backend refusing a structured-output form (being negotiated) is up and answering:
             // never a failure toward the breaker.
             Err(e)
                 if body.get("response_format").is_some()
                     && e.status.is_some_and(|s| super::format::is_schema_rejection(s, &e.error)) =>
             {
-                Outcome::Neutral
+                (Outcome::Neutral, Outcome::Neutral)
             }
-            Err(e) => breaker_outcome(&e.error),
+            Err(e) => match (breaker_outcome(&e.error), e.status) {
+                // The server answered, for this model: it is up; the model is what fails.
+                (Outcome::Failed, Some(status)) if !matches!(status, 429 | 502 | 503 | 504) => {
+                    (Outcome::Healthy, Outcome::Failed)
+                }
+                (outcome, _) => (outcome, Outcome::Neutral),
+            },
         };
-        if let Some(state) = permit.record(outcome) {
+        if let Some(state) = permit.record(backend) {
             warn!(backend = %config.backend_name, state = ?state, "circuit breaker changed state");
+        }
+        if let Some(state) = model_permit.record(of_model) {
+            warn!(backend = %config.backend_name, model, state = ?state, "circuit breaker of one model changed state");
         }
         result
     }
@@ -103,6 +147,11 @@ impl Transport {
         loop {
             if deadline_passed(deadline) {
                 return Err(CallError { error: LlmError::DeadlineExceeded, status: None, retries });
+            }
+            // An attempt after one given up on (which the backend may have served) waits for
+            // room in the budget like any call.
+            if let Err(error) = crate::attempts::reserve_next(deadline).await {
+                return Err(CallError { error, status: None, retries });
             }
             let failure = match self.attempt(config, url, body, deadline, (&class, retries), parse).await {
                 Ok(value) => return Ok((value, retries)),
@@ -272,6 +321,11 @@ impl Transport {
         // has not answered; `None` while no duplicate has failed since the last one went out.
         let mut replace_at: Option<Instant> = None;
         let mut answered_since = started;
+        // Requests of this attempt no longer waited for whose fate is unknown: duplicates
+        // replaced while unanswered, and those cut off without a status (the backend may have
+        // served either; see `crate::attempts`).
+        let mut replaced = 0u32;
+        let mut cut_off = 0u32;
         let (status, retry_after, bytes) = loop {
             let wait = hedge_after();
             let hedging = hedge.is_some()
@@ -293,7 +347,15 @@ impl Transport {
             let by_budget = started + budget;
             let limit = deadline.map_or(by_budget, |d| d.min(by_budget));
             tokio::select! {
-                answered = &mut exchange => break answered.map_err(|e| transport_error(e, deadline))?,
+                answered = &mut exchange => match answered {
+                    Ok(reply) => break reply,
+                    Err(e) => {
+                        // Refused before it was sent, it ran nowhere; cut off after, it may have.
+                        let sent = !e.is_connect() && !e.is_builder();
+                        crate::attempts::abandoned(u32::from(sent) + u32::from(hedged.is_some()) + replaced + cut_off);
+                        return Err(transport_error(e, deadline));
+                    }
+                },
                 () = tokio::time::sleep_until(next_hedge.into()), if hedging => {
                     // A duplicate takes a free slot and never queues for one: with none free it waits
                     // another round, except beside the last attempt (which would otherwise sit out
@@ -319,6 +381,7 @@ impl Transport {
                     crate::metrics::retried(&config.backend_name, "hedge");
                     hedges += 1;
                     // A hedge that has not answered either is replaced: it may have hung too.
+                    replaced += u32::from(hedged.is_some());
                     hedged = hedge
                         .as_ref()
                         .and_then(reqwest::RequestBuilder::try_clone)
@@ -342,6 +405,9 @@ impl Transport {
                         // server asking for more than `max_retry_after` gets no replacement).
                         failed => {
                             hedged = None;
+                            if failed.as_ref().is_err_and(|e| !e.is_connect()) {
+                                cut_off += 1;
+                            }
                             hedges -= 1;
                             refused += 1;
                             let asked = failed.ok().and_then(|(_, retry_after, _)| retry_after);
@@ -356,6 +422,8 @@ impl Transport {
                     }
                 }
                 () = tokio::time::sleep_until(limit.into()) => {
+                    // Given up on: the request and any duplicate still out may yet be served.
+                    crate::attempts::abandoned(1 + u32::from(hedged.is_some()) + replaced + cut_off);
                     if deadline.is_some_and(|d| d <= by_budget) {
                         return Err(AttemptError::deadline());
                     }
@@ -374,6 +442,18 @@ impl Transport {
         };
         let reply =
             classify_reply(status, &bytes, retry_after, sent_response_format, &config.deterministic_statuses, parse);
+        // The requests still out beside the one that answered: a duplicate, or the request a
+        // duplicate answered for.
+        let others = replaced + u32::from(hedged.is_some()) + u32::from(answered_since != started);
+        match &reply {
+            Ok(_) => {
+                crate::attempts::duplicated(others);
+                crate::attempts::abandoned(cut_off);
+            }
+            // Served, but its reply could not be read: spent all the same.
+            Err(e) if e.kind == AttemptKind::Malformed => crate::attempts::abandoned(1 + others + cut_off),
+            Err(_) => crate::attempts::abandoned(others + cut_off),
+        }
         if reply.is_ok() {
             self.latency.record(class, answered_since.elapsed());
             self.hedges.answered();

@@ -304,6 +304,10 @@ pub fn usage_to(u: &d::Usage) -> pb::Usage {
         cost_usd: u.cost(),
         unpriced_calls: u.unpriced_calls,
         cost_usd_by_backend: u.cost_by_backend.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+        abandoned_calls: u.abandoned_calls,
+        abandoned_tokens: u.abandoned_tokens,
+        abandoned_cost_usd: u.abandoned_cost_usd,
+        hedged_calls: u.hedged_calls,
     }
 }
 
@@ -321,6 +325,10 @@ pub fn usage_from(p: Option<pb::Usage>) -> d::Usage {
         // A sender that knows no prices sets neither field: its calls are unpriced.
         unpriced_calls: if p.cost_usd.is_none() && p.unpriced_calls == 0 { p.calls } else { p.unpriced_calls },
         cost_by_backend: p.cost_usd_by_backend.into_iter().filter(|(_, v)| v.is_finite() && *v > 0.0).collect(),
+        abandoned_calls: p.abandoned_calls,
+        abandoned_tokens: p.abandoned_tokens,
+        abandoned_cost_usd: if p.abandoned_cost_usd.is_finite() { p.abandoned_cost_usd.max(0.0) } else { 0.0 },
+        hedged_calls: p.hedged_calls,
     }
 }
 

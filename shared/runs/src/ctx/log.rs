@@ -204,6 +204,15 @@ impl EventLog {
         }
     }
 
+    /// At most `limit` of the run's stored events after sequence `after`, in order (none for a run
+    /// kept in memory): what a resumed executor reads to know what was said before it.
+    pub async fn stored_events(&self, after: u64, limit: usize) -> Result<Vec<gw::RunEvent>, StageError> {
+        match &self.0.persistence {
+            Persistence::Store(store) => store.events_page(&self.0.run_id, after, limit).await,
+            Persistence::Memory(_) => Ok(Vec::new()),
+        }
+    }
+
     /// The stored values whose key starts with `prefix`, by key.
     pub(crate) async fn raw(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, StageError> {
         match &self.0.persistence {

@@ -57,13 +57,11 @@ impl Engine {
         }
     }
 
-    /// Keep the store to `retention_days` (0 = keep every run) until halted: every hour, the
+    /// Keep the store to `retention` (None = keep every run) until halted: every hour, the
     /// gateway holding the store-wide sweep lease deletes the finished runs older than that.
-    pub async fn retain(&self, retention_days: u32) {
-        if retention_days == 0 {
-            return;
-        }
-        let retention = Duration::from_secs(u64::from(retention_days) * 86_400);
+    pub async fn retain(&self, retention: Option<Duration>) {
+        let Some(retention) = retention else { return };
+        let retention_days = retention.as_secs_f64() / 86_400.0;
         let mut halt = self.halt.subscribe();
         loop {
             // Held for two periods: a gateway that dies leaves the chore to another after that.

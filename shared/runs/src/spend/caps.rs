@@ -141,8 +141,15 @@ impl SpendCaps {
     /// what other gateways spent counts), RESOURCE_EXHAUSTED naming the backend and the cap.
     pub async fn admit(&self, backends: &BTreeSet<String>) -> Result<(), StageError> {
         let (day, spent) = self.refresh(backends).await?;
+        if spent.is_empty() {
+            return Ok(());
+        }
+        // What calls refused on the caps needed, by any process sharing the store today.
+        let stored: BTreeMap<String, i64> = self.store.needs(&day).await?.into_iter().collect();
         for (b, total) in spent {
-            let reason = self.reached(&b, &day, total).or_else(|| self.too_little_left(&b, &day, total));
+            let reason = self
+                .reached(&b, &day, total)
+                .or_else(|| self.too_little_left(&b, &day, total, stored.get(&b).copied()));
             if let Some(reason) = reason {
                 return Err(StageError::ResourceExhausted(format!(
                     "{reason}; new runs that use it are refused until then"
@@ -152,11 +159,16 @@ impl SpendCaps {
         Ok(())
     }
 
-    /// Why `backend` can pay for no more calls today, when a call this gateway held for today was
-    /// refused for lack of room and what is left is still less than it needed.
-    fn too_little_left(&self, backend: &str, day: &str, total: i64) -> Option<String> {
+    /// Why `backend` can pay for no more calls today, when a call held for today was refused for
+    /// lack of room (by this gateway, or by any process sharing the store: `stored`) and what is
+    /// left is still less than it needed.
+    fn too_little_left(&self, backend: &str, day: &str, total: i64, stored: Option<i64>) -> Option<String> {
         let cap = *self.caps.get(backend)?;
-        let need = self.refused.lock().ok()?.get(backend).filter(|(d, _)| d == day).map(|(_, n)| *n)?;
+        let mine = self.refused.lock().ok()?.get(backend).filter(|(d, _)| d == day).map(|(_, n)| *n);
+        let need = match (mine, stored) {
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => a.or(b)?,
+        };
         (cap - total < need).then(|| at_cap(backend, day, cap, total, need))
     }
 

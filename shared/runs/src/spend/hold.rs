@@ -92,6 +92,12 @@ impl SpendCaps {
                                 *entry = (day.clone(), min as i64);
                             }
                         }
+                        // Kept in the store too: a new process (or another gateway) refuses new
+                        // runs at admission instead of starting them to fail every call. A
+                        // failure to keep it is logged: the call is refused all the same.
+                        if let Err(e) = self.store.note_need(&day, backend, min as i64).await {
+                            tracing::warn!(backend = %backend, error = %e, "could not store a refused call's need");
+                        }
                         let reason = self
                             .reached(backend, &day, spent)
                             .unwrap_or_else(|| at_cap(backend, &day, cap, spent, min as i64));

@@ -74,6 +74,9 @@ pub trait RunStorage: SpendLedger + RecordStorage + ChunkStorage + Send + Sync {
     async fn write(&self, run_id: &str, writes: Vec<RunWrite>) -> Result<(), StageError>;
     /// Events with sequence > `after`, in order.
     async fn events_after(&self, run_id: &str, after: u64) -> Result<Vec<gw::RunEvent>, StageError>;
+    /// At most `limit` events with sequence > `after`, in order (a run's log read a page at a
+    /// time).
+    async fn events_page(&self, run_id: &str, after: u64, limit: usize) -> Result<Vec<gw::RunEvent>, StageError>;
     /// A run's checkpoints whose key starts with `prefix`, by key.
     async fn checkpoints(&self, run_id: &str, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, StageError>;
     /// One run.
@@ -133,6 +136,11 @@ pub trait SpendLedger: Send + Sync {
     async fn add_spend(&self, day: &str, backend: &str, nano_usd: i64) -> Result<i64, StageError>;
     /// Every backend's spend on UTC `day`, nano-dollars.
     async fn spend(&self, day: &str) -> Result<Vec<(String, i64)>, StageError>;
+    /// A call on `backend` needed `nano_usd` on UTC `day` and its cap could not hold it: kept
+    /// (the least such need of the day) for every gateway and process sharing the store.
+    async fn note_need(&self, day: &str, backend: &str, nano_usd: i64) -> Result<(), StageError>;
+    /// Every backend's least refused need on UTC `day` ([`SpendLedger::note_need`]).
+    async fn needs(&self, day: &str) -> Result<Vec<(String, i64)>, StageError>;
     /// Hold part of `hold.backend`'s daily cap `cap` on `hold.day` for a call about to spend,
     /// atomically with every other gateway sharing the store: at least `min` and up to
     /// `hold.nano_usd` nano-dollars of what neither the day's spend nor live holds take. Holds
@@ -277,7 +285,8 @@ pub struct ChunkRow {
     /// How many claims it has had (more than one: taken over after a claim expired).
     pub claims: u32,
     pub done: bool,
-    /// What a helping gateway spent on it (encoded `Usage`), once done.
+    /// What a helping gateway spent on it (encoded `Usage`), once done (stores before helpers'
+    /// spend was kept under its own key, [`ChunkCommit::usage`]).
     pub usage: Option<Vec<u8>>,
 }
 
@@ -291,8 +300,9 @@ pub struct ChunkCommit {
     pub checkpoints: Vec<(Option<u64>, String, Vec<u8>)>,
     /// Chunks every record of which has a result now.
     pub done: Vec<u64>,
-    /// What the claim spent since its last commit (encoded `Usage`), kept on its first done chunk.
-    pub usage: Option<Vec<u8>>,
+    /// What a helping claim has spent so far (encoded `Usage`) and the checkpoint key it is kept
+    /// under: replaced with each commit, so a helper that dies is counted up to its last one.
+    pub usage: Option<(String, Vec<u8>)>,
 }
 
 /// An open run's records spread over the gateways sharing a store: claimed in chunks, each chunk's

@@ -32,9 +32,16 @@ impl RunStore {
         }
     }
 
-    /// Open (or create) a SQLite store; `":memory:"` keeps it in memory.
+    /// Open (or create) a SQLite store as its one gateway; `":memory:"` keeps it in memory.
+    /// Refused while another process holds the file as its gateway.
     pub fn open(path: &str) -> Result<RunStore, StageError> {
         Ok(RunStore(Arc::new(SqliteStore::open(path)?)))
+    }
+
+    /// Open a SQLite store without taking the gateway's lock: to read or prepare a file beside
+    /// the gateway that holds it (tests, tools), never to execute its runs.
+    pub fn open_unlocked(path: &str) -> Result<RunStore, StageError> {
+        Ok(RunStore(Arc::new(SqliteStore::open_unlocked(path)?)))
     }
 
     pub fn from_storage(storage: Arc<dyn RunStorage>) -> RunStore {

@@ -67,6 +67,9 @@ impl RunStorage for ObservedStore {
     async fn events_after(&self, run_id: &str, after: u64) -> Result<Vec<gw::RunEvent>, StageError> {
         self.inner.events_after(run_id, after).await
     }
+    async fn events_page(&self, run_id: &str, after: u64, limit: usize) -> Result<Vec<gw::RunEvent>, StageError> {
+        self.inner.events_page(run_id, after, limit).await
+    }
     async fn checkpoints(&self, run_id: &str, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, StageError> {
         self.inner.checkpoints(run_id, prefix).await
     }
@@ -127,6 +130,12 @@ impl SpendLedger for ObservedStore {
     }
     async fn spend(&self, day: &str) -> Result<Vec<(String, i64)>, StageError> {
         self.inner.spend(day).await
+    }
+    async fn note_need(&self, day: &str, backend: &str, nano_usd: i64) -> Result<(), StageError> {
+        self.inner.note_need(day, backend, nano_usd).await
+    }
+    async fn needs(&self, day: &str) -> Result<Vec<(String, i64)>, StageError> {
+        self.inner.needs(day).await
     }
     async fn hold_spend(&self, hold: &SpendHold, min: i64, cap: i64) -> Result<HoldOutcome, StageError> {
         self.inner.hold_spend(hold, min, cap).await

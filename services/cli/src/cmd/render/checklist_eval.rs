@@ -127,10 +127,14 @@ pub fn responder_lines(e: &gw::EvaluateResponse) -> Vec<String> {
                     format!("; {n} records without a scored response: {}{more}", shown.join(", "))
                 }
             };
+            let mean = match &r.aggregate {
+                Some(_) => mean_with_interval(&a),
+                None => "- (unscored: no response could be scored)".to_string(),
+            };
             format!(
                 "  responder {}: mean primary {}, {} responses, {} failed; answering {} calls, {} tokens, {}{missing}",
                 r.name,
-                mean_with_interval(&a),
+                mean,
                 r.responses,
                 r.failed,
                 u.calls,

@@ -68,6 +68,11 @@ pub fn summary_text(run_id: &str, d: &gw::DebateRunResult, baselines: bool) -> S
             d.correct,
             d.graded
         )),
+        // Problems with a reference that all failed are not "no references".
+        None if d.failed_with_reference > 0 => s.push_str(&format!(
+            "  debate accuracy      - (no problem with a reference finished; {} failed)\n",
+            d.failed_with_reference
+        )),
         None => s.push_str("  debate accuracy      - (no references)\n"),
     }
     if let Some(a) = d.accuracy_all {
@@ -93,7 +98,12 @@ pub fn summary_text(run_id: &str, d: &gw::DebateRunResult, baselines: bool) -> S
     ));
     if baselines {
         let bu = d.baseline_usage.clone().unwrap_or_default();
-        let acc = |a: Option<f64>| a.map_or_else(|| "- (no references)".to_string(), pct);
+        let none = if d.failed_with_reference > 0 && d.graded == 0 {
+            "- (no problem with a reference finished)"
+        } else {
+            "- (no references)"
+        };
+        let acc = |a: Option<f64>| a.map_or_else(|| none.to_string(), pct);
         s.push_str(&format!("\n  single model         {}", acc(d.single_model_accuracy)));
         s.push_str(&format!("\n  self-consistency     {}", acc(d.self_consistency_accuracy)));
         s.push_str(&format!(
@@ -141,5 +151,22 @@ mod tests {
         assert!(s.contains("run r1: 4 problems, 1 failed"), "{s}");
         assert!(s.contains("debate accuracy      66.7% (2/3) over the graded problems"), "{s}");
         assert!(s.contains("over all problems    50.0% (2/4, 1 failed counted wrong)"), "{s}");
+    }
+
+    /// Every problem has a reference and none finished (a budget stopped them all): not "no
+    /// references".
+    #[test]
+    fn a_run_whose_referenced_problems_all_failed_does_not_say_no_references() {
+        let d = gw::DebateRunResult {
+            problems_total: 30,
+            problems_failed: 30,
+            failed_with_reference: 30,
+            accuracy_all: Some(0.0),
+            ..Default::default()
+        };
+        let s = summary_text("r1", &d, true);
+        assert!(!s.contains("no references"), "{s}");
+        assert!(s.contains("debate accuracy      - (no problem with a reference finished; 30 failed)"), "{s}");
+        assert!(s.contains("single model         - (no problem with a reference finished)"), "{s}");
     }
 }

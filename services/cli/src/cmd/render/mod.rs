@@ -16,6 +16,20 @@ use assay_proto::refiners::v1 as ref_pb;
 /// What calls cost, as the summaries say it: `$0.0123`, or `cost unknown (3 calls without a
 /// price)` (an unpriced model costs "unknown", never zero).
 pub fn cost_text(u: &assay_proto::common::v1::Usage) -> String {
+    let measured = measured_cost_text(u);
+    // Attempts given up on are counted at their reservation: said apart from what was measured.
+    match u.abandoned_calls {
+        0 => measured,
+        n => format!(
+            "{measured} ({n} abandoned call{} counted at their reservation: {} tokens, ${:.4})",
+            if n == 1 { "" } else { "s" },
+            u.abandoned_tokens,
+            u.abandoned_cost_usd
+        ),
+    }
+}
+
+fn measured_cost_text(u: &assay_proto::common::v1::Usage) -> String {
     match u.cost_usd {
         Some(c) => format!("${c:.4}"),
         None if u.unpriced_calls > 0 => format!(
@@ -85,5 +99,19 @@ pub fn state_line(s: &gw::RunStateChanged) -> String {
         format!("state: {}", state_name(s.state))
     } else {
         format!("state: {} ({})", state_name(s.state), s.reason)
+    }
+}
+
+#[cfg(test)]
+mod cost_tests {
+    use super::cost_text;
+    use assay_proto::common::v1::Usage;
+
+    #[test]
+    fn abandoned_calls_are_said_apart_from_the_measured_cost() {
+        let measured = Usage { calls: 3, cost_usd: Some(0.5), ..Default::default() };
+        assert_eq!(cost_text(&measured), "$0.5000");
+        let with = Usage { abandoned_calls: 2, abandoned_tokens: 4200, abandoned_cost_usd: 0.25, ..measured };
+        assert_eq!(cost_text(&with), "$0.5000 (2 abandoned calls counted at their reservation: 4200 tokens, $0.2500)");
     }
 }

@@ -85,6 +85,8 @@ export function applyLive(D, ev) {
     run.state = ev.completed.state;
     if (ev.completed.result) run.result = ev.completed.result;
     refresh = true;
+  } else if (k.member === 'recordsClaimed') {
+    refresh = true; // the gateways' shares (GetRun) changed
   } else if (k.member === 'refinement') {
     const x = ev.refinement[k.inner];
     applyRefinement(run.refinement, ev.refinement.iteration, k.inner, x);

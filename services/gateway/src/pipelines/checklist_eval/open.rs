@@ -207,6 +207,9 @@ impl ChecklistEval {
             }
             // Read more records while fewer than two rounds of scoring wait.
             let mut starved = false;
+            // A page read whose records all have a result (a resumed run): read the next one at
+            // once, for nothing else may wake the loop.
+            let mut read_done_page = false;
             if !sealed_and_read && queue.len() + waiting_n < 2 * self.concurrency {
                 let page = ctx.inputs.page(next, PAGE).await?;
                 let total = page.total.saturating_mul(per as u64);
@@ -215,6 +218,7 @@ impl ChecklistEval {
                     sealed_and_read = page.sealed && next >= page.total;
                     starved = !sealed_and_read;
                 }
+                read_done_page = !page.records.is_empty();
                 let mut fresh = Vec::with_capacity(page.records.len());
                 for (index, bytes) in page.records {
                     next = index + 1;
@@ -236,6 +240,7 @@ impl ChecklistEval {
                         fresh.push((key.clone(), Pending { index: t, record: record.clone(), chunk: 0 }));
                     }
                 }
+                read_done_page &= fresh.is_empty();
                 checklists.trim();
                 let unknown: HashSet<String> = fresh
                     .iter()
@@ -283,6 +288,9 @@ impl ChecklistEval {
             }
             if sealed_and_read && scoring.is_empty() && producing.is_empty() && queue.is_empty() {
                 break;
+            }
+            if read_done_page {
+                continue;
             }
             // Records left to read while nothing else moves: wait for an append.
             let idle = starved && scoring.is_empty() && producing.is_empty();

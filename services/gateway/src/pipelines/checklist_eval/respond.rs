@@ -159,7 +159,9 @@ impl ChecklistEval {
                 name: r.name.clone(),
                 model: Some(convert::model_spec_to(&r.model)),
                 template: r.template.clone(),
-                aggregate: Some(convert::aggregate_to(&aggregate)),
+                // A responder with no scored response is unscored: no mean (0 would read as a
+                // score), and it is compared with nothing.
+                aggregate: (!scored.is_empty()).then(|| convert::aggregate_to(&aggregate)),
                 usage: Some(convert::usage_to(&usage.get(j).cloned().unwrap_or_default())),
                 responses: mine.len() as u32,
                 failed: mine.iter().filter(|x| x.score.is_none()).count() as u32,
@@ -170,6 +172,9 @@ impl ChecklistEval {
         let baseline = runs_of(&subset(0));
         let mut comparisons = Vec::new();
         for j in 1..self.responders.len() {
+            if summaries[0].aggregate.is_none() || summaries[j].aggregate.is_none() {
+                continue;
+            }
             let options = CompareOptions {
                 metric: RunMetric::Primary,
                 alpha: 0.05,

@@ -9,14 +9,16 @@
 //! The executor alone writes the run's events: its own records as they are scored, the records of
 //! other gateways' chunks once those are done (read back from the store), and a `records_claimed`
 //! event per claim; it keeps each gateway's share in the run's summary and, once every chunk is
-//! done, adds what helpers spent (kept with their chunks) to the run's usage and computes the
-//! aggregates.
+//! done, adds what helpers spent (each helping claim keeps its spend so far with every commit) to
+//! the run's usage and computes the aggregates. Every fact is said once: a resumed executor reads
+//! the run's events back first, so it announces no claim twice and says the results a dead
+//! executor stored but never told.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use assay_domain::{Checklist, StageError};
+use assay_domain::{Checklist, StageError, Usage};
 use assay_proto::convert;
 use assay_proto::gateway::v1 as gw;
 use assay_proto::gateway::v1::run_event::Event;
@@ -28,7 +30,7 @@ use futures::stream::FuturesUnordered;
 use prost::Message;
 
 use super::super::checklist::CHECKLIST;
-use super::open::{CATEGORIZED, Checklists, Done, PAGE, Pending, decode_record, has_categories, slim, stored_results};
+use super::open::{CATEGORIZED, Checklists, Done, PAGE, Pending, decode_record, has_categories, slim};
 use super::{
     ChecklistEval, RECORD, Reserve, generation_fails_run, generation_failure, record_key, record_result, settle,
 };
@@ -46,12 +48,18 @@ enum Role {
     Helper,
 }
 
+/// Where a helping claim keeps what it has spent so far (one key per claim, replaced with each
+/// commit): the executor adds every helper's at the end, a dead helper's included.
+const HELPER_USAGE: &str = "spread:usage:";
+
 /// What the executor knows of the run's chunks and has said of them.
 #[derive(Default)]
 struct Watch {
-    /// Every chunk seen, as last read (a resumed executor starts again: it says the claims it
-    /// finds once more).
+    /// Every chunk seen, as last read.
     chunks: BTreeMap<u64, ChunkRow>,
+    /// Per chunk, the claims a `records_claimed` event has announced (read back from the run's
+    /// events by a resumed executor, so no claim is announced twice).
+    announced: HashMap<u64, u32>,
     /// Chunks whose records other claims scored that have been read back and said.
     absorbed: HashSet<u64>,
     /// Chunks below this are all done and said: read from here on.
@@ -73,6 +81,26 @@ impl Watch {
         }
         by.into_values().collect()
     }
+}
+
+/// What a run's stored events told: the records whose result was said, and per chunk how many
+/// claims were announced. Read a page at a time.
+async fn told_before(ctx: &RunCtx) -> Result<(Done, HashMap<u64, u32>), StageError> {
+    let (mut said, mut announced) = (Done::default(), HashMap::new());
+    let mut after = 0;
+    loop {
+        let page = ctx.log.stored_events(after, 4096).await?;
+        let Some(last) = page.last() else { break };
+        after = last.sequence;
+        for e in page {
+            match e.event {
+                Some(Event::RecordScored(r)) => said.insert(r.index as usize),
+                Some(Event::RecordsClaimed(c)) => *announced.entry(c.first).or_insert(0u32) += 1,
+                _ => {}
+            }
+        }
+    }
+    Ok((said, announced))
 }
 
 /// The results stored for records of `[first, first + count)`.
@@ -120,13 +148,21 @@ impl ChecklistEval {
             }
         }
         ctx.inputs.spread().await?;
-        let said = stored_results(ctx).await?;
+        // What the run's events told before (a resumed executor): a result stored by a claim
+        // whose events were lost with its gateway is said now, and said once.
+        let (said, announced) = told_before(ctx).await?;
         ctx.progress.set_done(said.count());
-        let cancelled = self.work(ctx, Role::Executor, said).await?;
+        let cancelled = self.work(ctx, Role::Executor, said, announced).await?;
         // What helpers spent, once, at the end (a resumed executor would count it twice if it
-        // added it as chunks finished: the run's stored usage is its executors' own).
-        for row in ctx.inputs.chunks(0).await? {
-            if let Some(bytes) = row.usage.filter(|_| row.token != ctx.inputs.token()) {
+        // added it as chunks finished: the run's stored usage is its executors' own). Each
+        // helping claim stores its spend with every commit, so a helper that died is counted up
+        // to its last commit.
+        let mut after = String::new();
+        loop {
+            let page = ctx.inputs.stored_page(HELPER_USAGE, &after, 256).await?;
+            let Some((last, _)) = page.last() else { break };
+            after.clone_from(last);
+            for (_, bytes) in page {
                 let usage = assay_proto::common::v1::Usage::decode(bytes.as_slice())
                     .map_err(|e| StageError::Internal(format!("run store: corrupt usage: {e}")))?;
                 ctx.spending.add_usage(&convert::usage_from(Some(usage)));
@@ -138,13 +174,20 @@ impl ChecklistEval {
 
     /// Help with a spread run another gateway executes.
     pub(super) async fn help_spread(&self, ctx: &RunCtx) -> Result<(), StageError> {
-        self.work(ctx, Role::Helper, Done::default()).await.map(|_| ())
+        self.work(ctx, Role::Helper, Done::default(), HashMap::new()).await.map(|_| ())
     }
 
     /// Claim chunks and score their records until nothing is left to claim (a helper) or the run
     /// is sealed and every chunk is done (the executor). `said`: records whose result the run's
-    /// events have told (the executor's). Returns whether the run was cancelled.
-    async fn work(&self, ctx: &RunCtx, role: Role, mut said: Done) -> Result<bool, StageError> {
+    /// events have told, `announced`: the claims they announced per chunk (the executor's).
+    /// Returns whether the run was cancelled.
+    async fn work(
+        &self,
+        ctx: &RunCtx,
+        role: Role,
+        mut said: Done,
+        announced: HashMap<u64, u32>,
+    ) -> Result<bool, StageError> {
         let executor = role == Role::Executor;
         let single = self.plan.preset().is_none();
         let mut checklists = Checklists::default();
@@ -162,7 +205,10 @@ impl ChecklistEval {
         let mut idle = false;
         let mut events = Writes::default();
         let mut reserve = Reserve::default();
-        let mut watch = Watch::default();
+        let mut watch = Watch { announced, ..Watch::default() };
+        // A helping claim's spend so far, stored with each of its commits.
+        let mut spent = Usage::default();
+        let usage_key = format!("{HELPER_USAGE}{}", ctx.inputs.token());
         let mut categorized = false;
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -249,8 +295,9 @@ impl ChecklistEval {
             if committing.is_none() && (unstored || (!held.is_empty() && last_commit.elapsed() >= TICK)) {
                 let mut commit = std::mem::take(&mut pending);
                 commit.held = held.keys().copied().collect();
-                if role == Role::Helper && !commit.done.is_empty() {
-                    commit.usage = Some(ctx.spending.take_usage().encode_to_vec());
+                if role == Role::Helper {
+                    spent.add(&convert::usage_from(Some(ctx.spending.take_usage())));
+                    commit.usage = Some((usage_key.clone(), convert::usage_to(&spent).encode_to_vec()));
                 }
                 last_commit = tokio::time::Instant::now();
                 committing = Some(Box::pin(ctx.inputs.commit(commit)));
@@ -334,7 +381,11 @@ impl ChecklistEval {
         if let Some(c) = committing.take() {
             c.await?;
         }
-        if !pending.checkpoints.is_empty() || !pending.done.is_empty() {
+        if role == Role::Helper {
+            spent.add(&convert::usage_from(Some(ctx.spending.take_usage())));
+            pending.usage = Some((usage_key.clone(), convert::usage_to(&spent).encode_to_vec()));
+        }
+        if !pending.checkpoints.is_empty() || !pending.done.is_empty() || pending.usage.is_some() {
             pending.held = held.keys().copied().collect();
             ctx.inputs.commit(pending).await?;
         }
@@ -388,8 +439,11 @@ impl ChecklistEval {
         let rows = ctx.inputs.chunks(watch.low).await?;
         for row in rows {
             let first = row.first;
-            let seen = watch.chunks.get(&first).map(|c| c.token.clone());
-            if seen.as_deref() != Some(row.token.as_str()) {
+            // Each claim announced once: a chunk's claims count up, and what was announced
+            // before a restart is read back from the events.
+            let announced = watch.announced.get(&first).copied().unwrap_or(0);
+            if row.claims > announced {
+                watch.announced.insert(first, row.claims);
                 events.push(ctx.log.emit_queued(Event::RecordsClaimed(gw::RecordsClaimed {
                     gateway: row.owner.clone(),
                     first,

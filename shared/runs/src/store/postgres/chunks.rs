@@ -158,21 +158,23 @@ impl ChunkStorage for PostgresStore {
             .map_err(db_err)?;
         }
         let done: Vec<i64> = commit.done.iter().filter(|c| held.contains(c)).copied().map(signed).collect();
-        if let Some(first) = done.first() {
+        if !done.is_empty() {
             tx.execute(
                 "UPDATE run_chunks SET done = true WHERE run_id = $1 AND token = $2 AND first = ANY($3)",
                 &[&run_id, &token, &done],
             )
             .await
             .map_err(db_err)?;
-            if let Some(usage) = &commit.usage {
-                tx.execute(
-                    "UPDATE run_chunks SET usage = $3 WHERE run_id = $1 AND first = $2",
-                    &[&run_id, first, usage],
-                )
-                .await
-                .map_err(db_err)?;
-            }
+        }
+        if let Some((key, usage)) = &commit.usage {
+            // The claim's spend so far, replacing what its last commit stored.
+            tx.execute(
+                "INSERT INTO checkpoints (run_id, key, value) VALUES ($1, $2, $3)
+                 ON CONFLICT (run_id, key) DO UPDATE SET value = EXCLUDED.value",
+                &[&run_id, key, usage],
+            )
+            .await
+            .map_err(db_err)?;
         }
         tx.commit().await.map_err(db_err)?;
         Ok(named.into_iter().map(index).filter(|c| !held.contains(c)).collect())

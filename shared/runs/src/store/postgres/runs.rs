@@ -133,6 +133,21 @@ impl RunStorage for PostgresStore {
         rows.iter().map(|r| gw::RunEvent::decode(r.get::<_, &[u8]>(0)).map_err(decode_err)).collect()
     }
 
+    async fn events_page(&self, run_id: &str, after: u64, limit: usize) -> Result<Vec<gw::RunEvent>, StageError> {
+        let after = i64::try_from(after).unwrap_or(i64::MAX);
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = self
+            .client()
+            .await?
+            .query(
+                "SELECT event FROM events WHERE run_id = $1 AND sequence > $2 ORDER BY sequence LIMIT $3",
+                &[&run_id, &after, &limit],
+            )
+            .await
+            .map_err(db_err)?;
+        rows.iter().map(|r| gw::RunEvent::decode(r.get::<_, &[u8]>(0)).map_err(decode_err)).collect()
+    }
+
     async fn checkpoints(&self, run_id: &str, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, StageError> {
         let rows = self
             .client()

@@ -120,4 +120,27 @@ impl SpendLedger for PostgresStore {
             .map_err(db_err)?;
         Ok(rows.iter().map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1))).collect())
     }
+
+    async fn note_need(&self, day: &str, backend: &str, nano_usd: i64) -> Result<(), StageError> {
+        self.client()
+            .await?
+            .execute(
+                "INSERT INTO spend_needs (day, backend, nano_usd) VALUES ($1::text::date, $2, $3)
+                 ON CONFLICT (day, backend) DO UPDATE SET nano_usd = LEAST(spend_needs.nano_usd, EXCLUDED.nano_usd)",
+                &[&day, &backend, &nano_usd],
+            )
+            .await
+            .map_err(db_err)?;
+        Ok(())
+    }
+
+    async fn needs(&self, day: &str) -> Result<Vec<(String, i64)>, StageError> {
+        let rows = self
+            .client()
+            .await?
+            .query("SELECT backend, nano_usd FROM spend_needs WHERE day = $1::text::date ORDER BY backend", &[&day])
+            .await
+            .map_err(db_err)?;
+        Ok(rows.iter().map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1))).collect())
+    }
 }

@@ -19,6 +19,7 @@ pub(super) const MIGRATIONS: &[(i32, &str)] = &[
     (5, include_str!("../../../migrations/postgres/0005_retention.sql")),
     (6, include_str!("../../../migrations/postgres/0006_run_records.sql")),
     (7, include_str!("../../../migrations/postgres/0007_run_chunks.sql")),
+    (8, include_str!("../../../migrations/postgres/0008_spend_needs.sql")),
 ];
 /// A run's summary, fenced by this gateway's lease: $1 run, $2 state, $3 summary, $4 owner.
 pub(super) const UPDATE_SUMMARY: &str =

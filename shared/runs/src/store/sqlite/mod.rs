@@ -17,6 +17,45 @@ use super::contract::{ControlOutcome, ControlRefusal, PostedControl, RunStorage,
 pub struct SqliteStore {
     location: String,
     conn: Arc<Mutex<rusqlite::Connection>>,
+    /// The file's gateway lock, held while the store is open ([`lock_for_one_gateway`]).
+    _lock: Option<std::fs::File>,
+}
+
+/// Take the lock that makes a SQLite file one gateway's: an exclusive `flock` on `<file>.lock`
+/// beside it, held while the store is open and released by the kernel when the process ends
+/// (a SIGKILL included). A second gateway on a live file would resume the first one's running
+/// runs and execute them twice; it is refused, naming the process that holds the file. (A lock
+/// file of its own, not the database: SQLite's POSIX locks on the database would be dropped by
+/// closing any other descriptor of it.)
+fn lock_for_one_gateway(path: &str) -> Result<std::fs::File, StageError> {
+    use std::io::{Read, Seek, Write};
+    let lock_path = format!("{path}.lock");
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&lock_path)
+        .map_err(|e| StageError::Internal(format!("run store lock {lock_path}: {e}")))?;
+    match file.try_lock() {
+        Ok(()) => {
+            // Who holds it, for the message a second gateway gets.
+            let _ = file.set_len(0).and_then(|()| file.rewind()).and_then(|()| write!(file, "{}", std::process::id()));
+            Ok(file)
+        }
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut holder = String::new();
+            let _ = file.read_to_string(&mut holder);
+            let holder = holder.trim();
+            let by = if holder.is_empty() { String::new() } else { format!(" (process {holder})") };
+            Err(StageError::FailedPrecondition(format!(
+                "run store {path} is in use by another gateway{by}: a SQLite run store serves one gateway at a \
+                 time. Stop the other one, give this one its own file (gateway.store), or share a PostgreSQL \
+                 store between several gateways (gateway.store = \"postgres://...\")"
+            )))
+        }
+        Err(std::fs::TryLockError::Error(e)) => Err(StageError::Internal(format!("run store lock {lock_path}: {e}"))),
+    }
 }
 
 fn db_err(e: rusqlite::Error) -> StageError {
@@ -89,14 +128,29 @@ fn free_pages_on_delete(c: &rusqlite::Connection) -> Result<(), StageError> {
 }
 
 impl SqliteStore {
-    /// Open (or create) the store; `":memory:"` keeps it in memory.
+    /// Open (or create) the store as its gateway; `":memory:"` keeps it in memory. Refused while
+    /// another process holds the file ([`lock_for_one_gateway`]).
     pub fn open(path: &str) -> Result<SqliteStore, StageError> {
+        Self::open_with(path, true)
+    }
+
+    /// Open the store without taking the gateway's lock: to read or prepare a file beside the
+    /// gateway that holds it (tests, tools), never to execute its runs.
+    pub fn open_unlocked(path: &str) -> Result<SqliteStore, StageError> {
+        Self::open_with(path, false)
+    }
+
+    fn open_with(path: &str, as_gateway: bool) -> Result<SqliteStore, StageError> {
+        let mut lock = None;
         let conn = if path == ":memory:" {
             rusqlite::Connection::open_in_memory()
         } else {
             if let Some(parent) = Path::new(path).parent().filter(|p| !p.as_os_str().is_empty()) {
                 std::fs::create_dir_all(parent)
                     .map_err(|e| StageError::Internal(format!("run store directory {}: {e}", parent.display())))?;
+            }
+            if as_gateway {
+                lock = Some(lock_for_one_gateway(path)?);
             }
             rusqlite::Connection::open(path)
         }
@@ -142,6 +196,13 @@ impl SqliteStore {
                  expires_at INTEGER NOT NULL
              );
              CREATE INDEX IF NOT EXISTS spend_holds_day ON spend_holds (day, backend);
+             -- Per backend and day, the least a call refused on its daily cap needed.
+             CREATE TABLE IF NOT EXISTS spend_needs (
+                 day TEXT NOT NULL,
+                 backend TEXT NOT NULL,
+                 nano_usd INTEGER NOT NULL,
+                 PRIMARY KEY (day, backend)
+             );
              -- Open runs' records as rows, and per open run how many it holds and whether sealed.
              CREATE TABLE IF NOT EXISTS run_records (
                  run_id TEXT NOT NULL,
@@ -158,7 +219,7 @@ impl SqliteStore {
              );",
         )
         .map_err(db_err)?;
-        Ok(SqliteStore { location: path.to_string(), conn: Arc::new(Mutex::new(conn)) })
+        Ok(SqliteStore { location: path.to_string(), conn: Arc::new(Mutex::new(conn)), _lock: lock })
     }
 
     async fn with<T: Send + 'static>(
@@ -251,6 +312,26 @@ impl RunStorage for SqliteStore {
             // Sequences fit in i64; anything above is past every event.
             let after = i64::try_from(after).unwrap_or(i64::MAX);
             let rows = stmt.query_map(params![run_id, after], |r| r.get::<_, Vec<u8>>(0)).map_err(db_err)?;
+            let mut out = Vec::new();
+            for row in rows {
+                out.push(gw::RunEvent::decode(row.map_err(db_err)?.as_slice()).map_err(decode_err)?);
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn events_page(&self, run_id: &str, after: u64, limit: usize) -> Result<Vec<gw::RunEvent>, StageError> {
+        let run_id = run_id.to_string();
+        self.with(move |c| {
+            let mut stmt = c
+                .prepare_cached(
+                    "SELECT event FROM events WHERE run_id = ?1 AND sequence > ?2 ORDER BY sequence LIMIT ?3",
+                )
+                .map_err(db_err)?;
+            let after = i64::try_from(after).unwrap_or(i64::MAX);
+            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+            let rows = stmt.query_map(params![run_id, after, limit], |r| r.get::<_, Vec<u8>>(0)).map_err(db_err)?;
             let mut out = Vec::new();
             for row in rows {
                 out.push(gw::RunEvent::decode(row.map_err(db_err)?.as_slice()).map_err(decode_err)?);

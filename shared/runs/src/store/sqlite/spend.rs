@@ -117,4 +117,31 @@ impl SpendLedger for SqliteStore {
         })
         .await
     }
+
+    async fn note_need(&self, day: &str, backend: &str, nano_usd: i64) -> Result<(), StageError> {
+        let (day, backend) = (day.to_string(), backend.to_string());
+        self.with(move |c| {
+            c.prepare_cached(
+                "INSERT INTO spend_needs (day, backend, nano_usd) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (day, backend) DO UPDATE SET nano_usd = MIN(nano_usd, excluded.nano_usd)",
+            )
+            .map_err(db_err)?
+            .execute(params![day, backend, nano_usd])
+            .map_err(db_err)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn needs(&self, day: &str) -> Result<Vec<(String, i64)>, StageError> {
+        let day = day.to_string();
+        self.with(move |c| {
+            let mut stmt = c
+                .prepare_cached("SELECT backend, nano_usd FROM spend_needs WHERE day = ?1 ORDER BY backend")
+                .map_err(db_err)?;
+            let rows = stmt.query_map(params![day], |r| Ok((r.get(0)?, r.get(1)?))).map_err(db_err)?;
+            rows.map(|r| r.map_err(db_err)).collect()
+        })
+        .await
+    }
 }
