@@ -602,6 +602,21 @@ fn table(ch: &Channels) -> Table {
         "pipeline.records[1].id",
         unary!(gateway, evaluate, evaluate(|p| p.records.push(p.records[0].clone()))),
     );
+    // An empty id would take its position, which may be another record's id ("1" twice before).
+    t.invalid(
+        EVALUATE,
+        DuplicateId,
+        "pipeline.records[1].id",
+        unary!(
+            gateway,
+            evaluate,
+            evaluate(|p| {
+                p.records.truncate(1);
+                p.records[0].id = "1".into();
+                p.records.push(gw::EvalRecord { id: String::new(), ..p.records[0].clone() });
+            })
+        ),
+    );
     t.invalid(
         EVALUATE,
         DuplicateId,

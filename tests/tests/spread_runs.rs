@@ -150,7 +150,17 @@ async fn spread_and_kill(kill_executor: bool) {
         assert!(claims.iter().any(|c| c.gateway == g), "no claim by {g}");
     }
     assert!(claims.iter().any(|c| c.takeover), "the victim's chunk was taken over");
-    // The chunks cover every record once (a resumed executor says the claims it finds again).
+    // Each claim is said once: one first claim per chunk, and a takeover only for a claim that
+    // was taken over (before, a resumed executor announced every chunk it found again, without
+    // `takeover`: 17 events for 10 chunks).
+    let mut firsts: BTreeMap<u64, usize> = BTreeMap::new();
+    for c in claims.iter().filter(|c| !c.takeover) {
+        *firsts.entry(c.first).or_default() += 1;
+    }
+    assert!(firsts.values().all(|n| *n == 1), "a chunk's first claim said more than once: {firsts:?}");
+    let takeovers = claims.iter().filter(|c| c.takeover).count();
+    assert!(takeovers <= 2 * 2, "{takeovers} takeovers announced for one killed gateway's chunks");
+    // The chunks cover every record once.
     let chunks: BTreeMap<u64, u32> = claims.iter().map(|c| (c.first, c.count)).collect();
     let mut next = 0u64;
     for (first, count) in &chunks {
@@ -158,12 +168,18 @@ async fn spread_and_kill(kill_executor: bool) {
         next += u64::from(*count);
     }
     assert_eq!(next, RECORDS as u64, "chunks {chunks:?}");
-    // Every record is said once its result is stored; a killed executor's last events (queued,
-    // not yet written) are not said again by the one that takes over (the results are stored).
-    let scored_events = all.iter().filter(|e| matches!(e.event, Some(Event::RecordScored(_)))).count();
-    if !kill_executor {
-        assert!(scored_events >= RECORDS, "{scored_events} record_scored events");
+    // Every record is said once: a killed executor's last events (queued, not written) are said
+    // by the one that takes over, from the stored results, and nothing is said twice (before,
+    // 8,423 of 10,000 records had an event after an executor was killed).
+    let mut said = vec![0u32; RECORDS];
+    for e in &all {
+        if let Some(Event::RecordScored(r)) = &e.event {
+            said[r.index as usize] += 1;
+        }
     }
+    let unsaid = said.iter().filter(|n| **n == 0).count();
+    let twice = said.iter().filter(|n| **n > 1).count();
+    assert_eq!((unsaid, twice), (0, 0), "records without a record_scored event, and said twice");
 
     // Each gateway's share: everything done, and no less than before the kill.
     let after = shares(&run);
@@ -179,11 +195,16 @@ async fn spread_and_kill(kill_executor: bool) {
     assert_eq!(agg.targets, RECORDS as u32);
     let mean = results.iter().map(|r| r.score.as_ref().unwrap().primary_score).sum::<f64>() / RECORDS as f64;
     assert!((agg.mean_primary_score - mean).abs() < 1e-12, "{} vs {mean}", agg.mean_primary_score);
-    assert!(eval.usage.unwrap().calls as usize >= RECORDS - 1024, "helpers' calls are in the run's usage");
+    // Every call served is in the run's usage but what the victim spent since its last commit
+    // (a commit at least every 500 ms, or with each batch of results) and had in flight.
+    let counted = eval.usage.unwrap().calls as usize;
     eprintln!(
-        "{test}: {served} calls for {RECORDS} records; claims {}, shares before the kill {before_kill:?}, after {after:?}",
+        "{test}: {served} calls for {RECORDS} records, {counted} in the run's usage; claims {}, shares before the kill \
+         {before_kill:?}, after {after:?}",
         claims.len()
     );
+    assert!(counted <= served, "{counted} calls counted, {served} served");
+    assert!(served - counted <= 256, "{} served calls are in no run's usage", served - counted);
     let _ = (a.start_kill(), b.start_kill());
 }
 
