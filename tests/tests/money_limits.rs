@@ -386,3 +386,24 @@ async fn hedged_and_abandoned_requests_of_a_run_without_limits_are_in_its_usage(
     every_served_call_counted(std::slice::from_ref(&run), &count, "no limits");
     sandbox.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_given_up_on_are_counted_and_two_responders_hold_a_token_budget() {
+    let (sandbox, count) = start_served(None, None, true).await;
+    let max = 40_000;
+    let gw::run_pipeline_request::Pipeline::ChecklistEval(mut p) = tick_eval(30) else { unreachable!() };
+    p.responders = ["model-a", "model-b"]
+        .map(|m| gw::Responder {
+            model: Some(assay_proto::common::v1::ModelSpec { model: m.into(), ..Default::default() }),
+            template: "Please answer: {input}".into(),
+            ..Default::default()
+        })
+        .to_vec();
+    let budget = gw::RunBudget { max_tokens: Some(max), max_cost_usd: None };
+    let run = run(&sandbox, gw::run_pipeline_request::Pipeline::ChecklistEval(p), Some(budget)).await;
+    let served = count.tokens();
+    eprintln!("two responders, --max-tokens {max}, late replies: served {served} ({:.2}x)", served as f64 / max as f64);
+    assert!(served as f64 <= max as f64 * 1.1, "served {served} tokens on a {max} budget");
+    every_served_call_counted(std::slice::from_ref(&run), &count, "responders --max-tokens");
+    sandbox.shutdown().await.unwrap();
+}
