@@ -328,7 +328,14 @@ fn every_served_call_counted(runs: &[gw::Run], count: &Served, what: &str) {
     );
     assert!(count.slow_calls.load(Ordering::SeqCst) > 0, "{what}: some replies came late");
     assert!(abandoned > 0, "{what}: the late replies were given up on");
-    assert_eq!(calls, count.calls(), "{what}: every request served is a call of some run");
+    // A duplicate dropped the instant the request it doubles answered may never have reached the
+    // backend: counted all the same (never fewer than served), so the count may pass what was
+    // served by those alone.
+    assert!(
+        calls >= count.calls() && calls - count.calls() <= hedged,
+        "{what}: every request served is a call of some run ({calls} counted, {} served, {hedged} hedged)",
+        count.calls()
+    );
     assert!(tokens >= count.tokens(), "{what}: {tokens} tokens counted, {} served", count.tokens());
     assert!(
         tokens - abandoned_tokens <= count.tokens(),
