@@ -414,3 +414,51 @@ async fn replies_given_up_on_are_counted_and_two_responders_hold_a_token_budget(
     every_served_call_counted(std::slice::from_ref(&run), &count, "responders --max-tokens");
     sandbox.shutdown().await.unwrap();
 }
+
+/// A run on a capped backend cancelled while its calls are out: the backend serves what was sent
+/// (a provider bills a request whose client went away), so the calls cut off count at what they
+/// held, in the run's usage and on the cap; before, their holds were given back and the served
+/// replies were in no run's usage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_cancelled_with_calls_out_counts_them() {
+    let count = Arc::new(Served::default());
+    let sandbox = MeshSandbox::start_with(SandboxOptions {
+        prices: Some(prices()),
+        daily_spend_usd: Some(1000.0),
+        concurrency: Some(16),
+        ..SandboxOptions::default()
+    })
+    .await;
+    let c = count.clone();
+    sandbox.llm.set_handler(move |r| served(&c, r, answer(r)).delay(Duration::from_millis(600)));
+    let mut client = Client::new(sandbox.gateway().await);
+    let request =
+        gw::RunPipelineRequest { open: false, pipeline: Some(tick_eval(60)), label: "cut".into(), budget: None };
+    let mut stream = client.run_pipeline(request).await.expect("run starts").into_inner();
+    let run_id = stream.message().await.unwrap().unwrap().event.unwrap().run_id;
+    assert!(assay_testkit::eventually(Duration::from_secs(30), || count.calls() >= 8).await, "calls went out");
+    client
+        .control_run(gw::ControlRunRequest {
+            run_id: run_id.clone(),
+            action: Some(gw::control_run_request::Action::Cancel(gw::CancelRun {})),
+            actor: "tester".into(),
+            reason: "enough".into(),
+        })
+        .await
+        .unwrap();
+    while stream.message().await.unwrap().is_some() {}
+    let run = client.get_run(gw::GetRunRequest { run_id }).await.unwrap().into_inner().run.unwrap();
+    assert_eq!(run.state, gw::RunState::Cancelled as i32);
+    let served = count.usd();
+    let usage = run.usage.clone().unwrap_or_default();
+    eprintln!(
+        "cancelled with calls out: served ${served:.4} in {} calls; the run counts ${:.4} ({} cut off, ${:.4})",
+        count.calls(),
+        usd(&run),
+        usage.abandoned_calls,
+        usage.abandoned_cost_usd
+    );
+    assert!(usage.abandoned_calls > 0, "calls were cut off: {usage:?}");
+    assert!(usd(&run) >= served, "the run counts ${} of the ${served} served", usd(&run));
+    sandbox.shutdown().await.unwrap();
+}

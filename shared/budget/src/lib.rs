@@ -448,6 +448,11 @@ impl Budget {
         self.state().learned.get(kind).copied()
     }
 
+    /// The most any kind of stage call was seen to need, if any was measured yet.
+    pub fn largest_learned(&self) -> Option<Cost> {
+        self.state().learned.values().copied().reduce(Cost::max)
+    }
+
     /// A stage call of `kind` needed (at least) `need`.
     pub fn learn(&self, kind: &str, need: Cost) {
         let mut s = self.state();

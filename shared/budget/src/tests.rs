@@ -232,3 +232,12 @@ fn a_stopped_budget_keeps_the_first_refusal_and_its_cause() {
     assert_eq!(b.stopped(), Some(r.message.clone()));
     assert_eq!(b.exhausted(), Some(r.message));
 }
+
+#[test]
+fn the_largest_need_of_any_kind_is_known_once_one_was_measured() {
+    let b = Budget::new(Limits::default());
+    assert_eq!(b.largest_learned(), None);
+    b.learn("score", Cost::new(100, 7));
+    b.learn("generate", Cost::new(40, 9));
+    assert_eq!(b.largest_learned(), Some(Cost::new(100, 9)));
+}

@@ -112,7 +112,7 @@ where
         }
         .max(min);
         let mut hold = budget.reserve_up_to(min, want).await.map_err(|why| budget_refusal(&budget, why))?;
-        let cap_hold = match caps {
+        let mut cap_hold = match caps {
             Some((c, b)) => {
                 let h = c.hold(&meter.run_id, b, min.nano_usd, hold.cost().nano_usd).await.map_err(|e| {
                     // A cap reached ends the run as a budget does.
@@ -150,7 +150,19 @@ where
                 }
             })
         };
+        // Dropped while the call is out (its run cancelled, its caller gone), the call's slice
+        // counts as spent on the run and on the caps: its model calls were sent and may be served.
+        // At what such a call was seen to spend, within its slice; the first call of a kind (its
+        // slice a share of what is free, not a need) at the most any kind of the run was seen to
+        // spend, and at nothing before anything was measured.
+        let seen = budget.learned(kind).or_else(|| budget.largest_learned()).unwrap_or_default();
+        let estimate = Cost::new(seen.tokens.min(slice.tokens), seen.nano_usd.min(slice.nano_usd));
+        let mut cut_off = CutOff { hold: Some(hold), estimate, limits, sink: outer_sink.clone() };
+        if let Some(h) = cap_hold.as_mut() {
+            h.sent(estimate.nano_usd);
+        }
         let out = assay_budget::with_sink(sink, assay_budget::scope(child.clone(), call())).await;
+        let hold = cut_off.hold.take().expect("the call returned: its hold is here");
         let mut used = child.spent();
         if let Ok(v) = &out {
             used.add(&usage_of(v));
@@ -189,6 +201,39 @@ where
                 return other;
             }
         }
+    }
+}
+
+/// A stage call's hold while the call is out: dropped before it returned, the call is charged at
+/// what such a call was seen to spend (in the quantities the run limits) and told to the run's
+/// sink, as an abandoned call.
+struct CutOff {
+    hold: Option<assay_budget::Hold>,
+    /// What the call is counted at.
+    estimate: Cost,
+    limits: Limits,
+    sink: Option<assay_budget::Sink>,
+}
+
+impl Drop for CutOff {
+    fn drop(&mut self) {
+        let Some(hold) = self.hold.take() else { return };
+        let cost = self.estimate;
+        let tokens = if self.limits.max_tokens.is_some() { cost.tokens } else { 0 };
+        let usd = if self.limits.max_cost_usd.is_some() { cost.nano_usd as f64 / 1e9 } else { 0.0 };
+        let usage = Usage {
+            calls: 1,
+            prompt_tokens: tokens,
+            cost_usd: usd,
+            abandoned_calls: 1,
+            abandoned_tokens: tokens,
+            abandoned_cost_usd: usd,
+            ..Usage::default()
+        };
+        if let Some(sink) = &self.sink {
+            sink(&usage);
+        }
+        hold.settle(&usage);
     }
 }
 

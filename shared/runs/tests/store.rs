@@ -301,24 +301,42 @@ async fn sqlite_in_memory_keeps_the_contract() {
     assert!(store.renew(&["b".into()]).await.unwrap().is_empty());
 }
 
-/// A SQLite file is one gateway's: a second gateway on the live file is refused, naming the
-/// process holding it and PostgreSQL for several gateways; once the first closes it, it opens.
+/// A SQLite file is one gateway's: while another process holds it (here `flock`, as a gateway
+/// holds `<file>.lock`), opening it as a gateway is refused, naming the file and PostgreSQL for
+/// several gateways; reading beside it is allowed; once the other lets go, it opens. Within one
+/// process the lock is shared (a gateway restarted in place).
 #[tokio::test]
 async fn a_second_gateway_on_a_live_sqlite_file_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("runs.db");
     let path = path.to_str().unwrap();
-    let first = RunStore::open(path).unwrap();
-    let Err(e) = RunStore::open(path) else { panic!("a second gateway opened a live SQLite store") };
+    let lock = format!("{path}.lock");
+    let mut other = std::process::Command::new("flock")
+        .args(["--no-fork", "--exclusive", &lock, "sleep", "60"])
+        .spawn()
+        .expect("flock (util-linux) holds the file as another process");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let e = loop {
+        match RunStore::open(path) {
+            Err(e) => break e,
+            Ok(store) => {
+                drop(store);
+                assert!(std::time::Instant::now() < deadline, "the other process never took the lock");
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        }
+    };
     let message = e.to_string();
     assert!(matches!(e, assay_domain::StageError::FailedPrecondition(_)), "{e:?}");
-    assert!(message.contains(&format!("process {}", std::process::id())), "{message}");
+    assert!(message.contains(path) && message.contains("in use by another gateway"), "{message}");
     assert!(message.contains("postgres://") && message.contains("gateway.store"), "{message}");
-    // Reading beside the gateway is allowed.
     let reader = RunStore::open_unlocked(path).unwrap();
     assert!(reader.get("none").await.unwrap().is_none());
-    drop(first);
-    RunStore::open(path).expect("the file is free once its gateway closed it");
+    other.kill().unwrap();
+    other.wait().unwrap();
+    let first = RunStore::open(path).expect("the file is free once the other process let go");
+    let again = RunStore::open(path).expect("the same process opens it again (a restart in place)");
+    drop((first, again));
 }
 
 #[tokio::test]

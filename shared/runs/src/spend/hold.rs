@@ -46,7 +46,7 @@ impl SpendCaps {
         want: u64,
     ) -> Result<CapHold, StageError> {
         let day = today();
-        let mut hold = CapHold { caps: self.clone(), day: day.clone(), held: Vec::new(), settled: false };
+        let mut hold = CapHold { caps: self.clone(), day: day.clone(), held: Vec::new(), settled: false, sent: None };
         let mut want = want.max(min) as i64;
         let expires_at = std::time::SystemTime::now()
             .checked_add(HOLD_LEASE)
@@ -111,13 +111,18 @@ impl SpendCaps {
 }
 
 /// Money held on the daily caps for one stage call. Settle it with the call's usage; dropped
-/// unsettled, it is given back (off the caller's path).
+/// unsettled (off the caller's path), it is given back, or counted as spent at the call's
+/// estimate once the call was sent ([`CapHold::sent`]).
 pub struct CapHold {
     caps: Arc<SpendCaps>,
     day: String,
     /// (backend, hold id, nano-dollars held).
     held: Vec<(String, String, i64)>,
     settled: bool,
+    /// The call went out, estimated at this many nano-dollars: dropped unsettled now (its run
+    /// cancelled, its caller gone), each hold counts as spent up to it, for the backend may serve
+    /// what was sent.
+    sent: Option<i64>,
 }
 
 impl CapHold {
@@ -127,18 +132,38 @@ impl CapHold {
         self.held.iter().map(|(_, _, n)| (*n).max(0) as u64).min()
     }
 
+    /// The call is being sent, estimated at `nano_usd`: from now on, dropped unsettled, each
+    /// hold counts as spent up to that.
+    pub fn sent(&mut self, nano_usd: u64) {
+        self.sent = Some(i64::try_from(nano_usd).unwrap_or(i64::MAX));
+    }
+
     /// The call spent `usage`: each hold removed and the backend's priced cost added to its
     /// day's spend.
     pub async fn settle(mut self, usage: &Usage) {
         self.settled = true;
         let held = std::mem::take(&mut self.held);
-        settle_holds(&self.caps, &self.day, held, Some(usage)).await;
+        settle_holds(&self.caps, &self.day, held, Settled::Spent(usage)).await;
     }
 }
 
-async fn settle_holds(caps: &SpendCaps, day: &str, held: Vec<(String, String, i64)>, usage: Option<&Usage>) {
+/// What a hold on a cap becomes.
+enum Settled<'a> {
+    /// The call's usage: its cost on each backend.
+    Spent(&'a Usage),
+    /// Nothing was sent: given back.
+    GivenBack,
+    /// Sent and cut off: spent at this estimate, at most what was held.
+    CutOff(i64),
+}
+
+async fn settle_holds(caps: &SpendCaps, day: &str, held: Vec<(String, String, i64)>, how: Settled<'_>) {
     for (backend, id, reserved) in held {
-        let actual = usage.and_then(|u| u.cost_by_backend.get(&backend)).map_or(0, |usd| (usd * NANO).round() as i64);
+        let actual = match how {
+            Settled::Spent(u) => u.cost_by_backend.get(&backend).map_or(0, |usd| (usd * NANO).round() as i64),
+            Settled::GivenBack => 0,
+            Settled::CutOff(estimate) => estimate.min(reserved),
+        };
         // A store that fails now may answer in a moment: an unsettled hold would keep its money
         // from every run until it expires.
         let mut wait = HOLD_POLL;
@@ -165,8 +190,9 @@ impl Drop for CapHold {
             return;
         }
         let (caps, day, held) = (self.caps.clone(), self.day.clone(), std::mem::take(&mut self.held));
+        let how = self.sent.map_or(Settled::GivenBack, Settled::CutOff);
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move { settle_holds(&caps, &day, held, None).await });
+            rt.spawn(async move { settle_holds(&caps, &day, held, how).await });
         }
     }
 }

@@ -18,7 +18,7 @@ pub struct SqliteStore {
     location: String,
     conn: Arc<Mutex<rusqlite::Connection>>,
     /// The file's gateway lock, held while the store is open ([`lock_for_one_gateway`]).
-    _lock: Option<std::fs::File>,
+    _lock: Option<Arc<std::fs::File>>,
 }
 
 /// Take the lock that makes a SQLite file one gateway's: an exclusive `flock` on `<file>.lock`
@@ -26,10 +26,22 @@ pub struct SqliteStore {
 /// (a SIGKILL included). A second gateway on a live file would resume the first one's running
 /// runs and execute them twice; it is refused, naming the process that holds the file. (A lock
 /// file of its own, not the database: SQLite's POSIX locks on the database would be dropped by
-/// closing any other descriptor of it.)
-fn lock_for_one_gateway(path: &str) -> Result<std::fs::File, StageError> {
+/// closing any other descriptor of it.) Within one process the lock is shared: a gateway
+/// restarted in the same process (tests do) opens the file again while tasks of the old one still
+/// let go of it.
+fn lock_for_one_gateway(path: &str) -> Result<Arc<std::fs::File>, StageError> {
     use std::io::{Read, Seek, Write};
+    static HELD: Mutex<Vec<(std::path::PathBuf, std::sync::Weak<std::fs::File>)>> = Mutex::new(Vec::new());
     let lock_path = format!("{path}.lock");
+    let key =
+        std::fs::canonicalize(Path::new(path).parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")))
+            .map(|dir| dir.join(Path::new(&lock_path).file_name().unwrap_or_default()))
+            .unwrap_or_else(|_| std::path::PathBuf::from(&lock_path));
+    let mut held = HELD.lock().unwrap_or_else(|p| p.into_inner());
+    held.retain(|(_, w)| w.strong_count() > 0);
+    if let Some(file) = held.iter().find(|(k, _)| *k == key).and_then(|(_, w)| w.upgrade()) {
+        return Ok(file);
+    }
     let mut file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -41,6 +53,8 @@ fn lock_for_one_gateway(path: &str) -> Result<std::fs::File, StageError> {
         Ok(()) => {
             // Who holds it, for the message a second gateway gets.
             let _ = file.set_len(0).and_then(|()| file.rewind()).and_then(|()| write!(file, "{}", std::process::id()));
+            let file = Arc::new(file);
+            held.push((key, Arc::downgrade(&file)));
             Ok(file)
         }
         Err(std::fs::TryLockError::WouldBlock) => {
