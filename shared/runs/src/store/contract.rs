@@ -285,9 +285,6 @@ pub struct ChunkRow {
     /// How many claims it has had (more than one: taken over after a claim expired).
     pub claims: u32,
     pub done: bool,
-    /// What a helping gateway spent on it (encoded `Usage`), once done (stores before helpers'
-    /// spend was kept under its own key, [`ChunkCommit::usage`]).
-    pub usage: Option<Vec<u8>>,
 }
 
 /// One commit of a claim's work ([`ChunkStorage::commit_chunks`]).

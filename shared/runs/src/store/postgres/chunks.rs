@@ -197,7 +197,7 @@ impl ChunkStorage for PostgresStore {
             .client()
             .await?
             .query(
-                "SELECT first, count, owner, token, done, usage, claims FROM run_chunks
+                "SELECT first, count, owner, token, done, claims FROM run_chunks
                  WHERE run_id = $1 AND first >= $2 ORDER BY first",
                 &[&run_id, &signed(first)],
             )
@@ -211,8 +211,7 @@ impl ChunkStorage for PostgresStore {
                 owner: r.get(2),
                 token: r.get(3),
                 done: r.get(4),
-                usage: r.get(5),
-                claims: u32::try_from(r.get::<_, i32>(6)).unwrap_or(0),
+                claims: u32::try_from(r.get::<_, i32>(5)).unwrap_or(0),
             })
             .collect())
     }
