@@ -22,7 +22,8 @@ fn good(i: usize, k: usize) -> bool {
 
 /// The judges, by the scorer model the run names: `good`; `worse` answers NO to items 1 and 2 of
 /// every even record (a planted regression); `better` answers YES to every item of the records
-/// divisible by 3.
+/// divisible by 3; `refusing` answers as `good` but refuses the records divisible by 5 (a reply
+/// with no answer to read).
 fn judge(r: &RecordedRequest) -> Reply {
     let prompt = r.last_user_message().unwrap_or_default();
     let Some(i) = prompt
@@ -35,6 +36,9 @@ fn judge(r: &RecordedRequest) -> Reply {
         return Reply::text("<critique>\n- Fine.\n</critique>\n<revised>\nLeaves are green.\n</revised>");
     };
     let model = r.model().unwrap_or_default().to_string();
+    if model == "refusing" && i % 5 == 0 {
+        return Reply::text("Sorry, I can't help with that.").usage(10, 5);
+    }
     let answers: Vec<serde_json::Value> = (0..ITEMS)
         .map(|k| {
             let yes = match model.as_str() {
@@ -191,6 +195,55 @@ async fn compare_runs_by_id_matches_the_core_and_gates_a_regression() {
     assert_eq!(seeded.bootstrap.unwrap().seed, 7);
     assert_eq!(seeded.diff, reply.diff);
 
+    sandbox.shutdown().await.unwrap();
+}
+
+/// Issue 59, point 1: a judge reply that cannot be read scores nothing. The refusing judge's run
+/// has 10 of 50 records unscored: the aggregate's mean is over the 40 scored (the good judge's
+/// mean on them, not 4/5 of it), the 10 counted apart; CompareRuns pairs the 40 records scored on
+/// both sides and says the 10 were left out. Before, each refusal was a primary score of 0: the
+/// mean dropped by a fifth and the comparison reported a regression nobody measured.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_judge_reply_is_unscored_not_a_zero() {
+    let sandbox = MeshSandbox::start().await;
+    sandbox.llm.set_handler(judge);
+    let good_run = evaluate(&sandbox, "good").await;
+    let events = sandbox.run_pipeline(gw::run_pipeline_request::Pipeline::ChecklistEval(pipeline("refusing"))).await;
+    let done = events.iter().find_map(assay_tests::evaluation).expect("an evaluation");
+    let refusing_run = events[0].run_id.clone();
+    let unscored: Vec<&str> = done
+        .results
+        .iter()
+        .filter(|r| r.score.as_ref().is_some_and(|s| s.answered_count == 0))
+        .map(|r| r.record_id.as_str())
+        .collect();
+    assert_eq!(unscored.len(), 10, "{unscored:?}");
+    assert!(unscored.iter().all(|id| id[1..].parse::<usize>().unwrap() % 5 == 0));
+    assert!(done.results.iter().all(|r| r.error.is_empty()), "judged, not failed");
+    let a = done.aggregate.as_ref().unwrap();
+    assert_eq!((a.targets, a.unscored_targets, a.unanswered_items), (50, 10, 40));
+    let scored_mean = (0..RECORDS)
+        .filter(|i| i % 5 != 0)
+        .map(|i| (0..ITEMS).filter(|k| good(i, *k)).count() as f64 / ITEMS as f64)
+        .sum::<f64>()
+        / 40.0;
+    assert!((a.mean_primary_score - scored_mean).abs() < 1e-12, "{} vs {scored_mean}", a.mean_primary_score);
+    assert_eq!(a.uncertainty.as_ref().map(|u| u.observations), Some(40));
+
+    let mut client = Client::new(sandbox.gateway().await);
+    let reply = client.compare_runs(request(&good_run, &refusing_run, Some(0.0))).await.unwrap().into_inner();
+    assert!(reply.paired, "{reply:?}");
+    assert_eq!((reply.n_pairs, reply.n_baseline, reply.n_candidate), (Some(40), 40, 40));
+    assert_eq!(reply.diff, 0.0, "the same answers on the records both scored");
+    assert!(!reply.gate.unwrap().regressed);
+    let mut left_out = reply.unscored_candidate.clone();
+    left_out.sort();
+    assert_eq!(left_out, unscored.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+    assert!(
+        reply.notes.iter().any(|n| n.starts_with("10 record(s) held by both runs but scored on one side")),
+        "{:?}",
+        reply.notes
+    );
     sandbox.shutdown().await.unwrap();
 }
 

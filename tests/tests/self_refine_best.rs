@@ -112,8 +112,8 @@ async fn a_regression_returns_the_best_draft_seen_not_the_previous_one() {
     sandbox.shutdown().await.unwrap();
 }
 
-/// A pass-1 revision that diverged from the draft and fails the guard leaves nothing kept: the
-/// original is the best draft, and the result says so (returned pass 0).
+/// A pass-1 reply that is not a revision of the draft leaves nothing kept: the original is the
+/// best draft, and the result says so (returned pass 0).
 #[tokio::test]
 async fn with_nothing_kept_the_original_is_the_best_draft() {
     let sandbox = MeshSandbox::start().await;
@@ -135,7 +135,9 @@ async fn with_nothing_kept_the_original_is_the_best_draft() {
         panic!("a self-refine result: {done:?}")
     };
     assert_eq!(out.passes.len(), 1, "{out:?}");
-    assert!(out.passes[0].rolled_back, "{out:?}");
+    // Not a revision at all: refused on pass 1 (there is no guard on pass 1).
+    assert!(out.passes[0].error.contains("is not a revision of the draft"), "{out:?}");
+    assert_eq!(out.stop_reason, rf::SelfRefineStopReason::RefinerError as i32);
     assert_eq!((out.final_text.as_str(), out.returned_pass, out.changed), (DRAFT, 0, false));
     sandbox.shutdown().await.unwrap();
 }

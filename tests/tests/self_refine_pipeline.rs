@@ -136,7 +136,7 @@ fn chat_calls(sandbox: &MeshSandbox) -> usize {
 /// A model that answers the draft instead of revising it ("YES", a refusal) never replaces it:
 /// the run succeeds with the draft unchanged, stop reason REFINER_ERROR (not CONVERGED, which a
 /// second pass agreeing with the first "YES" used to report) and the pass saying why; a refusal
-/// inside a <revised> block is rolled back by the guard on pass 1 (ROLLED_BACK).
+/// inside a <revised> block is not a revision either (REFINER_ERROR; pass 1 has no guard).
 #[tokio::test]
 async fn a_reply_that_is_not_a_revision_never_converges_and_keeps_the_draft() {
     let refusal = "I am sorry, but I cannot help with that request.";
@@ -145,7 +145,7 @@ async fn a_reply_that_is_not_a_revision_never_converges_and_keeps_the_draft() {
         (refusal.to_string(), rf::SelfRefineStopReason::RefinerError),
         (
             format!("<critique>\n- Cannot.\n</critique>\n<revised>\n{refusal}\n</revised>"),
-            rf::SelfRefineStopReason::RolledBack,
+            rf::SelfRefineStopReason::RefinerError,
         ),
     ];
     for (reply, stop) in cases {
@@ -169,13 +169,10 @@ async fn a_reply_that_is_not_a_revision_never_converges_and_keeps_the_draft() {
         assert_eq!(passes, out.passes, "{reply}: the event is the result's pass");
         let p = &passes[0];
         assert!(!p.converged, "{reply}");
-        if stop == rf::SelfRefineStopReason::RefinerError {
-            assert!(p.error.contains("is not a revision of the draft"), "{reply}: {}", p.error);
-            assert!(p.revised_block_missing && !p.rolled_back, "{reply}: {p:?}");
-        } else {
-            assert!(p.rolled_back && p.error.is_empty(), "{reply}: {p:?}");
-            assert_eq!(p.rollback_threshold, Some(0.85), "{reply}: held to the original on pass 1");
-        }
+        assert!(p.error.contains("is not a revision of the draft"), "{reply}: {}", p.error);
+        assert!(!p.rolled_back && p.rollback_threshold.is_none(), "{reply}: no guard on pass 1: {p:?}");
+        // Without a <revised> block, or inside one (refused on its own terms, issue 59 point 12).
+        assert_eq!(p.revised_block_missing, !reply.contains("<revised>"), "{reply}: {p:?}");
         assert_eq!(chat_calls(&sandbox), 1, "{reply}: no second pass");
         sandbox.shutdown().await.unwrap();
     }
@@ -205,6 +202,49 @@ async fn a_backend_failure_on_pass_one_keeps_the_draft_and_reports_it() {
     assert!(passes[0].revised.is_empty());
     assert!(chat_calls(&sandbox) >= 1, "the backend was asked");
     sandbox.shutdown().await.unwrap();
+}
+
+/// Issue 59, point 11: the same rule on every pass. A 400 (context too long) or a 401 on pass 1
+/// used to fail the run while the same error on pass 2 kept the draft; now each leaves the run
+/// SUCCEEDED with the text the passes so far left (the draft on pass 1, pass 1's revision on pass
+/// 2) and the error in the failed pass.
+#[tokio::test]
+async fn a_refused_request_keeps_the_draft_on_every_pass() {
+    for (status, body, fail_on) in [
+        (400, "This model's maximum context length is 2048 tokens", 1usize),
+        (401, "invalid api key", 1),
+        (400, "This model's maximum context length is 2048 tokens", 2),
+    ] {
+        let sandbox = MeshSandbox::start().await;
+        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let seen = calls.clone();
+        sandbox.llm.set_handler(move |r| {
+            if r.is_embeddings() {
+                return Reply::embeddings(r.embedding_inputs().iter().map(|t| hash_embedding(t, 32)).collect());
+            }
+            let n = seen.fetch_add(1, Ordering::SeqCst) + 1;
+            if n >= fail_on {
+                return Reply::status(status).body(body);
+            }
+            Reply::text(format!("<critique>\n- Name the parts.\n</critique>\n<revised>\n{}\n</revised>", revision(n)))
+        });
+        let events =
+            run_to_end(sandbox.gateway().await, gw::run_pipeline_request::Pipeline::SelfRefine(request(3))).await;
+        let (state, out) = outcome_of(&events);
+        assert_eq!(state, gw::RunState::Succeeded as i32, "{status} on pass {fail_on}: {out:?}");
+        assert_eq!(out.stop_reason, rf::SelfRefineStopReason::RefinerError as i32, "{out:?}");
+        let passes = passes_of(&events);
+        assert_eq!(passes, out.passes, "the events are the result's passes");
+        assert_eq!(passes.len(), fail_on, "{passes:?}");
+        let failed = passes.last().unwrap();
+        assert!(
+            failed.error.contains("rejected the request") || failed.error.contains("refused credentials"),
+            "{failed:?}"
+        );
+        let want = if fail_on == 1 { DRAFT.to_string() } else { revision(1) };
+        assert_eq!((out.final_text.as_str(), out.changed), (want.as_str(), fail_on > 1), "{status} on pass {fail_on}");
+        sandbox.shutdown().await.unwrap();
+    }
 }
 
 /// The draft a self-refine prompt quotes.

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use assay_domain::self_refine::{SelfRefinePassEvent, SelfRefiner};
+use assay_domain::self_refine::{SelfRefinePassEvent, SelfRefiner, kept_words};
 use assay_domain::similarity::{char_similarity, jaccard};
 use assay_llm::BreakerState;
 use assay_llm::ModelHub;
@@ -179,6 +179,11 @@ const REFUSAL: &str = "I am sorry, but I cannot help with that request.";
 /// A faithful but much shorter rewrite of DRAFT: diverged by characters, close in meaning.
 const SUMMARY: &str = "Reuse one HTTP client per process; set timeouts first; pooling and retries help.";
 
+/// DRAFT said again in other words (few of its content words): diverged by characters, a
+/// revision by meaning.
+const PARAPHRASE: &str = "Keep a single shared web connector for the whole program and give it time limits \
+first; pooled links and automatic resends ride out flaky networks.";
+
 /// Under 30 distinct content words: Jaccard confidence stays under 0.6.
 const SHORT: &str = "Reuse one HTTP client per process, set timeouts before the first request, and let the \
 pool keep sockets open between calls.";
@@ -206,10 +211,16 @@ fn the_fixtures_sit_where_the_tests_need_them() {
         j.similarity == 1.0 && j.confidence < 0.6 && (0.3..0.99).contains(&char_similarity(SHORT, &title_case(SHORT)))
     );
     assert!(DRAFT.len() >= 200 && SHORT.len() < 200);
-    // Not revisions of DRAFT by the cascade's own measure (diverged), nor SUMMARY.
-    for t in [REFUSAL, "YES", SUMMARY] {
+    // Not revisions of DRAFT by the cascade's own measure (diverged), nor SUMMARY, PARAPHRASE or
+    // the expansion.
+    for t in [REFUSAL, "YES", SUMMARY, PARAPHRASE, expansion().as_str()] {
         assert!(char_similarity(DRAFT, t) < 0.3, "{t}: {}", char_similarity(DRAFT, t));
     }
+    // By their words: the refusal and "YES" keep none of DRAFT's, the paraphrase few (its
+    // meaning must tell), the summary and the expansion enough.
+    assert_eq!((kept_words(DRAFT, REFUSAL), kept_words(DRAFT, "YES")), (0.0, 0.0));
+    assert!(kept_words(DRAFT, PARAPHRASE) < 0.2, "{}", kept_words(DRAFT, PARAPHRASE));
+    assert!(kept_words(DRAFT, SUMMARY) >= 0.2 && kept_words(DRAFT, &expansion()) == 1.0);
 }
 
 #[tokio::test]
@@ -452,42 +463,10 @@ async fn a_reply_that_is_not_a_revision_keeps_the_draft_and_says_why() {
     assert_eq!(h.embedding_calls(), 0, "decided by characters alone");
 }
 
-/// The regression guard holds on pass 1 too when embeddings measure it: a revision that diverged
-/// from the draft is kept only when its cosine to the original stays at or above 0.85 x the
-/// original's own (1), even with a single pass; a faithful short rewrite passes, a refusal in a
-/// <revised> block does not. By Jaccard (embeddings down) it is kept and flagged.
-#[tokio::test]
-async fn a_diverged_first_revision_must_pass_the_guard() {
-    let h = Harness::start().await;
-    h.vector(DRAFT, at(1.0));
-    h.vector(REFUSAL, [0.0, 0.0, 1.0]);
-    h.vector(SUMMARY, at(0.90));
-    for max_passes in [1, 3] {
-        h.chat([reply(&["Cannot help."], REFUSAL)]);
-        let out = h.refine(SelfRefineRequest { max_passes: Some(max_passes), ..request(DRAFT) }).await;
-        assert_eq!(out.final_text, DRAFT, "max_passes {max_passes}: the draft is kept");
-        assert!(out.rolled_back && !out.changed && !out.converged, "{out:?}");
-        assert_eq!(out.stop_reason, SelfRefineStopReason::RolledBack as i32);
-        let p = &out.passes[0];
-        assert_eq!((out.passes.len(), p.pass), (1, 1));
-        assert!(p.rolled_back && p.diverged && !p.revised_block_missing && p.error.is_empty(), "{p:?}");
-        assert_eq!(p.similarity_measure, "embedding");
-        assert!(p.similarity_to_original.unwrap().abs() < 1e-6);
-        assert!((p.rollback_threshold.unwrap() - 0.85).abs() < 1e-9, "{p:?}");
-    }
-    // A short, faithful rewrite diverges by characters but stays close in meaning: kept.
-    h.chat([reply(&["Too long."], SUMMARY)]);
-    let out = h.refine(request(DRAFT)).await;
-    let p = &out.passes[0];
-    assert!(p.diverged && !p.rolled_back, "{p:?}");
-    assert!((p.similarity_to_original.unwrap() - 0.90).abs() < 1e-6);
-    assert_eq!((out.final_text.as_str(), out.changed), (SUMMARY, true));
-    assert_eq!(out.stop_reason, SelfRefineStopReason::MaxPasses as i32);
-    // Without embeddings the guard measures by Jaccard, and a degraded similarity alone never
-    // rolls back a real pass-1 revision (REFERENCE): a faithful expansion of the draft, five times
-    // its length, shares few words with it by Jaccard's count; it is kept, flagged degraded_from.
-    h.embeddings_down(true);
-    let expansion = format!(
+/// A faithful expansion of DRAFT, five times its length: diverged by characters, far from it by
+/// Jaccard, keeping every word of it.
+fn expansion() -> String {
+    format!(
         "{DRAFT} {}",
         "In practice, a service that opens a new client for every call pays for a fresh TCP and TLS \
          handshake each time, exhausts ephemeral ports under load, and loses the warm connection pool; \
@@ -496,7 +475,58 @@ async fn a_diverged_first_revision_must_pass_the_guard() {
          deadline per request. Retries should be limited to idempotent requests, spaced with exponential \
          backoff and jitter, and capped, so that a struggling upstream is not flooded. "
             .repeat(2)
-    );
+    )
+    .trim_end()
+    .to_string()
+}
+
+/// The regression guard applies from pass 2 on (REFERENCE): pass 1 refuses only a reply that is
+/// not a revision at all. A revision that diverged from the draft by characters is kept when it is
+/// close in meaning or keeps the draft's words, whatever its cosine to the original: a faithful
+/// expansion (cosine 0.6, under the 0.85 that used to roll it back), a short rewrite, a paraphrase.
+/// A refusal in a <revised> block is a refiner error, embeddings or not; no pass-1 threshold.
+#[tokio::test]
+async fn a_diverged_first_revision_is_kept_unless_it_is_not_a_revision_at_all() {
+    let h = Harness::start().await;
+    let expansion = expansion();
+    h.vector(DRAFT, at(1.0));
+    h.vector(REFUSAL, [0.0, 0.0, 1.0]);
+    h.vector(SUMMARY, at(0.90));
+    h.vector(PARAPHRASE, at(0.70));
+    h.vector(&expansion, at(0.60));
+    for max_passes in [1, 3] {
+        h.chat([reply(&["Cannot help."], REFUSAL)]);
+        let out = h.refine(SelfRefineRequest { max_passes: Some(max_passes), ..request(DRAFT) }).await;
+        assert_eq!(out.final_text, DRAFT, "max_passes {max_passes}: the draft is kept");
+        assert!(!out.rolled_back && !out.changed && !out.converged, "{out:?}");
+        assert_eq!(out.stop_reason, SelfRefineStopReason::RefinerError as i32);
+        let p = &out.passes[0];
+        assert_eq!((out.passes.len(), p.pass, out.returned_pass), (1, 1, 0));
+        assert!(p.error.contains("is not a revision of the draft") && p.error.contains("keeps 0%"), "{p:?}");
+        assert!(!p.rolled_back && p.diverged && !p.revised_block_missing && p.revised == REFUSAL, "{p:?}");
+        assert_eq!(p.similarity_measure, "embedding");
+        assert!(p.similarity_to_original.unwrap().abs() < 1e-6);
+        assert_eq!(p.rollback_threshold, None, "{p:?}");
+    }
+    // Faithful revisions that diverged by characters: kept on pass 1 whatever their cosine, with
+    // no threshold; a next pass is held to their figures.
+    for (revised, cosine) in [(expansion.as_str(), 0.60), (SUMMARY, 0.90), (PARAPHRASE, 0.70)] {
+        h.chat([reply(&["Rework it."], revised)]);
+        let out = h.refine(request(DRAFT)).await;
+        let p = &out.passes[0];
+        assert!(p.diverged && !p.rolled_back && p.error.is_empty(), "{p:?}");
+        assert!((p.similarity_to_original.unwrap() - cosine).abs() < 1e-6, "{p:?}");
+        assert_eq!(p.rollback_threshold, None, "no guard on pass 1: {p:?}");
+        assert_eq!((out.final_text.as_str(), out.changed, out.returned_pass), (revised.trim(), true, 1));
+        assert_eq!(out.stop_reason, SelfRefineStopReason::MaxPasses as i32);
+    }
+    // Without embeddings the guard measures by Jaccard, and a degraded similarity alone never
+    // rolls back a real pass-1 revision (REFERENCE): the expansion shares few words with the draft
+    // by Jaccard's count; it is kept, flagged degraded_from. The refusal keeps none of the draft's
+    // words: still refused.
+    h.embeddings_down(true);
+    // Not the expansion measured above, whose cosine the cascade's cache still holds.
+    let expansion = format!("{expansion} Measure before tuning anything.");
     h.chat([reply(&["Too short for a newcomer."], &expansion)]);
     let out = h.refine(request(DRAFT)).await;
     let p = &out.passes[0];
@@ -507,6 +537,52 @@ async fn a_diverged_first_revision_must_pass_the_guard() {
     assert!(p.similarity_degraded_reason.contains("embedding call failed"), "{}", p.similarity_degraded_reason);
     assert_eq!((out.final_text.as_str(), out.changed, out.rolled_back), (expansion.trim(), true, false));
     assert_eq!(out.degraded_from, "embedding", "{out:?}");
+    // A refusal the cache has not seen: nothing measures its meaning, its words decide.
+    h.chat([reply(&["Cannot help."], "Sorry, that is not something I am able to do today.")]);
+    let out = h.refine(request(DRAFT)).await;
+    assert_eq!((out.final_text.as_str(), out.stop_reason), (DRAFT, SelfRefineStopReason::RefinerError as i32));
+    assert!(out.passes[0].error.contains("no embedding measured it"), "{:?}", out.passes[0]);
+}
+
+/// A reply that echoes the prompt's own scaffold (a small model at temperature 0 copying the
+/// prompt from its `<instruction>` block on) is not a revision: the scaffold is stripped where it
+/// matches the prompt exactly (the text inside is the revision: here the draft itself, so nothing
+/// changed), else the reply is a refiner error and the draft is kept.
+#[tokio::test]
+async fn a_reply_that_echoes_the_prompts_scaffold_is_stripped_exactly_or_refused() {
+    let h = Harness::start().await;
+    let unset = "(not given: improve the draft on its own terms)";
+    let echo =
+        |task: &str, text: &str| format!("<instruction>\n{task}\n</instruction>\n\nDRAFT:\n<draft>\n{text}\n</draft>");
+    // The reply is the prompt as sent, from its instruction block on.
+    h.chat([Reply::text(echo(unset, DRAFT))]);
+    let out = h.refine(SelfRefineRequest { instruction: String::new(), ..request(DRAFT) }).await;
+    let prompt = h.llm.requests().last().and_then(RecordedRequest::last_user_message).unwrap();
+    assert_eq!(prompt.trim_end(), format!("TASK:\n{}", echo(unset, DRAFT)), "the reply echoes the prompt exactly");
+    assert_eq!(out.final_text, DRAFT, "{out:?}");
+    assert!(!out.changed && out.converged, "{out:?}");
+    assert_eq!(out.passes[0].revised, DRAFT);
+
+    // The scaffold around a revision, after a critique: the revision.
+    h.chat([Reply::text(format!(
+        "<critique>\n- name the servers\n</critique>\nTASK:\n{}",
+        echo("Explain how to use the HTTP client well.", EDIT)
+    ))]);
+    let out = h.refine(request(DRAFT)).await;
+    assert_eq!((out.final_text.as_str(), out.changed), (EDIT, true), "{out:?}");
+    assert_eq!(out.passes[0].critique, vec!["name the servers"]);
+
+    // Scaffold that is not the prompt's (another instruction quoted): nothing to strip exactly, a
+    // refiner error, the draft kept and the reply visible in the pass.
+    let other = echo("Make it shorter.", EDIT);
+    h.chat([Reply::text(format!("<critique>\n- shorter\n</critique>\n<revised>\n{other}\n</revised>"))]);
+    let out = h.refine(SelfRefineRequest { max_passes: Some(2), ..request(DRAFT) }).await;
+    assert_eq!((out.final_text.as_str(), out.changed), (DRAFT, false), "{out:?}");
+    assert_eq!(out.stop_reason, SelfRefineStopReason::RefinerError as i32);
+    let p = &out.passes[0];
+    assert!(p.error.contains("echoes the prompt's own scaffold"), "{p:?}");
+    assert!(p.revised.starts_with("<instruction>\nMake it shorter."), "{p:?}");
+    assert_eq!(out.passes.len(), 1, "the loop stops at the error");
 }
 
 /// The draft and the task reach the model fenced, after the rule that they are material: a forged

@@ -149,7 +149,9 @@ async fn an_unparseable_batch_sample_is_an_abstention_not_a_no() {
     assert_eq!(first.sample_answers, vec![Some(Answer::Yes), None]);
     assert_eq!((s.item_scores[1].answer, s.item_scores[1].abstentions), (Some(Answer::No), 1));
     assert_eq!((s.abstentions, s.answered_count), (2, 2));
-    assert_eq!(s.sample_primary_scores, vec![0.5, 0.0]);
+    // The unparseable sample scored nothing: it is no observation of 0 (issue 59, point 1; it was
+    // [0.5, 0.0] and a primary score of 0.25).
+    assert_eq!((s.sample_primary_scores.clone(), s.primary_score), (vec![0.5], 0.5));
 }
 
 /// Every sample's reply unusable: the item is not answered (the first sample's status) and counts

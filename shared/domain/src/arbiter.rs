@@ -119,6 +119,10 @@ pub struct Consolidation {
     /// One entry per kept issue that named no known section, in issue order: where localization
     /// placed it (or why it could not).
     pub localizations: Vec<IssueLocalization>,
+    /// Critical issues the agreement filter kept out of the plan (FR-003), `raised_by` filled:
+    /// acceptance and the unresolved issues still count them.
+    #[serde(default)]
+    pub held_critical: Vec<JudgeIssue>,
 }
 
 /// Most sections one localized issue is routed to.

@@ -9,6 +9,7 @@ pub mod debate;
 pub mod document;
 pub mod error;
 pub mod generator;
+pub mod headings;
 pub mod iteration;
 pub mod judge;
 pub mod limits;
@@ -20,6 +21,7 @@ pub mod similarity;
 pub mod stage;
 pub mod stats;
 pub mod template;
+pub mod text;
 pub mod usage;
 pub mod verify;
 

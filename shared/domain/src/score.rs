@@ -395,6 +395,14 @@ pub struct Score {
 }
 
 impl Score {
+    /// Whether the target was scored: at least one item got an answer. A target whose items all
+    /// went unanswered (an unparseable or refused judge reply, every item call failed) has no
+    /// score at all: its rates read 0 but mean nothing, and it is kept out of every mean and
+    /// comparison, counted apart as unscored (REFERENCE section 4: never silently a zero).
+    pub fn is_scored(&self) -> bool {
+        self.answered_count > 0
+    }
+
     /// Compute every aggregate from item scores (aligned with the checklist's items by id).
     ///
     /// An item without an answer (unanswered, unparseable, failed) is counted apart
@@ -446,13 +454,16 @@ impl Score {
     /// aligned with the checklist): every aggregate is the mean over samples of the sample's
     /// aggregate; the items carry the majority ([`ItemScore::majority`]) and the answered and
     /// unanswered counts count those; the per-sample primary scores and their spread are kept.
-    /// One sample is returned as it is.
+    /// One sample is returned as it is. A sample that scored nothing ([`Score::is_scored`]: its
+    /// reply unparseable) abstains: the means and the per-sample scores are over the samples that
+    /// scored, and a target no sample scored is unscored.
     pub fn combine_samples(checklist: &Checklist, mut samples: Vec<Score>, primary: PrimaryMetric) -> Score {
         if samples.len() <= 1 {
             return samples.pop().unwrap_or_else(|| Score::compute(checklist, Vec::new(), primary));
         }
-        let k = samples.len() as f64;
-        let mean_of = |f: fn(&Score) -> f64| samples.iter().map(f).sum::<f64>() / k;
+        let scored: Vec<&Score> = samples.iter().filter(|s| s.is_scored()).collect();
+        let k = scored.len().max(1) as f64;
+        let mean_of = |f: fn(&Score) -> f64| scored.iter().map(|s| f(s)).sum::<f64>() / k;
         let n_items = samples.iter().map(|s| s.item_scores.len()).max().unwrap_or(0);
         let item_scores: Vec<ItemScore> = (0..n_items)
             .map(|j| {
@@ -460,7 +471,7 @@ impl Score {
                 ItemScore::majority(&per_sample)
             })
             .collect();
-        let sample_primary_scores: Vec<f64> = samples.iter().map(|s| s.primary_score).collect();
+        let sample_primary_scores: Vec<f64> = scored.iter().map(|s| s.primary_score).collect();
         let answered = item_scores.iter().filter(|s| s.status == ItemStatus::Answered).count() as u32;
         let first = &samples[0];
         Score {
@@ -476,7 +487,7 @@ impl Score {
             unanswered_count: item_scores.len() as u32 - answered,
             logprobs_unavailable: samples.iter().any(|s| s.logprobs_unavailable),
             schema_fallback: samples.iter().any(|s| s.schema_fallback),
-            sample_spread: Some(crate::stats::sd(&sample_primary_scores)),
+            sample_spread: (!sample_primary_scores.is_empty()).then(|| crate::stats::sd(&sample_primary_scores)),
             sample_primary_scores,
             abstentions: item_scores.iter().map(|s| s.abstentions).sum(),
             item_scores,
@@ -545,6 +556,18 @@ pub struct AggregateScores {
     /// Standard error and interval of the mean primary score over the observations (one per
     /// target, or one per sample clustered by target); `None` under 2 observations.
     pub uncertainty: Option<ScoreUncertainty>,
+    /// Targets added with no answered item ([`Score::is_scored`]): counted in `targets`, kept out
+    /// of the means, the pass rates and the uncertainty (their unanswered items are still counted
+    /// in `unanswered_items`).
+    #[serde(default)]
+    pub unscored_targets: u32,
+}
+
+impl AggregateScores {
+    /// Targets that were scored (`targets` - `unscored_targets`): what the means are over.
+    pub fn scored_targets(&self) -> u32 {
+        self.targets - self.unscored_targets
+    }
 }
 
 impl AggregateScores {
@@ -573,6 +596,7 @@ fn cluster_key(id: &str) -> u64 {
 #[derive(Debug, Default, Clone)]
 pub struct AggregateBuilder {
     targets: u32,
+    unscored: u32,
     primary_sum: f64,
     rate_sum: f64,
     yes_all: usize,
@@ -586,8 +610,15 @@ pub struct AggregateBuilder {
 }
 
 impl AggregateBuilder {
-    /// Add one score with the checklist it was scored against.
+    /// Add one score with the checklist it was scored against. An unscored target
+    /// ([`Score::is_scored`]) is counted, and apart: no mean, rate or interval takes it in.
     pub fn add(&mut self, score: &Score, checklist: &Checklist) {
+        if !score.is_scored() {
+            self.targets += 1;
+            self.unscored += 1;
+            self.unanswered += score.unanswered_count;
+            return;
+        }
         let key = if score.target_id.is_empty() {
             cluster_key(&format!("#{}", self.targets))
         } else {
@@ -626,15 +657,16 @@ impl AggregateBuilder {
     /// The aggregates of every score added.
     pub fn finish(self) -> AggregateScores {
         let targets = self.targets;
-        let t = f64::from(targets);
+        let scored = targets - self.unscored;
+        let t = f64::from(scored);
         let mut obs = self.observations;
         let uncertainty =
             crate::stats::standard_error_keyed(&mut obs, UNCERTAINTY_ALPHA).ok().map(|e| ScoreUncertainty::from(&e));
         drop(obs);
         AggregateScores {
             targets,
-            mean_primary_score: if targets == 0 { 0.0 } else { self.primary_sum / t },
-            macro_pass_rate: if targets == 0 { 0.0 } else { self.rate_sum / t },
+            mean_primary_score: if scored == 0 { 0.0 } else { self.primary_sum / t },
+            macro_pass_rate: if scored == 0 { 0.0 } else { self.rate_sum / t },
             micro_pass_rate: if self.items_all == 0 { 0.0 } else { self.yes_all as f64 / self.items_all as f64 },
             category_pass_rates: self
                 .cats
@@ -643,6 +675,7 @@ impl AggregateBuilder {
                 .collect(),
             unanswered_items: self.unanswered,
             uncertainty,
+            unscored_targets: self.unscored,
         }
     }
 }
@@ -727,6 +760,43 @@ mod tests {
         assert_eq!((agg.micro_pass_rate, agg.macro_pass_rate, agg.unanswered_items), (0.5, 0.5, 1));
         let ungrouped = agg.category_pass_rates.iter().find(|c| c.category == UNGROUPED).expect("ungrouped");
         assert_eq!((ungrouped.pass_rate, ungrouped.items), (0.0, 1), "c (NO) only: b has no answer");
+    }
+
+    /// Issue 59, point 1: record 1 all YES, record 2's reply unparseable. Before, record 2 was a
+    /// primary score of 0 in the mean (0.5) and in the interval; it is unscored, counted apart.
+    #[test]
+    fn an_unparseable_reply_is_unscored_not_a_zero() {
+        let cl = checklist();
+        let yes = Score::compute(
+            &cl,
+            ["a", "b", "c"].iter().map(|i| ItemScore::answered(*i, Answer::Yes)).collect(),
+            PrimaryMetric::Pass,
+        );
+        let garbled = Score::compute(
+            &cl,
+            ["a", "b", "c"].iter().map(|i| ItemScore::missing(*i, ItemStatus::Unparseable, "no yes/no")).collect(),
+            PrimaryMetric::Pass,
+        );
+        assert!(yes.is_scored() && !garbled.is_scored());
+        let mut third = yes.clone();
+        third.target_id = "r3".into();
+        let agg = AggregateScores::compute([(&yes, &cl), (&garbled, &cl), (&third, &cl)]);
+        assert_eq!((agg.targets, agg.unscored_targets, agg.scored_targets()), (3, 1, 2));
+        assert_eq!((agg.mean_primary_score, agg.macro_pass_rate, agg.micro_pass_rate), (1.0, 1.0, 1.0));
+        assert_eq!(agg.unanswered_items, 3, "its items are still counted unanswered");
+        assert_eq!(agg.uncertainty.as_ref().map(|u| (u.observations, u.mean)), Some((2, 1.0)));
+        // Nothing scored at all: no mean to give (0, with every target unscored).
+        let none = AggregateScores::compute([(&garbled, &cl)]);
+        assert_eq!((none.targets, none.unscored_targets, none.mean_primary_score), (1, 1, 0.0));
+        assert!(none.uncertainty.is_none());
+
+        // With samples, a sample whose reply was unparseable abstains: the means are over the
+        // others (1.0, not 2/3), and a target no sample scored is unscored.
+        let s = Score::combine_samples(&cl, vec![yes.clone(), garbled.clone(), yes.clone()], PrimaryMetric::Pass);
+        assert!(s.is_scored());
+        assert_eq!((s.primary_score, s.sample_primary_scores.clone()), (1.0, vec![1.0, 1.0]));
+        let s = Score::combine_samples(&cl, vec![garbled.clone(), garbled], PrimaryMetric::Pass);
+        assert!(!s.is_scored() && s.sample_primary_scores.is_empty() && s.sample_spread.is_none());
     }
 
     #[test]

@@ -3,26 +3,31 @@
 //!
 //! A pass asks the refiner model for a `<critique>` and a `<revised>` text, then:
 //! 1. the cascade compares the revision with the draft the pass started from;
-//! 2. when more than one pass may run, or the revision diverged from the draft it started from,
+//! 2. on pass 1, a revision that diverged from the draft (character similarity under 0.3) must
+//!    still be recognisably a revision of it ([`is_a_revision`]: close in meaning, or keeping a
+//!    fair share of the draft's content words); one that is not (a refusal, a bare "YES", an
+//!    answer instead of a rewrite) is a refiner error and the draft is kept. A faithful expansion
+//!    or summary is kept whatever its cosine: pass 1 is never rolled back;
+//! 3. when more than one pass may run, or the revision diverged from the draft it started from,
 //!    the regression guard measures the revision's similarity to the original (embedding cosine
 //!    through the cascade's cache and breaker; Jaccard when embeddings are unavailable for it or
-//!    for an earlier revision). Below [`ROLLBACK_RATIO`] x the best similarity of the revisions
-//!    kept so far (on pass 1, for a diverged revision measured by cosine: x 1, the original's own;
-//!    a pass-1 revision measured by Jaccard is never rolled back, only flagged `degraded_from`), the revision is
-//!    discarded (`rolled_back`) and the loop stops returning the BEST draft seen, not the previous
-//!    one: of the original and every kept revision, the one the guard scored highest (its
-//!    similarity to the original in the guard's measure). The original is the measure's reference,
-//!    so it is returned when no revision was kept; among kept revisions the highest score wins, the
-//!    earlier one on a tie. [`SelfRefineOutcome::returned_pass`] says which draft came back. A
-//!    revision that diverges from the original is never kept without passing this test;
-//! 3. otherwise the revision becomes the draft; converged stops the loop, anything else (diverged
+//!    for an earlier revision). From pass 2 on, below [`ROLLBACK_RATIO`] x the best similarity of
+//!    the revisions kept so far, the revision is discarded (`rolled_back`) and the loop stops
+//!    returning the BEST draft seen, not the previous one: of the original and every kept
+//!    revision, the one the guard scored highest (its similarity to the original in the guard's
+//!    measure), the earlier one on a tie. [`SelfRefineOutcome::returned_pass`] says which draft
+//!    came back. Pass 1's figures are the baseline later passes are held to;
+//! 4. otherwise the revision becomes the draft; converged stops the loop, anything else (diverged
 //!    included) goes on to the next pass.
 //!
-//! A refiner error (failed call, empty revision, reply cut at the token limit, a reply without a
-//! `<revised>` block that diverged from the draft: a refusal or an answer rather than a rewrite)
-//! keeps the previous draft, is reported in its pass, and stops the loop. Only when the very first
-//! call fails outright (nothing was produced and nothing can be reported but the backend's
-//! failure) does the stage return the error itself.
+//! A refiner error keeps the previous draft, is reported in its pass, and stops the loop: a failed
+//! call (the backend down or overloaded, the request refused: a 400 for a context too long, a 401
+//! for bad credentials; a timeout, the budget refused), an empty revision, a reply cut at the token
+//! limit, a reply that is not a revision of the draft (above; or without a `<revised>` block and
+//! diverged from the draft), a reply that echoes the prompt's own scaffold in a way that cannot be
+//! stripped exactly. The same rule holds on every pass. The stage itself returns the error of a
+//! very first call that failed outright (nothing was produced); a caller that owns a run keeps the
+//! draft for it as for any other pass ([`SelfRefineOutcome::refiner_failed`]).
 
 use serde::{Deserialize, Serialize};
 
@@ -31,7 +36,7 @@ use crate::error::{StageError, Violations};
 use crate::judge::check_model_spec;
 use crate::limits::{MAX_ID_BYTES, MAX_TEXT_BYTES};
 use crate::model::{ModelRecord, ModelSpec};
-use crate::similarity::{CompareOutcome, ConvergenceMode, DecidedBy};
+use crate::similarity::{CHAR_DIVERGED, CompareOutcome, ConvergenceMode, DecidedBy, tokens};
 use crate::stage::EventSink;
 
 /// Configuration phase of the refiner model (`models.phases.self_refine`).
@@ -46,6 +51,16 @@ pub const DEFAULT_MIN_BYTES: u32 = 200;
 /// A revision whose similarity to the original falls below this share of the best so far is
 /// rolled back.
 pub const ROLLBACK_RATIO: f64 = 0.85;
+/// Least share of the draft's content words ([`crate::similarity::tokens`]) a pass-1 revision that
+/// diverged from the draft by characters must keep to be recognised as a revision of it by its
+/// words: a faithful expansion keeps nearly all of them, a summary a quarter or more; a refusal, a
+/// bare "YES" or an answer about something else keeps next to none.
+pub const REVISION_MIN_KEPT_WORDS: f64 = 0.2;
+/// Least embedding cosine to the draft at which a pass-1 revision that diverged from the draft by
+/// characters is recognised as a revision of it whatever its words (a paraphrase). Far below the
+/// rollback ratio: on pass 1 it tells a revision from a reply about something else, not a better
+/// revision from a worse one (that is the regression guard's business, from pass 2 on).
+pub const REVISION_MIN_COSINE: f64 = 0.5;
 /// Whether the convergence cascade runs its embedding step (step 3) when neither the request nor
 /// the service's configuration (`convergence.embedding_step`) says. Off, by measurement on the
 /// embedded backend (`cargo bench -p assay-refiners --bench self_refine_similarity`): on 175
@@ -55,6 +70,8 @@ pub const ROLLBACK_RATIO: f64 = 0.85;
 /// reads only a text's first 256 tokens), at 0.36 to 0.69 s a comparison.
 /// The regression guard's similarity to the original still uses embeddings when available.
 pub const DEFAULT_EMBEDDING_STEP: bool = false;
+/// Slack for threshold comparisons.
+const EPS: f64 = 1e-9;
 
 /// Critique-and-revise one draft.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -213,6 +230,60 @@ impl SelfRefinePass {
     }
 }
 
+/// Share of `draft`'s content words (the normalised tokens of [`crate::similarity::tokens`]: lower
+/// case, stop words and one-character tokens dropped) that `revised` keeps; 1 when the draft has
+/// none (nothing to lose).
+pub fn kept_words(draft: &str, revised: &str) -> f64 {
+    let words = tokens(draft);
+    if words.is_empty() {
+        return 1.0;
+    }
+    let kept = tokens(revised);
+    words.intersection(&kept).count() as f64 / words.len() as f64
+}
+
+/// Whether a pass-1 reply that diverged from the draft by characters is still recognisably a
+/// revision of it (REFERENCE: pass 1 refuses only replies that are not a revision at all): close
+/// in meaning (embedding `cosine` to the draft at least [`REVISION_MIN_COSINE`], when measured) or
+/// keeping at least [`REVISION_MIN_KEPT_WORDS`] of the draft's content words ([`kept_words`]). A
+/// faithful expansion, a summary or a paraphrase is one; a refusal, a bare "YES" or an answer
+/// instead of a rewrite is not. Without embeddings the words alone decide.
+pub fn is_a_revision(kept_words: f64, cosine: Option<f64>) -> bool {
+    cosine.is_some_and(|c| c >= REVISION_MIN_COSINE - EPS) || kept_words >= REVISION_MIN_KEPT_WORDS - EPS
+}
+
+/// The error of a pass-1 reply with a `<revised>` block that diverged from `draft` (character
+/// similarity `char_similarity`) and is not a revision of it ([`is_a_revision`]); `None` when it
+/// is one.
+pub fn not_a_revision(draft: &str, revised: &str, char_similarity: f64, cosine: Option<f64>) -> Option<String> {
+    let kept = kept_words(draft, revised);
+    if is_a_revision(kept, cosine) {
+        return None;
+    }
+    let meaning = match cosine {
+        Some(c) => format!("its embedding cosine to the draft is {c:.2}, under {REVISION_MIN_COSINE}"),
+        None => "no embedding measured it".to_string(),
+    };
+    Some(format!(
+        "the reply is not a revision of the draft (character similarity {char_similarity:.2}, under \
+         {CHAR_DIVERGED}: diverged; it keeps {:.0}% of the draft's content words, under {:.0}%; {meaning}): \
+         a refusal or an answer instead of a rewrite, so the draft is kept",
+        kept * 100.0,
+        REVISION_MIN_KEPT_WORDS * 100.0
+    ))
+}
+
+/// `"embedding"` when a pass's cascade decided without embeddings, or the guard measured a kept
+/// revision by Jaccard because embeddings were unavailable.
+pub fn degraded_from(passes: &[SelfRefinePass]) -> Option<String> {
+    passes.iter().find_map(|p| p.degraded_from().map(str::to_string)).or_else(|| {
+        passes
+            .iter()
+            .any(|p| p.kept() && p.original_similarity.as_ref().is_some_and(|g| !g.degraded_reason.is_empty()))
+            .then(|| "embedding".to_string())
+    })
+}
+
 /// Why the loop stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub enum StopReason {
@@ -228,9 +299,12 @@ pub enum StopReason {
 pub const MAX_HOOK_EXCLUDES: usize = 64;
 
 /// The producers a hook with no exclude list leaves alone: text a human wrote or edited is not
-/// polished after it was accepted (the seed's default excludes, `formatter`, `deps`, `refiner`,
-/// `verifier`, name agents no Assay pipeline has).
-pub const DEFAULT_HOOK_EXCLUDES: &[&str] = &["human"];
+/// polished after it was accepted, and text no stage changed (`original`: a section that passed
+/// judging as it was given) stays exactly as given (US1-1, SC-002: untouched sections remain
+/// unchanged). With no list the hook polishes only what a model wrote (`model`, `debate`). The
+/// seed's default excludes (`formatter`, `deps`, `refiner`, `verifier`) name agents no Assay
+/// pipeline has.
+pub const DEFAULT_HOOK_EXCLUDES: &[&str] = &["human", "original"];
 
 /// Self-refine as post-processing of a pipeline's text outputs: every output that is not excluded
 /// (by its name or its producer) and is at least `min_bytes` long goes through one loop.
@@ -340,6 +414,39 @@ pub struct SelfRefineOutcome {
 }
 
 impl SelfRefineOutcome {
+    /// The outcome of a loop whose next refiner call failed as a whole with `error` (a very first
+    /// call that failed outright, or a stage call that failed before its pass could be reported):
+    /// a refiner error like any other (REFERENCE: it keeps the previous draft and is reported).
+    /// `passes` are the passes run before (each kept, none ending the loop); the failed one is
+    /// added after them with the error. The text returned is the last kept pass's revision (the
+    /// draft when there is none), the stop reason [`StopReason::RefinerError`]; `model` is the
+    /// refiner's record when a call reported one.
+    pub fn refiner_failed(draft: &str, mut passes: Vec<SelfRefinePass>, error: String, model: ModelRecord) -> Self {
+        let (final_text, returned_pass) = passes
+            .iter()
+            .rev()
+            .find(|p| p.kept())
+            .map_or_else(|| (draft.to_string(), 0), |p| (p.revised.clone(), p.pass));
+        let mut usage = Usage::default();
+        for p in &passes {
+            usage.add(&p.usage);
+        }
+        passes.push(SelfRefinePass { pass: passes.len() as u32 + 1, error, ..SelfRefinePass::default() });
+        Self {
+            changed: final_text != draft,
+            final_text,
+            degraded_from: degraded_from(&passes),
+            converged: false,
+            skipped_too_short: false,
+            rolled_back: false,
+            stop_reason: StopReason::RefinerError,
+            returned_pass,
+            passes,
+            usage,
+            model,
+        }
+    }
+
     /// Whether the loop is over (as opposed to a call cut short by `passes_this_call`): skipped,
     /// `max_passes` passes ran, or its last pass ended it (converged, rolled back or failed).
     pub fn finished(&self, max_passes: u32) -> bool {
@@ -466,15 +573,89 @@ mod tests {
         assert!(!SelfRefinePass { error: "down".into(), ..Default::default() }.kept());
     }
 
+    /// US1-1, SC-002: with no exclude list, the hook leaves a section that passed judging as it
+    /// was given (producer "original") exactly as it was, as it leaves a human's text; it polishes
+    /// only what a model wrote.
     #[test]
-    fn a_hook_without_an_exclude_list_leaves_human_text_alone() {
+    fn a_hook_without_an_exclude_list_leaves_human_and_untouched_text_alone() {
         let hook = SelfRefineHook::default();
         assert!(hook.excludes("intro", "human"));
-        assert!(!hook.excludes("intro", "model") && !hook.excludes("intro", "original"));
+        assert!(hook.excludes("intro", "original"), "an untouched section stays untouched");
+        assert!(!hook.excludes("intro", "model") && !hook.excludes("p1", "debate"));
         // A list given replaces the defaults.
         let named = SelfRefineHook { exclude: vec!["summary".into()], ..SelfRefineHook::default() };
         assert!(named.excludes("summary", "model") && !named.excludes("intro", "human"));
+        assert!(!named.excludes("intro", "original"));
         let all = SelfRefineHook { exclude: vec!["-".into()], ..SelfRefineHook::default() };
-        assert!(!all.excludes("intro", "human"));
+        assert!(!all.excludes("intro", "human") && !all.excludes("intro", "original"));
+    }
+
+    const DRAFT: &str = "Photosynthesis is how plants make food. They use light. Water and carbon dioxide go in \
+                         and sugar and oxygen come out. This happens in the leaves of the plant, inside small \
+                         parts of the cells that hold a green pigment.";
+
+    /// Pass 1 refuses only replies that are not a revision at all: a faithful expansion or a summary
+    /// is one by its words, whatever its cosine; a paraphrase by its cosine; a refusal or a bare
+    /// "YES" by neither.
+    #[test]
+    fn a_revision_is_recognised_by_its_meaning_or_its_words() {
+        let expansion = format!(
+            "{DRAFT} The green pigment is chlorophyll, and the small parts are chloroplasts. Light gives the \
+             energy that splits water; the oxygen that comes out is what we breathe, and the sugar feeds the \
+             plant as it grows new leaves, stems and roots through the spring and the summer months."
+        );
+        let summary = "Plants make sugar and oxygen from light, water and carbon dioxide, in the leaves.";
+        let refusal = "I am sorry, but I cannot help with that request.";
+        assert!(kept_words(DRAFT, &expansion) > 0.99);
+        assert!(kept_words(DRAFT, summary) >= REVISION_MIN_KEPT_WORDS, "{}", kept_words(DRAFT, summary));
+        assert_eq!((kept_words(DRAFT, refusal), kept_words(DRAFT, "YES")), (0.0, 0.0));
+        assert_eq!(kept_words("a an the", "anything"), 1.0, "a draft without content words loses none");
+        // A faithful expansion far from the draft by cosine (0.3) is still a revision.
+        assert!(is_a_revision(kept_words(DRAFT, &expansion), Some(0.3)));
+        assert!(is_a_revision(kept_words(DRAFT, summary), None));
+        // A paraphrase sharing few words is one by its cosine.
+        assert!(is_a_revision(0.05, Some(0.5)) && !is_a_revision(0.05, Some(0.49)));
+        for reply in [refusal, "YES"] {
+            let why = not_a_revision(DRAFT, reply, 0.05, Some(0.1)).expect("not a revision");
+            assert!(why.contains("is not a revision of the draft") && why.contains("keeps 0%"), "{why}");
+            assert!(why.contains("cosine to the draft is 0.10, under 0.5"), "{why}");
+            let why = not_a_revision(DRAFT, reply, 0.05, None).expect("the words decide without embeddings");
+            assert!(why.contains("no embedding measured it"), "{why}");
+        }
+        assert_eq!(not_a_revision(DRAFT, &expansion, 0.2, Some(0.1)), None);
+    }
+
+    /// A refiner call that failed as a whole keeps the text the passes before it left (the draft
+    /// when there were none) and is reported in a pass of its own: the same outcome on every pass.
+    #[test]
+    fn a_failed_call_keeps_the_previous_draft_and_is_reported_on_every_pass() {
+        let out = SelfRefineOutcome::refiner_failed(
+            DRAFT,
+            Vec::new(),
+            "failed precondition: 401".into(),
+            ModelRecord::default(),
+        );
+        assert_eq!((out.final_text.as_str(), out.changed, out.returned_pass), (DRAFT, false, 0));
+        assert_eq!((out.stop_reason, out.converged, out.rolled_back), (StopReason::RefinerError, false, false));
+        assert_eq!(out.passes.len(), 1);
+        assert_eq!((out.passes[0].pass, out.passes[0].error.as_str()), (1, "failed precondition: 401"));
+        assert!(out.finished(2), "a failed pass ends the loop");
+
+        let first = SelfRefinePass {
+            pass: 1,
+            revised: "Revision one.".into(),
+            usage: Usage { calls: 1, prompt_tokens: 40, ..Usage::default() },
+            ..SelfRefinePass::default()
+        };
+        let model = ModelRecord { model: "editor".into(), ..ModelRecord::default() };
+        let out =
+            SelfRefineOutcome::refiner_failed(DRAFT, vec![first.clone()], "unavailable: down".into(), model.clone());
+        assert_eq!((out.final_text.as_str(), out.changed, out.returned_pass), ("Revision one.", true, 1));
+        assert_eq!(
+            out.passes,
+            vec![first, SelfRefinePass { pass: 2, error: "unavailable: down".into(), ..Default::default() }]
+        );
+        assert_eq!((out.usage.calls, out.usage.prompt_tokens, out.model), (1, 40, model));
+        assert_eq!(out.stop_reason, StopReason::RefinerError);
     }
 }

@@ -14,7 +14,7 @@ use assay_domain::arbiter::{
     Arbiter, ConsolidateRequest, Consolidation, IssueLocalization, Plan, PlanRequest, RouteRequest, Routing,
     SectionInstruction,
 };
-use assay_domain::document::{Brief, JudgeIssue, mean_score};
+use assay_domain::document::{Brief, JudgeIssue, Severity, mean_score};
 use assay_domain::template::render;
 use assay_domain::{ModelRecord, StageError, Usage};
 use assay_llm::json::reply_json;
@@ -459,9 +459,11 @@ impl ArbiterCore {
         let merged: Vec<_> = clusters.iter().map(|c| consolidate::merge(&request.verdicts, &refs, c)).collect();
         let issues_merged = (refs.len() - merged.len()) as u32;
         let before = merged.len();
-        let issues: Vec<_> =
-            merged.into_iter().filter(|i| consolidate::keep(measured.band, request.verdicts.len(), i)).collect();
+        let (issues, dropped): (Vec<_>, Vec<_>) =
+            merged.into_iter().partition(|i| consolidate::keep(measured.band, request.verdicts.len(), i));
         let issues_dropped = (before - issues.len()) as u32;
+        // A critical issue the filter keeps out of the plan still decides acceptance (FR-025).
+        let held_critical: Vec<_> = dropped.into_iter().filter(|i| i.severity == Severity::Critical).collect();
         // Kept issues without a known section are placed before anything is grouped by section.
         let (issues, localizations) = if issues.iter().any(|i| localize::unplaced(i, &known)) {
             let (issues, localizations, u) = self.localize_all(&request, issues).await?;
@@ -506,6 +508,7 @@ impl ArbiterCore {
             usage,
             model_record,
             localizations,
+            held_critical,
         })
     }
 }

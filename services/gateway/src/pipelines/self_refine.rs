@@ -6,11 +6,18 @@
 //! stage as `prior_passes` on the next call: a paused run stops between passes (no model call while
 //! paused) and a resumed or restarted run goes on from the pass reached; a finished loop is never
 //! redone.
+//!
+//! A refiner error keeps the previous draft and is reported (REFERENCE section 5), on every pass
+//! alike: the stage records a failed model call of a later pass in that pass, and a stage call that
+//! fails as a whole (a very first model call that failed outright, or the stage itself out of
+//! reach) becomes the same outcome here ([`SelfRefineOutcome::refiner_failed`]). A 400 (context too
+//! long), a 401 (bad credentials) or a timeout on pass 1 leaves the run SUCCEEDED with the draft
+//! unchanged and the error in pass 1, as on pass 2: nothing was lost but the polish. Only a wrong
+//! request, a mesh without the stage, a bug or a cancel end the run.
 
 use assay_domain::StageError;
-use assay_domain::self_refine::{
-    SelfRefineOutcome, SelfRefinePass, SelfRefinePassEvent, SelfRefineRequest, StopReason,
-};
+use assay_domain::model::ModelRecord;
+use assay_domain::self_refine::{SelfRefineOutcome, SelfRefinePass, SelfRefinePassEvent, SelfRefineRequest};
 use assay_proto::convert;
 use assay_proto::gateway::v1 as gw;
 use assay_proto::gateway::v1::run_event::Event;
@@ -46,6 +53,8 @@ impl SelfRefine {
             return Ok(done);
         }
         let mut passes: Vec<SelfRefinePass> = ctx.checkpoints.load_json(PASSES).await?.unwrap_or_default();
+        // The refiner's record, from the last call that reported one.
+        let mut model = ModelRecord::default();
         loop {
             // Between passes: a paused run waits here, and goes on from the pass reached.
             ctx.gate.wait().await?;
@@ -58,12 +67,19 @@ impl SelfRefine {
             let call = self.stages.self_refiner()?.self_refine(request, &sink);
             let outcome = match assay_runs::relay_with(&mut rx, call, |e| Self::relay(ctx, e)).await? {
                 Ok(outcome) => outcome,
-                // A refiner error keeps the previous draft and is reported (REFERENCE): on pass 1
-                // the stage has nothing to report but its failure, so the draft is the outcome.
-                Err(e) if passes.is_empty() && keeps_the_draft(&e) => {
-                    let outcome = self.draft_kept(e);
-                    for p in &outcome.passes {
-                        Self::relay(ctx, SelfRefinePassEvent::PassFinished(p.clone())).await?;
+                // A refiner error keeps the previous draft and is reported (REFERENCE), whichever
+                // pass it hit: the stage reported nothing but its failure, so the text the passes
+                // so far left (the draft on pass 1) is the outcome, the error in a pass of its own.
+                Err(e) if keeps_the_draft(&e) => {
+                    tracing::warn!(pass = passes.len() + 1, error = %e, "self-refine pass failed; the previous draft is kept");
+                    let outcome = SelfRefineOutcome::refiner_failed(
+                        &self.request.draft,
+                        passes.clone(),
+                        e.to_string(),
+                        model.clone(),
+                    );
+                    if let Some(failed) = outcome.passes.last() {
+                        Self::relay(ctx, SelfRefinePassEvent::PassFinished(failed.clone())).await?;
                     }
                     outcome
                 }
@@ -73,8 +89,9 @@ impl SelfRefine {
             for p in outcome.passes.iter().skip(passes.len()) {
                 ctx.spending.add_usage(&p.usage);
             }
-            if outcome.model != Default::default() {
+            if outcome.model != ModelRecord::default() {
                 ctx.progress.add_model(&outcome.model);
+                model.clone_from(&outcome.model);
             }
             if outcome.finished(self.request.max_passes) {
                 ctx.checkpoints.put_json(DONE, &outcome).await?;
@@ -82,25 +99,6 @@ impl SelfRefine {
             }
             passes.clone_from(&outcome.passes);
             ctx.checkpoints.put_json(PASSES, &passes).await?;
-        }
-    }
-
-    /// The outcome of a loop whose first pass failed: the draft, unchanged, with the error in its
-    /// pass.
-    fn draft_kept(&self, e: StageError) -> SelfRefineOutcome {
-        let pass = SelfRefinePass { pass: 1, error: e.to_string(), ..SelfRefinePass::default() };
-        SelfRefineOutcome {
-            final_text: self.request.draft.clone(),
-            passes: vec![pass],
-            converged: false,
-            skipped_too_short: false,
-            rolled_back: false,
-            degraded_from: None,
-            stop_reason: StopReason::RefinerError,
-            changed: false,
-            returned_pass: 0,
-            usage: Default::default(),
-            model: Default::default(),
         }
     }
 
@@ -112,23 +110,28 @@ impl SelfRefine {
     }
 }
 
-/// Whether a failed refiner call is a refiner error that keeps the draft (the model backend failed
-/// or refused for load), as opposed to one that ends the run: the run's budget, its deadline, a
-/// cancel, bad input, a bug.
+/// Whether a failed refiner call is a refiner error that keeps the previous draft (and is
+/// reported), as opposed to one that ends the run. The same rule on every pass: exactly the errors
+/// a refiner's model call fails with (what the stage records in a later pass), whatever pass it
+/// was: the backend down, overloaded or its breaker open; the request refused (a 400: context too
+/// long; a 401 or 403: credentials; a backend that cannot do it); a timeout; the run's budget
+/// refusing the call (the run records why). A finished text is never thrown away for them. What
+/// ends the run instead: a request the stage finds wrong, a mesh without the stage, a bug, a
+/// cancel.
 fn keeps_the_draft(e: &StageError) -> bool {
     match e {
         StageError::Unavailable(_)
         | StageError::RateLimited(_)
         | StageError::CircuitOpen(_)
-        | StageError::ResourceExhausted(_) => true,
-        StageError::InvalidArgument(_)
-        | StageError::NotFound(_)
+        | StageError::ResourceExhausted(_)
         | StageError::FailedPrecondition(_)
         | StageError::DeadlineExceeded(_)
+        | StageError::BudgetExhausted(_) => true,
+        StageError::InvalidArgument(_)
+        | StageError::NotFound(_)
         | StageError::Cancelled(_)
         | StageError::Unimplemented(_)
-        | StageError::Internal(_)
-        | StageError::BudgetExhausted(_) => false,
+        | StageError::Internal(_) => false,
     }
 }
 

@@ -1,9 +1,18 @@
 //! Content refiners of sectioned documents (FR-011..FR-017): the patcher edits one section
 //! surgically, the section expander regenerates one; both see the neighbouring sections as
 //! read-only anchors and return only the section. A reply that is empty, repeats an anchor or
-//! drops one of the section's headings is refused with the reason, usage reported either way.
+//! drops one of the section's headings is refused with the reason, usage reported either way; a
+//! heading reworded in place (a typo fixed, a title an issue asked to change: see
+//! [`assay_domain::headings`]) is not dropped.
+//!
+//! The expander writes about the request's `target_words` (the gateway sets it from the task,
+//! issue 59: a stub with a completeness issue grows to its neighbours' length, see
+//! [`assay_domain::content::edit_length`]). Words are counted in any script
+//! ([`assay_domain::text::word_count`]).
 
-use assay_domain::content::{ContentRefiner, EXPANDER_PHASE, PATCHER_PHASE, SectionEdit, SectionEditRequest};
+use assay_domain::content::{
+    ContentRefiner, EXPANDER_PHASE, MIN_EXPANSION_WORDS, PATCHER_PHASE, SectionEdit, SectionEditRequest,
+};
 use assay_domain::document::Section;
 use assay_domain::template::render;
 use assay_domain::{ModelRecord, StageError};
@@ -70,24 +79,9 @@ fn constraints_text(r: &SectionEditRequest) -> String {
     }
 }
 
-/// Markdown headings of a text (ATX `#` lines outside fenced code), trimmed.
+/// Markdown headings of a text (ATX `#` lines outside fenced code), as `## Text` lines.
 pub fn headings(text: &str) -> Vec<String> {
-    let mut fenced = false;
-    let mut out = Vec::new();
-    for line in text.lines() {
-        let t = line.trim_start();
-        if t.starts_with("```") || t.starts_with("~~~") {
-            fenced = !fenced;
-            continue;
-        }
-        if !fenced && t.starts_with('#') {
-            let level = t.chars().take_while(|c| *c == '#').count();
-            if level <= 6 && t[level..].starts_with([' ', '\t']) {
-                out.push(t.trim_end().to_string());
-            }
-        }
-    }
-    out
+    assay_domain::headings::headings(text).iter().map(ToString::to_string).collect()
 }
 
 /// The section text of a reply: inside `<section>...</section>` (or a `<section ...>` copied
@@ -126,7 +120,8 @@ pub fn extract_section(reply: &str) -> String {
 
 /// Why a reply cannot replace the section, if it cannot. A dropped heading is refused unless one
 /// of `issues` asks for a removal, merge or restructuring ([`assay_domain::asks`]): then the drop
-/// is the fix, and the delta judge verifies it.
+/// is the fix, and the delta judge verifies it. A heading reworded in place (same level and place,
+/// a close edit of the old one or one an issue asks about) is not dropped.
 pub fn refuse(
     original: &Section,
     reply: &str,
@@ -148,11 +143,12 @@ pub fn refuse(
             return Some(format!("the reply repeats the {name} section ({:?})", a.id));
         }
     }
-    let kept = headings(reply);
-    let lost: Vec<String> = headings(&original.content).into_iter().filter(|h| !kept.contains(h)).collect();
+    use assay_domain::headings::{compare, headings};
+    let lost = compare(&headings(&original.content), &headings(reply), issues).lost;
     let asked =
         issues.iter().any(|i| assay_domain::asks::asks_to_restructure(&i.description, &i.fix_instruction).is_some());
     if !lost.is_empty() && !asked {
+        let lost: Vec<String> = lost.iter().map(ToString::to_string).collect();
         return Some(format!("the reply drops the section's heading(s): {}", lost.join(", ")));
     }
     None
@@ -174,12 +170,13 @@ pub fn diff_summary(before: &str, after: &str) -> String {
 }
 
 fn words(text: &str) -> usize {
-    text.split_whitespace().count()
+    assay_domain::text::word_count(text)
 }
 
-/// Words an expansion aims at: the request's target, else the section's length (at least 40).
+/// Words an expansion aims at: the request's target, else the section's length (at least
+/// [`MIN_EXPANSION_WORDS`]).
 fn target_words(r: &SectionEditRequest) -> usize {
-    if r.target_words > 0 { r.target_words as usize } else { words(&r.section.content).max(40) }
+    if r.target_words > 0 { r.target_words as usize } else { words(&r.section.content).max(MIN_EXPANSION_WORDS) }
 }
 
 /// The patch (or expand) prompt of a request. The brief, the sections, the issues, the
@@ -216,10 +213,9 @@ impl ChecklistRefiners {
         let (phase, template) =
             if expand { (EXPANDER_PHASE, EXPAND_TEMPLATE) } else { (PATCHER_PHASE, PATCH_TEMPLATE) };
         let chat = self.hub.chat(phase, &r.model, "model")?;
-        let target = target_words(&r);
         let prompt = edit_prompt(&r, expand);
         // Room for the whole section (four characters a token) and a margin.
-        let expected = if expand { target * 2 } else { r.section.content.chars().count() / 4 * 5 / 4 };
+        let expected = if expand { target_words(&r) * 2 } else { r.section.content.chars().count() / 4 * 5 / 4 };
         let max_tokens = (expected + 256).min(8_192) as u32;
         let req = chat_request(&chat, prompt, ResponseFormat::Text, max_tokens);
         let record: ModelRecord = chat.record(
@@ -371,6 +367,51 @@ mod tests {
         assert!(
             refuse(&original, merged, Some(&prev), Some(&next), &keep).unwrap().contains("drops the section's heading")
         );
+    }
+
+    /// Issue 59, point 5: "fix the typo in the heading" turns `## Ordr` into `## Order`; the old
+    /// check compared heading lines exactly and refused the fix as a dropped heading.
+    #[test]
+    fn a_heading_reworded_in_place_is_not_dropped() {
+        let original = section("s", "## Ordr\nAwareness comes first.\n\n### Steps\nSome steps.");
+        let typo = assay_domain::JudgeIssue {
+            id: "i1".into(),
+            criterion: "clarity_readability".into(),
+            severity: assay_domain::Severity::Minor,
+            section_id: "s".into(),
+            description: "The heading has a typo.".into(),
+            fix_instruction: "Fix the typo in the heading.".into(),
+            location: String::new(),
+            raised_by: vec![],
+            context_window: String::new(),
+        };
+        let fixed = "## Order\nAwareness comes first.\n\n### Steps\nSome steps.";
+        assert_eq!(refuse(&original, fixed, None, None, std::slice::from_ref(&typo)), None);
+        assert_eq!(refuse(&original, fixed, None, None, &[]), None, "a close edit needs no issue");
+        // Another heading in its place is a dropped heading unless an issue asks about the heading.
+        let renamed = "## Pricing\nAwareness comes first.\n\n### Steps\nSome steps.";
+        assert_eq!(
+            refuse(&original, renamed, None, None, &[]).as_deref(),
+            Some("the reply drops the section's heading(s): ## Ordr")
+        );
+        assert_eq!(refuse(&original, renamed, None, None, std::slice::from_ref(&typo)), None);
+        // A level change of a reworded heading is not the same heading.
+        let demoted = "### Order\nAwareness comes first.\n\n### Steps\nSome steps.";
+        assert!(refuse(&original, demoted, None, None, &[]).is_some());
+    }
+
+    /// Issue 59, point 4: the expander is told the target it was given (a stub grows to its
+    /// neighbours' length), not the stub's length; Chinese is counted in words, not lines.
+    #[test]
+    fn the_expander_is_told_the_target_and_words_are_counted_in_any_script() {
+        let stub = section("s", "## Funnel\nAwareness.");
+        let r = SectionEditRequest { section: stub.clone(), target_words: 90, ..Default::default() };
+        assert!(edit_prompt(&r, true).contains("Length: about 90 words."));
+        let r = SectionEditRequest { section: stub, ..Default::default() };
+        assert!(edit_prompt(&r, true).contains("Length: about 40 words."));
+        let zh = section("s", &"复利就是对利息再计算利息。".repeat(20));
+        let r = SectionEditRequest { section: zh, ..Default::default() };
+        assert!(edit_prompt(&r, false).contains("Length: about 160 words, unless the fix needs more."));
     }
 
     #[test]

@@ -3,6 +3,9 @@
 //!
 //! - Full-auto accepts at [`FULL_AUTO_ACCEPT`], or with a warning at [`WARN_SCORE`] when no issue
 //!   is critical; below that it stops with its best effort.
+//! - At either mode's top threshold a document with a critical issue open is accepted (FR-025)
+//!   with a warning naming the open critical issues ([`open_critical_warning`]), and its quality
+//!   is never [`Quality::Good`].
 //! - Semi-auto accepts at [`SEMI_AUTO_ACCEPT`], or at [`SEMI_AUTO_NO_CRITICAL`] when no issue is
 //!   critical; below that it escalates to a human.
 //! - Otherwise the loop stops on convergence or a hard limit ([`convergence_within`]), or when
@@ -41,18 +44,22 @@ pub enum Mode {
 /// Quality band of a judged document (the same in both modes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Quality {
-    /// At least [`FULL_AUTO_ACCEPT`].
+    /// At least [`FULL_AUTO_ACCEPT`] with no critical issue.
     Good,
     /// At least [`WARN_SCORE`] with no critical issue.
     Acceptable,
+    /// Below [`WARN_SCORE`], or a critical issue is open (whatever the score).
     BelowStandard,
 }
 
-/// The quality band of a document scored `score`, `critical` when an issue is critical.
+/// The quality band of a document scored `score`, `critical` when an issue is critical (an
+/// issue any judge raised as critical, whether or not the agreement filter planned it).
 pub fn quality(score: f64, critical: bool) -> Quality {
-    if score >= FULL_AUTO_ACCEPT {
+    if critical {
+        Quality::BelowStandard
+    } else if score >= FULL_AUTO_ACCEPT {
         Quality::Good
-    } else if score >= WARN_SCORE && !critical {
+    } else if score >= WARN_SCORE {
         Quality::Acceptable
     } else {
         Quality::BelowStandard
@@ -76,12 +83,50 @@ pub fn meets_top(mode: Mode, score: f64) -> bool {
     }
 }
 
-/// Acceptance once the loop stops (convergence, a limit, nothing left to fix): the top threshold,
-/// else the lower tier (full-auto: at least 0.75 with no critical issue, with a warning;
-/// semi-auto: at least 0.85 with no critical issue).
+/// How the top threshold accepts a document scored `score`: plainly, or with a warning when a
+/// critical issue is open (FR-025 lets the top threshold accept; the result says what it accepted).
+pub fn top_acceptance(mode: Mode, score: f64, critical: bool) -> Acceptance {
+    if critical {
+        let top = match mode {
+            Mode::FullAuto => FULL_AUTO_ACCEPT,
+            Mode::SemiAuto => SEMI_AUTO_ACCEPT,
+        };
+        Acceptance::AcceptedWithWarning(format!("score {score:.2} meets {top:.2} with a critical issue open"))
+    } else {
+        Acceptance::Accepted
+    }
+}
+
+/// The warning for a document accepted with critical issues open: how many, and each one
+/// (section, criterion, description and how many judges raised it). `None` when none is critical.
+pub fn open_critical_warning(issues: &[crate::document::JudgeIssue]) -> Option<String> {
+    let critical: Vec<String> = issues
+        .iter()
+        .filter(|i| i.severity == crate::document::Severity::Critical)
+        .map(|i| {
+            let section = if i.section_id.is_empty() { "document" } else { i.section_id.as_str() };
+            let support = match i.raised_by.len() {
+                0 => String::new(),
+                1 => " (raised by 1 judge)".to_string(),
+                n => format!(" (raised by {n} judges)"),
+            };
+            format!("[{section}] {}: {}{support}", i.criterion, i.description.trim())
+        })
+        .collect();
+    match critical.len() {
+        0 => None,
+        1 => Some(format!("1 critical issue open: {}", critical[0])),
+        n => Some(format!("{n} critical issues open: {}", critical.join("; "))),
+    }
+}
+
+/// Acceptance once the loop stops (convergence, a limit, nothing left to fix): the top threshold
+/// (with a warning when a critical issue is open, [`top_acceptance`]), else the lower tier
+/// (full-auto: at least 0.75 with no critical issue, with a warning; semi-auto: at least 0.85 with
+/// no critical issue).
 pub fn accepts(mode: Mode, score: f64, critical: bool) -> Option<Acceptance> {
     match mode {
-        _ if meets_top(mode, score) => Some(Acceptance::Accepted),
+        _ if meets_top(mode, score) => Some(top_acceptance(mode, score, critical)),
         Mode::FullAuto if score >= WARN_SCORE && !critical => Some(Acceptance::AcceptedWithWarning(format!(
             "score {score:.2} is below {FULL_AUTO_ACCEPT:.2} but at least {WARN_SCORE:.2} with no critical issue"
         ))),
@@ -174,7 +219,7 @@ pub enum Decision {
 pub fn decide(s: &Standing<'_>) -> Decision {
     let Some(last) = s.last else { return Decision::Stop(JUDGES_FAILED.into()) };
     if meets_top(s.mode, last.score) {
-        return Decision::Accept(Acceptance::Accepted);
+        return Decision::Accept(top_acceptance(s.mode, last.score, last.critical));
     }
     let stop = stop_reason(s, last);
     match stop {
@@ -210,7 +255,9 @@ mod tests {
 
     #[test]
     fn quality_bands_are_the_full_auto_thresholds() {
-        assert_eq!(quality(0.85, true), Quality::Good);
+        assert_eq!(quality(0.85, false), Quality::Good);
+        assert_eq!(quality(0.85, true), Quality::BelowStandard, "never good with a critical issue open");
+        assert_eq!(quality(0.99, true), Quality::BelowStandard);
         assert_eq!(quality(0.849, false), Quality::Acceptable);
         assert_eq!(quality(0.75, false), Quality::Acceptable);
         assert_eq!(quality(0.75, true), Quality::BelowStandard);
@@ -219,7 +266,11 @@ mod tests {
 
     #[test]
     fn full_auto_accepts_at_its_threshold_or_warns_without_a_critical_issue() {
-        assert_eq!(accepts(Mode::FullAuto, 0.85, true), Some(Acceptance::Accepted));
+        assert_eq!(accepts(Mode::FullAuto, 0.85, false), Some(Acceptance::Accepted));
+        assert_eq!(
+            accepts(Mode::FullAuto, 0.85, true),
+            Some(Acceptance::AcceptedWithWarning("score 0.85 meets 0.85 with a critical issue open".into()))
+        );
         assert_eq!(
             accepts(Mode::FullAuto, 0.8, false),
             Some(Acceptance::AcceptedWithWarning(
@@ -231,11 +282,42 @@ mod tests {
     }
 
     #[test]
-    fn semi_auto_accepts_higher_and_never_warns() {
-        assert_eq!(accepts(Mode::SemiAuto, 0.90, true), Some(Acceptance::Accepted));
+    fn semi_auto_accepts_higher_and_warns_only_of_an_open_critical_issue() {
+        assert_eq!(accepts(Mode::SemiAuto, 0.90, false), Some(Acceptance::Accepted));
+        assert_eq!(
+            accepts(Mode::SemiAuto, 0.90, true),
+            Some(Acceptance::AcceptedWithWarning("score 0.90 meets 0.90 with a critical issue open".into()))
+        );
         assert_eq!(accepts(Mode::SemiAuto, 0.85, false), Some(Acceptance::Accepted));
         assert_eq!(accepts(Mode::SemiAuto, 0.89, true), None);
         assert_eq!(accepts(Mode::SemiAuto, 0.84, false), None);
+    }
+
+    #[test]
+    fn the_open_critical_warning_names_each_critical_issue_and_its_support() {
+        use crate::document::{JudgeIssue, Severity};
+        let issue = |id: &str, section: &str, severity, judges: &[&str]| JudgeIssue {
+            id: id.into(),
+            criterion: "factual_accuracy".into(),
+            severity,
+            section_id: section.into(),
+            description: format!("wrong {id} "),
+            fix_instruction: String::new(),
+            location: String::new(),
+            raised_by: judges.iter().map(|j| (*j).to_string()).collect(),
+            context_window: String::new(),
+        };
+        assert_eq!(open_critical_warning(&[issue("a", "s1", Severity::Major, &["j1"])]), None);
+        let issues = [
+            issue("a", "s1", Severity::Critical, &["j1"]),
+            issue("b", "s2", Severity::Minor, &["j1", "j2"]),
+            issue("c", "", Severity::Critical, &["j1", "j2"]),
+        ];
+        assert_eq!(
+            open_critical_warning(&issues).unwrap(),
+            "2 critical issues open: [s1] factual_accuracy: wrong a (raised by 1 judge); \
+             [document] factual_accuracy: wrong c (raised by 2 judges)"
+        );
     }
 
     fn task(section: &str) -> FixTask {
@@ -300,6 +382,11 @@ mod tests {
         let accepted = scored(&[0.5, 0.9]);
         let s2 = Standing { tokens_used: u64::MAX, ..standing(&with_task, &accepted, &secs, &[], &edits) };
         assert_eq!(decide(&s2), Decision::Accept(Acceptance::Accepted));
+        // At the top threshold with a critical issue open: accepted, with a warning.
+        let critical = Standing { last: Some(LastJudging { critical: true, ..s2.last.unwrap() }), ..s2 };
+        assert!(
+            matches!(decide(&critical), Decision::Accept(Acceptance::AcceptedWithWarning(w)) if w.contains("critical"))
+        );
         // A spent budget stops before the plan is looked at.
         assert_eq!(decide(&Standing { tokens_used: 15_000, ..s }), Decision::Stop("token_budget".into()));
         let stalled = scored(&[0.5, 0.51, 0.52]);

@@ -19,7 +19,8 @@ pub mod scores;
 
 pub use crate::verify::{DEFAULT_LOCK_MAX_DROP as DEFAULT_MAX_DROP, LockViolation, QualityLock};
 pub use decide::{
-    Acceptance, Decision, LastJudging, Mode, Quality, Scored, Standing, accepts, decide, meets_top, quality, settle_on,
+    Acceptance, Decision, LastJudging, Mode, Quality, Scored, Standing, accepts, decide, meets_top,
+    open_critical_warning, quality, settle_on, top_acceptance,
 };
 pub use limits::{
     BUDGET_PER_DOCUMENT_TOKEN, Convergence, EDITS_TO_LOCK, Limits, MAX_ELAPSED_MS, MAX_ITERATIONS, MAX_TOKENS,
@@ -27,6 +28,6 @@ pub use limits::{
 };
 pub use regenerate::regeneration_tasks;
 pub use scores::{
-    DEFAULT_LOCK_THRESHOLD, MeanScore, SectionLock, best_judging, document_score, issues_gained, mean_scores,
-    quality_locks, regressions, verdict_score,
+    DEFAULT_LOCK_THRESHOLD, MeanScore, SectionLock, best_judging, document_score, focused_regressions, focused_scores,
+    issues_gained, mean_scores, quality_locks, regressions, verdict_score,
 };

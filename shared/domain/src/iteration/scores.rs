@@ -147,6 +147,84 @@ pub fn regressions(
     out
 }
 
+/// A focused judging's scores of the sections it judged where its verdicts gave no section score:
+/// the judges read only those sections (their neighbours as context), so each verdict's criterion
+/// score stands for them. (section, criterion, mean over the verdicts that scored the criterion),
+/// for each judged section and criterion no verdict scored explicitly for that section.
+pub fn focused_scores(verdicts: &[JudgeVerdict], judged: &[String]) -> Vec<MeanScore> {
+    let mut sums: BTreeMap<&str, (f64, u32)> = BTreeMap::new();
+    for v in verdicts {
+        for (c, x) in &v.criterion_scores {
+            let e = sums.entry(c.as_str()).or_default();
+            e.0 += x;
+            e.1 += 1;
+        }
+    }
+    let explicit = |s: &str, c: &str| {
+        verdicts.iter().any(|v| v.section_scores.iter().any(|x| x.section_id == s && x.criterion == c))
+    };
+    let mut out = Vec::new();
+    for s in judged {
+        for (c, (sum, n)) in &sums {
+            if !explicit(s, c) {
+                out.push((s.clone(), (*c).to_string(), sum / f64::from(*n)));
+            }
+        }
+    }
+    out
+}
+
+/// Quality-lock regressions that only a focused judging's criterion scores show (FR-020, SC-008):
+/// a patched section whose focused judging scores a locked criterion lower than the lock allows
+/// without raising an issue (see [`focused_scores`]). The section's own lock when there is one;
+/// else the document-level lock, for a section that had no open issue on the criterion before
+/// (`open_before`: the issues of the judging the edits started from), since such a section stood
+/// at the document's locked level. A section being fixed for that criterion is judged by its
+/// issues, not here. When several sections were judged together, the drop is blamed as
+/// [`regressions`] blames a document-level drop (those that gained issues, else all of them).
+pub fn focused_regressions(
+    focused: &[MeanScore],
+    locks: &[SectionLock],
+    open_before: &[crate::document::JudgeIssue],
+    gained: &BTreeSet<(String, String)>,
+) -> Vec<(String, Vec<LockViolation>)> {
+    let mut judged: Vec<&String> = focused.iter().map(|(s, _, _)| s).collect();
+    judged.dedup();
+    let gained_on =
+        |id: &str, criterion: Option<&str>| gained.iter().any(|(s, c)| s == id && criterion.is_none_or(|x| x == c));
+    let blamed = |id: &str, criterion: &str| {
+        if judged.len() < 2 {
+            return true;
+        }
+        let on: Vec<&&String> = judged.iter().filter(|s| gained_on(s, Some(criterion))).collect();
+        if !on.is_empty() {
+            return on.iter().any(|s| s.as_str() == id);
+        }
+        let any: Vec<&&String> = judged.iter().filter(|s| gained_on(s, None)).collect();
+        any.is_empty() || any.iter().any(|s| s.as_str() == id)
+    };
+    let mut out: Vec<(String, Vec<LockViolation>)> = Vec::new();
+    for (id, c, current) in focused {
+        let own = locks.iter().find(|l| &l.section_id == id && &l.lock.criterion == c);
+        let clean = !open_before.iter().any(|i| &i.section_id == id && &i.criterion == c);
+        let document = locks.iter().find(|l| l.section_id.is_empty() && &l.lock.criterion == c).filter(|_| clean);
+        let Some(l) = own.or(document) else { continue };
+        if !blamed(id, c) {
+            continue;
+        }
+        let scored: BTreeMap<String, f64> = [(c.clone(), *current)].into();
+        let broken = lock_violations(std::slice::from_ref(&l.lock), &scored);
+        if broken.is_empty() {
+            continue;
+        }
+        match out.iter_mut().find(|(s, _)| s == id) {
+            Some((_, v)) => v.extend(broken),
+            None => out.push((id.clone(), broken)),
+        }
+    }
+    out
+}
+
 /// Index of the first highest-scoring judging, given each judging's (score, content holds a
 /// human's edits); on a tie a judging of human-edited content wins over earlier ones (a human's
 /// edit is not thrown away for an equal score). 0 when there is none.
@@ -318,6 +396,39 @@ mod tests {
         let r = regressions(&now, &before, &locks, &[ms("s1", "clarity", 0.8)], &none());
         assert_eq!(r.len(), 1);
         assert_eq!((r[0].1[0].baseline, r[0].1[0].current), (0.9, 0.8));
+    }
+
+    #[test]
+    fn a_focused_drop_without_an_issue_breaks_the_documents_lock() {
+        use crate::document::Severity;
+        // The first judging: clarity 0.92 for the document, no section scores.
+        let locks = quality_locks(&[ms("", "clarity", 0.92), ms("", "accuracy", 0.7)], 0.85);
+        // A focused judging of s3 after its patch: clarity 0.70, no issue, no section score.
+        let focused = verdict(&[("clarity", 0.70), ("accuracy", 0.72)], &[], 0.0);
+        let scores = focused_scores(std::slice::from_ref(&focused), &["s3".into()]);
+        assert_eq!(scores, vec![ms("s3", "accuracy", 0.72), ms("s3", "clarity", 0.70)]);
+        let r = focused_regressions(&scores, &locks, &[], &none());
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].0, "s3");
+        assert_eq!((r[0].1[0].criterion.as_str(), r[0].1[0].baseline, r[0].1[0].current), ("clarity", 0.92, 0.70));
+        // The old rule (board scores only) saw nothing: the document's clarity had not moved.
+        let board = mean_scores(&[verdict(&[("clarity", 0.92)], &[], 0.0)]);
+        let (before, now) = ([section("s3", "a")], [section("s3", "b")]);
+        assert!(regressions(&now, &before, &locks, &board, &none()).is_empty());
+        // Within the allowed drop: nothing.
+        let slight = focused_scores(&[verdict(&[("clarity", 0.88)], &[], 0.0)], &["s3".into()]);
+        assert!(focused_regressions(&slight, &locks, &[], &none()).is_empty());
+        // A section that was being fixed for clarity is judged by its issues, not the document's lock.
+        let open = [issue("s3", "clarity", Severity::Major)];
+        assert!(focused_regressions(&scores, &locks, &open, &none()).is_empty());
+        // An explicit section score is the section's own unit: no stand-in from the criterion score.
+        let explicit = verdict(&[("clarity", 0.70)], &[("s3", "clarity", 0.95)], 0.0);
+        assert!(focused_scores(&[explicit], &["s3".into()]).is_empty());
+        // Two sections judged together: the one that gained an issue is blamed.
+        let both = focused_scores(&[focused], &["s2".into(), "s3".into()]);
+        let gained: BTreeSet<(String, String)> = [("s2".to_string(), "accuracy".to_string())].into();
+        let r = focused_regressions(&both, &locks, &[], &gained);
+        assert_eq!(r.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(), vec!["s2"]);
     }
 
     #[test]

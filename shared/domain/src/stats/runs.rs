@@ -201,12 +201,28 @@ pub struct CompareOptions {
     pub min_effect: Option<f64>,
 }
 
-/// Compare `candidate` against `baseline` (records paired by id).
+/// Compare `candidate` against `baseline` (records paired by id). A record both runs hold but one
+/// of them did not score (failed, or no item answered: an unparseable judge reply) is left out of
+/// both sides, so the pairs are the records scored on both; `unscored_*` name them and a note
+/// says how many were left out.
 pub fn compare_runs(
     baseline: &RunResults,
     candidate: &RunResults,
     options: CompareOptions,
 ) -> Result<RunComparison, RunCompareError> {
+    let (bids, cids) = (baseline.ids(), candidate.ids());
+    let (bu, cu) = (baseline.unscored(), candidate.unscored());
+    let left_out: BTreeSet<&str> =
+        bu.iter().chain(cu.iter()).copied().filter(|id| bids.contains(id) && cids.contains(id)).collect();
+    let keep = |r: &RunResults| RunResults {
+        records: r.records.iter().filter(|l| !left_out.contains(l.id.as_str())).cloned().collect(),
+    };
+    let (baseline_all, candidate_all) = (baseline, candidate);
+    let kept = (!left_out.is_empty()).then(|| (keep(baseline), keep(candidate)));
+    let (baseline, candidate) = match &kept {
+        Some((b, c)) => (b, c),
+        None => (baseline, candidate),
+    };
     let (bm, cm) = (baseline.means(), candidate.means());
     let shared: Vec<&str> = bm.keys().filter(|k| cm.contains_key(*k)).copied().collect();
     if shared.is_empty() {
@@ -226,7 +242,13 @@ pub fn compare_runs(
         .collect();
     worst.sort_by(|x, y| x.diff().total_cmp(&y.diff()).then_with(|| x.id.cmp(&y.id)));
     worst.truncate(WORST_RECORDS);
-    let (bids, cids) = (baseline.ids(), candidate.ids());
+    let mut comparison = comparison;
+    if !left_out.is_empty() {
+        comparison.notes.push(format!(
+            "{} record(s) held by both runs but scored on one side only left out of both (see the unscored records).",
+            left_out.len()
+        ));
+    }
     let gate = options.min_effect.map(|m| gate(&comparison, m));
     Ok(RunComparison {
         metric: options.metric,
@@ -235,8 +257,8 @@ pub fn compare_runs(
         worst,
         baseline_only: bids.difference(&cids).map(|s| (*s).to_string()).collect(),
         candidate_only: cids.difference(&bids).map(|s| (*s).to_string()).collect(),
-        unscored_baseline: baseline.unscored().into_iter().map(str::to_string).collect(),
-        unscored_candidate: candidate.unscored().into_iter().map(str::to_string).collect(),
+        unscored_baseline: baseline_all.unscored().into_iter().map(str::to_string).collect(),
+        unscored_candidate: candidate_all.unscored().into_iter().map(str::to_string).collect(),
         comparison,
         gate,
     })
@@ -390,7 +412,7 @@ mod tests {
 
     /// Ten records; the baseline lacks r7-r9 and the candidate r6-r9 (a budget stopped the run):
     /// compared paired on r0-r5, the same numbers as comparing those six alone, and the records
-    /// left out named per side. compare_runs falls back to unpaired on the same input.
+    /// left out named per side.
     #[test]
     fn responders_are_compared_on_the_records_both_have() {
         let score = |i: usize, shift: f64| 0.5 + (i % 3) as f64 / 10.0 + shift;
@@ -416,10 +438,11 @@ mod tests {
                 .iter()
                 .any(|n| n.contains("on the 6 records both sides have") && n.contains("4 left out"))
         );
-        assert!(
-            !compare_runs(&base, &cand, options(None)).unwrap().comparison.paired,
-            "6 of 7 shared is below the pairing threshold"
-        );
+        // compare_runs leaves out the records one side did not score too (issue 59, point 1; it
+        // fell back to unpaired here, 6 of 7 scored records shared being under the threshold).
+        let runs = compare_runs(&base, &cand, options(None)).unwrap();
+        assert!(runs.comparison.paired && runs.comparison.n_pairs == Some(6), "{:?}", runs.comparison);
+        assert_eq!(runs.comparison.diff, alone.comparison.diff);
         // Everything scored on both sides: compare_runs, note and all.
         let full = compare_complete(&six(0.0), &six(-0.05), options(Some(0.0))).unwrap();
         assert_eq!(full, alone);
@@ -494,6 +517,35 @@ mod tests {
         let v = to_json(&r);
         assert_eq!(v["regression"], true);
         assert_eq!(v["unmatched"]["baseline_only"], json!(["gone"]));
+    }
+
+    /// Issue 59, point 1: ten of fifty candidate records unscored (their judge replies unreadable).
+    /// They are left out of both sides, the other forty paired; before, the unscored ones were
+    /// either zeros or, left out of one side only, pushed the coverage under 90% and the
+    /// comparison fell back to an unpaired test.
+    #[test]
+    fn records_scored_on_one_side_only_are_left_out_of_both() {
+        let mut base = RunResults::default();
+        let mut cand = RunResults::default();
+        for i in 0..50 {
+            let id = format!("r{i:02}");
+            base.records.push(line(&id, Some(0.5 + (i % 5) as f64 / 10.0), &[], &[]));
+            cand.records.push(line(&id, (i % 5 != 0).then_some(0.5 + (i % 5) as f64 / 10.0 - 0.05), &[], &[]));
+        }
+        let r = compare_runs(&base, &cand, options(None)).unwrap();
+        assert!(r.comparison.paired, "{:?}", r.comparison);
+        assert_eq!((r.comparison.n_pairs, r.comparison.n_records_b, r.comparison.n_records_a), (Some(40), 40, 40));
+        assert!((r.comparison.diff + 0.05).abs() < 1e-12, "{}", r.comparison.diff);
+        assert_eq!(r.unscored_candidate.len(), 10);
+        assert!(r.unscored_baseline.is_empty() && r.baseline_only.is_empty());
+        assert!(
+            r.comparison.notes.iter().any(|n| n.starts_with("10 record(s) held by both runs but scored on one side"))
+        );
+        assert!(
+            !r.comparison.warnings.iter().any(|w| w.contains("Pairing unavailable")),
+            "{:?}",
+            r.comparison.warnings
+        );
     }
 
     #[test]

@@ -317,6 +317,7 @@ pub fn consolidation_to(c: &a::Consolidation) -> pb::ConsolidateResponse {
         usage: Some(usage_to(&c.usage)),
         model_record: c.model_record.as_ref().map(model_record_to),
         localizations: c.localizations.iter().map(localization_to).collect(),
+        held_critical_issues: c.held_critical.iter().map(issue_to).collect(),
     }
 }
 
@@ -364,6 +365,12 @@ pub fn consolidation_from(p: pb::ConsolidateResponse) -> a::Consolidation {
         usage: usage_from(p.usage),
         model_record: p.model_record.map(|r| model_record_from(Some(r))),
         localizations: p.localizations.into_iter().map(localization_from).collect(),
+        held_critical: p
+            .held_critical_issues
+            .into_iter()
+            .enumerate()
+            .map(|(i, x)| issue(x, &format!("held_critical_issues[{i}]"), &mut v))
+            .collect(),
     }
 }
 

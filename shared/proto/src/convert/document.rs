@@ -103,6 +103,8 @@ pub fn issue(p: pb::JudgeIssue, field: &str, v: &mut Violations) -> d::JudgeIssu
         location,
         raised_by,
         context_window,
+        // Output only (a refinement's unresolved issues): an input issue is planned like any.
+        held_back: _,
     } = p;
     if criterion.trim().is_empty() {
         v.push(format!("{field}.criterion"), "must not be empty");
@@ -143,6 +145,7 @@ pub fn issue_to(i: &d::JudgeIssue) -> pb::JudgeIssue {
         location: i.location.clone(),
         raised_by: i.raised_by.clone(),
         context_window: i.context_window.clone(),
+        held_back: false,
     }
 }
 

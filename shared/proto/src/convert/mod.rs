@@ -507,6 +507,7 @@ pub fn aggregate_to(a: &d::AggregateScores) -> pb::AggregateScores {
             .collect(),
         unanswered_items: a.unanswered_items,
         uncertainty: a.uncertainty.as_ref().map(uncertainty_to),
+        unscored_targets: a.unscored_targets,
     }
 }
 
@@ -575,6 +576,7 @@ pub fn aggregate_from(p: Option<pb::AggregateScores>) -> d::AggregateScores {
             .collect(),
         unanswered_items: p.unanswered_items,
         uncertainty: p.uncertainty.map(uncertainty_from),
+        unscored_targets: p.unscored_targets,
     }
 }
 
@@ -731,6 +733,7 @@ mod tests {
             sample_primary_scores: vec![1.0, 0.0, 0.0, 0.0],
             sample_spread: Some(0.5),
             abstentions: 1,
+            answered_count: 1,
             ..Default::default()
         };
         let wire = score_to(&score);

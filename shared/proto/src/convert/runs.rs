@@ -11,7 +11,8 @@ use crate::common::v1 as common;
 use crate::gateway::v1 as gw;
 
 /// A checklist evaluation's records as a comparison sees them: the metric's score (None for a
-/// failed record), the per-sample primary scores, the yes/no answers and the items' question
+/// failed record, and for an unscored one: no item answered, so a comparison pairs it with nothing
+/// and lists it as unscored rather than comparing a zero), the per-sample primary scores, the yes/no answers and the items' question
 /// texts from the run's checklists.
 pub fn run_results(e: &gw::EvaluateResponse, metric: RunMetric) -> RunResults {
     let questions: BTreeMap<&str, BTreeMap<String, String>> = e
@@ -23,7 +24,7 @@ pub fn run_results(e: &gw::EvaluateResponse, metric: RunMetric) -> RunResults {
         .results
         .iter()
         .map(|r| {
-            let score = r.score.as_ref().filter(|_| r.error.is_empty());
+            let score = r.score.as_ref().filter(|s| r.error.is_empty() && s.answered_count > 0);
             let value = score.map(|s| match metric {
                 RunMetric::Primary => s.primary_score,
                 RunMetric::PassRate => s.pass_rate,
@@ -162,6 +163,7 @@ mod tests {
                     score: Some(common::Score {
                         pass_rate: 0.5,
                         primary_score: 0.25,
+                        answered_count: 1,
                         item_scores: vec![common::ItemScore {
                             item_id: "q1".into(),
                             answer: common::Answer::Yes as i32,
@@ -172,6 +174,17 @@ mod tests {
                     ..Default::default()
                 },
                 gw::RecordResult { record_id: "r2".into(), error: "scorer down".into(), ..Default::default() },
+                // Issue 59, point 1: judged, nothing answered (an unparseable reply): unscored, not 0.
+                gw::RecordResult {
+                    record_id: "r3".into(),
+                    checklist_id: "c".into(),
+                    score: Some(common::Score {
+                        unanswered_count: 1,
+                        item_scores: vec![common::ItemScore { item_id: "q1".into(), ..Default::default() }],
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
             ],
             checklists: vec![common::Checklist {
                 id: "c".into(),
@@ -185,6 +198,8 @@ mod tests {
         assert_eq!(r.records[0].questions["q1"], "Short?");
         assert_eq!(r.records[0].answers["q1"], Some(true));
         assert_eq!(r.records[1].score, None);
+        assert_eq!(r.records[2].score, None);
+        assert_eq!(r.unscored(), vec!["r2", "r3"]);
         assert_eq!(run_results(&e, RunMetric::Primary).records[0].score, Some(0.25));
     }
 }

@@ -13,7 +13,9 @@ use super::json::run_output;
 /// when `assay eval` was first published; do not derive it from the proto. Additive since: with
 /// repeated judging `sample_scores` (each sample's primary score) and `flaky_items` (ids of the
 /// items the samples disagreed on), and `abstentions` when some sample gave no answer. A record
-/// judged once has none of them.
+/// judged once has none of them. An unscored record (no item answered: its judge reply could not
+/// be read) has the four scores null, as a failed record has, with its `unanswered` count and
+/// `error` null: null is "no score", never a zero.
 pub fn record_json(r: &gw::RecordResult) -> Value {
     let answers: serde_json::Map<String, Value> = r
         .score
@@ -28,15 +30,16 @@ pub fn record_json(r: &gw::RecordResult) -> Value {
             (i.item_id.clone(), a)
         })
         .collect();
+    let scored = r.score.as_ref().filter(|s| s.answered_count > 0);
     let mut line = json!({
         "index": r.index,
         "id": r.record_id,
         "checklist_id": r.checklist_id,
         "error": if r.error.is_empty() { Value::Null } else { r.error.clone().into() },
-        "pass_rate": r.score.as_ref().map(|s| s.pass_rate),
-        "weighted_score": r.score.as_ref().map(|s| s.weighted_score),
-        "normalized_score": r.score.as_ref().map(|s| s.normalized_score),
-        "primary_score": r.score.as_ref().map(|s| s.primary_score),
+        "pass_rate": scored.map(|s| s.pass_rate),
+        "weighted_score": scored.map(|s| s.weighted_score),
+        "normalized_score": scored.map(|s| s.normalized_score),
+        "primary_score": scored.map(|s| s.primary_score),
         "unanswered": r.score.as_ref().map(|s| s.unanswered_count),
         "answers": answers,
     });
@@ -89,12 +92,17 @@ pub fn summary_line(run_id: &str, total: usize, failed: u64, e: &gw::EvaluateRes
     } else {
         String::new()
     };
+    // Records scored nothing (their judge reply unreadable): not in the means, counted here.
+    let unscored = match a.unscored_targets {
+        0 => String::new(),
+        n => format!(", {n} unscored (no answer could be read; not in the means)"),
+    };
     let stopped =
         if e.budget_exhausted.is_empty() { String::new() } else { format!("; stopped: {}", e.budget_exhausted) };
     // With responders each record is scored once per responder and sample: those are counted.
     let what = if e.responders.is_empty() { "records" } else { "responses" };
     format!(
-        "run {run_id}: {total} {what}, {failed} failed; mean primary {}, macro pass {:.3}, micro pass {:.3}; \
+        "run {run_id}: {total} {what}, {failed} failed{unscored}; mean primary {}, macro pass {:.3}, micro pass {:.3}; \
          {sampled}{} calls, {} tokens, {}, {} cache hits; {pipeline_s:.2} s{stopped}",
         mean_with_interval(&a),
         a.macro_pass_rate,
@@ -205,6 +213,7 @@ mod tests {
                 weighted_score: 0.25,
                 normalized_score: 0.5,
                 primary_score: 0.5,
+                answered_count: 2,
                 unanswered_count: 1,
                 item_scores: vec![
                     common::ItemScore {
@@ -228,6 +237,26 @@ mod tests {
         assert_eq!(
             record_json(&failed).to_string(),
             r#"{"answers":{},"checklist_id":"","error":"scorer down","id":"r2","index":2,"normalized_score":null,"pass_rate":null,"primary_score":null,"unanswered":null,"weighted_score":null}"#
+        );
+        // Issue 59, point 1: a record whose judge reply could not be read has no score (null),
+        // not 0, and its unanswered items counted; before, its line said primary_score 0.
+        let unscored = gw::RecordResult {
+            index: 3,
+            record_id: "r3".into(),
+            checklist_id: "c1".into(),
+            score: Some(common::Score {
+                unanswered_count: 2,
+                item_scores: vec![
+                    common::ItemScore { item_id: "q1".into(), ..Default::default() },
+                    common::ItemScore { item_id: "q2".into(), ..Default::default() },
+                ],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(
+            record_json(&unscored).to_string(),
+            r#"{"answers":{"q1":null,"q2":null},"checklist_id":"c1","error":null,"id":"r3","index":3,"normalized_score":null,"pass_rate":null,"primary_score":null,"unanswered":2,"weighted_score":null}"#
         );
     }
 
@@ -257,6 +286,7 @@ mod tests {
                 sample_primary_scores: vec![1.0, 0.5, 0.0],
                 sample_spread: Some(0.5),
                 abstentions: 1,
+                answered_count: 2,
                 item_scores: vec![flaky, steady],
                 ..Default::default()
             }),
@@ -311,6 +341,14 @@ mod tests {
             summary_line("r1", 4, 1, &e, 1.5)
                 .contains("(95% CI), macro pass 0.700, micro pass 0.710; 2 flaky items, 3 abstentions; 6 calls")
         );
+        // Unscored records are counted apart (issue 59, point 1).
+        e.aggregate.as_mut().unwrap().unscored_targets = 1;
+        assert!(
+            summary_line("r1", 4, 1, &e, 1.5).starts_with(
+                "run r1: 4 records, 1 failed, 1 unscored (no answer could be read; not in the means); mean"
+            )
+        );
+        e.aggregate.as_mut().unwrap().unscored_targets = 0;
         // No interval (fewer than two observations): the mean alone.
         e.aggregate.as_mut().unwrap().uncertainty = None;
         assert!(summary_line("r1", 1, 0, &e, 1.5).contains("mean primary 0.676, macro"));

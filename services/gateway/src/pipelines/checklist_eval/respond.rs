@@ -150,10 +150,12 @@ impl ChecklistEval {
         let mut summaries = Vec::new();
         for (j, r) in self.responders.iter().enumerate() {
             let mine = of(j);
-            let scored: Vec<(assay_domain::Score, Arc<Checklist>)> =
+            let judged: Vec<(assay_domain::Score, Arc<Checklist>)> =
                 mine.iter().filter_map(|x| Some((convert::score_from(x.score.clone()?), checklist_of(x)?))).collect();
-            let aggregate = AggregateScores::compute(scored.iter().map(|(s, c)| (s, c.as_ref())));
-            let have: HashSet<&str> = mine.iter().filter(|x| x.score.is_some()).map(|x| x.record_id.as_str()).collect();
+            let aggregate = AggregateScores::compute(judged.iter().map(|(s, c)| (s, c.as_ref())));
+            // Scored: some item answered (an unparseable judge reply scores nothing, never a zero).
+            let scored = |x: &&gw::RecordResult| x.score.as_ref().is_some_and(|s| s.answered_count > 0);
+            let have: HashSet<&str> = mine.iter().filter(scored).map(|x| x.record_id.as_str()).collect();
             let missing: Vec<String> = ids.iter().filter(|id| !have.contains(id.as_str())).cloned().collect();
             summaries.push(gw::ResponderResult {
                 name: r.name.clone(),
@@ -161,7 +163,7 @@ impl ChecklistEval {
                 template: r.template.clone(),
                 // A responder with no scored response is unscored: no mean (0 would read as a
                 // score), and it is compared with nothing.
-                aggregate: (!scored.is_empty()).then(|| convert::aggregate_to(&aggregate)),
+                aggregate: (!have.is_empty()).then(|| convert::aggregate_to(&aggregate)),
                 usage: Some(convert::usage_to(&usage.get(j).cloned().unwrap_or_default())),
                 responses: mine.len() as u32,
                 failed: mine.iter().filter(|x| x.score.is_none()).count() as u32,

@@ -3,7 +3,7 @@
 //! [`EDITS_TO_LOCK`] accepted edits.
 
 use assay_domain::arbiter::{FixAction, FixTask};
-use assay_domain::content::SectionEditRequest;
+use assay_domain::content::{SectionEditRequest, edit_length};
 use assay_domain::iteration::{self, EDITS_TO_LOCK, board};
 use assay_domain::verify::{ConsistencyRequest, VerifyRequest};
 use assay_domain::{JudgeIssue, Section, Severity, StageError};
@@ -127,7 +127,7 @@ impl TargetedRefinement {
     /// the delta judge first and edits only when the section no longer fits.
     async fn run_task(&self, ctx: &RunCtx, shared: &Mutex<State>, i: usize) -> Result<Option<Halt>, StageError> {
         let stages = self.stages()?;
-        let (task, mut request, iteration, batch, previous_changed) = {
+        let (task, mut request, iteration, batch, previous_changed, length) = {
             let mut st = shared.lock().await;
             let task = st.tasks[i].task.clone();
             if st.human_edited.contains(&task.section_id) || st.locked.contains(&task.section_id) {
@@ -146,12 +146,12 @@ impl TargetedRefinement {
             };
             let reserve = self.reserve(&st, &task.section_id);
             let used = self.budget_used(ctx, &st);
-            if used + u64::from(task.estimated_tokens) + reserve > self.max_tokens(ctx) {
+            if used + u64::from(task.estimated_tokens) + reserve > self.max_tokens(ctx, &st) {
                 st.tasks[i].status = Status::Skipped;
                 st.tasks[i].detail = format!(
                     "not run: token_budget ({used} of {} tokens used; this task needs about {} and the final \
                      judging of the changed sections about {reserve})",
-                    self.max_tokens(ctx),
+                    self.max_tokens(ctx, &st),
                     task.estimated_tokens
                 );
                 return Ok(Some(Halt::Limit(iteration::Stop::TokenBudget.name().into())));
@@ -161,6 +161,9 @@ impl TargetedRefinement {
                 .last()
                 .map(|j| j.issues.iter().filter(|x| task.issue_ids.contains(&x.id)).cloned().collect())
                 .unwrap_or_default();
+            // The task's kind and issues set the length it aims at and is verified against.
+            let expand = task.action != FixAction::SurgicalEdit;
+            let length = edit_length(expand, &st.sections[pos], &st.sections, &issues);
             let request = SectionEditRequest {
                 section: st.sections[pos].clone(),
                 issues,
@@ -169,7 +172,7 @@ impl TargetedRefinement {
                 previous: pos.checked_sub(1).map(|p| st.sections[p].clone()),
                 next: st.sections.get(pos + 1).cloned(),
                 brief: self.brief.clone(),
-                target_words: 0,
+                target_words: length.target_words,
                 model: match task.action {
                     FixAction::SurgicalEdit => self.models.patcher.clone(),
                     FixAction::RegenerateSection | FixAction::FullRegenerate => self.models.expander.clone(),
@@ -188,7 +191,7 @@ impl TargetedRefinement {
             st.expect(EDITING, edit);
             st.tasks[i].status = Status::Running;
             self.save(ctx, &st, "executing").await?;
-            (task, request, st.iteration, st.tasks[i].batch, previous_changed)
+            (task, request, st.iteration, st.tasks[i].batch, previous_changed, length)
         };
         self.emit(
             ctx,
@@ -257,6 +260,8 @@ impl TargetedRefinement {
                 after: after.clone(),
                 issues,
                 model: self.models.delta.clone(),
+                min_length_ratio: length.min_length_ratio,
+                max_length_ratio: length.max_length_ratio,
                 ..VerifyRequest::default()
             })
             .await;

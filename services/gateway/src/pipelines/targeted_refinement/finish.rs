@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use assay_domain::iteration::Mode;
+use assay_domain::iteration::{self, Mode};
 use assay_domain::self_refine::SelfRefineHook;
 use assay_domain::self_refine::polish_instruction;
 use assay_domain::{JudgeIssue, StageError, Usage};
@@ -13,7 +13,7 @@ use assay_proto::gateway::v1::refinement_event::Event as Ev;
 use assay_proto::gateway::v1::run_event::Event;
 use futures::{StreamExt, TryStreamExt};
 
-use super::state::{Finishing, Phase, SELF_REFINE, State};
+use super::state::{Finishing, Judging, Phase, SELF_REFINE, State};
 use super::{SELF_REFINED, TargetedRefinement, quality_of, tokens};
 use crate::pipelines::self_refine_hook::{self, Output};
 use assay_runs::{RunCtx, RunOutcome};
@@ -36,16 +36,17 @@ impl TargetedRefinement {
 
     pub(super) fn best_effort(&self, st: &State, best: usize) -> gw::BestEffort {
         let j = &st.judged[best];
-        let mut categories: Vec<String> = j.issues.iter().map(|i| i.criterion.clone()).collect();
+        let open = j.open_issues();
+        let mut categories: Vec<String> = open.iter().map(|i| i.criterion.clone()).collect();
         categories.sort();
         categories.dedup();
         gw::BestEffort {
             best_score: j.score,
             best_iteration: j.iteration,
             quality: quality_of(j.score, j.critical) as i32,
-            unresolved_issues_count: j.issues.len() as u32,
+            unresolved_issues_count: open.len() as u32,
             unresolved_categories: categories,
-            improvement_hints: hints(&j.issues),
+            improvement_hints: hints(&open),
         }
     }
 
@@ -86,7 +87,7 @@ impl TargetedRefinement {
                         reason: format!("{reason}: score {:.2} is below the semi-auto thresholds", j.score),
                         best_score: j.score,
                         best_iteration: j.iteration,
-                        unresolved_issues: j.issues.iter().map(convert::document::issue_to).collect(),
+                        unresolved_issues: j.open_issues_to(),
                     }),
                 )
                 .await?;
@@ -117,11 +118,23 @@ impl TargetedRefinement {
             Some(hook) => self.self_refine_sections(ctx, st, hook).await?,
             None => Vec::new(),
         };
-        let readability = self.readability(st).await?;
+        let (readability, readability_unavailable) = self.readability(st).await;
         let j = st.judged.get(judging);
         let final_score = j.map_or(0.0, |j| j.score);
         let quality = j.map_or(gw::QualityStatus::Unspecified, |j| quality_of(j.score, j.critical));
-        let issues = j.map(|j| j.issues.clone()).unwrap_or_default();
+        let issues = j.map(Judging::open_issues).unwrap_or_default();
+        let unresolved_issues = j.map(Judging::open_issues_to).unwrap_or_default();
+        // Accepted with a critical issue open (the top threshold accepts it, FR-025): the result
+        // says so, naming each one.
+        let (outcome, warning) = match iteration::open_critical_warning(&issues) {
+            Some(open)
+                if matches!(outcome, gw::RefinementOutcome::Accepted | gw::RefinementOutcome::AcceptedWithWarning) =>
+            {
+                let warning = if warning.is_empty() { open } else { format!("{warning}; {open}") };
+                (gw::RefinementOutcome::AcceptedWithWarning, warning)
+            }
+            _ => (outcome, warning),
+        };
         self.save(ctx, st, "done").await?;
         self.emit(
             ctx,
@@ -148,7 +161,7 @@ impl TargetedRefinement {
             usage: Some(ctx.spending.usage()),
             score_history: st.history(),
             best_iteration: j.map_or(0, |j| j.iteration),
-            unresolved_issues: issues.iter().map(convert::document::issue_to).collect(),
+            unresolved_issues,
             changed_section_ids: self.changed(&st.sections),
             locked_section_ids: st.locked.clone(),
             full_regenerate: st.judged.iter().any(|j| j.plan.routing.full_regenerate) && st.iteration > 0,
@@ -180,6 +193,7 @@ impl TargetedRefinement {
                 })
                 .collect(),
             readability,
+            readability_unavailable,
             unplaced_issue_ids: issues.iter().filter(|i| i.section_id.is_empty()).map(|i| i.id.clone()).collect(),
         };
         Ok(RunOutcome {
@@ -189,19 +203,29 @@ impl TargetedRefinement {
     }
 
     /// FR-035..FR-037 on the final document: every non-blank section's readability, untouched
-    /// sections included (the delta judge measures; no model call).
-    async fn readability(&self, st: &State) -> Result<Vec<gw::SectionReadability>, StageError> {
-        let delta = self.stages()?.delta.clone();
+    /// sections included (the delta judge measures; no model call). A figure is only a figure:
+    /// when the delta judge cannot measure, the run keeps its verdict and the figures are
+    /// reported missing, with why (the second value; empty when every section was measured).
+    async fn readability(&self, st: &State) -> (Vec<gw::SectionReadability>, String) {
+        let delta = match self.stages() {
+            Ok(stages) => stages.delta.clone(),
+            Err(e) => return (Vec::new(), format!("readability not measured: {e}")),
+        };
         let mut out = Vec::new();
         for s in st.sections.iter().filter(|s| !s.content.trim().is_empty()) {
-            let r = delta.readability(s.content.clone()).await?;
-            out.push(gw::SectionReadability {
-                section_id: s.id.clone(),
-                flagged: !r.long_sentences.is_empty() || r.dense_text,
-                readability: Some(convert::delta_judge::readability_to(&r)),
-            });
+            match delta.readability(s.content.clone()).await {
+                Ok(r) => out.push(gw::SectionReadability {
+                    section_id: s.id.clone(),
+                    flagged: !r.long_sentences.is_empty() || r.dense_text,
+                    readability: Some(convert::delta_judge::readability_to(&r)),
+                }),
+                Err(e) => {
+                    tracing::warn!(section = %s.id, "readability not measured: {e}");
+                    return (Vec::new(), format!("readability not measured (section {}): {e}", s.id));
+                }
+            }
         }
-        Ok(out)
+        (out, String::new())
     }
 
     /// The self-refine hook over the final document, sections in document order (a few at once);

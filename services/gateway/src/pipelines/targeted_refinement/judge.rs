@@ -6,13 +6,13 @@ use std::collections::BTreeMap;
 use assay_domain::arbiter::{ConsolidateRequest, Consolidation, MeasurementLevel, Plan, PlanRequest};
 use assay_domain::iteration::{self, board, board::Board};
 use assay_domain::judge::{JudgeResult, JudgeSectionsRequest};
-use assay_domain::{JudgeIssue, JudgeVerdict, ModelSpec, Severity, StageError};
+use assay_domain::{JudgeIssue, JudgeVerdict, ModelSpec, Section, Severity, StageError};
 use assay_proto::convert;
 use assay_proto::gateway::v1 as gw;
 use assay_proto::gateway::v1::refinement_event::Event as Ev;
 
 use super::state::{self, Judged, Judging, State, Status, TaskState};
-use super::{TargetedRefinement, mode_to, tokens};
+use super::{TargetedRefinement, mode_to};
 use assay_runs::RunCtx;
 
 impl TargetedRefinement {
@@ -108,7 +108,8 @@ impl TargetedRefinement {
         }
         let score = iteration::document_score(&verdicts);
         let issues = plan.consolidation.issues.clone();
-        let critical_issues = issues.iter().filter(|i| i.severity == Severity::Critical).count() as u32;
+        let held = plan.consolidation.held_critical.clone();
+        let critical_issues = (issues.iter().filter(|i| i.severity == Severity::Critical).count() + held.len()) as u32;
         let focused = !judged_ids.is_empty();
         self.emit(
             ctx,
@@ -116,7 +117,7 @@ impl TargetedRefinement {
             Ev::Judged(gw::Judged {
                 score,
                 judges,
-                open_issues: issues.len() as u32,
+                open_issues: (issues.len() + held.len()) as u32,
                 critical_issues,
                 focused,
                 judged_section_ids: judged_ids,
@@ -129,6 +130,7 @@ impl TargetedRefinement {
             sections: st.sections.clone(),
             critical: critical_issues > 0,
             issues,
+            held,
             scores: iteration::mean_scores(&verdicts),
             plan,
             human_edited: st
@@ -192,8 +194,8 @@ impl TargetedRefinement {
                 st.iteration,
                 Ev::Judged(gw::Judged {
                     score: last.score,
-                    open_issues: last.issues.len() as u32,
-                    critical_issues: last.issues.iter().filter(|i| i.severity == Severity::Critical).count() as u32,
+                    open_issues: (last.issues.len() + last.held.len()) as u32,
+                    critical_issues: last.critical_count(),
                     focused: true,
                     ..Default::default()
                 }),
@@ -229,10 +231,11 @@ impl TargetedRefinement {
             // Every section changed: a full judging (its board starts afresh).
             let whole = ids.len() == st.sections.len();
             let mut board = if whole { Board::from_full(&verdicts) } else { last.board.clone() };
+            let focused = if whole { Vec::new() } else { iteration::focused_scores(&verdicts, &ids) };
             if !whole {
                 board.update_focused(&verdicts, &ids);
             }
-            restored = self.restore_regressions(ctx, st, &last, &mut board).await?;
+            restored = self.restore_regressions(ctx, st, &last, &mut board, &focused).await?;
             let ids: Vec<String> =
                 if whole { Vec::new() } else { ids.into_iter().filter(|id| !restored.contains(id)).collect() };
             match self.planned(ctx, st, board, judges, ids).await? {
@@ -251,7 +254,7 @@ impl TargetedRefinement {
             Ev::IterationComplete(gw::IterationComplete {
                 score: judging.score,
                 score_history: history,
-                tokens_used: tokens(ctx),
+                tokens_used: self.budget_used(ctx, st),
                 tasks_completed: done,
                 tasks_failed: failed,
                 restored_section_ids: restored,
@@ -263,20 +266,83 @@ impl TargetedRefinement {
 
     /// Restore the sections whose edits broke a quality lock (content and verdicts as the last
     /// judging had them), each announced by a rolled-back verification result.
+    /// `focused` holds the focused judging's scores of the sections it judged that its verdicts
+    /// gave no section score (see [`iteration::focused_scores`]): a drop only they show breaks a
+    /// lock too.
     async fn restore_regressions(
         &self,
         ctx: &RunCtx,
         st: &mut State,
         last: &Judging,
         board: &mut Board,
+        focused: &[iteration::MeanScore],
     ) -> Result<Vec<String>, StageError> {
         let verdicts = board.verdicts();
         let scores = iteration::mean_scores(&verdicts);
-        let gained = iteration::issues_gained(&verdicts, &last.board.verdicts());
-        let regressions = iteration::regressions(&st.sections, &last.sections, &st.quality_locks, &scores, &gained);
+        let before = last.board.verdicts();
+        let gained = iteration::issues_gained(&verdicts, &before);
+        let mut regressions = iteration::regressions(&st.sections, &last.sections, &st.quality_locks, &scores, &gained);
+        let open_before: Vec<JudgeIssue> = before.iter().flat_map(|v| v.issues.iter().cloned()).collect();
+        for (id, broken) in iteration::focused_regressions(focused, &st.quality_locks, &open_before, &gained) {
+            match regressions.iter_mut().find(|(s, _)| *s == id) {
+                Some((_, known)) => {
+                    let new: Vec<_> =
+                        broken.into_iter().filter(|b| !known.iter().any(|k| k.criterion == b.criterion)).collect();
+                    known.extend(new);
+                }
+                None => regressions.push((id, broken)),
+            }
+        }
+        let restored = self.restore_sections(ctx, st, &last.sections, regressions).await?;
+        if !restored.is_empty() {
+            board.restore(&last.board, &restored);
+            self.save(ctx, st, "judging").await?;
+        }
+        Ok(restored)
+    }
+
+    /// A confirming full judging (see `confirms`) checks the quality locks too: the sections
+    /// edited since the last full judging whose lock it finds broken are restored to that
+    /// judging's content, and the loop judges them again before it decides. Returns the
+    /// sections restored.
+    pub(super) async fn restore_after_confirming(
+        &self,
+        ctx: &RunCtx,
+        st: &mut State,
+        confirming: &Judging,
+    ) -> Result<Vec<String>, StageError> {
+        let Some(full) = st.judged.iter().rev().find(|j| !j.focused && j.iteration < confirming.iteration).cloned()
+        else {
+            return Ok(Vec::new());
+        };
+        let verdicts = confirming.board.verdicts();
+        let gained = iteration::issues_gained(&verdicts, &full.board.verdicts());
+        let regressions = iteration::regressions(
+            &st.sections,
+            &full.sections,
+            &st.quality_locks,
+            &iteration::mean_scores(&verdicts),
+            &gained,
+        );
+        let restored = self.restore_sections(ctx, st, &full.sections, regressions).await?;
+        if !restored.is_empty() {
+            self.save(ctx, st, "judging").await?;
+        }
+        Ok(restored)
+    }
+
+    /// Put `regressions`' sections back as `before` had them, each announced by a rolled-back
+    /// verification result naming the broken locks.
+    async fn restore_sections(
+        &self,
+        ctx: &RunCtx,
+        st: &mut State,
+        before: &[Section],
+        regressions: Vec<(String, Vec<iteration::LockViolation>)>,
+    ) -> Result<Vec<String>, StageError> {
         let mut restored = Vec::new();
         for (id, broken) in regressions {
-            let Some(before) = last.sections.iter().find(|s| s.id == id).cloned() else { continue };
+            let Some(before) = before.iter().find(|s| s.id == id).cloned() else { continue };
             st.set_section(&before);
             let reasons: Vec<String> = broken
                 .iter()
@@ -304,10 +370,6 @@ impl TargetedRefinement {
             )
             .await?;
             restored.push(id);
-        }
-        if !restored.is_empty() {
-            board.restore(&last.board, &restored);
-            self.save(ctx, st, "judging").await?;
         }
         Ok(restored)
     }

@@ -45,7 +45,7 @@ use tokio::sync::Mutex;
 
 use super::stages::{RefinementStages, Stages};
 use assay_runs::{ControlEffect, Pipeline, RunCtx, RunOutcome};
-use state::{Halt, Human, Judged, PHASES, Phase, State, Status};
+use state::{Halt, Human, Judged, Judging, PHASES, Phase, State, Status};
 
 /// Checkpoint key of the loop's state.
 const STATE: &str = "refinement:state";
@@ -185,7 +185,15 @@ impl TargetedRefinement {
     }
 
     /// Tokens counted against the budget: everything after the first assessment.
+    /// Tokens counted against the token budget: everything after the first assessment, since
+    /// the current allowance (see [`Self::grant_allowances`]). The one base of every token figure
+    /// set beside a limit (progress, iteration_complete, the decisions).
     fn budget_used(&self, ctx: &RunCtx, st: &State) -> u64 {
+        self.budget_used_in_all(ctx, st).saturating_sub(st.allowance_tokens)
+    }
+
+    /// Tokens after the first assessment, every allowance included.
+    fn budget_used_in_all(&self, ctx: &RunCtx, st: &State) -> u64 {
         match st.assessment_tokens {
             Some(a) => tokens(ctx).saturating_sub(a),
             None if st.judged.is_empty() => 0,
@@ -194,17 +202,40 @@ impl TargetedRefinement {
         }
     }
 
-    /// The token budget: the pipeline's, or the run's when that is smaller (the run's budget
-    /// then ends the refinement by the pipeline's own budget rules).
-    fn max_tokens(&self, ctx: &RunCtx) -> u64 {
-        ctx.spending.token_limit().map_or(self.limits.max_tokens, |t| t.min(self.limits.max_tokens))
+    /// The token budget of the current allowance: the pipeline's, or what the run's budget leaves
+    /// of it when that is smaller (a run's budget is a hard cap over the whole run, never renewed;
+    /// it then ends the refinement by the pipeline's own budget rules).
+    fn max_tokens(&self, ctx: &RunCtx, st: &State) -> u64 {
+        ctx.spending
+            .token_limit()
+            .map_or(self.limits.max_tokens, |t| t.saturating_sub(st.allowance_tokens).min(self.limits.max_tokens))
+    }
+
+    /// Active time of the current allowance.
+    fn elapsed_ms(&self, st: &State) -> u64 {
+        self.clock.active_ms(st.active_ms).saturating_sub(st.allowance_ms)
+    }
+
+    /// A human resumed an escalated loop: a fresh allowance of each budget spent (tokens, time;
+    /// the iterations are granted again by `since`). Returns the budgets renewed.
+    fn grant_allowances(&self, ctx: &RunCtx, st: &mut State) -> Vec<&'static str> {
+        let mut renewed = Vec::new();
+        if self.budget_used(ctx, st) >= self.max_tokens(ctx, st) {
+            st.allowance_tokens = self.budget_used_in_all(ctx, st);
+            renewed.push(iteration::Stop::TokenBudget.name());
+        }
+        if self.elapsed_ms(st) >= self.limits.max_elapsed_ms {
+            st.allowance_ms = self.clock.active_ms(st.active_ms);
+            renewed.push(iteration::Stop::TimeBudget.name());
+        }
+        renewed
     }
 
     /// The limit reached once the token or time budget is spent (its stop reason).
     fn spent(&self, ctx: &RunCtx, st: &State) -> Option<String> {
-        if self.budget_used(ctx, st) >= self.max_tokens(ctx) {
+        if self.budget_used(ctx, st) >= self.max_tokens(ctx, st) {
             Some(iteration::Stop::TokenBudget.name().into())
-        } else if self.clock.active_ms(st.active_ms) >= self.limits.max_elapsed_ms {
+        } else if self.elapsed_ms(st) >= self.limits.max_elapsed_ms {
             Some(iteration::Stop::TimeBudget.name().into())
         } else {
             None
@@ -253,8 +284,8 @@ impl TargetedRefinement {
             locked_section_ids: st.locked.clone(),
             quality: last.map_or(gw::QualityStatus::Unspecified, |j| quality_of(j.score, j.critical)) as i32,
             converged: !st.stop_reason.is_empty(),
-            tokens_used: tokens(ctx),
-            token_limit: self.max_tokens(ctx),
+            tokens_used: self.budget_used(ctx, st),
+            token_limit: self.max_tokens(ctx, st),
             tasks: st
                 .tasks
                 .iter()
@@ -270,12 +301,11 @@ impl TargetedRefinement {
             mode: mode_to(self.mode) as i32,
             phase: phase.to_string(),
             sections: st.sections.iter().map(convert::document::section_to).collect(),
-            unresolved_issues: last
-                .map(|j| j.issues.iter().map(convert::document::issue_to).collect())
-                .unwrap_or_default(),
+            unresolved_issues: last.map(Judging::open_issues_to).unwrap_or_default(),
             changed_section_ids: self.changed(&st.sections),
             phase_usage: phase_usage(st),
             budget_tokens_used: self.budget_used(ctx, st),
+            assessment_tokens: st.assessment_tokens.unwrap_or_default(),
         }
     }
 
@@ -344,7 +374,7 @@ impl TargetedRefinement {
         last.focused
             && changed
             && self.spent(ctx, st).is_none()
-            && self.budget_used(ctx, st) + self.judging_estimate(st, &st.sections, 0) <= self.max_tokens(ctx)
+            && self.budget_used(ctx, st) + self.judging_estimate(st, &st.sections, 0) <= self.max_tokens(ctx, st)
     }
 
     /// The sections changed since the last judging hold fixes no judging scored.
@@ -367,7 +397,7 @@ impl TargetedRefinement {
             since: st.since,
             edits: &st.edits,
             tokens_used: self.budget_used(ctx, st),
-            elapsed_ms: self.clock.active_ms(st.active_ms),
+            elapsed_ms: self.elapsed_ms(st),
             limits: self.limits,
             sections: &st.sections,
             locked: &st.locked,
@@ -479,7 +509,8 @@ impl TargetedRefinement {
                         st.assessment_tokens = Some(tokens(ctx));
                     }
                     let mut judging = judging;
-                    if std::mem::take(&mut st.confirming) {
+                    let confirmed = std::mem::take(&mut st.confirming);
+                    if confirmed {
                         // The full judging measures the same content as the focused one: it
                         // takes its place (a human's edit in it stays one).
                         if let Some(replaced) = st.judged.pop() {
@@ -487,8 +518,15 @@ impl TargetedRefinement {
                             judging.iteration = replaced.iteration;
                         }
                     }
-                    st.judged.push(judging);
+                    st.judged.push(judging.clone());
                     st.stale.clear();
+                    if confirmed && !self.restore_after_confirming(ctx, &mut st, &judging).await?.is_empty() {
+                        // Sections broke a lock the focused judging did not see: they are back
+                        // to their content at the last full judging, judged again before any
+                        // decision.
+                        self.save(ctx, &st, "judging").await?;
+                        continue;
+                    }
                     self.save(ctx, &st, "planning").await?;
                     let stopped = st.pending_stop.take();
                     let decision = match stopped.clone() {
@@ -555,6 +593,12 @@ impl TargetedRefinement {
                     }
                     Human::Resume => {
                         ctx.progress.set_state(gw::RunState::Running, "resumed by a human").await?;
+                        // A fresh allowance of each budget spent, before the edits are verified
+                        // (they are verified from it).
+                        let renewed = self.grant_allowances(ctx, &mut st);
+                        if !renewed.is_empty() {
+                            tracing::info!(run_id = %ctx.run_id(), "resumed with a fresh allowance: {}", renewed.join(", "));
+                        }
                         if !st.unverified_edits.is_empty() {
                             self.verify_human_edits(ctx, &mut st).await?;
                         }

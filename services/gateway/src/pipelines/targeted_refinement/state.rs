@@ -16,8 +16,13 @@ pub(super) struct Judging {
     pub(super) iteration: u32,
     pub(super) score: f64,
     pub(super) sections: Vec<Section>,
-    /// Consolidated issues (after agreement filtering).
+    /// Consolidated issues (after agreement filtering): what the plan fixes.
     pub(super) issues: Vec<JudgeIssue>,
+    /// Critical issues the agreement filter kept out of the plan: reported as unresolved and
+    /// counted against acceptance (`critical`), not fixed.
+    #[serde(default)]
+    pub(super) held: Vec<JudgeIssue>,
+    /// An issue of the judging is critical (kept or held back).
     pub(super) critical: bool,
     /// Mean per (section, criterion) over the judges that scored sections, else per criterion
     /// under an empty section id.
@@ -32,6 +37,27 @@ pub(super) struct Judging {
     /// Only the changed sections were judged (their neighbours as context), the rest carried.
     #[serde(default)]
     pub(super) focused: bool,
+}
+
+impl Judging {
+    /// Every issue left open by this judging: the planned ones, then the critical ones held back.
+    pub(super) fn open_issues(&self) -> Vec<JudgeIssue> {
+        self.issues.iter().chain(&self.held).cloned().collect()
+    }
+
+    /// The open issues on the wire, the held-back ones flagged.
+    pub(super) fn open_issues_to(&self) -> Vec<assay_proto::common::v1::JudgeIssue> {
+        let held = self.held.iter().map(|i| assay_proto::common::v1::JudgeIssue {
+            held_back: true,
+            ..assay_proto::convert::document::issue_to(i)
+        });
+        self.issues.iter().map(assay_proto::convert::document::issue_to).chain(held).collect()
+    }
+
+    /// Critical issues open, held-back ones included.
+    pub(super) fn critical_count(&self) -> u32 {
+        (self.issues.iter().filter(|i| i.severity == assay_domain::Severity::Critical).count() + self.held.len()) as u32
+    }
 }
 
 /// Tokens of one phase: estimated before spending, used by the calls.
@@ -149,6 +175,13 @@ pub(super) struct State {
     /// batch_complete.
     #[serde(default)]
     pub(super) locks_to_announce: Vec<(String, u32)>,
+    /// Budget tokens (after the first assessment) spent before the current token allowance: a
+    /// human's resume of a loop escalated on its token budget grants a fresh one from here.
+    #[serde(default)]
+    pub(super) allowance_tokens: u64,
+    /// Active milliseconds before the current time allowance (likewise for the time budget).
+    #[serde(default)]
+    pub(super) allowance_ms: u64,
 }
 
 /// A section the loop's result sent back to an earlier judging's content.
@@ -194,6 +227,8 @@ impl State {
             discarded: Vec::new(),
             since: 0,
             locks_to_announce: Vec::new(),
+            allowance_tokens: 0,
+            allowance_ms: 0,
         }
     }
 
