@@ -350,6 +350,12 @@ fn self_refine_runs_on_a_real_llama_cpp_server() {
     let result: serde_json::Value = serde_json::from_slice(&o.stdout).expect("a JSON result");
     assert_eq!(result["state"], "RUN_STATE_SUCCEEDED", "{result}");
     assert!(result["usage"]["calls"].as_u64().unwrap_or(0) >= 1, "{result}");
+    // The small model at temperature 0 may answer with the prompt itself: its scaffold is stripped
+    // exactly or the reply refused, never returned as the revision (issue 59, point 14).
+    let final_text = result["finalText"].as_str().expect("the final text");
+    for scaffold in ["<instruction>", "</instruction>", "DRAFT:", "<draft>", "</draft>", "TASK:"] {
+        assert!(!final_text.contains(scaffold), "the prompt's {scaffold} is in the result: {result}");
+    }
     assert_usage_is_served(&result["usage"], setup.served());
 }
 
