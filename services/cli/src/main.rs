@@ -64,8 +64,9 @@ struct Cli {
 
 #[derive(Args, Clone)]
 struct BackendArgs {
-    /// Model backend for every phase: `local` (embedded, offline) or `openai` (any OpenAI-compatible
-    /// server from OPENAI_BASE_URL / OPENAI_API_KEY).
+    /// Model backend for every phase the configuration does not send elsewhere: `local` (embedded,
+    /// offline) or `openai` (any OpenAI-compatible server from OPENAI_BASE_URL / OPENAI_API_KEY). A
+    /// phase whose backend the configuration names (`models.phases.<phase>.backend`) keeps it.
     #[arg(long)]
     backend: Option<String>,
     /// Model name on that backend.
@@ -609,10 +610,10 @@ fn load_config(path: Option<&std::path::Path>, backend: &BackendArgs) -> Result<
                 config.backends.keys().cloned().collect::<Vec<_>>().join(", ")
             ));
         }
+        // The flag fills what the configuration left unset: the default backend, which every
+        // phase without a backend of its own inherits. A phase the configuration sent to a backend
+        // by name (`models.phases.embedding.backend = "local"` beside a chat-only server) keeps it.
         config.models.default.backend = b.clone();
-        for s in config.models.phases.values_mut() {
-            s.backend = b.clone();
-        }
     }
     if let Some(m) = &backend.model {
         let name = config.models.default.backend.clone();
@@ -998,5 +999,32 @@ mod tests {
         }
         let openai = ["assay", "demo", "--backend", "openai", "--model", "MODEL"];
         assert!(Cli::try_parse_from(openai).is_ok());
+    }
+
+    /// `--backend` fills what the configuration left unset and never overrides a phase it sent to a
+    /// backend by name (issue 60: `--backend openai` sent the embeddings the README's configuration
+    /// keeps local to a chat-only server, and the run failed).
+    #[test]
+    fn the_backend_flag_keeps_the_phases_the_configuration_set() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("cfg.toml");
+        std::fs::write(
+            &file,
+            "[models.phases.embedding]\nbackend = \"local\"\n[models.phases.scorer]\nmodel = \"judge\"\n",
+        )
+        .unwrap();
+        let flags = BackendArgs { backend: Some("openai".into()), model: Some("chat".into()) };
+        let c = load_config(Some(&file), &flags).unwrap();
+        assert_eq!(c.models.default.backend, "openai");
+        assert_eq!(c.models.resolve_embedding("scorer").backend, "local", "the configured phase is kept");
+        let scorer = c.models.resolve("scorer");
+        assert_eq!((scorer.backend.as_str(), scorer.model.as_deref()), ("openai", Some("judge")));
+        assert_eq!(c.models.resolve("stage_6_patcher").model.as_deref(), Some("chat"));
+        // Without a configuration every phase follows the flag.
+        let c = load_config(None, &flags).unwrap();
+        assert_eq!(c.models.resolve_embedding("scorer").backend, "openai");
+        // An unknown backend is refused, naming the ones configured.
+        let bad = BackendArgs { backend: Some("nope".into()), model: None };
+        assert!(load_config(None, &bad).unwrap_err().contains("--backend \"nope\" is not configured"));
     }
 }

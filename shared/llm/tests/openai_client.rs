@@ -526,9 +526,31 @@ async fn a_400_that_is_not_about_the_schema_is_not_remembered() {
     let client = client(&server);
     let err = client.chat(schema_request()).await.unwrap_err();
     assert!(matches!(&err, LlmError::InvalidRequest(m) if m.contains("context too long")), "{err:?}");
-    assert_eq!(server.request_count(), 4, "each weaker form tried once (four forms), no more");
+    // The bare 400 could be the form: a weaker one is tried; its 400 refuses the request itself
+    // (the context), which no weaker form would change: it fails there.
+    assert_eq!(server.request_count(), 2, "the next form tried once, then the request refused");
     assert!(!client.schema_rejected());
     assert_eq!(client.schema_delivery(), "json_schema");
+}
+
+/// Issue 60: a context-length 400 (vLLM's wording, llama.cpp's `exceed_context_size_error`) is
+/// not a refused structured-output form: the call fails at once, one request, nothing remembered.
+/// Before, it walked the whole ladder: four requests, each refused the same way.
+#[tokio::test]
+async fn a_context_length_400_fails_at_once_without_walking_the_ladder() {
+    for body in [
+        r#"{"object":"error","message":"This model's maximum context length is 2048 tokens. However, you requested 4096 tokens (3900 in the messages, 196 in the completion).","type":"BadRequestError","code":400}"#,
+        r#"{"error":{"code":400,"message":"the request exceeds the available context size, try increasing it","type":"exceed_context_size_error","n_prompt_tokens":4100,"n_ctx":2048}}"#,
+    ] {
+        let server = ScriptedLlm::start().await;
+        server.set_handler(move |_| Reply::status(400).body(body));
+        let client = client(&server);
+        let err = client.chat(schema_request()).await.unwrap_err();
+        assert!(matches!(&err, LlmError::InvalidRequest(_)), "{err:?}");
+        assert_eq!(server.request_count(), 1, "{body}");
+        assert!(!client.schema_rejected());
+        assert_eq!(client.schema_delivery(), "json_schema");
+    }
 }
 
 /// A handler that answers every chat call with its prompt after `latency`, except that the first

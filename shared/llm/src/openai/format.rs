@@ -191,10 +191,27 @@ pub(super) fn complains_about_schema(body: &[u8]) -> bool {
     text.contains("response_format") || text.contains("json_schema")
 }
 
+/// Whether an error message refuses the request itself, whatever form its schema takes: the
+/// prompt is over the model's context (vLLM and OpenAI "maximum context length" /
+/// `context_length_exceeded`, llama.cpp's `exceed_context_size_error`, "prompt is too long",
+/// "too many tokens"). A weaker structured-output form would be refused the same way.
+pub(super) fn refuses_the_request(message: &str) -> bool {
+    let text = message.to_ascii_lowercase();
+    let context = text.contains("context")
+        && ["length", "exceed", "too long", "window", "size", "limit"].iter().any(|w| text.contains(w));
+    context || text.contains("prompt is too long") || text.contains("too many tokens")
+}
+
 /// Whether a failed call (after retries) rejected the structured-output form, so a weaker form
-/// should be tried: any 400, or another error status whose message names the form.
+/// should be tried: a 400 that does not refuse the request itself ([`refuses_the_request`]: a
+/// context-length 400 fails at once instead of walking the ladder, three more requests refused
+/// the same way), or another error status whose message names the form.
 pub(super) fn is_schema_rejection(status: u16, error: &LlmError) -> bool {
-    status == 400 || (status >= 400 && complains_about_schema(error.to_string().as_bytes()))
+    let message = error.to_string();
+    if refuses_the_request(&message) && !complains_about_schema(message.as_bytes()) {
+        return false;
+    }
+    status == 400 || (status >= 400 && complains_about_schema(message.as_bytes()))
 }
 
 /// Most integers a bounded integer may be spelt out as (see [`for_grammar`]).
@@ -312,5 +329,17 @@ mod tests {
         assert!(is_schema_rejection(500, &LlmError::Unavailable("http 500: bad response_format".into())));
         assert!(!is_schema_rejection(500, &LlmError::Unavailable("http 500: boom".into())));
         assert!(!is_schema_rejection(200, &LlmError::MalformedReply("json_schema".into())));
+        // A 400 that refuses the request itself is no verdict on the form (issue 60).
+        for refused in [
+            "http 400: This model's maximum context length is 2048 tokens. However, you requested 2600 tokens",
+            r#"http 400: {"error":{"code":400,"message":"the request exceeds the available context size, try increasing it","type":"exceed_context_size_error"}}"#,
+            r#"http 400: {"error":{"code":"context_length_exceeded","message":"Please reduce the length of the messages."}}"#,
+            "http 400: prompt is too long: 210000 tokens > 200000 maximum",
+        ] {
+            assert!(!is_schema_rejection(400, &LlmError::InvalidRequest(refused.into())), "{refused}");
+        }
+        // One that names the form is about the form, whatever else it says.
+        let both = "http 400: response_format json_schema is not supported for this context length";
+        assert!(is_schema_rejection(400, &LlmError::InvalidRequest(both.into())));
     }
 }
