@@ -1116,6 +1116,36 @@ async fn a_stub_section_with_a_completeness_issue_is_regenerated_and_kept() {
     sandbox.shutdown().await.unwrap();
 }
 
+/// Issue 60: a backend whose chat model cannot embed (llama-cpp-python answers every embeddings
+/// call with a 500 "must be created with embedding=True") does not fail the refinement: the
+/// arbiter matches the judges' issues by their words, says so in the plan, and asks the backend
+/// once. Before, the 500 was retried and the run failed at its first plan.
+#[tokio::test]
+async fn a_refinement_on_a_backend_that_cannot_embed_still_fixes_the_document() {
+    let lesson = five();
+    let doc = lesson.clone().with("stages", STAGES_RIGHT, STAGES_WRONG);
+    let script = Script::new(&lesson, 0.92).defect(wrong_first_stage(0.5)).tweak(|call, reply| {
+        if *call == Call::Embeddings {
+            Reply::status(500)
+                .body(r#"{"error":{"message":"Llama model must be created with embedding=True to call this method"}}"#)
+        } else {
+            reply
+        }
+    });
+    let sandbox = MeshSandbox::start().await;
+    script.install(&sandbox.llm);
+    let mut run = Run::start(&sandbox, pipeline(&doc.sections, &doc.brief, gw::RefinementMode::FullAuto)).await;
+    let result = run.finish().await;
+    assert_eq!(result.outcome(), gw::RefinementOutcome::Accepted, "{result:#?}");
+    assert_eq!(result.sections, lesson.sections, "the error is fixed, nothing else touched");
+    let starts = run.starts();
+    let plan = plan_of(&starts[0].1);
+    let degraded = plan.consolidation.as_ref().map(|c| c.similarity_degraded.clone()).unwrap_or_default();
+    assert!(degraded.starts_with("issues matched by their words"), "{degraded:?}");
+    assert_eq!(script.count(&sandbox.llm, |c| *c == Call::Embeddings), 1, "asked once, not retried");
+    sandbox.shutdown().await.unwrap();
+}
+
 #[tokio::test]
 async fn us1_1_only_the_section_with_the_factual_error_changes() {
     let lesson = five();

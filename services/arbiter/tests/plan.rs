@@ -224,6 +224,74 @@ async fn issues_match_across_judges_by_section_criterion_and_meaning() {
     assert_eq!(embeds[0].embedding_inputs().len(), 4);
 }
 
+/// Issue 60: a backend whose model cannot embed (llama-cpp-python's 500 "must be created with
+/// embedding=True", the same every time) does not fail the consolidation: the issues are matched
+/// by their words, the response says so, the refusal is not retried and the backend is not asked
+/// again. Before, the 500 was retried and the consolidation (and the refinement run) failed.
+#[tokio::test]
+async fn a_backend_that_cannot_embed_matches_issues_by_their_words_and_is_asked_once() {
+    let llm = ScriptedLlm::start().await;
+    llm.set_handler(|r| {
+        if r.is_embeddings() {
+            return Reply::status(500).body(
+                r#"{"error":{"message":"Llama model must be created with embedding=True to call this method","type":"internal_server_error"}}"#,
+            );
+        }
+        handler(r)
+    });
+    let mut cfg = OpenAiConfig::new(llm.base_url());
+    cfg.default_model = "chat-only".into();
+    cfg.base_backoff = Duration::from_millis(5);
+    cfg.max_retries = 3;
+    let hub = Arc::new(ModelHub::single_openai(cfg).unwrap());
+    let server = TestServer::start(
+        assay_arbiter::routes(Arc::new(assay_arbiter::ArbiterCore::new(hub))),
+        &[assay_proto::service_names::ARBITER],
+    )
+    .await;
+    let mut client = ArbiterServiceClient::new(server.channel().await);
+    let request = consolidate(
+        AGREE,
+        [
+            vec![issue("s1", "clarity_readability", pb::Severity::Minor, "Too much jargon in the intro")],
+            vec![issue("s1", "clarity_readability", pb::Severity::Major, "The intro uses too much jargon")],
+            vec![
+                issue("s1", "clarity_readability", pb::Severity::Minor, "The transition to part 2 is abrupt"),
+                // No section named: it would be placed by embedding; without embeddings it stays
+                // unassigned, and says why.
+                issue("", "completeness", pb::Severity::Minor, "The lesson never defines a funnel"),
+            ],
+        ],
+    );
+    let embedding_calls = || llm.requests().iter().filter(|r| r.is_embeddings()).count();
+    for round in 0..2 {
+        let reply = client.consolidate(request.clone()).await.expect("no failure for want of embeddings").into_inner();
+        let mut got = ids(&reply);
+        got.sort();
+        let s = |x: &str| x.to_string();
+        assert_eq!(
+            got,
+            vec![
+                (s("The intro uses too much jargon"), vec![s("a"), s("b")]),
+                (s("The lesson never defines a funnel"), vec![s("c")]),
+                (s("The transition to part 2 is abrupt"), vec![s("c")]),
+            ],
+            "round {round}"
+        );
+        assert_eq!(reply.localizations.len(), 1);
+        let l = &reply.localizations[0];
+        assert!(l.section_ids.is_empty() && l.reason.starts_with("not placed: embeddings unavailable"), "{l:?}");
+        assert_eq!(reply.unassigned_issues, 1);
+        assert!(
+            reply.similarity_degraded.starts_with("issues matched by their words")
+                && reply.similarity_degraded.contains("embedding=True"),
+            "{}",
+            reply.similarity_degraded
+        );
+        assert_eq!(embedding_calls(), 1, "round {round}: asked once, not retried, not asked again");
+    }
+}
+
 #[tokio::test]
 async fn moderate_agreement_keeps_issues_raised_by_two_judges() {
     let h = harness().await;

@@ -123,6 +123,10 @@ pub struct Consolidation {
     /// acceptance and the unresolved issues still count them.
     #[serde(default)]
     pub held_critical: Vec<JudgeIssue>,
+    /// Non-empty when the issues were matched by their words because the embedding backend
+    /// failed or cannot embed: why (degraded, never a failed consolidation).
+    #[serde(default)]
+    pub similarity_degraded: String,
 }
 
 /// Most sections one localized issue is routed to.

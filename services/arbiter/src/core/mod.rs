@@ -78,11 +78,65 @@ pub struct Located {
 #[derive(Clone)]
 pub struct ArbiterCore {
     hub: Arc<ModelHub>,
+    /// Embedding backends (by the request's `embedding_model.backend`, empty: the configured one)
+    /// found unable to embed: a refusal that would not change (the server has no embeddings
+    /// endpoint, its model cannot embed), remembered so that it is asked once, not every judging.
+    no_embeddings: Arc<std::sync::Mutex<std::collections::HashMap<String, String>>>,
 }
 
 impl ArbiterCore {
     pub fn new(hub: Arc<ModelHub>) -> Self {
-        Self { hub }
+        Self { hub, no_embeddings: Arc::default() }
+    }
+}
+
+/// Least Jaccard similarity (content words, [`assay_domain::similarity::jaccard`]) at which two
+/// issues on the same section and criterion are one issue when embeddings are unavailable.
+/// Lexical overlap is lower than embedding cosine for the same meaning (two judges' wordings of
+/// one problem share its key words, not their phrasing), so the cosine threshold would merge
+/// almost nothing.
+pub const LEXICAL_MATCH_THRESHOLD: f64 = 0.3;
+
+/// How issue descriptions are compared: embedding vectors, or their words when the embedding
+/// backend failed (degraded, with why).
+enum IssueSimilarity {
+    Vectors(Vec<Option<Vec<f32>>>),
+    Words { texts: Vec<Option<String>>, reason: String },
+}
+
+impl IssueSimilarity {
+    fn between(&self, a: usize, b: usize) -> f64 {
+        match self {
+            IssueSimilarity::Vectors(v) => match (&v[a], &v[b]) {
+                (Some(x), Some(y)) => assay_domain::similarity::cosine(x, y).unwrap_or(0.0),
+                _ => 0.0,
+            },
+            IssueSimilarity::Words { texts, .. } => match (&texts[a], &texts[b]) {
+                (Some(x), Some(y)) => assay_domain::similarity::jaccard(x, y).similarity,
+                _ => 0.0,
+            },
+        }
+    }
+}
+
+/// Whether an embedding failure leaves the consolidation to work without embeddings (degraded,
+/// reported) rather than failing it: the backend down, overloaded, refusing or unable to embed.
+/// A wrong request (an unknown backend named), a cancel, a spent budget or a passed deadline
+/// still end the call.
+fn embeddings_unavailable(e: &StageError) -> bool {
+    match e {
+        StageError::Unavailable(_)
+        | StageError::RateLimited(_)
+        | StageError::CircuitOpen(_)
+        | StageError::ResourceExhausted(_)
+        | StageError::FailedPrecondition(_)
+        | StageError::Internal(_) => true,
+        StageError::InvalidArgument(_)
+        | StageError::NotFound(_)
+        | StageError::DeadlineExceeded(_)
+        | StageError::Cancelled(_)
+        | StageError::Unimplemented(_)
+        | StageError::BudgetExhausted(_) => false,
     }
 }
 
@@ -153,27 +207,64 @@ fn synthesis_schema() -> serde_json::Value {
 impl ArbiterCore {
     /// Similarity of the issues that can match across judges: one batched embedding call over
     /// their descriptions.
+    /// When embeddings fail (see [`embeddings_unavailable`]) the descriptions are compared by
+    /// their words instead, and the consolidation says so (`similarity_degraded`): a refinement
+    /// never fails because its backend cannot embed. A refusal that would not change
+    /// (`FailedPrecondition`: no embeddings endpoint, a chat-only model) is remembered for the
+    /// backend, which is not asked again.
     async fn similarities(
         &self,
         request: &ConsolidateRequest,
         issues: &[consolidate::IssueRef],
-    ) -> Result<(Vec<Option<Vec<f32>>>, Usage), StageError> {
+    ) -> Result<(IssueSimilarity, Usage), StageError> {
         let needs = consolidate::needs_similarity(&request.verdicts, issues);
-        let texts: Vec<String> = issues
-            .iter()
-            .zip(&needs)
-            .filter(|(_, n)| **n)
-            .map(|(r, _)| {
-                let i = &request.verdicts[r.judge].issues[r.index];
-                if i.description.trim().is_empty() { i.fix_instruction.clone() } else { i.description.clone() }
-            })
-            .collect();
-        let (vectors, usage) = self
+        let text_of = |r: &consolidate::IssueRef| {
+            let i = &request.verdicts[r.judge].issues[r.index];
+            if i.description.trim().is_empty() { i.fix_instruction.clone() } else { i.description.clone() }
+        };
+        let texts: Vec<String> = issues.iter().zip(&needs).filter(|(_, n)| **n).map(|(r, _)| text_of(r)).collect();
+        let words = |reason: String| IssueSimilarity::Words {
+            texts: issues.iter().zip(&needs).map(|(r, n)| n.then(|| text_of(r))).collect(),
+            reason,
+        };
+        if texts.is_empty() {
+            return Ok((IssueSimilarity::Vectors(vec![None; issues.len()]), Usage::default()));
+        }
+        let degraded = |error: &str| {
+            format!(
+                "issues matched by their words (Jaccard >= {LEXICAL_MATCH_THRESHOLD}), not embeddings: the embedding \
+                 call failed ({error})"
+            )
+        };
+        let backend = request.embedding_model.backend.clone().unwrap_or_default();
+        let known = self.no_embeddings.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&backend).cloned();
+        if let Some(error) = known {
+            return Ok((words(degraded(&error)), Usage::default()));
+        }
+        match self
             .hub
             .embed(assay_llm::phases::EMBEDDING_PHASE, &request.embedding_model, "embedding_model", texts)
-            .await?;
-        let mut it = vectors.into_iter();
-        Ok((needs.iter().map(|n| if *n { it.next() } else { None }).collect(), usage))
+            .await
+        {
+            Ok((vectors, usage)) => {
+                let mut it = vectors.into_iter();
+                Ok((IssueSimilarity::Vectors(needs.iter().map(|n| if *n { it.next() } else { None }).collect()), usage))
+            }
+            Err(e) if embeddings_unavailable(&e) => {
+                let why = degraded(&e.to_string());
+                if matches!(e, StageError::FailedPrecondition(_)) {
+                    tracing::warn!(backend = %backend, "the embedding backend cannot embed; issues are matched by their words from now on: {e}");
+                    self.no_embeddings
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .insert(backend, e.to_string());
+                } else {
+                    tracing::warn!(backend = %backend, "embedding call failed; issues matched by their words: {e}");
+                }
+                Ok((words(why), Usage::default()))
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// One synthesis call per section; a failed call or an unusable reply keeps the joined
@@ -360,8 +451,27 @@ impl ArbiterCore {
         let todo: Vec<JudgeIssue> = issues.iter().filter(|i| localize::unplaced(i, &known)).cloned().collect();
         let (found, usage, method) = match LOCATOR {
             Locator::Embedding { threshold, margin } => {
-                let (found, usage) = self.locate_by_embedding(request, &todo, threshold, margin).await?;
-                (found, usage, localize::METHOD_EMBEDDING)
+                let backend = request.embedding_model.backend.clone().unwrap_or_default();
+                let known =
+                    self.no_embeddings.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&backend).cloned();
+                let placed = match known {
+                    Some(error) => Err(format!("the embedding call failed ({error})")),
+                    None => match self.locate_by_embedding(request, &todo, threshold, margin).await {
+                        Ok(found) => Ok(found),
+                        Err(e) if embeddings_unavailable(&e) => Err(format!("the embedding call failed ({e})")),
+                        Err(e) => return Err(e),
+                    },
+                };
+                match placed {
+                    Ok((found, usage)) => (found, usage, localize::METHOD_EMBEDDING),
+                    // Without embeddings an issue is not placed by guess: it stays unassigned
+                    // (reported, never patched), and the reason says why.
+                    Err(why) => {
+                        let reason = format!("not placed: embeddings unavailable: {why}");
+                        let found = todo.iter().map(|_| Located { reason: reason.clone(), ..Located::default() });
+                        (found.collect(), Usage::default(), localize::METHOD_EMBEDDING)
+                    }
+                }
             }
             Locator::Model => {
                 let chat = self.hub.chat(PHASE, &request.model, "model")?;
@@ -446,16 +556,12 @@ impl ArbiterCore {
         let chat = if request.skip_synthesis { None } else { Some(self.hub.chat(PHASE, &request.model, "model")?) };
         let measured = consolidate::measure(&request.verdicts, consolidate::level(request.level));
         let refs = consolidate::all_issues(&request.verdicts);
-        let (vectors, mut usage) = self.similarities(&request, &refs).await?;
-        let clusters = consolidate::cluster(
-            &request.verdicts,
-            &refs,
-            |a, b| match (&vectors[a], &vectors[b]) {
-                (Some(x), Some(y)) => assay_domain::similarity::cosine(x, y).unwrap_or(0.0),
-                _ => 0.0,
-            },
-            request.match_threshold,
-        );
+        let (similarity, mut usage) = self.similarities(&request, &refs).await?;
+        let (threshold, similarity_degraded) = match &similarity {
+            IssueSimilarity::Vectors(_) => (request.match_threshold, String::new()),
+            IssueSimilarity::Words { reason, .. } => (LEXICAL_MATCH_THRESHOLD, reason.clone()),
+        };
+        let clusters = consolidate::cluster(&request.verdicts, &refs, |a, b| similarity.between(a, b), threshold);
         let merged: Vec<_> = clusters.iter().map(|c| consolidate::merge(&request.verdicts, &refs, c)).collect();
         let issues_merged = (refs.len() - merged.len()) as u32;
         let before = merged.len();
@@ -509,6 +615,7 @@ impl ArbiterCore {
             model_record,
             localizations,
             held_critical,
+            similarity_degraded,
         })
     }
 }

@@ -103,6 +103,20 @@ fn status_error(status: u16, body: &[u8]) -> LlmError {
     }
 }
 
+/// Whether an error body says the server or its model cannot compute embeddings at all.
+fn cannot_embed(body: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(body).to_ascii_lowercase();
+    text.contains("embedding=true")
+        || [
+            "not support embedding",
+            "embeddings are not supported",
+            "embedding is not supported",
+            "not an embedding model",
+        ]
+        .iter()
+        .any(|p| text.contains(p))
+}
+
 /// How a failed call counts for the circuit breaker.
 pub(super) fn breaker_outcome(error: &LlmError) -> Outcome {
     match error {
@@ -150,6 +164,15 @@ pub(super) fn classify_reply<T>(
         // that names it: not transient, and the caller falls back to the prompt form.
         StatusClass::Transient if sent_response_format && complains_about_schema(bytes) => Err(AttemptError {
             error: status_error(status, bytes),
+            status: Some(status),
+            retry_after: None,
+            kind: AttemptKind::Permanent,
+        }),
+        // A server whose model cannot embed (llama-cpp-python: a 500 "must be created with
+        // embedding=True") says so every time: not transient, never retried, and the caller
+        // learns the backend cannot do it.
+        StatusClass::Transient if cannot_embed(bytes) => Err(AttemptError {
+            error: LlmError::Unsupported(format!("http {status}: {}", snippet(bytes))),
             status: Some(status),
             retry_after: None,
             kind: AttemptKind::Permanent,

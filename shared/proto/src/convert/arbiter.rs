@@ -318,6 +318,7 @@ pub fn consolidation_to(c: &a::Consolidation) -> pb::ConsolidateResponse {
         model_record: c.model_record.as_ref().map(model_record_to),
         localizations: c.localizations.iter().map(localization_to).collect(),
         held_critical_issues: c.held_critical.iter().map(issue_to).collect(),
+        similarity_degraded: c.similarity_degraded.clone(),
     }
 }
 
@@ -371,6 +372,7 @@ pub fn consolidation_from(p: pb::ConsolidateResponse) -> a::Consolidation {
             .enumerate()
             .map(|(i, x)| issue(x, &format!("held_critical_issues[{i}]"), &mut v))
             .collect(),
+        similarity_degraded: p.similarity_degraded,
     }
 }
 
