@@ -292,6 +292,25 @@ async fn a_backend_that_cannot_embed_matches_issues_by_their_words_and_is_asked_
     }
 }
 
+/// An embedding backend the request names that does not exist is refused, naming the field, even
+/// when no issue pair needs an embedding (working without embeddings is for a backend that cannot
+/// embed, not for a wrong request).
+#[tokio::test]
+async fn an_unknown_embedding_backend_is_refused_even_with_nothing_to_match() {
+    let h = harness().await;
+    let mut client = h.client().await;
+    let mut request =
+        consolidate(AGREE, [vec![issue("s1", "clarity_readability", pb::Severity::Minor, "Jargon")], vec![], vec![]]);
+    request.embedding_model = Some(pb::ModelSpec { backend: "nope".into(), ..Default::default() });
+    let status = client.consolidate(request).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    let fields: Vec<String> = status
+        .get_details_bad_request()
+        .map(|b| b.field_violations.into_iter().map(|v| v.field).collect())
+        .unwrap_or_default();
+    assert!(fields.iter().any(|f| f.ends_with("embedding_model.backend")), "{fields:?}");
+}
+
 #[tokio::test]
 async fn moderate_agreement_keeps_issues_raised_by_two_judges() {
     let h = harness().await;

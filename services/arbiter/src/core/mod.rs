@@ -227,6 +227,8 @@ impl ArbiterCore {
             texts: issues.iter().zip(&needs).map(|(r, n)| n.then(|| text_of(r))).collect(),
             reason,
         };
+        // A backend the request names that does not exist is its mistake, embeddings needed or not.
+        self.hub.embedding(assay_llm::phases::EMBEDDING_PHASE, &request.embedding_model, "embedding_model")?;
         if texts.is_empty() {
             return Ok((IssueSimilarity::Vectors(vec![None; issues.len()]), Usage::default()));
         }
