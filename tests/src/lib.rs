@@ -45,21 +45,34 @@ pub fn scores(r: &gw::EvaluateResponse) -> Vec<(u32, String, Option<f64>)> {
     r.results.iter().map(|x| (x.index, x.record_id.clone(), x.score.as_ref().map(|s| s.pass_rate))).collect()
 }
 
-/// Every event of a run from the start, until it completes.
+/// Every event of a run from the start, until it completes. A watcher that falls behind is told
+/// so (RESOURCE_EXHAUSTED) and reattaches from the last sequence it saw, as the contract says a
+/// client should; no event is lost or repeated.
 pub async fn watch_all(
     client: &mut gw::gateway_service_client::GatewayServiceClient<Channel>,
     run_id: &str,
 ) -> Vec<gw::RunEvent> {
-    let mut stream = client
-        .watch_run(gw::WatchRunRequest { run_id: run_id.to_string(), after_sequence: 0 })
-        .await
-        .expect("watch")
-        .into_inner();
-    let mut events = Vec::new();
-    while let Some(m) = stream.message().await.expect("watch stream") {
-        events.extend(m.event);
+    let mut events: Vec<gw::RunEvent> = Vec::new();
+    let mut reattached = 0;
+    'attach: loop {
+        let after_sequence = events.last().map_or(0, |e| e.sequence);
+        let mut stream = client
+            .watch_run(gw::WatchRunRequest { run_id: run_id.to_string(), after_sequence })
+            .await
+            .expect("watch")
+            .into_inner();
+        loop {
+            match stream.message().await {
+                Ok(Some(m)) => events.extend(m.event),
+                Ok(None) => return events,
+                Err(s) if s.code() == tonic::Code::ResourceExhausted && reattached < 100 => {
+                    reattached += 1;
+                    continue 'attach;
+                }
+                Err(s) => panic!("watch stream: {s:?}"),
+            }
+        }
     }
-    events
 }
 
 /// A checklist_eval run created open with `pipeline` (its records inline, more to append) under
