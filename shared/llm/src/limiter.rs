@@ -18,6 +18,25 @@
 //! still in flight), so a fast 429 frees no slot for the next waiter to be refused in turn. `max`
 //! is a hard cap, `min` a floor.
 //!
+//! **A server that queues** (llama.cpp's `llama-server` with its `--parallel` slots,
+//! llama-cpp-python one call at a time, Ollama with `OLLAMA_NUM_PARALLEL`) refuses nothing: past
+//! its slots it holds calls in a queue, and a call waits for those ahead of it. Its latency then
+//! grows with the calls in flight when it was sent, by one service time per slot's worth of calls
+//! ahead: `wait = ahead x S / k`. Each answered call is noted with the calls that were in flight
+//! ahead of it and its wait (its latency over its class's fastest answer, the class's service time
+//! without a queue); over the last [`QUEUE_WINDOW`] answers, when the wait follows the calls ahead
+//! closely (correlation at least [`QUEUE_CORRELATION`], calls ahead spread over at least two
+//! values, and at least twice the slots it gives in flight at once), the slope of that line is `S / k` and the server's slots are `k = S / slope`, with `S`
+//! the mean service time of the answers in the window (Little's law for a FIFO server; the
+//! estimate is the one Vegas-style limiters make from the least round trip, but from many answers at
+//! once, so a call whose answer was long for its own reasons does not read as queueing). The limit
+//! is then held at `k` rounded up (`k` or `k + 1`): every slot busy and at most one call waiting to
+//! follow, so the server never
+//! idles between calls and nothing waits longer than one service time (see [`queue_ceiling`]). A server that serves
+//! everything at once (vLLM, a cloud API) shows no such line (its latency does not follow the calls
+//! ahead) and keeps the AIMD limit. The estimate stands until a new line gives another, or the
+//! calls with the most ahead find a slot free (see [`queue_model`]). [`AdaptiveLimit::server_slots`] reads it.
+//!
 //! Waiters queue on the limit (first come, first served through [`tokio::sync::Notify`]); a
 //! dropped waiter leaves the queue. The current limit is logged when it changes by a tenth or
 //! more and read with [`AdaptiveLimit::limit`].
@@ -83,6 +102,21 @@ struct Latency {
     short: f64,
     long: f64,
     samples: u32,
+    /// The fastest answer of the class, seconds: its service time without a queue.
+    fastest: f64,
+}
+
+/// One answered call for the queue model: calls in flight ahead of it when it was sent, its
+/// latency over its class's fastest answer, and that fastest answer (seconds); when it was
+/// answered, and whether it waited (half a call's share of the queue, `S / k` for the slots found
+/// so far: every slot was taken when it came).
+#[derive(Debug, Clone, Copy)]
+struct Queued {
+    ahead: f64,
+    wait: f64,
+    service: f64,
+    at: Instant,
+    busy: bool,
 }
 
 #[derive(Debug)]
@@ -98,6 +132,10 @@ struct State {
     classes: HashMap<String, Latency>,
     /// Average share of refusals among recent answers (1 = refused, 0 = answered).
     refused: f64,
+    /// The last [`QUEUE_WINDOW`] answers, for the queue model.
+    queued: std::collections::VecDeque<Queued>,
+    /// The server's slots, once its answers show that it queues.
+    slots: Option<f64>,
 }
 
 /// Classes whose latency is tracked at most; beyond it the table starts over.
@@ -114,6 +152,13 @@ const WARM_SAMPLES: u32 = 20;
 pub const REFUSAL_WINDOW: f64 = 50.0;
 /// Share of refusals among the recent answers above which a refusal cuts the limit.
 const REFUSAL_MAJORITY: f64 = 0.5;
+/// Answers the queue model looks at.
+pub const QUEUE_WINDOW: usize = 64;
+/// Answers the queue model needs before it says anything.
+const QUEUE_MIN_ANSWERS: usize = 8;
+/// Correlation between calls ahead and wait from which the wait is read as a queue. A FIFO
+/// server's is above 0.95; a server that serves all at once, around 0.
+pub const QUEUE_CORRELATION: f64 = 0.8;
 
 /// The adaptive limit of one backend. Cheap to share behind an [`Arc`].
 #[derive(Debug)]
@@ -130,6 +175,8 @@ pub struct AdaptiveLimit {
 pub struct Permit {
     limit: Arc<AdaptiveLimit>,
     done: bool,
+    /// Calls in flight when this one took its slot.
+    ahead: usize,
 }
 
 impl AdaptiveLimit {
@@ -151,6 +198,8 @@ impl AdaptiveLimit {
                 logged: initial,
                 classes: HashMap::new(),
                 refused: 0.0,
+                queued: std::collections::VecDeque::with_capacity(QUEUE_WINDOW),
+                slots: None,
             }),
             freed: Notify::new(),
         })
@@ -174,6 +223,18 @@ impl AdaptiveLimit {
         &self.settings
     }
 
+    /// The server's slots as its answers show them, once they show a queue (see the module
+    /// docs); `None` for a server that has shown none.
+    pub fn server_slots(&self) -> Option<f64> {
+        self.state().slots
+    }
+
+    /// The highest the limit may go now: the cap, or one past the server's slots once known.
+    fn ceiling(&self, s: &State) -> f64 {
+        let cap = self.settings.max as f64;
+        s.slots.map_or(cap, |k| queue_ceiling(k).min(cap).max(self.settings.min as f64))
+    }
+
     /// Wait for a slot.
     pub async fn acquire(self: &Arc<Self>) -> Permit {
         loop {
@@ -183,8 +244,9 @@ impl AdaptiveLimit {
             {
                 let mut s = self.state();
                 if s.in_flight < s.limit as usize {
+                    let ahead = s.in_flight;
                     s.in_flight += 1;
-                    return Permit { limit: Arc::clone(self), done: false };
+                    return Permit { limit: Arc::clone(self), done: false, ahead };
                 }
             }
             notified.await;
@@ -196,12 +258,13 @@ impl AdaptiveLimit {
     pub fn try_acquire(self: &Arc<Self>) -> Option<Permit> {
         let mut s = self.state();
         (s.in_flight < s.limit as usize).then(|| {
+            let ahead = s.in_flight;
             s.in_flight += 1;
-            Permit { limit: Arc::clone(self), done: false }
+            Permit { limit: Arc::clone(self), done: false, ahead }
         })
     }
 
-    fn release(&self, class: Option<&str>, signal: Signal) {
+    fn release(&self, class: Option<&str>, signal: Signal, ahead: usize) {
         let mut s = self.state();
         let filled = s.in_flight as f64 >= s.limit / 2.0;
         s.in_flight = s.in_flight.saturating_sub(1);
@@ -218,7 +281,7 @@ impl AdaptiveLimit {
             }
             Signal::Answered(latency) => {
                 s.refused -= s.refused / s.limit.max(REFUSAL_WINDOW);
-                class.is_some_and(|c| self.latency_rose(&mut s, c, latency))
+                class.is_some_and(|c| self.latency_rose(&mut s, c, latency, ahead))
             }
             Signal::Ignore => false,
         };
@@ -241,6 +304,12 @@ impl AdaptiveLimit {
             let step = if s.slow_start { 1.0 } else { 1.0 / s.limit };
             s.limit = (s.limit + step).min(self.settings.max as f64);
         }
+        // A server that queues: never more than one call waiting at it.
+        let ceiling = self.ceiling(&s);
+        if s.limit > ceiling {
+            s.limit = ceiling;
+            s.slow_start = false;
+        }
         let (limit, logged) = (s.limit as usize, s.logged);
         if limit.abs_diff(logged) * 10 >= logged.max(1) && limit != logged {
             s.logged = limit;
@@ -255,18 +324,102 @@ impl AdaptiveLimit {
         }
     }
 
-    /// Note a latency; whether the class's short-term average has risen to the tolerance.
-    fn latency_rose(&self, s: &mut State, class: &str, latency: Duration) -> bool {
+    /// Note a latency of a call sent with `ahead` calls in flight; whether the class's short-term
+    /// average has risen to the tolerance. Feeds the queue model.
+    fn latency_rose(&self, s: &mut State, class: &str, latency: Duration, ahead: usize) -> bool {
         if !s.classes.contains_key(class) && s.classes.len() >= MAX_CLASSES {
             s.classes.clear();
         }
         let x = latency.as_secs_f64();
-        let l = s.classes.entry(class.to_owned()).or_insert(Latency { short: x, long: x, samples: 0 });
+        let l = s.classes.entry(class.to_owned()).or_insert(Latency { short: x, long: x, samples: 0, fastest: x });
         l.samples = l.samples.saturating_add(1);
         l.short += 0.2 * (x - l.short);
         l.long += 0.02 * (x - l.long);
-        l.samples >= WARM_SAMPLES && l.long > 0.0 && l.short >= self.settings.latency_tolerance * l.long
+        l.fastest = l.fastest.min(x);
+        let rose = l.samples >= WARM_SAMPLES && l.long > 0.0 && l.short >= self.settings.latency_tolerance * l.long;
+        let service = l.fastest;
+        if s.queued.len() == QUEUE_WINDOW {
+            s.queued.pop_front();
+        }
+        // It waited: every slot was taken when it came.
+        let busy = s.slots.is_some_and(|k| x - service > 0.5 * service / k);
+        let at = Instant::now();
+        s.queued.push_back(Queued { ahead: ahead as f64, wait: x - service, service, at, busy });
+        if let Some(found) = queue_model(&s.queued, s.slots) {
+            if s.slots.map(queue_ceiling) != Some(queue_ceiling(found)) {
+                info!(backend = %self.name, server_slots = found, concurrency_limit = queue_ceiling(found),
+                      "the server's answers show how many calls it serves at once");
+            }
+            if s.slots.is_some_and(|k| found > k + 0.4) {
+                // Grown by one at the top: the queue seen so far is stale.
+                s.queued.clear();
+            }
+            s.slots = Some(found);
+        }
+        rose
     }
+}
+
+/// The limit for a server found to have `k` slots: `k` rounded up. The estimate runs above the
+/// slots by the share of an answer's time that is not the server's (the client's own work and the
+/// connection, in the fastest answer taken as the service time), so rounded up it is the slots or
+/// one more: every slot busy, and at most one call waiting to follow.
+fn queue_ceiling(k: f64) -> f64 {
+    (k - 0.05).ceil().max(1.0)
+}
+
+/// What the answers in the window say about the server's slots, `current` the estimate so far:
+/// a new estimate, or `None` to keep it. A line of wait against calls ahead (see the module docs)
+/// gives one. Once the limit holds the calls ahead below the slots found, no line shows any more
+/// (below its slots a server does not queue); then the calls sent with the most ahead say whether
+/// they still found a slot free: when none of them waited half a call's share of the queue
+/// (`S / k`), the server has another slot, and the estimate grows to let one more call in. So an estimate that came out low
+/// recovers, and one that is right stays (at `k` calls ahead, calls wait for the next answer).
+fn queue_model(window: &std::collections::VecDeque<Queued>, current: Option<f64>) -> Option<f64> {
+    let n = window.len() as f64;
+    if window.len() < QUEUE_MIN_ANSWERS {
+        return None;
+    }
+    let mean = |f: fn(&Queued) -> f64| window.iter().map(f).sum::<f64>() / n;
+    let (mx, my, service) = (mean(|q| q.ahead), mean(|q| q.wait), mean(|q| q.service));
+    // Kept busy over the window (every call in it waited), the server answers `k / S` calls
+    // a second (Little's law):
+    // once a queue has been seen, that rate gives the slots whatever the order calls were sent
+    // in (the line of wait against calls ahead is steeper in a burst sent at once than in a
+    // steady flow, and over a window holding both it gave 19.6 slots for 16).
+    if current.is_some() && window.len() >= QUEUE_WINDOW / 2 && window.iter().all(|q| q.busy) {
+        let (first, last) = (window.front()?.at, window.back()?.at);
+        let span = last.duration_since(first).as_secs_f64();
+        if span > 0.0 && service > 0.0 {
+            return Some((service * (n - 1.0) / span).max(1.0));
+        }
+    }
+    let (mut sxx, mut syy, mut sxy) = (0.0, 0.0, 0.0);
+    let (mut least, mut most) = (f64::MAX, f64::MIN);
+    for q in window {
+        let (dx, dy) = (q.ahead - mx, q.wait - my);
+        sxx += dx * dx;
+        syy += dy * dy;
+        sxy += dx * dy;
+        least = least.min(q.ahead);
+        most = most.max(q.ahead);
+    }
+    if most - least >= 2.0 && sxx > 0.0 && syy > 0.0 && sxy > 0.0 && service > 0.0 {
+        let r = sxy / (sxx * syy).sqrt();
+        let k = (service / (sxy / sxx)).max(1.0);
+        // A queue, not a slowdown: at least twice the slots found were in flight at once. A
+        // client short of CPU (or a server slowing under load) answers later the more it has in
+        // flight, but not by a whole answer's time per slot's worth of calls.
+        if r >= QUEUE_CORRELATION && k <= most / 2.0 {
+            return Some(k);
+        }
+    }
+    let k = current?;
+    let top: Vec<f64> = window.iter().filter(|q| q.ahead >= most).map(|q| q.wait).collect();
+    let full = most + 1.0 >= queue_ceiling(k);
+    let free = top.iter().all(|wait| *wait < 0.5 * service / k);
+    // Half way to the next slot: the limit rounds it up, one more than before.
+    (full && top.len() >= QUEUE_MIN_ANSWERS && free).then_some(queue_ceiling(k) + 0.5)
 }
 
 impl Permit {
@@ -274,14 +427,19 @@ impl Permit {
     /// class: an embedding call is not a long generation).
     pub fn finish(mut self, class: &str, signal: Signal) {
         self.done = true;
-        self.limit.release(Some(class), signal);
+        self.limit.release(Some(class), signal, self.ahead);
+    }
+
+    /// Calls that were in flight when this one took its slot.
+    pub fn ahead(&self) -> usize {
+        self.ahead
     }
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
         if !self.done {
-            self.limit.release(None, Signal::Ignore);
+            self.limit.release(None, Signal::Ignore, self.ahead);
         }
     }
 }

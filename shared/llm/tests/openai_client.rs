@@ -853,6 +853,73 @@ async fn the_concurrency_limit_finds_a_small_servers_capacity_from_its_429s() {
     assert_eq!(server.peak_in_flight(), 8);
 }
 
+/// `calls` calls at once against a server with `slots` slots that queues the rest, at `service` a
+/// reply on average (from 0.9 to 1.1 times it, as answers of different lengths take): every call
+/// answered, none given up on or sent twice; the limit it settles at and the slots it found.
+async fn against_a_queueing_server(slots: usize, calls: usize, service: Duration) -> (usize, Option<f64>) {
+    let server = ScriptedLlm::start().await;
+    let n = std::sync::atomic::AtomicU64::new(0);
+    server.set_handler(move |_| {
+        let i = n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Reply::text("ok").delay(service.mul_f64(0.9 + 0.2 * ((i * 7919) % 101) as f64 / 100.0))
+    });
+    server.set_slots(slots);
+    let client = OpenAiClient::new(config(&server)).unwrap();
+    assert_eq!(client.concurrency_limit(), 64, "starts high, with no setting");
+    let started = Instant::now();
+    let answers = futures::future::join_all((0..calls).map(|i| client.chat(ask(&format!("q{i}"))))).await;
+    assert!(answers.iter().all(Result::is_ok), "every call answered");
+    eprintln!(
+        "{calls} calls, {slots} slots: limit {}, slots found {:?}, {} requests, {} cancelled, {:?}",
+        client.concurrency_limit(),
+        client.server_slots(),
+        server.request_count(),
+        server.cancelled_count(),
+        started.elapsed()
+    );
+    assert_eq!(server.cancelled_count(), 0, "no attempt abandoned while it waited its turn");
+    assert_eq!(server.request_count(), calls, "no call sent twice (no retry, no duplicate)");
+    assert_eq!(server.peak_serving(), slots);
+    (client.concurrency_limit(), client.server_slots())
+}
+
+#[tokio::test]
+async fn the_concurrency_limit_finds_the_slots_of_a_server_that_queues() {
+    // The first 64 calls queue at the server (the limit starts at 64): a one-slot server answers
+    // the last of them after 64 service times, 16 times the adaptive timeout the first answers
+    // set. Counted from their turn, none is given up on, and the answers' wait against the calls
+    // ahead gives the slots; the limit is held one past them.
+    // The service time is the class's fastest answer: the client's share of it (a debug build's
+    // burst of 64 connections, about 10 ms; a model's answer takes seconds) puts the slots found
+    // above the true ones, answers faster than the mean below; within a tenth here.
+    let (limit, found) = against_a_queueing_server(2, 300, Duration::from_millis(50)).await;
+    assert!((2..=3).contains(&limit), "two slots: the limit settles at 2 or 3, not {limit}");
+    assert!(found.is_some_and(|k| (1.6..3.0).contains(&k)), "two slots found: {found:?}");
+    let (limit, found) = against_a_queueing_server(16, 320, Duration::from_millis(500)).await;
+    // A tenth of noise on 16 slots is one slot either way: at 15 the server's slots are 94% busy.
+    assert!((15..=17).contains(&limit), "sixteen slots: the limit settles at 15 to 17, not {limit}");
+    assert!(found.is_some_and(|k| (14.4..17.0).contains(&k)), "sixteen slots found: {found:?}");
+}
+
+#[tokio::test]
+async fn a_server_that_serves_everything_at_once_keeps_its_limit() {
+    // No queue: the latency does not follow the calls ahead (it varies for its own reasons, as the
+    // length of an answer does), and the limit grows as before.
+    let server = ScriptedLlm::start().await;
+    let n = std::sync::atomic::AtomicU64::new(0);
+    server.set_handler(move |_| {
+        let i = n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Reply::text("ok").delay(Duration::from_millis(10 + (i * 7919) % 40))
+    });
+    let client = OpenAiClient::new(config(&server)).unwrap();
+    for _ in 0..6 {
+        let calls = (0..200).map(|i| client.chat(ask(&format!("q{i}"))));
+        assert!(futures::future::join_all(calls).await.iter().all(Result::is_ok));
+    }
+    assert_eq!(client.server_slots(), None, "no queue shown");
+    assert!(client.concurrency_limit() >= 64, "the limit never came down: {}", client.concurrency_limit());
+}
+
 #[tokio::test]
 async fn a_backend_that_refuses_connections_does_not_cut_the_concurrency_limit() {
     // A port nothing listens on: every connection is refused, as while a backend restarts. That

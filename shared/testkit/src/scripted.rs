@@ -475,6 +475,11 @@ struct State {
     in_flight: AtomicUsize,
     peak_in_flight: AtomicUsize,
     over_capacity: AtomicUsize,
+    /// A server that queues: this many replies made at once, the rest wait their turn in order.
+    slots: Mutex<Option<Arc<tokio::sync::Semaphore>>>,
+    /// Most replies in the making at once (under the slots).
+    peak_serving: AtomicUsize,
+    serving: AtomicUsize,
 }
 
 /// Holds one of the server's slots while a request is served.
@@ -516,6 +521,18 @@ impl ScriptedLlm {
     /// `n` are in flight gets an immediate 429 (0 = unlimited, the default).
     pub fn set_capacity(&self, n: usize) {
         self.state.capacity.store(n, Ordering::SeqCst);
+    }
+
+    /// Serve like a server with `n` slots that queues the rest (llama.cpp's `llama-server`,
+    /// llama-cpp-python with one): at most `n` replies are made at once (their delay is the time
+    /// to make them), the others wait their turn first come, first served, and none is refused.
+    pub fn set_slots(&self, n: usize) {
+        *lock(&self.state.slots) = Some(Arc::new(tokio::sync::Semaphore::new(n.max(1))));
+    }
+
+    /// Most replies made at once under [`Self::set_slots`].
+    pub fn peak_serving(&self) -> usize {
+        self.state.peak_serving.load(Ordering::SeqCst)
     }
 
     /// Most requests served at once so far (requests refused for capacity not counted).
@@ -720,9 +737,20 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Result<Respons
         state.peak_in_flight.fetch_max(now, Ordering::SeqCst);
         next_reply(&state, &recorded)
     };
+    let slots = lock(&state.slots).clone();
+    let turn = match &slots {
+        Some(slots) => Some(slots.clone().acquire_owned().await.expect("the slots are never closed")),
+        None => None,
+    };
+    let serving = turn.as_ref().map(|_| {
+        let now = state.serving.fetch_add(1, Ordering::SeqCst) + 1;
+        state.peak_serving.fetch_max(now, Ordering::SeqCst);
+        Slot(&state.serving)
+    });
     if let Some(delay) = reply.delay {
         tokio::time::sleep(delay).await;
     }
+    drop((serving, turn));
     if let Some(gate) = &reply.gate {
         gate.wait().await;
     }

@@ -138,6 +138,12 @@ impl OpenAiClient {
         self.inner.transport.limit().limit()
     }
 
+    /// The server's slots as its answers show them, once they show it queues (see
+    /// [`crate::limiter`]).
+    pub fn server_slots(&self) -> Option<f64> {
+        self.inner.transport.limit().server_slots()
+    }
+
     /// HTTP requests in flight now.
     pub fn in_flight(&self) -> usize {
         self.inner.transport.limit().in_flight()

@@ -232,7 +232,7 @@ impl Transport {
         }
         let sent = admission.map(rate::Admission::sent);
         let started = Instant::now();
-        let reply = self.exchange(config, url, body, deadline, (class, attempt), parse).await;
+        let reply = self.exchange(config, url, body, deadline, (class, attempt, slot.ahead()), parse).await;
         // A hung request rescued by its duplicate is no latency of the backend's (the duplicate's
         // own slot reports its latency): counted, its 5-11 s read as a latency rise and cut the
         // limit, which then had no free slot for the next hang's duplicate.
@@ -250,14 +250,22 @@ impl Transport {
         reply
     }
 
-    /// The HTTP exchange of one attempt, under its slot.
+    /// The HTTP exchange of one attempt, under its slot, sent with `ahead` calls in flight.
+    ///
+    /// A server that queues (one slot, or a few) answers a call only after the calls ahead of it:
+    /// its wait is no hang. Its timeout and its hedges count from its turn: from when the backend
+    /// has answered as many calls as were ahead of it (at once when none was), not from when it
+    /// was sent. Until then it is given up on only when the backend answers nothing at all for a
+    /// whole attempt timeout (a server that stopped, not one working through its queue). So a
+    /// call is never abandoned, and sent again, for waiting its turn: a queueing server would
+    /// still serve the abandoned copy (llama-cpp-python does; see the README's local servers).
     async fn exchange<T>(
         &self,
         config: &OpenAiConfig,
         url: &str,
         body: &Value,
         deadline: Option<Instant>,
-        (class, attempt): (&CallClass, u32),
+        (class, attempt, ahead): (&CallClass, u32, usize),
         parse: &impl Fn(&[u8]) -> Result<T, UnusableBody>,
     ) -> Result<Answered<T>, AttemptError> {
         let mut builder = self.http.post(url).json(body);
@@ -270,6 +278,10 @@ impl Transport {
         }
         let started = Instant::now();
         let mut samples = self.latency.subscribe();
+        let answers_at_send = *samples.borrow_and_update();
+        // When the calls ahead had been answered (its turn); when the backend last answered.
+        let mut turn: Option<Instant> = (ahead == 0).then_some(started);
+        let mut progress = started;
         // Hedged requests: once an attempt has gone unanswered for `hedge_factor` times its class's
         // expected latency, a duplicate goes out beside it (when the concurrency limit has a free
         // slot: a hedge never queues) and the first success is taken. A hang then costs about
@@ -329,6 +341,7 @@ impl Transport {
         let (status, retry_after, bytes) = loop {
             let wait = hedge_after();
             let hedging = hedge.is_some()
+                && turn.is_some()
                 && hedges < MAX_HEDGES
                 && refused <= config.max_retries
                 && wait < config.request_timeout;
@@ -343,8 +356,9 @@ impl Transport {
             // While the class is cold its budget is the ceiling or a prior borrowed from other
             // classes: listen for new samples and recompute it, so a hang is cut once siblings set
             // the pace. A warm class keeps the budget it started with.
-            let listen = !self.latency.is_warm(class);
-            let by_budget = started + budget;
+            // Waiting its turn, it listens for answers too, to know when its turn came.
+            let listen = !self.latency.is_warm(class) || turn.is_none();
+            let by_budget = turn.unwrap_or(progress) + budget;
             let limit = deadline.map_or(by_budget, |d| d.min(by_budget));
             tokio::select! {
                 answered = &mut exchange => match answered {
@@ -429,7 +443,17 @@ impl Transport {
                     }
                     return Err(AttemptError::timed_out(budget, budget < config.request_timeout));
                 }
-                Ok(()) = samples.changed(), if listen => continue,
+                Ok(()) = samples.changed(), if listen => {
+                    let answers = *samples.borrow_and_update();
+                    progress = Instant::now();
+                    if turn.is_none() && answers.wrapping_sub(answers_at_send) >= ahead as u64 {
+                        turn = Some(progress);
+                        if hedges == 0 && replace_at.is_none() {
+                            hedged_from = progress;
+                        }
+                    }
+                    continue;
+                }
             }
         };
         debug!(backend = %config.backend_name, status, bytes = bytes.len(), "model call answered");
