@@ -155,6 +155,22 @@ impl Setup {
     }
 }
 
+impl Setup {
+    /// [`Self::served`] once the server's log shows at least `expected` chat requests, or after
+    /// 10 s: the server writes a request's log line after its reply has gone out, so the last
+    /// line may follow the client's exit by a moment.
+    fn served_settled(&self, expected: usize) -> Served {
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            let served = self.served();
+            if served.all >= expected || Instant::now() >= until {
+                return served;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
 #[derive(Debug, PartialEq)]
 struct Served {
     all: usize,
@@ -174,6 +190,11 @@ fn assert_usage_is_served(usage: &serde_json::Value, served: Served) {
     assert_counts_served(count("unpricedCalls"), abandoned, served.all, &usage.to_string());
     assert_eq!(count("schemaFallbacks"), served.refused, "every refused form is a schema fallback: {usage}");
     assert!(count("calls") >= count("unpricedCalls"), "{usage}");
+}
+
+/// The calls to the remote backend a run's usage counts (see [`assert_usage_is_served`]).
+fn unpriced(usage: &serde_json::Value) -> usize {
+    usage["unpricedCalls"].as_u64().unwrap_or(0) as usize
 }
 
 /// `counted` calls of which `abandoned` were given up on, against the `served` requests the
@@ -235,7 +256,7 @@ fn evaluation(setup: &Setup, preset_args: &[&str]) {
     assert!(o.status.success(), "{}", text(&o.stderr));
     let summary: serde_json::Value = serde_json::from_slice(&o.stdout).expect("a JSON summary");
     assert_eq!(summary["failed"], 0, "no record failed: {summary}");
-    let served = setup.served();
+    let served = setup.served_settled(unpriced(&summary["usage"]));
     assert!(served.refused >= 1, "the form was negotiated: {served:?}");
     assert_usage_is_served(&summary["usage"], served);
     let scored = lines(&out);
@@ -322,7 +343,7 @@ fn scoring_with_logprobs_runs_on_a_real_llama_cpp_server() {
     let summary: serde_json::Value = serde_json::from_slice(&o.stdout).expect("a JSON summary");
     assert_eq!(summary["failed"], 0, "{summary}");
     assert_eq!(summary["models"][0]["logprobsRequested"], true, "{summary}");
-    assert_usage_is_served(&summary["usage"], setup.served());
+    assert_usage_is_served(&summary["usage"], setup.served_settled(unpriced(&summary["usage"])));
     let scored = lines(&out);
     assert_eq!(scored.len(), 3);
     for r in &scored {
@@ -355,7 +376,7 @@ fn self_refine_runs_on_a_real_llama_cpp_server() {
     for scaffold in ["<instruction>", "</instruction>", "DRAFT:", "<draft>", "</draft>", "TASK:"] {
         assert!(!final_text.contains(scaffold), "the prompt's {scaffold} is in the result: {result}");
     }
-    assert_usage_is_served(&result["usage"], setup.served());
+    assert_usage_is_served(&result["usage"], setup.served_settled(unpriced(&result["usage"])));
 }
 
 /// `assay refine` on the example lesson: the judge panel, the arbiter and whatever fixes follow,
@@ -369,7 +390,7 @@ fn a_targeted_refinement_runs_on_a_real_llama_cpp_server() {
     let result: serde_json::Value = serde_json::from_slice(&o.stdout).expect("a JSON result");
     assert_eq!(result["state"], "RUN_STATE_SUCCEEDED", "{}", text(&o.stderr));
     assert!(result["fullJudgings"].as_u64().unwrap_or(0) >= 1, "the document was judged: {}", text(&o.stderr));
-    assert_usage_is_served(&result["usage"], setup.served());
+    assert_usage_is_served(&result["usage"], setup.served_settled(unpriced(&result["usage"])));
 }
 
 /// `assay debate` on the three short problems: no problem fails (every solution, review,
@@ -400,7 +421,7 @@ fn a_debate_runs_on_a_real_llama_cpp_server() {
     assert_counts_served(
         calls,
         abandoned,
-        setup.served().all,
+        setup.served_settled(calls).all,
         &format!("the summary counts every call served: {stderr}"),
     );
 }

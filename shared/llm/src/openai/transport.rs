@@ -340,8 +340,11 @@ impl Transport {
         let mut cut_off = 0u32;
         let (status, retry_after, bytes) = loop {
             let wait = hedge_after();
+            // A duplicate at a server found to queue with few slots would wait behind the
+            // request it duplicates (or take one of its few slots): none goes out there.
             let hedging = hedge.is_some()
                 && turn.is_some()
+                && self.limit.server_slots().is_none_or(|k| k >= FEW_SLOTS)
                 && hedges < MAX_HEDGES
                 && refused <= config.max_retries
                 && wait < config.request_timeout;
@@ -491,6 +494,9 @@ struct Answered<T> {
     value: T,
     by_duplicate: bool,
 }
+
+/// A server found to queue with fewer slots than this gets no hedged duplicates.
+const FEW_SLOTS: f64 = 8.0;
 
 /// Duplicates an attempt may get, each after twice the wait of the one before.
 const MAX_HEDGES: u32 = 3;
