@@ -51,4 +51,12 @@ if [ "${ASSAY_WITH_LLAMA_CPP:-0}" = "1" ]; then
     python3 -m venv "$LLAMA_VENV"
     "$LLAMA_VENV/bin/pip" install -q 'llama-cpp-python[server]==0.3.36'
   fi
+  # LiteLLM's proxy in front of that server (the `*_behind_litellm` tests), in a venv of its own:
+  # its pinned web stack differs from the server's.
+  LITELLM_VENV="${CARGO_TARGET_DIR:-target}/litellm-venv"
+  if ! [ -x "$LITELLM_VENV/bin/litellm" ]; then
+    echo "installing LiteLLM's proxy into $LITELLM_VENV"
+    python3 -m venv "$LITELLM_VENV"
+    "$LITELLM_VENV/bin/pip" install -q 'litellm[proxy]==1.108.7'
+  fi
 fi

@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The tests install a real OpenAI-compatible server too (llama-cpp-python's, from PyPI, built from
-# source in about 4-10 minutes the first time; services/cli/tests/real_backend.rs):
+# source in about 4-10 minutes the first time, and LiteLLM's proxy to put in front of it;
+# services/cli/tests/real_backend.rs):
 # ASSAY_WITH_LLAMA_CPP=0 leaves it out, and those tests then say they are skipped.
 ASSAY_WITH_LLAMA_CPP="${ASSAY_WITH_LLAMA_CPP:-1}" scripts/setup-deps.sh
 cargo run -q -p assay-cli --bin assay -- models fetch
@@ -13,6 +14,9 @@ target="${CARGO_TARGET_DIR:-target}"
 case "$target" in /*) ;; *) target="$(pwd)/$target" ;; esac
 if [ -z "${ASSAY_LLAMA_CPP_PYTHON:-}" ] && [ -x "$target/llama-venv/bin/python" ]; then
   export ASSAY_LLAMA_CPP_PYTHON="$target/llama-venv/bin/python"
+fi
+if [ -z "${ASSAY_LITELLM:-}" ] && [ -x "$target/litellm-venv/bin/litellm" ]; then
+  export ASSAY_LITELLM="$target/litellm-venv/bin/litellm"
 fi
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --no-fail-fast

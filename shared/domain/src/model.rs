@@ -26,4 +26,9 @@ pub struct ModelRecord {
     pub max_tokens: u32,
     pub prompt_template_sha256: String,
     pub logprobs_requested: bool,
+    /// How the backend was sent JSON schemas for this model when the record was made
+    /// (`json_schema`, `json_object`, `json_mode` or `prompt`); empty when the backend does not
+    /// say (the embedded backend enforces schemas itself).
+    #[serde(default)]
+    pub structured_output: String,
 }

@@ -392,6 +392,10 @@ pub struct Score {
     pub sample_spread: Option<f64>,
     /// Item abstentions summed over items.
     pub abstentions: u32,
+    /// Under logprob confidence: items whose reply did not begin with an answer (its first token
+    /// neither option), so their confidence came from alternatives the model did not pick.
+    #[serde(default)]
+    pub off_answer_items: u32,
 }
 
 impl Score {
@@ -447,6 +451,7 @@ impl Score {
             sample_primary_scores: Vec::new(),
             sample_spread: None,
             abstentions: 0,
+            off_answer_items: 0,
         }
     }
 
@@ -490,6 +495,7 @@ impl Score {
             sample_spread: (!sample_primary_scores.is_empty()).then(|| crate::stats::sd(&sample_primary_scores)),
             sample_primary_scores,
             abstentions: item_scores.iter().map(|s| s.abstentions).sum(),
+            off_answer_items: samples.iter().map(|s| s.off_answer_items).sum(),
             item_scores,
         }
     }
@@ -561,6 +567,10 @@ pub struct AggregateScores {
     /// in `unanswered_items`).
     #[serde(default)]
     pub unscored_targets: u32,
+    /// Items scored by logprob confidence whose reply did not begin with an answer
+    /// ([`Score::off_answer_items`], summed).
+    #[serde(default)]
+    pub off_answer_items: u32,
 }
 
 impl AggregateScores {
@@ -602,6 +612,7 @@ pub struct AggregateBuilder {
     yes_all: usize,
     items_all: usize,
     unanswered: u32,
+    off_answer: u32,
     cats: Vec<(String, usize, usize)>,
     /// (cluster key, primary score): targets are clusters, an empty target id stands alone. The
     /// key is a 64-bit hash of the id (16 bytes per observation, whatever the ids): two ids share a
@@ -613,6 +624,7 @@ impl AggregateBuilder {
     /// Add one score with the checklist it was scored against. An unscored target
     /// ([`Score::is_scored`]) is counted, and apart: no mean, rate or interval takes it in.
     pub fn add(&mut self, score: &Score, checklist: &Checklist) {
+        self.off_answer += score.off_answer_items;
         if !score.is_scored() {
             self.targets += 1;
             self.unscored += 1;
@@ -676,6 +688,7 @@ impl AggregateBuilder {
             unanswered_items: self.unanswered,
             uncertainty,
             unscored_targets: self.unscored,
+            off_answer_items: self.off_answer,
         }
     }
 }

@@ -43,6 +43,11 @@ pub struct Usage {
     /// one used: part of `calls`, each counted at the usage of the reply that was.
     #[serde(default)]
     pub hedged_calls: u32,
+    /// Structured replies that did not match the JSON schema they were asked for (not JSON, or
+    /// JSON the schema rejects), whatever form the schema was sent in. Under a form that claims
+    /// enforcement they are evidence the backend ignores it (see the OpenAI client's ladder).
+    #[serde(default)]
+    pub schema_violations: u32,
 }
 
 impl Usage {
@@ -63,6 +68,7 @@ impl Usage {
         self.abandoned_tokens += other.abandoned_tokens;
         self.abandoned_cost_usd += other.abandoned_cost_usd;
         self.hedged_calls += other.hedged_calls;
+        self.schema_violations += other.schema_violations;
     }
 
     /// The cost in USD, or None when some call's model has no price.

@@ -10,7 +10,8 @@
 pub mod chat;
 pub mod embed;
 pub mod fetch;
-pub mod grammar;
+/// GBNF grammars (shared with the OpenAI-compatible client, which sends one to llama.cpp servers).
+pub use assay_llm::grammar;
 pub mod judge;
 pub mod template;
 

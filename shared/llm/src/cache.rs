@@ -411,6 +411,10 @@ impl<M: ChatModel + ?Sized> ChatModel for CachedChat<M> {
         self.inner.supports_logprobs()
     }
 
+    fn structured_output(&self, model: &str) -> Option<&'static str> {
+        self.inner.structured_output(model)
+    }
+
     async fn chat(&self, request: ChatRequest) -> Result<ChatResponse, LlmError> {
         if !is_cacheable(&request) {
             return self.inner.chat(request).await;

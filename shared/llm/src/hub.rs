@@ -100,10 +100,12 @@ impl ResolvedChat {
 
     /// Reproducibility record for this phase.
     pub fn record(&self, phase: &str, max_tokens: u32, template_sha256: String, logprobs: bool) -> ModelRecord {
+        let model = self.model_name();
         ModelRecord {
             phase: phase.to_string(),
             backend: self.backend.clone(),
-            model: self.model_name(),
+            structured_output: self.model.structured_output(&model).unwrap_or_default().to_string(),
+            model,
             temperature: self.settings.temperature.map(f64::from),
             seed: self.settings.seed,
             max_tokens,

@@ -10,6 +10,9 @@
 //! - [`hub`]: [`ModelHub`] resolves a caller's spec per phase; [`ResolvedChat::request`] builds
 //!   every stage's chat request in one documented order.
 //! - [`convergence`]: the convergence cascade's embedding step ([`convergence::Cascade`]).
+//! - [`grammar`]: GBNF grammars (llama.cpp syntax) for a JSON schema or a closed choice: the
+//!   embedded backend decodes under them, and the OpenAI-compatible client holds a choice's answer
+//!   to its options with one on servers that take a `grammar` field.
 //! - [`json`]: lenient reply parsing ([`extract_json`], [`json::reply_json`], [`json::lenient_bool`],
 //!   [`json::preview`]).
 
@@ -18,6 +21,7 @@ pub mod breaker;
 pub mod cache;
 pub mod clock;
 pub mod convergence;
+pub mod grammar;
 pub mod hub;
 pub mod json;
 pub mod limiter;

@@ -134,8 +134,11 @@ struct State {
     refused: f64,
     /// The last [`QUEUE_WINDOW`] answers, for the queue model.
     queued: std::collections::VecDeque<Queued>,
-    /// The server's slots, once its answers show that it queues.
+    /// The server's slots, once its answers show that it queues (or it said so).
     slots: Option<f64>,
+    /// The slots came from the server itself ([`AdaptiveLimit::report_slots`]): the queue model
+    /// does not revise them.
+    reported: bool,
 }
 
 /// Classes whose latency is tracked at most; beyond it the table starts over.
@@ -200,6 +203,7 @@ impl AdaptiveLimit {
                 refused: 0.0,
                 queued: std::collections::VecDeque::with_capacity(QUEUE_WINDOW),
                 slots: None,
+                reported: false,
             }),
             freed: Notify::new(),
         })
@@ -227,6 +231,22 @@ impl AdaptiveLimit {
     /// docs); `None` for a server that has shown none.
     pub fn server_slots(&self) -> Option<f64> {
         self.state().slots
+    }
+
+    /// The server says it serves `slots` calls at once (llama.cpp's `/props` `total_slots`): the
+    /// limit holds at that many (under the configured cap), and the queue model stops guessing.
+    /// Refusals and timeouts still cut it.
+    pub fn report_slots(&self, slots: usize) {
+        let mut s = self.state();
+        s.slots = Some(slots.max(1) as f64);
+        s.reported = true;
+        let ceiling = self.ceiling(&s);
+        if s.limit > ceiling {
+            s.limit = ceiling;
+        }
+        s.slow_start = false;
+        info!(backend = %self.name, server_slots = slots, concurrency_limit = s.limit as usize,
+              "the server says how many calls it serves at once");
     }
 
     /// The highest the limit may go now: the cap, or one past the server's slots once known.
@@ -345,7 +365,7 @@ impl AdaptiveLimit {
         let busy = s.slots.is_some_and(|k| x - service > 0.5 * service / k);
         let at = Instant::now();
         s.queued.push_back(Queued { ahead: ahead as f64, wait: x - service, service, at, busy });
-        if let Some(found) = queue_model(&s.queued, s.slots) {
+        if let Some(found) = queue_model(&s.queued, s.slots).filter(|_| !s.reported) {
             if s.slots.map(queue_ceiling) != Some(queue_ceiling(found)) {
                 info!(backend = %self.name, server_slots = found, concurrency_limit = queue_ceiling(found),
                       "the server's answers show how many calls it serves at once");

@@ -7,6 +7,10 @@
 //! - `assay.llm.calls` ({call}, by `assay.outcome`: `ok`, `cache_hit`, `error`), and
 //!   `assay.llm.cache.hits`;
 //! - `assay.llm.retries` ({retry}): retried attempts, counted where they happen;
+//! - `assay.llm.schema.violations` ({reply}, by `assay.schema.form`): structured replies that did
+//!   not match their JSON schema, and `assay.llm.schema.demotions` ({change}, by the form left and
+//!   `assay.schema.to`): a model moved down the structured-output ladder because a form it accepted
+//!   was not enforced;
 //! - `assay.llm.breaker.state` (0 closed, 1 half-open, 2 open), `assay.llm.concurrency.limit` and
 //!   `assay.llm.concurrency.in_flight`: observed per OpenAI-compatible backend at each export.
 //!
@@ -29,6 +33,8 @@ struct Instruments {
     calls: Counter<u64>,
     cache_hits: Counter<u64>,
     retries: Counter<u64>,
+    schema_violations: Counter<u64>,
+    schema_demotions: Counter<u64>,
 }
 
 fn instruments() -> &'static Instruments {
@@ -65,6 +71,18 @@ fn instruments() -> &'static Instruments {
                 .with_unit("{retry}")
                 .with_description("Model call attempts retried after a transient failure")
                 .build(),
+            schema_violations: meter
+                .u64_counter("assay.llm.schema.violations")
+                .with_unit("{reply}")
+                .with_description("Structured replies that did not match their JSON schema, by the form it was sent in")
+                .build(),
+            schema_demotions: meter
+                .u64_counter("assay.llm.schema.demotions")
+                .with_unit("{change}")
+                .with_description(
+                    "Models moved to a weaker structured-output form: the form they accepted was not enforced",
+                )
+                .build(),
         }
     })
 }
@@ -74,6 +92,31 @@ pub fn retried(backend: &str, reason: &'static str) {
     instruments()
         .retries
         .add(1, &[KeyValue::new("assay.backend", backend.to_string()), KeyValue::new("assay.retry.reason", reason)]);
+}
+
+/// A structured reply from `backend`'s `model` that did not match its schema, sent in `form`.
+pub fn schema_violated(backend: &str, model: &str, form: &'static str) {
+    instruments().schema_violations.add(
+        1,
+        &[
+            KeyValue::new("assay.backend", backend.to_string()),
+            KeyValue::new("gen_ai.request.model", model.to_string()),
+            KeyValue::new("assay.schema.form", form),
+        ],
+    );
+}
+
+/// `backend`'s `model` moved from structured-output form `from` to `to`.
+pub fn schema_demoted(backend: &str, model: &str, from: &'static str, to: &'static str) {
+    instruments().schema_demotions.add(
+        1,
+        &[
+            KeyValue::new("assay.backend", backend.to_string()),
+            KeyValue::new("gen_ai.request.model", model.to_string()),
+            KeyValue::new("assay.schema.form", from),
+            KeyValue::new("assay.schema.to", to),
+        ],
+    );
 }
 
 /// The attributes every model-call measurement carries.
@@ -161,6 +204,10 @@ impl ChatModel for MeteredChat {
 
     fn supports_logprobs(&self) -> bool {
         self.inner.supports_logprobs()
+    }
+
+    fn structured_output(&self, model: &str) -> Option<&'static str> {
+        self.inner.structured_output(model)
     }
 
     async fn chat(&self, request: ChatRequest) -> Result<ChatResponse, LlmError> {

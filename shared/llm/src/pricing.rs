@@ -195,6 +195,10 @@ impl ChatModel for PricedChat {
         self.inner.supports_logprobs()
     }
 
+    fn structured_output(&self, model: &str) -> Option<&'static str> {
+        self.inner.structured_output(model)
+    }
+
     async fn chat(&self, mut request: ChatRequest) -> Result<ChatResponse, LlmError> {
         let requested = request.model.clone().filter(|m| !m.is_empty());
         let requested = requested.unwrap_or_else(|| self.inner.default_model().to_string());

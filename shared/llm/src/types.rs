@@ -229,6 +229,11 @@ pub trait ChatModel: Send + Sync + 'static {
     fn supports_logprobs(&self) -> bool;
     /// Run one completion. Dropping the future cancels the in-flight call.
     async fn chat(&self, request: ChatRequest) -> Result<ChatResponse, LlmError>;
+    /// How JSON schemas are sent to `model` now (`json_schema`, `json_object`, `json_mode`,
+    /// `prompt`), for reproducibility records; `None` when the backend does not say.
+    fn structured_output(&self, _model: &str) -> Option<&'static str> {
+        None
+    }
 }
 
 /// Embedding backend.

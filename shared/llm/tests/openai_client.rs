@@ -201,6 +201,129 @@ async fn schema_rejected_with_a_500_naming_response_format_falls_back_without_re
     assert_eq!(response.usage.retries, 1);
 }
 
+/// A server that accepts `json_schema` with a 200 and ignores it (vLLM with a key it no longer
+/// knows, llama.cpp with a grammar it cannot parse), and enforces `json_object` with a schema.
+fn ignores_json_schema(request: &assay_testkit::RecordedRequest) -> Reply {
+    match request.body["response_format"]["type"].as_str() {
+        Some("json_schema") => Reply::json(json!({"rating": "good"})),
+        _ => Reply::json(json!({"score": 4})),
+    }
+}
+
+#[tokio::test]
+async fn a_form_accepted_and_ignored_is_noticed_and_left() {
+    let server = ScriptedLlm::start().await;
+    server.set_handler(ignores_json_schema);
+    let client = client(&server);
+    assert_eq!(client.structured_output("test-model"), Some("json_schema"));
+    for call in 1..=3 {
+        let response = client.chat(schema_request()).await.unwrap();
+        assert_eq!(response.json, Some(json!({"rating": "good"})), "the reply is returned as it is");
+        assert_eq!(response.usage.schema_violations, 1, "call {call}: the broken schema is counted");
+        assert_eq!(response.usage.calls, 1, "nothing is sent again");
+        let expected = if call < 3 { "json_schema" } else { "json_object" };
+        assert_eq!(client.schema_delivery(), expected, "call {call}");
+    }
+    assert_eq!(client.structured_output("test-model"), Some("json_object"), "later records say so");
+    assert_eq!(client.structured_output("other-model"), Some("json_schema"), "per model");
+    let response = client.chat(schema_request()).await.unwrap();
+    assert_eq!(response.json, Some(json!({"score": 4})));
+    assert_eq!(response.usage.schema_violations, 0);
+    assert!(response.schema_fallback);
+    let requests = server.requests();
+    assert_eq!(requests.len(), 4);
+    assert_eq!(requests[3].body["response_format"]["type"], "json_object");
+    assert!(requests[3].last_user_message().unwrap().contains(&schema().to_string()), "the schema is in the prompt");
+    // A form that is enforced is never left: replies that match stay where they are.
+    for _ in 0..5 {
+        client.chat(schema_request()).await.unwrap();
+    }
+    assert_eq!(client.schema_delivery(), "json_object");
+}
+
+#[tokio::test]
+async fn replies_cut_or_refused_and_fixed_forms_are_no_evidence() {
+    let server = ScriptedLlm::start().await;
+    let client = client(&server);
+    // Cut at the token limit, or empty (a refusal): counted, but they say nothing of the form.
+    for _ in 0..4 {
+        server.push(Reply::text("{\"sco").finish_reason("length"));
+        server.push(Reply::text(""));
+    }
+    for _ in 0..8 {
+        let response = client.chat(schema_request()).await.unwrap();
+        assert_eq!(response.usage.schema_violations, 1);
+    }
+    assert_eq!(client.schema_delivery(), "json_schema");
+    // Text where a schema was asked: the same evidence as JSON that breaks it.
+    server.push_all([Reply::text("4"), Reply::text("four"), Reply::json(json!({"score": "4"}))]);
+    for _ in 0..3 {
+        client.chat(schema_request()).await.unwrap();
+    }
+    assert_eq!(client.schema_delivery(), "json_object");
+
+    // A form the configuration fixes is counted, never left.
+    let fixed = OpenAiClient::new(OpenAiConfig {
+        structured_output: assay_llm::StructuredOutput::JsonSchema,
+        ..config(&server)
+    })
+    .unwrap();
+    server.set_handler(ignores_json_schema);
+    for _ in 0..5 {
+        assert_eq!(fixed.chat(schema_request()).await.unwrap().usage.schema_violations, 1);
+    }
+    assert_eq!(fixed.structured_output("test-model"), Some("json_schema"));
+    assert!(server.requests().iter().rev().take(5).all(|r| r.body["response_format"]["type"] == "json_schema"));
+}
+
+fn choice_request() -> ChatRequest {
+    ChatRequest {
+        response_format: ResponseFormat::Choice(vec!["YES".into(), "NO".into()]),
+        top_logprobs: Some(5),
+        ..ask("Is the sky blue?")
+    }
+}
+
+#[tokio::test]
+async fn a_choice_is_held_to_its_options_by_a_grammar_where_the_server_takes_one() {
+    // llama.cpp's servers take the grammar: the reply's first token is an answer.
+    let server = ScriptedLlm::start().await;
+    server.push(Reply::with_logprobs("YES", vec![("YES", -0.2), ("NO", -1.7)]));
+    let llama = client(&server);
+    let reply = llama.chat(choice_request()).await.unwrap();
+    assert_eq!(reply.text, "YES");
+    let body = &server.requests()[0].body;
+    let grammar = body["grammar"].as_str().expect("a grammar");
+    assert!(grammar.contains("\"YES\"") && grammar.contains("\"NO\""), "{grammar}");
+    assert!(server.requests()[0].last_user_message().unwrap().contains("Answer with exactly one of: YES, NO"));
+
+    // OpenAI refuses an argument it does not know: the choice goes again without it, once.
+    let openai = ScriptedLlm::start().await;
+    openai
+        .push(Reply::status(400).body(
+            r#"{"error":{"message":"Unrecognized request argument supplied: grammar","type":"invalid_request_error","param":null,"code":null}}"#,
+        ))
+        .push(Reply::text("NO"))
+        .push(Reply::text("YES"));
+    let remote = client(&openai);
+    let reply = remote.chat(choice_request()).await.unwrap();
+    assert_eq!(reply.text, "NO");
+    assert_eq!((reply.usage.calls, reply.usage.schema_fallbacks), (2, 1), "the refused request is counted");
+    let reply = remote.chat(choice_request()).await.unwrap();
+    assert_eq!((reply.text.as_str(), reply.usage.calls), ("YES", 1), "later choices go without it at once");
+    let requests = openai.requests();
+    assert!(requests[0].body.get("grammar").is_some());
+    assert!(requests[1].body.get("grammar").is_none() && requests[2].body.get("grammar").is_none());
+    // Any other 400 is the request's own fault: returned, and the grammar kept.
+    let other = ScriptedLlm::start().await;
+    other.push(Reply::status(400).body(r#"{"error":{"message":"messages must not be empty"}}"#));
+    let client = client(&other);
+    assert!(matches!(client.chat(choice_request()).await, Err(LlmError::InvalidRequest(_))));
+    other.push(Reply::text("YES"));
+    client.chat(choice_request()).await.unwrap();
+    assert!(other.requests()[1].body.get("grammar").is_some());
+}
+
 #[tokio::test]
 async fn schema_accepted_natively() {
     let server = ScriptedLlm::start().await;
@@ -899,6 +1022,35 @@ async fn the_concurrency_limit_finds_the_slots_of_a_server_that_queues() {
     // A tenth of noise on 16 slots is one slot either way: at 15 the server's slots are 94% busy.
     assert!((15..=17).contains(&limit), "sixteen slots: the limit settles at 15 to 17, not {limit}");
     assert!(found.is_some_and(|k| (14.4..17.0).contains(&k)), "sixteen slots found: {found:?}");
+}
+
+#[tokio::test]
+async fn a_server_that_reports_its_slots_is_held_to_them_from_the_first_call() {
+    // llama.cpp's llama-server with `--parallel 3` says so in `GET /props`: no call waits at it,
+    // from the first burst on (the limit starts at 64).
+    let server = ScriptedLlm::start().await;
+    server.set_props(json!({"total_slots": 3, "default_generation_settings": {"n_ctx": 4096}}));
+    server.set_slots(3);
+    server.set_handler(|_| Reply::text("ok").delay(Duration::from_millis(20)));
+    let client = OpenAiClient::new(config(&server)).unwrap();
+    assert_eq!(client.reported_slots(), None, "asked with the first call");
+    let calls = (0..24).map(|i| client.chat(ask(&format!("q{i}"))));
+    assert!(futures::future::join_all(calls).await.iter().all(Result::is_ok));
+    assert_eq!(client.reported_slots(), Some(3));
+    assert_eq!(server.props_asked(), 1, "asked once");
+    assert_eq!(server.request_count(), 24, "the probe is no chat call");
+    assert_eq!(server.peak_in_flight(), 3, "never more sent than it serves at once");
+    assert_eq!(client.concurrency_limit(), 3);
+    assert_eq!(client.server_slots(), Some(3.0));
+
+    // A server without /props (404, as every other server answers): asked once, nothing changes.
+    let other = ScriptedLlm::start().await;
+    other.set_handler(|_| Reply::text("ok"));
+    let client = OpenAiClient::new(config(&other)).unwrap();
+    let calls = (0..24).map(|i| client.chat(ask(&format!("q{i}"))));
+    assert!(futures::future::join_all(calls).await.iter().all(Result::is_ok));
+    assert_eq!((other.props_asked(), client.reported_slots(), other.request_count()), (1, None, 24));
+    assert!(client.concurrency_limit() >= 24, "{}", client.concurrency_limit());
 }
 
 #[tokio::test]

@@ -480,6 +480,10 @@ struct State {
     /// Most replies in the making at once (under the slots).
     peak_serving: AtomicUsize,
     serving: AtomicUsize,
+    /// What `GET /props` answers (llama.cpp's `llama-server` reports its slots there); 404 when
+    /// unset. Neither recorded nor taken from the script.
+    props: Mutex<Option<Value>>,
+    props_asked: AtomicUsize,
 }
 
 /// Holds one of the server's slots while a request is served.
@@ -531,6 +535,17 @@ impl ScriptedLlm {
     }
 
     /// Most replies made at once under [`Self::set_slots`].
+    /// Answer `GET /props` with `props` (as llama.cpp's `llama-server` does: `{"total_slots": n,
+    /// ...}`); until then it is a 404, as from other servers.
+    pub fn set_props(&self, props: Value) {
+        *lock(&self.state.props) = Some(props);
+    }
+
+    /// `GET /props` requests received.
+    pub fn props_asked(&self) -> usize {
+        self.state.props_asked.load(Ordering::SeqCst)
+    }
+
     pub fn peak_serving(&self) -> usize {
         self.state.peak_serving.load(Ordering::SeqCst)
     }
@@ -677,6 +692,11 @@ struct PendingGuard {
 }
 
 impl PendingGuard {
+    /// A request that is neither completed nor cancelled (the `/props` probe).
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+
     fn finish(mut self) {
         self.armed = false;
         self.state.completed.fetch_add(1, Ordering::SeqCst);
@@ -700,6 +720,18 @@ async fn handle(state: Arc<State>, request: Request<Incoming>) -> Result<Respons
         Err(_) => Bytes::new(),
     };
     let raw_body = String::from_utf8_lossy(&raw).into_owned();
+    if parts.method == http::Method::GET && parts.uri.path().ends_with("/props") {
+        state.props_asked.fetch_add(1, Ordering::SeqCst);
+        let props = lock(&state.props).clone();
+        let (status, body) = match props {
+            Some(props) => (200, props.to_string()),
+            None => (404, json!({"error": {"message": "File Not Found", "type": "not_found_error"}}).to_string()),
+        };
+        guard.disarm();
+        let mut response = Response::new(Full::new(Bytes::from(body)));
+        *response.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::NOT_FOUND);
+        return Ok(response);
+    }
     let recorded = RecordedRequest {
         method: parts.method.as_str().to_owned(),
         path: parts.uri.path().to_owned(),

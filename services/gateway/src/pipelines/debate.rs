@@ -333,6 +333,7 @@ fn without(total: &Usage, part: &Usage) -> Usage {
         abandoned_calls: total.abandoned_calls.saturating_sub(part.abandoned_calls),
         abandoned_tokens: total.abandoned_tokens.saturating_sub(part.abandoned_tokens),
         abandoned_cost_usd: (total.abandoned_cost_usd - part.abandoned_cost_usd).max(0.0),
+        schema_violations: total.schema_violations.saturating_sub(part.schema_violations),
         hedged_calls: total.hedged_calls.saturating_sub(part.hedged_calls),
     }
 }

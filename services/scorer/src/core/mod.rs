@@ -210,18 +210,19 @@ impl Job<'_> {
 
     /// One sample's scoring of `t`: every item, every aggregate.
     async fn score_sample(&self, t: &ScoreTarget, sample: u32) -> Result<(Score, Usage), StageError> {
-        let (items, usage, schema_fallback, logprobs_unavailable) = match self.config.mode {
+        let replies = match self.config.mode {
             ScoringMode::Batch => self.batch(t, sample).await?,
             ScoringMode::Item => self.items(t, sample).await?,
         };
-        let mut score = Score::compute(self.checklist, items, self.config.primary_metric);
+        let mut score = Score::compute(self.checklist, replies.items, self.config.primary_metric);
         score.target_id = t.id.clone();
-        score.schema_fallback = schema_fallback;
-        score.logprobs_unavailable = logprobs_unavailable;
-        Ok((score, usage))
+        score.schema_fallback = replies.schema_fallback;
+        score.logprobs_unavailable = replies.logprobs_unavailable;
+        score.off_answer_items = replies.off_answer;
+        Ok((score, replies.usage))
     }
 
-    async fn batch(&self, t: &ScoreTarget, sample: u32) -> Result<(Vec<ItemScore>, Usage, bool, bool), StageError> {
+    async fn batch(&self, t: &ScoreTarget, sample: u32) -> Result<Replies, StageError> {
         let questions: String =
             self.checklist.items.iter().enumerate().map(|(i, it)| format!("Q{}: {}\n", i + 1, it.question)).collect();
         let schema = parse::batch_schema(self.config.capture_reasoning, self.checklist.items.len());
@@ -241,10 +242,10 @@ impl Job<'_> {
                 .map(|it| ItemScore::missing(&it.id, ItemStatus::Unparseable, why.clone()))
                 .collect(),
         };
-        Ok((items, reply.usage, reply.schema_fallback, false))
+        Ok(Replies { items, usage: reply.usage, schema_fallback: reply.schema_fallback, ..Replies::default() })
     }
 
-    async fn items(&self, t: &ScoreTarget, sample: u32) -> Result<(Vec<ItemScore>, Usage, bool, bool), StageError> {
+    async fn items(&self, t: &ScoreTarget, sample: u32) -> Result<Replies, StageError> {
         let logprobs = self.config.wants_logprobs();
         let items = &self.checklist.items;
         let per_item = futures::stream::iter(0..items.len())
@@ -268,31 +269,31 @@ impl Job<'_> {
             })
             .buffered(self.concurrency);
         let replies: Vec<_> = per_item.collect().await;
-        let mut usage = Usage::default();
-        let mut schema_fallback = false;
-        let mut logprobs_unavailable = false;
-        let mut items = Vec::with_capacity(replies.len());
+        let mut out = Replies { items: Vec::with_capacity(replies.len()), ..Replies::default() };
         for (it, reply) in replies {
             let reply = match reply {
                 Ok(r) => r,
                 // A deterministic refusal of the request fails the whole call; transient failures
                 // already exhausted their retries and fail just this item.
                 Err(e) if e.is_transient() => {
-                    items.push(ItemScore::missing(&it.id, ItemStatus::Failed, e.to_string()));
+                    out.items.push(ItemScore::missing(&it.id, ItemStatus::Failed, e.to_string()));
                     continue;
                 }
                 Err(e) => return Err(e.into()),
             };
-            usage.add(&reply.usage);
-            schema_fallback |= reply.schema_fallback;
+            out.usage.add(&reply.usage);
+            out.schema_fallback |= reply.schema_fallback;
             let mut score = if logprobs {
-                match reply.first_token_logprobs.as_deref().filter(|l| !l.is_empty()) {
-                    Some(alts) => confidence_score(&it.id, alts),
-                    None => {
-                        logprobs_unavailable = true;
-                        parse_item_reply(&it.id, &reply)
-                    }
+                if !begins_with_an_answer(&reply.text) {
+                    out.off_answer += 1;
                 }
+                let alts = reply.first_token_logprobs.as_deref().filter(|l| !l.is_empty());
+                if alts.is_none() {
+                    out.logprobs_unavailable = true;
+                }
+                // No answer among the first token's alternatives: the reply's text, never a
+                // made-up even chance.
+                alts.and_then(|alts| confidence_score(&it.id, alts)).unwrap_or_else(|| parse_item_reply(&it.id, &reply))
             } else {
                 parse_item_reply(&it.id, &reply)
             };
@@ -305,15 +306,36 @@ impl Job<'_> {
             if !self.config.capture_reasoning {
                 score.reasoning = None;
             }
-            items.push(score);
+            out.items.push(score);
         }
-        Ok((items, usage, schema_fallback, logprobs_unavailable))
+        Ok(out)
     }
 }
 
+/// One sample's item replies read: the items, their usage, and what the replies said of the
+/// backend.
+#[derive(Default)]
+struct Replies {
+    items: Vec<ItemScore>,
+    usage: Usage,
+    schema_fallback: bool,
+    logprobs_unavailable: bool,
+    /// Logprob replies that did not begin with an answer.
+    off_answer: u32,
+}
+
+/// Whether a reply begins with YES or NO (any case, punctuation around it ignored): its first
+/// token is an answer, so the first token's logprobs are the model's choice between them.
+pub fn begins_with_an_answer(text: &str) -> bool {
+    let first = text.split_whitespace().next().unwrap_or_default();
+    let word = first.trim_matches(|c: char| c.is_ascii_punctuation());
+    word.eq_ignore_ascii_case("yes") || word.eq_ignore_ascii_case("no")
+}
+
 /// Confidence from the first token's alternatives: P(yes) / (P(yes) + P(no)), alternatives
-/// lower-cased and stripped; both ~0 gives 0.5, unsure, answer no.
-pub fn confidence_score(item_id: &str, alts: &[assay_llm::TokenLogprob]) -> ItemScore {
+/// lower-cased and stripped; `None` when neither is among them (the first token was something
+/// else and the alternatives say nothing of the answer).
+pub fn confidence_score(item_id: &str, alts: &[assay_llm::TokenLogprob]) -> Option<ItemScore> {
     let (mut p_yes, mut p_no) = (0.0f64, 0.0f64);
     for a in alts {
         let tok = a.token.trim().to_lowercase();
@@ -324,12 +346,15 @@ pub fn confidence_score(item_id: &str, alts: &[assay_llm::TokenLogprob]) -> Item
             p_no += p;
         }
     }
-    let confidence = if p_yes + p_no < 1e-9 { 0.5 } else { p_yes / (p_yes + p_no) };
+    if p_yes + p_no < 1e-9 {
+        return None;
+    }
+    let confidence = p_yes / (p_yes + p_no);
     let level = ConfidenceLevel::of(confidence);
     let mut s = ItemScore::answered(item_id, level.answer());
     s.confidence = Some(confidence);
     s.confidence_level = Some(level);
-    s
+    Some(s)
 }
 
 #[cfg(test)]
@@ -344,7 +369,7 @@ mod tests {
 
     #[test]
     fn confidence_sums_matching_alternatives() {
-        let s = confidence_score("a", &[lp("Yes", 0.6), lp(" YES", 0.2), lp("no", 0.1), lp("maybe", 0.1)]);
+        let s = confidence_score("a", &[lp("Yes", 0.6), lp(" YES", 0.2), lp("no", 0.1), lp("maybe", 0.1)]).unwrap();
         let c = s.confidence.unwrap();
         assert!((c - 0.8 / 0.9).abs() < 1e-9);
         assert_eq!(s.confidence_level, Some(ConfidenceLevel::Yes90));
@@ -352,10 +377,18 @@ mod tests {
     }
 
     #[test]
-    fn no_yes_no_mass_is_unsure_no() {
-        let s = confidence_score("a", &[lp("The", 0.9)]);
-        assert_eq!(s.confidence, Some(0.5));
-        assert_eq!(s.confidence_level, Some(ConfidenceLevel::Unsure));
-        assert_eq!(s.answer, Some(Answer::No));
+    fn no_yes_no_mass_is_no_confidence_at_all() {
+        // It was an even chance answered NO: a verdict from a token the model did not pick.
+        assert_eq!(confidence_score("a", &[lp("The", 0.9)]), None);
+    }
+
+    #[test]
+    fn replies_that_begin_with_an_answer() {
+        for text in ["YES", "no", "Yes, it does.", " \"NO\" because", "No."] {
+            assert!(begins_with_an_answer(text), "{text}");
+        }
+        for text in ["The answer is yes", "", "Yesterday", "I think no"] {
+            assert!(!begins_with_an_answer(text), "{text}");
+        }
     }
 }

@@ -2,10 +2,16 @@
 //! `json_object` with the schema, then JSON mode with the schema in the prompt, then the schema in
 //! the prompt only), when a backend's answer counts as rejecting the form, and the memory of the
 //! form that worked, per model, negotiated once.
+//!
+//! A form can also be accepted and not enforced (vLLM ignores keys it no longer knows with a 200,
+//! llama.cpp ignores a grammar it cannot parse): every structured reply is checked against the
+//! schema it was asked for ([`Validators`]), and [`VIOLATIONS_TO_DEMOTE`] replies that break it
+//! under a form that claims enforcement move the model one step down ([`ModelForms::violated`]).
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use serde_json::{Value, json};
 
@@ -56,6 +62,12 @@ impl SchemaDelivery {
     /// Whether this form is further down the ladder than `other`.
     pub(super) fn weaker_than(self, other: Self) -> bool {
         self.level() > other.level()
+    }
+
+    /// Whether the server claims to hold replies to the schema in this form (native
+    /// `json_schema`, and `json_object` with a schema, which llama.cpp turns into a grammar).
+    pub(super) fn enforces(self) -> bool {
+        matches!(self, Self::ResponseFormat | Self::JsonObject)
     }
 
     /// Whether this is a fallback form (the schema is not sent as native `json_schema`).
@@ -125,7 +137,18 @@ pub(super) struct ModelForms {
     negotiated: AtomicBool,
     /// Held by the call that negotiates; the others of the first burst wait on it.
     pub(super) gate: tokio::sync::Mutex<()>,
+    /// Replies that broke their schema under an enforcing form: (the form's level, how many).
+    violations: Mutex<(u8, u32)>,
+    /// The server refused a choice's `grammar` field (OpenAI: "Unrecognized request argument"):
+    /// later choices go without it.
+    grammar_refused: AtomicBool,
 }
+
+/// Replies that break their schema under a form that claims enforcement before the model moves
+/// one step down the ladder. Under a form that is enforced they do not happen (replies cut at the
+/// token limit and empty replies, a refusal, are not counted), so a few are evidence enough; one
+/// could be a server's slip.
+pub(super) const VIOLATIONS_TO_DEMOTE: u32 = 3;
 
 impl ModelForms {
     /// The form to try first for a request with this response format.
@@ -140,9 +163,48 @@ impl ModelForms {
         }
     }
 
+    /// The form a schema request starts in now.
+    pub(super) fn current(&self) -> SchemaDelivery {
+        SchemaDelivery::LEVELS[(self.level() as usize).min(SchemaDelivery::LEVELS.len() - 1)]
+    }
+
     /// Remember a form that worked (never moves back up the ladder).
     pub(super) fn remember(&self, worked: SchemaDelivery) {
         self.level.fetch_max(worked.level(), Ordering::Relaxed);
+    }
+
+    /// Note a reply sent in `form` that broke its schema. When it is the
+    /// [`VIOLATIONS_TO_DEMOTE`]th under the form the model uses now, the model moves to the next
+    /// weaker form, returned; the other calls already sent in the form count toward nothing more.
+    pub(super) fn violated(&self, form: SchemaDelivery) -> Option<SchemaDelivery> {
+        if !form.enforces() {
+            return None;
+        }
+        let mut violations = self.violations.lock().unwrap_or_else(PoisonError::into_inner);
+        if self.level() != form.level() {
+            return None;
+        }
+        if violations.0 != form.level() {
+            *violations = (form.level(), 0);
+        }
+        violations.1 += 1;
+        if violations.1 < VIOLATIONS_TO_DEMOTE {
+            return None;
+        }
+        let weaker = form.weaker("")?;
+        self.level.fetch_max(weaker.level(), Ordering::Relaxed);
+        *violations = (weaker.level(), 0);
+        Some(weaker)
+    }
+
+    /// Whether a choice is sent with its grammar.
+    pub(super) fn sends_grammar(&self) -> bool {
+        !self.grammar_refused.load(Ordering::Relaxed)
+    }
+
+    /// The server refused the grammar field; true the first time.
+    pub(super) fn refuse_grammar(&self) -> bool {
+        !self.grammar_refused.swap(true, Ordering::AcqRel)
     }
 
     /// Mark the form settled; true the first time.
@@ -185,6 +247,36 @@ impl SchemaMemory {
     }
 }
 
+/// Compiled JSON schema validators by schema text: each schema a backend is sent is compiled once.
+pub(super) struct Validators {
+    compiled: Mutex<lru::LruCache<String, Option<Arc<jsonschema::Validator>>>>,
+}
+
+impl Default for Validators {
+    fn default() -> Self {
+        Self { compiled: Mutex::new(lru::LruCache::new(NonZeroUsize::new(64).unwrap_or(NonZeroUsize::MIN))) }
+    }
+}
+
+impl std::fmt::Debug for Validators {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Validators").finish_non_exhaustive()
+    }
+}
+
+impl Validators {
+    /// Whether `reply` (the JSON read from a reply, `None` when it held none) matches `schema`;
+    /// `None` when the schema itself cannot be compiled (nothing is then said about the reply).
+    pub(super) fn matches(&self, schema: &Value, reply: Option<&Value>) -> Option<bool> {
+        let key = schema.to_string();
+        let validator = {
+            let mut compiled = self.compiled.lock().unwrap_or_else(PoisonError::into_inner);
+            compiled.get_or_insert(key, || jsonschema::validator_for(schema).ok().map(Arc::new)).clone()
+        }?;
+        Some(reply.is_some_and(|value| validator.is_valid(value)))
+    }
+}
+
 /// Whether an error body is about the structured-output request (`response_format` / `json_schema`).
 pub(super) fn complains_about_schema(body: &[u8]) -> bool {
     let text = String::from_utf8_lossy(body).to_ascii_lowercase();
@@ -212,6 +304,13 @@ pub(super) fn is_schema_rejection(status: u16, error: &LlmError) -> bool {
         return false;
     }
     status == 400 || (status >= 400 && complains_about_schema(message.as_bytes()))
+}
+
+/// Whether a failed call refused the `grammar` field of a choice (a client error naming it:
+/// OpenAI's "Unrecognized request argument supplied: grammar", a server that forbids extra fields),
+/// so the choice should go without it.
+pub(super) fn is_grammar_rejection(status: u16, error: &LlmError) -> bool {
+    status >= 400 && error.to_string().to_ascii_lowercase().contains("grammar")
 }
 
 /// Most integers a bounded integer may be spelt out as (see [`for_grammar`]).

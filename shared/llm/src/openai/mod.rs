@@ -16,11 +16,23 @@
 //!   (or any error status whose body names `response_format` or `json_schema`, never retried:
 //!   llama-cpp-python answers 500), the request is re-sent as `json_object` with the schema (which
 //!   llama-cpp-python enforces with a grammar) and the schema in the prompt, then with the schema in
-//!   the prompt only. The first form that works is remembered for later calls.
+//!   the prompt only. The first form that works is remembered for later calls. Every structured
+//!   reply is checked against its schema: one that breaks it is counted
+//!   (`Usage::schema_violations`, metric `assay.llm.schema.violations`), and a few under a form the
+//!   server accepted without enforcing it move the model one form down the ladder, said once in
+//!   the log, in a metric and in later reproducibility records (`structured_output`).
+//! - **Choices** ([`ResponseFormat::Choice`]): the options go in the prompt, and as a GBNF
+//!   `grammar` field that llama.cpp's servers (llama-server, llama-cpp-python) decode under, so the
+//!   reply's first token is an option and its logprobs the model's preference between them
+//!   (others ignore the field; a server that refuses it, as OpenAI does with a 400 naming it, gets
+//!   the choice again without it, and later choices go without).
 //! - **Concurrency**: an adaptive limit on HTTP requests in flight (see [`crate::limiter`]): it
 //!   starts at `initial_concurrency`, grows while latency stays flat and is cut on latency rises
 //!   and on 429 / 503 / timeouts once they are most of the recent answers, never above
-//!   `max_concurrency`. Slots are held per attempt, not across backoff sleeps.
+//!   `max_concurrency`. Slots are held per attempt, not across backoff sleeps. A server that
+//!   queues is found from its answers; one that says how many calls it serves at once (llama.cpp's
+//!   `llama-server`: `GET /props` `total_slots`, asked once before the first chat call) is held to
+//!   that many from the start.
 //! - **Hedged requests**: an attempt unanswered after `hedge_factor` (default 2) times its call
 //!   class's expected latency, and at least 100 ms, gets a duplicate beside it in a free slot; the
 //!   first success is taken. Within a budget of about one duplicate per ten answers (see
@@ -57,7 +69,7 @@ use tracing::{debug, info, warn};
 
 use crate::breaker::BreakerState;
 use crate::types::{
-    ChatModel, ChatRequest, ChatResponse, EmbeddingModel, EmbeddingRequest, EmbeddingResponse, LlmError,
+    ChatModel, ChatRequest, ChatResponse, EmbeddingModel, EmbeddingRequest, EmbeddingResponse, FinishReason, LlmError,
     ResponseFormat, Usage,
 };
 
@@ -68,7 +80,10 @@ pub use reply::normalise_choice;
 pub use request::{choice_instruction, schema_instruction};
 
 use errors::CallError;
-use format::{SchemaDelivery, SchemaMemory, is_schema_rejection};
+use format::{
+    ModelForms, SchemaDelivery, SchemaMemory, VIOLATIONS_TO_DEMOTE, Validators, is_grammar_rejection,
+    is_schema_rejection,
+};
 use transport::Transport;
 
 /// An OpenAI-compatible chat and embedding client. Cheap to clone; clones share the connection
@@ -87,6 +102,10 @@ struct Inner {
     server_address: String,
     /// The schema delivery form later calls start from.
     schema: SchemaMemory,
+    /// The schemas replies are checked against, compiled.
+    validators: Validators,
+    /// The server's slots as it reports them, asked once before the first chat call.
+    probed: tokio::sync::OnceCell<Option<usize>>,
 }
 
 impl fmt::Debug for OpenAiClient {
@@ -113,6 +132,8 @@ impl OpenAiClient {
                     .unwrap_or_default(),
                 transport,
                 schema: SchemaMemory::default(),
+                validators: Validators::default(),
+                probed: tokio::sync::OnceCell::new(),
                 config,
             }),
         })
@@ -142,6 +163,12 @@ impl OpenAiClient {
     /// [`crate::limiter`]).
     pub fn server_slots(&self) -> Option<f64> {
         self.inner.transport.limit().server_slots()
+    }
+
+    /// The server's slots as it reported them (llama.cpp's `/props`), once the first chat call
+    /// has asked.
+    pub fn reported_slots(&self) -> Option<usize> {
+        self.inner.probed.get().copied().flatten()
     }
 
     /// HTTP requests in flight now.
@@ -177,6 +204,16 @@ impl ChatModel for OpenAiClient {
 
     fn supports_logprobs(&self) -> bool {
         self.inner.config.supports_logprobs
+    }
+
+    fn structured_output(&self, model: &str) -> Option<&'static str> {
+        let config = &self.inner.config;
+        let form = match config.structured_output.fixed() {
+            Some(form) => form,
+            None if !config.supports_json_schema => SchemaDelivery::Prompt,
+            None => self.inner.schema.of(model).current(),
+        };
+        Some(form.name())
     }
 
     async fn chat(&self, request: ChatRequest) -> Result<ChatResponse, LlmError> {
@@ -229,6 +266,7 @@ impl ChatModel for OpenAiClient {
 impl OpenAiClient {
     async fn chat_traced(&self, request: ChatRequest, model: String) -> Result<ChatResponse, LlmError> {
         let config = &self.inner.config;
+        self.inner.probed.get_or_init(|| self.inner.transport.probe_slots(config)).await;
         let forms = self.inner.schema.of(&model);
         let fixed = config.structured_output.fixed();
         let structured = matches!(request.response_format, ResponseFormat::JsonSchema { .. });
@@ -245,12 +283,25 @@ impl OpenAiClient {
         let url = &self.inner.chat_url;
         let mut fallbacks = 0u32;
         let mut earlier_retries = 0u32;
+        let mut grammar = forms.sends_grammar() && request::choice_grammar(&request).is_some();
         let mut response = loop {
-            let body = request::chat_body(config, &request, &model, delivery);
+            let body = request::chat_body(config, &request, &model, delivery, grammar);
             match self.inner.transport.call(config, url, &body, request.deadline, reply::parse_chat).await {
                 Ok((completion, retries)) => {
                     let retries = earlier_retries + retries;
                     break reply::chat_response(&request, &model, completion, retries, config.supports_logprobs);
+                }
+                Err(CallError { status: Some(status), retries, error })
+                    if grammar && is_grammar_rejection(status, &error) =>
+                {
+                    // The choice goes again without its grammar, and so do later ones.
+                    if forms.refuse_grammar() {
+                        info!(backend = %config.backend_name, model = %model, error = %error,
+                              "the backend takes no grammar: choices go with the options in the prompt only");
+                    }
+                    grammar = false;
+                    fallbacks += 1;
+                    earlier_retries += retries;
                 }
                 Err(CallError { status: Some(status), retries, error })
                     if fixed.is_none() && is_schema_rejection(status, &error) =>
@@ -293,7 +344,9 @@ impl OpenAiClient {
         if fallbacks > 0 {
             // Remembered only once a weaker form worked: a 400 that every form gets was not about
             // the schema.
-            forms.remember(delivery);
+            if structured {
+                forms.remember(delivery);
+            }
             response.usage.calls += fallbacks;
             response.usage.schema_fallbacks = fallbacks;
         }
@@ -302,6 +355,9 @@ impl OpenAiClient {
                   "structured output negotiated: later calls to this model use this form");
         }
         drop(gate);
+        if let ResponseFormat::JsonSchema { schema, .. } = &request.response_format {
+            self.check_schema(&forms, &model, schema, delivery, fixed.is_some(), &mut response);
+        }
         response.schema_fallback = delivery.fell_back();
         debug!(
             backend = %config.backend_name,
@@ -313,6 +369,42 @@ impl OpenAiClient {
             "chat call done"
         );
         Ok(response)
+    }
+}
+
+impl OpenAiClient {
+    /// Check a structured reply against its schema: one that breaks it is counted in its usage
+    /// and the metric; under a form that claims enforcement (and unless the form is fixed by
+    /// configuration) it is evidence the form is accepted and ignored, and the
+    /// [`VIOLATIONS_TO_DEMOTE`]th moves the model one form down. A reply cut at the token limit,
+    /// filtered, or empty (a refusal) is counted but is no evidence.
+    fn check_schema(
+        &self,
+        forms: &ModelForms,
+        model: &str,
+        schema: &serde_json::Value,
+        delivery: SchemaDelivery,
+        fixed: bool,
+        response: &mut ChatResponse,
+    ) {
+        let backend = &self.inner.config.backend_name;
+        if self.inner.validators.matches(schema, response.json.as_ref()) != Some(false) {
+            return;
+        }
+        response.usage.schema_violations += 1;
+        crate::metrics::schema_violated(backend, model, delivery.name());
+        let cut = matches!(response.finish_reason, FinishReason::Length | FinishReason::ContentFilter)
+            || response.text.trim().is_empty();
+        if cut || fixed {
+            debug!(backend = %backend, model = %model, form = delivery.name(), cut, "reply does not match its schema");
+            return;
+        }
+        if let Some(weaker) = forms.violated(delivery) {
+            warn!(backend = %backend, model = %model, from = delivery.name(), to = weaker.name(),
+                  violations = VIOLATIONS_TO_DEMOTE,
+                  "the backend accepts this structured-output form without enforcing it (replies broke their schema): later calls to this model use a weaker form");
+            crate::metrics::schema_demoted(backend, model, delivery.name(), weaker.name());
+        }
     }
 }
 

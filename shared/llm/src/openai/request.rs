@@ -22,15 +22,36 @@ pub fn schema_instruction(schema: &Value) -> String {
     format!("Reply with only a JSON value matching this JSON schema: {schema}")
 }
 
+/// The GBNF grammar holding a [`ResponseFormat::Choice`] reply to its options (their case
+/// variants included: see [`crate::grammar::choice_grammar`]), so the first token is an answer and
+/// its logprobs are the model's preference between them; `None` for other formats.
+pub(super) fn choice_grammar(request: &ChatRequest) -> Option<String> {
+    match &request.response_format {
+        ResponseFormat::Choice(options) => crate::grammar::choice_grammar(options).ok(),
+        ResponseFormat::Text | ResponseFormat::JsonSchema { .. } => None,
+    }
+}
+
 /// The instruction appended to the prompt for [`ResponseFormat::Choice`].
 pub fn choice_instruction(options: &[String]) -> String {
     format!("Answer with exactly one of: {}", options.join(", "))
 }
 
-/// The `/chat/completions` body for `request`, with its schema delivered as `delivery`.
-pub(super) fn chat_body(config: &OpenAiConfig, request: &ChatRequest, model: &str, delivery: SchemaDelivery) -> Value {
+/// The `/chat/completions` body for `request`, with its schema delivered as `delivery`, and a
+/// choice's options as a GBNF `grammar` too when `choice_grammar` (llama.cpp's servers hold the
+/// reply to it; see [`choice_grammar`]).
+pub(super) fn chat_body(
+    config: &OpenAiConfig,
+    request: &ChatRequest,
+    model: &str,
+    delivery: SchemaDelivery,
+    choice_grammar: bool,
+) -> Value {
     let mut messages = request.messages.clone();
     let mut body = serde_json::Map::new();
+    if choice_grammar && let Some(grammar) = self::choice_grammar(request) {
+        body.insert("grammar".into(), json!(grammar));
+    }
     match (&request.response_format, delivery) {
         (ResponseFormat::JsonSchema { name, schema }, SchemaDelivery::ResponseFormat) => {
             body.insert(
@@ -95,7 +116,7 @@ mod tests {
             top_logprobs: Some(50),
             ..ChatRequest::default()
         };
-        let body = chat_body(&config, &request, "m", SchemaDelivery::None);
+        let body = chat_body(&config, &request, "m", SchemaDelivery::None, true);
         assert_eq!(body["max_completion_tokens"], 12);
         assert!(body.get("max_tokens").is_none());
         assert_eq!(body["seed"], 7);
@@ -104,6 +125,25 @@ mod tests {
         assert_eq!(body["stop"], json!(["\n"]));
         assert!(body.get("response_format").is_none());
         assert!(body.get("top_p").is_none());
+        assert!(body.get("grammar").is_none(), "free text has no grammar");
+    }
+
+    #[test]
+    fn a_choice_carries_its_grammar_unless_refused() {
+        let config = OpenAiConfig::default();
+        let request = ChatRequest {
+            messages: vec![Message::user("Is it short?")],
+            response_format: ResponseFormat::Choice(vec!["YES".into(), "NO".into()]),
+            ..ChatRequest::default()
+        };
+        let body = chat_body(&config, &request, "m", SchemaDelivery::None, true);
+        let grammar = body["grammar"].as_str().unwrap();
+        assert!(
+            grammar.starts_with("root ::=") && grammar.contains("\"YES\"") && grammar.contains("\"No\""),
+            "{grammar}"
+        );
+        assert!(body["messages"][0]["content"].as_str().unwrap().ends_with("Answer with exactly one of: YES, NO"));
+        assert!(chat_body(&config, &request, "m", SchemaDelivery::None, false).get("grammar").is_none());
     }
 
     #[test]
@@ -115,10 +155,10 @@ mod tests {
             response_format: ResponseFormat::JsonSchema { name: "s".into(), schema: schema.clone() },
             ..ChatRequest::default()
         };
-        let native = chat_body(&config, &request, "m", SchemaDelivery::ResponseFormat);
+        let native = chat_body(&config, &request, "m", SchemaDelivery::ResponseFormat, true);
         assert_eq!(native["response_format"]["json_schema"]["strict"], true);
         assert_eq!(native["messages"][0]["content"], "q");
-        let prompt = chat_body(&config, &request, "m", SchemaDelivery::Prompt);
+        let prompt = chat_body(&config, &request, "m", SchemaDelivery::Prompt, true);
         assert!(prompt.get("response_format").is_none());
         let content = prompt["messages"][0]["content"].as_str().unwrap();
         assert!(content.starts_with("q\n\n") && content.contains(&schema.to_string()));

@@ -21,6 +21,9 @@ use crate::limiter::{AdaptiveLimit, Signal};
 use crate::retry::{WaitPlan, parse_retry_after, plan_wait};
 use crate::types::LlmError;
 
+/// How long the slots probe ([`Transport::probe_slots`]) waits for `/props`.
+const PROPS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The HTTP side of a client: connection pool, per-minute limits, adaptive concurrency limit and
 /// circuit breaker.
 pub(super) struct Transport {
@@ -59,6 +62,29 @@ impl Transport {
             latency: LatencyBook::default(),
             hedges: HedgeBudget::default(),
         })
+    }
+
+    /// Ask the server how many calls it serves at once: llama.cpp's `llama-server` answers
+    /// `GET /props` (beside `/v1`) with `total_slots` (its `--parallel`). Once per client, before
+    /// its first chat call, within `PROPS_TIMEOUT`; any other answer (404 from other servers, a
+    /// body without the field, no answer) leaves the limit to find the slots from the answers.
+    pub(super) async fn probe_slots(&self, config: &OpenAiConfig) -> Option<usize> {
+        let base = config.base_url.trim_end_matches('/');
+        let url = format!("{}/props", base.strip_suffix("/v1").unwrap_or(base));
+        let mut builder = self.http.get(&url).timeout(PROPS_TIMEOUT);
+        if let Some(key) = &config.api_key {
+            builder = builder.bearer_auth(key);
+        }
+        let response = builder.send().await.ok()?;
+        if !response.status().is_success() {
+            debug!(backend = %config.backend_name, status = response.status().as_u16(), "the server has no /props");
+            return None;
+        }
+        let props: Value = response.json().await.ok()?;
+        let slots = props.get("total_slots")?.as_u64().filter(|n| *n >= 1)?;
+        let slots = usize::try_from(slots).ok()?;
+        self.limit.report_slots(slots);
+        Some(slots)
     }
 
     /// The concurrency limit (current value, in flight).

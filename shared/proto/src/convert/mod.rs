@@ -308,6 +308,7 @@ pub fn usage_to(u: &d::Usage) -> pb::Usage {
         abandoned_tokens: u.abandoned_tokens,
         abandoned_cost_usd: u.abandoned_cost_usd,
         hedged_calls: u.hedged_calls,
+        schema_violations: u.schema_violations,
     }
 }
 
@@ -329,6 +330,7 @@ pub fn usage_from(p: Option<pb::Usage>) -> d::Usage {
         abandoned_tokens: p.abandoned_tokens,
         abandoned_cost_usd: if p.abandoned_cost_usd.is_finite() { p.abandoned_cost_usd.max(0.0) } else { 0.0 },
         hedged_calls: p.hedged_calls,
+        schema_violations: p.schema_violations,
     }
 }
 
@@ -342,6 +344,7 @@ pub fn model_record_to(r: &d::ModelRecord) -> pb::ModelRecord {
         max_tokens: r.max_tokens,
         prompt_template_sha256: r.prompt_template_sha256.clone(),
         logprobs_requested: r.logprobs_requested,
+        structured_output: r.structured_output.clone(),
     }
 }
 
@@ -356,6 +359,7 @@ pub fn model_record_from(p: Option<pb::ModelRecord>) -> d::ModelRecord {
         max_tokens: p.max_tokens,
         prompt_template_sha256: p.prompt_template_sha256,
         logprobs_requested: p.logprobs_requested,
+        structured_output: p.structured_output,
     }
 }
 
@@ -470,6 +474,7 @@ pub fn score_to(s: &d::Score) -> pb::Score {
         sample_primary_scores: s.sample_primary_scores.clone(),
         sample_spread: s.sample_spread,
         abstentions: s.abstentions,
+        off_answer_items: s.off_answer_items,
     }
 }
 
@@ -491,6 +496,7 @@ pub fn score_from(p: pb::Score) -> d::Score {
         sample_primary_scores: p.sample_primary_scores,
         sample_spread: p.sample_spread,
         abstentions: p.abstentions,
+        off_answer_items: p.off_answer_items,
     }
 }
 
@@ -508,6 +514,7 @@ pub fn aggregate_to(a: &d::AggregateScores) -> pb::AggregateScores {
         unanswered_items: a.unanswered_items,
         uncertainty: a.uncertainty.as_ref().map(uncertainty_to),
         unscored_targets: a.unscored_targets,
+        off_answer_items: a.off_answer_items,
     }
 }
 
@@ -577,6 +584,7 @@ pub fn aggregate_from(p: Option<pb::AggregateScores>) -> d::AggregateScores {
         unanswered_items: p.unanswered_items,
         uncertainty: p.uncertainty.map(uncertainty_from),
         unscored_targets: p.unscored_targets,
+        off_answer_items: p.off_answer_items,
     }
 }
 
