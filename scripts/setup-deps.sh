@@ -49,7 +49,11 @@ if [ "${ASSAY_WITH_LLAMA_CPP:-0}" = "1" ]; then
   if ! "$LLAMA_VENV/bin/python" -c 'import llama_cpp.server' 2>/dev/null; then
     echo "installing llama-cpp-python's server into $LLAMA_VENV"
     python3 -m venv "$LLAMA_VENV"
-    "$LLAMA_VENV/bin/pip" install -q 'llama-cpp-python[server]==0.3.36'
+    # Built for the CPU family, not this CPU (GGML_NATIVE=OFF): a native build uses every
+    # instruction the build machine reports, and AMX (reported by recent Xeons, not enabled in
+    # every VM) faults on the first token.
+    CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" \
+      "$LLAMA_VENV/bin/pip" install -q --no-cache-dir 'llama-cpp-python[server]==0.3.36'
   fi
   # LiteLLM's proxy in front of that server (the `*_behind_litellm` tests), in a venv of its own:
   # its pinned web stack differs from the server's.

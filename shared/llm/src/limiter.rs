@@ -426,11 +426,15 @@ fn queue_model(window: &std::collections::VecDeque<Queued>, current: Option<f64>
     }
     if most - least >= 2.0 && sxx > 0.0 && syy > 0.0 && sxy > 0.0 && service > 0.0 {
         let r = sxy / (sxx * syy).sqrt();
-        let k = (service / (sxy / sxx)).max(1.0);
-        // A queue, not a slowdown: at least twice the slots found were in flight at once. A
-        // client short of CPU (or a server slowing under load) answers later the more it has in
-        // flight, but not by a whole answer's time per slot's worth of calls.
-        if r >= QUEUE_CORRELATION && k <= most / 2.0 {
+        let slope = sxy / sxx;
+        let k = (service / slope).max(1.0);
+        // A queue, not a slowdown: at least twice the slots found were in flight at once, and
+        // the line meets zero wait near the slots (a server with k slots keeps k - 1 calls ahead
+        // from waiting at all: wait = (ahead + 1 - k) S / k). A client short of CPU (or a server
+        // slowing under load) answers later the more it has in flight, from the first call on:
+        // its line meets zero wait near no call ahead, whatever slots its slope makes up.
+        let meets_zero = mx - my / slope;
+        if r >= QUEUE_CORRELATION && k <= most / 2.0 && meets_zero >= (k - 1.0) / 2.0 - 0.5 {
             return Some(k);
         }
     }
@@ -470,6 +474,32 @@ mod tests {
 
     fn quick(initial: usize, max: usize) -> LimitSettings {
         LimitSettings { initial, max, cut_interval: Duration::ZERO, ..LimitSettings::adaptive(max) }
+    }
+
+    /// A window of answers with `ahead` calls ahead each and the wait `wait(ahead)`, service 50 ms.
+    fn window(wait: impl Fn(f64) -> f64) -> std::collections::VecDeque<Queued> {
+        let at = Instant::now();
+        (0..64)
+            .map(|i| {
+                let ahead = f64::from(i);
+                Queued { ahead, wait: wait(ahead), service: 0.05, at, busy: false }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_queue_is_told_from_a_client_short_of_cpu() {
+        // A FIFO server with 16 slots: no wait until the slots are taken, then a sixteenth of a
+        // service time per call ahead.
+        let fifo = window(|ahead| (ahead - 15.0).max(0.0) * 0.05 / 16.0);
+        let k = queue_model(&fifo, None).expect("a queue");
+        assert!((14.0..20.0).contains(&k), "{k}");
+        let one = window(|ahead| ahead * 0.05);
+        assert!(queue_model(&one, None).is_some_and(|k| (k - 1.0).abs() < 0.1), "one slot");
+        // A client short of CPU: every call in flight slows every answer a little, from the first
+        // (2 ms a call: its slope would make 25 slots of it).
+        let starved = window(|ahead| ahead * 0.002);
+        assert_eq!(queue_model(&starved, None), None);
     }
 
     #[tokio::test]
