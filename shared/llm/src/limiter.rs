@@ -233,6 +233,22 @@ impl AdaptiveLimit {
         self.state().slots
     }
 
+    /// Whether the server has shown it serves at least `few` calls at once: it said so, or its
+    /// answers have been read and show no queue (at least [`QUEUE_MIN_ANSWERS`] of them, sent
+    /// with differing calls ahead, and no slots found). Until then a duplicate request could wait
+    /// in the server's queue behind the one it duplicates.
+    pub fn serves_at_once(&self, few: f64) -> bool {
+        let s = self.state();
+        match s.slots {
+            Some(k) => k >= few,
+            None => {
+                let (least, most) =
+                    s.queued.iter().fold((f64::MAX, f64::MIN), |(lo, hi), q| (lo.min(q.ahead), hi.max(q.ahead)));
+                s.queued.len() >= QUEUE_MIN_ANSWERS && most - least >= 2.0
+            }
+        }
+    }
+
     /// The server says it serves `slots` calls at once (llama.cpp's `/props` `total_slots`): the
     /// limit holds at that many (under the configured cap), and the queue model stops guessing.
     /// Refusals and timeouts still cut it.

@@ -735,10 +735,14 @@ fn echo_after(server: &ScriptedLlm, delay: Duration) {
         .set_handler(move |r| Reply::text(format!("echo {}", r.last_user_message().unwrap_or_default())).delay(delay));
 }
 
-/// `n` calls, one after another, so the client has samples of the backend's latency.
+/// `n` calls, four at a time, so the client has samples of the backend's latency and has seen it
+/// serve calls at once (no duplicate goes to a server that may queue it behind its original).
 async fn warm(client: &OpenAiClient, n: usize) {
-    for i in 0..n {
-        client.chat(ask(&format!("warm{i}"))).await.unwrap();
+    for burst in (0..n).collect::<Vec<_>>().chunks(4) {
+        let calls = burst.iter().map(|i| client.chat(ask(&format!("warm{i}"))));
+        for reply in futures::future::join_all(calls).await {
+            reply.unwrap();
+        }
     }
 }
 
@@ -1174,7 +1178,7 @@ async fn a_hung_last_attempt_is_hedged_instead_of_waiting_for_the_ceiling() {
     let client =
         OpenAiClient::new(OpenAiConfig { max_retries: 1, ..adaptive_client(&server).config().clone() }).unwrap();
     let ceiling = client.config().request_timeout;
-    warm(&client, 3).await;
+    warm(&client, 8).await;
     // The first attempt fails at once, the second (the last) never answers, the hedge does.
     server.push(Reply::status(503)).push(Reply::hang());
     let call = client.chat(ask("q"));
@@ -1182,7 +1186,7 @@ async fn a_hung_last_attempt_is_hedged_instead_of_waiting_for_the_ceiling() {
         tokio::time::timeout(ceiling / 2, call).await.expect("the last attempt waited for the ceiling").unwrap();
     assert_eq!(reply.text, "echo q");
     assert_eq!(reply.usage.retries, 1);
-    assert_eq!(server.request_count(), 3 + 3, "three warm-up calls, the 503, the hung attempt and its hedge");
+    assert_eq!(server.request_count(), 8 + 3, "eight warm-up calls, the 503, the hung attempt and its hedge");
     assert!(eventually(Duration::from_secs(5), || server.cancelled_count() == 1).await, "the hung request dropped");
 }
 

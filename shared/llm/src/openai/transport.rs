@@ -370,7 +370,7 @@ impl Transport {
             // request it duplicates (or take one of its few slots): none goes out there.
             let hedging = hedge.is_some()
                 && turn.is_some()
-                && self.limit.server_slots().is_none_or(|k| k >= FEW_SLOTS)
+                && self.limit.serves_at_once(FEW_SLOTS)
                 && hedges < MAX_HEDGES
                 && refused <= config.max_retries
                 && wait < config.request_timeout;
@@ -521,7 +521,8 @@ struct Answered<T> {
     by_duplicate: bool,
 }
 
-/// A server found to queue with fewer slots than this gets no hedged duplicates.
+/// A server found to queue with fewer slots than this, or not yet seen to serve calls at once,
+/// gets no hedged duplicates.
 const FEW_SLOTS: f64 = 8.0;
 
 /// Duplicates an attempt may get, each after twice the wait of the one before.
