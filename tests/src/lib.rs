@@ -395,6 +395,11 @@ impl MeshSandbox {
         // machine stalls a call. Hedging has its own tests (assay-llm) and the fault harness
         // (fault_costs) runs the default.
         cfg.adaptive_timeout.hedge_factor = 0.0;
+        // The scripted backend takes every form, and the tests' replies are written to what the
+        // stages read, not always to the last bound of the schema they are sent: the form stays
+        // `json_schema` (the ladder and the schema check have their own tests in assay-llm and
+        // services/cli/tests/schema_check.rs).
+        cfg.structured_output = assay_llm::StructuredOutput::JsonSchema;
         if let Some(adaptive) = options.adaptive_timeout {
             cfg.adaptive_timeout = adaptive;
         }
@@ -434,6 +439,7 @@ impl MeshSandbox {
         let mut cfg = OpenAiConfig::new(self.llm.base_url());
         cfg.default_model = "scripted-judge".into();
         cfg.base_backoff = Duration::from_millis(10);
+        cfg.structured_output = assay_llm::StructuredOutput::JsonSchema;
         let client = Arc::new(OpenAiClient::new(cfg).expect("client"));
         let backends = Backends::new().with_chat("openai", client.clone()).with_embedding("openai", client);
         Arc::new(ModelHub::new(backends, self.config.models.clone()))

@@ -31,8 +31,8 @@ use llama_cpp_2::token::data::LlamaTokenData;
 use llama_cpp_2::token::data_array::LlamaTokenDataArray;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::grammar;
 use crate::template::{self, LocalModelChoice, PromptStyle, Segment};
+use assay_llm::grammar;
 
 /// Candidates checked against the grammar before falling back to the whole vocabulary.
 pub const FAST_CANDIDATES: usize = 64;

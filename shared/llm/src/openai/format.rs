@@ -5,8 +5,10 @@
 //!
 //! A form can also be accepted and not enforced (vLLM ignores keys it no longer knows with a 200,
 //! llama.cpp ignores a grammar it cannot parse): every structured reply is checked against the
-//! schema it was asked for ([`Validators`]), and [`VIOLATIONS_TO_DEMOTE`] replies that break it
-//! under a form that claims enforcement move the model one step down ([`ModelForms::violated`]).
+//! schema it was asked for ([`Validators`]), and [`VIOLATIONS_TO_DEMOTE`] replies that do not
+//! even have its shape under a form that claims enforcement move the model one step down
+//! ([`ModelForms::violated`]). A reply that has the shape and breaks a bound is counted, not
+//! evidence: grammars enforce shapes and may leave bounds out.
 
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
@@ -247,9 +249,68 @@ impl SchemaMemory {
     }
 }
 
+/// What a reply's JSON says against the schema it was asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Conformance {
+    /// It matches the schema.
+    Matches,
+    /// It has the schema's shape (types, properties, required keys, enums) but breaks a bound
+    /// (`maxItems`, `minimum`, `maxLength`, `pattern`...): a server that enforces the shape by
+    /// grammar may leave bounds out (llama.cpp ignores `minimum` / `maximum`), so this says the
+    /// form is enforced in part, not ignored.
+    BreaksBounds,
+    /// Not even the shape: no JSON, or the wrong keys or types, as from a server that ignored the
+    /// schema.
+    BreaksShape,
+}
+
+/// The keywords [`shape_of`] leaves out: bounds, not structure.
+const BOUND_KEYWORDS: [&str; 14] = [
+    "minItems",
+    "maxItems",
+    "uniqueItems",
+    "minLength",
+    "maxLength",
+    "pattern",
+    "format",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "multipleOf",
+    "minProperties",
+    "maxProperties",
+];
+
+/// `schema` without its bounds ([`BOUND_KEYWORDS`]) at any depth; property names are kept as
+/// they are (a property may be called `pattern`).
+fn shape_of(schema: &Value) -> Value {
+    match schema {
+        Value::Object(o) => Value::Object(
+            o.iter()
+                .filter(|(k, _)| !BOUND_KEYWORDS.contains(&k.as_str()))
+                .map(|(k, v)| {
+                    let v = match (k.as_str(), v) {
+                        ("properties" | "$defs" | "definitions" | "patternProperties", Value::Object(props)) => {
+                            Value::Object(props.iter().map(|(name, p)| (name.clone(), shape_of(p))).collect())
+                        }
+                        _ => shape_of(v),
+                    };
+                    (k.clone(), v)
+                })
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.iter().map(shape_of).collect()),
+        Value::Null | Value::Bool(_) | Value::Number(_) | Value::String(_) => schema.clone(),
+    }
+}
+
+/// A schema's validators: the schema, and its shape ([`shape_of`]).
+type Compiled = Option<Arc<(jsonschema::Validator, jsonschema::Validator)>>;
+
 /// Compiled JSON schema validators by schema text: each schema a backend is sent is compiled once.
 pub(super) struct Validators {
-    compiled: Mutex<lru::LruCache<String, Option<Arc<jsonschema::Validator>>>>,
+    compiled: Mutex<lru::LruCache<String, Compiled>>,
 }
 
 impl Default for Validators {
@@ -265,15 +326,26 @@ impl std::fmt::Debug for Validators {
 }
 
 impl Validators {
-    /// Whether `reply` (the JSON read from a reply, `None` when it held none) matches `schema`;
-    /// `None` when the schema itself cannot be compiled (nothing is then said about the reply).
-    pub(super) fn matches(&self, schema: &Value, reply: Option<&Value>) -> Option<bool> {
+    /// How `reply` (the JSON read from a reply, `None` when it held none) stands against
+    /// `schema`; `None` when the schema itself cannot be compiled (nothing is then said).
+    pub(super) fn check(&self, schema: &Value, reply: Option<&Value>) -> Option<Conformance> {
         let key = schema.to_string();
-        let validator = {
+        let validators = {
             let mut compiled = self.compiled.lock().unwrap_or_else(PoisonError::into_inner);
-            compiled.get_or_insert(key, || jsonschema::validator_for(schema).ok().map(Arc::new)).clone()
+            compiled
+                .get_or_insert(key, || {
+                    let full = jsonschema::validator_for(schema).ok()?;
+                    let shape = jsonschema::validator_for(&shape_of(schema)).ok()?;
+                    Some(Arc::new((full, shape)))
+                })
+                .clone()
         }?;
-        Some(reply.is_some_and(|value| validator.is_valid(value)))
+        let (full, shape) = &*validators;
+        Some(match reply {
+            Some(value) if full.is_valid(value) => Conformance::Matches,
+            Some(value) if shape.is_valid(value) => Conformance::BreaksBounds,
+            Some(_) | None => Conformance::BreaksShape,
+        })
     }
 }
 
@@ -420,6 +492,23 @@ mod tests {
         assert_eq!(p["pick"], schema["properties"]["pick"], "an enum already");
         assert_eq!(p["list"]["items"]["enum"].as_array().unwrap()[50], json!(0.0));
         assert_eq!(g["type"], "object");
+    }
+
+    #[test]
+    fn a_reply_that_breaks_a_bound_keeps_the_shape() {
+        let v = Validators::default();
+        let schema = json!({"type": "object", "required": ["items"], "additionalProperties": false, "properties": {
+            "items": {"type": "array", "maxItems": 2, "items": {"type": "object", "required": ["pattern"],
+                "properties": {"pattern": {"type": "string", "maxLength": 3}}}},
+            "score": {"type": "number", "minimum": 0, "maximum": 1}}});
+        let check = |reply: Value| v.check(&schema, Some(&reply));
+        assert_eq!(check(json!({"items": [{"pattern": "abc"}], "score": 0.5})), Some(Conformance::Matches));
+        let many = json!({"items": [{"pattern": "a"}, {"pattern": "b"}, {"pattern": "toolong"}], "score": 4});
+        assert_eq!(check(many), Some(Conformance::BreaksBounds));
+        assert_eq!(check(json!({"note": "no schema seen"})), Some(Conformance::BreaksShape));
+        assert_eq!(check(json!({"items": [{"pattern": 3}]})), Some(Conformance::BreaksShape));
+        assert_eq!(v.check(&schema, None), Some(Conformance::BreaksShape));
+        assert_eq!(v.check(&json!({"type": 12}), Some(&json!(1))), None, "a schema that cannot compile says nothing");
     }
 
     #[test]

@@ -81,7 +81,7 @@ pub use request::{choice_instruction, schema_instruction};
 
 use errors::CallError;
 use format::{
-    ModelForms, SchemaDelivery, SchemaMemory, VIOLATIONS_TO_DEMOTE, Validators, is_grammar_rejection,
+    Conformance, ModelForms, SchemaDelivery, SchemaMemory, VIOLATIONS_TO_DEMOTE, Validators, is_grammar_rejection,
     is_schema_rejection,
 };
 use transport::Transport;
@@ -374,10 +374,11 @@ impl OpenAiClient {
 
 impl OpenAiClient {
     /// Check a structured reply against its schema: one that breaks it is counted in its usage
-    /// and the metric; under a form that claims enforcement (and unless the form is fixed by
-    /// configuration) it is evidence the form is accepted and ignored, and the
-    /// [`VIOLATIONS_TO_DEMOTE`]th moves the model one form down. A reply cut at the token limit,
-    /// filtered, or empty (a refusal) is counted but is no evidence.
+    /// and the metric; one without even the schema's shape, under a form that claims enforcement
+    /// (and unless the form is fixed by configuration), is evidence the form is accepted and
+    /// ignored, and the [`VIOLATIONS_TO_DEMOTE`]th moves the model one form down. A reply that
+    /// only breaks a bound, or is cut at the token limit, filtered, or empty (a refusal), is
+    /// counted but is no evidence.
     fn check_schema(
         &self,
         forms: &ModelForms,
@@ -388,15 +389,16 @@ impl OpenAiClient {
         response: &mut ChatResponse,
     ) {
         let backend = &self.inner.config.backend_name;
-        if self.inner.validators.matches(schema, response.json.as_ref()) != Some(false) {
+        let conformance = self.inner.validators.check(schema, response.json.as_ref());
+        if matches!(conformance, None | Some(Conformance::Matches)) {
             return;
         }
         response.usage.schema_violations += 1;
         crate::metrics::schema_violated(backend, model, delivery.name());
         let cut = matches!(response.finish_reason, FinishReason::Length | FinishReason::ContentFilter)
             || response.text.trim().is_empty();
-        if cut || fixed {
-            debug!(backend = %backend, model = %model, form = delivery.name(), cut, "reply does not match its schema");
+        if cut || fixed || conformance == Some(Conformance::BreaksBounds) {
+            debug!(backend = %backend, model = %model, form = delivery.name(), cut, ?conformance, "reply does not match its schema");
             return;
         }
         if let Some(weaker) = forms.violated(delivery) {
