@@ -19,7 +19,13 @@ if [ -z "${ASSAY_LITELLM:-}" ] && [ -x "$target/litellm-venv/bin/litellm" ]; the
   export ASSAY_LITELLM="$target/litellm-venv/bin/litellm"
 fi
 if cargo nextest --version >/dev/null 2>&1; then
-  cargo nextest run --workspace --no-fail-fast
+  # The real-server tests run on their own, after the rest: each keeps both cores busy with a
+  # llama-cpp-python server, and the limiter's tests read a queue from latencies (a client starved
+  # of CPU by a model next to it reads as a server with more slots than it has).
+  status=0
+  cargo nextest run --workspace --no-fail-fast -E 'not binary_id(assay-cli::real_backend)' || status=$?
+  cargo nextest run --workspace --no-fail-fast -E 'binary_id(assay-cli::real_backend)' || status=$?
+  [ "$status" -eq 0 ] || exit "$status"
   cargo test --workspace --doc
 else
   cargo test --workspace --no-fail-fast
