@@ -55,6 +55,25 @@ if [ "${ASSAY_WITH_LLAMA_CPP:-0}" = "1" ]; then
     CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" \
       "$LLAMA_VENV/bin/pip" install -q --no-cache-dir 'llama-cpp-python[server]==0.3.36'
   fi
+  # llama.cpp's own server, `llama-server`, built from the llama.cpp that llama-cpp-python's sdist
+  # vendors (the same PyPI pin: nothing but PyPI is reached), for the CPU family as above, without
+  # its web UI (about 5 minutes on 2 cores).
+  LLAMA_SERVER_DIR="${CARGO_TARGET_DIR:-target}/llama-server"
+  if ! [ -x "$LLAMA_SERVER_DIR/bin/llama-server" ]; then
+    echo "building llama.cpp's llama-server into $LLAMA_SERVER_DIR"
+    mkdir -p "$LLAMA_SERVER_DIR/src"
+    "$LLAMA_VENV/bin/pip" download -q --no-deps --no-binary :all: 'llama-cpp-python==0.3.36' -d "$LLAMA_SERVER_DIR/src"
+    tar xzf "$LLAMA_SERVER_DIR"/src/llama_cpp_python-0.3.36.tar.gz -C "$LLAMA_SERVER_DIR/src"
+    cmake -S "$LLAMA_SERVER_DIR/src/llama_cpp_python-0.3.36/vendor/llama.cpp" -B "$LLAMA_SERVER_DIR/build" \
+      -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
+      -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON \
+      -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF >/dev/null
+    cmake --build "$LLAMA_SERVER_DIR/build" --target llama-server -j "$(nproc)" >/dev/null
+    mkdir -p "$LLAMA_SERVER_DIR/bin"
+    cp "$LLAMA_SERVER_DIR/build/bin/llama-server" "$LLAMA_SERVER_DIR/bin/"
+    rm -rf "$LLAMA_SERVER_DIR/build" "$LLAMA_SERVER_DIR/src"
+  fi
   # LiteLLM's proxy in front of that server (the `*_behind_litellm` tests), in a venv of its own:
   # its pinned web stack differs from the server's.
   LITELLM_VENV="${CARGO_TARGET_DIR:-target}/litellm-venv"

@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The tests install a real OpenAI-compatible server too (llama-cpp-python's, from PyPI, built from
-# source in about 4-10 minutes the first time, and LiteLLM's proxy to put in front of it;
+# source in about 4-10 minutes the first time, llama.cpp's own llama-server built from the same
+# source in about 5 minutes, and LiteLLM's proxy to put in front of the first;
 # services/cli/tests/real_backend.rs):
 # ASSAY_WITH_LLAMA_CPP=0 leaves it out, and those tests then say they are skipped.
 ASSAY_WITH_LLAMA_CPP="${ASSAY_WITH_LLAMA_CPP:-1}" scripts/setup-deps.sh
@@ -14,6 +15,9 @@ target="${CARGO_TARGET_DIR:-target}"
 case "$target" in /*) ;; *) target="$(pwd)/$target" ;; esac
 if [ -z "${ASSAY_LLAMA_CPP_PYTHON:-}" ] && [ -x "$target/llama-venv/bin/python" ]; then
   export ASSAY_LLAMA_CPP_PYTHON="$target/llama-venv/bin/python"
+fi
+if [ -z "${ASSAY_LLAMA_SERVER:-}" ] && [ -x "$target/llama-server/bin/llama-server" ]; then
+  export ASSAY_LLAMA_SERVER="$target/llama-server/bin/llama-server"
 fi
 if [ -z "${ASSAY_LITELLM:-}" ] && [ -x "$target/litellm-venv/bin/litellm" ]; then
   export ASSAY_LITELLM="$target/litellm-venv/bin/litellm"

@@ -3,9 +3,12 @@
 //! - a service crate depends on `shared/*` crates only, never on another service;
 //! - `assay-domain` reaches no transport, backend, metrics or runtime crate;
 //! - no `shared/*` crate depends on a service crate (the gateway in particular);
-//! - `assay-config` depends on no runtime crate.
+//! - `assay-config` depends on no runtime crate;
+//! - `assay-domain` touches no file, network, environment, process, thread or clock outside its
+//!   tests: its rules are pure functions of their inputs (a time is passed in, never read).
 //!
-//! The module-cycle checker proves it can fail on a fixture crate with known cycles.
+//! The module-cycle checker proves it can fail on a fixture crate with known cycles, and the
+//! purity check on a fixture crate that reads a file and the clock.
 
 #[path = "support/cargo_graph.rs"]
 mod cargo_graph;
@@ -17,7 +20,7 @@ mod modscope;
 use std::path::Path;
 
 use cargo_graph::{Kind, Workspace};
-use modgraph::{Cycle, cycles, render};
+use modgraph::{Cycle, cycles, render, uses};
 
 /// Composition roots: they wire the services together, so they may depend on them.
 const COMPOSITION_ROOTS: &[&str] = &["mesh", "cli"];
@@ -144,6 +147,73 @@ fn deny_patterns_name_crate_families() {
     assert!(denied(DOMAIN_DENIED, "llama-cpp-sys-2") && denied(DOMAIN_DENIED, "http"));
     assert!(!denied(DOMAIN_DENIED, "tonicx") && !denied(DOMAIN_DENIED, "httparse"));
     assert!(!denied(DOMAIN_DENIED, "serde") && !denied(DOMAIN_DENIED, "assay-domain"));
+}
+
+/// Paths whose use is the outside world: files, network, environment, processes, threads, and
+/// reading a clock (`x::` is the module `x` and anything in it; a name alone is that item).
+const IMPURE: &[&str] = &[
+    "std::fs::",
+    "std::net::",
+    "std::env::",
+    "std::process::",
+    "std::thread::",
+    "std::io::stdin",
+    "std::io::stdout",
+    "std::io::stderr",
+    "std::time::Instant::now",
+    "std::time::SystemTime::now",
+    "std::time::SystemTime::UNIX_EPOCH",
+    "chrono::Utc::now",
+    "chrono::Local::now",
+    "tokio::",
+    "rand::rng",
+    "rand::thread_rng",
+];
+
+/// The outside-world uses of the target rooted at `root` (see [`IMPURE`]), as `file: path`.
+fn impure_uses(root: &Path, base: &Path) -> Vec<String> {
+    let found = uses(root).unwrap_or_else(|e| panic!("{}: {e}", root.display()));
+    let mut broken: Vec<String> = found
+        .into_iter()
+        .filter_map(|(file, segs)| {
+            let path = segs.join("::");
+            let hit = IMPURE.iter().any(|p| match p.strip_suffix("::") {
+                Some(module) => path == module || path.starts_with(&format!("{module}::")),
+                None => path == *p,
+            });
+            hit.then(|| format!("{}: {path}", file.strip_prefix(base).unwrap_or(&file).display()))
+        })
+        .collect();
+    broken.sort();
+    broken.dedup();
+    broken
+}
+
+#[test]
+fn domain_touches_no_file_network_environment_or_clock() {
+    let ws = Workspace::load();
+    let domain = ws.members.iter().find(|m| m.name == "assay-domain").expect("assay-domain is a member");
+    let lib = domain.roots.iter().find(|r| r.ends_with("src/lib.rs")).expect("assay-domain's lib.rs");
+    fail_if_any(
+        "assay-domain uses the outside world outside its tests (pass what it needs in: a time, a text)",
+        impure_uses(lib, &ws.root),
+    );
+}
+
+#[test]
+fn the_purity_check_finds_the_fixture_impurities() {
+    let base = fixture("impure");
+    let found = impure_uses(&base.join("src/lib.rs"), &base);
+    assert_eq!(
+        found,
+        [
+            "src/clock.rs: std::time::Instant::now",
+            "src/lib.rs: std::env::var",
+            "src/lib.rs: std::fs",
+            "src/lib.rs: std::fs::read_to_string",
+        ],
+        "{found:?}"
+    );
 }
 
 fn fixture(name: &str) -> std::path::PathBuf {

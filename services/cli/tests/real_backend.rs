@@ -17,6 +17,12 @@
 //! server's access log: every chat request it answered, the refused forms' 500s included, is a
 //! call in the summary, and no call was abandoned. The tests run one at a time (`.config/nextest.toml`): each starts its own server.
 //!
+//! The `*_on_llama_server` tests run llama.cpp's own `llama-server` instead (`$ASSAY_LLAMA_SERVER`
+//! names the binary, which `scripts/setup-deps.sh` builds from the llama.cpp that
+//! llama-cpp-python's sdist vendors), at its defaults: four slots, which it reports at `/props`,
+//! and `json_schema` enforced by grammar. Its log has no access lines: every request it serves is
+//! one `print_timing` report of a finished task, which is what is counted.
+//!
 //! The `*_behind_litellm` tests put LiteLLM's proxy (`litellm[proxy]`, PyPI; `$ASSAY_LITELLM` names
 //! its `litellm` command, installed beside the server by `scripts/setup-deps.sh`) between Assay and
 //! the same server, as many teams run models: its default settings except the master key it
@@ -87,6 +93,50 @@ fn start_server(python: &Path, log: &Path) -> LlamaServer {
             panic!("the llama-cpp-python server exited ({status}):\n{err}");
         }
         assert!(Instant::now() < deadline, "the llama-cpp-python server did not answer within 120 s");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The `llama-server` binary, or `None` (and the reason printed) when the test may be skipped
+/// here (as [`server_python`]: `ASSAY_REQUIRE_LLAMA_CPP=1` requires it too).
+fn llama_server_binary() -> Option<PathBuf> {
+    let required = std::env::var("ASSAY_REQUIRE_LLAMA_CPP").is_ok_and(|v| v == "1");
+    match std::env::var_os("ASSAY_LLAMA_SERVER").map(PathBuf::from).filter(|p| p.exists()) {
+        Some(p) => Some(p),
+        None if required => panic!("ASSAY_REQUIRE_LLAMA_CPP=1 but ASSAY_LLAMA_SERVER names no llama-server"),
+        None => {
+            eprintln!("skipped: set ASSAY_LLAMA_SERVER to llama.cpp's llama-server binary");
+            None
+        }
+    }
+}
+
+/// Start llama.cpp's `llama-server` with the SmolLM2 GGUF on a free loopback port at its defaults
+/// (slots, context: the model's), two threads, and wait until it lists its model. Its log goes to
+/// `log`.
+fn start_llama_server(binary: &Path, log: &Path) -> LlamaServer {
+    let gguf = assay_embedded::default_models_dir().join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(gguf.exists(), "{} is missing: run `assay models fetch`", gguf.display());
+    let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
+    let child = Command::new(binary)
+        .arg("-m")
+        .arg(&gguf)
+        .args(["--alias", "smollm2", "--host", "127.0.0.1", "--port", &port.to_string(), "-t", "2"])
+        .stdout(std::fs::File::create(log.with_extension("out")).expect("the server's output"))
+        .stderr(std::fs::File::create(log).expect("the server's log"))
+        .spawn()
+        .expect("llama-server starts");
+    let mut server = LlamaServer { child, base_url: format!("http://127.0.0.1:{port}/v1") };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if lists_models(port) {
+            return server;
+        }
+        if let Ok(Some(status)) = server.child.try_wait() {
+            let err = std::fs::read_to_string(log).unwrap_or_default();
+            panic!("llama-server exited ({status}):\n{err}");
+        }
+        assert!(Instant::now() < deadline, "llama-server did not answer within 120 s");
         std::thread::sleep(Duration::from_millis(200));
     }
 }
@@ -181,12 +231,15 @@ fn start_litellm(litellm: &Path, server: &LlamaServer, dir: &Path) -> LlamaServe
     }
 }
 
-/// How Assay reaches the server.
+/// Which server, and how Assay reaches it.
 #[derive(Clone, Copy, PartialEq, Debug)]
 enum Route {
+    /// llama-cpp-python's server.
     Direct,
-    /// Through LiteLLM's proxy.
+    /// llama-cpp-python's server through LiteLLM's proxy.
     Litellm,
+    /// llama.cpp's own `llama-server`.
+    LlamaServer,
 }
 
 /// A started server (and proxy), the server's access log and the configuration pointing at it, in
@@ -213,11 +266,21 @@ impl Setup {
         Self::start_on(Route::Litellm)
     }
 
+    /// llama.cpp's `llama-server`; `None` when it is not built here and may be skipped.
+    fn llama_server() -> Option<Setup> {
+        Self::start_on(Route::LlamaServer)
+    }
+
     fn start_on(route: Route) -> Option<Setup> {
-        let python = server_python()?;
-        let litellm = if route == Route::Litellm { Some(litellm_command()?) } else { None };
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("server.log");
+        if route == Route::LlamaServer {
+            let server = start_llama_server(&llama_server_binary()?, &log);
+            let config = config(dir.path(), &server.base_url);
+            return Some(Setup { dir, log, config, route, _proxy: None, _server: server });
+        }
+        let python = server_python()?;
+        let litellm = if route == Route::Litellm { Some(litellm_command()?) } else { None };
         let server = start_server(&python, &log);
         let proxy = litellm.map(|command| start_litellm(&command, &server, dir.path()));
         let config = config(dir.path(), &proxy.as_ref().unwrap_or(&server).base_url);
@@ -227,9 +290,15 @@ impl Setup {
     /// Requests the server sees for one request of a form it refuses: LiteLLM retries a 500 twice.
     fn refused_per_fallback(&self) -> usize {
         match self.route {
-            Route::Direct => 1,
+            Route::Direct | Route::LlamaServer => 1,
             Route::Litellm => 3,
         }
+    }
+
+    /// Whether the server refuses `json_schema`, so a run negotiates a weaker form
+    /// (llama-cpp-python does; llama-server enforces it).
+    fn refuses_json_schema(&self) -> bool {
+        self.route != Route::LlamaServer
     }
 
     fn path(&self, name: &str) -> PathBuf {
@@ -245,7 +314,7 @@ impl Setup {
 
     fn run(&self, args: &[&str]) -> Output {
         let key = match self.route {
-            Route::Direct => "local",
+            Route::Direct | Route::LlamaServer => "local",
             Route::Litellm => LITELLM_KEY,
         };
         assay(&self.config, key, args)
@@ -254,6 +323,11 @@ impl Setup {
     /// Chat requests the server answered, and how many of them refused the request's form (500).
     fn served(&self) -> Served {
         let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        if self.route == Route::LlamaServer {
+            // One report per finished task; a refused request is no task, and it refuses no form.
+            let all = log.lines().filter(|l| l.contains("print_timing") && l.contains("total time")).count();
+            return Served { all, refused: 0 };
+        }
         let chat: Vec<&str> = log.lines().filter(|l| l.contains("POST /v1/chat/completions")).collect();
         Served { all: chat.len(), refused: chat.iter().filter(|l| l.contains(" 500")).count() }
     }
@@ -364,7 +438,11 @@ fn evaluation(setup: &Setup, preset_args: &[&str]) {
     assert!(o.status.success(), "{}", text(&o.stderr));
     let summary: serde_json::Value = serde_json::from_slice(&o.stdout).expect("a JSON summary");
     assert_eq!(summary["failed"], 0, "no record failed: {summary}");
-    assert!(summary["usage"]["schemaFallbacks"].as_u64() >= Some(1), "the form was negotiated: {summary}");
+    if setup.refuses_json_schema() {
+        assert!(summary["usage"]["schemaFallbacks"].as_u64() >= Some(1), "the form was negotiated: {summary}");
+    } else {
+        assert_eq!(summary["usage"]["schemaFallbacks"].as_u64().unwrap_or(0), 0, "json_schema taken: {summary}");
+    }
     assert_usage_is_served(setup, &summary["usage"]);
     let scored = lines(&out);
     assert_eq!(scored.len(), 3);
@@ -431,6 +509,13 @@ fn a_responders_run_runs_behind_litellm() {
     eprintln!("{summary}");
 }
 
+/// The tick evaluation on llama.cpp's `llama-server` at its defaults.
+#[test]
+fn a_tick_evaluation_runs_on_llama_server() {
+    let Some(setup) = Setup::llama_server() else { return };
+    evaluation(&setup, &["--preset", "tick"]);
+}
+
 /// A corpus preset (feedback: one checklist from six observations in three batches, then every
 /// record scored on it).
 /// The built-in tagger is left out: it asks the model whether each question applies, and the
@@ -472,6 +557,18 @@ fn a_corpus_preset_evaluation_runs_on_a_real_llama_cpp_server() {
 #[test]
 fn scoring_with_logprobs_runs_on_a_real_llama_cpp_server() {
     let Some(setup) = Setup::start() else { return };
+    scoring_with_logprobs(&setup);
+}
+
+/// [`scoring_with_logprobs_runs_on_a_real_llama_cpp_server`] on llama.cpp's `llama-server`: the
+/// answer's grammar and the top logprobs in its own form.
+#[test]
+fn scoring_with_logprobs_runs_on_llama_server() {
+    let Some(setup) = Setup::llama_server() else { return };
+    scoring_with_logprobs(&setup);
+}
+
+fn scoring_with_logprobs(setup: &Setup) {
     let checklist = setup.path("checklist.json");
     std::fs::write(
         &checklist,
@@ -497,7 +594,7 @@ fn scoring_with_logprobs_runs_on_a_real_llama_cpp_server() {
     let summary: serde_json::Value = serde_json::from_slice(&o.stdout).expect("a JSON summary");
     assert_eq!(summary["failed"], 0, "{summary}");
     assert_eq!(summary["models"][0]["logprobsRequested"], true, "{summary}");
-    assert_usage_is_served(&setup, &summary["usage"]);
+    assert_usage_is_served(setup, &summary["usage"]);
     let scored = lines(&out);
     assert_eq!(scored.len(), 3);
     for r in &scored {
@@ -541,6 +638,14 @@ fn a_targeted_refinement_runs_on_a_real_llama_cpp_server() {
     refinement(&setup);
 }
 
+/// The refinement of [`a_targeted_refinement_runs_on_a_real_llama_cpp_server`] on llama.cpp's
+/// `llama-server`.
+#[test]
+fn a_targeted_refinement_runs_on_llama_server() {
+    let Some(setup) = Setup::llama_server() else { return };
+    refinement(&setup);
+}
+
 /// The refinement of [`a_targeted_refinement_runs_on_a_real_llama_cpp_server`] through LiteLLM's
 /// proxy.
 #[test]
@@ -564,6 +669,13 @@ fn refinement(setup: &Setup) {
 #[test]
 fn a_debate_runs_on_a_real_llama_cpp_server() {
     let Some(setup) = Setup::start() else { return };
+    debate(&setup);
+}
+
+/// The debate of [`a_debate_runs_on_a_real_llama_cpp_server`] on llama.cpp's `llama-server`.
+#[test]
+fn a_debate_runs_on_llama_server() {
+    let Some(setup) = Setup::llama_server() else { return };
     debate(&setup);
 }
 

@@ -44,6 +44,11 @@ pub struct BackendConfig {
     /// it, `json_mode`, the schema in the prompt), or one of those forms, fixed.
     #[serde(default)]
     pub structured_output: Option<String>,
+    /// The HTTP API the server speaks (openai backends): `openai` (its OpenAI-compatible
+    /// endpoints) or `ollama` (Ollama's native `/api/chat` and `/api/embed`, the schema in its
+    /// `format`). Unset: `ollama` for a `base_url` ending in `/api`, else `openai`.
+    #[serde(default)]
+    pub api: Option<String>,
     /// Ask for first-token logprobs (unset: the client's default, yes).
     #[serde(default)]
     pub supports_logprobs: Option<bool>,
@@ -170,7 +175,10 @@ fn shown(rate: f64) -> String {
 }
 
 /// The values of `backends.<name>.structured_output`.
-pub const STRUCTURED_OUTPUT_FORMS: [&str; 5] = ["auto", "json_schema", "json_object", "json_mode", "prompt"];
+pub const STRUCTURED_OUTPUT_FORMS: [&str; 6] = ["auto", "json_schema", "json_object", "tgi", "json_mode", "prompt"];
+
+/// The values of `backends.<name>.api`.
+pub const APIS: [&str; 2] = ["openai", "ollama"];
 
 /// Every backend's settings usable: its price table ([`check_prices`]), `hedge_factor` and
 /// `timeout_multiplier`. The error names the key. Run by `load`; a configuration built or changed
@@ -198,6 +206,11 @@ pub fn check_backends(backends: &BTreeMap<String, BackendConfig>) -> Result<(), 
                 "structured_output",
                 format!("is {form:?}; it must be one of {}", STRUCTURED_OUTPUT_FORMS.join(", ")),
             ));
+        }
+        if let Some(api) = &entry.api
+            && !APIS.contains(&api.as_str())
+        {
+            return Err(error("api", format!("is {api:?}; it must be one of {}", APIS.join(", "))));
         }
         let m = entry.timeout_multiplier;
         if !(m == 0.0 || (m.is_finite() && m >= 1.0)) {
@@ -315,6 +328,10 @@ mod tests {
     fn structured_output_is_one_of_its_forms() {
         let c = load_from("[backends.openai]\nstructured_output = \"json_object\"\n").unwrap();
         assert_eq!(c.backends["openai"].structured_output.as_deref(), Some("json_object"));
+        let c = load_from("[backends.openai]\nstructured_output = \"tgi\"\napi = \"ollama\"\n").unwrap();
+        assert_eq!(c.backends["openai"].api.as_deref(), Some("ollama"));
+        let e = load_from("[backends.openai]\napi = \"anthropic\"\n").unwrap_err().to_string();
+        assert!(e.contains("backends.openai.api") && e.contains("openai, ollama"), "{e}");
         let e = load_from("[backends.openai]\nstructured_output = \"grammar\"\n").unwrap_err().to_string();
         assert!(e.contains("structured_output") && e.contains("json_mode"), "{e}");
     }

@@ -36,6 +36,8 @@ pub use breaker::BreakerState;
 pub use cache::{CacheConfig, CacheError, CachedChat, CachedEmbed, ResponseCache};
 pub use hub::{ModelHub, Purpose, ResolvedChat, cache_policy};
 pub use json::extract_json;
-pub use openai::{AdaptiveTimeout, DEFAULT_HEDGE_FACTOR, MaxTokensField, OpenAiClient, OpenAiConfig, StructuredOutput};
+pub use openai::{
+    AdaptiveTimeout, Api, DEFAULT_HEDGE_FACTOR, MaxTokensField, OpenAiClient, OpenAiConfig, StructuredOutput,
+};
 pub use phases::{Backends, DEFAULT_BACKEND, EMBEDDING_PHASE, ModelSettings, PhaseModels};
 pub use types::*;

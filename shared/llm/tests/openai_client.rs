@@ -1275,3 +1275,145 @@ async fn refused_forms_are_not_failures_and_a_fixed_form_is_sent_as_is() {
     assert_eq!(sent.body["response_format"], json!({"type": "json_object"}));
     assert!(sent.last_user_message().unwrap().contains(&schema().to_string()));
 }
+
+/// A text-generation-inference-like server: its router reads `response_format` as
+/// `{"type": "json" | "json_object", "value": schema}`, refuses the OpenAI forms with a 422 naming
+/// the missing `value`, and holds the reply to the schema it was given by grammar.
+fn tgi_like(r: &assay_testkit::RecordedRequest) -> Reply {
+    let format = &r.body["response_format"];
+    if format.is_null() {
+        return Reply::text("free text");
+    }
+    match (format["type"].as_str(), format.get("value")) {
+        (Some("json" | "json_object"), Some(value)) if value["required"] == json!(["score"]) => {
+            Reply::json(json!({"score": 3}))
+        }
+        _ => Reply::status(422).body(
+            "Failed to deserialize the JSON body into the target type: response_format: missing field `value` at line 1 column 212",
+        ),
+    }
+}
+
+#[tokio::test]
+async fn text_generation_inference_gets_its_own_form() {
+    let server = ScriptedLlm::start().await;
+    server.set_handler(tgi_like);
+    let client = client(&server);
+    let response = client.chat(schema_request()).await.unwrap();
+    assert_eq!(response.json, Some(json!({"score": 3})));
+    assert_eq!(response.usage.schema_fallbacks, 1, "json_schema refused in TGI's words: TGI's form next");
+    assert_eq!(response.usage.schema_violations, 0);
+    assert_eq!(client.schema_delivery(), "tgi");
+    assert_eq!(client.structured_output("test-model"), Some("tgi"));
+    let requests = server.requests();
+    let forms: Vec<_> = requests.iter().map(|r| r.body["response_format"]["type"].clone()).collect();
+    assert_eq!(forms, [json!("json_schema"), json!("json")]);
+    assert_eq!(requests[1].body["response_format"]["value"], schema());
+    // Later calls start in TGI's form: one request each.
+    let response = client.chat(schema_request()).await.unwrap();
+    assert_eq!((response.usage.calls, response.json), (1, Some(json!({"score": 3}))));
+    assert_eq!(server.request_count(), 3);
+    // Fixed in the configuration: the form from the first call.
+    let fixed =
+        OpenAiClient::new(OpenAiConfig { structured_output: assay_llm::StructuredOutput::Tgi, ..config(&server) })
+            .unwrap();
+    assert_eq!(fixed.chat(schema_request()).await.unwrap().usage.calls, 1);
+    assert_eq!(server.request_count(), 4);
+}
+
+/// An Ollama-like server on its native API: `/api/chat` and `/api/embed`, replies in Ollama's
+/// shape. `format` holding a schema is enforced unless `ignore_schema` (an Ollama older than its
+/// structured outputs, which ignores what it does not know).
+fn ollama_like(ignore_schema: bool) -> impl Fn(&assay_testkit::RecordedRequest) -> Reply + Send + Sync + 'static {
+    move |r| match r.path.as_str() {
+        "/api/chat" => {
+            let format = &r.body["format"];
+            let content = if format.is_object() && !ignore_schema {
+                json!({"score": 2}).to_string()
+            } else if format == "json" {
+                json!({"score": 1}).to_string()
+            } else {
+                "I would rate it a two.".to_owned()
+            };
+            let mut reply = json!({"model": r.body["model"], "created_at": "2026-12-03T09:00:00Z",
+                "message": {"role": "assistant", "content": content},
+                "done": true, "done_reason": "stop", "prompt_eval_count": 12, "eval_count": 5});
+            if r.body["logprobs"] == true {
+                reply["logprobs"] = json!([{"token": "YES", "logprob": -0.2,
+                    "top_logprobs": [{"token": "YES", "logprob": -0.2}, {"token": "NO", "logprob": -1.7}]}]);
+            }
+            Reply::text("").body(reply.to_string())
+        }
+        "/api/embed" => {
+            let inputs: Vec<String> = r.body["input"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect();
+            let vectors: Vec<Vec<f32>> = inputs.iter().map(|t| hash_embedding(t, 8)).collect();
+            Reply::text("")
+                .body(json!({"model": r.body["model"], "embeddings": vectors, "prompt_eval_count": 3}).to_string())
+        }
+        _ => Reply::status(404).body("404 page not found"),
+    }
+}
+
+fn ollama_client(server: &ScriptedLlm) -> OpenAiClient {
+    OpenAiClient::new(OpenAiConfig { base_url: format!("http://{}/api", server.addr()), ..config(server) }).unwrap()
+}
+
+#[tokio::test]
+async fn ollama_native_api_sends_the_schema_in_format() {
+    let server = ScriptedLlm::start().await;
+    server.set_handler(ollama_like(false));
+    let client = ollama_client(&server);
+    let response = client.chat(ChatRequest { max_tokens: Some(40), temperature: Some(0.0), ..schema_request() }).await;
+    let response = response.unwrap();
+    assert_eq!(response.json, Some(json!({"score": 2})));
+    assert_eq!((response.usage.prompt_tokens, response.usage.completion_tokens), (12, 5));
+    assert_eq!((response.usage.calls, response.usage.schema_violations), (1, 0));
+    assert_eq!(response.finish_reason, FinishReason::Stop);
+    let request = &server.requests()[0];
+    assert_eq!(request.path, "/api/chat");
+    assert_eq!(request.body["format"], schema());
+    assert_eq!(request.body["stream"], false);
+    assert_eq!(request.body["options"], json!({"temperature": 0.0, "num_predict": 40}));
+    assert_eq!(server.props_asked(), 0, "llama.cpp's /props is not asked of Ollama");
+    // Logprobs of a choice, in Ollama's shape.
+    let choice = ChatRequest {
+        response_format: ResponseFormat::Choice(vec!["YES".into(), "NO".into()]),
+        top_logprobs: Some(5),
+        ..ask("is it?")
+    };
+    let response = client.chat(choice).await.unwrap();
+    assert_eq!(
+        response.first_token_logprobs,
+        Some(vec![
+            TokenLogprob { token: "YES".into(), logprob: -0.2 },
+            TokenLogprob { token: "NO".into(), logprob: -1.7 }
+        ])
+    );
+    assert!(server.requests()[1].body.get("grammar").is_none(), "Ollama takes no GBNF grammar");
+    // Embeddings from /api/embed.
+    let texts = vec!["a".to_owned(), "b c".to_owned()];
+    let embedded =
+        client.embed(EmbeddingRequest { texts: texts.clone(), ..EmbeddingRequest::default() }).await.unwrap();
+    assert_eq!(embedded.vectors, vec![hash_embedding("a", 8), hash_embedding("b c", 8)]);
+    assert_eq!(server.requests()[2].path, "/api/embed");
+}
+
+#[tokio::test]
+async fn an_ollama_that_ignores_the_schema_moves_to_json_mode() {
+    let server = ScriptedLlm::start().await;
+    server.set_handler(ollama_like(true));
+    let client = ollama_client(&server);
+    for call in 1..=3 {
+        let response = client.chat(schema_request()).await.unwrap();
+        assert_eq!(response.usage.schema_violations, 1, "call {call}");
+    }
+    assert_eq!(client.structured_output("test-model"), Some("json_mode"));
+    let response = client.chat(schema_request()).await.unwrap();
+    assert_eq!((response.json, response.usage.schema_violations), (Some(json!({"score": 1})), 0));
+    assert_eq!(server.requests()[3].body["format"], "json");
+}

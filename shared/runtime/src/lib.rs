@@ -160,6 +160,9 @@ pub fn openai_client(entry: &assay_config::BackendConfig) -> Result<OpenAiClient
     if let Some(on) = entry.supports_logprobs {
         c.supports_logprobs = on;
     }
+    if let Some(api) = entry.api.as_deref().and_then(assay_llm::Api::parse) {
+        c.api = Some(api);
+    }
     OpenAiClient::new(c).map_err(RuntimeError::Client)
 }
 

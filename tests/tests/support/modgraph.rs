@@ -179,6 +179,25 @@ impl Crate {
     }
 }
 
+/// Every path the target rooted at `root` uses outside tests, as `(file, path)`, with a first
+/// segment that a `use` made an alias resolved to what it names (`use std::fs; fs::read` is
+/// `std::fs::read`; `use std::time::Instant; Instant::now` is `std::time::Instant::now`).
+pub fn uses(root: &Path) -> Result<Vec<(PathBuf, Vec<String>)>, String> {
+    let krate = Crate::load(root)?;
+    let mut found = Vec::new();
+    for module in &krate.modules {
+        for segs in &module.used {
+            let Some(first) = segs.first() else { continue };
+            let full = match module.aliases.get(first) {
+                Some(named) if named != segs => [named.clone(), segs[1..].to_vec()].concat(),
+                _ => segs.clone(),
+            };
+            found.push((module.file.clone(), full));
+        }
+    }
+    Ok(found)
+}
+
 /// The module cycles of the target rooted at `root`, with file paths relative to `base`.
 pub fn cycles(root: &Path, base: &Path) -> Result<Vec<Cycle>, String> {
     let edges = Crate::load(root)?.edges();

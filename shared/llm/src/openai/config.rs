@@ -3,6 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
+pub use super::api::Api;
 use super::latency::AdaptiveTimeout;
 use crate::limiter::LimitSettings;
 use crate::retry::Backoff;
@@ -17,8 +18,12 @@ pub struct OpenAiConfig {
     /// Backend name used in [`ChatModel::backend`](crate::types::ChatModel::backend), logs and
     /// cache keys (default `openai`).
     pub backend_name: String,
-    /// e.g. `https://api.openai.com/v1` or `http://127.0.0.1:8080/v1` (no trailing path).
+    /// e.g. `https://api.openai.com/v1` or `http://127.0.0.1:8080/v1` (no trailing path);
+    /// `http://127.0.0.1:11434/api` for Ollama's native API.
     pub base_url: String,
+    /// The API the server speaks (default: [`Api::of_base_url`] of `base_url`, decided when the
+    /// client is built; `None` = that).
+    pub api: Option<Api>,
     /// Sent as `Authorization: Bearer ...` when set. Never logged.
     pub api_key: Option<String>,
     pub default_model: String,
@@ -64,6 +69,7 @@ impl Default for OpenAiConfig {
         Self {
             backend_name: "openai".into(),
             base_url: "https://api.openai.com/v1".into(),
+            api: None,
             api_key: None,
             default_model: "gpt-4o-mini".into(),
             embedding_model: "text-embedding-3-small".into(),
@@ -94,6 +100,7 @@ impl fmt::Debug for OpenAiConfig {
         f.debug_struct("OpenAiConfig")
             .field("backend_name", &self.backend_name)
             .field("base_url", &self.base_url)
+            .field("api", &self.api)
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
             .field("default_model", &self.default_model)
             .field("embedding_model", &self.embedding_model)
@@ -139,6 +146,11 @@ impl OpenAiConfig {
         }
     }
 
+    /// The API the backend speaks: the configured one, else the base URL's.
+    pub fn api(&self) -> Api {
+        self.api.unwrap_or_else(|| Api::of_base_url(&self.base_url))
+    }
+
     /// The settings of the backend's concurrency limit.
     pub fn limit_settings(&self) -> LimitSettings {
         if self.initial_concurrency == 0 {
@@ -161,5 +173,16 @@ mod tests {
     fn debug_redacts_api_key() {
         let config = OpenAiConfig { api_key: Some("sk-secret".into()), ..OpenAiConfig::default() };
         assert!(!format!("{config:?}").contains("sk-secret"));
+    }
+
+    #[test]
+    fn the_api_follows_the_base_url_unless_configured() {
+        assert_eq!(OpenAiConfig::new("http://127.0.0.1:11434/api").api(), Api::Ollama);
+        assert_eq!(OpenAiConfig::new("http://127.0.0.1:11434/api/").api(), Api::Ollama);
+        assert_eq!(OpenAiConfig::new("http://127.0.0.1:11434/v1").api(), Api::OpenAi);
+        let configured = OpenAiConfig { api: Some(Api::Ollama), ..OpenAiConfig::new("http://ollama.internal") };
+        assert_eq!(configured.api(), Api::Ollama);
+        assert_eq!(Api::parse("ollama"), Some(Api::Ollama));
+        assert_eq!(Api::parse("tgi"), None);
     }
 }

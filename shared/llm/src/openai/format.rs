@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use serde_json::{Value, json};
 
+use super::api::Api;
 use crate::types::{LlmError, ResponseFormat};
 
 /// How the JSON schema of a request is delivered.
@@ -29,6 +30,10 @@ pub(super) enum SchemaDelivery {
     /// `response_format: {"type": "json_object", "schema": ...}` plus the schema in the prompt:
     /// servers that enforce the schema this way (llama-cpp-python, by grammar).
     JsonObject,
+    /// `response_format: {"type": "json", "value": ...}` plus the schema in the prompt: Hugging
+    /// Face's text-generation-inference (TGI), which holds replies to it by grammar and refuses the
+    /// OpenAI forms with a 422 asking for `value`.
+    Tgi,
     /// `response_format: {"type": "json_object"}` (JSON mode, no schema) plus the schema in the
     /// prompt.
     JsonMode,
@@ -37,26 +42,34 @@ pub(super) enum SchemaDelivery {
 }
 
 impl SchemaDelivery {
-    const LEVELS: [SchemaDelivery; 4] = [Self::ResponseFormat, Self::JsonObject, Self::JsonMode, Self::Prompt];
+    const LEVELS: [SchemaDelivery; 5] =
+        [Self::ResponseFormat, Self::JsonObject, Self::Tgi, Self::JsonMode, Self::Prompt];
 
     fn level(self) -> u8 {
         match self {
             Self::ResponseFormat | Self::None => 0,
             Self::JsonObject => 1,
-            Self::JsonMode => 2,
-            Self::Prompt => 3,
+            Self::Tgi => 2,
+            Self::JsonMode => 3,
+            Self::Prompt => 4,
         }
     }
 
     /// The next, weaker form after a rejection whose message is `rejection` (None after the
-    /// prompt form). A rejection that names `json_object` skips JSON mode: that type is refused.
-    pub(super) fn weaker(self, rejection: &str) -> Option<Self> {
+    /// prompt form). A rejection in TGI's words ([`asks_for_tgi_grammar`]) goes to TGI's form; one
+    /// that names `json_object` skips JSON mode (that type is refused); TGI's form is followed by
+    /// the prompt (TGI's JSON mode needs a schema too). Ollama's native API has two forms below
+    /// its schema `format`: `format: "json"` (JSON mode) and the prompt.
+    pub(super) fn weaker(self, rejection: &str, api: Api) -> Option<Self> {
         let refuses_json_object = rejection.to_ascii_lowercase().contains("json_object");
+        let tgi = asks_for_tgi_grammar(rejection);
         match self {
+            Self::ResponseFormat | Self::JsonObject | Self::Tgi if api == Api::Ollama => Some(Self::JsonMode),
+            Self::ResponseFormat | Self::JsonObject if tgi => Some(Self::Tgi),
             Self::ResponseFormat => Some(Self::JsonObject),
             Self::JsonObject if refuses_json_object => Some(Self::Prompt),
             Self::JsonObject => Some(Self::JsonMode),
-            Self::JsonMode => Some(Self::Prompt),
+            Self::Tgi | Self::JsonMode => Some(Self::Prompt),
             Self::Prompt | Self::None => None,
         }
     }
@@ -69,12 +82,12 @@ impl SchemaDelivery {
     /// Whether the server claims to hold replies to the schema in this form (native
     /// `json_schema`, and `json_object` with a schema, which llama.cpp turns into a grammar).
     pub(super) fn enforces(self) -> bool {
-        matches!(self, Self::ResponseFormat | Self::JsonObject)
+        matches!(self, Self::ResponseFormat | Self::JsonObject | Self::Tgi)
     }
 
     /// Whether this is a fallback form (the schema is not sent as native `json_schema`).
     pub(super) fn fell_back(self) -> bool {
-        matches!(self, Self::JsonObject | Self::JsonMode | Self::Prompt)
+        matches!(self, Self::JsonObject | Self::Tgi | Self::JsonMode | Self::Prompt)
     }
 
     /// The form's name: `json_schema`, `json_object`, `json_mode` or `prompt`.
@@ -82,10 +95,20 @@ impl SchemaDelivery {
         match self {
             Self::ResponseFormat | Self::None => "json_schema",
             Self::JsonObject => "json_object",
+            Self::Tgi => "tgi",
             Self::JsonMode => "json_mode",
             Self::Prompt => "prompt",
         }
     }
+}
+
+/// Whether a rejection is text-generation-inference's: its router reads `response_format` as
+/// `{"type": "json" | "json_object" | "regex" | ..., "value": ...}`, so the OpenAI forms fail to
+/// deserialize with "missing field `value`" (TGI 2.x-3.x) or "unknown variant `json_schema`,
+/// expected `json` or `regex`" (TGI 1.x-2.0).
+pub(super) fn asks_for_tgi_grammar(rejection: &str) -> bool {
+    let text = rejection.to_ascii_lowercase();
+    text.contains("missing field `value`") || text.contains("expected `json`")
 }
 
 /// How structured output is sent to a backend (`backends.<name>.structured_output`).
@@ -99,6 +122,8 @@ pub enum StructuredOutput {
     JsonSchema,
     /// `response_format: {"type": "json_object", "schema": ...}` (llama-cpp-python).
     JsonObject,
+    /// `response_format: {"type": "json", "value": ...}` (text-generation-inference).
+    Tgi,
     /// `response_format: {"type": "json_object"}` with the schema in the prompt.
     JsonMode,
     /// The schema in the prompt only.
@@ -106,12 +131,14 @@ pub enum StructuredOutput {
 }
 
 impl StructuredOutput {
-    /// Parse a configuration value: `auto`, `json_schema`, `json_object`, `json_mode` or `prompt`.
+    /// Parse a configuration value: `auto`, `json_schema`, `json_object`, `tgi`, `json_mode` or
+    /// `prompt`.
     pub fn parse(value: &str) -> Option<Self> {
         Some(match value {
             "auto" => Self::Auto,
             "json_schema" => Self::JsonSchema,
             "json_object" => Self::JsonObject,
+            "tgi" => Self::Tgi,
             "json_mode" => Self::JsonMode,
             "prompt" => Self::Prompt,
             _ => return None,
@@ -124,6 +151,7 @@ impl StructuredOutput {
             Self::Auto => None,
             Self::JsonSchema => Some(SchemaDelivery::ResponseFormat),
             Self::JsonObject => Some(SchemaDelivery::JsonObject),
+            Self::Tgi => Some(SchemaDelivery::Tgi),
             Self::JsonMode => Some(SchemaDelivery::JsonMode),
             Self::Prompt => Some(SchemaDelivery::Prompt),
         }
@@ -131,7 +159,7 @@ impl StructuredOutput {
 }
 
 /// What one model of a backend accepts: the first schema delivery that worked (0 native
-/// json_schema ... 3 the prompt; only ever moves down the ladder), whether it was negotiated, and
+/// json_schema ... 4 the prompt; only ever moves down the ladder), whether it was negotiated, and
 /// the gate that makes a first burst of calls negotiate once.
 #[derive(Debug, Default)]
 pub(super) struct ModelForms {
@@ -178,7 +206,7 @@ impl ModelForms {
     /// Note a reply sent in `form` that broke its schema. When it is the
     /// [`VIOLATIONS_TO_DEMOTE`]th under the form the model uses now, the model moves to the next
     /// weaker form, returned; the other calls already sent in the form count toward nothing more.
-    pub(super) fn violated(&self, form: SchemaDelivery) -> Option<SchemaDelivery> {
+    pub(super) fn violated(&self, form: SchemaDelivery, api: Api) -> Option<SchemaDelivery> {
         if !form.enforces() {
             return None;
         }
@@ -193,7 +221,7 @@ impl ModelForms {
         if violations.1 < VIOLATIONS_TO_DEMOTE {
             return None;
         }
-        let weaker = form.weaker("")?;
+        let weaker = form.weaker("", api)?;
         self.level.fetch_max(weaker.level(), Ordering::Relaxed);
         *violations = (weaker.level(), 0);
         Some(weaker)
@@ -451,10 +479,26 @@ mod tests {
         assert_eq!(forms.first_form(&schema, true), SchemaDelivery::ResponseFormat);
         assert_eq!(forms.first_form(&schema, false), SchemaDelivery::Prompt);
         assert_eq!(forms.first_form(&ResponseFormat::Text, true), SchemaDelivery::None);
-        assert_eq!(SchemaDelivery::ResponseFormat.weaker("500"), Some(SchemaDelivery::JsonObject));
-        assert_eq!(SchemaDelivery::JsonObject.weaker("bad schema"), Some(SchemaDelivery::JsonMode));
-        assert_eq!(SchemaDelivery::JsonObject.weaker("json_object is not supported"), Some(SchemaDelivery::Prompt));
-        assert_eq!(SchemaDelivery::Prompt.weaker(""), None);
+        assert_eq!(SchemaDelivery::ResponseFormat.weaker("500", Api::OpenAi), Some(SchemaDelivery::JsonObject));
+        assert_eq!(SchemaDelivery::JsonObject.weaker("bad schema", Api::OpenAi), Some(SchemaDelivery::JsonMode));
+        assert_eq!(
+            SchemaDelivery::JsonObject.weaker("json_object is not supported", Api::OpenAi),
+            Some(SchemaDelivery::Prompt)
+        );
+        assert_eq!(SchemaDelivery::Prompt.weaker("", Api::OpenAi), None);
+        // text-generation-inference's words, from its two generations of routers.
+        let tgi3 = "Failed to deserialize the JSON body into the target type: response_format: missing field `value` at line 1 column 212";
+        let tgi1 = "response_format: unknown variant `json_schema`, expected `json` or `regex` at line 1 column 80";
+        assert_eq!(SchemaDelivery::ResponseFormat.weaker(tgi3, Api::OpenAi), Some(SchemaDelivery::Tgi));
+        assert_eq!(SchemaDelivery::ResponseFormat.weaker(tgi1, Api::OpenAi), Some(SchemaDelivery::Tgi));
+        assert_eq!(SchemaDelivery::JsonObject.weaker(tgi3, Api::OpenAi), Some(SchemaDelivery::Tgi));
+        assert_eq!(SchemaDelivery::Tgi.weaker(tgi3, Api::OpenAi), Some(SchemaDelivery::Prompt));
+        assert!(SchemaDelivery::Tgi.enforces() && SchemaDelivery::Tgi.weaker_than(SchemaDelivery::JsonObject));
+        assert!(SchemaDelivery::JsonMode.weaker_than(SchemaDelivery::Tgi));
+        assert_eq!(StructuredOutput::parse("tgi"), Some(StructuredOutput::Tgi));
+        // Ollama's native API: its schema `format`, then `format: "json"`, then the prompt.
+        assert_eq!(SchemaDelivery::ResponseFormat.weaker("400", Api::Ollama), Some(SchemaDelivery::JsonMode));
+        assert_eq!(SchemaDelivery::JsonMode.weaker("400", Api::Ollama), Some(SchemaDelivery::Prompt));
         assert!(!memory.rejected());
         forms.remember(SchemaDelivery::Prompt);
         forms.remember(SchemaDelivery::JsonObject);

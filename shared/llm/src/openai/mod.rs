@@ -46,10 +46,11 @@
 //! - **Cancellation**: nothing is spawned; dropping the returned future drops the HTTP request,
 //!   which closes its connection.
 //!
-//! Layout: `config` (the configuration), `format` (the schema fallback ladder), `request` (the
+//! Layout: `api` (OpenAI-compatible or Ollama native), `config` (the configuration), `format` (the schema fallback ladder), `request` (the
 //! chat body), `transport` (breaker, retries, attempts), `rate` (per-minute limits), `errors` (failure classification),
 //! `reply` and `wire` (reading replies); this module ties them into [`OpenAiClient`].
 
+mod api;
 mod config;
 mod errors;
 mod format;
@@ -73,6 +74,7 @@ use crate::types::{
     ResponseFormat, Usage,
 };
 
+pub use api::Api;
 pub use config::{MaxTokensField, OpenAiConfig};
 pub use format::StructuredOutput;
 pub use latency::{AdaptiveTimeout, DEFAULT_HEDGE_FACTOR};
@@ -122,10 +124,17 @@ impl OpenAiClient {
     pub fn new(config: OpenAiConfig) -> Result<Self, LlmError> {
         let transport = Transport::new(&config)?;
         let base = config.base_url.trim_end_matches('/').to_owned();
+        let (chat_url, embeddings_url) = match config.api() {
+            Api::OpenAi => (format!("{base}/chat/completions"), format!("{base}/embeddings")),
+            Api::Ollama => {
+                let api = if base.ends_with("/api") { base.clone() } else { format!("{base}/api") };
+                (format!("{api}/chat"), format!("{api}/embed"))
+            }
+        };
         Ok(Self {
             inner: Arc::new(Inner {
-                chat_url: format!("{base}/chat/completions"),
-                embeddings_url: format!("{base}/embeddings"),
+                chat_url,
+                embeddings_url,
                 server_address: url::Url::parse(&base)
                     .ok()
                     .and_then(|u| u.host_str().map(str::to_string))
@@ -283,10 +292,15 @@ impl OpenAiClient {
         let url = &self.inner.chat_url;
         let mut fallbacks = 0u32;
         let mut earlier_retries = 0u32;
-        let mut grammar = forms.sends_grammar() && request::choice_grammar(&request).is_some();
+        let api = config.api();
+        let mut grammar = api == Api::OpenAi && forms.sends_grammar() && request::choice_grammar(&request).is_some();
+        let parse = match api {
+            Api::OpenAi => reply::parse_chat,
+            Api::Ollama => reply::parse_ollama_chat,
+        };
         let mut response = loop {
             let body = request::chat_body(config, &request, &model, delivery, grammar);
-            match self.inner.transport.call(config, url, &body, request.deadline, reply::parse_chat).await {
+            match self.inner.transport.call(config, url, &body, request.deadline, parse).await {
                 Ok((completion, retries)) => {
                     let retries = earlier_retries + retries;
                     break reply::chat_response(&request, &model, completion, retries, config.supports_logprobs);
@@ -324,7 +338,8 @@ impl OpenAiClient {
                             continue;
                         }
                     }
-                    let Some(weaker) = delivery.weaker(&error.to_string()).filter(|_| delivery != SchemaDelivery::None)
+                    let Some(weaker) =
+                        delivery.weaker(&error.to_string(), api).filter(|_| delivery != SchemaDelivery::None)
                     else {
                         debug!(backend = %config.backend_name, model = %model, error = %error, "chat call failed");
                         return Err(error);
@@ -401,7 +416,7 @@ impl OpenAiClient {
             debug!(backend = %backend, model = %model, form = delivery.name(), cut, ?conformance, "reply does not match its schema");
             return;
         }
-        if let Some(weaker) = forms.violated(delivery) {
+        if let Some(weaker) = forms.violated(delivery, self.inner.config.api()) {
             warn!(backend = %backend, model = %model, from = delivery.name(), to = weaker.name(),
                   violations = VIOLATIONS_TO_DEMOTE,
                   "the backend accepts this structured-output form without enforcing it (replies broke their schema): later calls to this model use a weaker form");
@@ -430,11 +445,13 @@ impl EmbeddingModel for OpenAiClient {
         }
         let body = json!({"model": model, "input": request.texts});
         let expected = request.texts.len();
+        let api = config.api();
         let (list, retries) = self
             .inner
             .transport
-            .call(config, &self.inner.embeddings_url, &body, request.deadline, |bytes| {
-                reply::parse_embeddings(bytes, expected)
+            .call(config, &self.inner.embeddings_url, &body, request.deadline, |bytes| match api {
+                Api::OpenAi => reply::parse_embeddings(bytes, expected),
+                Api::Ollama => reply::parse_ollama_embeddings(bytes, expected),
             })
             .await
             .map_err(|e| e.error)?;

@@ -33,6 +33,28 @@ pub(super) fn parse_chat(bytes: &[u8]) -> Result<wire::ChatCompletion, UnusableB
     Ok(completion)
 }
 
+/// A body of Ollama's native `/api/chat`, read in the OpenAI shape; it must hold a message.
+pub(super) fn parse_ollama_chat(bytes: &[u8]) -> Result<wire::ChatCompletion, UnusableBody> {
+    let reply: wire::OllamaChat =
+        serde_json::from_slice(bytes).map_err(|source| UnusableBody::NotJson { what: "ollama chat reply", source })?;
+    if reply.message.is_none() {
+        return Err(UnusableBody::NoChoices);
+    }
+    Ok(reply.into_completion())
+}
+
+/// A body of Ollama's native `/api/embed`, read in the OpenAI shape, with `expected` embeddings.
+pub(super) fn parse_ollama_embeddings(bytes: &[u8], expected: usize) -> Result<wire::EmbeddingList, UnusableBody> {
+    let reply: wire::OllamaEmbeddings = serde_json::from_slice(bytes)
+        .map_err(|source| UnusableBody::NotJson { what: "ollama embedding list", source })?;
+    let list = reply.into_list();
+    let got = list.data.as_ref().map_or(0, Vec::len);
+    if got != expected {
+        return Err(UnusableBody::EmbeddingCount { expected, got });
+    }
+    Ok(list)
+}
+
 /// An embedding list body, which must have `expected` embeddings.
 pub(super) fn parse_embeddings(bytes: &[u8], expected: usize) -> Result<wire::EmbeddingList, UnusableBody> {
     let mut list: wire::EmbeddingList =
@@ -133,5 +155,32 @@ mod tests {
         assert_eq!(normalise_choice(" yes.\n", &options), Some("YES".into()));
         assert_eq!(normalise_choice("\"No\"", &options), Some("NO".into()));
         assert_eq!(normalise_choice("maybe", &options), None);
+    }
+
+    #[test]
+    fn ollama_native_replies_read_as_openai_ones() {
+        let body = br#"{"model":"qwen3:0.6b","created_at":"2026-12-03T09:00:00Z","message":{"role":"assistant","content":"{\"a\":1}"},
+            "done":true,"done_reason":"length","prompt_eval_count":21,"eval_count":7,
+            "logprobs":[{"token":"{","logprob":-0.01,"top_logprobs":[{"token":"{","logprob":-0.01},{"token":"Sure","logprob":-4.6}]}]}"#;
+        let completion = parse_ollama_chat(body).unwrap();
+        let request = ChatRequest {
+            response_format: ResponseFormat::JsonSchema { name: "s".into(), schema: serde_json::json!({}) },
+            top_logprobs: Some(2),
+            ..ChatRequest::default()
+        };
+        let response = chat_response(&request, "asked", completion, 0, true);
+        assert_eq!(response.json, Some(serde_json::json!({"a": 1})));
+        assert_eq!((response.usage.prompt_tokens, response.usage.completion_tokens), (21, 7));
+        assert_eq!(response.finish_reason, crate::types::FinishReason::Length);
+        assert_eq!(response.model, "qwen3:0.6b");
+        assert_eq!(response.first_token_logprobs.map(|l| l.len()), Some(2));
+        assert!(matches!(parse_ollama_chat(br#"{"error":"model not found"}"#), Err(UnusableBody::NoChoices)));
+        let list =
+            parse_ollama_embeddings(br#"{"model":"e","embeddings":[[0.1,0.2],[0.3,0.4]],"prompt_eval_count":4}"#, 2)
+                .unwrap();
+        let embedded = embedding_response(list, "e".into(), 0);
+        assert_eq!(embedded.vectors, vec![vec![0.1, 0.2], vec![0.3, 0.4]]);
+        assert_eq!(embedded.usage.prompt_tokens, 4);
+        assert!(parse_ollama_embeddings(br#"{"embeddings":[[0.1]]}"#, 2).is_err());
     }
 }

@@ -3,6 +3,7 @@
 
 use serde_json::{Value, json};
 
+use super::api::Api;
 use super::config::OpenAiConfig;
 use super::format::{SchemaDelivery, for_grammar};
 use crate::types::{ChatRequest, Message, ResponseFormat, Role};
@@ -37,10 +38,86 @@ pub fn choice_instruction(options: &[String]) -> String {
     format!("Answer with exactly one of: {}", options.join(", "))
 }
 
+/// The chat body for `request` in the backend's API ([`Api`]): see [`openai_body`] and
+/// [`ollama_body`].
+pub(super) fn chat_body(
+    config: &OpenAiConfig,
+    request: &ChatRequest,
+    model: &str,
+    delivery: SchemaDelivery,
+    choice_grammar: bool,
+) -> Value {
+    match config.api() {
+        Api::OpenAi => openai_body(config, request, model, delivery, choice_grammar),
+        Api::Ollama => ollama_body(config, request, model, delivery),
+    }
+}
+
+/// The body of Ollama's native `/api/chat`: not streamed, sampling settings under `options`
+/// (`num_predict` for the token limit), and the schema in `format` (which Ollama holds replies to
+/// by grammar) with the schema in the prompt too, as Ollama advises; JSON mode is
+/// `format: "json"`. Choices go in the prompt (Ollama takes no GBNF grammar).
+pub(super) fn ollama_body(
+    config: &OpenAiConfig,
+    request: &ChatRequest,
+    model: &str,
+    delivery: SchemaDelivery,
+) -> Value {
+    let mut messages = request.messages.clone();
+    let mut body = serde_json::Map::new();
+    match (&request.response_format, delivery) {
+        (
+            ResponseFormat::JsonSchema { schema, .. },
+            SchemaDelivery::ResponseFormat | SchemaDelivery::JsonObject | SchemaDelivery::Tgi,
+        ) => {
+            body.insert("format".into(), for_grammar(schema));
+            append_to_last_user(&mut messages, &schema_instruction(schema));
+        }
+        (ResponseFormat::JsonSchema { schema, .. }, SchemaDelivery::JsonMode) => {
+            body.insert("format".into(), json!("json"));
+            append_to_last_user(&mut messages, &schema_instruction(schema));
+        }
+        (ResponseFormat::JsonSchema { schema, .. }, SchemaDelivery::Prompt | SchemaDelivery::None) => {
+            append_to_last_user(&mut messages, &schema_instruction(schema));
+        }
+        (ResponseFormat::Choice(options), _) => append_to_last_user(&mut messages, &choice_instruction(options)),
+        (ResponseFormat::Text, _) => {}
+    }
+    body.insert("model".into(), json!(model));
+    body.insert("messages".into(), json!(messages));
+    body.insert("stream".into(), json!(false));
+    let mut options = serde_json::Map::new();
+    if let Some(t) = request.temperature {
+        options.insert("temperature".into(), json!(t));
+    }
+    if let Some(p) = request.top_p {
+        options.insert("top_p".into(), json!(p));
+    }
+    if let Some(seed) = request.seed {
+        options.insert("seed".into(), json!(seed));
+    }
+    if let Some(max) = request.max_tokens {
+        options.insert("num_predict".into(), json!(max));
+    }
+    if !request.stop.is_empty() {
+        options.insert("stop".into(), json!(request.stop));
+    }
+    if !options.is_empty() {
+        body.insert("options".into(), Value::Object(options));
+    }
+    if let Some(k) = request.top_logprobs
+        && config.supports_logprobs
+    {
+        body.insert("logprobs".into(), json!(true));
+        body.insert("top_logprobs".into(), json!(k.clamp(1, 20)));
+    }
+    Value::Object(body)
+}
+
 /// The `/chat/completions` body for `request`, with its schema delivered as `delivery`, and a
 /// choice's options as a GBNF `grammar` too when `choice_grammar` (llama.cpp's servers hold the
 /// reply to it; see [`choice_grammar`]).
-pub(super) fn chat_body(
+pub(super) fn openai_body(
     config: &OpenAiConfig,
     request: &ChatRequest,
     model: &str,
@@ -61,6 +138,10 @@ pub(super) fn chat_body(
         }
         (ResponseFormat::JsonSchema { schema, .. }, SchemaDelivery::JsonObject) => {
             body.insert("response_format".into(), json!({"type": "json_object", "schema": for_grammar(schema)}));
+            append_to_last_user(&mut messages, &schema_instruction(schema));
+        }
+        (ResponseFormat::JsonSchema { schema, .. }, SchemaDelivery::Tgi) => {
+            body.insert("response_format".into(), json!({"type": "json", "value": for_grammar(schema)}));
             append_to_last_user(&mut messages, &schema_instruction(schema));
         }
         (ResponseFormat::JsonSchema { schema, .. }, SchemaDelivery::JsonMode) => {
@@ -162,5 +243,40 @@ mod tests {
         assert!(prompt.get("response_format").is_none());
         let content = prompt["messages"][0]["content"].as_str().unwrap();
         assert!(content.starts_with("q\n\n") && content.contains(&schema.to_string()));
+        let tgi = chat_body(&config, &request, "m", SchemaDelivery::Tgi, true);
+        assert_eq!(tgi["response_format"], json!({"type": "json", "value": schema}));
+        assert!(tgi["messages"][0]["content"].as_str().unwrap().contains(&schema.to_string()));
+    }
+
+    #[test]
+    fn ollama_native_bodies() {
+        let config = OpenAiConfig::new("http://127.0.0.1:11434/api");
+        let schema = json!({"type": "object", "properties": {"p": {"type": "number", "minimum": 0, "maximum": 1}}});
+        let request = ChatRequest {
+            messages: vec![Message::user("q")],
+            response_format: ResponseFormat::JsonSchema { name: "s".into(), schema: schema.clone() },
+            temperature: Some(0.0),
+            max_tokens: Some(64),
+            seed: Some(3),
+            stop: vec!["END".into()],
+            top_logprobs: Some(5),
+            ..ChatRequest::default()
+        };
+        let native = chat_body(&config, &request, "m", SchemaDelivery::ResponseFormat, true);
+        assert_eq!(native["stream"], false);
+        assert_eq!(native["format"]["properties"]["p"]["enum"].as_array().map(Vec::len), Some(101), "bounds as enums");
+        assert_eq!(native["options"], json!({"temperature": 0.0, "seed": 3, "num_predict": 64, "stop": ["END"]}));
+        assert_eq!((native["logprobs"].clone(), native["top_logprobs"].clone()), (json!(true), json!(5)));
+        assert!(native.get("response_format").is_none() && native.get("max_tokens").is_none());
+        assert!(native["messages"][0]["content"].as_str().unwrap().contains(&schema.to_string()));
+        assert_eq!(chat_body(&config, &request, "m", SchemaDelivery::JsonMode, true)["format"], "json");
+        assert!(chat_body(&config, &request, "m", SchemaDelivery::Prompt, true).get("format").is_none());
+        let choice = ChatRequest {
+            messages: vec![Message::user("Is it short?")],
+            response_format: ResponseFormat::Choice(vec!["YES".into(), "NO".into()]),
+            ..ChatRequest::default()
+        };
+        let body = chat_body(&config, &choice, "m", SchemaDelivery::None, true);
+        assert!(body.get("grammar").is_none() && body.get("options").is_none());
     }
 }

@@ -69,6 +69,9 @@ impl Transport {
     /// its first chat call, within `PROPS_TIMEOUT`; any other answer (404 from other servers, a
     /// body without the field, no answer) leaves the limit to find the slots from the answers.
     pub(super) async fn probe_slots(&self, config: &OpenAiConfig) -> Option<usize> {
+        if config.api() != super::api::Api::OpenAi {
+            return None;
+        }
         let base = config.base_url.trim_end_matches('/');
         let url = format!("{}/props", base.strip_suffix("/v1").unwrap_or(base));
         let mut builder = self.http.get(&url).timeout(PROPS_TIMEOUT);

@@ -99,6 +99,78 @@ pub(crate) struct EmbeddingItem {
     pub embedding: Vec<f32>,
 }
 
+/// A reply of Ollama's native `/api/chat` (not streamed).
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct OllamaChat {
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default)]
+    pub message: Option<WireMessage>,
+    /// `stop`, `length`, ...
+    #[serde(default)]
+    pub done_reason: Option<String>,
+    #[serde(default)]
+    pub prompt_eval_count: Option<u64>,
+    #[serde(default)]
+    pub eval_count: Option<u64>,
+    /// One per generated token, when asked (`logprobs: true`).
+    #[serde(default)]
+    pub logprobs: Option<Vec<WireTokenLogprob>>,
+}
+
+impl OllamaChat {
+    /// The same reply in the OpenAI shape the rest of the client reads.
+    pub fn into_completion(self) -> ChatCompletion {
+        let choice = Choice {
+            message: self.message,
+            text: None,
+            finish_reason: self.done_reason,
+            logprobs: self.logprobs.map(|content| WireLogprobs { content: Some(content) }),
+        };
+        ChatCompletion {
+            model: self.model,
+            choices: Some(vec![choice]),
+            usage: Some(WireUsage {
+                prompt_tokens: self.prompt_eval_count,
+                completion_tokens: self.eval_count,
+                prompt_tokens_details: None,
+            }),
+        }
+    }
+}
+
+/// A reply of Ollama's native `/api/embed`.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct OllamaEmbeddings {
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default)]
+    pub embeddings: Option<Vec<Vec<f32>>>,
+    #[serde(default)]
+    pub prompt_eval_count: Option<u64>,
+}
+
+impl OllamaEmbeddings {
+    /// The same reply in the OpenAI shape.
+    pub fn into_list(self) -> EmbeddingList {
+        EmbeddingList {
+            data: self.embeddings.map(|vectors| {
+                vectors
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, embedding)| EmbeddingItem { index: Some(i), embedding })
+                    .collect()
+            }),
+            model: self.model,
+            usage: Some(WireUsage {
+                prompt_tokens: self.prompt_eval_count,
+                completion_tokens: None,
+                prompt_tokens_details: None,
+            }),
+        }
+    }
+}
+
 /// Map a wire `finish_reason`; `None` (null or missing) means the model stopped normally.
 pub(crate) fn finish_reason(raw: Option<&str>) -> FinishReason {
     match raw {
