@@ -52,31 +52,11 @@ use assay_runs::Engine;
 static INDEX_HTML: &str = include_str!("../admin/index.html");
 static APP_CSS: &str = include_str!("../admin/app.css");
 
-/// The page's native ES modules, each served at its path as JavaScript: `js/main.js` (index.html's
-/// `<script type="module">`) and every module it imports, one per view; no bundler, no build step.
-/// A module added under `admin/js/` is listed here (`tests/tests/admin.rs` follows every import
-/// from the served page and fails on one not served).
-static SCRIPTS: &[(&str, &str)] = &[
-    ("/js/main.js", include_str!("../admin/js/main.js")),
-    ("/js/constants.js", include_str!("../admin/js/constants.js")),
-    ("/js/format.js", include_str!("../admin/js/format.js")),
-    ("/js/render.js", include_str!("../admin/js/render.js")),
-    ("/js/page.js", include_str!("../admin/js/page.js")),
-    ("/js/api.js", include_str!("../admin/js/api.js")),
-    ("/js/runs.js", include_str!("../admin/js/runs.js")),
-    ("/js/compare.js", include_str!("../admin/js/compare.js")),
-    ("/js/forest.js", include_str!("../admin/js/forest.js")),
-    ("/js/human.js", include_str!("../admin/js/human.js")),
-    ("/js/detail/run.js", include_str!("../admin/js/detail/run.js")),
-    ("/js/detail/model.js", include_str!("../admin/js/detail/model.js")),
-    ("/js/detail/stream.js", include_str!("../admin/js/detail/stream.js")),
-    ("/js/detail/events.js", include_str!("../admin/js/detail/events.js")),
-    ("/js/detail/progress.js", include_str!("../admin/js/detail/progress.js")),
-    ("/js/detail/checklist_eval.js", include_str!("../admin/js/detail/checklist_eval.js")),
-    ("/js/detail/targeted_refinement.js", include_str!("../admin/js/detail/targeted_refinement.js")),
-    ("/js/detail/self_refine.js", include_str!("../admin/js/detail/self_refine.js")),
-    ("/js/detail/debate.js", include_str!("../admin/js/detail/debate.js")),
-];
+/// The page's native ES modules (`admin/js/`, embedded as a directory), each served at its path
+/// as JavaScript: `js/main.js` (index.html's `<script type="module">`) and every module it
+/// imports, one per view; no bundler, no build step, no list to keep (`tests/tests/admin.rs`
+/// follows every import from the served page and fails on one not served).
+static SCRIPTS: include_dir::Dir<'static> = include_dir::include_dir!("$CARGO_MANIFEST_DIR/admin/js");
 
 /// Longest a client may take to send a request's line and headers; its connection is then closed.
 /// (An idle kept-alive connection is closed after it too.)
@@ -353,10 +333,20 @@ pub async fn serve(
     Ok(())
 }
 
-/// A route per ES module of the page ([`SCRIPTS`]), with the headers of every asset.
+/// Every `.js` file under `dir`, at any depth.
+fn modules(dir: &'static include_dir::Dir<'static>) -> Vec<&'static include_dir::File<'static>> {
+    let mut files: Vec<_> = dir.files().filter(|f| f.path().extension().is_some_and(|e| e == "js")).collect();
+    files.extend(dir.dirs().flat_map(modules));
+    files
+}
+
+/// A route per ES module of the page ([`SCRIPTS`]), `/js/<its path>`, with the headers of every
+/// asset.
 fn scripts<S: Clone + Send + Sync + 'static>() -> Router<S> {
-    SCRIPTS.iter().fold(Router::new(), |router, &(path, body)| {
-        router.route(path, get(move || async move { asset("text/javascript; charset=utf-8", body) }))
+    modules(&SCRIPTS).into_iter().fold(Router::new(), |router, file| {
+        let body = file.contents_utf8().unwrap_or_default();
+        let path = format!("/js/{}", file.path().to_string_lossy().replace('\\', "/"));
+        router.route(&path, get(move || async move { asset("text/javascript; charset=utf-8", body) }))
     })
 }
 
@@ -580,4 +570,58 @@ async fn watch_run(State(admin): State<Admin>, headers: HeaderMap, query: Query<
     let mut response = Sse::new(events).keep_alive(KeepAlive::default()).into_response();
     response.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     response
+}
+
+#[cfg(test)]
+mod contract_tests {
+    use super::SCRIPTS;
+
+    fn script(path: &str) -> &'static str {
+        SCRIPTS.get_file(path).and_then(|f| f.contents_utf8()).unwrap_or_else(|| panic!("admin/js/{path} is embedded"))
+    }
+
+    /// The quoted names of the JavaScript array `name` in `source`.
+    fn js_list(source: &str, name: &str) -> Vec<String> {
+        let start = source.find(&format!("export const {name} = [")).unwrap_or_else(|| panic!("{name} is declared"));
+        let body = &source[start..];
+        let body = &body[body.find('[').unwrap_or(0) + 1..body.find("];").unwrap_or(body.len())];
+        body.split(',').map(|s| s.trim().trim_matches('\'').to_string()).filter(|s| !s.is_empty()).collect()
+    }
+
+    /// The JSON names of the members of `message`'s oneof `oneof`, in the proto's order.
+    fn oneof_members(message: &str, oneof: &str) -> Vec<String> {
+        let pool = assay_proto::descriptor_pool().expect("the descriptor pool");
+        let descriptor = pool.get_message_by_name(message).unwrap_or_else(|| panic!("{message}"));
+        let group = descriptor.oneofs().find(|o| o.name() == oneof).unwrap_or_else(|| panic!("{message}.{oneof}"));
+        group.fields().map(|f| f.json_name().to_string()).collect()
+    }
+
+    /// The page knows every event kind of the proto (a kind it did not know showed as "unknown
+    /// event") and words each in the event log: a kind added to the proto fails here until
+    /// `constants.js` lists it and `detail/events.js` has its line.
+    #[test]
+    fn the_page_knows_and_words_every_event_kind_of_the_proto() {
+        let constants = script("constants.js");
+        let events = script("detail/events.js");
+        for (message, list) in
+            [("assay.gateway.v1.RunEvent", "EVENT_MEMBERS"), ("assay.gateway.v1.RefinementEvent", "REFINEMENT_MEMBERS")]
+        {
+            let mut on_page = js_list(constants, list);
+            let mut in_proto = oneof_members(message, "event");
+            on_page.sort();
+            in_proto.sort();
+            assert_eq!(on_page, in_proto, "constants.js {list} against {message}'s kinds");
+            for member in &in_proto {
+                assert!(events.contains(&format!("case '{member}'")), "detail/events.js words {member}");
+            }
+        }
+    }
+
+    #[test]
+    fn every_module_under_js_is_embedded() {
+        let served: Vec<_> = super::modules(&SCRIPTS).iter().map(|f| f.path().to_string_lossy().into_owned()).collect();
+        for expected in ["main.js", "constants.js", "detail/events.js", "detail/debate.js"] {
+            assert!(served.iter().any(|p| p == expected), "{expected} in {served:?}");
+        }
+    }
 }

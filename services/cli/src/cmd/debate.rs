@@ -244,17 +244,8 @@ impl RunFollower for Follower {
                 if s.reason.is_empty() { String::new() } else { format!(" ({})", s.reason) }
             )),
             Some(Event::Completed(c)) => return Step::Done(self.completed(c.state, c.result)),
-            Some(
-                Event::DebateStage(_)
-                | Event::Progress(_)
-                | Event::ChecklistReady(_)
-                | Event::RecordScored(_)
-                | Event::Aggregate(_)
-                | Event::Refinement(_)
-                | Event::SelfRefinePass(_)
-                | Event::RecordsClaimed(_),
-            )
-            | None => {}
+            // The kinds this verb leaves to `assay runs watch` (render::events words every kind).
+            Some(_) | None => {}
         }
         Step::Continue
     }

@@ -506,17 +506,8 @@ impl RunFollower for Follower {
                 self.progress.inc(self.failed);
             }
             Some(Event::Completed(c)) => return Step::Done(self.ended(c.state, c.result)),
-            Some(
-                Event::Aggregate(_)
-                | Event::StateChanged(_)
-                | Event::Refinement(_)
-                | Event::SelfRefinePass(_)
-                | Event::DebateStage(_)
-                | Event::DebateProblemDone(_)
-                | Event::SelfRefined(_)
-                | Event::RecordsClaimed(_),
-            )
-            | None => {}
+            // The kinds this verb leaves to `assay runs watch` (render::events words every kind).
+            Some(_) | None => {}
         }
         Step::Continue
     }

@@ -392,17 +392,8 @@ impl RunFollower for Follower {
                 Step::Continue
             }
             Some(Event::Completed(c)) => Step::Done(self.completed(c.state, c.result)),
-            Some(
-                Event::Started(_)
-                | Event::ChecklistReady(_)
-                | Event::RecordScored(_)
-                | Event::Aggregate(_)
-                | Event::SelfRefinePass(_)
-                | Event::DebateStage(_)
-                | Event::DebateProblemDone(_)
-                | Event::RecordsClaimed(_),
-            )
-            | None => Step::Continue,
+            // The kinds this verb leaves to `assay runs watch` (render::events words every kind).
+            Some(_) | None => Step::Continue,
         }
     }
 

@@ -233,19 +233,8 @@ impl RunFollower for Follower {
             Some(Event::SelfRefinePass(p)) => eprintln!("{}", pass_line(&p)),
             Some(Event::StateChanged(s)) => eprintln!("{}", state_line(&s)),
             Some(Event::Completed(c)) => return Step::Done(self.completed(c.state, c.result)),
-            Some(
-                Event::Started(_)
-                | Event::Progress(_)
-                | Event::ChecklistReady(_)
-                | Event::RecordScored(_)
-                | Event::Aggregate(_)
-                | Event::Refinement(_)
-                | Event::DebateStage(_)
-                | Event::DebateProblemDone(_)
-                | Event::SelfRefined(_)
-                | Event::RecordsClaimed(_),
-            )
-            | None => {}
+            // The kinds this verb leaves to `assay runs watch` (render::events words every kind).
+            Some(_) | None => {}
         }
         Step::Continue
     }

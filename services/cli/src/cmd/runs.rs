@@ -9,10 +9,9 @@ use assay_config::AssayConfig;
 use assay_proto::gateway::v1 as gw;
 use serde_json::Value;
 
-use super::follow::finished;
-use super::render::json::{oneof_case, to_json};
+use super::render::events;
+use super::render::json::to_json;
 use super::render::{kind_name, state_name};
-use super::render::{self_refine, state_line, targeted_refinement};
 use super::{client, status_text};
 
 /// What to do.
@@ -349,56 +348,12 @@ pub async fn run(config: &AssayConfig, url: &str, action: Action, as_json: bool)
 }
 
 /// One watched event: the event in the proto3 JSON mapping, or `#<sequence> <line>` in the words
-/// of the pipeline's verb (refinement events as `assay refine` says them, self-refine passes as
-/// `assay refine-text`, finished problems as `assay debate`, the completion as the verbs read a
-/// finished run); any other event as its kind and its fields in the mapping.
+/// of [`events::line`] (the one place every kind is worded).
 fn watch_line(e: &gw::RunEvent, as_json: bool) -> Result<String, String> {
-    use gw::run_event::Event;
-    let v = to_json(e)?;
     if as_json {
-        return Ok(v.to_string());
+        return Ok(to_json(e)?.to_string());
     }
-    let line = match &e.event {
-        Some(Event::Refinement(r)) => {
-            targeted_refinement::progress_line(&e.run_id, r).map(|l| l.trim_start().to_string())
-        }
-        Some(Event::SelfRefinePass(p)) => Some(self_refine::pass_line(p)),
-        Some(Event::SelfRefined(r)) => Some(self_refine::self_refined_line(r)),
-        Some(Event::DebateProblemDone(p)) => Some(super::render::debate::problem_line(p)),
-        Some(Event::StateChanged(s)) => Some(state_line(s)),
-        Some(Event::RecordsClaimed(c)) => Some(format!(
-            "records {}-{} claimed by gateway {}{}",
-            c.first,
-            (c.first + u64::from(c.count)).saturating_sub(1),
-            c.gateway,
-            if c.takeover { " (taken over from an expired claim)" } else { "" }
-        )),
-        Some(Event::Completed(c)) => Some(completed_line(&e.run_id, c)),
-        Some(
-            Event::Started(_)
-            | Event::Progress(_)
-            | Event::ChecklistReady(_)
-            | Event::RecordScored(_)
-            | Event::Aggregate(_)
-            | Event::DebateStage(_),
-        )
-        | None => None,
-    };
-    let line = line.unwrap_or_else(|| {
-        let kind = oneof_case(e, "event").unwrap_or_else(|| "unknown".into());
-        let fields =
-            v.as_object().and_then(|o| o.iter().find(|(k, _)| !["runId", "sequence", "time"].contains(&k.as_str())));
-        format!("{kind} {}", fields.map_or(Value::Null, |(_, f)| f.clone()))
-    });
-    Ok(format!("#{} {line}", e.sequence))
-}
-
-/// A run's completion in the words of the verbs: its state, or why it has no result.
-fn completed_line(run_id: &str, c: &gw::RunCompleted) -> String {
-    match finished(c.state, c.result.clone()) {
-        Ok(_) => format!("completed: {}", state_name(c.state)),
-        Err(e) => format!("completed: {}", e.message(run_id)),
-    }
+    Ok(format!("#{} {}", e.sequence, events::line(e)))
 }
 
 #[cfg(test)]
@@ -466,8 +421,20 @@ mod tests {
         );
         assert_eq!(watch_line(&hooked, false).unwrap(), "#9 self-refine intro (original): skipped: too_short");
         let started = event(1, gw::run_event::Event::Started(gw::RunStarted { records: 3, ..Default::default() }));
-        let line = watch_line(&started, false).unwrap();
-        assert!(line.starts_with("#1 started {") && line.contains("\"records\":3"), "{line}");
+        assert_eq!(watch_line(&started, false).unwrap(), "#1 run started: 3 units of work");
+        let claimed = event(
+            2,
+            gw::run_event::Event::RecordsClaimed(gw::RecordsClaimed {
+                gateway: "g2".into(),
+                first: 10000,
+                count: 5000,
+                takeover: true,
+            }),
+        );
+        assert_eq!(
+            watch_line(&claimed, false).unwrap(),
+            "#2 records 10000-14999 claimed by gateway g2 (taken over from an expired claim)"
+        );
     }
 
     #[test]

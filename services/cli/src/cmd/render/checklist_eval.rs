@@ -74,6 +74,24 @@ pub fn mean_with_interval(a: &common::AggregateScores) -> String {
 }
 
 /// The note of a checklist ready for some records.
+/// One line for a scored (or failed) record, as `assay runs watch` prints it.
+pub fn record_line(r: &gw::RecordResult) -> String {
+    let who = if r.responder.is_empty() { String::new() } else { format!(" ({}, sample {})", r.responder, r.sample) };
+    let id = if r.record_id.is_empty() { format!("#{}", r.index) } else { r.record_id.clone() };
+    match r.score.as_ref() {
+        _ if !r.error.is_empty() => format!("record {id}{who}: failed: {}", r.error),
+        Some(s) if s.answered_count > 0 => {
+            format!(
+                "record {id}{who}: pass rate {:.4}, {}/{} items answered",
+                s.pass_rate,
+                s.answered_count,
+                s.item_scores.len()
+            )
+        }
+        Some(_) | None => format!("record {id}{who}: unscored (no item answered)"),
+    }
+}
+
 pub fn checklist_ready_line(c: &gw::ChecklistReady) -> String {
     let n = c.checklist.as_ref().map_or(0, |c| c.items.len());
     format!("checklist ready: {n} items for {} records", c.record_indices.len())

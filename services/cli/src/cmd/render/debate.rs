@@ -21,6 +21,16 @@ fn grade(c: Option<bool>) -> &'static str {
     }
 }
 
+/// One line for a finished stage of a problem's debate (`q01: review round 1 done`).
+pub fn stage_line(d: &gw::DebateStageEvent) -> String {
+    let id = if d.problem_id.is_empty() { format!("#{}", d.index) } else { d.problem_id.clone() };
+    match d.stage.as_ref() {
+        Some(s) if s.round > 0 && s.stage != "judge" => format!("{id}: {} round {} done", s.stage, s.round),
+        Some(s) => format!("{id}: {} done{}", s.stage, if s.consensus { " (consensus)" } else { "" }),
+        None => format!("{id}: a stage done"),
+    }
+}
+
 /// One progress line for a finished problem.
 pub fn problem_line(p: &gw::DebateProblemResult) -> String {
     if !p.error.is_empty() {

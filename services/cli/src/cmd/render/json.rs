@@ -9,7 +9,7 @@ use assay_proto::common::v1 as common;
 use assay_proto::gateway::v1 as gw;
 use assay_proto::refiners::v1 as ref_pb;
 use prost_reflect::prost::Message;
-use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor, ReflectMessage, SerializeOptions};
+use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor, SerializeOptions};
 use serde_json::{Map, Value};
 
 /// The contracts' descriptors (every Assay package and its imports).
@@ -64,7 +64,9 @@ pub fn to_json<M: Proto>(message: &M) -> Result<Value, String> {
 
 /// The field set in a oneof of `message` (`event` of a `RunEvent`): its proto name (snake case),
 /// or None when none is.
+#[cfg(test)]
 pub fn oneof_case<M: Proto>(message: &M, oneof: &str) -> Option<String> {
+    use prost_reflect::ReflectMessage as _;
     let dynamic = dynamic(message).ok()?;
     let desc = dynamic.descriptor();
     let group = desc.oneofs().find(|o| o.name() == oneof)?;

@@ -3,6 +3,7 @@
 
 pub mod checklist_eval;
 pub mod debate;
+pub mod events;
 pub mod generate_checklist;
 pub mod json;
 pub mod self_refine;
