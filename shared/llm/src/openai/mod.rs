@@ -293,13 +293,15 @@ impl OpenAiClient {
         let mut fallbacks = 0u32;
         let mut earlier_retries = 0u32;
         let api = config.api();
+        // A server that answered `/props` is llama.cpp's.
+        let llama_cpp = self.reported_slots().is_some();
         let mut grammar = api == Api::OpenAi && forms.sends_grammar() && request::choice_grammar(&request).is_some();
         let parse = match api {
             Api::OpenAi => reply::parse_chat,
             Api::Ollama => reply::parse_ollama_chat,
         };
         let mut response = loop {
-            let body = request::chat_body(config, &request, &model, delivery, grammar);
+            let body = request::chat_body(config, &request, &model, delivery, (grammar, llama_cpp));
             match self.inner.transport.call(config, url, &body, request.deadline, parse).await {
                 Ok((completion, retries)) => {
                     let retries = earlier_retries + retries;

@@ -39,16 +39,18 @@ pub fn choice_instruction(options: &[String]) -> String {
 }
 
 /// The chat body for `request` in the backend's API ([`Api`]): see [`openai_body`] and
-/// [`ollama_body`].
+/// [`ollama_body`]. `llama_cpp`: the server said it is llama.cpp's (its `/props`), whose grammar
+/// from a JSON schema leaves a number's bounds out: the native schema goes with bounded numbers
+/// as enums ([`for_grammar`]), as the `json_object` form always does.
 pub(super) fn chat_body(
     config: &OpenAiConfig,
     request: &ChatRequest,
     model: &str,
     delivery: SchemaDelivery,
-    choice_grammar: bool,
+    (choice_grammar, llama_cpp): (bool, bool),
 ) -> Value {
     match config.api() {
-        Api::OpenAi => openai_body(config, request, model, delivery, choice_grammar),
+        Api::OpenAi => openai_body(config, request, model, delivery, (choice_grammar, llama_cpp)),
         Api::Ollama => ollama_body(config, request, model, delivery),
     }
 }
@@ -122,7 +124,7 @@ pub(super) fn openai_body(
     request: &ChatRequest,
     model: &str,
     delivery: SchemaDelivery,
-    choice_grammar: bool,
+    (choice_grammar, llama_cpp): (bool, bool),
 ) -> Value {
     let mut messages = request.messages.clone();
     let mut body = serde_json::Map::new();
@@ -131,6 +133,7 @@ pub(super) fn openai_body(
     }
     match (&request.response_format, delivery) {
         (ResponseFormat::JsonSchema { name, schema }, SchemaDelivery::ResponseFormat) => {
+            let schema = if llama_cpp { for_grammar(schema) } else { schema.clone() };
             body.insert(
                 "response_format".into(),
                 json!({"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": true}}),
@@ -197,7 +200,7 @@ mod tests {
             top_logprobs: Some(50),
             ..ChatRequest::default()
         };
-        let body = chat_body(&config, &request, "m", SchemaDelivery::None, true);
+        let body = chat_body(&config, &request, "m", SchemaDelivery::None, (true, false));
         assert_eq!(body["max_completion_tokens"], 12);
         assert!(body.get("max_tokens").is_none());
         assert_eq!(body["seed"], 7);
@@ -217,14 +220,14 @@ mod tests {
             response_format: ResponseFormat::Choice(vec!["YES".into(), "NO".into()]),
             ..ChatRequest::default()
         };
-        let body = chat_body(&config, &request, "m", SchemaDelivery::None, true);
+        let body = chat_body(&config, &request, "m", SchemaDelivery::None, (true, false));
         let grammar = body["grammar"].as_str().unwrap();
         assert!(
             grammar.starts_with("root ::=") && grammar.contains("\"YES\"") && grammar.contains("\"No\""),
             "{grammar}"
         );
         assert!(body["messages"][0]["content"].as_str().unwrap().ends_with("Answer with exactly one of: YES, NO"));
-        assert!(chat_body(&config, &request, "m", SchemaDelivery::None, false).get("grammar").is_none());
+        assert!(chat_body(&config, &request, "m", SchemaDelivery::None, (false, false)).get("grammar").is_none());
     }
 
     #[test]
@@ -236,14 +239,24 @@ mod tests {
             response_format: ResponseFormat::JsonSchema { name: "s".into(), schema: schema.clone() },
             ..ChatRequest::default()
         };
-        let native = chat_body(&config, &request, "m", SchemaDelivery::ResponseFormat, true);
+        let native = chat_body(&config, &request, "m", SchemaDelivery::ResponseFormat, (true, false));
         assert_eq!(native["response_format"]["json_schema"]["strict"], true);
+        let bounded = json!({"type": "object", "properties": {"p": {"type": "number", "minimum": 0, "maximum": 1}}});
+        let bounded_request = ChatRequest {
+            response_format: ResponseFormat::JsonSchema { name: "s".into(), schema: bounded.clone() },
+            ..request.clone()
+        };
+        let elsewhere = chat_body(&config, &bounded_request, "m", SchemaDelivery::ResponseFormat, (true, false));
+        assert_eq!(elsewhere["response_format"]["json_schema"]["schema"], bounded, "sent as it is");
+        let llama = chat_body(&config, &bounded_request, "m", SchemaDelivery::ResponseFormat, (true, true));
+        let p = &llama["response_format"]["json_schema"]["schema"]["properties"]["p"];
+        assert_eq!(p["enum"].as_array().map(Vec::len), Some(101), "llama.cpp's grammar keeps an enum: {p}");
         assert_eq!(native["messages"][0]["content"], "q");
-        let prompt = chat_body(&config, &request, "m", SchemaDelivery::Prompt, true);
+        let prompt = chat_body(&config, &request, "m", SchemaDelivery::Prompt, (true, false));
         assert!(prompt.get("response_format").is_none());
         let content = prompt["messages"][0]["content"].as_str().unwrap();
         assert!(content.starts_with("q\n\n") && content.contains(&schema.to_string()));
-        let tgi = chat_body(&config, &request, "m", SchemaDelivery::Tgi, true);
+        let tgi = chat_body(&config, &request, "m", SchemaDelivery::Tgi, (true, false));
         assert_eq!(tgi["response_format"], json!({"type": "json", "value": schema}));
         assert!(tgi["messages"][0]["content"].as_str().unwrap().contains(&schema.to_string()));
     }
@@ -262,21 +275,21 @@ mod tests {
             top_logprobs: Some(5),
             ..ChatRequest::default()
         };
-        let native = chat_body(&config, &request, "m", SchemaDelivery::ResponseFormat, true);
+        let native = chat_body(&config, &request, "m", SchemaDelivery::ResponseFormat, (true, false));
         assert_eq!(native["stream"], false);
         assert_eq!(native["format"]["properties"]["p"]["enum"].as_array().map(Vec::len), Some(101), "bounds as enums");
         assert_eq!(native["options"], json!({"temperature": 0.0, "seed": 3, "num_predict": 64, "stop": ["END"]}));
         assert_eq!((native["logprobs"].clone(), native["top_logprobs"].clone()), (json!(true), json!(5)));
         assert!(native.get("response_format").is_none() && native.get("max_tokens").is_none());
         assert!(native["messages"][0]["content"].as_str().unwrap().contains(&schema.to_string()));
-        assert_eq!(chat_body(&config, &request, "m", SchemaDelivery::JsonMode, true)["format"], "json");
-        assert!(chat_body(&config, &request, "m", SchemaDelivery::Prompt, true).get("format").is_none());
+        assert_eq!(chat_body(&config, &request, "m", SchemaDelivery::JsonMode, (true, false))["format"], "json");
+        assert!(chat_body(&config, &request, "m", SchemaDelivery::Prompt, (true, false)).get("format").is_none());
         let choice = ChatRequest {
             messages: vec![Message::user("Is it short?")],
             response_format: ResponseFormat::Choice(vec!["YES".into(), "NO".into()]),
             ..ChatRequest::default()
         };
-        let body = chat_body(&config, &choice, "m", SchemaDelivery::None, true);
+        let body = chat_body(&config, &choice, "m", SchemaDelivery::None, (true, false));
         assert!(body.get("grammar").is_none() && body.get("options").is_none());
     }
 }
