@@ -565,7 +565,7 @@ fn exit_of(outcome: Result<cmd::eval::Outcome, String>) -> ExitCode {
             eprintln!(
                 "assay: a responder could not be evaluated: none of its responses was scored (--fail-on-regression)"
             );
-            ExitCode::from(cmd::eval::EXIT_UNEVALUATED)
+            ExitCode::from(cmd::EXIT_UNEVALUATED)
         }
         Ok(cmd::eval::Outcome::Partial) => ExitCode::from(cmd::EXIT_PARTIAL),
         Err(e) => {
@@ -955,7 +955,7 @@ async fn run() -> ExitCode {
                 Ok(config) => cmd::compare::run_with(&config, args).await,
                 Err(e) => {
                     eprintln!("assay compare: {e}");
-                    ExitCode::from(cmd::compare::EXIT_BAD_INPUT)
+                    ExitCode::from(cmd::EXIT_BAD_INPUT)
                 }
             };
         }

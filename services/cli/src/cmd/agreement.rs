@@ -12,11 +12,9 @@ use assay_domain::stats::agreement::{Confusion, MeanInterval, PredictionPowered,
 use assay_domain::stats::krippendorff::{self, Level};
 use serde_json::{Value, json};
 
+use super::EXIT_BAD_INPUT;
 use super::compare::Metric;
 use super::source::{self, label, record_id};
-
-/// Exit code for bad input (missing file, malformed line, unknown record or item, bad option).
-pub const EXIT_BAD_INPUT: u8 = 2;
 
 /// Options of `assay agreement`.
 #[derive(clap::Args, Clone, Debug)]

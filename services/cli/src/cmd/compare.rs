@@ -14,14 +14,9 @@ use assay_domain::stats::{BootstrapInterval, Comparison, DEFAULT_BOOTSTRAP_SEED,
 use assay_proto::gateway::v1 as gw;
 
 use super::source::{self, Spec};
+use super::{EXIT_BAD_INPUT, EXIT_REGRESSION};
 use super::{client, status_text};
 
-/// Exit code of `--fail-on-regression` when the candidate is significantly worse.
-pub const EXIT_REGRESSION: u8 = 1;
-/// Exit code for bad input (missing file, malformed line, a record id repeated without epochs, no
-/// shared records, bad option, unknown run id, unreachable gateway, a run that is not a finished
-/// checklist_eval run), and for a regression gate whose statistics are not numbers (no verdict).
-pub const EXIT_BAD_INPUT: u8 = 2;
 /// Records listed as the worst regressions in the table.
 const WORST: usize = runs::WORST_RECORDS;
 

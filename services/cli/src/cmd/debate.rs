@@ -16,15 +16,13 @@ use assay_proto::gateway::v1 as gw;
 use assay_proto::pipelines;
 use serde_json::{Map, Value};
 
+use super::EXIT_BAD_INPUT;
 use super::follow::{FollowError, NoResult, RunFollower, Step, finished_as, follow_run, is_final, start_run};
 use super::input::HookArgs;
 use super::render::debate::{problem_json, problem_line, summary_text};
 use super::render::self_refine::self_refined_line;
 use super::render::state_name;
 use super::{EXIT_PARTIAL, Progress, Session};
-
-/// Exit code of unusable input: the problem file, an option, or a request the gateway rejected.
-pub const EXIT_BAD_INPUT: u8 = 2;
 
 /// Options of `assay debate`.
 #[derive(clap::Args, Clone)]

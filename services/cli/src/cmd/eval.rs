@@ -32,10 +32,6 @@ pub enum Outcome {
     Unevaluated,
 }
 
-/// Exit code of `--fail-on-regression` when a responder could not be evaluated at all (every
-/// response failed): no verdict, which is not a pass.
-pub const EXIT_UNEVALUATED: u8 = 5;
-
 /// Models under test (`assay eval --respond`): each answers every record's input, and its answers
 /// are what is scored.
 #[derive(clap::Args, Debug, Default, Clone)]

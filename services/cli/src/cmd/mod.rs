@@ -26,8 +26,23 @@ use tonic::transport::Channel;
 /// A gateway client that carries the configured bearer token.
 pub type Client = gw::gateway_service_client::GatewayServiceClient<InterceptedService<Channel, BearerInterceptor>>;
 
-/// Exit code when some records (or items) failed but the run produced results.
+// The exit codes of every verb, in one place (each verb's README section says which it uses).
+
+/// Exit code of `--fail-on-regression` when a candidate is significantly worse.
+pub const EXIT_REGRESSION: u8 = 1;
+/// Exit code of unusable input: a file, a line, an option, a request the gateway rejected, an
+/// unknown run id, an unreachable gateway; and of a regression gate whose statistics are not
+/// numbers (no verdict).
+pub const EXIT_BAD_INPUT: u8 = 2;
+/// Exit code when some records (or items, or problems) failed but the run produced results.
 pub const EXIT_PARTIAL: u8 = 3;
+/// Exit code of a best-effort refinement (full-auto below its thresholds).
+pub const EXIT_BEST_EFFORT: u8 = 3;
+/// Exit code of a refinement left waiting for a human (semi-auto escalation).
+pub const EXIT_AWAITING_HUMAN: u8 = 4;
+/// Exit code of `--fail-on-regression` when a responder could not be evaluated at all (every
+/// response failed): no verdict, which is not a pass.
+pub const EXIT_UNEVALUATED: u8 = 5;
 
 /// Start the whole mesh in this process and wait until every service is SERVING.
 pub async fn start(config: &AssayConfig) -> Result<assay_cli::Mesh, String> {

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use assay_domain::stats::power::{Design, Pilot, Plan, Question, power};
 use serde_json::{Value, json};
 
-use super::agreement::EXIT_BAD_INPUT;
+use super::EXIT_BAD_INPUT;
 use super::compare::Metric;
 use super::source::{self, label};
 

@@ -21,13 +21,7 @@ use super::render::json::{envelope, run_output, to_json};
 use super::render::self_refine::self_refined_line;
 use super::render::targeted_refinement::progress_line;
 use super::render::{mode_name, stage_progress_line, state_line};
-
-/// Exit code of unusable input: the document, an option, or a request the gateway rejected.
-pub const EXIT_BAD_INPUT: u8 = 2;
-/// Exit code of a best-effort result (full-auto below its thresholds).
-pub const EXIT_BEST_EFFORT: u8 = 3;
-/// Exit code of a run left waiting for a human (semi-auto escalation).
-pub const EXIT_AWAITING_HUMAN: u8 = 4;
+use super::{EXIT_AWAITING_HUMAN, EXIT_BAD_INPUT, EXIT_BEST_EFFORT};
 
 /// Refinement mode.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

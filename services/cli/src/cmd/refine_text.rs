@@ -14,6 +14,7 @@ use assay_proto::pipelines;
 use assay_proto::refiners::v1 as rpb;
 use serde_json::Value;
 
+use super::EXIT_BAD_INPUT;
 use super::Session;
 use super::follow::{FollowError as RefineError, RunFollower, Step, finished_as, is_final, run_and_follow};
 use super::input::model_spec;
@@ -21,9 +22,6 @@ use super::render::json::run_output;
 use super::render::plural;
 use super::render::self_refine::{pass_line, summary_line};
 use super::render::state_line;
-
-/// Exit code of unusable input: the draft, an option, or a request the gateway rejected.
-pub const EXIT_BAD_INPUT: u8 = 2;
 
 /// How convergence is decided when embeddings are unavailable.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
