@@ -1417,3 +1417,39 @@ async fn an_ollama_that_ignores_the_schema_moves_to_json_mode() {
     assert_eq!((response.json, response.usage.schema_violations), (Some(json!({"score": 1})), 0));
     assert_eq!(server.requests()[3].body["format"], "json");
 }
+
+/// A llama.cpp-like server (it says its slots at `/props`) serves calls at once on a few cores, so
+/// each is generated more slowly the more it serves: a call in service is not cut at the attempt
+/// ceiling while its token limit's time at the pace the server has shown has not passed. At a
+/// server that says nothing of its slots the ceiling still cuts.
+#[tokio::test]
+async fn a_call_in_service_has_its_token_limits_time_at_the_servers_pace() {
+    async fn run(props: bool) -> (Result<assay_llm::ChatResponse, LlmError>, usize) {
+        let server = ScriptedLlm::start().await;
+        if props {
+            server.set_props(json!({"total_slots": 4}));
+        }
+        let config = OpenAiConfig { request_timeout: Duration::from_millis(600), max_retries: 1, ..config(&server) };
+        let client = OpenAiClient::new(config).unwrap();
+        // Three answers show the pace: 200 ms for 10 tokens (20 ms a token).
+        for _ in 0..3 {
+            server.push(Reply::text("short").usage(5, 10).delay(Duration::from_millis(200)));
+        }
+        for _ in 0..3 {
+            client.chat(ChatRequest { max_tokens: Some(64), ..ask("q") }).await.unwrap();
+        }
+        // One generated to its limit at that pace, slower for sharing the server: 1.3 s, over the
+        // 600 ms ceiling, under 64 tokens x 20 ms x 1.5 = 1.92 s.
+        server.push_all([
+            Reply::text("long").usage(5, 64).delay(Duration::from_millis(1300)),
+            Reply::text("again").usage(5, 64).delay(Duration::from_millis(1300)),
+        ]);
+        let response = client.chat(ChatRequest { max_tokens: Some(64), ..ask("q") }).await;
+        (response, server.cancelled_count())
+    }
+    let (response, cancelled) = run(true).await;
+    let response = response.expect("the call in service is waited for");
+    assert_eq!((response.text.as_str(), response.usage.retries, cancelled), ("long", 0, 0));
+    let (response, cancelled) = run(false).await;
+    assert!(response.is_err() && cancelled >= 1, "the ceiling cuts elsewhere: {response:?}, {cancelled} cancelled");
+}

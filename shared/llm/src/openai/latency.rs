@@ -46,6 +46,12 @@ pub(super) const MIN_SAMPLES: usize = 8;
 pub(super) const PRIOR_MIN_SAMPLES: usize = 1;
 /// A prior is borrowed from other classes: it gets this factor on top of the multiplier.
 pub(super) const PRIOR_MARGIN: f64 = 2.0;
+/// Answers generating fewer completion tokens than this say little of the pace (a YES/NO).
+pub(super) const PACE_MIN_TOKENS: u64 = 8;
+/// Answers with a pace before [`LatencyBook::service_bound`] says anything.
+pub(super) const PACE_MIN_SAMPLES: usize = 3;
+/// A call may take this many times the time its token limit needs at the slowest recent pace.
+pub(super) const SERVICE_MARGIN: f64 = 1.5;
 /// Recent latencies kept per class.
 const WINDOW: usize = 64;
 /// Classes kept (a backend sees a handful: one per phase and model); beyond this the oldest
@@ -179,13 +185,16 @@ impl HedgeBudget {
 /// Recent latencies per call class.
 pub(super) struct LatencyBook {
     classes: Mutex<HashMap<String, Samples>>,
+    /// Seconds per completion token of recent answers that generated at least
+    /// [`PACE_MIN_TOKENS`] (prompt time included: the pace errs slow).
+    paces: Mutex<VecDeque<f64>>,
     /// Bumped on every sample, so attempts in flight can recompute their timeout.
     samples: watch::Sender<u64>,
 }
 
 impl Default for LatencyBook {
     fn default() -> Self {
-        Self { classes: Mutex::default(), samples: watch::channel(0).0 }
+        Self { classes: Mutex::default(), paces: Mutex::default(), samples: watch::channel(0).0 }
     }
 }
 
@@ -209,6 +218,32 @@ impl LatencyBook {
         samples.window.push_back(latency);
         drop(classes);
         self.samples.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Note the pace of an answer that took `latency` for `completion_tokens`.
+    pub(super) fn record_pace(&self, latency: Duration, completion_tokens: u64) {
+        if completion_tokens < PACE_MIN_TOKENS {
+            return;
+        }
+        let Ok(mut paces) = self.paces.lock() else { return };
+        if paces.len() == WINDOW {
+            paces.pop_front();
+        }
+        paces.push_back(latency.as_secs_f64() / completion_tokens as f64);
+    }
+
+    /// How long a call allowed `max_tokens` may take at the slowest recent pace of the backend,
+    /// with [`SERVICE_MARGIN`]: a server that serves several calls at once on a few cores (llama.cpp's
+    /// `llama-server`, four slots by default) generates each more slowly the more it serves, and a
+    /// call running to its token limit there is slow for good reason, not hung. `None` until
+    /// [`PACE_MIN_SAMPLES`] answers have shown a pace.
+    pub(super) fn service_bound(&self, max_tokens: u64) -> Option<Duration> {
+        let paces = self.paces.lock().ok()?;
+        if paces.len() < PACE_MIN_SAMPLES {
+            return None;
+        }
+        let slowest = paces.iter().copied().fold(0.0_f64, f64::max);
+        Duration::try_from_secs_f64(slowest * max_tokens as f64 * SERVICE_MARGIN).ok()
     }
 
     /// Whether a class has enough samples for its timeout to adapt from its own latencies.
@@ -328,6 +363,19 @@ mod tests {
         let book = LatencyBook::default();
         record_all(&book, &class(key), millis);
         book
+    }
+
+    #[test]
+    fn the_service_bound_is_the_token_limit_at_the_slowest_pace() {
+        let book = LatencyBook::default();
+        book.record_pace(Duration::from_millis(500), 10);
+        book.record_pace(Duration::from_millis(100), 4); // too few tokens: no pace
+        book.record_pace(Duration::from_millis(400), 10);
+        assert_eq!(book.service_bound(100), None, "two paces so far");
+        book.record_pace(Duration::from_secs(1), 10);
+        // The slowest: 0.1 s a token, x 100 tokens x 1.5.
+        let bound = book.service_bound(100).unwrap();
+        assert!((bound.as_secs_f64() - 15.0).abs() < 1e-6, "{bound:?}");
     }
 
     #[test]

@@ -301,6 +301,11 @@ fn text_chars(value: &Value) -> usize {
 pub(super) trait ReportsUsage {
     /// Prompt + completion tokens, when the reply reports them.
     fn tokens_used(&self) -> Option<u64>;
+
+    /// Completion tokens, when the reply reports them (none for embeddings).
+    fn completion_tokens(&self) -> Option<u64> {
+        None
+    }
 }
 
 fn usage_tokens(usage: Option<&wire::WireUsage>) -> Option<u64> {
@@ -314,6 +319,10 @@ fn usage_tokens(usage: Option<&wire::WireUsage>) -> Option<u64> {
 impl ReportsUsage for wire::ChatCompletion {
     fn tokens_used(&self) -> Option<u64> {
         usage_tokens(self.usage.as_ref())
+    }
+
+    fn completion_tokens(&self) -> Option<u64> {
+        self.usage.as_ref().and_then(|u| u.completion_tokens)
     }
 }
 

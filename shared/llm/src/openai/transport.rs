@@ -288,7 +288,7 @@ impl Transport {
     /// whole attempt timeout (a server that stopped, not one working through its queue). So a
     /// call is never abandoned, and sent again, for waiting its turn: a queueing server would
     /// still serve the abandoned copy (llama-cpp-python does; see the README's local servers).
-    async fn exchange<T>(
+    async fn exchange<T: ReportsUsage>(
         &self,
         config: &OpenAiConfig,
         url: &str,
@@ -385,6 +385,16 @@ impl Transport {
                 config.max_retries,
                 config.request_timeout,
             );
+            // At a server with slots (llama.cpp's, or one found to queue), a call in service may
+            // take as long as its token limit needs at the pace the server has shown, beyond the
+            // ceiling: calls served at once share its cores, and cutting one that is still being
+            // generated only makes the server start it again.
+            let budget = match class.max_tokens.filter(|n| *n > 0) {
+                Some(n) if self.limit.server_slots().is_some() => {
+                    self.latency.service_bound(n).map_or(budget, |bound| budget.max(bound))
+                }
+                Some(_) | None => budget,
+            };
             // While the class is cold its budget is the ceiling or a prior borrowed from other
             // classes: listen for new samples and recompute it, so a hang is cut once siblings set
             // the pace. A warm class keeps the budget it started with.
@@ -510,8 +520,11 @@ impl Transport {
             Err(e) if e.kind == AttemptKind::Malformed => crate::attempts::abandoned(1 + others + cut_off),
             Err(_) => crate::attempts::abandoned(others + cut_off),
         }
-        if reply.is_ok() {
+        if let Ok(value) = &reply {
             self.latency.record(class, answered_since.elapsed());
+            if let Some(tokens) = value.completion_tokens() {
+                self.latency.record_pace(answered_since.elapsed(), tokens);
+            }
             self.hedges.answered();
         }
         reply.map(|value| Answered { value, by_duplicate: answered_since != started })
