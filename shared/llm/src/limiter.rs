@@ -233,6 +233,12 @@ impl AdaptiveLimit {
         self.state().slots
     }
 
+    /// The slots the server said it has ([`Self::report_slots`]), not those found from its answers.
+    pub fn reported_slots(&self) -> Option<usize> {
+        let s = self.state();
+        s.slots.filter(|_| s.reported).map(|k| k as usize)
+    }
+
     /// Whether the server has shown it serves at least `few` calls at once: it said so, or its
     /// answers have been read and show no queue (at least [`QUEUE_MIN_ANSWERS`] of them, sent
     /// with differing calls ahead, and no slots found). Until then a duplicate request could wait

@@ -1439,7 +1439,7 @@ async fn a_call_in_service_has_its_token_limits_time_at_the_servers_pace() {
             client.chat(ChatRequest { max_tokens: Some(64), ..ask("q") }).await.unwrap();
         }
         // One generated to its limit at that pace, slower for sharing the server: 1.3 s, over the
-        // 600 ms ceiling, under 64 tokens x 20 ms x 1.5 = 1.92 s.
+        // 600 ms ceiling, under 64 tokens x 20 ms x 3 = 3.84 s.
         server.push_all([
             Reply::text("long").usage(5, 64).delay(Duration::from_millis(1300)),
             Reply::text("again").usage(5, 64).delay(Duration::from_millis(1300)),

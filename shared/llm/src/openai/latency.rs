@@ -50,8 +50,11 @@ pub(super) const PRIOR_MARGIN: f64 = 2.0;
 pub(super) const PACE_MIN_TOKENS: u64 = 8;
 /// Answers with a pace before [`LatencyBook::service_bound`] says anything.
 pub(super) const PACE_MIN_SAMPLES: usize = 3;
-/// A call may take this many times the time its token limit needs at the slowest recent pace.
-pub(super) const SERVICE_MARGIN: f64 = 1.5;
+/// A call may take this many times the time its token limit needs at the slowest recent pace:
+/// the pace of a server that shares its cores among its slots swings with how many it serves and
+/// with what else runs on the machine (1.5 cut all four calls in service at once when a build
+/// started beside the server).
+pub(super) const SERVICE_MARGIN: f64 = 3.0;
 /// Recent latencies kept per class.
 const WINDOW: usize = 64;
 /// Classes kept (a backend sees a handful: one per phase and model); beyond this the oldest
@@ -103,7 +106,12 @@ impl CallClass {
 /// embedding) generates nothing: its token limit, for priors, is 0.
 pub(super) fn class_of(url: &str, body: &Value) -> CallClass {
     let model = body.get("model").and_then(Value::as_str).unwrap_or("");
-    let limit = body.get("max_tokens").or_else(|| body.get("max_completion_tokens")).and_then(Value::as_u64);
+    // Ollama's native API carries the limit as `options.num_predict`.
+    let limit = body
+        .get("max_tokens")
+        .or_else(|| body.get("max_completion_tokens"))
+        .or_else(|| body.get("options").and_then(|o| o.get("num_predict")))
+        .and_then(Value::as_u64);
     let key = format!("{url}|{model}|{}", limit.map_or_else(String::new, |l| l.to_string()));
     let generates = body.get("messages").is_some();
     CallClass { key, max_tokens: if generates { limit } else { Some(0) } }
@@ -373,9 +381,9 @@ mod tests {
         book.record_pace(Duration::from_millis(400), 10);
         assert_eq!(book.service_bound(100), None, "two paces so far");
         book.record_pace(Duration::from_secs(1), 10);
-        // The slowest: 0.1 s a token, x 100 tokens x 1.5.
+        // The slowest: 0.1 s a token, x 100 tokens x 3.
         let bound = book.service_bound(100).unwrap();
-        assert!((bound.as_secs_f64() - 15.0).abs() < 1e-6, "{bound:?}");
+        assert!((bound.as_secs_f64() - 30.0).abs() < 1e-6, "{bound:?}");
     }
 
     #[test]
@@ -541,5 +549,7 @@ mod tests {
         assert_ne!(class_of("u", &body), class_of("u", &other));
         assert_eq!(class_of("u", &other).max_tokens, Some(512));
         assert_eq!(class_of("u", &serde_json::json!({"model": "m", "messages": []})).max_tokens, None);
+        let ollama = serde_json::json!({"model": "m", "messages": [], "options": {"num_predict": 64}});
+        assert_eq!(class_of("u", &ollama).max_tokens, Some(64));
     }
 }

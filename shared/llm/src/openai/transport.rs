@@ -283,8 +283,9 @@ impl Transport {
     ///
     /// A server that queues (one slot, or a few) answers a call only after the calls ahead of it:
     /// its wait is no hang. Its timeout and its hedges count from its turn: from when the backend
-    /// has answered as many calls as were ahead of it (at once when none was), not from when it
-    /// was sent. Until then it is given up on only when the backend answers nothing at all for a
+    /// has answered enough of the calls ahead of it for a slot to be free
+    /// ([`answers_before_turn`]: at once when it has more slots than calls ahead), not from when
+    /// it was sent. Until then it is given up on only when the backend answers nothing at all for a
     /// whole attempt timeout (a server that stopped, not one working through its queue). So a
     /// call is never abandoned, and sent again, for waiting its turn: a queueing server would
     /// still serve the abandoned copy (llama-cpp-python does; see the README's local servers).
@@ -308,8 +309,12 @@ impl Transport {
         let started = Instant::now();
         let mut samples = self.latency.subscribe();
         let answers_at_send = *samples.borrow_and_update();
+        // Answers needed before its turn: a server that said it has `k` slots serves a call sent
+        // with `ahead` in flight at once when `ahead < k`, else after `ahead - k + 1` answers; any
+        // other is taken to serve one at a time (FIFO: slots found from answers are an estimate).
+        let needed = answers_before_turn(ahead, self.limit.reported_slots());
         // When the calls ahead had been answered (its turn); when the backend last answered.
-        let mut turn: Option<Instant> = (ahead == 0).then_some(started);
+        let mut turn: Option<Instant> = (needed == 0).then_some(started);
         let mut progress = started;
         // Hedged requests: once an attempt has gone unanswered for `hedge_factor` times its class's
         // expected latency, a duplicate goes out beside it (when the concurrency limit has a free
@@ -488,7 +493,7 @@ impl Transport {
                 Ok(()) = samples.changed(), if listen => {
                     let answers = *samples.borrow_and_update();
                     progress = Instant::now();
-                    if turn.is_none() && answers.wrapping_sub(answers_at_send) >= ahead as u64 {
+                    if turn.is_none() && answers.wrapping_sub(answers_at_send) >= needed as u64 {
                         turn = Some(progress);
                         if hedges == 0 && replace_at.is_none() {
                             hedged_from = progress;
@@ -528,6 +533,17 @@ impl Transport {
             self.hedges.answered();
         }
         reply.map(|value| Answered { value, by_duplicate: answered_since != started })
+    }
+}
+
+/// Answers the backend must give before a call sent with `ahead` calls in flight is in service:
+/// none when the `slots` the server said it has exceed `ahead`, else `ahead - slots + 1`; with
+/// none said, `ahead` (one at a time: a call given up on for waiting its turn would be served
+/// twice, and slots found from answers are an estimate that may read high).
+fn answers_before_turn(ahead: usize, slots: Option<usize>) -> usize {
+    match slots {
+        Some(k) => (ahead + 1).saturating_sub(k.max(1)),
+        None => ahead,
     }
 }
 
@@ -579,5 +595,20 @@ fn retry_reason(failure: &AttemptError) -> &'static str {
         (_, Some(_)) => "other_status",
         (AttemptKind::TimedOut, None) => "timeout",
         (AttemptKind::Transient | AttemptKind::Unreachable | AttemptKind::Permanent, None) => "transport",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::answers_before_turn;
+
+    #[test]
+    fn a_call_is_in_service_once_a_slot_is_free_for_it() {
+        // Four slots (llama-server's default): the first four calls at once, the fifth after one
+        // answer, the sixth after two.
+        assert_eq!([0, 3, 4, 5].map(|ahead| answers_before_turn(ahead, Some(4))), [0, 0, 1, 2]);
+        assert_eq!(answers_before_turn(2, Some(1)), 2);
+        // Not said: one at a time.
+        assert_eq!(answers_before_turn(3, None), 3);
     }
 }
