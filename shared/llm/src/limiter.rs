@@ -139,8 +139,12 @@ struct State {
     /// The slots came from the server itself ([`AdaptiveLimit::report_slots`]): the queue model
     /// does not revise them.
     reported: bool,
+    /// When the slots were last lowered for want of room ([`AdaptiveLimit::out_of_room`]).
+    last_shrink: Option<Instant>,
 }
 
+/// Calls failing for want of room within this of a first one are the same event.
+const SHRINK_EVERY: Duration = Duration::from_secs(2);
 /// Classes whose latency is tracked at most; beyond it the table starts over.
 const MAX_CLASSES: usize = 64;
 /// Samples before a class's latency can signal overload.
@@ -204,6 +208,7 @@ impl AdaptiveLimit {
                 queued: std::collections::VecDeque::with_capacity(QUEUE_WINDOW),
                 slots: None,
                 reported: false,
+                last_shrink: None,
             }),
             freed: Notify::new(),
         })
@@ -269,6 +274,34 @@ impl AdaptiveLimit {
         s.slow_start = false;
         info!(backend = %self.name, server_slots = slots, concurrency_limit = s.limit as usize,
               "the server says how many calls it serves at once");
+    }
+
+    /// The server ran out of room for the calls it served at once: llama.cpp's `llama-server`
+    /// fails every call in service with a 500 "Context size has been exceeded" when their
+    /// sequences outgrow the one KV cache its slots share (at its defaults: four slots in the
+    /// model's context). The server is held to one slot fewer than it had (said or found), at
+    /// least one; the calls that failed together are one event ([`SHRINK_EVERY`]). The new count
+    /// when it was lowered.
+    pub fn out_of_room(&self) -> Option<usize> {
+        let mut s = self.state();
+        let now = Instant::now();
+        if s.last_shrink.is_some_and(|t| now.duration_since(t) < SHRINK_EVERY) {
+            return None;
+        }
+        let k = (s.slots.unwrap_or(s.limit).floor() as usize).max(1);
+        if k <= 1 {
+            return None;
+        }
+        s.last_shrink = Some(now);
+        s.slots = Some((k - 1) as f64);
+        s.reported = true;
+        let ceiling = self.ceiling(&s);
+        if s.limit > ceiling {
+            s.limit = ceiling;
+        }
+        tracing::warn!(backend = %self.name, server_slots = k - 1, concurrency_limit = s.limit as usize,
+                       "the server ran out of room for the calls it served at once: holding it to one fewer");
+        Some(k - 1)
     }
 
     /// The highest the limit may go now: the cap, or one past the server's slots once known.

@@ -1453,3 +1453,24 @@ async fn a_call_in_service_has_its_token_limits_time_at_the_servers_pace() {
     let (response, cancelled) = run(false).await;
     assert!(response.is_err() && cancelled >= 1, "the ceiling cuts elsewhere: {response:?}, {cancelled} cancelled");
 }
+
+/// llama.cpp's `llama-server` at its defaults shares one KV cache among four slots: when the
+/// calls in service outgrow it, every one of them fails with a 500 "Context size has been
+/// exceeded". That is one event: the server is held to one slot fewer, and the calls are retried.
+#[tokio::test]
+async fn a_server_out_of_room_for_its_slots_is_held_to_one_fewer() {
+    let server = ScriptedLlm::start().await;
+    server.set_props(json!({"total_slots": 4}));
+    let full = || {
+        Reply::status(500)
+            .body(r#"{"error":{"code":500,"message":"Context size has been exceeded.","type":"server_error"}}"#)
+            .delay(Duration::from_millis(100))
+    };
+    server.push_all([full(), full(), full(), full()]);
+    server.set_handler(|_| Reply::text("ok").delay(Duration::from_millis(50)));
+    let client = client(&server);
+    let answers = futures::future::join_all((0..4).map(|i| client.chat(ask(&format!("q{i}"))))).await;
+    assert!(answers.iter().all(Result::is_ok), "retried and answered: {answers:?}");
+    assert_eq!(client.concurrency_limit(), 3, "four failing together are one event: one slot fewer");
+    assert_eq!(server.request_count(), 8);
+}

@@ -66,6 +66,15 @@ pub(super) struct CallError {
     pub(super) retries: u32,
 }
 
+/// Whether a server error says the calls it serves at once outgrew its memory for them:
+/// llama.cpp's `llama-server` ("Context size has been exceeded" for every call in service when
+/// its slots' sequences outgrow the KV cache they share; "failed to find free space in the KV
+/// cache").
+pub(super) fn out_of_room(message: &str) -> bool {
+    let text = message.to_ascii_lowercase();
+    text.contains("context size has been exceeded") || text.contains("free space in the kv cache")
+}
+
 const BODY_SNIPPET: usize = 300;
 
 fn snippet(body: &[u8]) -> String {

@@ -270,6 +270,12 @@ impl Transport {
             _ => load_signal(&reply, started.elapsed()),
         };
         slot.finish(&class.key, signal);
+        if let Err(e) = &reply
+            && e.status.is_some_and(|s| s >= 500)
+            && super::errors::out_of_room(&e.error.to_string())
+        {
+            self.limit.out_of_room();
+        }
         let reply = reply.map(|answered| answered.value);
         if let Some(sent) = sent {
             // Whichever of the attempt and its hedges answered, one reservation is corrected by
