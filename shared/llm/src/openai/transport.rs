@@ -396,12 +396,13 @@ impl Transport {
                 config.max_retries,
                 config.request_timeout,
             );
-            // At a server with slots (llama.cpp's, or one found to queue), a call in service may
-            // take as long as its token limit needs at the pace the server has shown, beyond the
-            // ceiling: calls served at once share its cores, and cutting one that is still being
-            // generated only makes the server start it again.
+            // At a server that said its slots (llama.cpp's), a call in service may take as long as
+            // its token limit needs at the pace the server has shown, beyond the ceiling: calls
+            // served at once share its cores, and cutting one that is still being generated only
+            // makes the server start it again. (Slots found from answers are an estimate, and a
+            // client short of CPU reads as one: hangs there keep the adaptive timeout.)
             let budget = match class.max_tokens.filter(|n| *n > 0) {
-                Some(n) if self.limit.server_slots().is_some() => {
+                Some(n) if self.limit.reported_slots().is_some() => {
                     self.latency.service_bound(n).map_or(budget, |bound| budget.max(bound))
                 }
                 Some(_) | None => budget,
