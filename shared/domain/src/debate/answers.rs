@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use super::RefinedSolution;
+use super::types::RefinedSolution;
 
 /// An answer in comparable form: lower case, numbers in canonical form (`1,000.50` -> `1000.5`,
 /// `42.0` -> `42`, `+3` -> `3`), fractions of whole numbers reduced and written as decimals when

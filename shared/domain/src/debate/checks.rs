@@ -1,6 +1,11 @@
 //! Request checks. Field paths are relative to `prefix` (may be empty).
 
-use super::*;
+use std::collections::BTreeSet;
+
+use crate::error::{StageError, Violations};
+use crate::limits::MAX_ID_BYTES;
+
+use super::types::*;
 
 fn path(prefix: &str, name: &str) -> String {
     if prefix.is_empty() { name.to_string() } else { format!("{prefix}.{name}") }

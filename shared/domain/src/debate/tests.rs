@@ -1,5 +1,7 @@
 //! The debate's types, answers and checks.
 
+use crate::error::{StageError, Violations};
+
 use super::checks::*;
 use super::*;
 
