@@ -84,17 +84,27 @@ fn start_server(python: &Path, log: &Path) -> LlamaServer {
         .stderr(std::fs::File::create(log.with_extension("err")).expect("the server's log"))
         .spawn()
         .expect("the llama-cpp-python server starts");
-    let mut server = LlamaServer { child, base_url: format!("http://127.0.0.1:{port}/v1") };
+    ready(
+        LlamaServer { child, base_url: format!("http://127.0.0.1:{port}/v1") },
+        port,
+        &log.with_extension("err"),
+        "the llama-cpp-python server",
+    )
+}
+
+/// `server` once it lists its models on `port` (polling, within two minutes); a panic with its
+/// log `err_log` when it exits first.
+fn ready(mut server: LlamaServer, port: u16, err_log: &Path, what: &str) -> LlamaServer {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         if lists_models(port) {
             return server;
         }
         if let Ok(Some(status)) = server.child.try_wait() {
-            let err = std::fs::read_to_string(log.with_extension("err")).unwrap_or_default();
-            panic!("the llama-cpp-python server exited ({status}):\n{err}");
+            let err = std::fs::read_to_string(err_log).unwrap_or_default();
+            panic!("{what} exited ({status}):\n{err}");
         }
-        assert!(Instant::now() < deadline, "the llama-cpp-python server did not answer within 120 s");
+        assert!(Instant::now() < deadline, "{what} did not answer within 120 s");
         std::thread::sleep(Duration::from_millis(200));
     }
 }
@@ -128,19 +138,7 @@ fn start_llama_server(binary: &Path, log: &Path) -> LlamaServer {
         .stderr(std::fs::File::create(log).expect("the server's log"))
         .spawn()
         .expect("llama-server starts");
-    let mut server = LlamaServer { child, base_url: format!("http://127.0.0.1:{port}/v1") };
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        if lists_models(port) {
-            return server;
-        }
-        if let Ok(Some(status)) = server.child.try_wait() {
-            let err = std::fs::read_to_string(log).unwrap_or_default();
-            panic!("llama-server exited ({status}):\n{err}");
-        }
-        assert!(Instant::now() < deadline, "llama-server did not answer within 120 s");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    ready(LlamaServer { child, base_url: format!("http://127.0.0.1:{port}/v1") }, port, log, "llama-server")
 }
 
 /// Whether the server on `port` answers `GET /v1/models` with 200.
