@@ -1,4 +1,4 @@
-//! The debate service: multi-LLM debate (REFERENCE section 6). Three solvers solve a problem
+//! The debate service: multi-LLM debate. Three solvers solve a problem
 //! independently, review each other, refine with the reviews about them, and a judge picks the
 //! winner.
 

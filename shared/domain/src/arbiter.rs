@@ -1,5 +1,5 @@
 //! The arbiter stage: consolidate judges' verdicts, route fixes, plan execution batches
-//! (REFERENCE section 7, targeted-refinement spec FR-001..FR-010, FR-030, FR-049..FR-051).
+//! (the arbiter's part of a targeted refinement).
 
 use std::collections::BTreeMap;
 
@@ -119,7 +119,7 @@ pub struct Consolidation {
     /// One entry per kept issue that named no known section, in issue order: where localization
     /// placed it (or why it could not).
     pub localizations: Vec<IssueLocalization>,
-    /// Critical issues the agreement filter kept out of the plan (FR-003), `raised_by` filled:
+    /// Critical issues the agreement filter kept out of the plan, `raised_by` filled:
     /// acceptance and the unresolved issues still count them.
     #[serde(default)]
     pub held_critical: Vec<JudgeIssue>,

@@ -5,7 +5,7 @@
 //!
 //! Detection reads the issue's description and fix instruction (the judge's and the arbiter's
 //! words; the issue carries no structured action) and looks for a word that names such a change,
-//! in English or Portuguese (the seed's two languages): a word that starts with one of
+//! in English or Portuguese (the two languages the prompts handle): a word that starts with one of
 //! [`RESTRUCTURE_STEMS`] ("remove", "removing", "merge", "redundant", "condense", "restructure", "split",
 //! "turn the list into prose", "remover", "mesclar", "reestruturar", "redundante"...). A word
 //! negated by one of the three words before it ("do not remove", "without merging", "não

@@ -1,5 +1,5 @@
 //! Content refiners of sectioned documents: the patcher (surgical edit of one section) and the
-//! section expander (regeneration of one section), REFERENCE section 7, FR-011..FR-017.
+//! section expander (regeneration of one section), the edits of a targeted refinement.
 
 use crate::Usage;
 use crate::asks::{asks_for_content, asks_to_restructure};

@@ -138,7 +138,7 @@ pub fn mean_score(scores: &BTreeMap<String, f64>) -> f64 {
     if scores.is_empty() { 0.0 } else { scores.values().sum::<f64>() / scores.len() as f64 }
 }
 
-/// The six Stage 6 criteria in priority order (REFERENCE section 7).
+/// The six Stage 6 criteria in priority order.
 pub fn default_criteria() -> Vec<Criterion> {
     [
         ("factual_accuracy", "Facts, figures, definitions and claims are correct."),

@@ -1,4 +1,4 @@
-//! Markdown headings of a section and whether an edit kept them (FR-012: the patcher preserves
+//! Markdown headings of a section and whether an edit kept them (the patcher preserves
 //! what it was not asked to change). Shared by the patcher and section expander, which refuse a
 //! reply that drops a heading, and by the delta judge, whose structure check rejects the drop.
 //!

@@ -1,4 +1,4 @@
-//! Checklist refiners (REFERENCE section 3): the steps (Deduplicator, Tagger, UnitTester,
+//! Checklist refiners: the steps (Deduplicator, Tagger, UnitTester,
 //! Selector) with their options, what they report, the validation of a chain, and the
 //! [`ChecklistRefiner`] stage trait. No transport types.
 

@@ -1,4 +1,4 @@
-//! Self-refine (REFERENCE section 5): a critique -> revise loop over one draft, stopped by the
+//! Self-refine: a critique -> revise loop over one draft, stopped by the
 //! convergence cascade ([`crate::similarity`]) and guarded against drifting away from the original.
 //!
 //! A pass asks the refiner model for a `<critique>` and a `<revised>` text, then:
@@ -243,7 +243,7 @@ pub fn kept_words(draft: &str, revised: &str) -> f64 {
 }
 
 /// Whether a pass-1 reply that diverged from the draft by characters is still recognisably a
-/// revision of it (REFERENCE: pass 1 refuses only replies that are not a revision at all): close
+/// revision of it (pass 1 refuses only replies that are not a revision at all): close
 /// in meaning (embedding `cosine` to the draft at least [`REVISION_MIN_COSINE`], when measured) or
 /// keeping at least [`REVISION_MIN_KEPT_WORDS`] of the draft's content words ([`kept_words`]). A
 /// faithful expansion, a summary or a paraphrase is one; a refusal, a bare "YES" or an answer
@@ -300,10 +300,10 @@ pub const MAX_HOOK_EXCLUDES: usize = 64;
 
 /// The producers a hook with no exclude list leaves alone: text a human wrote or edited is not
 /// polished after it was accepted, and text no stage changed (`original`: a section that passed
-/// judging as it was given) stays exactly as given (US1-1, SC-002: untouched sections remain
-/// unchanged). With no list the hook polishes only what a model wrote (`model`, `debate`). The
-/// seed's default excludes (`formatter`, `deps`, `refiner`, `verifier`) name agents no Assay
-/// pipeline has.
+/// judging as it was given) stays exactly as given (untouched sections remain
+/// unchanged, byte for byte). With no list the hook polishes only what a model wrote (`model`,
+/// `debate`). Agent names such as `formatter`, `deps`, `refiner` or `verifier` are not defaults:
+/// no Assay pipeline has such a producer.
 pub const DEFAULT_HOOK_EXCLUDES: &[&str] = &["human", "original"];
 
 /// Self-refine as post-processing of a pipeline's text outputs: every output that is not excluded
@@ -364,7 +364,7 @@ impl SelfRefineHook {
 
     /// Whether the output `target`, written by `producer`, is left alone: named by the exclude
     /// list, or, with no list, written by a producer of [`DEFAULT_HOOK_EXCLUDES`] (a list given
-    /// replaces them, as the seed's `ExcludeAgents`; name anything else, `["-"]`, to polish every
+    /// replaces them; name anything else, `["-"]`, to polish every
     /// output).
     pub fn excludes(&self, target: &str, producer: &str) -> bool {
         if self.exclude.is_empty() {
@@ -416,7 +416,7 @@ pub struct SelfRefineOutcome {
 impl SelfRefineOutcome {
     /// The outcome of a loop whose next refiner call failed as a whole with `error` (a very first
     /// call that failed outright, or a stage call that failed before its pass could be reported):
-    /// a refiner error like any other (REFERENCE: it keeps the previous draft and is reported).
+    /// a refiner error like any other (it keeps the previous draft and is reported).
     /// `passes` are the passes run before (each kept, none ending the loop); the failed one is
     /// added after them with the error. The text returned is the last kept pass's revision (the
     /// draft when there is none), the stop reason [`StopReason::RefinerError`]; `model` is the
@@ -573,7 +573,7 @@ mod tests {
         assert!(!SelfRefinePass { error: "down".into(), ..Default::default() }.kept());
     }
 
-    /// US1-1, SC-002: with no exclude list, the hook leaves a section that passed judging as it
+    /// With no exclude list, the hook leaves a section that passed judging as it
     /// was given (producer "original") exactly as it was, as it leaves a human's text; it polishes
     /// only what a model wrote.
     #[test]

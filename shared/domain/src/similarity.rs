@@ -1,4 +1,4 @@
-//! Text convergence between two drafts (REFERENCE section 5): the measures and decisions of the
+//! Text convergence between two drafts: the measures and decisions of the
 //! cascade self-refine and the delta judge's CompareTexts share.
 //!
 //! 1. Character similarity: `>= 0.99` converged, `< 0.3` diverged.
@@ -47,7 +47,7 @@ const STOP_WORDS_EN: &[&str] = &[
     "this", "that", "do", "does", "did", "not", "no",
 ];
 
-/// Portuguese stop words (the seed's Jaccard scorer drops EN and PT ones): articles, contractions
+/// Portuguese stop words (the Jaccard measure drops English and Portuguese ones): articles, contractions
 /// of prepositions and articles, prepositions, conjunctions, pronouns and the commonest forms of
 /// ser / estar / ter / haver. Words that are also English content words ("era", "sim") are left out.
 const STOP_WORDS_PT: &[&str] = &[

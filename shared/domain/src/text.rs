@@ -1,4 +1,4 @@
-//! Words of a text in any script (FR-035: language agnostic), for readability and edit lengths.
+//! Words of a text in any script (readability is language agnostic), for readability and edit lengths.
 //!
 //! Words are the word segments of the Unicode text segmentation rules (UAX #29, the
 //! `unicode-segmentation` crate), with one exception: UAX #29 does not segment scripts written

@@ -1,4 +1,4 @@
-//! The delta judge stage (REFERENCE section 7, FR-018..FR-020): verify an edited section against the
+//! The delta judge stage: verify an edited section against the
 //! issues it was meant to fix, and compare two drafts with the convergence cascade.
 
 use std::collections::{BTreeMap, HashSet};
@@ -261,9 +261,9 @@ pub trait DeltaJudge: Send + Sync {
     /// The convergence cascade between two drafts.
     async fn compare_texts(&self, request: CompareRequest) -> Result<CompareOutcome, StageError>;
     /// One YES/NO call: is `section` still consistent with the `previous` section (just
-    /// regenerated)? The N+1 consistency check (FR-049).
+    /// regenerated)? The N+1 consistency check.
     async fn check_consistency(&self, request: ConsistencyRequest) -> Result<ConsistencyOutcome, StageError>;
-    /// Readability figures of a text (FR-035..FR-037; no model call). A blank text, or one over
+    /// Readability figures of a text (no model call). A blank text, or one over
     /// [`MAX_TEXT_BYTES`], is refused.
     async fn readability(&self, text: String) -> Result<ReadabilityReport, StageError>;
 }

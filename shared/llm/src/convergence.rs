@@ -1,4 +1,4 @@
-//! The convergence cascade with its embedding step (REFERENCE section 5): the measures and the
+//! The convergence cascade with its embedding step: the measures and the
 //! decisions are the domain's ([`assay_domain::similarity`]); this adds fetching draft vectors,
 //! cached in a [`VectorCache`] (LRU, 256 entries, 5 minute TTL, keyed by [`embedding_text_key`]) and
 //! behind a [`CircuitBreaker`] (3 consecutive failures open it for 30 s, then one half-open trial

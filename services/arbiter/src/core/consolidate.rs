@@ -9,8 +9,8 @@ use assay_domain::document::{Criterion, JudgeIssue, JudgeVerdict, Section, Sever
 
 use super::alpha::{self, Level, Undefined};
 
-/// Units alpha is measured over: the judges' criterion scores (REFERENCE: "interval alpha on
-/// judges' criterion scores").
+/// Units alpha is measured over: the judges' criterion scores (each criterion a unit, each
+/// judge a rater).
 pub const UNITS_CRITERION: &str = "criterion";
 
 pub fn level(l: MeasurementLevel) -> Level {
@@ -179,7 +179,7 @@ pub fn merge(verdicts: &[JudgeVerdict], issues: &[IssueRef], cluster: &[usize]) 
 }
 
 /// Judges that must raise an issue for it to survive the middle band, of `judges` verdicts: two
-/// (FR-001's panel of up to three), and at least two thirds of the judges when more were asked
+/// (of a panel of up to three), and at least two thirds of the judges when more were asked
 /// for (four judges: three; nine: six).
 pub fn moderate_quorum(judges: usize) -> usize {
     (2 * judges).div_ceil(3).max(2)

@@ -570,7 +570,7 @@ impl ArbiterCore {
         let (issues, dropped): (Vec<_>, Vec<_>) =
             merged.into_iter().partition(|i| consolidate::keep(measured.band, request.verdicts.len(), i));
         let issues_dropped = (before - issues.len()) as u32;
-        // A critical issue the filter keeps out of the plan still decides acceptance (FR-025).
+        // A critical issue the filter keeps out of the plan still decides acceptance.
         let held_critical: Vec<_> = dropped.into_iter().filter(|i| i.severity == Severity::Critical).collect();
         // Kept issues without a known section are placed before anything is grouped by section.
         let (issues, localizations) = if issues.iter().any(|i| localize::unplaced(i, &known)) {

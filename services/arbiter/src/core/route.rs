@@ -20,7 +20,8 @@ pub const STRUCTURE_CRITERION: &str = "pedagogical_structure";
 pub const CONSISTENCY_INSTRUCTION: &str = "The previous section was regenerated. Keep this section consistent with it: \
      fix references, terms and transitions that no longer fit, and change nothing else.";
 
-/// The action one issue asks for (FR-009, FR-010).
+/// The action one issue asks for: a critical or major issue on a regenerating criterion
+/// regenerates the section, any other issue is a surgical edit.
 pub fn action_for(issue: &JudgeIssue) -> FixAction {
     if REGENERATING_CRITERIA.contains(&issue.criterion.as_str())
         && matches!(issue.severity, Severity::Critical | Severity::Major)
@@ -159,7 +160,7 @@ pub fn route(request: &RouteRequest) -> Routing {
             estimated_tokens: 0,
         });
     }
-    // FR-049: the section after a regenerated one is re-checked for consistency: a task of its
+    // N+1 consistency: the section after a regenerated one is re-checked for consistency: a task of its
     // own is flagged; otherwise a check-only task (no issue) is added, which the caller runs as a
     // YES/NO check and turns into a patch (with CONSISTENCY_INSTRUCTION) only on NO.
     for p in regenerated {
@@ -209,7 +210,7 @@ pub fn route(request: &RouteRequest) -> Routing {
     }
 }
 
-/// Execution batches (FR-006, FR-050, FR-051): section expanders one per batch and alone;
+/// Execution batches: section expanders one per batch and alone;
 /// patchers of non-adjacent sections together, at most `max_patchers` per batch. Tasks are
 /// placed by priority (then document order) into the first batch that can take them, except
 /// that anything done to the section after a regenerated one (its own task or its consistency

@@ -1,5 +1,4 @@
-//! The debate's logic, no transport types: [`DebateCore`] runs the four stages over a model hub
-//! (REFERENCE section 6).
+//! The debate's logic, no transport types: [`DebateCore`] runs the four stages over a model hub.
 //!
 //! - Solve: the three solvers concurrently, each its own model, persona and temperature.
 //! - Review: every solver reviews the other two (six calls at once).

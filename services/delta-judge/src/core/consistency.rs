@@ -1,4 +1,4 @@
-//! CheckConsistency (FR-049, issue 31 point 5): after section N was regenerated, one YES/NO model
+//! CheckConsistency (issue 31 point 5): after section N was regenerated, one YES/NO model
 //! call asks whether section N+1 is still consistent with it (references, terms, numbers,
 //! transitions). The reply opens with YES or NO; after NO, one sentence says what no longer fits,
 //! which the caller turns into the issue of a patch task. Only a NO leads to an edit.

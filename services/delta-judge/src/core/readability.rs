@@ -1,4 +1,4 @@
-//! Language-agnostic readability (REFERENCE section 7, FR-035..FR-037): sentences by the Unicode
+//! Language-agnostic readability: sentences by the Unicode
 //! text segmentation rules (UAX #29), words by [`assay_domain::text::word_count`] (UAX #29 words,
 //! Han and Hiragana counted by characters at their script's average word length), so German,
 //! Russian, Chinese, Japanese or any other script is measured the same way; no English

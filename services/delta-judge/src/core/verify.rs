@@ -1,12 +1,12 @@
-//! Verify (FR-018..FR-020) and CompareTexts.
+//! Verify and CompareTexts.
 //!
 //! Verify = heuristics + one YES/NO "was issue X fixed?" model call per issue, concurrently, with
 //! first-token logprobs + quality locks. The fix is accepted when every heuristic passes, no lock
 //! is broken and every issue is fixed; every reason it is not is named. A failed call leaves its
-//! issue unverified (a rejection reason), never a silent pass. What the spec rejects, and only that
+//! issue unverified (a rejection reason), never a silent pass. What is rejected, and only that
 //! (issue 31, point 6):
 //!
-//! - **Issue verdict** (FR-019): the model's YES/NO answer, whether or not the backend gives
+//! - **Issue verdict**: the model's YES/NO answer, whether or not the backend gives
 //!   logprobs; the answer's probability is reported as its confidence. A request may demand more
 //!   with `min_fix_confidence` (off by default): a YES below it, or a YES without logprobs, then
 //!   counts as not fixed, with that reason.
@@ -258,7 +258,7 @@ pub fn structure_check(before: &str, after: &str, asked: Option<&Restructuring>,
 ///
 /// `grown`: the text after is more than twice as long as the text before (an expanded stub: only
 /// a task whose own bounds let the section grow gets that far). It is new text, with no sentence
-/// of the old one to move away from: its long sentences are flagged in a note (FR-036), and it is
+/// of the old one to move away from: its long sentences are flagged in a note, and it is
 /// held to the average and density targets.
 pub fn readability_check(
     before: &Readability,

@@ -7,7 +7,7 @@
 //! paused) and a resumed or restarted run goes on from the pass reached; a finished loop is never
 //! redone.
 //!
-//! A refiner error keeps the previous draft and is reported (REFERENCE section 5), on every pass
+//! A refiner error keeps the previous draft and is reported, on every pass
 //! alike: the stage records a failed model call of a later pass in that pass, and a stage call that
 //! fails as a whole (a very first model call that failed outright, or the stage itself out of
 //! reach) becomes the same outcome here ([`SelfRefineOutcome::refiner_failed`]). A 400 (context too
@@ -67,7 +67,7 @@ impl SelfRefine {
             let call = self.stages.self_refiner()?.self_refine(request, &sink);
             let outcome = match assay_runs::relay_with(&mut rx, call, |e| Self::relay(ctx, e)).await? {
                 Ok(outcome) => outcome,
-                // A refiner error keeps the previous draft and is reported (REFERENCE), whichever
+                // A refiner error keeps the previous draft and is reported, whichever
                 // pass it hit: the stage reported nothing but its failure, so the text the passes
                 // so far left (the draft on pass 1) is the outcome, the error in a pass of its own.
                 Err(e) if keeps_the_draft(&e) => {

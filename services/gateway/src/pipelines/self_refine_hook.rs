@@ -3,7 +3,7 @@
 //! producer) nor shorter than `min_bytes` goes through one self-refine loop whose instruction is
 //! what the output is for. With no exclude list, text a human wrote and text no stage changed
 //! (`human`, `original`) is left alone: a section that passed judging as it was given stays exactly
-//! as given (US1-1, SC-002), only what a model wrote is polished. A failed loop keeps the text
+//! as given (byte for byte), only what a model wrote is polished. A failed loop keeps the text
 //! (whatever the error: a 401 from the refiner's backend fails no finished document; the entry
 //! says why), and so does a loop whose model answered or refused instead of revising (the stage
 //! keeps the draft: REFINER_ERROR or ROLLED_BACK in the entry's `refine`). The hook runs after the pipeline's last judging: a caller that reports a

@@ -1,4 +1,4 @@
-//! Instance-level checklist generation (REFERENCE section 2): presets with their required inputs,
+//! Instance-level checklist generation: presets with their required inputs,
 //! defaults (max items, temperature, scorer config), weighted and categorized items, contrastive
 //! candidates passed in or produced by candidate models. No transport types here.
 

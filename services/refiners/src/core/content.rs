@@ -1,4 +1,4 @@
-//! Content refiners of sectioned documents (FR-011..FR-017): the patcher edits one section
+//! Content refiners of sectioned documents: the patcher edits one section
 //! surgically, the section expander regenerates one; both see the neighbouring sections as
 //! read-only anchors and return only the section. A reply that is empty, repeats an anchor or
 //! drops one of the section's headings is refused with the reason, usage reported either way; a

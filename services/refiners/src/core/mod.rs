@@ -1,4 +1,4 @@
-//! Checklist refiners (REFERENCE section 3): Deduplicator, Tagger, UnitTester and Selector, alone or
+//! Checklist refiners: Deduplicator, Tagger, UnitTester and Selector, alone or
 //! as an ordered chain. No transport types here.
 //!
 //! Every refiner reports exactly one [`RefinerAction`] per input item (kept, removed, merged or

@@ -1,4 +1,4 @@
-//! Self-refine (REFERENCE section 5; the loop, guard and error rules are documented on
+//! Self-refine (the loop, guard and error rules are documented on
 //! [`assay_domain::self_refine`]). The refiner model answers with a `<critique>` block and a
 //! `<revised>` block; parsing is tolerant: without a `<revised>` block the whole reply (minus a
 //! critique block) is the revision, and the pass says so (`revised_block_missing`), but only when
@@ -255,8 +255,8 @@ fn best_kept(kept: &[KeptDraft], measure: DecidedBy) -> Option<&KeptDraft> {
 /// The regression guard's measurement of `revised` against `original`, given the revisions kept so
 /// far. Cosine when both this revision and every kept one have it (the same measure throughout),
 /// else Jaccard; the threshold is [`ROLLBACK_RATIO`] x the best kept similarity in that measure.
-/// With nothing kept yet (pass 1) there is no threshold: the guard applies from pass 2 on
-/// (REFERENCE), pass 1's figures being the baseline later passes are held to. A pass-1 reply that
+/// With nothing kept yet (pass 1) there is no threshold: the guard applies from pass 2 on,
+/// pass 1's figures being the baseline later passes are held to. A pass-1 reply that
 /// is not a revision at all is refused on its own terms
 /// ([`assay_domain::self_refine::is_a_revision`]), never by this ratio: a faithful expansion or
 /// summary of the draft can sit well below 0.85 in cosine or Jaccard.
@@ -447,7 +447,7 @@ impl ChecklistRefiners {
             } else {
                 None
             };
-            // Pass 1 refuses only a reply that is not a revision at all (REFERENCE): diverged from
+            // Pass 1 refuses only a reply that is not a revision at all: diverged from
             // the draft, and neither close to it in meaning nor keeping its words.
             if n == 1
                 && comparison.diverged

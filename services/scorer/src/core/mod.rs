@@ -1,4 +1,4 @@
-//! Checklist scoring (REFERENCE section 4): batch and item modes, every aggregate, logprob
+//! Checklist scoring: batch and item modes, every aggregate, logprob
 //! confidence, reasoning, custom templates. No transport types here.
 
 pub mod judge;

@@ -1,4 +1,4 @@
-//! Multi-LLM debate (REFERENCE section 6): three solvers solve a problem independently, each
+//! Multi-LLM debate: three solvers solve a problem independently, each
 //! reviews the other two, each refines with the two reviews about it, and a judge picks the winner
 //! whose refined answer is final. Types, limits, request checks, answer normalisation and the
 //! stage trait; the model calls live in the debate service.

@@ -1,4 +1,4 @@
-//! Corpus-level generation requests (REFERENCE section 2, "Corpus level"): one checklist for a
+//! Corpus-level generation requests: one checklist for a
 //! whole corpus instead of one instruction. Presets feedback (inductive), checkeval (deductive) and
 //! interacteval (interactive), their defaults, the request and its validation.
 

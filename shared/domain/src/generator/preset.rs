@@ -1,4 +1,4 @@
-//! Instance-level presets and their defaults (REFERENCE section 2).
+//! Instance-level presets and their defaults.
 
 use crate::checklist::GenerationLevel;
 use crate::score::{PrimaryMetric, ScorerConfig, ScoringMode, ScoringPrompt};

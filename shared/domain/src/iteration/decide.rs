@@ -1,9 +1,9 @@
 //! After each judging of a targeted refinement: is the content accepted, does the loop stop, or
-//! does it run another iteration (FR-025, FR-027)? And how good is a judged document?
+//! does it run another iteration? And how good is a judged document?
 //!
 //! - Full-auto accepts at [`FULL_AUTO_ACCEPT`], or with a warning at [`WARN_SCORE`] when no issue
 //!   is critical; below that it stops with its best effort.
-//! - At either mode's top threshold a document with a critical issue open is accepted (FR-025)
+//! - At either mode's top threshold a document with a critical issue open is accepted
 //!   with a warning naming the open critical issues ([`open_critical_warning`]), and its quality
 //!   is never [`Quality::Good`].
 //! - Semi-auto accepts at [`SEMI_AUTO_ACCEPT`], or at [`SEMI_AUTO_NO_CRITICAL`] when no issue is
@@ -84,7 +84,7 @@ pub fn meets_top(mode: Mode, score: f64) -> bool {
 }
 
 /// How the top threshold accepts a document scored `score`: plainly, or with a warning when a
-/// critical issue is open (FR-025 lets the top threshold accept; the result says what it accepted).
+/// critical issue is open (the top threshold accepts even then; the result says what it accepted).
 pub fn top_acceptance(mode: Mode, score: f64, critical: bool) -> Acceptance {
     if critical {
         let top = match mode {
@@ -152,7 +152,7 @@ impl Scored {
 }
 
 /// The judging a stopped loop settles on, and how its mode accepts it: the highest-scoring
-/// judging that a tier accepts (FR-026: the highest-scoring iteration, not the last; on a tie the
+/// judging that a tier accepts (the highest-scoring iteration, not the last; on a tie the
 /// rule of [`super::best_judging`]). `None` when no judging is accepted by any tier.
 pub fn settle_on(mode: Mode, judged: &[Scored]) -> Option<(Acceptance, usize)> {
     let accepted: Vec<(usize, Acceptance)> =

@@ -1,4 +1,4 @@
-//! Quality locks and convergence of an iterative refinement (REFERENCE section 7, FR-020..FR-024).
+//! Quality locks and convergence of an iterative refinement.
 //!
 //! - A locked criterion may not drop below its baseline by more than `max_drop` (default 0.05).
 //! - Scores are on the 0..1 scale; `scores[0]` is the score before any edit, each later entry one

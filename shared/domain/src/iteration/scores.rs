@@ -1,6 +1,6 @@
 //! Scores of a targeted refinement's judgings: the document's score, the mean per (section,
 //! criterion), the quality locks taken on the first judging, the edits that break them, and which
-//! judging is the best (FR-020..FR-024).
+//! judging is the best.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -174,7 +174,7 @@ pub fn focused_scores(verdicts: &[JudgeVerdict], judged: &[String]) -> Vec<MeanS
     out
 }
 
-/// Quality-lock regressions that only a focused judging's criterion scores show (FR-020, SC-008):
+/// Quality-lock regressions that only a focused judging's criterion scores show:
 /// a patched section whose focused judging scores a locked criterion lower than the lock allows
 /// without raising an issue (see [`focused_scores`]). The section's own lock when there is one;
 /// else the document-level lock, for a section that had no open issue on the criterion before

@@ -110,7 +110,7 @@ impl TargetedRefinement {
             self.save(ctx, &st, "executing").await?;
             drop(st);
             self.emit(ctx, iteration, Ev::BatchComplete(event)).await?;
-            // Sections locked by the batch's edits, after batch_complete (FR-029's order).
+            // Sections locked by the batch's edits: section_locked comes after batch_complete.
             let mut st = shared.lock().await;
             for (section_id, edit_count) in std::mem::take(&mut st.locks_to_announce) {
                 self.emit(ctx, iteration, Ev::SectionLocked(gw::SectionLocked { section_id, edit_count })).await?;
@@ -280,7 +280,7 @@ impl TargetedRefinement {
             };
             if n >= EDITS_TO_LOCK && !st.locked.contains(&task.section_id) {
                 st.locked.push(task.section_id.clone());
-                // Announced after the batch completes (FR-029's order).
+                // Announced after the batch completes (section_locked follows batch_complete).
                 st.locks_to_announce.push((task.section_id.clone(), n));
             }
             st.tasks[i].status = Status::Applied;

@@ -124,7 +124,7 @@ impl TargetedRefinement {
         let quality = j.map_or(gw::QualityStatus::Unspecified, |j| quality_of(j.score, j.critical));
         let issues = j.map(Judging::open_issues).unwrap_or_default();
         let unresolved_issues = j.map(Judging::open_issues_to).unwrap_or_default();
-        // Accepted with a critical issue open (the top threshold accepts it, FR-025): the result
+        // Accepted with a critical issue open (the top threshold accepts it): the result
         // says so, naming each one.
         let (outcome, warning) = match iteration::open_critical_warning(&issues) {
             Some(open)
@@ -202,7 +202,7 @@ impl TargetedRefinement {
         })
     }
 
-    /// FR-035..FR-037 on the final document: every non-blank section's readability, untouched
+    /// Readability of the final document: every non-blank section's readability, untouched
     /// sections included (the delta judge measures; no model call). A figure is only a figure:
     /// when the delta judge cannot measure, the run keeps its verdict and the figures are
     /// reported missing, with why (the second value; empty when every section was measured).

@@ -72,7 +72,7 @@ impl TargetedRefinement {
         st.human_sections.insert(e.section_id.clone());
     }
 
-    /// Verify sections a human edited (FR-048d): the delta judge checks each against the open
+    /// Verify sections a human edited before the loop goes on: the delta judge checks each against the open
     /// issues of its section. The edit stands either way (a human decided); the result is reported.
     pub(super) async fn verify_human_edits(&self, ctx: &RunCtx, st: &mut State) -> Result<(), StageError> {
         let delta = &self.stages()?.delta;

@@ -429,7 +429,7 @@ impl TargetedRefinement {
             locked_section_ids: st.locked.clone(),
             score: last.score,
         };
-        // One refinement_start per run (FR-029); each later iteration opens with iteration_started.
+        // One refinement_start per run; each later iteration opens with iteration_started.
         let event = if st.iteration == 1 { Ev::RefinementStart(start) } else { Ev::IterationStarted(start) };
         self.emit(ctx, st.iteration, event).await
     }

@@ -1,4 +1,4 @@
-//! The `targeted_refinement` pipeline (Stage 6, REFERENCE section 7): fix only what the judges
+//! The `targeted_refinement` pipeline (Stage 6): fix only what the judges
 //! found, keep what passed.
 //!
 //! ```text
@@ -270,7 +270,7 @@ impl TargetedRefinement {
         Ok(())
     }
 
-    /// FR-039 iteration progress.
+    /// Iteration progress, as `GetRun` reports it.
     fn progress(&self, ctx: &RunCtx, st: &State, phase: &str) -> gw::RefinementProgress {
         let last = st.judged.last();
         let count = |f: &dyn Fn(Status) -> bool| st.tasks.iter().filter(|t| f(t.status)).count() as u32;
@@ -337,7 +337,7 @@ impl TargetedRefinement {
                 )
                 .await?;
                 let (outcome, warning) = acceptance_to(acceptance);
-                // FR-026: the best judged iteration, not the last (fixes no judging scored stay).
+                // The best judged iteration, not the last (fixes no judging scored stay).
                 let judging = if st.stale.is_empty() { judging } else { st.judged.len() - 1 };
                 st.roll_back(judging);
                 self.finish(ctx, st, outcome, judging, warning, None).await.map(Some)

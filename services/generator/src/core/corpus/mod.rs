@@ -1,4 +1,4 @@
-//! Corpus-level checklist generation (REFERENCE section 2, "Corpus level"): one checklist for a
+//! Corpus-level checklist generation: one checklist for a
 //! whole corpus instead of one instruction.
 //!
 //! - `feedback` (inductive, [`feedback`]): observations in batches, each shown with its global
