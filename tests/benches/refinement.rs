@@ -20,7 +20,7 @@ use assay_testkit::{RecordedRequest, Reply, hash_embedding};
 use assay_tests::{MeshSandbox, run_to_end};
 use serde_json::{Value, json};
 
-/// Sections with a problem: one (the spec's SC-001 scenario: a factual error in section 2) or
+/// Sections with a problem: one (a factual error in section 2) or
 /// three non-adjacent ones (one parallel batch).
 const ONE: &[&str] = &["stages"];
 const THREE: &[&str] = &["intro", "example", "summary"];

@@ -1,4 +1,4 @@
-//! The delta judge rejects what the spec rejects (issue 31, point 6) and checks N+1 consistency
+//! The delta judge rejects what it must, and only that (issue 31, point 6), and checks N+1 consistency
 //! (point 5, service side), over the running mesh's delta-judge gRPC against the scripted
 //! OpenAI-compatible backend:
 //! - a removal an issue asked for (a redundant list dropped) is accepted, the drop a note;

@@ -178,7 +178,7 @@ async fn a_reply_that_is_not_a_revision_never_converges_and_keeps_the_draft() {
     }
 }
 
-/// A refiner error keeps the previous draft and is reported (REFERENCE), on pass 1 too: the model
+/// A refiner error keeps the previous draft and is reported, on pass 1 too: the model
 /// backend failing every attempt leaves the run SUCCEEDED with the draft unchanged, stop reason
 /// REFINER_ERROR, and the backend's failure in pass 1 (its event and the result's pass).
 #[tokio::test]

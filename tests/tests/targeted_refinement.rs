@@ -912,7 +912,7 @@ fn assert_audit(log: &[gw::AuditEntry], expected: &[(&str, &str, &str)]) {
     assert!(log.iter().all(|e| e.time.is_some()), "audit entries are timed: {log:#?}");
 }
 
-/// FR-029: one refinement_start per run, opening iteration 1 (each later iteration opens with
+/// The refinement events' order: one refinement_start per run, opening iteration 1 (each later iteration opens with
 /// iteration_started); then per batch batch_started, its tasks (task_started, then patch_applied
 /// for a kept fix or patch_rejected for one that was not, then verification_result), and
 /// batch_complete, after which come the sections the batch locked (section_locked); then judged
@@ -1036,10 +1036,10 @@ fn assert_fr029_order(events: &[gw::RunEvent]) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// US1: full-auto
+// Full-auto
 // ---------------------------------------------------------------------------------------------
 
-/// US1-1, SC-002: a factual error in section 2 is fixed by regenerating that section only; the
+/// A factual error in section 2 is fixed by regenerating that section only; the
 /// other sections come back byte-identical and the run is ACCEPTED.
 #[tokio::test]
 async fn a_priced_refinement_costs_its_calls_at_the_price_table() {
@@ -1177,7 +1177,7 @@ async fn us1_1_only_the_section_with_the_factual_error_changes() {
     assert_eq!(result.best_iteration, 1);
     assert!(result.unresolved_issues.is_empty(), "{:?}", result.unresolved_issues);
 
-    // The critical factual issue regenerated the section (FR-009); nothing else was rewritten.
+    // The critical factual issue regenerated the section; nothing else was rewritten.
     let plan = &run.starts()[0].1;
     let stages_task = plan_tasks(plan).into_iter().find(|t| t.section_id == "stages").expect("a task on stages");
     assert_eq!(stages_task.action(), arb::FixAction::RegenerateSection);
@@ -1285,7 +1285,7 @@ async fn a_document_at_the_top_threshold_is_accepted_with_zero_edits() {
     sandbox.shutdown().await.unwrap();
 }
 
-/// FR-035..FR-037: the result carries the readability of the final content, every section in
+/// The result carries the readability of the final content, every section in
 /// document order, untouched ones included: a long sentence in a section no task touched is
 /// flagged.
 #[tokio::test]
@@ -1316,7 +1316,7 @@ async fn the_result_flags_readability_on_the_final_content_untouched_sections_to
     sandbox.shutdown().await.unwrap();
 }
 
-/// US1-2, FR-026, FR-052: the score never reaches a threshold; after max_iterations the best
+/// The score never reaches a threshold; after max_iterations the best
 /// iteration (not the last) is returned as BEST_EFFORT, BELOW_STANDARD, with the unresolved
 /// issues' fix instructions as hints.
 #[tokio::test]
@@ -1372,7 +1372,7 @@ async fn us1_2_max_iterations_return_the_best_iteration_below_standard_with_hint
     let categories: HashSet<&str> = best.unresolved_categories.iter().map(String::as_str).collect();
     assert!(categories.contains(FACTUAL) && categories.contains(CLARITY), "{categories:?}");
 
-    // convergence_detected, then best_effort_selected, then refinement_complete (FR-029, US5-2).
+    // convergence_detected, then best_effort_selected, then refinement_complete.
     let names: Vec<&str> = run.revs().iter().map(|(_, r)| rev_name(r)).collect();
     let at = |n: &str| names.iter().position(|x| *x == n).unwrap_or_else(|| panic!("{n} in {names:?}"));
     assert!(at("convergence_detected") < at("best_effort_selected"));
@@ -1392,7 +1392,7 @@ async fn us1_2_max_iterations_return_the_best_iteration_below_standard_with_hint
             _ => {}
         }
     }
-    // The intro took two accepted edits: it is locked (FR-023).
+    // The intro took two accepted edits: it is locked.
     assert!(
         run.revs().iter().any(|(k, r)| *k == 2 && matches!(r, Rev::SectionLocked(l) if l.section_id == "intro" && l.edit_count == 2)),
         "{}",
@@ -1417,7 +1417,7 @@ async fn full_auto_in_two_iterations(
     (run, result)
 }
 
-/// FR-026: a loop that stops and settles at a lower tier returns its highest-scoring judged
+/// A loop that stops and settles at a lower tier returns its highest-scoring judged
 /// iteration, not the last: the intro's second fix (accepted by the delta judge, scored lower by
 /// the panel) is discarded and reported with why.
 #[tokio::test]
@@ -1426,7 +1426,7 @@ async fn a_settled_refinement_returns_the_best_iteration_and_reports_the_fixes_i
     let muddled_intro = garble(INTRO_RIGHT);
     let doc =
         lesson.clone().with("intro", INTRO_RIGHT, &muddled_intro).with("practice", PRACTICE_RIGHT, PRACTICE_WRONG);
-    // As in US1-2, but the practice error is major, not critical: every judging is at least 0.75
+    // As in the max-iterations test above, but the practice error is major, not critical: every judging is at least 0.75
     // with no critical issue, so the stopped loop settles with a warning instead of a best effort.
     let practice = Defect::new("practice", PRACTICE_WRONG, FACTUAL, "major", 0.6);
     let garbled_intro = Defect::new("intro", muddled_intro.clone(), CLARITY, "major", 0.3).fixed_to(INTRO_VAGUE);
@@ -1439,7 +1439,7 @@ async fn a_settled_refinement_returns_the_best_iteration_and_reports_the_fixes_i
     let after1 = doc.clone().with("intro", &muddled_intro, INTRO_VAGUE);
     let after2 = after1.clone().with("intro", INTRO_VAGUE, INTRO_MUDDLED);
     // Iteration 1 is judged on the intro alone (clarity charged 0.15 for the minor issue, see
-    // US1-2); iteration 2 ends the loop and is confirmed by a full judging.
+    // the max-iterations test); iteration 2 ends the loop and is confirmed by a full judging.
     let s0 = script.score(&doc.sections);
     let scores = [s0, s0 + (0.30 - 0.15) / 6.0, script.score(&after2.sections)];
     assert!(scores.iter().all(|s| (0.75..0.85).contains(s)) && scores[2] < scores[1], "{scores:?}");
@@ -1465,7 +1465,7 @@ async fn a_settled_refinement_returns_the_best_iteration_and_reports_the_fixes_i
     sandbox.shutdown().await.unwrap();
 }
 
-/// US1-3, SC-007: grammar issues in sections 2 and 4 (not adjacent) are one batch, and their two
+/// Grammar issues in sections 2 and 4 (not adjacent) are one batch, and their two
 /// patch calls are in flight together (each is held until both have arrived).
 #[tokio::test]
 async fn us1_3_non_adjacent_sections_are_patched_in_parallel() {
@@ -1485,7 +1485,7 @@ async fn us1_3_non_adjacent_sections_are_patched_in_parallel() {
     let mut run = Run::start(&sandbox, pipeline(&doc.sections, &doc.brief, gw::RefinementMode::FullAuto)).await;
     let both = assay_testkit::eventually(Duration::from_secs(10), || gate.waiting() == 2).await;
     assert!(both, "both patch calls are in flight at once ({} held)", gate.waiting());
-    // GetRun while the batch runs (FR-039).
+    // GetRun while the batch runs.
     let running = run.get().await;
     assert_eq!(running.state, gw::RunState::Running as i32);
     let p = progress_of(&running).expect("refinement progress while running").clone();
@@ -1519,7 +1519,7 @@ async fn us1_3_non_adjacent_sections_are_patched_in_parallel() {
     sandbox.shutdown().await.unwrap();
 }
 
-/// FR-006: tasks on adjacent sections never share a batch, and their patch calls never overlap.
+/// Tasks on adjacent sections never share a batch, and their patch calls never overlap.
 #[tokio::test]
 async fn adjacent_sections_are_never_patched_together() {
     let lesson = twelve();
@@ -1576,7 +1576,7 @@ async fn adjacent_sections_are_never_patched_together() {
     sandbox.shutdown().await.unwrap();
 }
 
-/// FR-050: max_parallel_patchers bounds the patch calls in flight (here 2 of 6 independent fixes).
+/// max_parallel_patchers bounds the patch calls in flight (here 2 of 6 independent fixes).
 #[tokio::test]
 async fn patchers_run_at_most_max_parallel_at_once() {
     let lesson = twelve();
@@ -1614,7 +1614,7 @@ async fn patchers_run_at_most_max_parallel_at_once() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// US2: semi-auto and the human loop
+// Semi-auto and the human loop
 // ---------------------------------------------------------------------------------------------
 
 /// A semi-auto run that cannot get past its stubborn practice error: it escalates after the
@@ -1634,7 +1634,7 @@ fn stubborn_world() -> (Lesson, Lesson, Script, Defect) {
     (lesson, doc, script, practice)
 }
 
-/// US2-1, US2-3: semi-auto below 0.85 escalates (convergence_detected, escalation_triggered,
+/// Semi-auto below 0.85 escalates (convergence_detected, escalation_triggered,
 /// AWAITING_HUMAN with the best content and the unresolved issues); "mark as reviewed" ends it
 /// REVIEWED with an audit entry.
 #[tokio::test]
@@ -1664,7 +1664,7 @@ async fn us2_1_semi_auto_escalates_and_a_review_closes_it() {
             _ => {}
         }
     }
-    // GetRun: waiting for a human, with the best content and the unresolved issues (US2-2).
+    // GetRun: waiting for a human, with the best content and the unresolved issues.
     let got = run.get().await;
     assert_eq!(got.state, gw::RunState::AwaitingHuman as i32);
     let progress = progress_of(&got).expect("refinement progress").clone();
@@ -1696,7 +1696,7 @@ async fn us2_1_semi_auto_escalates_and_a_review_closes_it() {
     sandbox.shutdown().await.unwrap();
 }
 
-/// US2-1 then FR-048c: an escalated run whose section is edited and accepted ends
+/// An escalated run whose section is edited and accepted ends
 /// ACCEPTED_MANUAL with the edited content; the edit and the accept are audited.
 #[tokio::test]
 async fn us2_escalated_run_edited_and_accepted_is_accepted_manual() {
@@ -1736,7 +1736,7 @@ async fn us2_escalated_run_edited_and_accepted_is_accepted_manual() {
     sandbox.shutdown().await.unwrap();
 }
 
-/// US2 (resume after escalation): the edited section is verified by the delta judge, the panel
+/// Resume after escalation: the edited section is verified by the delta judge, the panel
 /// re-judges and the run decides again: ACCEPTED at the semi-auto threshold.
 #[tokio::test]
 async fn us2_resume_after_escalation_verifies_the_edit_and_decides_again() {
@@ -1891,7 +1891,7 @@ fn gated_verification_world() -> (Lesson, Lesson, Script, Gate) {
     (lesson, doc, script, gate)
 }
 
-/// US2-4, US2-5, FR-048a-d: pause while the first task's last call (its verification) is in
+/// Pause while the first task's last call (its verification) is in
 /// flight (it finishes, nothing new starts), edit section 3 while paused, resume: the edit is
 /// verified by the delta judge first, the pending task on that section is skipped, and the run
 /// completes with the edit. Controls that do not fit the state are FAILED_PRECONDITION.
@@ -2007,13 +2007,13 @@ async fn us2_4_pause_edit_and_resume() {
         ],
     );
     assert_fr029_order(&run.events);
-    // The phase of a paused run, as GetRun showed it while paused (FR-039).
+    // The phase of a paused run, as GetRun showed it while paused.
     assert_eq!(p.phase, "paused", "RefinementProgress.phase while the run was paused");
     sandbox.shutdown().await.unwrap();
 }
 
 // ---------------------------------------------------------------------------------------------
-// US3: the panel
+// The panel
 
 /// Verdicts given in the request stand for the first judging: the panel is not called until the
 /// re-judge after the first iteration.
@@ -2136,10 +2136,10 @@ async fn a_failing_judge_does_not_stop_the_refinement() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// US4: quality locks and section locks
+// Quality locks and section locks
 // ---------------------------------------------------------------------------------------------
 
-/// US4-1, SC-008: a fix that lowers a locked criterion of its section by more than 0.05 is rolled
+/// A fix that lowers a locked criterion of its section by more than 0.05 is rolled
 /// back (quality lock) and the panel judges again; in the result no locked (section, criterion)
 /// dropped by more than 0.05.
 #[tokio::test]
@@ -2186,7 +2186,7 @@ async fn us4_1_a_fix_breaking_a_quality_lock_is_rolled_back() {
     assert_scores(&judged1, &[restored, restored], "re-judged");
     assert!(close(complete.score, script.score(&fixed_stages.sections)));
 
-    // SC-008 on the result: every (section, criterion) at or above 0.85 before any edit is within
+    // On the result: every (section, criterion) at or above 0.85 before any edit is within
     // 0.05 of its baseline now.
     let before = script.section_scores_of(&pairs(&doc.sections));
     let after = script.section_scores_of(&pairs(&result.sections));
@@ -2207,7 +2207,7 @@ async fn us4_1_a_fix_breaking_a_quality_lock_is_rolled_back() {
     sandbox.shutdown().await.unwrap();
 }
 
-/// US4-2, FR-023: a section edited twice is locked and left out of later plans, though the
+/// A section edited twice is locked and left out of later plans, though the
 /// judges still find an issue in it.
 #[tokio::test]
 async fn us4_2_a_section_edited_twice_is_locked_and_left_alone() {
@@ -2253,11 +2253,11 @@ async fn us4_2_a_section_edited_twice_is_locked_and_left_alone() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// US5: streaming
+// Streaming
 // ---------------------------------------------------------------------------------------------
 
-/// US5-1, FR-029: patch_applied carries the new section and a diff summary; events come in the
-/// FR-029 order within each iteration.
+/// patch_applied carries the new section and a diff summary; events come in the order
+/// `assert_fr029_order` checks within each iteration.
 #[tokio::test]
 async fn us5_1_patch_applied_carries_the_new_content_and_events_are_ordered() {
     let lesson = five();
@@ -2344,7 +2344,7 @@ async fn us5_1_patch_applied_carries_the_new_content_and_events_are_ordered() {
 // Edge cases
 // ---------------------------------------------------------------------------------------------
 
-/// FR-008, FR-051: more than 40% of the sections with a critical issue regenerate the whole
+/// More than 40% of the sections with a critical issue regenerate the whole
 /// document, section by section, one expander call at a time.
 #[tokio::test]
 async fn more_than_forty_percent_critical_sections_regenerate_everything_one_at_a_time() {
@@ -2683,8 +2683,8 @@ async fn the_self_refine_hook_polishes_the_final_document_except_what_is_exclude
 }
 
 /// Issue 59, point 13: with the hook on and no exclude list, only what a model wrote is polished:
-/// the sections that passed judging as they were given (`original`) stay exactly as given (US1-1,
-/// SC-002) and cost no call. Before, the default excluded only `human`, and every untouched section
+/// the sections that passed judging as they were given (`original`) stay exactly as given
+/// and cost no call. Before, the default excluded only `human`, and every untouched section
 /// was rewritten after the last judging.
 #[tokio::test]
 async fn the_hook_by_default_leaves_untouched_sections_as_given() {
@@ -3535,7 +3535,7 @@ async fn restarts_of_a_paused_run_do_not_repeat_batch_started() {
 // Verdicts you can trust: what acceptance counts, what a lock sees, what a resume grants
 // ---------------------------------------------------------------------------------------------
 
-/// FR-003 and FR-025: at moderate agreement the arbiter keeps a critical issue raised by one judge
+/// At moderate agreement the arbiter keeps a critical issue raised by one judge
 /// of three out of the plan, but it still decides acceptance. A document the panel scores above
 /// the top threshold is accepted with a warning naming that issue, its quality is not GOOD, and
 /// the issue is reported unresolved, flagged as held back, with its one judge.
@@ -3588,7 +3588,7 @@ async fn a_critical_issue_one_judge_raised_is_not_hidden_from_acceptance() {
     sandbox.shutdown().await.unwrap();
 }
 
-/// FR-020, US4-1, SC-008 without section scores: the judges give criterion scores only. A patch
+/// Quality locks without section scores: the judges give criterion scores only. A patch
 /// of the example whose focused judging drops clarity from 0.92 (locked on the first judging) to
 /// 0.85 without raising an issue is restored, though the document's standing scores never moved.
 #[tokio::test]
@@ -3664,7 +3664,7 @@ async fn a_resume_after_a_token_budget_escalation_verifies_the_edit_and_goes_on(
     sandbox.shutdown().await.unwrap();
 }
 
-/// FR-035 figures are figures: with the delta judge down (a gateway whose delta_judge upstream
+/// Readability figures are figures: with the delta judge down (a gateway whose delta_judge upstream
 /// answers nothing), a document accepted at its first judging keeps its verdict; readability is
 /// reported missing, with why.
 #[tokio::test]

@@ -480,7 +480,7 @@ fn expansion() -> String {
     .to_string()
 }
 
-/// The regression guard applies from pass 2 on (REFERENCE): pass 1 refuses only a reply that is
+/// The regression guard applies from pass 2 on: pass 1 refuses only a reply that is
 /// not a revision at all. A revision that diverged from the draft by characters is kept when it is
 /// close in meaning or keeps the draft's words, whatever its cosine to the original: a faithful
 /// expansion (cosine 0.6, under the 0.85 that used to roll it back), a short rewrite, a paraphrase.
@@ -521,7 +521,7 @@ async fn a_diverged_first_revision_is_kept_unless_it_is_not_a_revision_at_all() 
         assert_eq!(out.stop_reason, SelfRefineStopReason::MaxPasses as i32);
     }
     // Without embeddings the guard measures by Jaccard, and a degraded similarity alone never
-    // rolls back a real pass-1 revision (REFERENCE): the expansion shares few words with the draft
+    // rolls back a real pass-1 revision: the expansion shares few words with the draft
     // by Jaccard's count; it is kept, flagged degraded_from. The refusal keeps none of the draft's
     // words: still refused.
     h.embeddings_down(true);
