@@ -1,4 +1,4 @@
-//! Request limits, enforced by every service and documented in the README.
+//! Request limits, enforced by every service and documented in docs/limits.md.
 
 /// Maximum items in one checklist.
 pub const MAX_CHECKLIST_ITEMS: usize = 500;

@@ -294,7 +294,7 @@ impl Transport {
     /// it was sent. Until then it is given up on only when the backend answers nothing at all for a
     /// whole attempt timeout (a server that stopped, not one working through its queue). So a
     /// call is never abandoned, and sent again, for waiting its turn: a queueing server would
-    /// still serve the abandoned copy (llama-cpp-python does; see the README's local servers).
+    /// still serve the abandoned copy (llama-cpp-python does; see "Local servers" in docs/backends.md).
     async fn exchange<T: ReportsUsage>(
         &self,
         config: &OpenAiConfig,
