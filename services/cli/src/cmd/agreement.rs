@@ -6,15 +6,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 
 use assay_domain::stats::agreement::{Confusion, MeanInterval, PredictionPowered, prediction_powered_mean};
 use assay_domain::stats::krippendorff::{self, Level};
 use serde_json::{Value, json};
 
-use super::EXIT_BAD_INPUT;
-use super::compare::Metric;
-use super::source::{self, label, record_id};
+use super::error::{CliError, Ending, Outcome};
+use super::source::{self, Metric, label, record_id};
 
 /// Options of `assay agreement`.
 #[derive(clap::Args, Clone, Debug)]
@@ -133,21 +131,14 @@ struct Report {
 }
 
 /// Run `assay agreement`: 0 done, 2 bad input.
-pub fn run(args: AgreementArgs) -> ExitCode {
-    match report(&args) {
-        Err(e) => {
-            eprintln!("assay agreement: {e}");
-            ExitCode::from(EXIT_BAD_INPUT)
-        }
-        Ok(r) => {
-            if args.json {
-                outln!("{}", to_json(&r, &args));
-            } else {
-                out!("{}", text(&r, &args));
-            }
-            ExitCode::SUCCESS
-        }
+pub fn run(args: AgreementArgs) -> Outcome {
+    let r = report(&args).map_err(CliError::BadInput)?;
+    if args.json {
+        outln!("{}", to_json(&r, &args));
+    } else {
+        out!("{}", text(&r, &args));
     }
+    Ok(Ending::Done)
 }
 
 fn report(args: &AgreementArgs) -> Result<Report, String> {

@@ -6,51 +6,22 @@
 //! regression gate for CI. Two run ids are compared by the gateway (CompareRuns); a file and a run
 //! id locally, the run fetched with GetRun. The numbers are the same either way.
 
-use std::process::ExitCode;
+use std::path::Path;
 
 use assay_config::AssayConfig;
 use assay_domain::stats::runs::{self, CompareOptions, Gate, ItemFlips, RecordDiff, RunComparison, RunMetric};
 use assay_domain::stats::{BootstrapInterval, Comparison, DEFAULT_BOOTSTRAP_SEED, Method};
 use assay_proto::gateway::v1 as gw;
 
-use super::source::{self, Spec};
-use super::{EXIT_BAD_INPUT, EXIT_REGRESSION};
-use super::{client, status_text};
+use super::common::{BackendArgs, load_config};
+use super::error::{CliError, Ending, Outcome, status_text};
+use super::session::client;
+use super::source::{self, Metric, Spec};
 
 /// Records listed as the worst regressions in the table.
 const WORST: usize = runs::WORST_RECORDS;
 
-/// The per-record score compared.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Metric {
-    /// `primary_score`: the scorer's primary metric (per-sample scores, when judged several
-    /// times, averaged per record first).
-    Primary,
-    /// `pass_rate`: the share of items answered yes.
-    #[value(name = "pass_rate")]
-    PassRate,
-    /// `weighted_score`.
-    Weighted,
-    /// `normalized_score`.
-    Normalized,
-}
-
 impl Metric {
-    /// The field of an `assay eval --out` line.
-    pub fn field(self) -> &'static str {
-        self.run_metric().field()
-    }
-
-    /// The core's metric.
-    pub fn run_metric(self) -> RunMetric {
-        match self {
-            Self::Primary => RunMetric::Primary,
-            Self::PassRate => RunMetric::PassRate,
-            Self::Weighted => RunMetric::Weighted,
-            Self::Normalized => RunMetric::Normalized,
-        }
-    }
-
     fn to_proto(self) -> gw::CompareMetric {
         match self {
             Self::Primary => gw::CompareMetric::Primary,
@@ -97,35 +68,34 @@ pub struct CompareArgs {
     pub responder: Vec<String>,
 }
 
-/// Run `assay compare` with `config` (its token and TLS settings reach the gateway).
-pub async fn run_with(config: &AssayConfig, args: CompareArgs) -> ExitCode {
-    match report(config, &args).await {
-        Err(e) => {
-            eprintln!("assay compare: {e}");
-            ExitCode::from(EXIT_BAD_INPUT)
+/// `assay compare` with the configuration at `config` (`--config`; its token and TLS settings reach
+/// the gateway): 0 done, 1 a significant regression under --fail-on-regression, 2 bad input (every
+/// error of this verb).
+pub async fn run(config: Option<&Path>, args: CompareArgs) -> Outcome {
+    compare(config, args).await.map_err(CliError::bad_input)
+}
+
+async fn compare(config: Option<&Path>, args: CompareArgs) -> Outcome {
+    let config = load_config(config, &BackendArgs::default())?;
+    let (mut r, labels) = report(&config, &args).await.map_err(CliError::BadInput)?;
+    if let Some(why) = undefined(&r.comparison) {
+        // A statistic that is not a number decides nothing: the gate never passes on it.
+        if args.fail_on_regression {
+            return Err(CliError::BadInput(format!("no verdict, the regression gate cannot pass: {why}")));
         }
-        Ok((mut r, labels)) => {
-            if let Some(why) = undefined(&r.comparison) {
-                // A statistic that is not a number decides nothing: the gate never passes on it.
-                if args.fail_on_regression {
-                    eprintln!("assay compare: no verdict, the regression gate cannot pass: {why}");
-                    return ExitCode::from(EXIT_BAD_INPUT);
-                }
-                r.comparison.warnings.push(why);
-            }
-            if args.json {
-                outln!("{}", runs::to_json(&r));
-            } else {
-                out!("{}", table(&r, &labels));
-            }
-            match &r.gate {
-                Some(g) => {
-                    eprintln!("{}", g.reason);
-                    if g.regressed { ExitCode::from(EXIT_REGRESSION) } else { ExitCode::SUCCESS }
-                }
-                None => ExitCode::SUCCESS,
-            }
+        r.comparison.warnings.push(why);
+    }
+    if args.json {
+        outln!("{}", runs::to_json(&r));
+    } else {
+        out!("{}", table(&r, &labels));
+    }
+    match &r.gate {
+        Some(g) => {
+            eprintln!("{}", g.reason);
+            Ok(if g.regressed { Ending::Regressed } else { Ending::Done })
         }
+        None => Ok(Ending::Done),
     }
 }
 
@@ -188,7 +158,7 @@ async fn report(config: &AssayConfig, args: &CompareArgs) -> Result<(RunComparis
             min_effect,
             bootstrap_seed: Some(args.seed),
         };
-        let reply = client(config, &url)?.compare_runs(request).await.map_err(|s| {
+        let reply = client(config, &url).map_err(CliError::into_message)?.compare_runs(request).await.map_err(|s| {
             let code = s.code();
             if code == tonic::Code::Unavailable || code == tonic::Code::Unknown {
                 format!("the gateway at {url} is unreachable to compare runs {b} and {c}: {}", status_text(&s))

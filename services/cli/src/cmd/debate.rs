@@ -9,20 +9,20 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 
 use assay_config::AssayConfig;
 use assay_proto::gateway::v1 as gw;
 use assay_proto::pipelines;
 use serde_json::{Map, Value};
 
-use super::EXIT_BAD_INPUT;
-use super::follow::{FollowError, NoResult, RunFollower, Step, finished_as, follow_run, is_final, start_run};
+use super::common::{BackendArgs, BudgetArgs, Progress, load_config};
+use super::error::{CliError, Ending, Outcome};
+use super::follow::{NoResult, RunFollower, Step, finished_as, follow_run, is_final, start_run};
 use super::input::HookArgs;
 use super::render::debate::{problem_json, problem_line, summary_text};
 use super::render::self_refine::self_refined_line;
 use super::render::state_name;
-use super::{EXIT_PARTIAL, Progress, Session};
+use super::session::Session;
 
 /// Options of `assay debate`.
 #[derive(clap::Args, Clone)]
@@ -57,50 +57,16 @@ pub struct DebateArgs {
     #[command(flatten)]
     pub hook: HookArgs,
     #[command(flatten)]
-    pub budget: super::BudgetArgs,
+    pub budget: BudgetArgs,
+    #[command(flatten)]
+    pub backend: BackendArgs,
 }
 
-/// Why `assay debate` failed.
-#[derive(Debug, PartialEq, Eq)]
-pub enum DebateError {
-    /// The problem file, an option, or the request as the gateway judged it (exit 2).
-    BadInput(String),
-    /// The connection, the gateway or the run failed, or the run was cancelled (exit 1).
-    Failed(String),
-}
-
-impl From<FollowError> for DebateError {
-    fn from(e: FollowError) -> Self {
-        match e {
-            FollowError::BadInput(e) => DebateError::BadInput(e),
-            FollowError::Failed(e) => DebateError::Failed(e),
-        }
-    }
-}
-
-/// How a finished `assay debate` went.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Ending {
-    /// Every problem debated: exit 0.
-    Complete,
-    /// Some problems failed; the others were written: exit 3.
-    Partial,
-}
-
-/// The process exit of `assay debate`, printing the error if any.
-pub fn exit(outcome: Result<Ending, DebateError>) -> ExitCode {
-    match outcome {
-        Ok(Ending::Complete) => ExitCode::SUCCESS,
-        Ok(Ending::Partial) => ExitCode::from(EXIT_PARTIAL),
-        Err(DebateError::BadInput(e)) => {
-            eprintln!("assay: {e}");
-            ExitCode::from(EXIT_BAD_INPUT)
-        }
-        Err(DebateError::Failed(e)) => {
-            eprintln!("assay: {e}");
-            ExitCode::FAILURE
-        }
-    }
+/// `assay debate` with the configuration at `config` (`--config`): 0 every problem debated, 3
+/// some problems failed, 1 the run failed or was cancelled, 2 bad input.
+pub async fn run(config: Option<&Path>, args: DebateArgs) -> Outcome {
+    let config = load_config(config, &args.backend)?;
+    debate(&config, args).await
 }
 
 /// Problems from a JSON-lines file; an error names the file, the line and the field.
@@ -166,8 +132,8 @@ pub fn build_pipeline(problems: Vec<gw::DebateProblem>, a: &DebateArgs) -> gw::D
 }
 
 /// `assay debate`.
-pub async fn debate(config: &AssayConfig, args: DebateArgs) -> Result<Ending, DebateError> {
-    let problems = read_problems(&args.data).map_err(DebateError::BadInput)?;
+pub async fn debate(config: &AssayConfig, args: DebateArgs) -> Outcome {
+    let problems = read_problems(&args.data).map_err(CliError::BadInput)?;
     let total = problems.len();
     let pipeline = build_pipeline(problems, &args);
     let label = args.label.clone().unwrap_or_else(|| format!("assay debate {}", args.data.display()));
@@ -177,22 +143,17 @@ pub async fn debate(config: &AssayConfig, args: DebateArgs) -> Result<Ending, De
         label,
         budget: args.budget.budget(),
     };
-    let mut session = Session::open(config, args.gateway.as_deref()).await.map_err(DebateError::Failed)?;
+    let mut session = Session::open(config, args.gateway.as_deref()).await?;
     let outcome = follow(&mut session, request, total, &args).await;
-    session.close().await.map_err(DebateError::Failed)?;
+    session.close().await?;
     outcome
 }
 
-async fn follow(
-    session: &mut Session,
-    request: gw::RunPipelineRequest,
-    total: usize,
-    args: &DebateArgs,
-) -> Result<Ending, DebateError> {
+async fn follow(session: &mut Session, request: gw::RunPipelineRequest, total: usize, args: &DebateArgs) -> Outcome {
     let events = start_run(&mut session.client, request).await?;
     let out: Box<dyn Write> = match &args.out {
         Some(p) => Box::new(std::io::BufWriter::new(
-            std::fs::File::create(p).map_err(|e| DebateError::Failed(format!("{}: {e}", p.display())))?,
+            std::fs::File::create(p).map_err(|e| CliError::Failed(format!("{}: {e}", p.display())))?,
         )),
         None => Box::new(std::io::stdout()),
     };
@@ -222,9 +183,8 @@ struct Follower {
 
 impl RunFollower for Follower {
     type Ending = Ending;
-    type Error = DebateError;
 
-    fn on_event(&mut self, ev: gw::RunEvent) -> Step<Result<Ending, DebateError>> {
+    fn on_event(&mut self, ev: gw::RunEvent) -> Step<Outcome> {
         use gw::run_event::Event;
         self.run_id.clone_from(&ev.run_id);
         let run_id = &self.run_id;
@@ -248,7 +208,7 @@ impl RunFollower for Follower {
         Step::Continue
     }
 
-    fn on_stream_end(&mut self, run: gw::Run) -> Option<Result<Ending, DebateError>> {
+    fn on_stream_end(&mut self, run: gw::Run) -> Option<Outcome> {
         is_final(run.state).then(|| self.completed(run.state, run.result))
     }
 }
@@ -256,30 +216,30 @@ impl RunFollower for Follower {
 impl Follower {
     /// The run completed: write the problems' lines (also of a run cancelled or failed part-way),
     /// print the summary, map the outcome.
-    fn completed(&mut self, state: i32, result: Option<gw::RunResult>) -> Result<Ending, DebateError> {
+    fn completed(&mut self, state: i32, result: Option<gw::RunResult>) -> Outcome {
         self.progress.finish();
         let run_id = &self.run_id;
-        let failed_io = |e: std::io::Error| DebateError::Failed(e.to_string());
+        let failed_io = |e: std::io::Error| CliError::Failed(e.to_string());
         if let Some(gw::run_result::Result::Debate(d)) = result.as_ref().and_then(|r| r.result.as_ref()) {
             for p in &d.problems {
-                let line = problem_json(p).map_err(DebateError::Failed)?;
+                let line = problem_json(p).map_err(CliError::Failed)?;
                 writeln!(self.out, "{line}").map_err(failed_io)?;
             }
         }
         self.out.flush().map_err(failed_io)?;
         let d = match finished_as::<pipelines::Debate>(state, result, "debate result") {
             Ok(d) => d,
-            Err(e @ NoResult::Missing(_)) => return Err(DebateError::Failed(e.message(run_id))),
+            Err(e @ NoResult::Missing(_)) => return Err(CliError::Failed(e.message(run_id))),
             Err(NoResult::Cancelled) => {
-                return Err(DebateError::Failed(format!(
+                return Err(CliError::Failed(format!(
                     "{}; the problems debated are written",
                     NoResult::Cancelled.message(run_id)
                 )));
             }
-            Err(e) => return Err(DebateError::Failed(e.message(run_id))),
+            Err(e) => return Err(CliError::Failed(e.message(run_id))),
         };
         eprintln!("{}", summary_text(run_id, &d, self.baselines));
-        Ok(if d.problems_failed == 0 { Ending::Complete } else { Ending::Partial })
+        Ok(if d.problems_failed == 0 { Ending::Done } else { Ending::Partial })
     }
 }
 

@@ -12,25 +12,14 @@ use assay_proto::pipelines;
 use assay_domain::generator::MAX_RESPONSE_SAMPLES;
 use assay_domain::limits::MAX_RECORDS;
 
+use super::common::{BackendArgs, BudgetArgs, Progress, load_config};
+use super::error::{CliError, Ending, Outcome, status_text};
 use super::follow::{NoResult, RunFollower, Step, finished_as, follow_run, is_final, start_run};
 use super::input::{CorpusArgs, FieldMap, Needs, RecordLines, corpus_request, is_corpus, read_checklist};
 use super::render::checklist_eval::{checklist_ready_line, record_json, responder_lines, summary_json, summary_line};
 use super::render::stage_progress_line;
-use super::status_text;
-use super::{Progress, Session};
-
-/// What a finished evaluation command reports.
-pub enum Outcome {
-    /// Every record scored.
-    Complete,
-    /// Some records failed; the others were written.
-    Partial,
-    /// `--fail-on-regression`: a responder is significantly worse than the first.
-    Regressed,
-    /// `--fail-on-regression`: a responder (or the baseline) has no scored response, so nothing
-    /// could be compared ([`EXIT_UNEVALUATED`]).
-    Unevaluated,
-}
+use super::session::{Client, Session};
+use super::source::write_results;
 
 /// Models under test (`assay eval --respond`): each answers every record's input, and its answers
 /// are what is scored.
@@ -142,12 +131,210 @@ fn responder_model(value: &str) -> Result<common::ModelSpec, String> {
     Ok(super::input::model_spec("--respond", Some(value))?.unwrap_or_default())
 }
 
+/// Options of `assay eval`.
+#[derive(clap::Args, Clone)]
+pub struct EvalArgs {
+    /// Preset: tick, rocketeval, rlcf_direct, rlcf_candidate, rlcf_candidates_only,
+    /// openrubrics_pairwise, openrubrics_listwise; or a corpus preset (feedback, checkeval,
+    /// interacteval) with --observations / --dimensions: one checklist for every record.
+    #[arg(long)]
+    pub preset: String,
+    /// Override the preset's maximum number of checklist items.
+    #[arg(long)]
+    pub max_items: Option<u32>,
+    #[command(flatten)]
+    pub corpus: CorpusArgs,
+    #[command(flatten)]
+    pub responders: ResponderArgs,
+    #[command(flatten)]
+    pub scoring: ScoringArgs,
+    #[command(flatten)]
+    pub run: RunArgs,
+    #[command(flatten)]
+    pub backend: BackendArgs,
+}
+
+/// Options of `assay score`.
+#[derive(clap::Args, Clone)]
+pub struct ScoreArgs {
+    /// Checklist file (JSON).
+    #[arg(long)]
+    pub checklist: PathBuf,
+    /// Judge each item this many times (1 to 10): per item the majority answer, its yes-share
+    /// and a flaky flag; per record the mean over samples and its spread.
+    #[arg(long)]
+    pub samples: Option<u32>,
+    /// A judge model for the samples, used round-robin (repeat for several).
+    #[arg(long = "sample-model")]
+    pub sample_models: Vec<String>,
+    #[command(flatten)]
+    pub scoring: ScoringArgs,
+    #[command(flatten)]
+    pub run: RunArgs,
+    #[command(flatten)]
+    pub backend: BackendArgs,
+}
+
+/// The judge's options of `eval` and `score`.
+#[derive(clap::Args, Clone)]
+pub struct ScoringArgs {
+    /// Scoring mode: batch (one call per record) or item (one call per question). Unset: the
+    /// preset's.
+    #[arg(long)]
+    pub mode: Option<String>,
+    /// Primary metric: pass, weighted or normalized (normalized turns logprobs on). Unset: the
+    /// preset's.
+    #[arg(long)]
+    pub metric: Option<String>,
+    /// Ask the judge for a reason per item (`--reasoning=false` to turn it off).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub reasoning: Option<bool>,
+    /// Ask for first-token logprobs, a confidence per item (`--logprobs=false` turns off the
+    /// preset's). Unset: the preset's.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub logprobs: Option<bool>,
+    /// Built-in scoring prompt: default, rlcf or rocketeval. Unset: the preset's.
+    #[arg(long)]
+    pub prompt: Option<String>,
+    /// Custom prompt template file ({input} {target} {question} or {checklist} {history} {reference}).
+    #[arg(long)]
+    pub template: Option<PathBuf>,
+    /// Most model calls in flight per scored record (0 = the scorer's default).
+    #[arg(long, default_value_t = 0)]
+    pub scorer_concurrency: u32,
+}
+
+impl ScoringArgs {
+    /// The scorer settings, or None when nothing was set: unset fields take the preset's defaults.
+    pub fn config(&self) -> Result<Option<common::ScorerConfig>, String> {
+        let mode = match self.mode.as_deref() {
+            None => common::ScoringMode::Unspecified,
+            Some(m) => common::ScoringMode::from_str_name(&format!("SCORING_MODE_{}", m.to_ascii_uppercase()))
+                .ok_or_else(|| format!("unknown --mode {m:?} (batch, item)"))?,
+        };
+        let metric = match self.metric.as_deref() {
+            None => common::PrimaryMetric::Unspecified,
+            Some(m) => common::PrimaryMetric::from_str_name(&format!("PRIMARY_METRIC_{}", m.to_ascii_uppercase()))
+                .ok_or_else(|| format!("unknown --metric {m:?} (pass, weighted, normalized)"))?,
+        };
+        let prompt = match self.prompt.as_deref() {
+            None => common::ScoringPrompt::Unspecified,
+            Some(m) => common::ScoringPrompt::from_str_name(&format!("SCORING_PROMPT_{}", m.to_ascii_uppercase()))
+                .filter(|p| *p != common::ScoringPrompt::Unspecified)
+                .ok_or_else(|| format!("unknown --prompt {m:?} (default, rlcf, rocketeval)"))?,
+        };
+        let prompt_template = match &self.template {
+            Some(p) => std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?,
+            None => String::new(),
+        };
+        let config = common::ScorerConfig {
+            mode: mode as i32,
+            primary_metric: metric as i32,
+            capture_reasoning: self.reasoning,
+            use_logprobs: self.logprobs,
+            prompt_template,
+            concurrency: self.scorer_concurrency,
+            prompt: prompt as i32,
+            samples: None,
+            sample_models: Vec::new(),
+        };
+        Ok(Some(config).filter(|c| *c != common::ScorerConfig::default()))
+    }
+}
+
+/// The records, the output and the run's options of `eval` and `score`.
+#[derive(clap::Args, Clone)]
+pub struct RunArgs {
+    /// Input records: JSON lines, or a CSV file (`.csv`, its first row the column names).
+    #[arg(long)]
+    pub data: PathBuf,
+    /// Output (JSON lines); standard output when absent.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Gateway address (e.g. http://127.0.0.1:50051); absent = start the mesh in this process.
+    #[arg(long)]
+    pub gateway: Option<String>,
+    /// Print the final summary as one JSON line on standard output.
+    #[arg(long)]
+    pub json: bool,
+    /// Stream the records into an open run (read as they are sent, results read back in pages)
+    /// whatever their number; files over 10,000 records always are.
+    #[arg(long)]
+    pub open: bool,
+    /// The field (JSON lines) or column (a `.csv` file, first row the names) holding each record's
+    /// input, e.g. `question` or `prompt`.
+    #[arg(long, value_name = "NAME")]
+    pub input_field: Option<String>,
+    /// The field or column holding each record's target (the response scored), e.g. `answer`.
+    #[arg(long, value_name = "NAME")]
+    pub target_field: Option<String>,
+    /// The field or column holding each record's id.
+    #[arg(long, value_name = "NAME")]
+    pub id_field: Option<String>,
+    #[command(flatten)]
+    pub budget: BudgetArgs,
+}
+
+impl RunArgs {
+    fn into_options(self) -> RunOptions {
+        RunOptions {
+            data: self.data,
+            out: self.out,
+            gateway: self.gateway,
+            json: self.json,
+            budget: self.budget.budget(),
+            open: self.open,
+            fail_on_regression: false,
+            fields: FieldMap { input: self.input_field, target: self.target_field, id: self.id_field },
+        }
+    }
+}
+
+/// `assay eval` with the configuration at `config` (`--config`): 0 all scored, 3 some records
+/// failed, 1 the run failed or its input was refused (this verb does not tell bad input apart), 2 a
+/// malformed option (clap's); with --fail-on-regression 1 a regression, 5 an unevaluated responder.
+pub async fn run(config: Option<&Path>, args: EvalArgs) -> Outcome {
+    let outcome = async {
+        let config = load_config(config, &args.backend)?;
+        let scorer = args.scoring.config().map_err(CliError::Failed)?;
+        let options = args.run.into_options();
+        eval(&config, &args.preset, args.max_items, scorer, &args.corpus, &args.responders, options).await
+    };
+    said_why(outcome.await.map_err(CliError::failed))
+}
+
+/// `assay score` with the configuration at `config` (`--config`): the exit codes of `eval`.
+pub async fn run_score(config: Option<&Path>, args: ScoreArgs) -> Outcome {
+    let outcome = async {
+        let config = load_config(config, &args.backend)?;
+        let mut scorer = args.scoring.config().map_err(CliError::Failed)?.unwrap_or_default();
+        scorer.samples = args.samples;
+        scorer.sample_models = args.sample_models;
+        score(&config, &args.checklist, scorer, args.run.into_options()).await
+    };
+    said_why(outcome.await.map_err(CliError::failed))
+}
+
+/// The gate's verdict said on standard error, after the run.
+fn said_why(outcome: Outcome) -> Outcome {
+    match outcome {
+        Ok(Ending::Regressed) => {
+            eprintln!("assay: a responder is significantly worse than the first (--fail-on-regression)");
+        }
+        Ok(Ending::Unevaluated) => eprintln!(
+            "assay: a responder could not be evaluated: none of its responses was scored (--fail-on-regression)"
+        ),
+        Ok(_) | Err(_) => {}
+    }
+    outcome
+}
+
 /// Why a run without responders needs each record's target (a CSV file without its column is
 /// refused).
 const SCORED_TARGET: &str = "each record's target is the response scored";
 
-/// Options shared by `eval` and `score`.
-pub struct RunArgs {
+/// Options shared by `eval` and `score`, as the run takes them.
+pub struct RunOptions {
     pub data: PathBuf,
     pub out: Option<PathBuf>,
     pub gateway: Option<String>,
@@ -155,7 +342,7 @@ pub struct RunArgs {
     pub budget: Option<gw::RunBudget>,
     /// Stream the records into an open run whatever their number.
     pub open: bool,
-    /// With responders: end with [`Outcome::Regressed`] when one is significantly worse than
+    /// With responders: end with [`Ending::Regressed`] when one is significantly worse than
     /// the first.
     pub fail_on_regression: bool,
     /// The dataset's names of the record fields (`--input-field`, ...).
@@ -170,12 +357,12 @@ pub async fn eval(
     scorer: Option<common::ScorerConfig>,
     corpus: &CorpusArgs,
     responders: &ResponderArgs,
-    args: RunArgs,
-) -> Result<Outcome, String> {
-    let preset = super::preset(preset)?;
+    args: RunOptions,
+) -> Outcome {
+    let preset = super::common::preset(preset).map_err(CliError::Failed)?;
     // `--samples N` / `--sample-model`: repeated judging, over the scoring options.
-    let scorer = corpus.with_sampling(scorer)?;
-    let respond = responders.responders()?;
+    let scorer = corpus.with_sampling(scorer).map_err(CliError::Failed)?;
+    let respond = responders.responders().map_err(CliError::Failed)?;
     // With responders each record makes a result per responder and sample: a request holds
     // fewer records, and a larger file goes into an open run.
     let per_record = respond.iter().map(|r| r.samples.max(1) as usize).sum::<usize>().max(1);
@@ -188,9 +375,10 @@ pub async fn eval(
         // The responders write the targets.
         Needs { input: Some("the responders answer each record's input"), target: None }
     };
-    let records = Records::read(&args.data, args.open, &args.fields, needs, MAX_RECORDS / per_record)?;
+    let records = Records::read(&args.data, args.open, &args.fields, needs, MAX_RECORDS / per_record)
+        .map_err(CliError::Failed)?;
     let source = if is_corpus(preset) {
-        gw::checklist_source::Source::Corpus(corpus_request(preset, corpus)?)
+        gw::checklist_source::Source::Corpus(corpus_request(preset, corpus).map_err(CliError::Failed)?)
     } else {
         gw::checklist_source::Source::Preset(preset as i32)
     };
@@ -198,31 +386,26 @@ pub async fn eval(
         source: Some(gw::ChecklistSource { source: Some(source) }),
         max_items,
         scorer,
-        refiners: corpus.steps("")?,
-        candidate_models: corpus.candidate_specs()?,
+        refiners: corpus.steps("").map_err(CliError::Failed)?,
+        candidate_models: corpus.candidate_specs().map_err(CliError::Failed)?,
         responders: respond,
         ..Default::default()
     };
-    let args = RunArgs { fail_on_regression: responders.fail_on_regression, ..args };
-    run(config, pipeline, records, format!("assay eval {}", args.data.display()), &args).await
+    let args = RunOptions { fail_on_regression: responders.fail_on_regression, ..args };
+    run_pipeline(config, pipeline, records, format!("assay eval {}", args.data.display()), &args).await
 }
 
 /// `assay score`: score every record against one checklist.
-pub async fn score(
-    config: &AssayConfig,
-    checklist: &Path,
-    scorer: common::ScorerConfig,
-    args: RunArgs,
-) -> Result<Outcome, String> {
-    let checklist = read_checklist(checklist)?;
+pub async fn score(config: &AssayConfig, checklist: &Path, scorer: common::ScorerConfig, args: RunOptions) -> Outcome {
+    let checklist = read_checklist(checklist).map_err(CliError::Failed)?;
     let needs = Needs { input: None, target: Some(SCORED_TARGET) };
-    let records = Records::read(&args.data, args.open, &args.fields, needs, MAX_RECORDS)?;
+    let records = Records::read(&args.data, args.open, &args.fields, needs, MAX_RECORDS).map_err(CliError::Failed)?;
     let pipeline = gw::ChecklistEvalPipeline {
         source: Some(gw::ChecklistSource { source: Some(gw::checklist_source::Source::Checklist(checklist)) }),
         scorer: Some(scorer),
         ..Default::default()
     };
-    run(config, pipeline, records, format!("assay score {}", args.data.display()), &args).await
+    run_pipeline(config, pipeline, records, format!("assay score {}", args.data.display()), &args).await
 }
 
 /// A records file: up to `whole` records (the per-request limit), read whole (the run carries
@@ -254,13 +437,13 @@ impl Records {
     }
 }
 
-async fn run(
+async fn run_pipeline(
     config: &AssayConfig,
     mut pipeline: gw::ChecklistEvalPipeline,
     records: Records,
     label: String,
-    args: &RunArgs,
-) -> Result<Outcome, String> {
+    args: &RunOptions,
+) -> Outcome {
     let mut session = Session::open(config, args.gateway.as_deref()).await?;
     // With responders each record is scored once per responder and sample.
     let per_record = pipeline.responders.iter().map(|r| r.samples.max(1) as usize).sum::<usize>().max(1);
@@ -288,8 +471,8 @@ async fn stream(
     label: String,
     total: usize,
     streamed: Option<(RecordLines, usize)>,
-    args: &RunArgs,
-) -> Result<Outcome, String> {
+    args: &RunOptions,
+) -> Outcome {
     let request = gw::RunPipelineRequest {
         pipeline: Some(gw::run_pipeline_request::Pipeline::ChecklistEval(pipeline)),
         label,
@@ -300,9 +483,9 @@ async fn stream(
     let started = std::time::Instant::now();
     let mut events = start_run(&mut session.client, request).await?;
     let out: Box<dyn Write> = match &args.out {
-        Some(p) => {
-            Box::new(std::io::BufWriter::new(std::fs::File::create(p).map_err(|e| format!("{}: {e}", p.display()))?))
-        }
+        Some(p) => Box::new(std::io::BufWriter::new(
+            std::fs::File::create(p).map_err(|e| CliError::Failed(format!("{}: {e}", p.display())))?,
+        )),
         None => Box::new(std::io::stdout()),
     };
     let mut follower = Follower {
@@ -322,8 +505,8 @@ async fn stream(
     // An open run: its id from the first event, then the file sent beside the run's events.
     let first = match futures::StreamExt::next(&mut events).await {
         Some(Ok(ev)) => ev,
-        Some(Err(s)) => return Err(status_text(&s)),
-        None => return Err("the gateway closed the run's events before the first".into()),
+        Some(Err(s)) => return Err(CliError::Failed(status_text(&s))),
+        None => return Err(CliError::Failed("the gateway closed the run's events before the first".into())),
     };
     let run_id = first.run_id.clone();
     follower.paged = Some(None);
@@ -354,59 +537,20 @@ async fn stream(
                         reason: "the records file could not be sent whole".into(),
                     };
                     let _ = control.control_run(cancel).await;
-                    return Err(format!("{e}; run {run_id} cancelled (what it scored: assay runs results {run_id})"));
+                    return Err(CliError::Failed(format!(
+                        "{e}; run {run_id} cancelled (what it scored: assay runs results {run_id})"
+                    )));
                 }
             }
         }
     };
     followed?;
     let Some(Some((state, result))) = follower.paged.take() else {
-        return Err(format!("run {run_id} ended without a result"));
+        return Err(CliError::Failed(format!("run {run_id} ended without a result")));
     };
-    let failed = write_results(&mut session.client, &run_id, &mut follower.out).await?;
+    let failed = write_results(&mut session.client, &run_id, &mut follower.out).await.map_err(CliError::Failed)?;
     follower.failed = failed;
     follower.completed(state, result)
-}
-
-/// Every result of a checklist_eval run, in record order, read a page of 5,000 at a time and
-/// handed to `each`.
-pub async fn each_result(
-    client: &mut super::Client,
-    run_id: &str,
-    mut each: impl FnMut(gw::RecordResult) -> Result<(), String>,
-) -> Result<(), String> {
-    let mut token = String::new();
-    loop {
-        let page = client
-            .list_run_results(gw::ListRunResultsRequest {
-                run_id: run_id.to_string(),
-                page_size: 5000,
-                page_token: token,
-            })
-            .await
-            .map_err(|s| format!("reading the results of run {run_id}: {}", status_text(&s)))?
-            .into_inner();
-        for r in page.results {
-            each(r)?;
-        }
-        if page.next_page_token.is_empty() {
-            return Ok(());
-        }
-        token = page.next_page_token;
-    }
-}
-
-/// Write a checklist_eval run's results to `out`, one JSON line per record in record order
-/// (`assay eval`'s lines), read a page at a time; returns how many failed.
-pub async fn write_results(client: &mut super::Client, run_id: &str, out: &mut dyn Write) -> Result<u64, String> {
-    let mut failed = 0u64;
-    each_result(client, run_id, |r| {
-        failed += u64::from(r.score.is_none());
-        writeln!(out, "{}", record_json(&r)).map_err(|e| e.to_string())
-    })
-    .await?;
-    out.flush().map_err(|e| e.to_string())?;
-    Ok(failed)
 }
 
 /// Bytes of records per AppendRecords message at most.
@@ -415,12 +559,7 @@ const MAX_APPEND_BYTES: usize = 16 * 1024 * 1024;
 /// Send the rest of a records file into open run `run_id` over one AppendRecords call, at most
 /// [`MAX_RECORDS`] per message, then seal it. The file is read on a blocking thread as the call
 /// takes the messages (two in flight at most).
-async fn send_records(
-    mut client: super::Client,
-    run_id: String,
-    lines: RecordLines,
-    total: usize,
-) -> Result<(), String> {
+async fn send_records(mut client: Client, run_id: String, lines: RecordLines, total: usize) -> Result<(), String> {
     let (tx, rx) = tokio::sync::mpsc::channel::<gw::AppendRecordsRequest>(2);
     let id = run_id.clone();
     let reader = tokio::task::spawn_blocking(move || -> Result<u64, String> {
@@ -478,10 +617,8 @@ struct Follower {
 }
 
 impl RunFollower for Follower {
-    type Ending = Outcome;
-    type Error = String;
-
-    fn on_event(&mut self, ev: gw::RunEvent) -> Step<Result<Outcome, String>> {
+    type Ending = Ending;
+    fn on_event(&mut self, ev: gw::RunEvent) -> Step<Outcome> {
         use gw::run_event::Event;
         self.run_id.clone_from(&ev.run_id);
         match ev.event {
@@ -497,7 +634,7 @@ impl RunFollower for Follower {
                 if self.paged.is_none()
                     && let Err(e) = writeln!(self.out, "{}", record_json(&r))
                 {
-                    return Step::Done(Err(e.to_string()));
+                    return Step::Done(Err(e.into()));
                 }
                 self.progress.inc(self.failed);
             }
@@ -508,41 +645,41 @@ impl RunFollower for Follower {
         Step::Continue
     }
 
-    fn on_stream_end(&mut self, run: gw::Run) -> Option<Result<Outcome, String>> {
+    fn on_stream_end(&mut self, run: gw::Run) -> Option<Outcome> {
         is_final(run.state).then(|| self.ended(run.state, run.result))
     }
 }
 
 impl Follower {
     /// The run ended: finish now, or (an open run) keep how it ended for after its results are read.
-    fn ended(&mut self, state: i32, result: Option<gw::RunResult>) -> Result<Outcome, String> {
+    fn ended(&mut self, state: i32, result: Option<gw::RunResult>) -> Outcome {
         match &mut self.paged {
             Some(ended) => {
                 *ended = Some((state, result));
-                Ok(Outcome::Complete)
+                Ok(Ending::Done)
             }
             None => self.completed(state, result),
         }
     }
 
     /// The run completed: flush the lines, print the summary, map the outcome.
-    fn completed(&mut self, state: i32, result: Option<gw::RunResult>) -> Result<Outcome, String> {
+    fn completed(&mut self, state: i32, result: Option<gw::RunResult>) -> Outcome {
         let pipeline_s = self.started.elapsed().as_secs_f64();
-        self.out.flush().map_err(|e| e.to_string())?;
+        self.out.flush()?;
         self.progress.finish();
         let run_id = &self.run_id;
         let e = match finished_as::<pipelines::ChecklistEval>(state, result, "evaluation") {
             Ok(e) => e,
-            Err(e @ NoResult::Missing(_)) => return Err(e.message(run_id)),
+            Err(e @ NoResult::Missing(_)) => return Err(CliError::Failed(e.message(run_id))),
             Err(NoResult::Cancelled) => {
                 let cancelled = NoResult::Cancelled.message(run_id);
-                return Err(format!("{cancelled}; the records scored before are written above"));
+                return Err(CliError::Failed(format!("{cancelled}; the records scored before are written above")));
             }
-            Err(e) => return Err(e.message(run_id)),
+            Err(e) => return Err(CliError::Failed(e.message(run_id))),
         };
         let failed = self.failed;
         if self.json {
-            outln!("{}", summary_json(run_id, state, self.total, failed, &e, pipeline_s)?);
+            outln!("{}", summary_json(run_id, state, self.total, failed, &e, pipeline_s).map_err(CliError::Failed)?);
         } else {
             eprintln!("{}", summary_line(run_id, self.total, failed, &e, pipeline_s));
             for line in responder_lines(&e) {
@@ -552,13 +689,13 @@ impl Follower {
         let regressed = e.comparisons.iter().any(|c| c.gate.as_ref().is_some_and(|g| g.regressed));
         let unevaluated = e.responders.iter().any(|r| r.aggregate.is_none());
         Ok(if self.fail_on_regression && unevaluated {
-            Outcome::Unevaluated
+            Ending::Unevaluated
         } else if self.fail_on_regression && regressed {
-            Outcome::Regressed
+            Ending::Regressed
         } else if failed == 0 {
-            Outcome::Complete
+            Ending::Done
         } else {
-            Outcome::Partial
+            Ending::Partial
         })
     }
 }

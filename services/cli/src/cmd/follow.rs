@@ -8,28 +8,9 @@ use assay_proto::gateway::v1 as gw;
 use assay_proto::pipelines::PipelineContract;
 use futures::{Stream, StreamExt};
 
+use super::error::{CliError, status_text};
 use super::render::state_name;
-use super::{Client, status_text};
-
-/// Why following a run, or a verb that follows one, failed.
-#[derive(Debug, PartialEq, Eq)]
-pub enum FollowError {
-    /// The input, an option, or the request as the gateway judged it (exit 2 where the verb tells
-    /// bad input apart).
-    BadInput(String),
-    /// The connection, the gateway, the event stream or the run failed, or the run was cancelled
-    /// (exit 1).
-    Failed(String),
-}
-
-impl From<FollowError> for String {
-    /// The error line of a verb that does not tell bad input apart (exit 1 either way).
-    fn from(e: FollowError) -> Self {
-        match e {
-            FollowError::BadInput(e) | FollowError::Failed(e) => e,
-        }
-    }
-}
+use super::session::Client;
 
 /// The run events of a `RunPipeline` or `WatchRun` stream.
 pub type Events = Pin<Box<dyn Stream<Item = Result<gw::RunEvent, tonic::Status>> + Send>>;
@@ -43,15 +24,9 @@ pub fn events_of<M: Send + 'static>(stream: tonic::Streaming<M>, event: fn(M) ->
 pub const MAX_QUIET_REATTACH: u32 = 3;
 
 /// Start a run: the events of its `RunPipeline` stream. A request the gateway refuses as invalid
-/// is bad input.
-pub async fn start_run(client: &mut Client, request: gw::RunPipelineRequest) -> Result<Events, FollowError> {
-    let stream = client.run_pipeline(request).await.map_err(|s| {
-        if s.code() == tonic::Code::InvalidArgument {
-            FollowError::BadInput(status_text(&s))
-        } else {
-            FollowError::Failed(status_text(&s))
-        }
-    })?;
+/// is bad input ([`CliError`]'s conversion of a status).
+pub async fn start_run(client: &mut Client, request: gw::RunPipelineRequest) -> Result<Events, CliError> {
+    let stream = client.run_pipeline(request).await?;
     Ok(events_of(stream.into_inner(), |m: gw::RunPipelineResponse| m.event))
 }
 
@@ -60,7 +35,7 @@ pub async fn run_and_follow<F: RunFollower>(
     client: &mut Client,
     request: gw::RunPipelineRequest,
     follower: &mut F,
-) -> Result<F::Ending, F::Error> {
+) -> Result<F::Ending, CliError> {
     let events = start_run(client, request).await?;
     follow_run(client, events, follower).await
 }
@@ -79,21 +54,18 @@ pub enum Step<T> {
 pub trait RunFollower {
     /// How the verb ends when it does not fail.
     type Ending;
-    /// Why the verb fails; the errors of following itself convert into it.
-    type Error: From<FollowError>;
-
     /// One event of the run.
-    fn on_event(&mut self, event: gw::RunEvent) -> Step<Result<Self::Ending, Self::Error>>;
+    fn on_event(&mut self, event: gw::RunEvent) -> Step<Result<Self::Ending, CliError>>;
 
     /// The event stream ended before the verb was done; `run` is the run as the gateway stores it.
     /// `None` follows the run again from the last event seen.
-    fn on_stream_end(&mut self, run: gw::Run) -> Option<Result<Self::Ending, Self::Error>>;
+    fn on_stream_end(&mut self, run: gw::Run) -> Option<Result<Self::Ending, CliError>>;
 
     /// After [`Step::AwaitingHuman`]: how the verb ends, given the stored run when the gateway gave
     /// it.
-    fn awaiting_human(&mut self, run: Option<&gw::Run>) -> Result<Self::Ending, Self::Error> {
+    fn awaiting_human(&mut self, run: Option<&gw::Run>) -> Result<Self::Ending, CliError> {
         let id = run.map_or("", |r| r.run_id.as_str());
-        Err(FollowError::Failed(format!("run {id} waits for a human")).into())
+        Err(CliError::Failed(format!("run {id} waits for a human")))
     }
 }
 
@@ -120,7 +92,7 @@ pub async fn follow_run<F: RunFollower>(
     client: &mut Client,
     mut events: Events,
     follower: &mut F,
-) -> Result<F::Ending, F::Error> {
+) -> Result<F::Ending, CliError> {
     let mut run = Followed::default();
     loop {
         match events.next().await {
@@ -139,7 +111,7 @@ pub async fn follow_run<F: RunFollower>(
                 eprintln!("event stream interrupted ({}); reattaching", s.message());
                 events = run.reattach(client).await?;
             }
-            Some(Err(s)) => return Err(FollowError::Failed(interrupted(&s, &run.run_id)).into()),
+            Some(Err(s)) => return Err(CliError::Failed(interrupted(&s, &run.run_id))),
             None => {
                 let stored = run.get(client).await?;
                 match follower.on_stream_end(stored) {
@@ -180,10 +152,10 @@ impl Followed {
     }
 
     /// Follow the run again from the last sequence seen (after a pause of a second).
-    async fn reattach(&mut self, client: &mut Client) -> Result<Events, FollowError> {
+    async fn reattach(&mut self, client: &mut Client) -> Result<Events, CliError> {
         self.quiet += 1;
         if self.quiet > MAX_QUIET_REATTACH {
-            return Err(FollowError::Failed(format!(
+            return Err(CliError::Failed(format!(
                 "lost the events of run {id}; follow it with `assay runs watch {id} --after {}`",
                 self.last_sequence,
                 id = self.run_id
@@ -199,24 +171,21 @@ impl Followed {
             match client.watch_run(request).await {
                 Ok(stream) => return Ok(events_of(stream.into_inner(), |m: gw::WatchRunResponse| m.event)),
                 Err(s) if gateway_went_away(&s) && waited < RESTART_WAIT_SECONDS => {}
-                Err(s) => return Err(FollowError::Failed(interrupted(&s, &self.run_id))),
+                Err(s) => return Err(CliError::Failed(interrupted(&s, &self.run_id))),
             }
         }
     }
 
     /// The run as the gateway stores it.
-    async fn get(&self, client: &mut Client) -> Result<gw::Run, FollowError> {
+    async fn get(&self, client: &mut Client) -> Result<gw::Run, CliError> {
         if self.run_id.is_empty() {
-            return Err(FollowError::Failed("the gateway ended the event stream before the run started".into()));
+            return Err(CliError::Failed("the gateway ended the event stream before the run started".into()));
         }
         let reply = client
             .get_run(gw::GetRunRequest { run_id: self.run_id.clone() })
             .await
-            .map_err(|s| FollowError::Failed(status_text(&s)))?;
-        reply
-            .into_inner()
-            .run
-            .ok_or_else(|| FollowError::Failed(format!("run {}: the gateway sent no run", self.run_id)))
+            .map_err(|s| CliError::Failed(status_text(&s)))?;
+        reply.into_inner().run.ok_or_else(|| CliError::Failed(format!("run {}: the gateway sent no run", self.run_id)))
     }
 }
 

@@ -2,7 +2,7 @@
 //! through the gateway's generate_checklist pipeline. Writes one checklist JSON per line.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use assay_config::AssayConfig;
 use assay_proto::common::v1 as common;
@@ -10,16 +10,91 @@ use assay_proto::gateway::v1 as gw;
 use assay_proto::pipelines;
 use futures::StreamExt;
 
+use super::common::{BackendArgs, Progress, load_config, preset};
+use super::error::{CliError, Ending, Outcome};
 use super::follow::{NoResult, RunFollower, Step, finished_as, is_final, run_and_follow};
-/// Re-exported here for `main.rs`, which names it `cmd::generate::CorpusArgs`.
-pub use super::input::CorpusArgs;
-use super::input::{corpus_request, is_corpus, read_checklist, read_records};
+use super::input::{CorpusArgs, corpus_request, is_corpus, read_checklist, read_records};
 use super::render::generate_checklist::{checklist_line, failure_line};
 use super::render::stage_progress_line;
-use super::{Progress, Session};
+use super::session::Session;
 
-/// Everything `assay generate` takes.
+/// Options of `assay generate`.
+#[derive(clap::Args, Clone)]
 pub struct GenerateArgs {
+    /// Preset (ignored with --checklist).
+    #[arg(long, default_value = "tick")]
+    pub preset: String,
+    /// A checklist file (JSON) to refine instead of generating one.
+    #[arg(long)]
+    pub checklist: Option<PathBuf>,
+    /// The instruction to generate a checklist for (instance presets).
+    #[arg(long, default_value = "")]
+    pub input: String,
+    #[arg(long, default_value = "")]
+    pub reference: String,
+    #[arg(long, default_value = "")]
+    pub history: String,
+    /// A candidate response (repeat for several; contrastive presets).
+    #[arg(long)]
+    pub candidate: Vec<String>,
+    /// Records (JSON lines) to generate one checklist each for, instead of --input.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    #[command(flatten)]
+    pub corpus: CorpusArgs,
+    /// Instance presets: maximum items.
+    #[arg(long)]
+    pub max_items: Option<u32>,
+    /// Output (JSON lines); standard output when absent.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Gateway address; absent = start the mesh in this process.
+    #[arg(long)]
+    pub gateway: Option<String>,
+    #[command(flatten)]
+    pub backend: BackendArgs,
+}
+
+/// `assay generate` with the configuration at `config` (`--config`): 0 every checklist, 3 some
+/// generations failed, 1 the run failed or its input was refused (this verb does not tell bad input
+/// apart).
+pub async fn run(config: Option<&Path>, args: GenerateArgs) -> Outcome {
+    let outcome = async {
+        let config = load_config(config, &args.backend)?;
+        let record = gw::EvalRecord {
+            id: String::new(),
+            input: args.input,
+            target: String::new(),
+            reference: args.reference,
+            history: args.history,
+            candidates: args
+                .candidate
+                .into_iter()
+                .enumerate()
+                .map(|(i, text)| assay_proto::generator::v1::Candidate {
+                    id: i.to_string(),
+                    text,
+                    model: String::new(),
+                })
+                .collect(),
+        };
+        let options = GenerateOptions {
+            preset: args.preset,
+            record,
+            checklist: args.checklist,
+            data: args.data,
+            corpus: args.corpus,
+            max_items: args.max_items,
+            out: args.out,
+            gateway: args.gateway,
+        };
+        generate(&config, options).await
+    };
+    outcome.await.map_err(CliError::failed)
+}
+
+/// Everything `assay generate` takes, as the runs take it.
+pub struct GenerateOptions {
     pub preset: String,
     /// Instance level: one record from flags, or many from a file.
     pub record: gw::EvalRecord,
@@ -32,15 +107,15 @@ pub struct GenerateArgs {
     pub gateway: Option<String>,
 }
 
-/// Generate; Ok(false) when some generations failed.
-pub async fn generate(config: &AssayConfig, args: GenerateArgs) -> Result<bool, String> {
-    let preset = super::preset(&args.preset)?;
+/// Generate; [`Ending::Partial`] when some generations failed.
+pub async fn generate(config: &AssayConfig, args: GenerateOptions) -> Outcome {
+    let preset = preset(&args.preset).map_err(CliError::Failed)?;
     let corpus = is_corpus(preset);
-    let refiners = args.corpus.steps(&args.record.input)?;
+    let refiners = args.corpus.steps(&args.record.input).map_err(CliError::Failed)?;
     let pipelines: Vec<gw::GenerateChecklistPipeline> = if let Some(path) = &args.checklist {
         vec![gw::GenerateChecklistPipeline {
             source: Some(gw::ChecklistSource {
-                source: Some(gw::checklist_source::Source::Checklist(read_checklist(path)?)),
+                source: Some(gw::checklist_source::Source::Checklist(read_checklist(path).map_err(CliError::Failed)?)),
             }),
             refiners,
             ..Default::default()
@@ -48,20 +123,24 @@ pub async fn generate(config: &AssayConfig, args: GenerateArgs) -> Result<bool, 
     } else if corpus {
         vec![gw::GenerateChecklistPipeline {
             source: Some(gw::ChecklistSource {
-                source: Some(gw::checklist_source::Source::Corpus(corpus_request(preset, &args.corpus)?)),
+                source: Some(gw::checklist_source::Source::Corpus(
+                    corpus_request(preset, &args.corpus).map_err(CliError::Failed)?,
+                )),
             }),
             refiners,
             ..Default::default()
         }]
     } else {
         let records = match &args.data {
-            Some(path) => read_records(path)?,
+            Some(path) => read_records(path).map_err(CliError::Failed)?,
             None if args.record.input.trim().is_empty() => {
-                return Err("give --input (or --data with records) for an instance-level preset".into());
+                return Err(CliError::Failed(
+                    "give --input (or --data with records) for an instance-level preset".into(),
+                ));
             }
             None => vec![args.record.clone()],
         };
-        let candidate_models = args.corpus.candidate_specs()?;
+        let candidate_models = args.corpus.candidate_specs().map_err(CliError::Failed)?;
         records
             .into_iter()
             .map(|record| gw::GenerateChecklistPipeline {
@@ -83,12 +162,12 @@ pub async fn generate(config: &AssayConfig, args: GenerateArgs) -> Result<bool, 
 async fn run_all(
     session: &mut Session,
     pipelines: Vec<gw::GenerateChecklistPipeline>,
-    args: &GenerateArgs,
-) -> Result<bool, String> {
+    args: &GenerateOptions,
+) -> Outcome {
     let mut out: Box<dyn Write> = match &args.out {
-        Some(p) => {
-            Box::new(std::io::BufWriter::new(std::fs::File::create(p).map_err(|e| format!("{}: {e}", p.display()))?))
-        }
+        Some(p) => Box::new(std::io::BufWriter::new(
+            std::fs::File::create(p).map_err(|e| CliError::Failed(format!("{}: {e}", p.display())))?,
+        )),
         None => Box::new(std::io::stdout()),
     };
     let total = pipelines.len();
@@ -108,7 +187,7 @@ async fn run_all(
             };
             let mut follower = Generation::default();
             let checklist = run_and_follow(&mut client, request, &mut follower).await?;
-            Ok::<_, String>((i, follower, checklist))
+            Ok::<_, CliError>((i, follower, checklist))
         }
     }))
     .buffered(4);
@@ -125,15 +204,15 @@ async fn run_all(
                 failure_line(&generation.run_id, i, &error)
             }
         };
-        writeln!(out, "{line}").map_err(|e| e.to_string())?;
+        writeln!(out, "{line}")?;
         progress.inc(failed);
     }
-    out.flush().map_err(|e| e.to_string())?;
+    out.flush()?;
     progress.finish();
     if total == 1 && failed == 1 {
-        return Err(format!("generation failed: {last_error}"));
+        return Err(CliError::Failed(format!("generation failed: {last_error}")));
     }
-    Ok(failed == 0)
+    Ok(if failed == 0 { Ending::Done } else { Ending::Partial })
 }
 
 /// Follows one generation run ([`run_and_follow`]): keeps its progress notes for the caller (runs
@@ -147,9 +226,7 @@ struct Generation {
 
 impl RunFollower for Generation {
     type Ending = Result<common::Checklist, String>;
-    type Error = String;
-
-    fn on_event(&mut self, ev: gw::RunEvent) -> Step<Result<Self::Ending, String>> {
+    fn on_event(&mut self, ev: gw::RunEvent) -> Step<Result<Self::Ending, CliError>> {
         use gw::run_event::Event;
         self.run_id.clone_from(&ev.run_id);
         match ev.event {
@@ -164,7 +241,7 @@ impl RunFollower for Generation {
         Step::Continue
     }
 
-    fn on_stream_end(&mut self, run: gw::Run) -> Option<Result<Self::Ending, String>> {
+    fn on_stream_end(&mut self, run: gw::Run) -> Option<Result<Self::Ending, CliError>> {
         is_final(run.state).then(|| Ok(self.completed(run.state, run.result)))
     }
 }

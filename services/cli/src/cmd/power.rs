@@ -4,14 +4,11 @@
 //! ([`assay_domain::stats::power`]). One pilot file plans an unpaired comparison from its per-record
 //! variance; two files of the same records plan a paired one from their per-record differences.
 
-use std::process::ExitCode;
-
 use assay_domain::stats::power::{Design, Pilot, Plan, Question, power};
 use serde_json::{Value, json};
 
-use super::EXIT_BAD_INPUT;
-use super::compare::Metric;
-use super::source::{self, label};
+use super::error::{CliError, Ending, Outcome};
+use super::source::{self, Metric, label};
 
 /// Options of `assay power`.
 #[derive(clap::Args, Clone, Debug)]
@@ -49,21 +46,14 @@ pub struct PowerArgs {
 }
 
 /// Run `assay power`: 0 done, 2 bad input.
-pub fn run(args: PowerArgs) -> ExitCode {
-    match plan(&args) {
-        Err(e) => {
-            eprintln!("assay power: {e}");
-            ExitCode::from(EXIT_BAD_INPUT)
-        }
-        Ok(p) => {
-            if args.json {
-                outln!("{}", to_json(&p, &args));
-            } else {
-                out!("{}", text(&p, &args));
-            }
-            ExitCode::SUCCESS
-        }
+pub fn run(args: PowerArgs) -> Outcome {
+    let p = plan(&args).map_err(CliError::BadInput)?;
+    if args.json {
+        outln!("{}", to_json(&p, &args));
+    } else {
+        out!("{}", text(&p, &args));
     }
+    Ok(Ending::Done)
 }
 
 /// The most records a plan may ask for or be asked about (per run): beyond it an answer is no

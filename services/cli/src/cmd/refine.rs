@@ -4,7 +4,6 @@
 //! JSON.
 
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 
 use assay_config::AssayConfig;
 use assay_domain::document::MAX_JUDGES;
@@ -14,14 +13,15 @@ use assay_proto::pipelines;
 use assay_proto::scorer::v1 as scorer;
 use serde_json::{Map, Value};
 
-use super::Session;
-use super::follow::{FollowError, NoResult, RunFollower, Step, finished_as, is_final, run_and_follow};
+use super::common::{BackendArgs, BudgetArgs, load_config};
+use super::error::{CliError, Outcome};
+use super::follow::{NoResult, RunFollower, Step, finished_as, is_final, run_and_follow};
 use super::input::{HookArgs, model_spec};
 use super::render::json::{envelope, run_output, to_json};
 use super::render::self_refine::self_refined_line;
 use super::render::targeted_refinement::progress_line;
 use super::render::{mode_name, stage_progress_line, state_line};
-use super::{EXIT_AWAITING_HUMAN, EXIT_BAD_INPUT, EXIT_BEST_EFFORT};
+use super::session::Session;
 
 /// Refinement mode.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,13 +105,10 @@ pub struct RefineArgs {
     #[command(flatten)]
     pub hook: HookArgs,
     #[command(flatten)]
-    pub budget: super::BudgetArgs,
+    pub budget: BudgetArgs,
+    #[command(flatten)]
+    pub backend: BackendArgs,
 }
-
-/// Why `assay refine` failed: the document, an option, or the request as the gateway judged it
-/// (`BadInput`, exit 2); the connection, the gateway or the run failed, or the run was cancelled
-/// (`Failed`, exit 1).
-pub type RefineError = FollowError;
 
 /// How `assay refine` ended when it did not fail.
 #[derive(Debug, PartialEq, Eq)]
@@ -126,21 +123,21 @@ pub enum Ending {
     Detached,
 }
 
-/// The process exit of `assay refine`, printing the error if any.
-pub fn exit(outcome: Result<Ending, RefineError>) -> ExitCode {
-    match outcome {
-        Ok(Ending::Accepted | Ending::Detached) => ExitCode::SUCCESS,
-        Ok(Ending::BestEffort) => ExitCode::from(EXIT_BEST_EFFORT),
-        Ok(Ending::AwaitingHuman) => ExitCode::from(EXIT_AWAITING_HUMAN),
-        Err(RefineError::BadInput(e)) => {
-            eprintln!("assay: {e}");
-            ExitCode::from(EXIT_BAD_INPUT)
-        }
-        Err(RefineError::Failed(e)) => {
-            eprintln!("assay: {e}");
-            ExitCode::FAILURE
+impl From<Ending> for super::error::Ending {
+    fn from(e: Ending) -> Self {
+        match e {
+            Ending::Accepted | Ending::Detached => Self::Done,
+            Ending::BestEffort => Self::BestEffort,
+            Ending::AwaitingHuman => Self::AwaitingHuman,
         }
     }
+}
+
+/// `assay refine` with the configuration at `config` (`--config`): 0 accepted or detached, 3 best
+/// effort, 4 waiting for a human, 1 the run failed or was cancelled, 2 bad input.
+pub async fn run(config: Option<&Path>, args: RefineArgs) -> Outcome {
+    let config = load_config(config, &args.backend)?;
+    refine(&config, args).await.map(Into::into)
 }
 
 /// A sectioned document read from a file.
@@ -289,10 +286,10 @@ pub fn build_pipeline(doc: Doc, a: &RefineArgs) -> Result<gw::TargetedRefinement
 }
 
 /// `assay refine`: read the document, start the run, follow it to its end (or to a human).
-pub async fn refine(config: &AssayConfig, args: RefineArgs) -> Result<Ending, RefineError> {
-    let doc = read_doc(&args.doc).map_err(RefineError::BadInput)?;
+pub async fn refine(config: &AssayConfig, args: RefineArgs) -> Result<Ending, CliError> {
+    let doc = read_doc(&args.doc).map_err(CliError::BadInput)?;
     let sections = doc.sections.len();
-    let pipeline = build_pipeline(doc, &args).map_err(RefineError::BadInput)?;
+    let pipeline = build_pipeline(doc, &args).map_err(CliError::BadInput)?;
     let label = args.label.clone().unwrap_or_else(|| format!("assay refine {}", args.doc.display()));
     let request = gw::RunPipelineRequest {
         open: false,
@@ -300,7 +297,7 @@ pub async fn refine(config: &AssayConfig, args: RefineArgs) -> Result<Ending, Re
         label,
         budget: args.budget.budget(),
     };
-    let mut session = Session::open(config, args.gateway.as_deref()).await.map_err(RefineError::Failed)?;
+    let mut session = Session::open(config, args.gateway.as_deref()).await?;
     let gateway = args.gateway.clone().or_else(|| session.local_gateway());
     let mut follower = Follower {
         wait: args.wait,
@@ -320,7 +317,7 @@ pub async fn refine(config: &AssayConfig, args: RefineArgs) -> Result<Ending, Re
              a running mesh, or --wait)"
         );
     }
-    session.close().await.map_err(RefineError::Failed)?;
+    session.close().await?;
     outcome
 }
 
@@ -341,9 +338,8 @@ struct Follower {
 
 impl RunFollower for Follower {
     type Ending = Ending;
-    type Error = RefineError;
 
-    fn on_event(&mut self, ev: gw::RunEvent) -> Step<Result<Ending, RefineError>> {
+    fn on_event(&mut self, ev: gw::RunEvent) -> Step<Result<Ending, CliError>> {
         use gw::run_event::Event;
         if self.run_id.is_empty() {
             self.run_id = ev.run_id;
@@ -391,7 +387,7 @@ impl RunFollower for Follower {
         }
     }
 
-    fn on_stream_end(&mut self, run: gw::Run) -> Option<Result<Ending, RefineError>> {
+    fn on_stream_end(&mut self, run: gw::Run) -> Option<Result<Ending, CliError>> {
         if is_final(run.state) {
             return Some(self.completed(run.state, run.result));
         }
@@ -402,7 +398,7 @@ impl RunFollower for Follower {
     }
 
     /// The run waits for a human: say how to act, print where it stands on standard output.
-    fn awaiting_human(&mut self, run: Option<&gw::Run>) -> Result<Ending, RefineError> {
+    fn awaiting_human(&mut self, run: Option<&gw::Run>) -> Result<Ending, CliError> {
         let id = &self.run_id;
         // The mesh of this command stops with it: the run waits again under `assay up`.
         let flag = if self.remote { self.gateway.as_deref().map(|g| format!(" --gateway {g}")) } else { None };
@@ -411,7 +407,7 @@ impl RunFollower for Follower {
             "run {id} waits for a human: `assay runs edit {id} --section ID --file NEW.md{flag}` then \
              `assay runs resume {id}{flag}`, or `assay runs accept|review {id}{flag}`"
         );
-        let v = awaiting_json(id, self.escalation.as_ref(), run).map_err(RefineError::Failed)?;
+        let v = awaiting_json(id, self.escalation.as_ref(), run).map_err(CliError::Failed)?;
         outln!("{v}");
         Ok(Ending::AwaitingHuman)
     }
@@ -419,14 +415,14 @@ impl RunFollower for Follower {
 
 impl Follower {
     /// The run completed: print the result, map the outcome.
-    fn completed(&self, state: i32, result: Option<gw::RunResult>) -> Result<Ending, RefineError> {
+    fn completed(&self, state: i32, result: Option<gw::RunResult>) -> Result<Ending, CliError> {
         let id = &self.run_id;
         let t = match finished_as::<pipelines::TargetedRefinement>(state, result, "refinement result") {
             Ok(t) => t,
-            Err(e @ NoResult::Missing(_)) => return Err(RefineError::Failed(e.message(id))),
-            Err(e) => return Err(RefineError::Failed(e.message(id))),
+            Err(e @ NoResult::Missing(_)) => return Err(CliError::Failed(e.message(id))),
+            Err(e) => return Err(CliError::Failed(e.message(id))),
         };
-        outln!("{}", result_json(id, state, &t).map_err(RefineError::Failed)?);
+        outln!("{}", result_json(id, state, &t).map_err(CliError::Failed)?);
         if !t.warning.is_empty() {
             eprintln!("warning: {}", t.warning);
         }
@@ -435,7 +431,7 @@ impl Follower {
 }
 
 /// The exit of a refinement outcome.
-fn ending_of(run_id: &str, outcome: i32) -> Result<Ending, RefineError> {
+fn ending_of(run_id: &str, outcome: i32) -> Result<Ending, CliError> {
     match gw::RefinementOutcome::try_from(outcome) {
         Ok(
             gw::RefinementOutcome::Accepted
@@ -445,7 +441,7 @@ fn ending_of(run_id: &str, outcome: i32) -> Result<Ending, RefineError> {
         ) => Ok(Ending::Accepted),
         Ok(gw::RefinementOutcome::BestEffort) => Ok(Ending::BestEffort),
         Ok(gw::RefinementOutcome::Unspecified) | Err(_) => {
-            Err(RefineError::Failed(format!("run {run_id} ended without an outcome ({outcome})")))
+            Err(CliError::Failed(format!("run {run_id} ended without an outcome ({outcome})")))
         }
     }
 }

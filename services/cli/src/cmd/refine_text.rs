@@ -4,7 +4,6 @@
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 
 use assay_config::AssayConfig;
 use assay_domain::limits::MAX_TEXT_BYTES;
@@ -14,14 +13,15 @@ use assay_proto::pipelines;
 use assay_proto::refiners::v1 as rpb;
 use serde_json::Value;
 
-use super::EXIT_BAD_INPUT;
-use super::Session;
-use super::follow::{FollowError as RefineError, RunFollower, Step, finished_as, is_final, run_and_follow};
+use super::common::{BackendArgs, BudgetArgs, load_config};
+use super::error::{CliError, Ending, Outcome};
+use super::follow::{RunFollower, Step, finished_as, is_final, run_and_follow};
 use super::input::model_spec;
 use super::render::json::run_output;
 use super::render::plural;
 use super::render::self_refine::{pass_line, summary_line};
 use super::render::state_line;
+use super::session::Session;
 
 /// How convergence is decided when embeddings are unavailable.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,23 +78,20 @@ pub struct RefineTextArgs {
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
-    pub budget: super::BudgetArgs,
+    pub budget: BudgetArgs,
+    /// Model backend for every phase: `local` (embedded, offline) or `openai` (any
+    /// OpenAI-compatible server from OPENAI_BASE_URL / OPENAI_API_KEY); the refiner model: --model.
+    #[arg(long)]
+    pub backend: Option<String>,
 }
 
-/// The process exit of `assay refine-text`, printing the error if any: 0 done, 1 the run failed, 2
-/// bad input.
-pub fn exit(outcome: Result<(), RefineError>) -> ExitCode {
-    match outcome {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(RefineError::BadInput(e)) => {
-            eprintln!("assay: {e}");
-            ExitCode::from(EXIT_BAD_INPUT)
-        }
-        Err(RefineError::Failed(e)) => {
-            eprintln!("assay: {e}");
-            ExitCode::FAILURE
-        }
-    }
+/// `assay refine-text` with the configuration at `config` (`--config`): 0 done, 1 the run failed
+/// or was cancelled, 2 bad input.
+pub async fn run(config: Option<&Path>, args: RefineTextArgs) -> Outcome {
+    // --model is the refiner's (MODEL@BACKEND), not the backend's default model.
+    let backend = BackendArgs { backend: args.backend.clone(), model: None };
+    let config = load_config(config, &backend)?;
+    refine_text(&config, args).await.map(|()| Ending::Done)
 }
 
 /// Whether `--input` names standard input.
@@ -150,10 +147,10 @@ pub fn build_request(draft: String, a: &RefineTextArgs) -> Result<rpb::SelfRefin
 }
 
 /// `assay refine-text`: read the draft, start the run, follow it, print the result.
-pub async fn refine_text(config: &AssayConfig, args: RefineTextArgs) -> Result<(), RefineError> {
-    let draft = read_draft(&args.input).map_err(RefineError::BadInput)?;
+pub async fn refine_text(config: &AssayConfig, args: RefineTextArgs) -> Result<(), CliError> {
+    let draft = read_draft(&args.input).map_err(CliError::BadInput)?;
     let draft_bytes = draft.len();
-    let request = build_request(draft, &args).map_err(RefineError::BadInput)?;
+    let request = build_request(draft, &args).map_err(CliError::BadInput)?;
     let label = args.label.clone().unwrap_or_else(|| {
         let input = if is_stdin(&args.input) { "stdin".to_string() } else { args.input.display().to_string() };
         format!("assay refine-text {input}")
@@ -166,7 +163,7 @@ pub async fn refine_text(config: &AssayConfig, args: RefineTextArgs) -> Result<(
         label,
         budget: args.budget.budget(),
     };
-    let mut session = Session::open(config, args.gateway.as_deref()).await.map_err(RefineError::Failed)?;
+    let mut session = Session::open(config, args.gateway.as_deref()).await?;
     let mut follower = Follower {
         gateway: args.gateway.clone().or_else(|| session.local_gateway()),
         draft_bytes,
@@ -177,25 +174,25 @@ pub async fn refine_text(config: &AssayConfig, args: RefineTextArgs) -> Result<(
     let printed = outcome.and_then(|(state, r)| {
         eprintln!("{}", summary_line(&r, args.min_bytes.unwrap_or(DEFAULT_MIN_BYTES)));
         if args.json {
-            let v = result_json(&follower.run_id, state, &r).map_err(RefineError::Failed)?;
+            let v = result_json(&follower.run_id, state, &r).map_err(CliError::Failed)?;
             outln!("{v}");
             Ok(())
         } else {
             write_text(&r.final_text)
         }
     });
-    session.close().await.map_err(RefineError::Failed)?;
+    session.close().await?;
     printed
 }
 
 /// The final text on standard output, ending with a newline.
-fn write_text(text: &str) -> Result<(), RefineError> {
+fn write_text(text: &str) -> Result<(), CliError> {
     let mut out = std::io::stdout().lock();
     let newline = if text.ends_with('\n') { "" } else { "\n" };
     out.write_all(text.as_bytes())
         .and_then(|()| out.write_all(newline.as_bytes()))
         .and_then(|()| out.flush())
-        .map_err(|e| RefineError::Failed(format!("standard output: {e}")))
+        .map_err(|e| CliError::Failed(format!("standard output: {e}")))
 }
 
 /// Follows one self-refine run ([`run_and_follow`]): prints its passes and returns the result.
@@ -212,10 +209,9 @@ type Finished = (i32, rpb::SelfRefineResponse);
 
 impl RunFollower for Follower {
     type Ending = Finished;
-    type Error = RefineError;
 
     /// Print what the event says; done once the run completed.
-    fn on_event(&mut self, ev: gw::RunEvent) -> Step<Result<Finished, RefineError>> {
+    fn on_event(&mut self, ev: gw::RunEvent) -> Step<Result<Finished, CliError>> {
         use gw::run_event::Event;
         if self.run_id.is_empty() {
             self.run_id = ev.run_id;
@@ -237,17 +233,17 @@ impl RunFollower for Follower {
         Step::Continue
     }
 
-    fn on_stream_end(&mut self, run: gw::Run) -> Option<Result<Finished, RefineError>> {
+    fn on_stream_end(&mut self, run: gw::Run) -> Option<Result<Finished, CliError>> {
         is_final(run.state).then(|| self.completed(run.state, run.result))
     }
 }
 
 impl Follower {
     /// The run completed: its self-refine result, or why there is none.
-    fn completed(&self, state: i32, result: Option<gw::RunResult>) -> Result<Finished, RefineError> {
+    fn completed(&self, state: i32, result: Option<gw::RunResult>) -> Result<Finished, CliError> {
         finished_as::<pipelines::SelfRefine>(state, result, "self-refine result")
             .map(|r| (state, r))
-            .map_err(|e| RefineError::Failed(e.message(&self.run_id)))
+            .map_err(|e| CliError::Failed(e.message(&self.run_id)))
     }
 }
 

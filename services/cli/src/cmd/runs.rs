@@ -3,16 +3,181 @@
 //! mapping of the gateway's messages ([`render::json`](super::render::json)); human lines are the
 //! pipelines' own ([`render`](super::render)).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use assay_config::AssayConfig;
 use assay_proto::gateway::v1 as gw;
 use serde_json::Value;
 
+use super::common::{BackendArgs, load_config};
+use super::error::{CliError, Ending, Outcome, status_text};
 use super::render::events;
 use super::render::json::to_json;
 use super::render::{kind_name, state_name};
-use super::{client, status_text};
+use super::session::{Client, client, configured_gateway};
+use super::source::write_results;
+
+/// Options of `assay runs`.
+#[derive(clap::Args, Clone)]
+pub struct RunsArgs {
+    #[command(subcommand)]
+    pub command: RunsCommand,
+    /// Gateway address (default: the configured gateway port on this machine).
+    #[arg(long, global = true)]
+    pub gateway: Option<String>,
+    /// JSON output: the gateway's messages in the proto3 JSON mapping (lowerCamelCase names,
+    /// enums by name, 64-bit integers as strings), as the admin page shows them.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+#[derive(clap::Subcommand, Clone)]
+pub enum RunsCommand {
+    /// Most recent runs first.
+    List {
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        /// Only runs in this state (running, paused, awaiting_human, succeeded, partial, failed,
+        /// cancelled).
+        #[arg(long)]
+        state: Option<String>,
+    },
+    /// One run as the gateway stores it: progress and result (a refinement with its document).
+    Show { run_id: String },
+    /// Replay a run's events after a sequence number, then follow it until it completes.
+    Watch {
+        run_id: String,
+        #[arg(long, default_value_t = 0)]
+        after: u64,
+    },
+    /// Start no new work until resumed.
+    Pause {
+        run_id: String,
+        #[command(flatten)]
+        who: WhoArgs,
+    },
+    /// Resume a paused run; an escalated refinement (edited or not) is judged again and goes on.
+    Resume {
+        run_id: String,
+        #[command(flatten)]
+        who: WhoArgs,
+    },
+    /// Stop the run for good: calls in flight are dropped.
+    Cancel {
+        run_id: String,
+        #[command(flatten)]
+        who: WhoArgs,
+    },
+    /// Take over a refinement: pause it after the current task so its sections can be edited.
+    Intervene {
+        run_id: String,
+        #[command(flatten)]
+        who: WhoArgs,
+    },
+    /// Replace one section of a paused (or waiting) refinement; verified before the run goes on.
+    Edit {
+        run_id: String,
+        /// The section's id.
+        #[arg(long)]
+        section: String,
+        /// The new content.
+        #[arg(long, conflicts_with = "file", required_unless_present = "file")]
+        content: Option<String>,
+        /// A file holding the new content.
+        #[arg(long)]
+        file: Option<PathBuf>,
+        #[command(flatten)]
+        who: WhoArgs,
+    },
+    /// Accept a paused or waiting refinement's content as it stands (outcome accepted_manual).
+    Accept {
+        run_id: String,
+        #[command(flatten)]
+        who: WhoArgs,
+    },
+    /// Mark an escalated refinement as reviewed: accepted with human approval (outcome reviewed).
+    Review {
+        run_id: String,
+        #[command(flatten)]
+        who: WhoArgs,
+    },
+    /// A checklist_eval run's results, one JSON line per record in record order (the lines of
+    /// `assay eval --out`), read a page at a time: any run size.
+    Results {
+        run_id: String,
+        /// Write them to this file instead of standard output.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Delete finished runs with their events and audit entries: the ones named, and with
+    /// --older-than every finished run created longer ago than that. A run still executing is
+    /// refused (cancel it first). Exit code 1 when any named run could not be deleted.
+    Delete {
+        run_ids: Vec<String>,
+        /// Also every finished run created more than this long ago: 30d, 12h, 90m, 2w.
+        #[arg(long, value_parser = parse_age)]
+        older_than: Option<std::time::Duration>,
+        /// List what would be deleted, delete nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+}
+
+// Who acts on a run and why (the refinement's audit log). A plain comment: a doc comment here would
+// replace the help of the last subcommand that flattens it.
+#[derive(clap::Args, Clone)]
+pub struct WhoArgs {
+    /// Why (default "assay runs <verb>").
+    #[arg(long)]
+    reason: Option<String>,
+    /// Who (default $USER, else "cli").
+    #[arg(long)]
+    actor: Option<String>,
+}
+
+impl WhoArgs {
+    fn into_who(self) -> Who {
+        Who { actor: self.actor, reason: self.reason }
+    }
+}
+
+impl RunsCommand {
+    fn into_action(self) -> Action {
+        let control = |run_id: String, verb: Verb, who: WhoArgs| Action::Control { run_id, verb, who: who.into_who() };
+        match self {
+            RunsCommand::List { limit, state } => Action::List { limit, state },
+            RunsCommand::Show { run_id } => Action::Show { run_id },
+            RunsCommand::Watch { run_id, after } => Action::Watch { run_id, after },
+            RunsCommand::Pause { run_id, who } | RunsCommand::Intervene { run_id, who } => {
+                control(run_id, Verb::Pause, who)
+            }
+            RunsCommand::Resume { run_id, who } => control(run_id, Verb::Resume, who),
+            RunsCommand::Cancel { run_id, who } => control(run_id, Verb::Cancel, who),
+            RunsCommand::Accept { run_id, who } => control(run_id, Verb::Accept, who),
+            RunsCommand::Review { run_id, who } => control(run_id, Verb::Review, who),
+            RunsCommand::Delete { run_ids, older_than, dry_run } => Action::Delete { run_ids, older_than, dry_run },
+            RunsCommand::Results { run_id, out } => Action::Results { run_id, out },
+            RunsCommand::Edit { run_id, section, content, file, who } => {
+                let content = match (content, file) {
+                    (Some(text), _) => EditContent::Text(text),
+                    (None, Some(path)) => EditContent::File(path),
+                    // clap requires one of the two; an empty text is refused with a clear message.
+                    (None, None) => EditContent::Text(String::new()),
+                };
+                control(run_id, Verb::Edit { section_id: section, content }, who)
+            }
+        }
+    }
+}
+
+/// `assay runs` with the configuration at `config` (`--config`): 0 done, 1 the action failed (this
+/// verb does not tell bad input apart).
+pub async fn run(config: Option<&Path>, args: RunsArgs) -> Outcome {
+    let config = load_config(config, &BackendArgs::default())?;
+    let url = args.gateway.unwrap_or_else(|| configured_gateway(&config));
+    act(&config, &url, args.command.into_action(), args.json).await.map_err(CliError::Failed)?;
+    Ok(Ending::Done)
+}
 
 /// What to do.
 pub enum Action {
@@ -65,7 +230,7 @@ pub fn parse_age(text: &str) -> Result<std::time::Duration, String> {
 
 /// The finished runs created before `cutoff` (seconds since the Unix epoch), from every page of
 /// ListRuns.
-async fn finished_before(c: &mut super::Client, cutoff: i64) -> Result<Vec<gw::Run>, String> {
+async fn finished_before(c: &mut Client, cutoff: i64) -> Result<Vec<gw::Run>, String> {
     let mut out = Vec::new();
     let mut token = String::new();
     loop {
@@ -89,7 +254,7 @@ async fn finished_before(c: &mut super::Client, cutoff: i64) -> Result<Vec<gw::R
 /// Delete the runs named and, with `older_than`, the finished runs older than that; one line per
 /// run. Fails (after trying every one) when a named run could not be deleted.
 async fn delete(
-    c: &mut super::Client,
+    c: &mut Client,
     run_ids: Vec<String>,
     older_than: Option<std::time::Duration>,
     dry_run: bool,
@@ -278,8 +443,8 @@ fn state_filter(state: Option<&str>) -> Result<gw::RunState, String> {
 }
 
 /// Run the action against the gateway at `url`.
-pub async fn run(config: &AssayConfig, url: &str, action: Action, as_json: bool) -> Result<(), String> {
-    let mut c = client(config, url)?;
+async fn act(config: &AssayConfig, url: &str, action: Action, as_json: bool) -> Result<(), String> {
+    let mut c = client(config, url).map_err(CliError::into_message)?;
     match action {
         Action::List { limit, state } => {
             let state = state_filter(state.as_deref())?;
@@ -341,7 +506,7 @@ pub async fn run(config: &AssayConfig, url: &str, action: Action, as_json: bool)
                 )),
                 None => Box::new(std::io::stdout().lock()),
             };
-            super::eval::write_results(&mut c, &run_id, &mut out).await?;
+            write_results(&mut c, &run_id, &mut out).await?;
         }
     }
     Ok(())

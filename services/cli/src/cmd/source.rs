@@ -6,6 +6,7 @@
 //! numbers).
 
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use assay_config::AssayConfig;
@@ -15,8 +16,42 @@ use assay_proto::gateway::v1 as gw;
 use assay_proto::pipelines::{self, PipelineContract, result_of};
 use serde_json::Value;
 
+use super::error::{CliError, status_text};
+use super::render::checklist_eval::record_json;
 use super::render::{kind_name, state_name};
-use super::{client, configured_gateway, status_text};
+use super::session::{Client, client, configured_gateway};
+
+/// The per-record score compared.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Metric {
+    /// `primary_score`: the scorer's primary metric (per-sample scores, when judged several
+    /// times, averaged per record first).
+    Primary,
+    /// `pass_rate`: the share of items answered yes.
+    #[value(name = "pass_rate")]
+    PassRate,
+    /// `weighted_score`.
+    Weighted,
+    /// `normalized_score`.
+    Normalized,
+}
+
+impl Metric {
+    /// The field of an `assay eval --out` line.
+    pub fn field(self) -> &'static str {
+        self.run_metric().field()
+    }
+
+    /// The core's metric.
+    pub fn run_metric(self) -> RunMetric {
+        match self {
+            Self::Primary => RunMetric::Primary,
+            Self::PassRate => RunMetric::PassRate,
+            Self::Weighted => RunMetric::Weighted,
+            Self::Normalized => RunMetric::Normalized,
+        }
+    }
+}
 
 /// What a command-line argument names.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -90,7 +125,7 @@ pub fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
 /// A stored run's evaluation, through GetRun: an unknown id, an unreachable gateway, a run that
 /// is not a checklist_eval run or not finished are errors saying so.
 pub async fn fetch_evaluation(config: &AssayConfig, url: &str, run_id: &str) -> Result<gw::EvaluateResponse, String> {
-    let mut c = client(config, url)?;
+    let mut c = client(config, url).map_err(CliError::into_message)?;
     let run = c
         .get_run(gw::GetRunRequest { run_id: run_id.to_string() })
         .await
@@ -124,7 +159,7 @@ pub async fn fetch_evaluation(config: &AssayConfig, url: &str, run_id: &str) -> 
     if e.results_paged {
         // An open run: its results a page at a time (its checklists stay in the store, so the
         // item flips name items by id).
-        super::eval::each_result(&mut c, run_id, |r| {
+        each_result(&mut c, run_id, |r| {
             e.results.push(r);
             Ok(())
         })
@@ -136,6 +171,47 @@ pub async fn fetch_evaluation(config: &AssayConfig, url: &str, run_id: &str) -> 
 /// A stored run's records for `metric`, as `CompareRuns` reads them.
 pub async fn fetch_run(config: &AssayConfig, url: &str, run_id: &str, metric: RunMetric) -> Result<RunResults, String> {
     Ok(run_results(&fetch_evaluation(config, url, run_id).await?, metric))
+}
+
+/// Every result of a checklist_eval run, in record order, read a page of 5,000 at a time and
+/// handed to `each`.
+pub async fn each_result(
+    client: &mut Client,
+    run_id: &str,
+    mut each: impl FnMut(gw::RecordResult) -> Result<(), String>,
+) -> Result<(), String> {
+    let mut token = String::new();
+    loop {
+        let page = client
+            .list_run_results(gw::ListRunResultsRequest {
+                run_id: run_id.to_string(),
+                page_size: 5000,
+                page_token: token,
+            })
+            .await
+            .map_err(|s| format!("reading the results of run {run_id}: {}", status_text(&s)))?
+            .into_inner();
+        for r in page.results {
+            each(r)?;
+        }
+        if page.next_page_token.is_empty() {
+            return Ok(());
+        }
+        token = page.next_page_token;
+    }
+}
+
+/// Write a checklist_eval run's results to `out`, one JSON line per record in record order
+/// (`assay eval`'s lines), read a page at a time; returns how many failed.
+pub async fn write_results(client: &mut Client, run_id: &str, out: &mut dyn Write) -> Result<u64, String> {
+    let mut failed = 0u64;
+    each_result(client, run_id, |r| {
+        failed += u64::from(r.score.is_none());
+        writeln!(out, "{}", record_json(&r)).map_err(|e| e.to_string())
+    })
+    .await?;
+    out.flush().map_err(|e| e.to_string())?;
+    Ok(failed)
 }
 
 /// A results file (JSON lines of `assay eval --out`), its lines in order. A record id is on one
