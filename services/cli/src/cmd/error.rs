@@ -5,8 +5,8 @@ use std::process::ExitCode;
 
 // The exit codes of every verb (each verb's README section and `--help` say which it uses).
 
-/// Exit code of `--fail-on-regression` when a candidate is significantly worse, and of a failed
-/// verb ([`CliError::Failed`]).
+/// Exit code of a verb that failed ([`CliError::Failed`]): the run, the gateway, the connection,
+/// or input refused by a verb that does not tell bad input apart.
 pub const EXIT_FAILED: u8 = 1;
 /// Exit code of `--fail-on-regression` when a candidate is significantly worse.
 pub const EXIT_REGRESSION: u8 = 1;
