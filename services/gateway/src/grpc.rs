@@ -21,7 +21,6 @@ use tonic::{Request, Response, Status};
 use assay_runs::Engine;
 
 pub mod compare;
-pub mod results;
 
 /// The gateway's gRPC face.
 #[derive(Clone)]
@@ -242,7 +241,9 @@ impl GatewayService for GatewayGrpc {
         &self,
         request: Request<ListRunResultsRequest>,
     ) -> Result<Response<ListRunResultsResponse>, Status> {
-        let reply = results::list_run_results(&self.engine, request.into_inner()).await.map_err(to_status)?;
+        let reply = crate::pipelines::checklist_eval::list_run_results(&self.engine, request.into_inner())
+            .await
+            .map_err(to_status)?;
         Ok(Response::new(reply))
     }
 

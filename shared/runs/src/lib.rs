@@ -15,7 +15,8 @@ pub mod store;
 mod stream;
 
 pub use ctx::{
-    Checkpoints, EventLog, Gate, Inbox, Inputs, Progress, RunCtx, Spending, Writes, Written, relay_with, stage_gate,
+    Checkpoints, EventLog, Gate, Inbox, Inputs, Progress, Results, RunCtx, Spending, Writes, Written, relay_with,
+    stage_gate,
 };
 pub use engine::Engine;
 pub use meter::metered;

@@ -89,7 +89,7 @@ async fn evaluation(engine: &Engine, side: &str, run_id: &str) -> Result<gw::Eva
     }
     let mut e = result_of::<pipelines::ChecklistEval>(run.result)
         .ok_or_else(|| StageError::FailedPrecondition(format!("{side} run {run_id} holds no evaluation result")))?;
-    super::results::fill_paged(engine, &mut e).await?;
+    crate::pipelines::checklist_eval::complete_paged(engine, &mut e).await?;
     Ok(e)
 }
 

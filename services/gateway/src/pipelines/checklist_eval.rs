@@ -2,8 +2,7 @@
 //! from a corpus; refined when asked), then score every record against its checklist, one
 //! checkpoint per record, and aggregate.
 
-use std::collections::{HashSet, VecDeque};
-use std::sync::Arc;
+use std::collections::HashSet;
 
 use assay_domain::limits::MAX_RECORDS;
 use assay_domain::{
@@ -13,21 +12,19 @@ use assay_domain::{
 use assay_proto::convert;
 use assay_proto::gateway::v1 as gw;
 use assay_proto::gateway::v1::run_event::Event;
-use futures::StreamExt;
-use futures::stream::FuturesUnordered;
 
 use super::checklist::{ChecklistPlan, EvalRecord};
-use super::reserve::Reserve;
 use super::stages::Stages;
-use assay_runs::{Pipeline, RunCtx, RunOutcome, Writes};
+use assay_runs::{Pipeline, RunCtx, RunOutcome};
 
+mod inline;
+mod lane;
 mod open;
 mod respond;
+mod results;
 mod spread;
 
-/// Checkpoint key prefix of the scored records (each under its index, in eight digits).
-pub const RESULT_PREFIX: &str = "record:";
-const RECORD: &str = RESULT_PREFIX;
+pub use results::{complete_paged, list_run_results};
 
 /// A parsed checklist evaluation.
 pub struct ChecklistEval {
@@ -45,8 +42,6 @@ pub struct ChecklistEval {
     open: bool,
     /// Models under test: each answers every record, and its answers are what is scored.
     responders: Vec<super::responders::Responder>,
-    /// With responders, once they answered: the targets to score.
-    derived: std::sync::OnceLock<super::responders::Derived>,
 }
 
 impl ChecklistEval {
@@ -148,34 +143,7 @@ impl ChecklistEval {
             .check("pipeline.scorer", &mut v);
         v.into_result()?;
         let concurrency = if concurrency > 0 { concurrency as usize } else { stages.concurrency };
-        Ok(Self {
-            plan,
-            records,
-            scorer,
-            scorer_model,
-            concurrency,
-            stages,
-            open,
-            responders,
-            derived: std::sync::OnceLock::new(),
-        })
-    }
-
-    /// A result named by its responder and sample, with the response (with responders).
-    fn labelled(&self, mut r: gw::RecordResult) -> gw::RecordResult {
-        if let Some(d) = self.derived.get() {
-            let response = d.response(r.index as usize);
-            super::responders::label(&mut r, &self.responders, response);
-        }
-        r
-    }
-
-    /// The records scored: the request's, or with responders the targets they made.
-    fn records(&self) -> &[EvalRecord] {
-        match self.derived.get() {
-            Some(d) => &d.targets,
-            None => &self.records,
-        }
+        Ok(Self { plan, records, scorer, scorer_model, concurrency, stages, open, responders })
     }
 
     /// Records for an open run, checked as the request's are (fields named `records[i].*`).
@@ -208,26 +176,6 @@ impl ChecklistEval {
             .into_iter()
             .map(|r| assay_runs::store::NewRecord { id: r.id.clone(), record: prost::Message::encode_to_vec(&r) })
             .collect())
-    }
-
-    fn target(&self, checklist: &Checklist, i: usize) -> ScoreTarget {
-        target_of(checklist, &self.records()[i], i)
-    }
-
-    /// Score target `i` against its checklist (with responders, answered first); and what
-    /// answering it cost now.
-    #[allow(clippy::type_complexity)]
-    async fn score_one(
-        &self,
-        ctx: &RunCtx,
-        checklist: &Checklist,
-        config: &ScorerSettings,
-        i: usize,
-    ) -> Result<(Usage, Result<(gw::RecordResult, Usage, ModelRecord), StageError>), StageError> {
-        match self.derived.get() {
-            Some(d) => self.answer_and_score_target(ctx, d, checklist, config, i).await,
-            None => Ok((Usage::default(), self.score_record(checklist, config, i, &self.records[i]).await)),
-        }
     }
 
     /// Score record `r` (index `i`) against its checklist.
@@ -280,7 +228,7 @@ impl ChecklistEval {
         config.concurrency = config.concurrency.or(Some(self.concurrency as u32));
         let request = ScoreRequest {
             checklist: checklist.clone(),
-            targets: (0..self.records().len()).map(|i| self.target(checklist, i)).collect(),
+            targets: self.records.iter().enumerate().map(|(i, r)| target_of(checklist, r, i)).collect(),
             config,
             model: self.scorer_model.clone(),
         };
@@ -292,9 +240,7 @@ impl ChecklistEval {
             .scores
             .iter()
             .enumerate()
-            .map(|(i, s)| {
-                record_result(i, &self.records()[i], &checklist.id, Some(convert::score_to(s)), String::new())
-            })
+            .map(|(i, s)| record_result(i, &self.records[i], &checklist.id, Some(convert::score_to(s)), String::new()))
             .collect();
         let state =
             if results.iter().all(|r| r.score.is_some()) { gw::RunState::Succeeded } else { gw::RunState::Partial };
@@ -318,8 +264,7 @@ impl ChecklistEval {
     async fn result(&self, ctx: &RunCtx, checklists: &[Checklist]) -> Result<gw::EvaluateResponse, StageError> {
         // A call the budget could not pay for left records unrun: the run says why.
         ctx.spending.record_budget_stop();
-        let records: Vec<gw::RecordResult> =
-            ctx.checkpoints.all::<gw::RecordResult>(RECORD).await?.into_iter().map(|(_, r)| r).collect();
+        let records: Vec<gw::RecordResult> = ctx.results.all().await?.into_iter().map(|(_, r)| r).collect();
         let scored: Vec<(assay_domain::Score, &Checklist)> = records
             .iter()
             .filter_map(|r| {
@@ -345,15 +290,15 @@ impl ChecklistEval {
     /// The run's end: aggregate event, then the outcome by how many records failed.
     async fn finish(&self, ctx: &RunCtx, checklists: &[Checklist], cancelled: bool) -> Result<RunOutcome, StageError> {
         let mut result = self.result(ctx, checklists).await?;
-        if let Some(d) = self.derived.get() {
-            self.annotate(&mut result, d);
+        if !self.responders.is_empty() {
+            self.annotate(ctx, &mut result).await?;
         }
         let failed = result.results.iter().filter(|r| r.score.is_none()).count();
         let state = if cancelled {
             gw::RunState::Cancelled
         } else if failed == 0 {
             gw::RunState::Succeeded
-        } else if failed == self.records().len() {
+        } else if failed == self.total() as usize {
             gw::RunState::Failed
         } else {
             gw::RunState::Partial
@@ -402,208 +347,10 @@ impl Pipeline for ChecklistEval {
         self.help_spread(ctx).await
     }
 
-    /// Each record is scored as soon as its checklist exists: generation (one per distinct
-    /// input) and scoring overlap, so the run's critical path is one generation and one scoring.
+    /// Each record is scored as soon as its checklist exists (see [`lane`]).
     async fn run(&self, ctx: &RunCtx) -> Result<RunOutcome, StageError> {
-        if self.open {
-            return self.run_open(ctx).await;
-        }
-        if !self.responders.is_empty() && self.derived.get().is_none() {
-            let derived = self.prepare(ctx).await?;
-            let _ = self.derived.set(derived);
-        }
-        // Under a budget, checklists are generated only so far ahead of the records being scored
-        // (a round of records, then one more per record finished), so what the budget pays for is
-        // records evaluated, not checklists of records it never reaches.
-        let lookahead = ctx.spending.has_budget().then(|| Arc::new(tokio::sync::Semaphore::new(self.concurrency)));
-        let (mut production, mut producing) =
-            self.plan.production(ctx, &self.stages, self.records(), lookahead.clone()).await?;
-        // A record finished (scored, failed or not run): one more generation may start.
-        let finished = |t: usize| {
-            if let Some(l) = &lookahead
-                && self.derived.get().is_none_or(|d| d.layout.get(t).is_some_and(|(_, j, s)| *j == 0 && *s == 0))
-            {
-                l.add_permits(1);
-            }
-        };
-        if ctx.is_ephemeral()
-            && production.checklist_count() == 1
-            && !ctx.spending.has_budget()
-            && self.responders.is_empty()
-        {
-            // Evaluate with one checklist: nothing to overlap; every record in one scorer call.
-            // (With a budget, records go one scorer call each, so those scored before it ran
-            // out are kept.)
-            if let Some((k, out)) = producing.next().await {
-                production.accept(ctx, k, out).await?;
-            }
-            drop(producing);
-            if let Some(checklist) = production.found[0].take() {
-                return self.score_together(ctx, &checklist, &self.scorer).await;
-            }
-            return Err(StageError::Internal("the checklist was neither produced nor failed".into()));
-        }
-        let done: HashSet<u32> =
-            ctx.checkpoints.all::<gw::RecordResult>(RECORD).await?.iter().map(|(_, r)| r.index).collect();
-        ctx.progress.set_done(done.len() as u32);
-        // Per checklist, its records still to score, released to `queue` once it exists.
-        let mut waiting: Vec<Vec<usize>> = vec![Vec::new(); production.checklist_count()];
-        for i in (0..self.records().len()).filter(|i| !done.contains(&(*i as u32))) {
-            waiting[production.record_checklist[i]].push(i);
-        }
-        let mut ready: Vec<Option<Arc<Checklist>>> = vec![None; production.checklist_count()];
-        let mut queue: VecDeque<usize> = VecDeque::new();
-        for (k, c) in production.found.iter().enumerate() {
-            if let Some(c) = c {
-                ready[k] = Some(Arc::new(c.clone()));
-                queue.extend(std::mem::take(&mut waiting[k]));
-            }
-        }
-        let config = &self.scorer;
-        let mut scoring = FuturesUnordered::new();
-        let mut generating = true;
-        // Checkpoints and events are queued, not waited for one by one: the run's writer stores
-        // them in order, many per transaction, while this loop goes on starting scorer calls.
-        let mut writes = Writes::default();
-        // Under a budget, no more records in flight than what is left pays for.
-        let mut reserve = Reserve::default();
-        loop {
-            // A spent budget starts no new record: the ones waiting are not run, and say why.
-            // (Checked only while records wait: a budget spent by the last records in flight
-            // stopped nothing, and the run does not say it did.)
-            if !queue.is_empty()
-                && let Some(why) = ctx.spending.budget_exhausted()
-            {
-                for i in std::mem::take(&mut queue) {
-                    let checklist_id =
-                        ready[production.record_checklist[i]].as_ref().map(|c| c.id.clone()).unwrap_or_default();
-                    let result =
-                        record_result(i, &self.records()[i], &checklist_id, None, format!("not run: {}", why.message));
-                    let result = self.labelled(result);
-                    writes.push(ctx.checkpoints.queued(&record_key(i), &result));
-                    ctx.progress.add_done();
-                    finished(i);
-                    writes.push(ctx.log.emit_queued(Event::RecordScored(result)));
-                }
-            }
-            let affordable = ctx.spending.budget_left().map_or(usize::MAX, |left| reserve.in_flight(&left));
-            while scoring.len() < self.concurrency.min(affordable) {
-                let Some(i) = queue.pop_front() else { break };
-                let Some(checklist) = ready[production.record_checklist[i]].clone() else { continue };
-                scoring.push(async move {
-                    // Paused runs start no new record; in-flight ones finish.
-                    ctx.gate.wait().await?;
-                    let (answering, scored) = self.score_one(ctx, &checklist, config, i).await?;
-                    Ok::<_, StageError>((i, answering, scored))
-                });
-            }
-            if !generating && scoring.is_empty() {
-                break;
-            }
-            tokio::select! {
-                next = producing.next(), if generating => {
-                    let Some((k, out)) = next else {
-                        generating = false;
-                        continue;
-                    };
-                    production.accept_queued(ctx, k, out, &mut writes)?;
-                    if let Some(c) = &production.found[k] {
-                        ready[k] = Some(Arc::new(c.clone()));
-                        queue.extend(std::mem::take(&mut waiting[k]));
-                        continue;
-                    }
-                    // Records whose checklist could not be produced fail on their own; the others go on.
-                    let why = production.failures[k]
-                        .as_ref()
-                        .map_or_else(|| "checklist generation failed".to_string(), generation_failure);
-                    for i in std::mem::take(&mut waiting[k]) {
-                        let why = why.clone();
-                        let result = self.labelled(record_result(i, &self.records()[i], "", None, why));
-                        ctx.checkpoints.put(&record_key(i), &result).await?;
-                        ctx.progress.add_done();
-                        finished(i);
-                        ctx.log.emit(Event::RecordScored(result)).await?;
-                    }
-                }
-                Some(next) = scoring.next(), if !scoring.is_empty() => {
-                    let (i, answering, scored) = match next {
-                        Ok(x) => x,
-                        Err(StageError::Cancelled(_)) if ctx.gate.is_cancelled() => break,
-                        Err(e) => return Err(e),
-                    };
-                    reserve.charge(&answering);
-                    let checklist_id = ready[production.record_checklist[i]].as_ref().map(|c| c.id.clone()).unwrap_or_default();
-                    let result = self.labelled(settle(ctx, &mut reserve, i, &self.records()[i], &checklist_id, scored)?);
-                    writes.push(ctx.checkpoints.queued(&record_key(i), &result));
-                    ctx.progress.add_done();
-                    finished(i);
-                    writes.push(ctx.log.emit_queued(Event::RecordScored(result)));
-                }
-                e = writes.next_error() => return Err(e),
-                () = ctx.gate.cancelled() => break,
-            }
-        }
-        drop(scoring);
-        drop(producing);
-        writes.flush().await?;
-        let ok: Vec<Checklist> = production.found.into_iter().flatten().collect();
-        self.finish(ctx, &ok, ctx.gate.is_cancelled()).await
+        if self.open { self.run_open(ctx).await } else { self.run_inline(ctx).await }
     }
-}
-
-/// A record's scoring as its result: the usage and model counted when it was scored; a call the
-/// budget refused says "not run"; a transient failure fails the record; bad input or a refused
-/// request fails the run.
-pub(super) fn settle(
-    ctx: &RunCtx,
-    reserve: &mut Reserve,
-    i: usize,
-    r: &EvalRecord,
-    checklist_id: &str,
-    scored: Result<(gw::RecordResult, Usage, ModelRecord), StageError>,
-) -> Result<gw::RecordResult, StageError> {
-    Ok(match scored {
-        Ok((result, usage, model)) => {
-            reserve.add(&usage);
-            ctx.spending.add_usage(&usage);
-            ctx.progress.add_model(&model);
-            result
-        }
-        Err(
-            e @ (StageError::InvalidArgument(_) | StageError::FailedPrecondition(_) | StageError::Unimplemented(_)),
-        ) => {
-            return Err(e);
-        }
-        Err(StageError::BudgetExhausted(m)) => record_result(i, r, checklist_id, None, format!("not run: {m}")),
-        Err(e) => record_result(i, r, checklist_id, None, e.to_string()),
-    })
-}
-
-/// Why the records of a checklist that could not be produced fail (each on its own): not run when
-/// a budget or cap refused the generation.
-pub(super) fn generation_failure(e: &StageError) -> String {
-    if let StageError::BudgetExhausted(why) = e {
-        format!("not run: {}", why.message)
-    } else {
-        format!("checklist generation failed: {e}")
-    }
-}
-
-/// Whether a failed generation fails the whole run: a request the generator refused (the others
-/// fail only their records, unless the run has a single checklist).
-pub(super) fn generation_fails_run(e: &StageError, single: bool) -> bool {
-    single
-        || matches!(
-            e,
-            StageError::InvalidArgument(_)
-                | StageError::FailedPrecondition(_)
-                | StageError::Unimplemented(_)
-                | StageError::Cancelled(_)
-        )
-}
-
-pub(super) fn record_key(i: usize) -> String {
-    format!("{RECORD}{i:08}")
 }
 
 pub(super) fn record_result(
@@ -672,33 +419,5 @@ fn check_ids(records: &[gw::EvalRecord], field: &str, v: &mut Violations) {
                 ),
             );
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn usage(tokens: u64, usd: f64) -> assay_domain::Usage {
-        assay_domain::Usage { calls: 1, prompt_tokens: tokens, cost_usd: usd, ..Default::default() }
-    }
-
-    #[test]
-    fn a_budget_lets_as_many_records_fly_as_it_still_pays_for() {
-        let mut r = Reserve::default();
-        let tokens = |t| assay_budget::Limits { max_tokens: Some(t), max_cost_usd: None };
-        assert_eq!(r.in_flight(&tokens(1_000_000)), 4, "nothing known yet");
-        r.add(&usage(100, 0.001));
-        r.add(&usage(120, 0.001));
-        assert_eq!(r.in_flight(&tokens(1_100)), 10, "1,100 tokens left at 110 a record");
-        assert_eq!(r.in_flight(&tokens(1_101)), 11, "a part of a record left starts one more");
-        assert_eq!(r.in_flight(&tokens(0)), 1, "the budget's own check stops the last one");
-        let both = assay_budget::Limits { max_tokens: Some(1_100), max_cost_usd: Some(0.003) };
-        assert_eq!(r.in_flight(&both), 3, "the tighter limit decides");
-        assert_eq!(r.in_flight(&assay_budget::Limits::default()), usize::MAX, "no limit");
-        let mut free = Reserve::default();
-        free.add(&usage(100, 0.0));
-        let dollars = assay_budget::Limits { max_tokens: None, max_cost_usd: Some(1.0) };
-        assert_eq!(free.in_flight(&dollars), usize::MAX, "records that cost nothing are not limited by dollars");
     }
 }

@@ -36,7 +36,9 @@ use super::stages::Stages;
 use assay_runs::{Pipeline, RunCtx, RunOutcome};
 
 /// Checkpoint key prefix of the finished problems.
-const PROBLEM: &str = "debate:problem:";
+/// Where runs stored before results had their own lane (`RunCtx::results`) kept each problem's
+/// result: still read, so such a run resumes without asking its problems again.
+const LEGACY_PROBLEM: &str = "debate:problem:";
 /// Most problems debated at once.
 pub const MAX_CONCURRENCY: u32 = 64;
 /// Longest reference answer, bytes.
@@ -285,8 +287,7 @@ impl DebatePipeline {
 
     /// The run's end: the stored problems in order, aggregated.
     async fn finish(&self, ctx: &RunCtx, cancelled: bool) -> Result<RunOutcome, StageError> {
-        let problems: Vec<gw::DebateProblemResult> =
-            ctx.checkpoints.all::<gw::DebateProblemResult>(PROBLEM).await?.into_iter().map(|(_, r)| r).collect();
+        let problems = stored_problems(ctx).await?;
         let failed = problems.iter().filter(|r| !r.error.is_empty()).count();
         let state = if cancelled {
             gw::RunState::Cancelled
@@ -398,8 +399,7 @@ impl Pipeline for DebatePipeline {
     }
 
     async fn run(&self, ctx: &RunCtx) -> Result<RunOutcome, StageError> {
-        let done: HashSet<u32> =
-            ctx.checkpoints.all::<gw::DebateProblemResult>(PROBLEM).await?.iter().map(|(_, r)| r.index).collect();
+        let done: HashSet<u32> = stored_problems(ctx).await?.iter().map(|r| r.index).collect();
         ctx.progress.set_done(done.len() as u32);
         let mut todo = (0..self.problems.len()).filter(|i| !done.contains(&(*i as u32)));
         let mut work = FuturesUnordered::new();
@@ -452,7 +452,7 @@ impl Pipeline for DebatePipeline {
                         }
                         Err(e) => self.failed(i, e.to_string()),
                     };
-                    ctx.checkpoints.put(&problem_key(i), &result).await?;
+                    ctx.results.put(i as u64, &result).await?;
                     ctx.progress.add_done();
                     ctx.log.emit(Event::DebateProblemDone(result)).await?;
                 }
@@ -471,8 +471,17 @@ fn problem_usage(r: &gw::DebateProblemResult) -> Usage {
     u
 }
 
-fn problem_key(i: usize) -> String {
-    format!("{PROBLEM}{i:08}")
+/// The problems' stored results, by index (those a run stored before results had their own lane
+/// included).
+async fn stored_problems(ctx: &RunCtx) -> Result<Vec<gw::DebateProblemResult>, StageError> {
+    let mut by_index: std::collections::BTreeMap<u32, gw::DebateProblemResult> = std::collections::BTreeMap::new();
+    for (_, r) in ctx.checkpoints.all::<gw::DebateProblemResult>(LEGACY_PROBLEM).await? {
+        by_index.insert(r.index, r);
+    }
+    for (_, r) in ctx.results.all::<gw::DebateProblemResult>().await? {
+        by_index.insert(r.index, r);
+    }
+    Ok(by_index.into_values().collect())
 }
 
 impl super::Registered for assay_proto::pipelines::Debate {

@@ -50,3 +50,31 @@ impl Reserve {
         if fit.is_finite() { (fit.ceil() as usize).max(1) } else { usize::MAX }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn usage(tokens: u64, usd: f64) -> assay_domain::Usage {
+        assay_domain::Usage { calls: 1, prompt_tokens: tokens, cost_usd: usd, ..Default::default() }
+    }
+
+    #[test]
+    fn a_budget_lets_as_many_records_fly_as_it_still_pays_for() {
+        let mut r = Reserve::default();
+        let tokens = |t| assay_budget::Limits { max_tokens: Some(t), max_cost_usd: None };
+        assert_eq!(r.in_flight(&tokens(1_000_000)), 4, "nothing known yet");
+        r.add(&usage(100, 0.001));
+        r.add(&usage(120, 0.001));
+        assert_eq!(r.in_flight(&tokens(1_100)), 10, "1,100 tokens left at 110 a record");
+        assert_eq!(r.in_flight(&tokens(1_101)), 11, "a part of a record left starts one more");
+        assert_eq!(r.in_flight(&tokens(0)), 1, "the budget's own check stops the last one");
+        let both = assay_budget::Limits { max_tokens: Some(1_100), max_cost_usd: Some(0.003) };
+        assert_eq!(r.in_flight(&both), 3, "the tighter limit decides");
+        assert_eq!(r.in_flight(&assay_budget::Limits::default()), usize::MAX, "no limit");
+        let mut free = Reserve::default();
+        free.add(&usage(100, 0.0));
+        let dollars = assay_budget::Limits { max_tokens: None, max_cost_usd: Some(1.0) };
+        assert_eq!(free.in_flight(&dollars), usize::MAX, "records that cost nothing are not limited by dollars");
+    }
+}

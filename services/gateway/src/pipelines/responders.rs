@@ -2,8 +2,6 @@
 //! sends for a record, and where each scored target comes from. The pipeline's use of them is in
 //! `checklist_eval/respond.rs`.
 
-use std::collections::HashMap;
-
 use assay_domain::{ModelSpec, StageError, Usage, Violations};
 use assay_proto::convert;
 use assay_proto::gateway::v1 as gw;
@@ -98,66 +96,6 @@ pub(crate) fn key(i: usize, j: usize) -> String {
 /// One (record, responder)'s answer once asked (or read back); a failure is kept for the pair's
 /// other samples, not stored.
 pub(crate) type AnswerCell = tokio::sync::OnceCell<Result<Answered, StageError>>;
-
-/// A run's responders at work: the targets they make (records whose target is the response),
-/// and each (record, responder)'s answer, asked once by whichever of its samples is scored first.
-#[derive(Debug)]
-pub(crate) struct Derived {
-    /// One per target of [`layout`]: its record (the response is its target once answered).
-    pub(crate) targets: Vec<EvalRecord>,
-    /// Where each target comes from.
-    pub(crate) layout: Layout,
-    /// Per (record, responder), `record * responders + responder`: its answer once asked (or read
-    /// back); a failure is kept for the pair's other samples, not stored.
-    pub(crate) answers: Vec<AnswerCell>,
-    pub(crate) responders: usize,
-}
-
-impl Derived {
-    /// The targets of `records` records and `responders`, with the answers stored before.
-    pub(crate) fn new(
-        records: &[EvalRecord],
-        responders: &[Responder],
-        stored: HashMap<(usize, usize), Answered>,
-    ) -> Self {
-        let layout = layout(records.len(), responders);
-        let targets = layout
-            .iter()
-            .map(|(i, _, _)| EvalRecord { id: records[*i].id_or(*i), target: String::new(), ..records[*i].clone() })
-            .collect();
-        let mut stored = stored;
-        let answers = (0..records.len())
-            .flat_map(|i| (0..responders.len()).map(move |j| (i, j)))
-            .map(|ij| tokio::sync::OnceCell::new_with(stored.remove(&ij).map(Ok)))
-            .collect();
-        Self { targets, layout, answers, responders: responders.len() }
-    }
-
-    /// The answer cell of (record `i`, responder `j`).
-    pub(crate) fn cell(&self, i: usize, j: usize) -> &AnswerCell {
-        &self.answers[i * self.responders + j]
-    }
-
-    /// Target `t`'s response, once answered.
-    pub(crate) fn response(&self, t: usize) -> Option<&str> {
-        let (i, j, s) = *self.layout.get(t)?;
-        match self.cell(i, j).get()? {
-            Ok(a) => a.responses.get(s as usize).map(String::as_str),
-            Err(_) => None,
-        }
-    }
-
-    /// Each responder's answering cost, over the answers there are.
-    pub(crate) fn usage(&self) -> Vec<Usage> {
-        let mut out = vec![Usage::default(); self.responders];
-        for (k, cell) in self.answers.iter().enumerate() {
-            if let Some(Ok(a)) = cell.get() {
-                out[k % self.responders].add(&a.usage);
-            }
-        }
-        out
-    }
-}
 
 /// Where each scored target comes from: (record, responder, sample).
 pub type Layout = Vec<(usize, usize, u32)>;

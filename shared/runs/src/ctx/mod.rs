@@ -8,6 +8,7 @@ mod inbox;
 mod inputs;
 mod log;
 mod progress;
+mod results;
 mod spending;
 mod summary;
 #[cfg(test)]
@@ -25,6 +26,8 @@ pub(crate) use inbox::stored_audit_log;
 pub use inputs::Inputs;
 pub use log::{EventLog, Writes, Written};
 pub use progress::{Progress, relay_with};
+pub use results::Results;
+pub(crate) use results::stored_page as stored_results_page;
 pub use spending::Spending;
 
 use crate::spend::SpendCaps;
@@ -39,6 +42,8 @@ pub struct RunCtx {
     pub log: EventLog,
     /// What the pipeline stores to go on from after a restart.
     pub checkpoints: Checkpoints,
+    /// The run's results by position (what `ListRunResults` pages).
+    pub results: Results,
     /// Pause and cancel.
     pub gate: Gate,
     /// Human actions and the audit log.
@@ -61,9 +66,11 @@ impl RunCtx {
         let summary = Summary::new(run);
         let log = EventLog::new(run_id.clone(), seq, store.clone(), summary.clone());
         let gate = Gate::default();
+        let inputs = Inputs::new(run_id.clone(), store.clone());
         Self {
+            results: Results::new(log.clone(), inputs.clone()),
             checkpoints: Checkpoints::new(log.clone()),
-            inputs: Inputs::new(run_id.clone(), store.clone()),
+            inputs,
             inbox: Inbox::new(log.clone(), summary.clone(), gate.paused.subscribe(), gate.cancelled.subscribe()),
             spending: Spending::new(log.clone(), summary.clone()),
             progress: Progress::new(log.clone(), summary.clone()),
@@ -82,6 +89,7 @@ impl RunCtx {
     pub(crate) fn helper(run: gw::Run, store: RunStore) -> Self {
         let mut ctx = Self::new(run, 0, None);
         ctx.inputs = Inputs::new(ctx.run_id.clone(), Some(store));
+        ctx.results = Results::new(ctx.log.clone(), ctx.inputs.clone());
         ctx.spending.take_usage();
         ctx
     }

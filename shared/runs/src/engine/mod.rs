@@ -339,6 +339,17 @@ impl Engine {
         ctx.log.emit(Event::Completed(gw::RunCompleted { state: state as i32, result: Some(result) })).await
     }
 
+    /// Up to `limit` of a run's stored results from position `first` on, by position, encoded (see
+    /// [`crate::Results`]).
+    pub async fn results_page(
+        &self,
+        run_id: &str,
+        first: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, Vec<u8>)>, StageError> {
+        crate::ctx::stored_results_page(&self.store, run_id, first, limit).await
+    }
+
     /// A run's summary (with result).
     pub async fn get(&self, run_id: &str) -> Result<gw::Run, StageError> {
         let mut run = match self.live(run_id) {

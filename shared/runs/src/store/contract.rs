@@ -302,6 +302,13 @@ pub struct ChunkCommit {
     pub usage: Option<(String, Vec<u8>)>,
 }
 
+impl ChunkCommit {
+    /// Store the result at position `index`, of chunk `chunk` (see [`crate::Results`]).
+    pub fn result(&mut self, chunk: u64, index: u64, result: &impl prost::Message) {
+        self.checkpoints.push((Some(chunk), super::result_keys::key(index), result.encode_to_vec()));
+    }
+}
+
 /// An open run's records spread over the gateways sharing a store: claimed in chunks, each chunk's
 /// results written by the claim that holds it (at-least-once dispatch: a chunk whose claim expired
 /// is claimed again; results written once: a result stored under a record's key is never

@@ -13,6 +13,7 @@ mod contract;
 mod handle;
 mod observed;
 mod postgres;
+pub(crate) mod result_keys;
 mod sqlite;
 
 pub use contract::{

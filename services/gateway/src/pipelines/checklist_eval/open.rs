@@ -4,49 +4,25 @@
 //! are stored one per record; the aggregates come from one streamed pass over the stored results
 //! at the end. The gateway holds the records in flight, not the run's.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use assay_domain::{AggregateBuilder, Checklist, StageError, Usage};
+use assay_domain::{AggregateBuilder, Checklist, StageError};
 use assay_proto::common::v1 as pb;
 use assay_proto::convert;
 use assay_proto::gateway::v1 as gw;
 use assay_proto::gateway::v1::run_event::Event;
-use futures::StreamExt;
-use futures::stream::FuturesUnordered;
 use prost::Message;
 
-use super::super::checklist::{CHECKLIST, EvalRecord, decode_checklist};
-use super::super::responders::{Answered, RESPONSE, label, per_record, target_of};
-use super::respond::InFlight;
-use super::{
-    ChecklistEval, RECORD, Reserve, generation_fails_run, generation_failure, record_key, record_result, settle,
-};
+use super::super::checklist::{CHECKLIST, EvalRecord};
+use super::super::responders::per_record;
+use super::ChecklistEval;
+use super::lane::{CATEGORIZED, Checklists, Lane, Pending, Step};
+use super::respond::answering_usage;
 use assay_runs::{RunCtx, RunOutcome, Writes};
-
-/// The checkpoint saying a checklist of the run has categories (the first such checklist): the
-/// end of the run reads each record's checklist back only then (category pass rates); else every
-/// answered item is ungrouped whatever its checklist.
-pub(super) const CATEGORIZED: &str = "open:categorized";
-
-pub(super) fn has_categories(c: &Checklist) -> bool {
-    c.items.iter().any(|i| i.category.as_deref().is_some_and(|c| !c.is_empty()))
-}
 
 /// Records read from the store at once.
 pub(super) const PAGE: usize = 1024;
-/// Checklists kept in memory by key; past it the cache starts again (a checklist not in memory
-/// is read back from the store).
-const CACHE: usize = 4096;
-
-/// A record read and waiting for its checklist or its scoring.
-pub(super) struct Pending {
-    pub(super) index: usize,
-    pub(super) record: EvalRecord,
-    /// The chunk it belongs to (a spread run), else 0.
-    pub(super) chunk: u64,
-}
-
 /// Which records already have a result (a resumed run), one bit per record.
 #[derive(Default)]
 pub(super) struct Done(Vec<u64>);
@@ -69,61 +45,16 @@ impl Done {
     }
 }
 
-/// The checklists a run has produced, the most recent ones in memory.
-#[derive(Default)]
-pub(super) struct Checklists {
-    cache: HashMap<String, Arc<Checklist>>,
-}
-
-impl Checklists {
-    pub(super) fn get(&self, key: &str) -> Option<Arc<Checklist>> {
-        self.cache.get(key).cloned()
-    }
-
-    pub(super) fn insert(&mut self, key: String, c: Arc<Checklist>) {
-        self.cache.insert(key, c);
-    }
-
-    /// Start the cache again when it is full: called before a page of records is looked up, so
-    /// what one page loads stays until the page is done with.
-    pub(super) fn trim(&mut self) {
-        if self.cache.len() >= CACHE {
-            self.cache.clear();
-        }
-    }
-
-    /// Put the stored checklists of `keys` not in memory into it.
-    pub(super) async fn load(
-        &mut self,
-        ctx: &RunCtx,
-        keys: impl IntoIterator<Item = String>,
-    ) -> Result<(), StageError> {
-        let missing: Vec<String> =
-            keys.into_iter().filter(|k| !self.cache.contains_key(k)).map(|k| format!("{CHECKLIST}{k}")).collect();
-        if missing.is_empty() {
-            return Ok(());
-        }
-        // From the store, whatever the context keeps its own writes in (a helper keeps none).
-        for (key, bytes) in ctx.inputs.stored(missing).await? {
-            let c = pb::Checklist::decode(bytes.as_slice())
-                .map_err(|e| StageError::Internal(format!("run store: corrupt checkpoint: {e}")))?;
-            let key = key.strip_prefix(CHECKLIST).unwrap_or(&key).to_string();
-            self.insert(key, Arc::new(decode_checklist(c)?));
-        }
-        Ok(())
-    }
-}
-
 /// The records of a run that already have a result.
 pub(super) async fn stored_results(ctx: &RunCtx) -> Result<Done, StageError> {
     let mut done = Done::default();
-    let mut after = String::new();
+    let mut first = 0;
     loop {
-        let page = ctx.checkpoints.page::<gw::RecordResult>(RECORD, &after, PAGE * 8).await?;
+        let page = ctx.results.page::<gw::RecordResult>(first, PAGE * 8).await?;
         let Some((last, _)) = page.last() else { break };
-        after.clone_from(last);
-        for (_, r) in &page {
-            done.insert(r.index as usize);
+        first = last + 1;
+        for (i, _) in &page {
+            done.insert(*i as usize);
         }
     }
     Ok(done)
@@ -138,21 +69,11 @@ pub(super) fn slim(mut r: gw::RecordResult) -> gw::RecordResult {
     r
 }
 
-/// Each responder's answering cost, over the answers the run stored (a page at a time).
-async fn answering_usage(ctx: &RunCtx, responders: usize) -> Result<Vec<Usage>, StageError> {
-    let mut usage = vec![Usage::default(); responders];
-    let mut after = String::new();
-    loop {
-        let page = ctx.checkpoints.page_json::<Answered>(RESPONSE, &after, PAGE).await?;
-        let Some((last, _)) = page.last() else { break };
-        after.clone_from(last);
-        for (k, a) in page {
-            if let Some(j) = k.rsplit(':').next().and_then(|j| j.parse::<usize>().ok()).filter(|j| *j < responders) {
-                usage[j].add(&a.usage);
-            }
-        }
-    }
-    Ok(usage)
+/// An open run's record settled: its result stored, counted and said (without its item scores).
+fn store_result(ctx: &RunCtx, index: usize, result: gw::RecordResult, writes: &mut Writes) {
+    writes.push(ctx.results.queued(index as u64, &result));
+    ctx.progress.add_done();
+    writes.push(ctx.log.emit_queued(Event::RecordScored(slim(result))));
 }
 
 /// A record's wire form decoded back (it was checked when appended).
@@ -166,6 +87,7 @@ pub(super) fn decode_record(bytes: &[u8]) -> Result<EvalRecord, StageError> {
 
 impl ChecklistEval {
     /// Run an open run to the end: until it is sealed and every record it holds has a result.
+    /// Its stored rows are the source of the run's [`Lane`], read a page at a time.
     pub(super) async fn run_open(&self, ctx: &RunCtx) -> Result<RunOutcome, StageError> {
         // On a shared store, a run without a budget is spread over the gateways (a budget is
         // settled by the one gateway that executes the run; responders answer on it too).
@@ -175,42 +97,25 @@ impl ChecklistEval {
         // With responders each record is `per` targets, each with its own result (index
         // `record * per + k`, see `target_of`); without, one.
         let per = per_record(&self.responders).max(1);
-        let answers = InFlight::default();
         let done = stored_results(ctx).await?;
         ctx.progress.set_done(done.count());
         // The run's only checklist (an explicit one, or from a corpus) fails the run when it
         // cannot be produced; one of many fails its records only.
         let single = self.plan.preset().is_none();
-        let mut checklists = Checklists::default();
+        let mut lane = Lane::new(self, ctx, single, Checklists::default());
         let mut next = 0u64;
         let mut sealed_and_read = false;
-        // Records read but not started: waiting for their checklist (by key), or ready to score.
-        let mut waiting: HashMap<String, Vec<Pending>> = HashMap::new();
-        let mut waiting_n = 0usize;
-        let mut queue: VecDeque<(Pending, Arc<Checklist>)> = VecDeque::new();
-        let mut producing = FuturesUnordered::new();
-        let mut scoring = FuturesUnordered::new();
         let mut writes = Writes::default();
-        let mut reserve = Reserve::default();
-        let config = &self.scorer;
-        let mut categorized = false;
         loop {
-            // A spent budget starts no new record: those read are not run, and say why.
-            if let Some(why) = ctx.spending.budget_exhausted() {
-                for (p, c) in std::mem::take(&mut queue) {
-                    let mut r = record_result(p.index, &p.record, &c.id, None, format!("not run: {}", why.message));
-                    label(&mut r, &self.responders, None);
-                    writes.push(ctx.checkpoints.queued(&record_key(p.index), &r));
-                    ctx.progress.add_done();
-                    writes.push(ctx.log.emit_queued(Event::RecordScored(slim(r))));
-                }
+            for (p, r) in lane.not_run() {
+                store_result(ctx, p.index, r, &mut writes);
             }
-            // Read more records while fewer than two rounds of scoring wait.
+            // Read more records while the lane has room.
             let mut starved = false;
             // A page read whose records all have a result (a resumed run): read the next one at
             // once, for nothing else may wake the loop.
             let mut read_done_page = false;
-            if !sealed_and_read && queue.len() + waiting_n < 2 * self.concurrency {
+            if !sealed_and_read && lane.room() > 0 {
                 let page = ctx.inputs.page(next, PAGE).await?;
                 let total = page.total.saturating_mul(per as u64);
                 ctx.progress.set_total(u32::try_from(total).unwrap_or(u32::MAX), !page.sealed);
@@ -229,131 +134,55 @@ impl ChecklistEval {
                         continue;
                     }
                     let mut record = decode_record(&bytes)?;
-                    if self.responders.is_empty() {
-                        fresh.push((self.plan.key(&record), Pending { index, record, chunk: 0 }));
-                        continue;
+                    if !self.responders.is_empty() {
+                        // Each target its record's (the id its index's when none is given).
+                        record.id = record.id_or(index);
                     }
-                    // Each target its record's (the id its index's when none is given).
-                    record.id = record.id_or(index);
                     let key = self.plan.key(&record);
                     for t in targets {
                         fresh.push((key.clone(), Pending { index: t, record: record.clone(), chunk: 0 }));
                     }
                 }
                 read_done_page &= fresh.is_empty();
-                checklists.trim();
-                let unknown: HashSet<String> = fresh
-                    .iter()
-                    .filter(|(k, _)| checklists.get(k).is_none() && !waiting.contains_key(k))
-                    .map(|(k, _)| k.clone())
-                    .collect();
-                checklists.load(ctx, unknown).await?;
-                for (key, p) in fresh {
-                    if let Some(c) = checklists.get(&key) {
-                        queue.push_back((p, c));
-                        continue;
-                    }
-                    waiting_n += 1;
-                    if let Some(w) = waiting.get_mut(&key) {
-                        w.push(p);
-                        continue;
-                    }
-                    let record = p.record.clone();
-                    let index = p.index;
-                    waiting.insert(key.clone(), vec![p]);
-                    producing.push(async move {
-                        let out = match ctx.gate.wait().await {
-                            Ok(()) => self.plan.produce(ctx, &self.stages, &record, index).await,
-                            Err(e) => Err(e),
-                        };
-                        (key, out)
-                    });
-                }
+                lane.admit(fresh).await?;
             }
-            let affordable = ctx.spending.budget_left().map_or(usize::MAX, |left| reserve.in_flight(&left));
-            while scoring.len() < self.concurrency.min(affordable) {
-                let Some((p, checklist)) = queue.pop_front() else { break };
-                let answers = &answers;
-                scoring.push(async move {
-                    ctx.gate.wait().await?;
-                    let (answering, out) = match target_of(p.index, &self.responders) {
-                        None => (Usage::default(), self.score_record(&checklist, config, p.index, &p.record).await),
-                        Some((i, j, _)) => {
-                            let cell = answers.cell(i, j);
-                            self.answer_and_score(ctx, &cell, true, &p.record, &checklist, config, p.index).await?
-                        }
-                    };
-                    Ok::<_, StageError>((p, checklist, answering, out))
-                });
-            }
-            if sealed_and_read && scoring.is_empty() && producing.is_empty() && queue.is_empty() {
+            lane.start();
+            if sealed_and_read && lane.is_empty() {
                 break;
             }
             if read_done_page {
                 continue;
             }
             // Records left to read while nothing else moves: wait for an append.
-            let idle = starved && scoring.is_empty() && producing.is_empty();
+            let idle = starved && !lane.in_flight();
             tokio::select! {
-                Some((key, out)) = producing.next(), if !producing.is_empty() => {
-                    let records = waiting.remove(&key).unwrap_or_default();
-                    waiting_n -= records.len();
-                    match out {
-                        Ok(c) => {
-                            let wire = convert::checklist_to(&c);
-                            writes.push(ctx.checkpoints.queued(&format!("{CHECKLIST}{key}"), &wire));
-                            if !categorized && has_categories(&c) {
-                                categorized = true;
-                                writes.push(ctx.checkpoints.queued(CATEGORIZED, &wire));
-                            }
-                            let record_indices = records.iter().map(|p| p.index as u32).collect();
-                            writes.push(ctx.log.emit_queued(Event::ChecklistReady(gw::ChecklistReady {
-                                checklist: Some(wire),
-                                record_indices,
-                            })));
-                            let c = Arc::new(c);
-                            checklists.insert(key, c.clone());
-                            queue.extend(records.into_iter().map(|p| (p, c.clone())));
+                step = lane.next() => match step? {
+                    Step::Checklist { key, checklist, first_with_categories, indices } => {
+                        let wire = convert::checklist_to(&checklist);
+                        writes.push(ctx.checkpoints.queued(&format!("{CHECKLIST}{key}"), &wire));
+                        if first_with_categories {
+                            writes.push(ctx.checkpoints.queued(CATEGORIZED, &wire));
                         }
-                        Err(e) if generation_fails_run(&e, single) => return Err(e),
-                        Err(e) => {
-                            tracing::warn!(run_id = %ctx.run_id(), error = %e, "checklist generation failed for one input");
-                            let why = generation_failure(&e);
-                            for p in records {
-                                let mut r = record_result(p.index, &p.record, "", None, why.clone());
-                                label(&mut r, &self.responders, None);
-                                writes.push(ctx.checkpoints.queued(&record_key(p.index), &r));
-                                ctx.progress.add_done();
-                                writes.push(ctx.log.emit_queued(Event::RecordScored(slim(r))));
-                            }
+                        writes.push(ctx.log.emit_queued(Event::ChecklistReady(gw::ChecklistReady {
+                            checklist: Some(wire),
+                            record_indices: indices,
+                        })));
+                    }
+                    Step::Settled(results) => {
+                        for (p, r) in results {
+                            store_result(ctx, p.index, r, &mut writes);
                         }
                     }
-                }
-                Some(scored) = scoring.next(), if !scoring.is_empty() => {
-                    let (p, checklist, answering, scored) = match scored {
-                        Ok(x) => x,
-                        Err(StageError::Cancelled(_)) if ctx.gate.is_cancelled() => break,
-                        Err(e) => return Err(e),
-                    };
-                    reserve.charge(&answering);
-                    let mut result = settle(ctx, &mut reserve, p.index, &p.record, &checklist.id, scored)?;
-                    if let Some((i, j, sample)) = target_of(p.index, &self.responders) {
-                        let response = answers.settled(i, j, sample, self.responders[j].samples);
-                        label(&mut result, &self.responders, response.as_deref());
-                    }
-                    writes.push(ctx.checkpoints.queued(&record_key(p.index), &result));
-                    ctx.progress.add_done();
-                    writes.push(ctx.log.emit_queued(Event::RecordScored(slim(result))));
-                }
+                    Step::Cancelled => break,
+                },
                 () = ctx.inputs.arrival(), if idle => {}
                 e = writes.next_error() => return Err(e),
                 () = ctx.gate.cancelled() => break,
             }
         }
-        drop(scoring);
-        drop(producing);
+        drop(lane);
         writes.flush().await?;
-        self.finish_open(ctx, &mut checklists, ctx.gate.is_cancelled()).await
+        self.finish_open(ctx, &mut Checklists::default(), ctx.gate.is_cancelled()).await
     }
 
     /// The end of an open run: the aggregates in one pass over the stored results (each with its
@@ -374,11 +203,11 @@ impl ChecklistEval {
         // With responders: every result, and its checklist, for their verdict.
         let mut matrix: Vec<gw::RecordResult> = Vec::new();
         let mut matrix_checklists: HashMap<String, Arc<Checklist>> = HashMap::new();
-        let mut after = String::new();
+        let mut after = 0;
         loop {
-            let page = ctx.checkpoints.page::<gw::RecordResult>(RECORD, &after, PAGE).await?;
+            let page = ctx.results.page::<gw::RecordResult>(after, PAGE).await?;
             let (Some((last, _)), Some((_, first))) = (page.last(), page.first()) else { break };
-            after.clone_from(last);
+            after = last + 1;
             // The page's records, for the keys of their checklists (only when one has categories).
             let mut keys: HashMap<u64, String> = HashMap::new();
             // A result's record: its index over the targets each record makes.

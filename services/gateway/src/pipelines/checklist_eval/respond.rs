@@ -21,39 +21,13 @@ use assay_proto::convert;
 use assay_proto::gateway::v1 as gw;
 
 use super::super::checklist::EvalRecord;
-use super::super::responders::{AnswerCell, Answered, Derived, RESPONSE, key, label, render, target_of};
+use super::super::responders::{AnswerCell, Answered, RESPONSE, key, render, target_of};
 use super::ChecklistEval;
 use assay_runs::RunCtx;
 
 impl ChecklistEval {
-    /// The responders' targets, with the answers a previous process stored (one read).
-    pub(super) async fn prepare(&self, ctx: &RunCtx) -> Result<Derived, StageError> {
-        let mut stored = HashMap::new();
-        for (k, a) in ctx.checkpoints.all_json::<Answered>(RESPONSE).await? {
-            if let Some(ij) = parse_key(&k).filter(|(i, j)| *i < self.records.len() && *j < self.responders.len()) {
-                stored.insert(ij, a);
-            }
-        }
-        Ok(Derived::new(&self.records, &self.responders, stored))
-    }
-
-    /// Target `t` of a closed run answered and scored (see [`Self::answer_and_score`]).
-    #[allow(clippy::type_complexity)]
-    pub(super) async fn answer_and_score_target(
-        &self,
-        ctx: &RunCtx,
-        d: &Derived,
-        checklist: &Checklist,
-        config: &ScorerSettings,
-        t: usize,
-    ) -> Result<(Usage, Result<(gw::RecordResult, Usage, ModelRecord), StageError>), StageError> {
-        let (i, j, _) = d.layout[t];
-        self.answer_and_score(ctx, d.cell(i, j), false, &d.targets[t], checklist, config, t).await
-    }
-
     /// Target `t` (of `record`, its id set) answered by its responder through `cell` (asked now
-    /// unless it was already, by another sample of the pair or, with `look_stored`, before a
-    /// restart) and scored; and what answering cost now, if this target asked. A responder that
+    /// unless it was already, by another sample of the pair or before a restart) and scored; and what answering cost now, if this target asked. A responder that
     /// failed or was refused by the budget fails the target (the inner result); a request the
     /// generator refused fails the run (the outer one).
     #[allow(clippy::type_complexity, clippy::too_many_arguments)]
@@ -61,7 +35,6 @@ impl ChecklistEval {
         &self,
         ctx: &RunCtx,
         cell: &AnswerCell,
-        look_stored: bool,
         record: &EvalRecord,
         checklist: &Checklist,
         config: &ScorerSettings,
@@ -73,7 +46,7 @@ impl ChecklistEval {
         let mut paid = Usage::default();
         let answered = cell
             .get_or_try_init(|| async {
-                if look_stored && let Some(a) = ctx.checkpoints.load_json::<Answered>(&key(i, j)).await? {
+                if let Some(a) = ctx.checkpoints.load_json::<Answered>(&key(i, j)).await? {
                     return Ok(Ok(a));
                 }
                 let generator = self.stages.generator()?;
@@ -116,12 +89,9 @@ impl ChecklistEval {
         Ok((paid, self.score_record(checklist, config, t, &target).await))
     }
 
-    /// Each result named by its responder and sample, with the response; each responder's
-    /// aggregate and cost; each responder after the first compared with the first.
-    pub(super) fn annotate(&self, result: &mut gw::EvaluateResponse, derived: &Derived) {
-        for r in &mut result.results {
-            label(r, &self.responders, derived.response(r.index as usize));
-        }
+    /// Each responder's aggregate and answering cost (from the answers the run stored), and each
+    /// responder after the first compared with the first, over a run's labelled results.
+    pub(super) async fn annotate(&self, ctx: &RunCtx, result: &mut gw::EvaluateResponse) -> Result<(), StageError> {
         let checklists: Vec<Arc<Checklist>> = result
             .checklists
             .iter()
@@ -129,9 +99,11 @@ impl ChecklistEval {
             .collect();
         let ids: Vec<String> = (0..self.records.len()).map(|i| self.records[i].id_or(i)).collect();
         let checklist_of = |r: &gw::RecordResult| checklists.iter().find(|c| c.id == r.checklist_id).cloned();
-        let (summaries, comparisons) = self.verdict(&result.results, checklist_of, &derived.usage(), &ids);
+        let usage = answering_usage(ctx, self.responders.len()).await?;
+        let (summaries, comparisons) = self.verdict(&result.results, checklist_of, &usage, &ids);
         result.responders = summaries;
         result.comparisons = comparisons;
+        Ok(())
     }
 
     /// From a run's labelled results (`checklist_of` each one's checklist), what answering cost
@@ -231,10 +203,21 @@ impl InFlight {
     }
 }
 
-/// (record, responder) of an answer's checkpoint key.
-fn parse_key(k: &str) -> Option<(usize, usize)> {
-    let (i, j) = k.strip_prefix(RESPONSE)?.split_once(':')?;
-    Some((i.parse().ok()?, j.parse().ok()?))
+/// Each responder's answering cost, over the answers the run stored (a page at a time).
+pub(super) async fn answering_usage(ctx: &RunCtx, responders: usize) -> Result<Vec<Usage>, StageError> {
+    let mut usage = vec![Usage::default(); responders];
+    let mut after = String::new();
+    loop {
+        let page = ctx.checkpoints.page_json::<Answered>(RESPONSE, &after, 256).await?;
+        let Some((last, _)) = page.last() else { break };
+        after.clone_from(last);
+        for (k, a) in page {
+            if let Some(j) = k.rsplit(':').next().and_then(|j| j.parse::<usize>().ok()).filter(|j| *j < responders) {
+                usage[j].add(&a.usage);
+            }
+        }
+    }
+    Ok(usage)
 }
 
 fn runs_of(e: &gw::EvaluateResponse) -> runs::RunResults {

@@ -14,26 +14,22 @@
 //! the run's events back first, so it announces no claim twice and says the results a dead
 //! executor stored but never told.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
-use assay_domain::{Checklist, StageError, Usage};
+use assay_domain::{StageError, Usage};
 use assay_proto::convert;
 use assay_proto::gateway::v1 as gw;
 use assay_proto::gateway::v1::run_event::Event;
 use assay_runs::store::{ChunkCommit, ChunkRow, Claim};
 use assay_runs::{RunCtx, RunOutcome, Writes};
-use futures::StreamExt;
 use futures::future::BoxFuture;
-use futures::stream::FuturesUnordered;
 use prost::Message;
 
 use super::super::checklist::CHECKLIST;
-use super::open::{CATEGORIZED, Checklists, Done, PAGE, Pending, decode_record, has_categories, slim};
-use super::{
-    ChecklistEval, RECORD, Reserve, generation_fails_run, generation_failure, record_key, record_result, settle,
-};
+use super::ChecklistEval;
+use super::lane::{CATEGORIZED, Checklists, Lane, Pending, Step, has_categories};
+use super::open::{Done, PAGE, decode_record, slim};
 
 /// How often a claim looks again when nothing was left to claim, renews its chunks when it stored
 /// nothing meanwhile, and the executor reads the run's chunks.
@@ -105,17 +101,7 @@ async fn told_before(ctx: &RunCtx) -> Result<(Done, HashMap<u64, u32>), StageErr
 
 /// The results stored for records of `[first, first + count)`.
 async fn results_in(ctx: &RunCtx, first: u64, count: u32) -> Result<Vec<gw::RecordResult>, StageError> {
-    let after = if first == 0 { String::new() } else { record_key((first - 1) as usize) };
-    let page = ctx.inputs.stored_page(RECORD, &after, count as usize).await?;
-    let mut results = Vec::with_capacity(page.len());
-    for (_, bytes) in page {
-        let r = gw::RecordResult::decode(bytes.as_slice())
-            .map_err(|e| StageError::Internal(format!("run store: corrupt result: {e}")))?;
-        if u64::from(r.index) < first + u64::from(count) {
-            results.push(r);
-        }
-    }
-    Ok(results)
+    Ok(ctx.results.stored_range(first, count).await?.into_iter().map(|(_, r)| r).collect())
 }
 
 impl ChecklistEval {
@@ -190,12 +176,7 @@ impl ChecklistEval {
     ) -> Result<bool, StageError> {
         let executor = role == Role::Executor;
         let single = self.plan.preset().is_none();
-        let mut checklists = Checklists::default();
-        let mut waiting: HashMap<String, Vec<Pending>> = HashMap::new();
-        let mut waiting_n = 0usize;
-        let mut queue: VecDeque<(Pending, Arc<Checklist>)> = VecDeque::new();
-        let mut producing = FuturesUnordered::new();
-        let mut scoring = FuturesUnordered::new();
+        let mut lane = Lane::new(self, ctx, single, Checklists::default());
         // Chunks this claim works on, with their records still without a result.
         let mut held: HashMap<u64, usize> = HashMap::new();
         let mut pending = ChunkCommit::default();
@@ -204,18 +185,15 @@ impl ChecklistEval {
         let mut finished = false;
         let mut idle = false;
         let mut events = Writes::default();
-        let mut reserve = Reserve::default();
         let mut watch = Watch { announced, ..Watch::default() };
         // A helping claim's spend so far, stored with each of its commits.
         let mut spent = Usage::default();
         let usage_key = format!("{HELPER_USAGE}{}", ctx.inputs.token());
-        let mut categorized = false;
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let config = &self.scorer;
         let mut cancelled = false;
         loop {
-            if !finished && !idle && queue.len() + waiting_n < 2 * self.concurrency {
+            if !finished && !idle && lane.room() > 0 {
                 match ctx.inputs.claim(PAGE as u32).await? {
                     Claim::Chunk(chunk) => {
                         let page = ctx.inputs.page(chunk.first, chunk.count as usize).await?;
@@ -250,47 +228,14 @@ impl ChecklistEval {
                         } else {
                             held.insert(chunk.first, fresh.len());
                         }
-                        checklists.trim();
-                        let unknown: HashSet<String> = fresh
-                            .iter()
-                            .filter(|(k, _)| checklists.get(k).is_none() && !waiting.contains_key(k))
-                            .map(|(k, _)| k.clone())
-                            .collect();
-                        checklists.load(ctx, unknown).await?;
-                        for (key, p) in fresh {
-                            if let Some(c) = checklists.get(&key) {
-                                queue.push_back((p, c));
-                                continue;
-                            }
-                            waiting_n += 1;
-                            if let Some(w) = waiting.get_mut(&key) {
-                                w.push(p);
-                                continue;
-                            }
-                            let (record, index) = (p.record.clone(), p.index);
-                            waiting.insert(key.clone(), vec![p]);
-                            producing.push(async move {
-                                let out = match ctx.gate.wait().await {
-                                    Ok(()) => self.plan.produce(ctx, &self.stages, &record, index).await,
-                                    Err(e) => Err(e),
-                                };
-                                (key, out)
-                            });
-                        }
+                        lane.admit(fresh).await?;
                     }
                     Claim::Wait => idle = true,
                     Claim::Finished => finished = true,
                 }
             }
-            while scoring.len() < self.concurrency {
-                let Some((p, checklist)) = queue.pop_front() else { break };
-                scoring.push(async move {
-                    ctx.gate.wait().await?;
-                    let out = self.score_record(&checklist, config, p.index, &p.record).await;
-                    Ok::<_, StageError>((p, checklist, out))
-                });
-            }
-            let busy = !(scoring.is_empty() && producing.is_empty() && queue.is_empty() && held.is_empty());
+            lane.start();
+            let busy = !(lane.is_empty() && held.is_empty());
             let unstored = !(pending.checkpoints.is_empty() && pending.done.is_empty());
             if committing.is_none() && (unstored || (!held.is_empty() && last_commit.elapsed() >= TICK)) {
                 let mut commit = std::mem::take(&mut pending);
@@ -309,48 +254,30 @@ impl ChecklistEval {
                 Role::Executor | Role::Helper => {}
             }
             tokio::select! {
-                Some((key, out)) = producing.next(), if !producing.is_empty() => {
-                    let records = waiting.remove(&key).unwrap_or_default();
-                    waiting_n -= records.len();
-                    match out {
-                        Ok(c) => {
-                            let wire = convert::checklist_to(&c);
-                            pending.checkpoints.push((None, format!("{CHECKLIST}{key}"), wire.encode_to_vec()));
-                            if !categorized && has_categories(&c) {
-                                categorized = true;
-                                pending.checkpoints.push((None, CATEGORIZED.to_string(), wire.encode_to_vec()));
-                            }
-                            if executor {
-                                let record_indices = records.iter().map(|p| p.index as u32).collect();
-                                events.push(ctx.log.emit_queued(Event::ChecklistReady(gw::ChecklistReady {
-                                    checklist: Some(wire),
-                                    record_indices,
-                                })));
-                            }
-                            let c = Arc::new(c);
-                            checklists.insert(key, c.clone());
-                            queue.extend(records.into_iter().map(|p| (p, c.clone())));
+                step = lane.next() => match step? {
+                    Step::Checklist { key, checklist, first_with_categories, indices } => {
+                        let wire = convert::checklist_to(&checklist);
+                        pending.checkpoints.push((None, format!("{CHECKLIST}{key}"), wire.encode_to_vec()));
+                        if first_with_categories {
+                            pending.checkpoints.push((None, CATEGORIZED.to_string(), wire.encode_to_vec()));
                         }
-                        Err(e) if generation_fails_run(&e, single) => return Err(e),
-                        Err(e) => {
-                            tracing::warn!(run_id = %ctx.run_id(), error = %e, "checklist generation failed for one input");
-                            let why = generation_failure(&e);
-                            for p in records {
-                                let r = record_result(p.index, &p.record, "", None, why.clone());
-                                self.scored(ctx, role, p, r, &mut held, &mut pending, &mut said, &mut events);
-                            }
+                        if executor {
+                            events.push(ctx.log.emit_queued(Event::ChecklistReady(gw::ChecklistReady {
+                                checklist: Some(wire),
+                                record_indices: indices,
+                            })));
                         }
                     }
-                }
-                Some(scored) = scoring.next(), if !scoring.is_empty() => {
-                    let (p, checklist, scored) = match scored {
-                        Ok(x) => x,
-                        Err(StageError::Cancelled(_)) if ctx.gate.is_cancelled() => { cancelled = true; break }
-                        Err(e) => return Err(e),
-                    };
-                    let result = settle(ctx, &mut reserve, p.index, &p.record, &checklist.id, scored)?;
-                    self.scored(ctx, role, p, result, &mut held, &mut pending, &mut said, &mut events);
-                }
+                    Step::Settled(results) => {
+                        for (p, r) in results {
+                            self.scored(ctx, role, p, r, &mut held, &mut pending, &mut said, &mut events);
+                        }
+                    }
+                    Step::Cancelled => {
+                        cancelled = true;
+                        break;
+                    }
+                },
                 lost = async {
                     match committing.as_mut() {
                         Some(c) => c.await,
@@ -376,8 +303,7 @@ impl ChecklistEval {
                 () = ctx.gate.cancelled() => { cancelled = true; break }
             }
         }
-        drop(scoring);
-        drop(producing);
+        drop(lane);
         if let Some(c) = committing.take() {
             c.await?;
         }
@@ -411,7 +337,7 @@ impl ChecklistEval {
         said: &mut Done,
         events: &mut Writes,
     ) {
-        pending.checkpoints.push((Some(p.chunk), record_key(p.index), result.encode_to_vec()));
+        pending.result(p.chunk, p.index as u64, &result);
         if let Some(left) = held.get_mut(&p.chunk) {
             *left -= 1;
             if *left == 0 {

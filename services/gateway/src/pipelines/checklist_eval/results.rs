@@ -1,13 +1,12 @@
-//! ListRunResults: a checklist_eval run's record results, by record index, a page at a time.
-//! A finished run that carries its results inline pages them from its summary; an open run (or
-//! one still executing) from its stored results, one row per record.
+//! ListRunResults: a checklist_eval run's record results, by position, a page at a time. A finished
+//! run that carries its results inline pages them from its summary; an open run (or one still
+//! executing) from the run engine's stored results (`assay_runs::Results`).
 
 use assay_domain::StageError;
 use assay_proto::gateway::v1 as gw;
 use assay_runs::Engine;
 
-use crate::pipelines::checklist::CHECKLIST;
-use crate::pipelines::checklist_eval::RESULT_PREFIX;
+use super::super::checklist::CHECKLIST;
 
 /// Results per page: the default, and the most.
 const DEFAULT_PAGE: usize = 1000;
@@ -31,7 +30,7 @@ pub async fn list_run_results(
         n if n > MAX_PAGE => return Err(StageError::invalid("page_size", format!("is {n}; the limit is {MAX_PAGE}"))),
         n => n,
     };
-    // The token is the index of the page's first record.
+    // The token is the position of the page's first record.
     let first: u64 = match page_token.as_str() {
         "" => 0,
         t => t.parse::<u64>().ok().filter(|n| *n > 0).ok_or_else(bad_token)?,
@@ -56,8 +55,8 @@ pub async fn list_run_results(
             records_total: total,
         });
     }
-    let after = if first == 0 { String::new() } else { format!("{RESULT_PREFIX}{:08}", first - 1) };
-    let page = engine.store().checkpoints_page(&run_id, RESULT_PREFIX, &after, size).await?;
+    let page = engine.results_page(&run_id, first, size).await?;
+    let full = page.len() == size;
     let mut results = Vec::with_capacity(page.len());
     for (_, bytes) in page {
         results.push(
@@ -66,7 +65,7 @@ pub async fn list_run_results(
         );
     }
     let next = match results.last() {
-        Some(last) if results.len() == size => (u64::from(last.index) + 1).to_string(),
+        Some(last) if full => (u64::from(last.index) + 1).to_string(),
         Some(_) | None => String::new(),
     };
     Ok(gw::ListRunResultsResponse { results, next_page_token: next, records_total: total })
@@ -75,7 +74,7 @@ pub async fn list_run_results(
 /// An open run's evaluation made whole for what reads it at once (CompareRuns): every result,
 /// page by page, and every stored checklist. Memory grows with the run: comparing pairs records
 /// by id.
-pub async fn fill_paged(engine: &Engine, e: &mut gw::EvaluateResponse) -> Result<(), StageError> {
+pub async fn complete_paged(engine: &Engine, e: &mut gw::EvaluateResponse) -> Result<(), StageError> {
     if !e.results_paged {
         return Ok(());
     }
