@@ -73,8 +73,8 @@ pub fn mean_with_interval(a: &common::AggregateScores) -> String {
     }
 }
 
-/// The note of a checklist ready for some records.
-/// One line for a scored (or failed) record, as `assay runs watch` prints it.
+/// One line for a scored (or failed) record, as `assay runs watch` prints it. The items are counted
+/// from the score's answered and unanswered counts: an open run's events carry no item scores.
 pub fn record_line(r: &gw::RecordResult) -> String {
     let who = if r.responder.is_empty() { String::new() } else { format!(" ({}, sample {})", r.responder, r.sample) };
     let id = if r.record_id.is_empty() { format!("#{}", r.index) } else { r.record_id.clone() };
@@ -85,13 +85,14 @@ pub fn record_line(r: &gw::RecordResult) -> String {
                 "record {id}{who}: pass rate {:.4}, {}/{} items answered",
                 s.pass_rate,
                 s.answered_count,
-                s.item_scores.len()
+                s.answered_count + s.unanswered_count
             )
         }
         Some(_) | None => format!("record {id}{who}: unscored (no item answered)"),
     }
 }
 
+/// The note of a checklist ready for some records.
 pub fn checklist_ready_line(c: &gw::ChecklistReady) -> String {
     let n = c.checklist.as_ref().map_or(0, |c| c.items.len());
     format!("checklist ready: {n} items for {} records", c.record_indices.len())
@@ -218,6 +219,21 @@ pub fn summary_json(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An open run's events carry scores without their item scores: the line counts the items from
+    /// the score's counts, as it does for a full result.
+    #[test]
+    fn a_record_line_from_an_open_runs_event_counts_its_items() {
+        let score = common::Score {
+            pass_rate: 0.5,
+            answered_count: 6,
+            unanswered_count: 1,
+            item_scores: Vec::new(),
+            ..Default::default()
+        };
+        let r = gw::RecordResult { record_id: "r9".into(), score: Some(score), ..Default::default() };
+        assert_eq!(record_line(&r), "record r9: pass rate 0.5000, 6/7 items answered");
+    }
 
     /// The `--out` line is a contract: its exact text for a scored and a failed record.
     #[test]
