@@ -14,8 +14,7 @@ use assay_proto::gateway::v1::run_event::Event;
 use super::super::checklist::{self, CHECKLIST};
 use super::super::responders::per_record;
 use super::ChecklistEval;
-use super::lane::{Checklists, Lane, Pending, Step};
-use super::open::stored_results;
+use super::lane::{Checklists, Lane, Pending, Step, stored_results};
 use assay_runs::{RunCtx, RunOutcome, Writes};
 
 impl ChecklistEval {

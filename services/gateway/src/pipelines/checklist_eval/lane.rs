@@ -108,6 +108,46 @@ impl Checklists {
     }
 }
 
+/// Results read at once when a resumed run looks for the records already done.
+const DONE_PAGE: usize = 8192;
+
+/// Which records already have a result (a resumed run), one bit per record.
+#[derive(Default)]
+pub(super) struct Done(Vec<u64>);
+
+impl Done {
+    pub(super) fn insert(&mut self, i: usize) {
+        let (w, b) = (i / 64, i % 64);
+        if self.0.len() <= w {
+            self.0.resize(w + 1, 0);
+        }
+        self.0[w] |= 1 << b;
+    }
+
+    pub(super) fn contains(&self, i: usize) -> bool {
+        self.0.get(i / 64).is_some_and(|w| w & (1 << (i % 64)) != 0)
+    }
+
+    pub(super) fn count(&self) -> u32 {
+        self.0.iter().map(|w| w.count_ones()).sum()
+    }
+}
+
+/// The records of a run that already have a result.
+pub(super) async fn stored_results(ctx: &RunCtx) -> Result<Done, StageError> {
+    let mut done = Done::default();
+    let mut first = 0;
+    loop {
+        let page = ctx.results.page::<gw::RecordResult>(first, DONE_PAGE).await?;
+        let Some((last, _)) = page.last() else { break };
+        first = last + 1;
+        for (i, _) in &page {
+            done.insert(*i as usize);
+        }
+    }
+    Ok(done)
+}
+
 /// What the lane did: a checklist made, results settled, or the run cancelled.
 pub(super) enum Step {
     /// A checklist was made under `key` for the records waiting on it (`indices`, now queued):

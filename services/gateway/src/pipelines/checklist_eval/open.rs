@@ -17,49 +17,12 @@ use prost::Message;
 use super::super::checklist::{CHECKLIST, EvalRecord};
 use super::super::responders::per_record;
 use super::ChecklistEval;
-use super::lane::{CATEGORIZED, Checklists, Lane, Pending, Step};
+use super::lane::{CATEGORIZED, Checklists, Lane, Pending, Step, stored_results};
 use super::respond::answering_usage;
 use assay_runs::{RunCtx, RunOutcome, Writes};
 
 /// Records read from the store at once.
 pub(super) const PAGE: usize = 1024;
-/// Which records already have a result (a resumed run), one bit per record.
-#[derive(Default)]
-pub(super) struct Done(Vec<u64>);
-
-impl Done {
-    pub(super) fn insert(&mut self, i: usize) {
-        let (w, b) = (i / 64, i % 64);
-        if self.0.len() <= w {
-            self.0.resize(w + 1, 0);
-        }
-        self.0[w] |= 1 << b;
-    }
-
-    pub(super) fn contains(&self, i: usize) -> bool {
-        self.0.get(i / 64).is_some_and(|w| w & (1 << (i % 64)) != 0)
-    }
-
-    pub(super) fn count(&self) -> u32 {
-        self.0.iter().map(|w| w.count_ones()).sum()
-    }
-}
-
-/// The records of a run that already have a result.
-pub(super) async fn stored_results(ctx: &RunCtx) -> Result<Done, StageError> {
-    let mut done = Done::default();
-    let mut first = 0;
-    loop {
-        let page = ctx.results.page::<gw::RecordResult>(first, PAGE * 8).await?;
-        let Some((last, _)) = page.last() else { break };
-        first = last + 1;
-        for (i, _) in &page {
-            done.insert(*i as usize);
-        }
-    }
-    Ok(done)
-}
-
 /// A record's result as its event says it: without the item scores, which its stored result
 /// holds (ListRunResults), so an open run stores them once.
 pub(super) fn slim(mut r: gw::RecordResult) -> gw::RecordResult {

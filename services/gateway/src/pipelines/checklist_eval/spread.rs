@@ -28,8 +28,8 @@ use prost::Message;
 
 use super::super::checklist::CHECKLIST;
 use super::ChecklistEval;
-use super::lane::{CATEGORIZED, Checklists, Lane, Pending, Step, has_categories};
-use super::open::{Done, PAGE, decode_record, slim};
+use super::lane::{CATEGORIZED, Checklists, Done, Lane, Pending, Step, has_categories};
+use super::open::{PAGE, decode_record, slim};
 
 /// How often a claim looks again when nothing was left to claim, renews its chunks when it stored
 /// nothing meanwhile, and the executor reads the run's chunks.
