@@ -12,6 +12,7 @@ pub mod dist;
 pub mod krippendorff;
 pub mod power;
 pub mod runs;
+pub mod sequential;
 #[cfg(test)]
 pub(crate) mod tests;
 
