@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from dataclasses import dataclass
-from typing import List
+from typing import Iterator, List
 
 import grpc
 import pytest
@@ -266,3 +268,47 @@ def test_the_server_protos_match_and_a_newer_server_is_reported(client: Assay, m
 async def test_asyncio_check_server(mesh: Mesh) -> None:
     async with AsyncAssay(mesh.address, token=TOKEN) as client:
         assert await client.check_server() == []
+
+
+def test_the_sync_client_works_from_threads_and_inside_a_running_event_loop(mesh: Mesh) -> None:
+    """The sync client runs its calls on an event loop of its own: it works from threads that have
+    no event loop (several at once on one client) and from a coroutine (a running loop, as in a
+    notebook)."""
+    records = leaves_records(3, "t")
+    with Assay(mesh.address, token=TOKEN, timeout=60) as client:
+        scores: List[float] = []
+        threads = [
+            threading.Thread(target=lambda: scores.append(client.evaluate(records, checklist=QUESTIONS).mean_score))
+            for _ in range(3)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert scores == [pytest.approx(2 / 3)] * 3
+
+        async def inside_a_loop() -> int:
+            run = client.run(checklist_eval(records, checklist_given=QUESTIONS))
+            assert [e.kind for e in run][-1] == "completed"
+            return client.get_run(run.run_id).state
+
+        assert asyncio.run(inside_a_loop()) == pb.gateway.RUN_STATE_SUCCEEDED
+    with pytest.raises(ValueError, match="closed"):
+        client.list_runs()
+    client.close()  # closing twice is harmless
+
+
+def test_a_records_generator_calling_its_own_client_is_refused(client: Assay) -> None:
+    """A records generator is read on the client's own thread: calling the same client from it
+    is refused (it would wait for itself), and the error is raised as the generator raised it."""
+
+    def asking() -> Iterator[dict]:
+        yield {"id": "a", "target": "leaves"}
+        client.list_runs(limit=1)
+        yield {"id": "b", "target": "stones"}
+
+    run = client.run(checklist_eval([], checklist_given=QUESTIONS), open=True)
+    with pytest.raises(RuntimeError, match="its own event loop"):
+        client.append_records(run, asking(), seal=True)
+    assert client.append_records(run, [], seal=True).sealed, "the client still works"
+    assert run.wait() is not None and run.state_name == "succeeded"

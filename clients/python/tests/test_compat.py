@@ -155,7 +155,7 @@ def test_an_unreachable_server_fails_the_call_not_the_check(monkeypatch: pytest.
 async def test_asyncio_checks_once_across_concurrent_calls(
     mesh: Mesh, newer_server: None, monkeypatch: pytest.MonkeyPatch, caught: List[warnings.WarningMessage]
 ) -> None:
-    reflect = Counter(monkeypatch, "reflect_async")
+    reflect = Counter(monkeypatch, "reflect")
     async with AsyncAssay(mesh.address, token=TOKEN, timeout=60) as client:
         evaluations = await asyncio.gather(*(client.evaluate(RECORDS, checklist=QUESTIONS) for _ in range(3)))
         assert [e.mean_score for e in evaluations] == [1.0, 1.0, 1.0]

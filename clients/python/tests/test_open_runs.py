@@ -40,15 +40,16 @@ class PageSpy:
 
     def __init__(self, client: Assay, monkeypatch: pytest.MonkeyPatch) -> None:
         self.pages: List[int] = []
-        real = client._call
+        calls = client._aio  # the sync client's calls are made by its asyncio client
+        real = calls._call
 
-        def spied(name: str, request: Any, timeout: Any) -> Any:
-            response = real(name, request, timeout)
+        async def spied(name: str, request: Any, timeout: Any) -> Any:
+            response = await real(name, request, timeout)
             if name == "ListRunResults":
                 self.pages.append(len(response.results))
             return response
 
-        monkeypatch.setattr(client, "_call", spied)
+        monkeypatch.setattr(calls, "_call", spied)
 
 
 def test_an_open_run_takes_2500_records_in_batches_and_pages_its_results(

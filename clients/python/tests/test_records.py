@@ -76,7 +76,7 @@ def test_evaluate_refuses_before_any_call(monkeypatch: pytest.MonkeyPatch) -> No
         raise Unreachable()
 
     with Assay("127.0.0.1:1", check_server=False) as assay:
-        monkeypatch.setattr(assay, "_call", no_call)
+        monkeypatch.setattr(assay._aio, "_call", no_call)  # the calls of its asyncio client
         with pytest.raises(TypeError, match=r"^records\[0\]: a bare string"):
             assay.evaluate(["hello"])
         # With a checklist the same string is a target, and the call goes out.

@@ -1,4 +1,5 @@
-"""The asyncio client (grpc.aio)."""
+"""The client, on asyncio (grpc.aio): its one implementation. The sync client (``_client.py``)
+runs this one on an event loop of its own, so every docstring here speaks for both."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from ._errors import AssayError, from_rpc_error
 from ._proto.assay.gateway.v1 import gateway_pb2
 from ._types import Evaluation, Event
 
+#: A stored run as GetRun, ListRuns and ControlRun return it (``assay.gateway.v1.Run``).
 RunRecord = gateway_pb2.Run
 
 
@@ -20,14 +22,25 @@ class AsyncRun(_common.RunEvents):
     """The asyncio form of :class:`assay_client.Run`: ``async for event in run``.
 
     Cancelling the task that iterates drops the stream only; the run goes on in the gateway
-    unless :meth:`cancel` is awaited.
+    unless :meth:`cancel` is awaited (or the run was made with ``cancel_on_interrupt=True``).
     """
 
-    def __init__(self, client: "AsyncAssay", call: Any, *, run_id: str = "", after: int = 0, reconnect: int = 5) -> None:
+    def __init__(
+        self,
+        client: "AsyncAssay",
+        call: Any,
+        *,
+        run_id: str = "",
+        after: int = 0,
+        reconnect: int = 5,
+        cancel_on_interrupt: bool = False,
+    ) -> None:
         super().__init__(run_id, after, reconnect)
         self._client = client
         self._call = call
         self._iter: AsyncIterator[Any] = call.__aiter__()
+        self._cancel_on_interrupt = cancel_on_interrupt
+        self._cancel_sent = False
 
     def __aiter__(self) -> AsyncIterator[Event]:
         return self
@@ -38,30 +51,41 @@ class AsyncRun(_common.RunEvents):
         return await self._read()
 
     async def _read(self) -> Event:
-        await self._client._check.ensure_async(self._client._channel, self._client._metadata)
-        while not self._done:
-            try:
-                message = await self._iter.__anext__()
-            except StopAsyncIteration:
-                if self._may_reattach():
-                    await self._reattach()
-                    continue
-                self._done = True
-                break
-            except grpc.RpcError as e:
-                if isinstance(e, grpc.aio.AioRpcError) and e.code() in _common.RETRYABLE and self._may_reattach():
-                    await self._reattach()
-                    continue
-                self._done = True
-                raise from_rpc_error(e) from None
-            except BaseException:
-                self._call.cancel()
-                self._done = True
-                raise
-            event = self._accept(message.event)
-            if event is not None:
-                return event
+        try:
+            await self._client._check.ensure(self._client._channel, self._client._metadata)
+            while not self._done:
+                try:
+                    message = await self._iter.__anext__()
+                except StopAsyncIteration:
+                    if self._may_reattach():
+                        await self._reattach()
+                        continue
+                    self._done = True
+                    break
+                except grpc.RpcError as e:
+                    if isinstance(e, grpc.aio.AioRpcError) and e.code() in _common.RETRYABLE and self._may_reattach():
+                        await self._reattach()
+                        continue
+                    self._done = True
+                    raise from_rpc_error(e) from None
+                event = self._accept(message.event)
+                if event is not None:
+                    return event
+        except asyncio.CancelledError:
+            await self._interrupted()
+            raise
+        except BaseException:
+            self.close()  # an error ends the stream
+            raise
         raise StopAsyncIteration
+
+    async def _interrupted(self) -> None:
+        """The reader was interrupted (Ctrl-C, its task cancelled): drop the stream, and with
+        ``cancel_on_interrupt`` cancel the run (once)."""
+        self.close()
+        if self._cancel_on_interrupt and self.run_id and not self._cancel_sent:
+            self._cancel_sent = True
+            await asyncio.shield(self._client._cancel_quietly(self.run_id, "client interrupted"))
 
     async def _reattach(self) -> None:
         await asyncio.sleep(self._reattach_delay())
@@ -74,15 +98,19 @@ class AsyncRun(_common.RunEvents):
         self._done = True
 
     async def cancel(self, reason: str = "", actor: str = "") -> RunRecord:
-        """Cancel the run in the gateway."""
+        """Cancel the run in the gateway (it ends CANCELLED); the stream then delivers the end."""
         return await self._client.cancel(await self.started(), reason=reason, actor=actor)
 
     async def record(self, *, timeout: Optional[float] = None) -> RunRecord:
-        """See :meth:`assay_client.Run.record`."""
+        """The stored run as it stands (one GetRun call): state, progress, usage with its cost,
+        the budget and ``budget_exhausted``, the reason a run with a budget stopped (empty while
+        it has not)."""
         return await self._client.get_run(await self.started(), timeout=timeout)
 
     async def started(self) -> str:
-        """See :meth:`assay_client.Run.started`."""
+        """The run's id: when it is not known yet, the stream is read up to the run's first event,
+        which iterating the run still yields. Raises :class:`AssayError` when the gateway refused
+        the run."""
         while not self.run_id and not self._done:
             try:
                 self._early.append(await self._read())
@@ -140,7 +168,7 @@ class AsyncAssay:
         await self.close()
 
     async def _call(self, name: str, request: Any, timeout: Optional[float]) -> Any:
-        await self._check.ensure_async(self._channel, self._metadata)
+        await self._check.ensure(self._channel, self._metadata)
         try:
             return await self._unary[name](
                 request, metadata=self._metadata, timeout=timeout if timeout is not None else self.timeout
@@ -153,17 +181,22 @@ class AsyncAssay:
         return self._streams["WatchRun"](request, metadata=self._metadata, wait_for_ready=True)
 
     async def check_server(self, timeout: float = 10.0) -> List[str]:
-        """See :meth:`assay_client.Assay.check_server`."""
+        """Compare the server's protos (by reflection) with the client's: the messages, fields,
+        enum values and methods the server has and this client lacks (empty: compatible). A
+        non-empty answer also warns :class:`ServerNewerWarning`: v1 only grows, so the client
+        still works, without the new parts. (The client also checks once on its own before its
+        first RPC; this call makes that unnecessary.)"""
         try:
-            found = await _compat.reflect_async(self._channel, self._metadata, timeout)
+            found = await _compat.reflect(self._channel, self._metadata, timeout)
         except grpc.aio.AioRpcError as e:
             raise from_rpc_error(e) from None
         self._check.skip()
-        _compat.report(found)
+        self._check.report(found)
         return found
 
     async def evaluate(
         self,
+        /,
         records: Iterable[_convert.RecordLike],
         preset: Union[str, int] = "tick",
         *,
@@ -178,7 +211,25 @@ class AsyncAssay:
         respond: Optional[Sequence[Any]] = None,
         **scorer_options: Any,
     ) -> Evaluation:
-        """See :meth:`assay_client.Assay.evaluate`; cancelling the task cancels the call."""
+        """Evaluate ``records`` (dicts or dataclasses with ``input``, ``target``, ...) and wait.
+
+        The checklist is ``checklist`` (a list of questions, item dicts or a Checklist) for every
+        record, else one generated per input with ``preset`` (``tick``, ``rocketeval``, ...). A
+        bare string is a record's target (the response scored) and needs ``checklist``: with a
+        preset it raises TypeError (the preset needs each record's ``input``).
+        ``scorer_options`` are ScorerConfig fields (``mode="item"``, ``samples=3``, ...).
+        ``max_tokens`` / ``max_cost_usd`` are the run's budget (prompt + completion tokens over
+        every model call; US dollars from the backends' price tables): once it is spent no new
+        model call starts, the records scored so far are kept and every other one's error says
+        ``not run: budget exhausted: ...``.
+
+        ``respond`` names models under test (``"openai:MODEL"``, ``"MODEL@BACKEND"``, or dicts of
+        Responder fields: ``name``, ``model``, ``system_prompt``, ``template``, ``samples``): each
+        answers every record's ``input`` and its answers are scored against the input's checklist
+        (one per input, shared). :attr:`Evaluation.responders` has each one's aggregate and cost,
+        :attr:`Evaluation.comparisons` each one against the first, as ``compare_runs`` computes it.
+        Interrupting the call (Ctrl-C; cancelling the task) cancels it and its work.
+        """
         request = _common.evaluate_request(
             records,
             preset,
@@ -196,6 +247,7 @@ class AsyncAssay:
 
     async def evaluate_stream(
         self,
+        /,
         records: Union[Iterable[_convert.RecordLike], AsyncIterable[_convert.RecordLike]],
         preset: Union[str, int] = "tick",
         *,
@@ -213,8 +265,20 @@ class AsyncAssay:
         respond: Optional[Sequence[Any]] = None,
         **scorer_options: Any,
     ) -> Evaluation:
-        """See :meth:`assay_client.Assay.evaluate_stream`; ``records`` may also be an async
-        iterable. Cancelling the task cancels the run."""
+        """:meth:`evaluate` for any number of records, over an open run: the run is started open,
+        ``records`` (any iterable, a generator included, or an async iterable, read as it is sent)
+        appended in messages of ``batch_size`` and sealed, the run waited for, and its results
+        read with :meth:`list_run_results` (``page_size`` a page) into the returned
+        :class:`Evaluation` (``raw.results_paged`` is set; ``checklists`` is empty, each result
+        names its checklist). The arguments are :meth:`evaluate`'s; ``timeout`` is the deadline of
+        each call made (waiting for the run has none). The results are held in memory: for runs
+        too large for that, use ``run(..., open=True)``, :meth:`append_records` and
+        :meth:`list_run_results`.
+        ``respond`` as in :meth:`evaluate`: each record's result is one per (record, responder,
+        sample), and the evaluation has the responders and their comparisons, so a model x
+        prompt matrix past the 10,000 results of one request goes this way.
+        A failure (a refused record, Ctrl-C, the task cancelled) cancels the run;
+        :class:`AssayError` CANCELLED when the run was cancelled, ABORTED when it failed."""
         _convert.check_records(records, (Iterable, AsyncIterable))
         size = _convert.batch_size(batch_size)
         preset_checked = preset if checklist is None else None
@@ -240,7 +304,7 @@ class AsyncAssay:
             await self._append(appends, timeout)
             state, result = await self._finish(run_id, timeout)
         except BaseException:
-            await asyncio.shield(self._cancel_quietly(run_id))
+            await asyncio.shield(self._cancel_quietly(run_id, "the client's evaluate_stream failed"))
             raise
         response = _common.finished_evaluation(run_id, state, result)
         if response.results_paged:
@@ -257,9 +321,9 @@ class AsyncAssay:
         result = await watch.wait()
         return watch.state, result
 
-    async def _cancel_quietly(self, run_id: str) -> None:
+    async def _cancel_quietly(self, run_id: str, reason: str) -> None:
         try:
-            await self.cancel(run_id, reason="the client's evaluate_stream failed")
+            await self.cancel(run_id, reason=reason)
         except Exception:  # the run may have ended, or the gateway be gone: the first error matters
             pass
 
@@ -272,18 +336,32 @@ class AsyncAssay:
         max_cost_usd: Optional[float] = None,
         timeout: Optional[float] = None,
         reconnect: int = 5,
+        cancel_on_interrupt: bool = False,
         open: bool = False,
     ) -> AsyncRun:
-        """See :meth:`assay_client.Assay.run` (``open=True``: an open checklist_eval run, its id
-        from ``await run.started()``)."""
+        """Start a pipeline (a RunPipelineRequest, a pipeline message, or its dict form such as
+        ``{"checklist_eval": {...}}``) and return its event stream.
+
+        ``max_tokens`` / ``max_cost_usd`` set the run's budget (replacing a request's own): once
+        it is spent no new model call starts and the run ends PARTIAL with what it has (see
+        :meth:`evaluate`; :meth:`AsyncRun.record` says why it stopped).
+
+        ``open=True`` (checklist_eval only) creates the run open: its records (the pipeline's,
+        possibly none, then :meth:`append_records`) are kept in the run store and scored as they
+        arrive; it finishes once sealed, and its results are read with :meth:`list_run_results`
+        (its ``evaluation`` has ``results_paged`` set and no results). ``run.started()`` gives
+        its id for the appends.
+
+        Interrupting the run's reader (Ctrl-C; cancelling the task that iterates) drops the
+        stream only, unless ``cancel_on_interrupt=True``: then the run is cancelled too."""
         request = _convert.pipeline_request(
             pipeline, label, _convert.budget(max_tokens, max_cost_usd), open_run=open
         )
         call = self._streams["RunPipeline"](request, metadata=self._metadata, timeout=timeout)
-        return AsyncRun(self, call, reconnect=reconnect)
+        return AsyncRun(self, call, reconnect=reconnect, cancel_on_interrupt=cancel_on_interrupt)
 
     def watch(self, run_id: str, after: int = 0, *, reconnect: int = 5) -> AsyncRun:
-        """See :meth:`assay_client.Assay.watch`."""
+        """Follow a run's events with sequence > ``after`` (replayed, then live)."""
         return AsyncRun(self, self._watch_call(run_id, after), run_id=run_id, after=after, reconnect=reconnect)
 
     async def get_run(self, run_id: Any, *, timeout: Optional[float] = None) -> RunRecord:
@@ -301,7 +379,8 @@ class AsyncAssay:
         page_size: int = 0,
         timeout: Optional[float] = None,
     ) -> List[RunRecord]:
-        """See :meth:`assay_client.Assay.list_runs`."""
+        """Runs, newest first, following pages up to ``limit`` runs (kind and state by short
+        name, e.g. ``"checklist_eval"``, ``"succeeded"``)."""
         runs: List[RunRecord] = []
         token = ""
         while True:
@@ -329,7 +408,9 @@ class AsyncAssay:
         return await self._control(run_id, "cancel", actor, reason)
 
     async def delete_run(self, run_id: Any, *, timeout: Optional[float] = None) -> RunRecord:
-        """See :meth:`assay_client.Assay.delete_run`."""
+        """Delete a finished run with its events and audit entries; returns the run as it was
+        (without its result). :class:`AssayError` FAILED_PRECONDITION while it has not finished
+        (cancel it first), NOT_FOUND when there is no such run."""
         request = gateway_pb2.DeleteRunRequest(run_id=_common.run_id_of(run_id))
         run: RunRecord = (await self._call("DeleteRun", request, timeout)).run
         return run
@@ -343,8 +424,21 @@ class AsyncAssay:
         *,
         timeout: Optional[float] = None,
     ) -> gateway_pb2.AppendRecordsResponse:
-        """See :meth:`assay_client.Assay.append_records`; ``records`` may also be an async
-        iterable (read as the messages are sent); cancelling the task cancels the call."""
+        """Add ``records`` (as :meth:`evaluate` takes them: dicts, dataclasses, EvalRecord
+        messages, bare targets; an iterable or an async iterable) to an open run
+        (``run(..., open=True)``; ``run_id`` may be that run), over one AppendRecords call in
+        messages of ``batch_size`` records (at most 10,000). ``records`` is read as the messages
+        are sent, never held whole: a generator of any length works. ``seal=True`` ends the run's
+        records (the last message carries it; with no records, one empty message seals): the run
+        finishes once they are scored.
+
+        Returns the AppendRecordsResponse (``appended`` by this call, ``records_total``,
+        ``sealed``). :class:`AssayError` FAILED_PRECONDITION for a sealed run or one not created
+        open, NOT_FOUND for no such run, INVALID_ARGUMENT for a refused record; an error raised
+        while reading ``records`` cancels the call and is raised as it was (messages sent before
+        it may have been added), and so does interrupting the call (Ctrl-C; cancelling the task).
+        ``timeout``: the call's deadline (none by default: the client's ``timeout`` is for unary
+        calls)."""
         _convert.check_records(records, (Iterable, AsyncIterable))
         size = _convert.batch_size(batch_size)
         requests = _convert.append_requests_async(await self._run_id(run_id), records, seal, size)
@@ -353,7 +447,7 @@ class AsyncAssay:
     async def _append(
         self, requests: AsyncIterator[gateway_pb2.AppendRecordsRequest], timeout: Optional[float]
     ) -> gateway_pb2.AppendRecordsResponse:
-        await self._check.ensure_async(self._channel, self._metadata)
+        await self._check.ensure(self._channel, self._metadata)
         failed: List[BaseException] = []
 
         async def guarded() -> AsyncIterator[gateway_pb2.AppendRecordsRequest]:
@@ -382,7 +476,11 @@ class AsyncAssay:
     async def list_run_results(
         self, run_id: Any, page_size: int = 1000, *, timeout: Optional[float] = None
     ) -> AsyncIterator[gateway_pb2.RecordResult]:
-        """See :meth:`assay_client.Assay.list_run_results`: ``async for result in ...``."""
+        """A checklist_eval run's record results (``RecordResult``), in record order, read a
+        page of ``page_size`` (at most 10,000) at a time with ListRunResults as the iteration
+        goes: any run, small or open. While the run executes it ends with the results stored so
+        far. A generator: :class:`AssayError` (NOT_FOUND for no such run) is raised by the
+        iteration. ``timeout``: each page's deadline (default: the client's)."""
         rid = await self._run_id(run_id)
         token = ""
         while True:
@@ -415,6 +513,7 @@ class AsyncAssay:
 
     def refine(
         self,
+        /,
         document: Union[str, Sequence[_convert.SectionLike]],
         mode: Union[str, int] = "full_auto",
         *,
@@ -423,7 +522,10 @@ class AsyncAssay:
         max_cost_usd: Optional[float] = None,
         **options: Any,
     ) -> AsyncRun:
-        """See :meth:`assay_client.Assay.refine`."""
+        """Start a targeted refinement of ``document`` (section dicts, or text) in ``mode``
+        (``full_auto`` or ``semi_auto``); options are TargetedRefinementPipeline fields. A
+        ``max_tokens`` smaller than the pipeline's ``token_budget`` becomes the refinement's own
+        budget (it ends by its own rules, every verified fix kept)."""
         return self.run(
             _common.refine_pipeline(document, mode, options),
             label=label,
@@ -433,6 +535,7 @@ class AsyncAssay:
 
     def debate(
         self,
+        /,
         problems: Iterable[Any],
         baselines: bool = True,
         *,
@@ -441,7 +544,9 @@ class AsyncAssay:
         max_cost_usd: Optional[float] = None,
         **options: Any,
     ) -> AsyncRun:
-        """See :meth:`assay_client.Assay.debate`."""
+        """Start a debate over ``problems`` (text, or dicts with ``problem`` and ``reference``);
+        at the budget's end finished problems are kept and the others say ``not run: budget
+        exhausted``."""
         return self.run(
             _common.debate_pipeline(problems, baselines, options),
             label=label,
@@ -451,6 +556,7 @@ class AsyncAssay:
 
     def self_refine(
         self,
+        /,
         text: str,
         instruction: str = "",
         *,
@@ -459,7 +565,7 @@ class AsyncAssay:
         max_cost_usd: Optional[float] = None,
         **options: Any,
     ) -> AsyncRun:
-        """See :meth:`assay_client.Assay.self_refine`."""
+        """Start a self-refine run of ``text``; options are SelfRefineRequest fields."""
         return self.run(
             _common.self_refine_pipeline(text, instruction, options),
             label=label,
@@ -478,7 +584,7 @@ class AsyncAssay:
         bootstrap_seed: Optional[int] = None,
         timeout: Optional[float] = None,
     ) -> gateway_pb2.CompareRunsResponse:
-        """See :meth:`assay_client.Assay.compare`."""
+        """Compare two checklist_eval runs (ids, runs or Evaluations): candidate minus baseline."""
         request = _common.compare_request(baseline, candidate, metric, alpha, min_effect, bootstrap_seed)
         response: gateway_pb2.CompareRunsResponse = await self._call("CompareRuns", request, timeout)
         return response

@@ -1,5 +1,5 @@
-"""What the sync and asyncio clients share: channel settings, method paths, request builders and
-the bookkeeping of a run's events."""
+"""What the clients are made of besides their I/O: channel settings, method paths, request builders
+and the bookkeeping of a run's events."""
 
 from __future__ import annotations
 
@@ -126,43 +126,14 @@ def stubs(channel: Any) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, Any]]
     return unary, streams, client_streams
 
 
-class RunEvents:
-    """What the sync and asyncio runs share: the events seen so far and the accessors of the
-    result. The subclasses read the stream; :meth:`_accept` keeps the bookkeeping."""
+class RunView:
+    """The accessors of a run's result, all read from :attr:`completed`: what the sync and
+    asyncio runs share."""
 
-    def __init__(self, run_id: str, after: int, reconnect: int) -> None:
-        self.run_id = run_id
-        self.last_sequence = after
-        self._reconnect = reconnect
-        self._attempts = 0
-        self._done = False
-        self.completed: Optional[gateway_pb2.RunCompleted] = None
-        #: How many times the stream was reattached.
-        self.reattached = 0
-        # Events read ahead to learn the run's id (``started()``), yielded before any other.
-        self._early: Deque[Event] = deque()
-
-    def _accept(self, event: gateway_pb2.RunEvent) -> Optional[Event]:
-        """The Event of ``event``, or None when it was already yielded (replayed after a
-        reattach)."""
-        if event.sequence <= self.last_sequence:
-            return None
-        self.last_sequence = event.sequence
-        self.run_id = event.run_id or self.run_id
-        self._attempts = 0
-        if event.WhichOneof("event") == "completed":
-            self.completed = event.completed
-            self._done = True
-        return Event.from_proto(event)
-
-    def _may_reattach(self) -> bool:
-        return bool(self.run_id) and self.completed is None and self._attempts < self._reconnect
-
-    def _reattach_delay(self) -> float:
-        """Count a reattach and return how long to wait before it (seconds)."""
-        self._attempts += 1
-        self.reattached += 1
-        return min(0.1 * 2.0**self._attempts, 2.0)
+    @property
+    def completed(self) -> Optional[gateway_pb2.RunCompleted]:
+        """The run's ``completed`` event (None until it arrived)."""
+        raise NotImplementedError
 
     @property
     def state(self) -> int:
@@ -207,6 +178,50 @@ class RunEvents:
         """Model calls of the completed run whose model has no price."""
         usage = self.usage
         return usage.unpriced_calls if usage is not None else 0
+
+
+class RunEvents(RunView):
+    """A run's events seen so far: the stream's reader (:class:`assay_client.AsyncRun`) passes
+    each to :meth:`_accept`, which keeps the bookkeeping."""
+
+    def __init__(self, run_id: str, after: int, reconnect: int) -> None:
+        self.run_id = run_id
+        self.last_sequence = after
+        self._reconnect = reconnect
+        self._attempts = 0
+        self._done = False
+        self._completed: Optional[gateway_pb2.RunCompleted] = None
+        #: How many times the stream was reattached.
+        self.reattached = 0
+        # Events read ahead to learn the run's id (``started()``), yielded before any other.
+        self._early: Deque[Event] = deque()
+
+    @property
+    def completed(self) -> Optional[gateway_pb2.RunCompleted]:
+        """The run's ``completed`` event (None until it arrived)."""
+        return self._completed
+
+    def _accept(self, event: gateway_pb2.RunEvent) -> Optional[Event]:
+        """The Event of ``event``, or None when it was already yielded (replayed after a
+        reattach)."""
+        if event.sequence <= self.last_sequence:
+            return None
+        self.last_sequence = event.sequence
+        self.run_id = event.run_id or self.run_id
+        self._attempts = 0
+        if event.WhichOneof("event") == "completed":
+            self._completed = event.completed
+            self._done = True
+        return Event.from_proto(event)
+
+    def _may_reattach(self) -> bool:
+        return bool(self.run_id) and self.completed is None and self._attempts < self._reconnect
+
+    def _reattach_delay(self) -> float:
+        """Count a reattach and return how long to wait before it (seconds)."""
+        self._attempts += 1
+        self.reattached += 1
+        return min(0.1 * 2.0**self._attempts, 2.0)
 
 
 def evaluate_request(

@@ -8,11 +8,11 @@ with ``check_server=False``; ``check_server()`` checks on demand.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sys
-import threading
 import warnings
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool
@@ -104,31 +104,23 @@ def files_of(responses: Iterable[bytes]) -> List[descriptor_pb2.FileDescriptorPr
     return list(files.values())
 
 
-def reflect(channel: grpc.Channel, metadata: Sequence[Tuple[str, str]], timeout: float) -> List[str]:
-    """What the server behind ``channel`` has and this client lacks (raises grpc.RpcError)."""
-    call = channel.stream_stream(REFLECTION)
-    return differences(files_of(call(iter([request_bytes()]), metadata=tuple(metadata), timeout=timeout)))
+async def reflect(channel: Any, metadata: Sequence[Tuple[str, str]], timeout: float) -> List[str]:
+    """What the server behind ``channel`` (a ``grpc.aio`` channel) has and this client lacks
+    (raises grpc.RpcError)."""
+    call = channel.stream_stream(REFLECTION)(metadata=tuple(metadata), timeout=timeout)
+    # The request goes out once the server has answered the call's start: a server without the
+    # service ends the call there, and a write racing that end would turn its UNIMPLEMENTED into
+    # an INTERNAL of grpc.aio's own.
+    await call.initial_metadata()
+    with contextlib.suppress(asyncio.InvalidStateError):  # the call ended: its status is read below
+        await call.write(request_bytes())
+        await call.done_writing()
+    return differences(files_of([r async for r in call]))
 
 
-async def reflect_async(channel: Any, metadata: Sequence[Tuple[str, str]], timeout: float) -> List[str]:
-    """:func:`reflect` over a ``grpc.aio`` channel."""
-    call = channel.stream_stream(REFLECTION)
-    responses = [r async for r in call(iter([request_bytes()]), metadata=tuple(metadata), timeout=timeout)]
-    return differences(files_of(responses))
-
-
-def _quietly(check: Any) -> Tuple[Optional[List[str]], Optional[BaseException]]:
+async def _quietly(channel: Any, metadata: Sequence[Tuple[str, str]]) -> Tuple[Optional[List[str]], Optional[BaseException]]:
     try:
-        return check(), None
-    except Exception as e:  # the automatic check never fails a call
-        return None, e
-
-
-async def _quietly_async(
-    channel: Any, metadata: Sequence[Tuple[str, str]]
-) -> Tuple[Optional[List[str]], Optional[BaseException]]:
-    try:
-        return await reflect_async(channel, metadata, AUTO_CHECK_TIMEOUT), None
+        return await reflect(channel, metadata, AUTO_CHECK_TIMEOUT), None
     except Exception as e:  # the automatic check never fails a call
         return None, e
 
@@ -168,25 +160,18 @@ class AutoCheck:
     def __init__(self, enabled: bool) -> None:
         self._pending = enabled
         self._attempts = 0
-        self._lock = threading.Lock()
         self._task: Optional["asyncio.Future[Tuple[Optional[List[str]], Optional[BaseException]]]"] = None
+        #: What warns about differences found (:func:`report`); the sync client defers the warning
+        #: to the caller's thread, so that it points at the caller's line.
+        self.report: Callable[[List[str]], None] = report
 
-    def ensure(self, channel: grpc.Channel, metadata: Sequence[Tuple[str, str]]) -> None:
-        """Check ``channel``'s server unless done already (sync client; concurrent first calls
-        check once)."""
-        if not self._pending:
-            return
-        with self._lock:
-            if self._pending:
-                self.done(*_quietly(lambda: reflect(channel, metadata, AUTO_CHECK_TIMEOUT)))
-
-    async def ensure_async(self, channel: Any, metadata: Sequence[Tuple[str, str]]) -> None:
-        """The asyncio form of :meth:`ensure` (concurrent first calls share one check; a
-        cancelled caller leaves it running for the next)."""
+    async def ensure(self, channel: Any, metadata: Sequence[Tuple[str, str]]) -> None:
+        """Check ``channel``'s server unless done already (concurrent first calls share one check;
+        a cancelled caller leaves it running for the next)."""
         if not self._pending:
             return
         if self._task is None:
-            self._task = asyncio.ensure_future(_quietly_async(channel, metadata))
+            self._task = asyncio.ensure_future(_quietly(channel, metadata))
         task = self._task
         found, error = await asyncio.shield(task)
         if self._task is task:
@@ -216,6 +201,6 @@ class AutoCheck:
             return
         self._pending = False
         if found:
-            report(found)
+            self.report(found)
         else:
             log.debug("assay_client: the server's protos match this client's")
