@@ -94,3 +94,24 @@ def test_a_streamed_evaluation_takes_responders(client: Assay, llm: ScriptedLlm)
     c = e.comparisons[0]
     assert (c.baseline_run_id, c.candidate_run_id, c.n_pairs) == ("model-a", "model-b", INPUTS)
     assert c.diff < 0
+
+
+def test_a_decided_comparison_stops_asking(client: Assay, llm: ScriptedLlm) -> None:
+    """``stop_when_decided``: model-b loses half its records, so the sequence decides "worse" and
+    the run stops asking long before the last of 200 records."""
+    from assay_client import pb
+
+    llm.reset()
+    many = [{"id": f"q{i}", "input": f"Write about topic {i}?"} for i in range(200)]
+    e = client.evaluate(many, preset="tick", respond=["openai:model-a", "openai:model-b"], stop_when_decided={"seed": 5})
+    s = e.sequential
+    assert s is not None and s.stopped_early, s
+    assert s.seed == 5
+    (c,) = s.comparisons
+    assert (c.baseline, c.candidate) == ("model-a", "model-b")
+    assert c.decision == pb.gateway.SEQUENTIAL_DECISION_WORSE and c.high < 0, c
+    asked = 200 - len(s.records_not_asked)
+    assert llm.requests.count("text") == 2 * asked < 200, "each record asked has two answers"
+    assert [list(r.missing) for r in e.responders] == [[], []], "records not asked are not missing"
+    with pytest.raises(ValueError, match="unknown field"):
+        client.evaluate(many[:40], preset="tick", respond=["openai:model-a", "openai:model-b"], stop_when_decided={"sed": 1})

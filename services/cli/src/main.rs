@@ -85,7 +85,7 @@ enum Command {
     /// every record is scored against its input's checklist. Writes one JSON line per record. Exit
     /// codes: 0 all scored, 3 some records failed, 1 the run failed or its input was refused, 2 a
     /// malformed option.
-    Eval(cmd::eval::EvalArgs),
+    Eval(Box<cmd::eval::EvalArgs>),
     /// Score records against one given checklist.
     ///
     /// Records are JSON lines; the checklist a JSON file: {"id","items":[...]} or a list of
@@ -177,7 +177,7 @@ async fn run() -> ExitCode {
         Command::Up(args) => ("assay", cmd::up::run(config, args).await),
         Command::Demo(args) => ("assay", cmd::demo::run(config, args).await),
         Command::Models(args) => ("assay", cmd::models::run(args).await),
-        Command::Eval(args) => ("assay", cmd::eval::run(config, args).await),
+        Command::Eval(args) => ("assay", cmd::eval::run(config, *args).await),
         Command::Score(args) => ("assay", cmd::eval::run_score(config, args).await),
         Command::Generate(args) => ("assay", cmd::generate::run(config, args).await),
         Command::Refine(args) => ("assay", cmd::refine::run(config, args).await),

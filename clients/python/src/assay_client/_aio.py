@@ -4,7 +4,7 @@ runs this one on an event loop of its own, so every docstring here speaks for bo
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterable, AsyncIterator, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, AsyncIterable, AsyncIterator, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import grpc
 import grpc.aio
@@ -209,6 +209,7 @@ class AsyncAssay:
         max_cost_usd: Optional[float] = None,
         timeout: Optional[float] = None,
         respond: Optional[Sequence[Any]] = None,
+        stop_when_decided: Union[bool, Mapping[str, Any]] = False,
         **scorer_options: Any,
     ) -> Evaluation:
         """Evaluate ``records`` (dicts or dataclasses with ``input``, ``target``, ...) and wait.
@@ -228,6 +229,10 @@ class AsyncAssay:
         answers every record's ``input`` and its answers are scored against the input's checklist
         (one per input, shared). :attr:`Evaluation.responders` has each one's aggregate and cost,
         :attr:`Evaluation.comparisons` each one against the first, as ``compare_runs`` computes it.
+        ``stop_when_decided`` (``True``, or a dict of ``alpha``, ``margin``, ``min_records``,
+        ``seed``), with two or more ``respond`` models: the records are taken in a seeded random
+        order and no new one is asked once every comparison with the first is decided by an
+        anytime-valid confidence sequence; :attr:`Evaluation.sequential` says where it stopped.
         Interrupting the call (Ctrl-C; cancelling the task) cancels it and its work.
         """
         request = _common.evaluate_request(
@@ -242,6 +247,7 @@ class AsyncAssay:
             max_tokens,
             max_cost_usd,
             respond,
+            stop_when_decided,
         )
         return Evaluation(await self._call("Evaluate", request, timeout))
 

@@ -236,6 +236,7 @@ def evaluate_request(
     max_tokens: Optional[int],
     max_cost_usd: Optional[float],
     respond: Optional[Sequence[Any]] = None,
+    stop_when_decided: Union[bool, Mapping[str, Any]] = False,
 ) -> gateway_pb2.EvaluateRequest:
     """An EvaluateRequest: the checklist_eval pipeline of ``records`` (answered by the
     ``respond`` models when given) and its budget."""
@@ -249,6 +250,7 @@ def evaluate_request(
         scorer_model=scorer_model,
         scorer_options=scorer_options,
         responders=respond,
+        stop_when_decided=stop_when_decided,
     )
     request = gateway_pb2.EvaluateRequest(pipeline=pipeline)
     run_budget = _convert.budget(max_tokens, max_cost_usd)

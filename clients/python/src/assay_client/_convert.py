@@ -259,6 +259,7 @@ def checklist_eval(
     scorer_model: Optional[ModelLike] = None,
     scorer_options: Optional[Mapping[str, Any]] = None,
     responders: Optional[Sequence["ResponderLike"]] = None,
+    stop_when_decided: Union[bool, Mapping[str, Any]] = False,
 ) -> gateway_pb2.ChecklistEvalPipeline:
     """The checklist_eval pipeline: a given checklist, or one generated per input by ``preset``;
     with ``responders`` (models under test, the first the baseline) each answers every record's
@@ -281,6 +282,17 @@ def checklist_eval(
         pipeline.scorer.CopyFrom(config)
     for i, value in enumerate(responders or []):
         pipeline.responders.append(responder(value, f"responders[{i}]"))
+    if stop_when_decided is True:
+        pipeline.stop_when_decided.SetInParent()
+    elif isinstance(stop_when_decided, Mapping):
+        unknown = set(stop_when_decided) - {"alpha", "margin", "min_records", "seed"}
+        if unknown:
+            raise ValueError(
+                f"stop_when_decided: unknown field(s) {sorted(unknown)}; use alpha, margin, min_records, seed"
+            )
+        pipeline.stop_when_decided.CopyFrom(gateway_pb2.StopWhenDecided(**stop_when_decided))
+    elif stop_when_decided is not False:
+        raise TypeError("stop_when_decided: give True, or a dict of alpha, margin, min_records, seed")
     return pipeline
 
 

@@ -137,6 +137,12 @@ class Evaluation:
         return list(self.raw.comparisons)
 
     @property
+    def sequential(self) -> Optional[gateway_pb2.SequentialResult]:
+        """With ``stop_when_decided``: each responder's confidence sequence against the first, its
+        decision, the records used and those not asked, and the calls stopping saved."""
+        return self.raw.sequential if self.raw.HasField("sequential") else None
+
+    @property
     def aggregate(self) -> common_pb2.AggregateScores:
         """Aggregates over the scored records."""
         return self.raw.aggregate

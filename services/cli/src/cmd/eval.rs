@@ -16,7 +16,9 @@ use super::common::{BackendArgs, BudgetArgs, Progress, load_config};
 use super::error::{CliError, Ending, Outcome, status_text};
 use super::follow::{NoResult, RunFollower, Step, finished_as, follow_run, is_final, start_run};
 use super::input::{CorpusArgs, FieldMap, Needs, RecordLines, corpus_request, is_corpus, read_checklist};
-use super::render::checklist_eval::{checklist_ready_line, record_json, responder_lines, summary_json, summary_line};
+use super::render::checklist_eval::{
+    checklist_ready_line, comparison_line, record_json, responder_lines, summary_json, summary_line,
+};
 use super::render::stage_progress_line;
 use super::session::{Client, Session};
 use super::source::write_results;
@@ -47,9 +49,37 @@ pub struct ResponderArgs {
     /// was scored).
     #[arg(long)]
     pub fail_on_regression: bool,
+    /// Stop once decided: take the records in a seeded random order and stop asking new ones once
+    /// every responder's comparison with the first is decided (better, worse, or equivalent within
+    /// --margin) by an anytime-valid confidence sequence. Needs two or more --respond.
+    #[arg(long)]
+    pub stop_when_decided: bool,
+    /// With --stop-when-decided: the sequence's level (default 0.05, at most 0.5). (`--alpha` is
+    /// the selector's weight.)
+    #[arg(long = "stop-alpha", value_name = "ALPHA", requires = "stop_when_decided")]
+    pub stop_alpha: Option<f64>,
+    /// With --stop-when-decided: an interval inside (-MARGIN, +MARGIN) decides "equivalent".
+    #[arg(long, value_name = "MARGIN", requires = "stop_when_decided")]
+    pub margin: Option<f64>,
+    /// With --stop-when-decided: records compared before any decision (default 30).
+    #[arg(long, value_name = "N", requires = "stop_when_decided")]
+    pub min_records: Option<u32>,
+    /// With --stop-when-decided: the seed of the records' order (default: derived from the records).
+    #[arg(long = "order-seed", value_name = "SEED", requires = "stop_when_decided")]
+    pub order_seed: Option<u64>,
 }
 
 impl ResponderArgs {
+    /// `--stop-when-decided` and its options, as the pipeline takes them.
+    pub fn stop(&self) -> Option<gw::StopWhenDecided> {
+        self.stop_when_decided.then(|| gw::StopWhenDecided {
+            alpha: self.stop_alpha.unwrap_or_default(),
+            margin: self.margin,
+            min_records: self.min_records.unwrap_or_default(),
+            seed: self.order_seed,
+        })
+    }
+
     /// The responders, models by templates.
     pub fn responders(&self) -> Result<Vec<gw::Responder>, String> {
         let read = |p: &Path| std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()));
@@ -389,6 +419,7 @@ pub async fn eval(
         refiners: corpus.steps("").map_err(CliError::Failed)?,
         candidate_models: corpus.candidate_specs().map_err(CliError::Failed)?,
         responders: respond,
+        stop_when_decided: responders.stop(),
         ..Default::default()
     };
     let args = RunOptions { fail_on_regression: responders.fail_on_regression, ..args };
@@ -638,6 +669,7 @@ impl RunFollower for Follower {
                 }
                 self.progress.inc(self.failed);
             }
+            Some(Event::ComparisonUpdated(c)) => self.progress.note(&comparison_line(&c)),
             Some(Event::Completed(c)) => return Step::Done(self.ended(c.state, c.result)),
             // The kinds this verb leaves to `assay runs watch` (render::events words every kind).
             Some(_) | None => {}

@@ -21,7 +21,7 @@ export const REFINEMENT = 'PIPELINE_KIND_TARGETED_REFINEMENT';
 export const EVENT_MEMBERS = [
   'started', 'progress', 'checklistReady', 'recordScored', 'aggregate', 'refinement',
   'selfRefinePass', 'debateStage', 'stateChanged', 'completed', 'debateProblemDone', 'selfRefined',
-  'recordsClaimed',
+  'recordsClaimed', 'comparisonUpdated',
 ];
 export const REFINEMENT_MEMBERS = [
   'refinementStart', 'batchStarted', 'taskStarted', 'patchApplied', 'verificationResult',

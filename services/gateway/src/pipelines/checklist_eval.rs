@@ -17,6 +17,7 @@ use super::checklist::{ChecklistPlan, EvalRecord};
 use super::stages::Stages;
 use assay_runs::{Pipeline, RunCtx, RunOutcome};
 
+mod decide;
 mod inline;
 mod lane;
 mod open;
@@ -42,6 +43,8 @@ pub struct ChecklistEval {
     open: bool,
     /// Models under test: each answers every record, and its answers are what is scored.
     responders: Vec<super::responders::Responder>,
+    /// Stop once the responders' comparisons are decided (inline runs with responders).
+    stop: Option<decide::Stop>,
 }
 
 impl ChecklistEval {
@@ -67,6 +70,7 @@ impl ChecklistEval {
             concurrency,
             candidate_models,
             responders,
+            stop_when_decided,
         } = p;
         let mut v = Violations::new();
         let responders = super::responders::parse(responders, &mut v);
@@ -110,6 +114,7 @@ impl ChecklistEval {
                 ),
             );
         }
+        let stop = stop_when_decided.and_then(|s| decide::parse(s, &responders, &records, open, &mut v));
         let needs_input = plan.as_ref().and_then(ChecklistPlan::preset).is_some();
         check_ids(&records, "pipeline.records", &mut v);
         let records: Vec<EvalRecord> = records
@@ -143,7 +148,7 @@ impl ChecklistEval {
             .check("pipeline.scorer", &mut v);
         v.into_result()?;
         let concurrency = if concurrency > 0 { concurrency as usize } else { stages.concurrency };
-        Ok(Self { plan, records, scorer, scorer_model, concurrency, stages, open, responders })
+        Ok(Self { plan, records, scorer, scorer_model, concurrency, stages, open, responders, stop })
     }
 
     /// Records for an open run, checked as the request's are (fields named `records[i].*`).
@@ -256,6 +261,7 @@ impl ChecklistEval {
             results_paged: false,
             responders: Vec::new(),
             comparisons: Vec::new(),
+            sequential: None,
         };
         Ok(RunOutcome { state, result: Some(gw::run_result::Result::ChecklistEval(response)) })
     }
@@ -284,21 +290,32 @@ impl ChecklistEval {
             results_paged: false,
             responders: Vec::new(),
             comparisons: Vec::new(),
+            sequential: None,
         })
     }
 
     /// The run's end: aggregate event, then the outcome by how many records failed.
-    async fn finish(&self, ctx: &RunCtx, checklists: &[Checklist], cancelled: bool) -> Result<RunOutcome, StageError> {
+    /// `asked`: the records the run asked (all but those a decided comparison left), by position.
+    async fn finish(
+        &self,
+        ctx: &RunCtx,
+        checklists: &[Checklist],
+        cancelled: bool,
+        asked: &[usize],
+        sequential: Option<gw::SequentialResult>,
+    ) -> Result<RunOutcome, StageError> {
         let mut result = self.result(ctx, checklists).await?;
         if !self.responders.is_empty() {
-            self.annotate(ctx, &mut result).await?;
+            let ids: Vec<String> = asked.iter().map(|i| self.records[*i].id_or(*i)).collect();
+            self.annotate(ctx, &mut result, &ids).await?;
         }
+        result.sequential = sequential;
         let failed = result.results.iter().filter(|r| r.score.is_none()).count();
         let state = if cancelled {
             gw::RunState::Cancelled
         } else if failed == 0 {
             gw::RunState::Succeeded
-        } else if failed == self.total() as usize {
+        } else if failed == result.results.len() {
             gw::RunState::Failed
         } else {
             gw::RunState::Partial

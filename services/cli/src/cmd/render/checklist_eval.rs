@@ -92,6 +92,27 @@ pub fn record_line(r: &gw::RecordResult) -> String {
     }
 }
 
+/// Where a run that stops when decided stands: each responder against the first, its interval on
+/// the mean difference and its decision.
+pub fn comparison_line(c: &gw::ComparisonUpdated) -> String {
+    let each: Vec<String> = c.comparisons.iter().map(sequential_words).collect();
+    format!("comparison after {} records: {}", c.records_used, each.join("; "))
+}
+
+/// One sequential comparison in words: `b vs a: +0.120 [+0.031, +0.209] better`.
+pub fn sequential_words(s: &gw::SequentialComparison) -> String {
+    let decision = match gw::SequentialDecision::try_from(s.decision) {
+        Ok(gw::SequentialDecision::Better) => "better",
+        Ok(gw::SequentialDecision::Worse) => "worse",
+        Ok(gw::SequentialDecision::Equivalent) => "equivalent",
+        Ok(gw::SequentialDecision::Undecided | gw::SequentialDecision::Unspecified) | Err(_) => "undecided",
+    };
+    format!(
+        "{} vs {}: {:+.3} [{:+.3}, {:+.3}] {decision} ({} pairs)",
+        s.candidate, s.baseline, s.mean_difference, s.low, s.high, s.pairs
+    )
+}
+
 /// The note of a checklist ready for some records.
 pub fn checklist_ready_line(c: &gw::ChecklistReady) -> String {
     let n = c.checklist.as_ref().map_or(0, |c| c.items.len());
@@ -100,6 +121,11 @@ pub fn checklist_ready_line(c: &gw::ChecklistReady) -> String {
 
 /// The summary line on standard error.
 pub fn summary_line(run_id: &str, total: usize, failed: u64, e: &gw::EvaluateResponse, pipeline_s: f64) -> String {
+    // A run stopped when decided asked fewer records than it holds: the responses it has.
+    let total = match &e.sequential {
+        Some(q) if q.stopped_early && !e.results_paged => e.results.len(),
+        Some(_) | None => total,
+    };
     let a = e.aggregate.clone().unwrap_or_default();
     let u = e.usage.clone().unwrap_or_default();
     let scores = || e.results.iter().filter_map(|r| r.score.as_ref());
@@ -191,6 +217,24 @@ pub fn responder_lines(e: &gw::EvaluateResponse) -> Vec<String> {
             c.n_pairs.unwrap_or(0),
             c.p_value
         ));
+    }
+    if let Some(q) = &e.sequential {
+        let stopped = if q.stopped_early {
+            format!(
+                "stopped early: {} records not asked, about {} calls saved",
+                q.records_not_asked.len(),
+                q.calls_saved
+            )
+        } else {
+            "every record asked".to_string()
+        };
+        lines.push(format!(
+            "  stop when decided (order seed {}): {} records compared; {stopped}",
+            q.seed, q.records_used
+        ));
+        for c in &q.comparisons {
+            lines.push(format!("  sequence {}", sequential_words(c)));
+        }
     }
     lines
 }

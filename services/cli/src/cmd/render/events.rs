@@ -63,6 +63,7 @@ pub fn line(e: &gw::RunEvent) -> String {
             c.gateway,
             if c.takeover { " (taken over from an expired claim)" } else { "" }
         ),
+        Some(Event::ComparisonUpdated(c)) => checklist_eval::comparison_line(c),
         None => "an event of a kind this CLI does not know (a newer gateway's)".to_string(),
     }
 }

@@ -77,6 +77,9 @@ function summarize(ev, k) {
       return `self-refine hook on ${x.target} (${x.producer || '—'}): ${x.skipped ? `skipped, ${x.skipped}` : x.error ? `failed: ${x.error}` : x.after !== x.before ? 'refined' : 'unchanged'}`;
     case 'recordsClaimed':
       return `records ${num(x.first)}–${num(x.first) + num(x.count) - 1} claimed by gateway ${x.gateway}${x.takeover ? ' (taken over from an expired claim)' : ''}`;
+    case 'comparisonUpdated':
+      return `comparison after ${num(x.recordsUsed)} records: ${(x.comparisons || []).map((c) =>
+        `${c.candidate} vs ${c.baseline}: ${fmtScore(c.meanDifference)} [${fmtScore(c.low)}, ${fmtScore(c.high)}] ${enumLabel(c.decision, 'SEQUENTIAL_DECISION_')}`).join('; ')}`;
     default: return 'unknown event';
   }
 }

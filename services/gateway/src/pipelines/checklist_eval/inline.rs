@@ -12,8 +12,9 @@ use assay_proto::gateway::v1 as gw;
 use assay_proto::gateway::v1::run_event::Event;
 
 use super::super::checklist::{self, CHECKLIST};
-use super::super::responders::per_record;
+use super::super::responders::{Responder, per_record};
 use super::ChecklistEval;
+use super::decide::Decider;
 use super::lane::{Checklists, Lane, Pending, Step, stored_results};
 use assay_runs::{RunCtx, RunOutcome, Writes};
 
@@ -48,6 +49,20 @@ impl ChecklistEval {
         }
         let done = stored_results(ctx).await?;
         ctx.progress.set_done(done.count());
+        let n = self.records.len();
+        // Records the run asked: admitted, or with a result stored before a restart.
+        let mut asked: Vec<bool> = (0..n).map(|i| (i * per..(i + 1) * per).any(|t| done.contains(t))).collect();
+        // A run that stops when decided takes its records in a seeded random order, and a resumed
+        // one feeds what it stored first (in that order: the same decision at the same record).
+        let mut decider = self.stop.map(|s| Decider::new(s, &self.responders, n));
+        let order: Vec<usize> = decider.as_ref().map_or_else(|| (0..n).collect(), |d| d.order().to_vec());
+        if let Some(d) = decider.as_mut() {
+            for (t, r) in ctx.results.all::<gw::RecordResult>().await? {
+                d.settle(t as usize, &r, &self.responders);
+            }
+        }
+        let mut stopped = decider.as_ref().is_some_and(Decider::decided);
+        let mut said = Said::default();
         let mut lane = Lane::new(self, ctx, single, Checklists::complete(stored));
         let mut next = 0usize;
         // Checkpoints and events are queued, not waited for one by one: the run's writer stores
@@ -60,23 +75,33 @@ impl ChecklistEval {
             }
             let room = lane.room();
             let mut fresh = Vec::new();
-            while next < self.records.len() && fresh.len() < room {
+            // A run that stops when decided asks only so far ahead of the records fed to its
+            // sequences (what is in flight when it decides is what the decision wastes): the
+            // records a decision needs at least, or a quarter of those fed so far, at most the
+            // run's concurrency.
+            let lead = decider.as_ref().map_or(usize::MAX, |d| {
+                let ahead = (d.min_pairs() as usize).max(d.records_used() / 4).min(self.concurrency).max(1);
+                d.records_used() + ahead
+            });
+            while next < n && next < lead && fresh.len() < room && !stopped {
                 // Each response of a record its own result (its id the record's position when none
                 // is given), each result scored once.
-                let mut record = self.records[next].clone();
+                let i = order[next];
+                let mut record = self.records[i].clone();
                 if !self.responders.is_empty() {
-                    record.id = record.id_or(next);
+                    record.id = record.id_or(i);
                 }
-                for t in (next * per..(next + 1) * per).filter(|t| !done.contains(*t)) {
-                    fresh.push((keys[next].clone(), Pending { index: t, record: record.clone(), chunk: 0 }));
+                for t in (i * per..(i + 1) * per).filter(|t| !done.contains(*t)) {
+                    fresh.push((keys[i].clone(), Pending { index: t, record: record.clone(), chunk: 0 }));
                 }
+                asked[i] = true;
                 next += 1;
             }
             if !fresh.is_empty() {
                 lane.admit(fresh).await?;
             }
             lane.start();
-            if next >= self.records.len() && lane.is_empty() {
+            if (next >= n || stopped) && lane.is_empty() {
                 break;
             }
             tokio::select! {
@@ -95,6 +120,14 @@ impl ChecklistEval {
                     }
                     Step::Settled(results) => {
                         for (p, r) in results {
+                            if let Some(d) = decider.as_mut() {
+                                d.settle(p.index, &r, &self.responders);
+                                said.update(ctx, d, &self.responders, &mut writes);
+                                if !stopped && d.decided() {
+                                    stopped = true;
+                                    tracing::info!(run_id = %ctx.run_id(), records = d.records_used(), "the comparison is decided: no new record is asked");
+                                }
+                            }
                             store_result(ctx, p.index, r, &mut writes);
                         }
                     }
@@ -111,6 +144,10 @@ impl ChecklistEval {
             }
         }
         let made = lane.into_checklists();
+        let sequential = decider.as_ref().map(|d| {
+            said.last(ctx, d, &self.responders, &mut writes);
+            self.sequential(ctx, d, &asked, stopped)
+        });
         writes.flush().await?;
         // The run's checklists, in the order of the records that need them.
         let mut seen = HashSet::new();
@@ -119,7 +156,57 @@ impl ChecklistEval {
             .filter(|k| seen.insert(k.as_str()))
             .filter_map(|k| made.get(k).map(|c| (**c).clone()))
             .collect();
-        self.finish(ctx, &checklists, cancelled || ctx.gate.is_cancelled()).await
+        let asked: Vec<usize> = (0..n).filter(|i| asked[*i]).collect();
+        self.finish(ctx, &checklists, cancelled || ctx.gate.is_cancelled(), &asked, sequential).await
+    }
+
+    /// What stopping when decided did: the sequences, the records not asked and the calls that
+    /// saved (at the run's calls per record asked).
+    fn sequential(&self, ctx: &RunCtx, d: &Decider, asked: &[bool], stopped: bool) -> gw::SequentialResult {
+        let not_asked: Vec<String> =
+            (0..self.records.len()).filter(|i| !asked[*i]).map(|i| self.records[i].id_or(i)).collect();
+        let asked_n = (asked.len() - not_asked.len()).max(1) as u64;
+        let calls = u64::from(ctx.spending.usage().calls);
+        gw::SequentialResult {
+            comparisons: d.comparisons(&self.responders),
+            seed: d.seed(),
+            stopped_early: stopped && !not_asked.is_empty(),
+            records_used: d.records_used() as u32,
+            calls_saved: calls * not_asked.len() as u64 / asked_n,
+            records_not_asked: not_asked,
+        }
+    }
+}
+
+/// The `comparison_updated` events of a run: at most one a second, while records are fed and
+/// when the run ends.
+#[derive(Default)]
+struct Said {
+    at: Option<std::time::Instant>,
+    used: usize,
+}
+
+impl Said {
+    fn update(&mut self, ctx: &RunCtx, d: &Decider, responders: &[Responder], writes: &mut Writes) {
+        let due = self.at.is_none_or(|at| at.elapsed() >= std::time::Duration::from_secs(1));
+        if due && d.records_used() > self.used {
+            self.say(ctx, d, responders, writes);
+        }
+    }
+
+    /// The run ends: the sequences as they end, unless said less than a second ago (the run's
+    /// result holds them too).
+    fn last(&mut self, ctx: &RunCtx, d: &Decider, responders: &[Responder], writes: &mut Writes) {
+        self.update(ctx, d, responders, writes);
+    }
+
+    fn say(&mut self, ctx: &RunCtx, d: &Decider, responders: &[Responder], writes: &mut Writes) {
+        self.at = Some(std::time::Instant::now());
+        self.used = d.records_used();
+        writes.push(ctx.log.emit_queued(Event::ComparisonUpdated(gw::ComparisonUpdated {
+            comparisons: d.comparisons(responders),
+            records_used: self.used as u32,
+        })));
     }
 }
 

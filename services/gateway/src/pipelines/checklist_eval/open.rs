@@ -248,6 +248,7 @@ impl ChecklistEval {
             results_paged: true,
             responders,
             comparisons,
+            sequential: None,
         };
         Ok(RunOutcome { state, result: Some(gw::run_result::Result::ChecklistEval(response)) })
     }

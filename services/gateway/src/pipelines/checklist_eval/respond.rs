@@ -91,16 +91,21 @@ impl ChecklistEval {
 
     /// Each responder's aggregate and answering cost (from the answers the run stored), and each
     /// responder after the first compared with the first, over a run's labelled results.
-    pub(super) async fn annotate(&self, ctx: &RunCtx, result: &mut gw::EvaluateResponse) -> Result<(), StageError> {
+    /// `ids`: the records the run asked, in the request's order.
+    pub(super) async fn annotate(
+        &self,
+        ctx: &RunCtx,
+        result: &mut gw::EvaluateResponse,
+        ids: &[String],
+    ) -> Result<(), StageError> {
         let checklists: Vec<Arc<Checklist>> = result
             .checklists
             .iter()
             .map(|c| Arc::new(convert::checklist(Some(c.clone()), "checklist", &mut Violations::new())))
             .collect();
-        let ids: Vec<String> = (0..self.records.len()).map(|i| self.records[i].id_or(i)).collect();
         let checklist_of = |r: &gw::RecordResult| checklists.iter().find(|c| c.id == r.checklist_id).cloned();
         let usage = answering_usage(ctx, self.responders.len()).await?;
-        let (summaries, comparisons) = self.verdict(&result.results, checklist_of, &usage, &ids);
+        let (summaries, comparisons) = self.verdict(&result.results, checklist_of, &usage, ids);
         result.responders = summaries;
         result.comparisons = comparisons;
         Ok(())
