@@ -102,7 +102,7 @@ def test_a_decided_comparison_stops_asking(client: Assay, llm: ScriptedLlm) -> N
     from assay_client import pb
 
     llm.reset()
-    many = [{"id": f"q{i}", "input": f"Write about topic {i}?"} for i in range(200)]
+    many = [{"id": f"q{i}", "input": f"Write about topic {1000 + i}?"} for i in range(200)]
     e = client.evaluate(many, preset="tick", respond=["openai:model-a", "openai:model-b"], stop_when_decided={"seed": 5})
     s = e.sequential
     assert s is not None and s.stopped_early, s

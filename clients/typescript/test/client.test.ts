@@ -133,6 +133,24 @@ describe("@assay/client against assay up", () => {
     assert.ok((res.comparisons[0]?.diff ?? 0) < 0);
   });
 
+  test("evaluate with stopWhenDecided stops asking once the comparison is decided", async () => {
+    const before = llm.calls.length;
+    const inputs = Array.from({ length: 200 }, (_, i) => ({ id: `s${i}`, input: `Write about topic ${1000 + i}?` }));
+    const res = await assay.evaluate(inputs, {
+      preset: "tick",
+      respond: ["openai:model-a", "openai:model-b"],
+      stopWhenDecided: { seed: 5n },
+    });
+    const s = res.sequential;
+    assert.ok(s?.stoppedEarly, "stopped early");
+    assert.equal(s?.seed, 5n);
+    assert.equal(s?.comparisons[0]?.decision, pb.SequentialDecision.WORSE);
+    const asked = 200 - (s?.recordsNotAsked.length ?? 0);
+    const answers = llm.calls.slice(before).filter((c) => c.schema === "").length;
+    assert.equal(answers, 2 * asked, "two answers per record asked");
+    assert.ok(answers < 200, `${answers} answers of a full run's 400`);
+  });
+
   test("evaluate with a given checklist scores every record on every question", async () => {
     const before = llm.calls.length;
     const res = await assay.evaluate(records("eval"), { checklist: QUESTIONS });
