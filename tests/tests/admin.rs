@@ -951,3 +951,91 @@ async fn a_responder_runs_page_shows_the_models_side_by_side_and_their_compariso
     );
     sandbox.shutdown().await.unwrap();
 }
+
+/// A run that stopped when decided, in headless Chromium: the sequence's intervals as they
+/// narrowed (a row per update, the last the run's final one, decided "worse" and wholly below
+/// zero) and what stopping saved.
+const SEQUENTIAL_CHECKS: &str = r##"
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import admin_page as P
+from selenium.webdriver.common.by import By
+
+args = json.loads(sys.argv[2])
+P.ARGS = args
+d = P.browser()
+try:
+    P.login(d, args)
+    P.open_run(d, args, args["run_id"])
+    P.wait(d, "the sequence", lambda d: d.find_elements(By.CSS_SELECTOR, '#sequential-forest g[data-final="true"]'))
+    num = lambda e, a: float(e.get_attribute(a))
+    final = P.one(d, '#sequential-forest g[data-final="true"][data-candidate="model-b"]')
+    assert final.get_attribute("data-decision") == "worse", final.get_attribute("data-decision")
+    assert final.get_attribute("data-records") == str(args["records_used"]), final.get_attribute("data-records")
+    zero = P.one(d, "#sequential-forest line.zero")
+    ci = final.find_element(By.CSS_SELECTOR, "line.interval")
+    assert num(ci, "x1") <= num(ci, "x2") < num(zero, "x1"), "model-b is worse: its final interval below zero"
+    text = P.one(d, "#sequential").text
+    assert "Stopped early\nyes" in text and f"Records not asked\n{args['not_asked']}" in text, text
+    d.execute_script("arguments[0].scrollIntoView()", P.one(d, "#sequential-forest"))
+    P.shot(d, args, "sequential")
+finally:
+    d.quit()
+print("OK", flush=True)
+"##;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_stopped_when_decided_shows_its_interval_narrowing() {
+    let sandbox = MeshSandbox::start_with(SandboxOptions { admin: true, ..Default::default() }).await;
+    sandbox.llm.set_handler(responder_backend);
+    let responder = |model: &str| gw::Responder {
+        model: Some(pb::ModelSpec { model: model.into(), ..Default::default() }),
+        ..Default::default()
+    };
+    let pipeline = gw::ChecklistEvalPipeline {
+        source: Some(gw::ChecklistSource {
+            source: Some(gw::checklist_source::Source::Preset(assay_proto::generator::v1::Preset::Tick as i32)),
+        }),
+        records: (0..200)
+            .map(|i| gw::EvalRecord {
+                id: format!("q{i}"),
+                input: format!("What about topic {i}?"),
+                ..Default::default()
+            })
+            .collect(),
+        responders: vec![responder("model-a"), responder("model-b")],
+        stop_when_decided: Some(gw::StopWhenDecided { seed: Some(3), ..Default::default() }),
+        ..Default::default()
+    };
+    let events = sandbox.run_pipeline(gw::run_pipeline_request::Pipeline::ChecklistEval(pipeline)).await;
+    let run_id = events[0].run_id.clone();
+    let token = sandbox.admin_token().expect("a generated token");
+    let (status, run) = post(&sandbox.admin_url(), "GetRun", Some(&token), &json!({"runId": run_id}).to_string()).await;
+    assert_eq!(status, 200, "{run}");
+    let q = run.pointer("/run/result/checklistEval/sequential").expect("the sequential result");
+    assert_eq!(q["stoppedEarly"], json!(true), "{q}");
+    let args = json!({
+        "url": sandbox.admin_url(),
+        "token": token,
+        "run_id": run_id,
+        "records_used": q["recordsUsed"],
+        "not_asked": q["recordsNotAsked"].as_array().map_or(0, Vec::len),
+        "shots": format!("{}/admin-screenshots", env!("CARGO_TARGET_TMPDIR")),
+    });
+    let out = tokio::process::Command::new("python3")
+        .arg("-c")
+        .arg(SEQUENTIAL_CHECKS)
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/python"))
+        .arg(args.to_string())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("python3 runs (scripts/setup-deps.sh installs selenium, chromium and chromium-driver)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.lines().last() == Some("OK"),
+        "sequential view checks failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    sandbox.shutdown().await.unwrap();
+}

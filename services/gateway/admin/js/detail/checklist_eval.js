@@ -9,7 +9,7 @@
  */
 
 import {RESULTS_PAGE_MAX, RESULTS_PAGE_SIZE, RESULTS_REFRESH_MS} from '../constants.js';
-import {confLevel, fmtPct, fmtScore, num, plural, tokensOf} from '../format.js';
+import {confLevel, enumLabel, fmtPct, fmtScore, num, plural, tokensOf} from '../format.js';
 import {api, errorNodes} from '../api.js';
 import {app} from '../page.js';
 import {forest, fmtDiff} from '../forest.js';
@@ -88,7 +88,10 @@ export function renderChecklistEval(D) {
   // Models under test (responders): side by side, and each against the first as a forest plot.
   const responders = (res && res.responders) || [];
   const comparisons = (res && res.comparisons) || [];
-  patch(e.responders, [responders, comparisons], () => responderNodes(responders, comparisons));
+  const sequential = (res && res.sequential) || null;
+  const updates = D.comparisonUpdates || [];
+  patch(e.responders, [responders, comparisons, sequential, updates.length],
+    () => [...responderNodes(responders, comparisons), ...sequentialNodes(sequential, updates)]);
   const respondersPanel = e.responders.closest('section');
   if (respondersPanel) respondersPanel.hidden = !responders.length;
 
@@ -215,6 +218,40 @@ function responderNodes(responders, comparisons) {
         h('td', {class: 'num diff'}, fmtDiff(c.diff)), h('td', {class: 'num'}, `[${fmtDiff(c.ciLow)}, ${fmtDiff(c.ciHigh)}]`),
         h('td', {class: 'text'}, String(c.method || '').replace('COMPARE_METHOD_', '').toLowerCase()),
         h('td', {class: 'num'}, c.pValue == null ? '—' : Number(c.pValue).toFixed(4)))), 'comparisons') : null,
+  ];
+}
+
+/** A run that stops when decided: each candidate's interval as it narrowed over the records (one
+ * row per `comparisonUpdated` event, then the run's final sequence), and what stopping saved. */
+function sequentialNodes(sequential, updates) {
+  const last = sequential ? [{recordsUsed: sequential.recordsUsed, comparisons: sequential.comparisons || [], final: true}] : [];
+  const steps = [...updates, ...last];
+  if (!steps.length) return [];
+  const decision = (c) => enumLabel(c.decision, 'SEQUENTIAL_DECISION_');
+  const rows = steps.flatMap((u) => (u.comparisons || []).map((c) => ({
+    label: `${c.candidate}, ${num(u.recordsUsed)} records`,
+    lo: Number(c.low), hi: Number(c.high), d: Number(c.meanDifference), cls: u.final ? 'ci final' : 'ci',
+    data: {'data-candidate': c.candidate, 'data-records': String(num(u.recordsUsed)),
+      'data-decision': decision(c), ...(u.final ? {'data-final': 'true'} : {})},
+  })));
+  const saved = sequential ? kv([
+    ['Order seed', String(sequential.seed)],
+    ['Records compared', String(num(sequential.recordsUsed))],
+    ['Stopped early', sequential.stoppedEarly ? 'yes' : 'no'],
+    ['Records not asked', String((sequential.recordsNotAsked || []).length)],
+    ['Calls saved (about)', String(num(sequential.callsSaved))],
+    ...(sequential.comparisons || []).map((c) => [`${c.candidate} vs ${c.baseline}`, decision(c)]),
+  ]) : [];
+  return [
+    h('h3', 'Stopping when decided'),
+    forest(rows, {
+      id: 'sequential-forest',
+      left: 200,
+      ends: true,
+      ariaLabel: 'the confidence sequence as it narrowed over the records',
+      caption: 'Each candidate minus the baseline as its anytime-valid interval narrowed, record count by record count; the last row is where the run stands.',
+    }),
+    h('dl', {class: 'kv', id: 'sequential'}, saved),
   ];
 }
 

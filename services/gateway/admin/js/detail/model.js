@@ -21,6 +21,7 @@ export function newDetail(id, pageSize = 0) {
     refreshTimer: 0, renderTimer: 0, busy: false,
     plan: null, escalation: null, bestEffort: null, convergence: null,
     recordsScored: 0, recordsFailed: 0, results: null, aggregate: null, checklists: new Map(), stageProgress: null,
+    comparisonUpdates: [],
     problems: new Map(), problemEls: new Map(), passes: new Map(), hooks: new Map(),
     pendingLog: [], eventCount: 0,
     edit: {sectionId: '', prefill: null},
@@ -60,6 +61,7 @@ export function gather(D, ev, k) {
       if (x.error || !x.score) D.recordsFailed += 1;
       break;
     case 'aggregate': D.aggregate = x.aggregate || null; break;
+    case 'comparisonUpdated': D.comparisonUpdates.push(x); break;
     case 'checklistReady': D.checklists.set(x.checklist?.id || `#${D.checklists.size + 1}`, x.checklist || {}); break;
     case 'progress': D.stageProgress = x; break;
     case 'selfRefinePass': D.passes.set(num(x.pass), x); break;

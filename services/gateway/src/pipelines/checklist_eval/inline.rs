@@ -157,6 +157,11 @@ impl ChecklistEval {
             .filter_map(|k| made.get(k).map(|c| (**c).clone()))
             .collect();
         let asked: Vec<usize> = (0..n).filter(|i| asked[*i]).collect();
+        if sequential.as_ref().is_some_and(|q| q.stopped_early) {
+            // The run's work is what it asked: a decided comparison left the rest (the result
+            // lists them), so its progress ends whole.
+            ctx.progress.set_total(u32::try_from(asked.len() * per).unwrap_or(u32::MAX), false);
+        }
         self.finish(ctx, &checklists, cancelled || ctx.gate.is_cancelled(), &asked, sequential).await
     }
 
