@@ -64,6 +64,9 @@ pub struct Progress {
     total: u64,
     done: u64,
     terminal: bool,
+    failed: u64,
+    /// Where the run stands beyond its counts (a comparison's interval), after them.
+    detail: String,
 }
 
 impl Progress {
@@ -81,21 +84,39 @@ impl Progress {
         } else {
             indicatif::ProgressBar::hidden()
         };
-        Self { bar, total, done: 0, terminal }
+        Self { bar, total, done: 0, terminal, failed: 0, detail: String::new() }
+    }
+
+    /// What follows the counts: the failures, then the detail.
+    fn message(&self) -> String {
+        let failed = (self.failed > 0).then(|| format!("{} failed", self.failed));
+        let detail = (!self.detail.is_empty()).then_some(self.detail.as_str());
+        failed.as_deref().into_iter().chain(detail).collect::<Vec<_>>().join("; ")
+    }
+
+    /// Show `detail` after the counts from now on (a run that stops when decided: its interval); off
+    /// a terminal, a progress line at once (the detail changes at most once a second).
+    pub fn set_detail(&mut self, detail: String) {
+        self.detail = detail;
+        if self.terminal {
+            self.bar.set_message(self.message());
+        } else {
+            eprintln!("progress: {}/{} ({} failed; {})", self.done, self.total, self.failed, self.detail);
+        }
     }
 
     /// One more unit done; `failed` units are counted in the message.
     pub fn inc(&mut self, failed: u64) {
         self.done += 1;
+        self.failed = failed;
         if self.terminal {
             self.bar.inc(1);
-            if failed > 0 {
-                self.bar.set_message(format!("{failed} failed"));
-            }
+            self.bar.set_message(self.message());
         } else {
             let step = (self.total / 10).max(1);
             if self.done.is_multiple_of(step) || self.done == self.total {
-                eprintln!("progress: {}/{} ({failed} failed)", self.done, self.total);
+                let detail = if self.detail.is_empty() { String::new() } else { format!("; {}", self.detail) };
+                eprintln!("progress: {}/{} ({failed} failed{detail})", self.done, self.total);
             }
         }
     }
@@ -133,6 +154,17 @@ impl BudgetArgs {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_progress_message_holds_the_failures_then_the_detail() {
+        let mut p = super::Progress::new(10, "records");
+        assert_eq!(p.message(), "");
+        p.inc(0);
+        p.set_detail("b vs a: +0.100 [+0.020, +0.180] better (40 pairs)".into());
+        assert_eq!(p.message(), "b vs a: +0.100 [+0.020, +0.180] better (40 pairs)");
+        p.inc(2);
+        assert_eq!(p.message(), "2 failed; b vs a: +0.100 [+0.020, +0.180] better (40 pairs)");
+    }
+
     use super::*;
 
     /// `--backend` fills what the configuration left unset and never overrides a phase it sent to a

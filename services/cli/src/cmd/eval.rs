@@ -669,7 +669,8 @@ impl RunFollower for Follower {
                 }
                 self.progress.inc(self.failed);
             }
-            Some(Event::ComparisonUpdated(c)) => self.progress.note(&comparison_line(&c)),
+            // The comparison's interval, after the counts of the progress line.
+            Some(Event::ComparisonUpdated(c)) => self.progress.set_detail(comparison_line(&c)),
             Some(Event::Completed(c)) => return Step::Done(self.ended(c.state, c.result)),
             // The kinds this verb leaves to `assay runs watch` (render::events words every kind).
             Some(_) | None => {}
