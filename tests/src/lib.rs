@@ -551,3 +551,32 @@ pub fn lesson_fixture(json: &str) -> (pb::Brief, Vec<pb::Section>) {
         .collect();
     (brief, sections)
 }
+
+/// Models under test on the scripted backend: a checklist generation gets a schema-shaped
+/// checklist; a responder answers "A weak answer about N, by MODEL." when `weak(model, n)` holds
+/// (`n`: the last number of its prompt), else a strong one; a judge answers NO to the first
+/// question of a weak answer and YES to every other.
+pub fn responders_backend(
+    weak: impl Fn(&str, usize) -> bool + Send + Sync + 'static,
+) -> impl Fn(&RecordedRequest) -> Reply + Send + Sync + 'static {
+    move |r: &RecordedRequest| match r.body.pointer("/response_format/json_schema/name").and_then(|n| n.as_str()) {
+        Some("checklist") => assay_testkit::schema_reply(r),
+        Some(_) => {
+            let prompt = r.last_user_message().unwrap_or_default();
+            let n = prompt.lines().filter(|l| l.starts_with('Q') && l.contains(':')).count().max(1);
+            let weak = prompt.contains("weak answer");
+            let answers: Vec<serde_json::Value> = (1..=n)
+                .map(|i| serde_json::json!({"question_index": i, "answer": if weak && i == 1 { "NO" } else { "YES" }}))
+                .collect();
+            Reply::json(serde_json::json!({ "answers": answers }))
+        }
+        None => {
+            let model = r.body["model"].as_str().unwrap_or_default().to_string();
+            let prompt = r.last_user_message().unwrap_or_default();
+            let n: usize =
+                prompt.trim_end_matches('?').split_whitespace().last().and_then(|w| w.parse().ok()).unwrap_or(0);
+            let how = if weak(&model, n) { "weak" } else { "strong" };
+            Reply::text(format!("A {how} answer about {n}, by {model}."))
+        }
+    }
+}

@@ -875,26 +875,7 @@ print("OK", flush=True)
 /// Responders on the scripted backend: model-b says "weak" on every other input, and a weak answer
 /// fails the first question.
 fn responder_backend(r: &RecordedRequest) -> Reply {
-    match r.body.pointer("/response_format/json_schema/name").and_then(|n| n.as_str()) {
-        Some("checklist") => assay_testkit::schema_reply(r),
-        Some(_) => {
-            let prompt = r.last_user_message().unwrap_or_default();
-            let n = prompt.lines().filter(|l| l.starts_with('Q') && l.contains(':')).count().max(1);
-            let weak = prompt.contains("weak answer");
-            let answers: Vec<Value> = (1..=n)
-                .map(|i| json!({"question_index": i, "answer": if weak && i == 1 { "NO" } else { "YES" }}))
-                .collect();
-            Reply::json(json!({ "answers": answers }))
-        }
-        None => {
-            let model = r.body["model"].as_str().unwrap_or_default().to_string();
-            let prompt = r.last_user_message().unwrap_or_default();
-            let n: usize =
-                prompt.trim_end_matches('?').split_whitespace().last().and_then(|w| w.parse().ok()).unwrap_or(0);
-            let weak = model == "model-b" && n % 2 == 1;
-            Reply::text(format!("A {} answer about {n}, by {model}.", if weak { "weak" } else { "strong" }))
-        }
-    }
+    assay_tests::responders_backend(|model, n| model == "model-b" && n % 2 == 1)(r)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use assay_proto::gateway::v1 as gw;
 use assay_proto::gateway::v1::gateway_service_client::GatewayServiceClient;
 use assay_testkit::{RecordedRequest, Reply};
-use assay_tests::{MeshSandbox, SandboxOptions};
+use assay_tests::{MeshSandbox, SandboxOptions, responders_backend};
 
 const INPUTS: usize = 30;
 
@@ -46,31 +46,12 @@ fn count(calls: &[RecordedRequest]) -> Calls {
 /// inputs in three, model-c badly on every other; scorings: YES to every question of a good answer,
 /// NO to the first question of a weak one.
 fn handler(r: &RecordedRequest) -> Reply {
-    match kind(r) {
-        "generation" => assay_testkit::schema_reply(r),
-        "scoring" => {
-            let prompt = r.last_user_message().unwrap_or_default();
-            let n = prompt.lines().filter(|l| l.starts_with('Q') && l.contains(':')).count().max(1);
-            let weak = prompt.contains("weak answer");
-            let answers: Vec<serde_json::Value> = (1..=n)
-                .map(|i| serde_json::json!({"question_index": i, "answer": if weak && i == 1 { "NO" } else { "YES" }}))
-                .collect();
-            Reply::json(serde_json::json!({ "answers": answers }))
-        }
-        _ => {
-            let model = r.body["model"].as_str().unwrap_or_default().to_string();
-            let prompt = r.last_user_message().unwrap_or_default();
-            let n: usize =
-                prompt.split_whitespace().last().and_then(|w| w.trim_end_matches('?').parse().ok()).unwrap_or(0);
-            let weak = match model.as_str() {
-                "model-b" => n.is_multiple_of(3),
-                "model-c" => n.is_multiple_of(2),
-                _ => false,
-            };
-            let how = if weak { "weak" } else { "strong" };
-            Reply::text(format!("A {how} answer about {n}, by {model}."))
-        }
-    }
+    let weak = |model: &str, n: usize| match model {
+        "model-b" => n.is_multiple_of(3),
+        "model-c" => n.is_multiple_of(2),
+        _ => false,
+    };
+    responders_backend(weak)(r)
 }
 
 fn responder(model: &str) -> gw::Responder {

@@ -7,7 +7,7 @@ use assay_proto::gateway::v1 as gw;
 use assay_proto::gateway::v1::gateway_service_client::GatewayServiceClient;
 use assay_proto::gateway::v1::run_event::Event;
 use assay_testkit::{RecordedRequest, Reply, ScriptedLlm};
-use assay_tests::{MeshSandbox, assay_up, evaluation, watch_all};
+use assay_tests::{MeshSandbox, assay_up, evaluation, responders_backend, watch_all};
 use tonic::transport::Channel;
 
 const RECORDS: usize = 300;
@@ -15,27 +15,7 @@ const RECORDS: usize = 300;
 /// Generations: a schema-shaped checklist; responses: model-a weak on two inputs in three, model-b
 /// strong; scorings: NO to the first question of a weak answer, YES to the rest.
 fn handler(r: &RecordedRequest) -> Reply {
-    match r.body.pointer("/response_format/json_schema/name").and_then(|n| n.as_str()) {
-        Some("checklist") => assay_testkit::schema_reply(r),
-        Some(_) => {
-            let prompt = r.last_user_message().unwrap_or_default();
-            let n = prompt.lines().filter(|l| l.starts_with('Q') && l.contains(':')).count().max(1);
-            let weak = prompt.contains("weak answer");
-            let answers: Vec<serde_json::Value> = (1..=n)
-                .map(|i| serde_json::json!({"question_index": i, "answer": if weak && i == 1 { "NO" } else { "YES" }}))
-                .collect();
-            Reply::json(serde_json::json!({ "answers": answers }))
-        }
-        None => {
-            let model = r.body["model"].as_str().unwrap_or_default().to_string();
-            let prompt = r.last_user_message().unwrap_or_default();
-            let n: usize =
-                prompt.split_whitespace().last().and_then(|w| w.trim_end_matches('?').parse().ok()).unwrap_or(0);
-            let weak = model == "model-a" && !n.is_multiple_of(3);
-            let how = if weak { "weak" } else { "strong" };
-            Reply::text(format!("A {how} answer about {n}, by {model}."))
-        }
-    }
+    responders_backend(|model, n| model == "model-a" && !n.is_multiple_of(3))(r)
 }
 
 fn responder(model: &str) -> gw::Responder {
