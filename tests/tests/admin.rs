@@ -818,21 +818,7 @@ async fn the_compare_view_plots_the_difference_and_lists_flips_and_worst_records
         "hostile": [hostile_id, hostile_question],
         "shots": format!("{}/admin-screenshots", env!("CARGO_TARGET_TMPDIR")),
     });
-    let out = tokio::process::Command::new("python3")
-        .arg("-c")
-        .arg(COMPARE_CHECKS)
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/python"))
-        .arg(args.to_string())
-        .kill_on_drop(true)
-        .output()
-        .await
-        .expect("python3 runs (scripts/setup-deps.sh installs selenium, chromium and chromium-driver)");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.lines().last() == Some("OK"),
-        "compare view checks failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    page_checks(COMPARE_CHECKS, &args, "compare view").await;
     sandbox.shutdown().await.unwrap();
 }
 
@@ -882,24 +868,7 @@ fn responder_backend(r: &RecordedRequest) -> Reply {
 async fn a_responder_runs_page_shows_the_models_side_by_side_and_their_comparison() {
     let sandbox = MeshSandbox::start_with(SandboxOptions { admin: true, ..Default::default() }).await;
     sandbox.llm.set_handler(responder_backend);
-    let responder = |model: &str| gw::Responder {
-        model: Some(pb::ModelSpec { model: model.into(), ..Default::default() }),
-        ..Default::default()
-    };
-    let pipeline = gw::ChecklistEvalPipeline {
-        source: Some(gw::ChecklistSource {
-            source: Some(gw::checklist_source::Source::Preset(assay_proto::generator::v1::Preset::Tick as i32)),
-        }),
-        records: (0..12)
-            .map(|i| gw::EvalRecord {
-                id: format!("q{i}"),
-                input: format!("What about topic {i}?"),
-                ..Default::default()
-            })
-            .collect(),
-        responders: vec![responder("model-a"), responder("model-b")],
-        ..Default::default()
-    };
+    let pipeline = responders_pipeline(12, None);
     let events = sandbox.run_pipeline(gw::run_pipeline_request::Pipeline::ChecklistEval(pipeline)).await;
     let run_id = events[0].run_id.clone();
     let token = sandbox.admin_token().expect("a generated token");
@@ -915,21 +884,7 @@ async fn a_responder_runs_page_shows_the_models_side_by_side_and_their_compariso
         "diff": diff,
         "shots": format!("{}/admin-screenshots", env!("CARGO_TARGET_TMPDIR")),
     });
-    let out = tokio::process::Command::new("python3")
-        .arg("-c")
-        .arg(RESPONDER_CHECKS)
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/python"))
-        .arg(args.to_string())
-        .kill_on_drop(true)
-        .output()
-        .await
-        .expect("python3 runs (scripts/setup-deps.sh installs selenium, chromium and chromium-driver)");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.lines().last() == Some("OK"),
-        "responder view checks failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    page_checks(RESPONDER_CHECKS, &args, "responder view").await;
     sandbox.shutdown().await.unwrap();
 }
 
@@ -969,25 +924,7 @@ print("OK", flush=True)
 async fn a_run_stopped_when_decided_shows_its_interval_narrowing() {
     let sandbox = MeshSandbox::start_with(SandboxOptions { admin: true, ..Default::default() }).await;
     sandbox.llm.set_handler(responder_backend);
-    let responder = |model: &str| gw::Responder {
-        model: Some(pb::ModelSpec { model: model.into(), ..Default::default() }),
-        ..Default::default()
-    };
-    let pipeline = gw::ChecklistEvalPipeline {
-        source: Some(gw::ChecklistSource {
-            source: Some(gw::checklist_source::Source::Preset(assay_proto::generator::v1::Preset::Tick as i32)),
-        }),
-        records: (0..200)
-            .map(|i| gw::EvalRecord {
-                id: format!("q{i}"),
-                input: format!("What about topic {i}?"),
-                ..Default::default()
-            })
-            .collect(),
-        responders: vec![responder("model-a"), responder("model-b")],
-        stop_when_decided: Some(gw::StopWhenDecided { seed: Some(3), ..Default::default() }),
-        ..Default::default()
-    };
+    let pipeline = responders_pipeline(200, Some(gw::StopWhenDecided { seed: Some(3), ..Default::default() }));
     let events = sandbox.run_pipeline(gw::run_pipeline_request::Pipeline::ChecklistEval(pipeline)).await;
     let run_id = events[0].run_id.clone();
     let token = sandbox.admin_token().expect("a generated token");
@@ -1003,9 +940,39 @@ async fn a_run_stopped_when_decided_shows_its_interval_narrowing() {
         "not_asked": q["recordsNotAsked"].as_array().map_or(0, Vec::len),
         "shots": format!("{}/admin-screenshots", env!("CARGO_TARGET_TMPDIR")),
     });
+    page_checks(SEQUENTIAL_CHECKS, &args, "sequential view").await;
+    sandbox.shutdown().await.unwrap();
+}
+
+/// `records` records answered by model-a and model-b (the baseline first), tick checklists.
+fn responders_pipeline(records: usize, stop: Option<gw::StopWhenDecided>) -> gw::ChecklistEvalPipeline {
+    let responder = |model: &str| gw::Responder {
+        model: Some(pb::ModelSpec { model: model.into(), ..Default::default() }),
+        ..Default::default()
+    };
+    gw::ChecklistEvalPipeline {
+        source: Some(gw::ChecklistSource {
+            source: Some(gw::checklist_source::Source::Preset(assay_proto::generator::v1::Preset::Tick as i32)),
+        }),
+        records: (0..records)
+            .map(|i| gw::EvalRecord {
+                id: format!("q{i}"),
+                input: format!("What about topic {i}?"),
+                ..Default::default()
+            })
+            .collect(),
+        responders: vec![responder("model-a"), responder("model-b")],
+        stop_when_decided: stop,
+        ..Default::default()
+    }
+}
+
+/// Run a page's checks (a Python script driving headless Chromium through `admin_page`) with
+/// `args`; they must end with "OK".
+async fn page_checks(script: &str, args: &Value, what: &str) {
     let out = tokio::process::Command::new("python3")
         .arg("-c")
-        .arg(SEQUENTIAL_CHECKS)
+        .arg(script)
         .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/python"))
         .arg(args.to_string())
         .kill_on_drop(true)
@@ -1015,8 +982,7 @@ async fn a_run_stopped_when_decided_shows_its_interval_narrowing() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success() && stdout.lines().last() == Some("OK"),
-        "sequential view checks failed:\n{stdout}\n{}",
+        "{what} checks failed:\n{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    sandbox.shutdown().await.unwrap();
 }
