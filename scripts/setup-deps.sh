@@ -35,6 +35,7 @@ fi
 if [ "${ASSAY_SKIP_PY:-0}" != "1" ]; then
   python3 -c 'import grpc, grpc_reflection, grpc_health' 2>/dev/null \
     || python3 -m pip install -q grpcio grpcio-reflection grpcio-health-checking
+  python3 -c 'import xmlschema' 2>/dev/null || python3 -m pip install -q xmlschema # JUnit schema tests (cli/tests/junit.rs)
   if [ "${ASSAY_SKIP_BROWSER:-0}" != "1" ]; then
     python3 -c 'import selenium' 2>/dev/null || python3 -m pip install -q selenium
   fi
