@@ -74,14 +74,13 @@ fi
 
 mkdir -p "$out"
 rm -f "$out"/assay_cli-*.whl
-raw="target/wheel-raw"
-rm -rf "$raw"
+raw="$(mktemp -d)"   # maturin's wheel, before auditwheel's repair
+trap 'rm -rf "$raw"' EXIT
 echo "== wheel: assay-cli $version, profile $profile, $(grep -o 'target-cpu=[^"]*' .cargo/config.toml)"
 # maturin builds the wheel (the binary in its scripts, the metadata from services/cli/pyproject.toml)
-# and leaves the audit to auditwheel: maturin's own repair patches the binary in place, and cargo's
-# copy in target/*/deps shares that file (a hard link), so it would break target/debug/assay for the
-# tests. --strip (symbols) only for release: as a rustc flag it would make cargo re-link the dev
-# build CI's tests share, here and again in their next cargo command.
+# and leaves the audit to auditwheel (pyproject.toml says why: maturin's repair would patch cargo's
+# own target/*/assay). --strip (symbols) only for release: as a rustc flag it would make cargo
+# re-link the dev build CI's tests share, here and again in their next cargo command.
 strip=(); [ "$profile" = release ] && strip=(--strip)
 "$venv/bin/maturin" build \
   --manifest-path services/cli/Cargo.toml \
