@@ -7,7 +7,7 @@ use assay_proto::gateway::v1 as gw;
 use assay_proto::gateway::v1::gateway_service_client::GatewayServiceClient;
 use assay_proto::gateway::v1::run_event::Event;
 use assay_testkit::{RecordedRequest, Reply, ScriptedLlm};
-use assay_tests::{MeshSandbox, assay_up, evaluation, responders_backend, watch_all};
+use assay_tests::{MeshSandbox, all_results, assay_up, evaluation, responders_backend, start_open_run, watch_all};
 use tonic::transport::Channel;
 
 const RECORDS: usize = 300;
@@ -136,9 +136,10 @@ async fn stop_settings_are_checked_naming_the_field() {
         assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
         assert!(e.message().contains(field), "{field}: {}", e.message());
     }
-    let open = gw::RunPipelineRequest { open: true, ..request(pipeline(Some(stop(1)))) };
-    let e = client.run_pipeline(open).await.expect_err("refused");
-    assert!(e.code() == tonic::Code::InvalidArgument && e.message().contains("inline runs only"), "{e:?}");
+    let mut open_one = pipeline(Some(stop(1)));
+    open_one.responders.truncate(1);
+    let e = client.run_pipeline(gw::RunPipelineRequest { open: true, ..request(open_one) }).await.expect_err("refused");
+    assert!(e.code() == tonic::Code::InvalidArgument && e.message().contains("pipeline.stop_when_decided"), "{e:?}");
     assert_eq!(sandbox.llm.request_count(), 0, "nothing asked");
     sandbox.shutdown().await.unwrap();
 }
@@ -147,6 +148,33 @@ async fn stop_settings_are_checked_naming_the_field() {
 /// order and reaches the same decision at the same record as a run never killed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_killed_midway_reaches_the_same_decision_at_the_same_record() {
+    killed_midway(false).await;
+}
+
+/// The same for a run created open, its records appended and sealed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_run_killed_midway_reaches_the_same_decision_at_the_same_record() {
+    killed_midway(true).await;
+}
+
+/// A run stopping when decided (seed 11): inline, or created open with the records appended and
+/// sealed; its id and its events.
+async fn start(
+    client: &mut GatewayServiceClient<Channel>,
+    open: bool,
+) -> (Option<String>, tonic::Streaming<gw::RunPipelineResponse>) {
+    if !open {
+        return (None, client.run_pipeline(request(pipeline(Some(stop(11))))).await.unwrap().into_inner());
+    }
+    let mut p = pipeline(Some(stop(11)));
+    let records = std::mem::take(&mut p.records);
+    let (run_id, events) = start_open_run(client, p, "", None).await;
+    let message = gw::AppendRecordsRequest { run_id: run_id.clone(), records, seal: true };
+    client.append_records(futures::stream::iter([message])).await.expect("appended");
+    (Some(run_id), events)
+}
+
+async fn killed_midway(open: bool) {
     let llm = ScriptedLlm::start().await;
     llm.set_handler(handler);
     let dir = tempfile::tempdir().unwrap();
@@ -156,14 +184,18 @@ async fn a_run_killed_midway_reaches_the_same_decision_at_the_same_record() {
         GatewayServiceClient::new(Channel::from_shared(url).unwrap().connect().await.expect("connect"))
     };
     let mut client = connect(url).await;
-    let clean = evaluation(run(&mut client, pipeline(Some(stop(11)))).await.last().unwrap()).unwrap();
-    let clean = clean.sequential.unwrap();
+    let (_, mut stream) = start(&mut client, open).await;
+    let mut events = Vec::new();
+    while let Some(m) = stream.message().await.unwrap() {
+        events.extend(m.event);
+    }
+    let clean = evaluation(events.last().unwrap()).unwrap().sequential.unwrap();
 
     // Kill early, and late: after three quarters of the clean run's results (past its decision).
     let total = 2 * (RECORDS - clean.records_not_asked.len());
     for kill_at in [20, total * 3 / 4] {
-        let mut stream = client.run_pipeline(request(pipeline(Some(stop(11))))).await.unwrap().into_inner();
-        let (mut run_id, mut scored) = (String::new(), 0);
+        let (id, mut stream) = start(&mut client, open).await;
+        let (mut run_id, mut scored) = (id.unwrap_or_default(), 0);
         while scored < kill_at {
             let ev = stream.message().await.unwrap().expect("the run goes on").event.unwrap();
             run_id.clone_from(&ev.run_id);
@@ -184,4 +216,61 @@ async fn a_run_killed_midway_reaches_the_same_decision_at_the_same_record() {
     }
     child.start_kill().ok();
     child.wait().await.ok();
+}
+
+/// An open run takes its records a block of 1,024 at a time, each shuffled once whole: here the
+/// first block decides before the run is sealed, so the run ends SUCCEEDED with what it asked,
+/// the records it never read are listed as not asked, and a later append is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_run_stops_once_decided_before_it_is_sealed() {
+    let sandbox = MeshSandbox::start().await;
+    sandbox.llm.set_handler(handler);
+    let mut client = GatewayServiceClient::new(sandbox.gateway().await);
+    const N: usize = 1500;
+    let mut p = pipeline(Some(stop(5)));
+    p.records.clear();
+    let records: Vec<gw::EvalRecord> = (0..N)
+        .map(|i| gw::EvalRecord { id: format!("q{i}"), input: format!("What about topic {i}?"), ..Default::default() })
+        .collect();
+    let (run_id, mut stream) = start_open_run(&mut client, p, "open", None).await;
+    let messages = [
+        gw::AppendRecordsRequest { run_id: run_id.clone(), records: records[..1024].to_vec(), seal: false },
+        gw::AppendRecordsRequest { run_id: run_id.clone(), records: records[1024..].to_vec(), seal: false },
+    ];
+    client.append_records(futures::stream::iter(messages)).await.expect("appended");
+    let mut events = Vec::new();
+    while let Some(m) = stream.message().await.unwrap() {
+        events.extend(m.event);
+    }
+    let served = sandbox.llm.request_count();
+    let Some(Event::Completed(done)) = &events.last().unwrap().event else { panic!("no completion") };
+    assert_eq!(done.state, gw::RunState::Succeeded as i32, "{done:?}");
+    let e = evaluation(events.last().unwrap()).expect("an evaluation");
+    let q = e.sequential.clone().expect("the sequential result");
+    assert_eq!(q.comparisons[0].decision, gw::SequentialDecision::Better as i32, "{q:?}");
+    assert!(q.stopped_early && q.records_used >= 30, "{q:?}");
+    assert_eq!(q.seed, 5);
+    // Every record asked is from the first block; the rest (the second block never read) are
+    // listed, each once.
+    let (results, _) = all_results(&mut client, &run_id, 500).await;
+    let asked = N - q.records_not_asked.len();
+    assert_eq!(results.len(), 2 * asked);
+    assert!(results.iter().all(|r| r.index < 2 * 1024 && r.score.is_some()), "asked from the first block, none failed");
+    let mut listed = q.records_not_asked.clone();
+    listed.sort();
+    listed.dedup();
+    assert_eq!(listed.len(), q.records_not_asked.len(), "each record listed once");
+    for i in 1024..N {
+        assert!(q.records_not_asked.contains(&format!("q{i}")), "q{i} is not asked");
+    }
+    assert_eq!(served, asked * 5, "{asked} records asked");
+    assert_eq!(e.usage.as_ref().unwrap().calls as usize, served);
+    // The run's progress ends whole: what it asked.
+    let run = client.get_run(gw::GetRunRequest { run_id: run_id.clone() }).await.unwrap().into_inner().run.unwrap();
+    assert_eq!((run.records_done, run.records_total), (2 * asked as u32, 2 * asked as u32));
+    // The run has ended: more records are refused, saying so.
+    let late = gw::AppendRecordsRequest { run_id: run_id.clone(), records: records[..1].to_vec(), seal: true };
+    let refused = client.append_records(futures::stream::iter([late])).await.expect_err("the run has ended");
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused:?}");
+    sandbox.shutdown().await.unwrap();
 }

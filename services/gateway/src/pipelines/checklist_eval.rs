@@ -43,7 +43,7 @@ pub struct ChecklistEval {
     open: bool,
     /// Models under test: each answers every record, and its answers are what is scored.
     responders: Vec<super::responders::Responder>,
-    /// Stop once the responders' comparisons are decided (inline runs with responders).
+    /// Stop once the responders' comparisons are decided (runs with responders).
     stop: Option<decide::Stop>,
 }
 

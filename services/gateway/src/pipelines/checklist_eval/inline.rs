@@ -12,9 +12,9 @@ use assay_proto::gateway::v1 as gw;
 use assay_proto::gateway::v1::run_event::Event;
 
 use super::super::checklist::{self, CHECKLIST};
-use super::super::responders::{Responder, per_record};
+use super::super::responders::per_record;
 use super::ChecklistEval;
-use super::decide::Decider;
+use super::decide::{self, Decider, Said};
 use super::lane::{Checklists, Lane, Pending, Step, stored_results};
 use assay_runs::{RunCtx, RunOutcome, Writes};
 
@@ -54,7 +54,10 @@ impl ChecklistEval {
         let mut asked: Vec<bool> = (0..n).map(|i| (i * per..(i + 1) * per).any(|t| done.contains(t))).collect();
         // A run that stops when decided takes its records in a seeded random order, and a resumed
         // one feeds what it stored first (in that order: the same decision at the same record).
-        let mut decider = self.stop.map(|s| Decider::new(s, &self.responders, n));
+        let mut decider = self.stop.map(|s| {
+            let seed = s.seed_for(ctx.run_id());
+            Decider::new(s, seed, &self.responders, decide::order(n, seed))
+        });
         let order: Vec<usize> = decider.as_ref().map_or_else(|| (0..n).collect(), |d| d.order().to_vec());
         if let Some(d) = decider.as_mut() {
             for (t, r) in ctx.results.all::<gw::RecordResult>().await? {
@@ -71,18 +74,16 @@ impl ChecklistEval {
         let mut cancelled = false;
         loop {
             for (p, r) in lane.not_run() {
+                if let Some(d) = decider.as_mut() {
+                    d.settle(p.index, &r, &self.responders);
+                }
                 store_result(ctx, p.index, r, &mut writes);
             }
             let room = lane.room();
             let mut fresh = Vec::new();
             // A run that stops when decided asks only so far ahead of the records fed to its
-            // sequences (what is in flight when it decides is what the decision wastes): the
-            // records a decision needs at least, or a quarter of those fed so far, at most the
-            // run's concurrency.
-            let lead = decider.as_ref().map_or(usize::MAX, |d| {
-                let ahead = (d.min_pairs() as usize).max(d.records_used() / 4).min(self.concurrency).max(1);
-                d.records_used() + ahead
-            });
+            // sequences.
+            let lead = decider.as_ref().map_or(usize::MAX, |d| d.lead(self.concurrency));
             while next < n && next < lead && fresh.len() < room && !stopped {
                 // Each response of a record its own result (its id the record's position when none
                 // is given), each result scored once.
@@ -146,7 +147,8 @@ impl ChecklistEval {
         let made = lane.into_checklists();
         let sequential = decider.as_ref().map(|d| {
             said.last(ctx, d, &self.responders, &mut writes);
-            self.sequential(ctx, d, &asked, stopped)
+            let not_asked: Vec<String> = (0..n).filter(|i| !asked[*i]).map(|i| self.records[i].id_or(i)).collect();
+            d.result(ctx, &self.responders, n - not_asked.len(), not_asked, stopped)
         });
         writes.flush().await?;
         // The run's checklists, in the order of the records that need them.
@@ -163,55 +165,6 @@ impl ChecklistEval {
             ctx.progress.set_total(u32::try_from(asked.len() * per).unwrap_or(u32::MAX), false);
         }
         self.finish(ctx, &checklists, cancelled || ctx.gate.is_cancelled(), &asked, sequential).await
-    }
-
-    /// What stopping when decided did: the sequences, the records not asked and the calls that
-    /// saved (at the run's calls per record asked).
-    fn sequential(&self, ctx: &RunCtx, d: &Decider, asked: &[bool], stopped: bool) -> gw::SequentialResult {
-        let not_asked: Vec<String> =
-            (0..self.records.len()).filter(|i| !asked[*i]).map(|i| self.records[i].id_or(i)).collect();
-        let asked_n = (asked.len() - not_asked.len()).max(1) as u64;
-        let calls = u64::from(ctx.spending.usage().calls);
-        gw::SequentialResult {
-            comparisons: d.comparisons(&self.responders),
-            seed: d.seed(),
-            stopped_early: stopped && !not_asked.is_empty(),
-            records_used: d.records_used() as u32,
-            calls_saved: calls * not_asked.len() as u64 / asked_n,
-            records_not_asked: not_asked,
-        }
-    }
-}
-
-/// The `comparison_updated` events of a run: at most one a second, while records are fed and
-/// when the run ends.
-#[derive(Default)]
-struct Said {
-    at: Option<std::time::Instant>,
-    used: usize,
-}
-
-impl Said {
-    fn update(&mut self, ctx: &RunCtx, d: &Decider, responders: &[Responder], writes: &mut Writes) {
-        let due = self.at.is_none_or(|at| at.elapsed() >= std::time::Duration::from_secs(1));
-        if due && d.records_used() > self.used {
-            self.say(ctx, d, responders, writes);
-        }
-    }
-
-    /// The run ends: the sequences as they end, unless said less than a second ago (the run's
-    /// result holds them too).
-    fn last(&mut self, ctx: &RunCtx, d: &Decider, responders: &[Responder], writes: &mut Writes) {
-        self.update(ctx, d, responders, writes);
-    }
-
-    fn say(&mut self, ctx: &RunCtx, d: &Decider, responders: &[Responder], writes: &mut Writes) {
-        self.at = Some(std::time::Instant::now());
-        self.used = d.records_used();
-        writes.push(ctx.log.emit_queued(Event::ComparisonUpdated(gw::ComparisonUpdated {
-            comparisons: d.comparisons(responders),
-            records_used: self.used as u32,
-        })));
     }
 }
 

@@ -4,7 +4,7 @@
 //! are stored one per record; the aggregates come from one streamed pass over the stored results
 //! at the end. The gateway holds the records in flight, not the run's.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use assay_domain::{AggregateBuilder, Checklist, StageError};
@@ -17,6 +17,7 @@ use prost::Message;
 use super::super::checklist::{CHECKLIST, EvalRecord};
 use super::super::responders::per_record;
 use super::ChecklistEval;
+use super::decide::{self, Decider, Said};
 use super::lane::{CATEGORIZED, Checklists, Lane, Pending, Step, stored_results};
 use super::respond::answering_usage;
 use assay_runs::{RunCtx, RunOutcome, Writes};
@@ -66,58 +67,117 @@ impl ChecklistEval {
         // cannot be produced; one of many fails its records only.
         let single = self.plan.preset().is_none();
         let mut lane = Lane::new(self, ctx, single, Checklists::default());
+        // A run that stops when decided: its sequences, given what a previous process stored
+        // (each record fed once its block's order is known, as the blocks are read).
+        let mut decider = match self.stop {
+            Some(s) => {
+                let seed = s.seed_for(ctx.run_id());
+                let mut d = Decider::new(s, seed, &self.responders, Vec::new());
+                for (t, r) in ctx.results.all::<gw::RecordResult>().await? {
+                    d.settle(usize::try_from(t).unwrap_or(usize::MAX), &r, &self.responders);
+                }
+                Some(d)
+            }
+            None => None,
+        };
+        let mut stopped = false;
+        let mut said = Said::default();
+        // Records read and not admitted yet, in the order they are asked.
+        let mut queue: VecDeque<(u64, Vec<u8>)> = VecDeque::new();
+        // With a decider: records taken from the queue (the position in the run's order), and
+        // by index whether each record read was asked (admitted, or with a result stored).
+        let mut taken = 0usize;
+        let mut asked: Vec<bool> = Vec::new();
         let mut next = 0u64;
         let mut sealed_and_read = false;
+        // The last read found nothing to take: read again once records arrive.
+        let mut starved = false;
         let mut writes = Writes::default();
         loop {
             for (p, r) in lane.not_run() {
+                if let Some(d) = decider.as_mut() {
+                    d.settle(p.index, &r, &self.responders);
+                }
                 store_result(ctx, p.index, r, &mut writes);
             }
-            // Read more records while the lane has room.
-            let mut starved = false;
-            // A page read whose records all have a result (a resumed run): read the next one at
-            // once, for nothing else may wake the loop.
-            let mut read_done_page = false;
-            if !sealed_and_read && lane.room() > 0 {
-                let page = ctx.inputs.page(next, PAGE).await?;
+            // Read more records while the lane has room and none read are waiting.
+            if queue.is_empty() && !sealed_and_read && !starved && !stopped && lane.room() > 0 {
+                let limit = if decider.is_some() { decide::BLOCK } else { PAGE };
+                let page = ctx.inputs.page(next, limit).await?;
                 let total = page.total.saturating_mul(per as u64);
                 ctx.progress.set_total(u32::try_from(total).unwrap_or(u32::MAX), !page.sealed);
+                let last_block = page.sealed && next + page.records.len() as u64 >= page.total;
                 if page.records.is_empty() {
                     sealed_and_read = page.sealed && next >= page.total;
                     starved = !sealed_and_read;
+                } else if let Some(d) = decider.as_mut() {
+                    // A run that stops when decided takes a block once whole (or the run sealed):
+                    // its order is then fixed, the same whenever the run is resumed.
+                    if page.records.len() == decide::BLOCK || last_block {
+                        let block = next / decide::BLOCK as u64;
+                        let order = decide::block_order(block, page.records.len(), d.seed());
+                        next += page.records.len() as u64;
+                        asked.resize(usize::try_from(next).unwrap_or(usize::MAX), false);
+                        let mut by_index: HashMap<u64, Vec<u8>> = page.records.into_iter().collect();
+                        for i in &order {
+                            let bytes = by_index.remove(&(*i as u64)).ok_or_else(|| {
+                                StageError::Internal(format!("run record {i} is missing from its block"))
+                            })?;
+                            // A record with a result stored was asked (before a restart),
+                            // whether or not it is asked again.
+                            asked[*i] = (i * per..(i + 1) * per).any(|t| done.contains(t));
+                            queue.push_back((*i as u64, bytes));
+                        }
+                        d.extend(&order, &self.responders);
+                        stopped = d.decided();
+                    } else {
+                        starved = true;
+                    }
+                } else {
+                    next = page.records.last().map_or(next, |(i, _)| i + 1);
+                    queue.extend(page.records);
                 }
-                read_done_page = !page.records.is_empty();
-                let mut fresh = Vec::with_capacity(page.records.len());
-                for (index, bytes) in page.records {
-                    next = index + 1;
-                    let index = usize::try_from(index)
-                        .map_err(|_| StageError::Internal(format!("record index {index} out of range")))?;
-                    let targets: Vec<usize> = (index * per..(index + 1) * per).filter(|t| !done.contains(*t)).collect();
-                    if targets.is_empty() {
-                        continue;
-                    }
-                    let mut record = decode_record(&bytes)?;
-                    if !self.responders.is_empty() {
-                        // Each target its record's (the id its index's when none is given).
-                        record.id = record.id_or(index);
-                    }
-                    let key = self.plan.key(&record);
-                    for t in targets {
-                        fresh.push((key.clone(), Pending { index: t, record: record.clone(), chunk: 0 }));
-                    }
+            }
+            // Admit what was read: all of it, or (a run that stops when decided) only so far
+            // ahead of the records fed to its sequences.
+            let mut fresh = Vec::new();
+            let lead = decider.as_ref().map_or(usize::MAX, |d| d.lead(self.concurrency));
+            while !stopped && taken < lead {
+                let Some((index, bytes)) = queue.pop_front() else { break };
+                taken += 1;
+                let index = usize::try_from(index)
+                    .map_err(|_| StageError::Internal(format!("record index {index} out of range")))?;
+                if let Some(a) = asked.get_mut(index) {
+                    *a = true;
                 }
-                read_done_page &= fresh.is_empty();
+                let targets: Vec<usize> = (index * per..(index + 1) * per).filter(|t| !done.contains(*t)).collect();
+                if targets.is_empty() {
+                    continue;
+                }
+                let mut record = decode_record(&bytes)?;
+                if !self.responders.is_empty() {
+                    // Each target its record's (the id its index's when none is given).
+                    record.id = record.id_or(index);
+                }
+                let key = self.plan.key(&record);
+                for t in targets {
+                    fresh.push((key.clone(), Pending { index: t, record: record.clone(), chunk: 0 }));
+                }
+            }
+            // Every record read had a result (a resumed run) and nothing else may wake the loop:
+            // read on at once.
+            let read_on =
+                fresh.is_empty() && queue.is_empty() && !lane.in_flight() && !(starved || sealed_and_read || stopped);
+            if !fresh.is_empty() {
                 lane.admit(fresh).await?;
             }
             lane.start();
-            if sealed_and_read && lane.is_empty() {
+            if (sealed_and_read || stopped) && lane.is_empty() {
                 break;
             }
-            if read_done_page {
+            if read_on {
                 continue;
             }
-            // Records left to read while nothing else moves: wait for an append.
-            let idle = starved && !lane.in_flight();
             tokio::select! {
                 step = lane.next() => match step? {
                     Step::Checklist { key, checklist, first_with_categories, indices } => {
@@ -133,29 +193,81 @@ impl ChecklistEval {
                     }
                     Step::Settled(results) => {
                         for (p, r) in results {
+                            if let Some(d) = decider.as_mut() {
+                                d.settle(p.index, &r, &self.responders);
+                                said.update(ctx, d, &self.responders, &mut writes);
+                                if !stopped && d.decided() {
+                                    stopped = true;
+                                    tracing::info!(run_id = %ctx.run_id(), records = d.records_used(), "the comparison is decided: no new record is asked");
+                                }
+                            }
                             store_result(ctx, p.index, r, &mut writes);
                         }
                     }
                     Step::Cancelled => break,
                 },
-                () = ctx.inputs.arrival(), if idle => {}
+                () = ctx.inputs.arrival(), if starved => starved = false,
                 e = writes.next_error() => return Err(e),
                 () = ctx.gate.cancelled() => break,
             }
         }
         drop(lane);
+        let cancelled = ctx.gate.is_cancelled();
+        let sequential = match decider.as_ref() {
+            Some(d) => {
+                said.last(ctx, d, &self.responders, &mut writes);
+                Some(self.decided_open(ctx, d, &asked, next, stopped && !cancelled).await?)
+            }
+            None => None,
+        };
         writes.flush().await?;
-        self.finish_open(ctx, &mut Checklists::default(), ctx.gate.is_cancelled()).await
+        self.finish_open(ctx, &mut Checklists::default(), cancelled, sequential).await
+    }
+
+    /// What stopping when decided did in an open run: the records read and not asked, and those
+    /// never read (appended past the blocks it took), by id.
+    async fn decided_open(
+        &self,
+        ctx: &RunCtx,
+        d: &Decider,
+        asked: &[bool],
+        read: u64,
+        stopped: bool,
+    ) -> Result<gw::SequentialResult, StageError> {
+        let per = per_record(&self.responders).max(1);
+        let mut not_asked = Vec::new();
+        let mut first = 0u64;
+        loop {
+            let page = ctx.inputs.page(first, PAGE).await?;
+            let Some((last, _)) = page.records.last() else { break };
+            first = last + 1;
+            for (index, bytes) in &page.records {
+                let i = usize::try_from(*index).unwrap_or(usize::MAX);
+                if *index >= read || !asked.get(i).copied().unwrap_or(false) {
+                    not_asked.push(decode_record(bytes)?.id_or(i));
+                }
+            }
+        }
+        let asked_n = asked.iter().filter(|a| **a).count();
+        let result = d.result(ctx, &self.responders, asked_n, not_asked, stopped);
+        if result.stopped_early {
+            // The run's work is what it asked: a decided comparison left the rest (the result
+            // lists them), so its progress ends whole.
+            ctx.progress.set_total(u32::try_from(asked_n * per).unwrap_or(u32::MAX), false);
+        }
+        Ok(result)
     }
 
     /// The end of an open run: the aggregates in one pass over the stored results (each with its
-    /// record's checklist), then the outcome by how many records failed. The results stay in the
+    /// record's checklist), then the outcome by how many records failed (of those it asked, when
+    /// it stopped once decided). The results stay in the
     /// store (ListRunResults).
     pub(super) async fn finish_open(
         &self,
         ctx: &RunCtx,
         checklists: &mut Checklists,
         cancelled: bool,
+        sequential: Option<gw::SequentialResult>,
     ) -> Result<RunOutcome, StageError> {
         ctx.spending.record_budget_stop();
         let mut aggregate = AggregateBuilder::default();
@@ -248,7 +360,7 @@ impl ChecklistEval {
             results_paged: true,
             responders,
             comparisons,
-            sequential: None,
+            sequential,
         };
         Ok(RunOutcome { state, result: Some(gw::run_result::Result::ChecklistEval(response)) })
     }

@@ -155,7 +155,7 @@ impl ChecklistEval {
             }
         }
         let mut checklists = Checklists::default();
-        self.finish_open(ctx, &mut checklists, cancelled).await
+        self.finish_open(ctx, &mut checklists, cancelled, None).await
     }
 
     /// Help with a spread run another gateway executes.
