@@ -274,3 +274,52 @@ async fn an_open_run_stops_once_decided_before_it_is_sealed() {
     assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused:?}");
     sandbox.shutdown().await.unwrap();
 }
+
+/// `assay eval --open --stop-when-decided` as a user runs it: a file of 12,000 records streamed
+/// into an open run (two AppendRecords messages), which decides on its first block and ends,
+/// sealed or not; the CLI writes what was asked and counts only that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn assay_eval_open_stops_when_decided_and_counts_what_it_asked() {
+    let sandbox = MeshSandbox::start().await;
+    sandbox.llm.set_handler(handler);
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("prompts.jsonl");
+    const N: usize = 12_000;
+    let lines: Vec<String> = (0..N)
+        .map(|i| serde_json::json!({"id": format!("q{i}"), "input": format!("What about topic {i}?")}).to_string())
+        .collect();
+    std::fs::write(&data, lines.join("\n") + "\n").unwrap();
+    let out = dir.path().join("out.jsonl");
+    let run = tokio::process::Command::new(assay_tests::workspace_binary("assay", "assay-cli"))
+        .args(["eval", "--preset", "tick", "--gateway", &sandbox.gateway_url(), "--open", "--json"])
+        .args([
+            "--respond",
+            "openai:model-a",
+            "--respond",
+            "openai:model-b",
+            "--stop-when-decided",
+            "--order-seed",
+            "3",
+        ])
+        .arg("--data")
+        .arg(&data)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(0), "{stderr}");
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let summary: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let q = &summary["sequential"];
+    assert_eq!(q["stoppedEarly"], true, "{summary}");
+    assert_eq!(q["comparisons"][0]["decision"], "SEQUENTIAL_DECISION_BETTER", "{summary}");
+    let not_asked = q["recordsNotAsked"].as_array().unwrap().len();
+    let asked = N - not_asked;
+    assert!(asked < 1024, "asked from the first block only: {asked}");
+    assert_eq!(summary["records"], 2 * asked, "the responses it asked: {summary}");
+    assert_eq!(std::fs::read_to_string(&out).unwrap().lines().count(), 2 * asked, "a line per response asked");
+    assert_eq!(sandbox.llm.request_count(), 5 * asked);
+    sandbox.shutdown().await.unwrap();
+}

@@ -119,13 +119,19 @@ pub fn checklist_ready_line(c: &gw::ChecklistReady) -> String {
     format!("checklist ready: {n} items for {} records", c.record_indices.len())
 }
 
+/// The responses a run asked: a run stopped when decided asked fewer records than it holds (an open
+/// run's results are paged, not in the evaluation: its responders say how many they answered).
+fn asked(total: usize, e: &gw::EvaluateResponse) -> usize {
+    match &e.sequential {
+        Some(q) if q.stopped_early && !e.results_paged => e.results.len(),
+        Some(q) if q.stopped_early => e.responders.iter().map(|r| r.responses as usize).sum(),
+        Some(_) | None => total,
+    }
+}
+
 /// The summary line on standard error.
 pub fn summary_line(run_id: &str, total: usize, failed: u64, e: &gw::EvaluateResponse, pipeline_s: f64) -> String {
-    // A run stopped when decided asked fewer records than it holds: the responses it has.
-    let total = match &e.sequential {
-        Some(q) if q.stopped_early && !e.results_paged => e.results.len(),
-        Some(_) | None => total,
-    };
+    let total = asked(total, e);
     let a = e.aggregate.clone().unwrap_or_default();
     let u = e.usage.clone().unwrap_or_default();
     let scores = || e.results.iter().filter_map(|r| r.score.as_ref());
@@ -253,7 +259,7 @@ pub fn summary_json(
     let mut v = run_output(run_id, state, &summary)?;
     if let Value::Object(o) = &mut v {
         o.remove("results");
-        o.insert("records".into(), total.into());
+        o.insert("records".into(), asked(total, e).into());
         o.insert("failed".into(), failed.into());
         o.insert("pipelineSeconds".into(), ((pipeline_s * 1e3).round() / 1e3).into());
     }
