@@ -2,10 +2,13 @@
 //! every chat call with an instance of the requested JSON schema (see `schema_fake`) after a fixed
 //! latency. Used by benchmarks that compare Assay with other clients against the same backend.
 //!
-//! Usage: `assay-scripted-llm [--latency-ms N] [--capacity N] [--faults R,E,U] [--seed N]`.
+//! Usage: `assay-scripted-llm [--latency-ms N] [--capacity N] [--faults R,E,U] [--seed N]
+//! [--arrivals FILE]`.
 //! `--capacity`: requests served at once at most, the rest answered 429 at once (a server with N
 //! slots; default unlimited). `--faults`: shares of attempts answered 429 (R), 5xx (E) and never
-//! answered (U), e.g. `0.2,0.1,0.05`, drawn from `--seed` (default 1). Prints the base URL on the
+//! answered (U), e.g. `0.2,0.1,0.05`, drawn from `--seed` (default 1). `--arrivals`: the Unix time
+//! (seconds) each request arrived, one per line (the benchmarks' breakdown reads when a run's
+//! first call reached the backend and when its last reply left). Prints the base URL on the
 //! first line of standard output, then serves on 127.0.0.1 until SIGINT/SIGTERM; on exit prints the
 //! number of requests served, the peak in flight, the requests refused for capacity and the faults
 //! injected to standard error.
@@ -17,7 +20,8 @@ use std::time::Duration;
 
 use assay_testkit::{FaultCounts, FaultMix};
 
-const USAGE: &str = "usage: assay-scripted-llm [--latency-ms N] [--capacity N] [--faults R,E,U] [--seed N]";
+const USAGE: &str =
+    "usage: assay-scripted-llm [--latency-ms N] [--capacity N] [--faults R,E,U] [--seed N] [--arrivals FILE]";
 
 /// `R,E,U`: three shares in [0, 1] whose sum is at most 1.
 fn fault_mix(value: &str) -> Option<FaultMix> {
@@ -41,6 +45,7 @@ async fn main() {
     let mut capacity = 0usize;
     let mut faults = None;
     let mut seed = 1u64;
+    let mut arrivals: Option<std::path::PathBuf> = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let value = args.next();
@@ -54,6 +59,7 @@ async fn main() {
                 faults = Some(parsed(value, |v| fault_mix(v).ok_or(()), why));
             }
             "--seed" => seed = parsed(value, str::parse, "--seed needs a whole number"),
+            "--arrivals" => arrivals = Some(parsed(value, str::parse, "--arrivals needs a file")),
             other => {
                 eprintln!("unknown argument {other:?}; {USAGE}");
                 std::process::exit(2)
@@ -63,7 +69,23 @@ async fn main() {
     let server = assay_testkit::ScriptedLlm::start().await;
     // Millions of calls in a long benchmark: counted, not kept.
     server.stop_recording();
-    let answers = assay_testkit::schema_handler(Duration::from_millis(latency_ms));
+    let schema = assay_testkit::schema_handler(Duration::from_millis(latency_ms));
+    let log = arrivals.map(|path| {
+        let file = std::fs::File::create(&path).unwrap_or_else(|e| {
+            eprintln!("--arrivals {}: {e}", path.display());
+            std::process::exit(2)
+        });
+        Arc::new(std::sync::Mutex::new(std::io::BufWriter::new(file)))
+    });
+    let arrived = log.clone();
+    let answers = move |r: &assay_testkit::RecordedRequest| {
+        if let Some(log) = &arrived {
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            let mut w = log.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let _ = writeln!(w, "{:.6}", now.as_secs_f64());
+        }
+        schema(r)
+    };
     let counts = Arc::new(FaultCounts::default());
     match faults {
         Some(mix) => server.set_handler(assay_testkit::with_faults(answers, mix, seed, counts.clone())),
@@ -73,6 +95,9 @@ async fn main() {
     println!("{}", server.base_url());
     let _ = std::io::stdout().flush();
     assay_rpc::shutdown_signal().await;
+    if let Some(log) = &log {
+        let _ = log.lock().unwrap_or_else(std::sync::PoisonError::into_inner).flush();
+    }
     eprintln!(
         "assay-scripted-llm: served {} requests, at most {} at once, {} refused for capacity; faults: {} x 429, {} x 5xx, {} unanswered",
         server.request_count(),
