@@ -36,6 +36,10 @@ in_venv "$tmp/cli" bash -c '
   done
   [ "$(command -v assay)" = "$0/assay" ] || { echo "assay on PATH is $(command -v assay), not $0/assay" >&2; exit 1; }
 ' "$tmp/cli/bin"
+# The binary finds the libgomp the wheel bundles, not the system's.
+bin="$(in_venv "$tmp/cli" python -c 'import sysconfig; print(sysconfig.get_path("platlib"))')/assay_cli.scripts/assay"
+ldd "$bin" | grep -q "libgomp.* => $(dirname "$bin")/../assay_cli.libs/libgomp" \
+  || { echo "$bin does not load the wheel's libgomp:" >&2; ldd "$bin" >&2; exit 1; }
 got="$(in_venv "$tmp/cli" assay --version)"
 echo "$got"
 [ "$got" = "assay $version" ] || { echo "assay --version printed '$got', expected 'assay $version'" >&2; exit 1; }
