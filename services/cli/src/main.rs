@@ -156,10 +156,15 @@ enum Command {
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
+    cmd::timings::mark("main");
+    // The contracts' descriptors (what --json and the events' wording read) decoded beside the
+    // verb's own start, not when its first result is printed.
+    std::thread::spawn(cmd::render::json::warm);
     assay_runtime::main(run)
 }
 
 async fn run() -> ExitCode {
+    cmd::timings::mark("runtime");
     let cli = Cli::parse();
     let level = match (cli.verbose, &cli.command) {
         (0, Command::Up(_)) | (1, _) => "info",
@@ -188,7 +193,9 @@ async fn run() -> ExitCode {
         Command::Power(args) => ("assay power", cmd::power::run(args)),
         Command::Agreement(args) => ("assay agreement", cmd::agreement::run(args)),
     };
-    cmd::error::finish(who, outcome)
+    let code = cmd::error::finish(who, outcome);
+    cmd::timings::write();
+    code
 }
 
 #[cfg(test)]

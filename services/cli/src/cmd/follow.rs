@@ -27,6 +27,7 @@ pub const MAX_QUIET_REATTACH: u32 = 3;
 /// is bad input ([`CliError`]'s conversion of a status).
 pub async fn start_run(client: &mut Client, request: gw::RunPipelineRequest) -> Result<Events, CliError> {
     let stream = client.run_pipeline(request).await?;
+    super::timings::mark("admitted");
     Ok(events_of(stream.into_inner(), |m: gw::RunPipelineResponse| m.event))
 }
 
@@ -97,10 +98,21 @@ pub async fn follow_run<F: RunFollower>(
     loop {
         match events.next().await {
             Some(Ok(ev)) => {
+                super::timings::mark("first_event");
                 run.seen(&ev);
+                let at = ev.time;
+                if matches!(ev.event, Some(gw::run_event::Event::Completed(_))) {
+                    super::timings::mark("completed_received");
+                }
                 match follower.on_event(ev) {
                     Step::Continue => {}
-                    Step::Done(outcome) => return outcome,
+                    Step::Done(outcome) => {
+                        super::timings::mark("ended");
+                        if let Some(t) = at {
+                            super::timings::mark_at("ended_at_gateway", t.seconds as f64 + f64::from(t.nanos) / 1e9);
+                        }
+                        return outcome;
+                    }
                     Step::AwaitingHuman => {
                         let stored = run.get(client).await.ok();
                         return follower.awaiting_human(stored.as_ref());

@@ -22,4 +22,5 @@ pub mod runs;
 pub mod serve;
 pub mod session;
 pub mod source;
+pub mod timings;
 pub mod up;

@@ -3,19 +3,18 @@
 //! integers as strings, defaults included) so the page and the CLI agree. A field added to a proto
 //! reaches `--json` with no change here.
 
-use std::sync::LazyLock;
-
 use assay_proto::common::v1 as common;
 use assay_proto::gateway::v1 as gw;
 use assay_proto::refiners::v1 as ref_pb;
 use prost_reflect::prost::Message;
-use prost_reflect::{DescriptorPool, DynamicMessage, MessageDescriptor, SerializeOptions};
+use prost_reflect::{DynamicMessage, MessageDescriptor, SerializeOptions};
 use serde_json::{Map, Value};
 
-/// The contracts' descriptors (every Assay package and its imports).
-static POOL: LazyLock<Result<DescriptorPool, String>> = LazyLock::new(|| {
-    DescriptorPool::decode(assay_proto::FILE_DESCRIPTOR_SET).map_err(|e| format!("contract descriptors: {e}"))
-});
+/// Decode the contracts' descriptors now (a few milliseconds, once per process), so that the
+/// first message printed does not wait for them: called on a thread of its own at start.
+pub fn warm() {
+    let _ = assay_proto::descriptor_pool();
+}
 
 /// A contract message the CLI prints, known by its full proto name.
 pub trait Proto: Message + Sized {
@@ -45,7 +44,7 @@ proto_names! {
 
 /// The descriptor of `M`.
 pub fn descriptor<M: Proto>() -> Result<MessageDescriptor, String> {
-    let pool = POOL.as_ref().map_err(Clone::clone)?;
+    let pool = assay_proto::descriptor_pool().map_err(str::to_string)?;
     pool.get_message_by_name(M::NAME).ok_or_else(|| format!("no message {} in the contract descriptors", M::NAME))
 }
 
