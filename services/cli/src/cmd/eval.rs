@@ -560,6 +560,12 @@ async fn stream(
                         Ok(Err(e)) => e,
                         Err(e) => format!("sending the records: {e}"),
                     };
+                    // A run that ended first (one that stops when decided ends once decided,
+                    // sealed or not) refuses the rest: how it ended is what the events say.
+                    let state = control.get_run(gw::GetRunRequest { run_id: run_id.clone() }).await;
+                    if state.is_ok_and(|r| r.into_inner().run.is_some_and(|r| is_final(r.state))) {
+                        continue;
+                    }
                     // The run cannot be sealed: cancelled, with what it scored kept.
                     let cancel = gw::ControlRunRequest {
                         run_id: run_id.clone(),
