@@ -86,8 +86,10 @@ pub const DEMO_NEXT: [(&str, &str); 3] = [
     ("up", "the mesh and its admin page (URL printed)"),
 ];
 
-/// What the demo's reader should know and try next.
+/// What the demo's reader should know and try next, each command as this binary was run
+/// (`./target/release/assay` from a checkout, `assay` from a wheel on PATH).
 fn demo_next_steps(embedded: bool) -> Vec<String> {
+    let me = std::env::args().next().filter(|a| !a.is_empty()).unwrap_or_else(|| "assay".into());
     let mut lines = Vec::new();
     if embedded {
         lines.push(
@@ -96,14 +98,13 @@ fn demo_next_steps(embedded: bool) -> Vec<String> {
                 .to_string(),
         );
         lines.push("The same demo against any OpenAI-compatible server (OpenAI, vLLM, Ollama, LiteLLM):".to_string());
-        lines.push(
-            "  OPENAI_BASE_URL=http://127.0.0.1:11434/v1 OPENAI_API_KEY=... ./target/release/assay demo --backend openai --model MODEL"
-                .to_string(),
-        );
+        lines.push(format!(
+            "  OPENAI_BASE_URL=http://127.0.0.1:11434/v1 OPENAI_API_KEY=... {me} demo --backend openai --model MODEL"
+        ));
     }
     lines.push("Next:".to_string());
     for (args, what) in DEMO_NEXT {
-        lines.push(format!("  ./target/release/assay {args:<46} {what}"));
+        lines.push(format!("  {me} {args:<46} {what}"));
     }
     lines
 }
