@@ -146,6 +146,15 @@ enum Command {
     Agreement(cmd::agreement::AgreementArgs),
     /// List, inspect, follow and control runs on a running gateway.
     Runs(cmd::runs::RunsArgs),
+    /// Write a finished run as one file to share: a self-contained HTML page or Markdown.
+    ///
+    /// Read through the gateway (--gateway): what ran (pipeline, models, settings, cost), the
+    /// aggregates with their intervals, responders and their comparisons as a forest plot, the
+    /// records with their answers (paged inside the page); a refinement's sections before and
+    /// after with the issues fixed; a debate's answers, reviews and verdicts. The HTML loads
+    /// nothing from the network. Exit codes: 0 written, 1 it could not be written, 2 an unknown or
+    /// unfinished run, an unreachable gateway or a bad option.
+    Report(cmd::report::ReportArgs),
     /// Manage the embedded models.
     Models(cmd::models::ModelsArgs),
 }
@@ -189,6 +198,7 @@ async fn run() -> ExitCode {
         Command::RefineText(args) => ("assay", cmd::refine_text::run(config, args).await),
         Command::Debate(args) => ("assay", cmd::debate::run(config, args).await),
         Command::Runs(args) => ("assay", cmd::runs::run(config, args).await),
+        Command::Report(args) => ("assay report", cmd::report::run(config, args).await),
         Command::Compare(args) => ("assay compare", cmd::compare::run(config, args).await),
         Command::Power(args) => ("assay power", cmd::power::run(args)),
         Command::Agreement(args) => ("assay agreement", cmd::agreement::run(args)),

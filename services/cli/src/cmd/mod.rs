@@ -18,6 +18,7 @@ pub mod power;
 pub mod refine;
 pub mod refine_text;
 pub mod render;
+pub mod report;
 pub mod runs;
 pub mod serve;
 pub mod session;
