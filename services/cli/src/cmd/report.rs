@@ -4,7 +4,6 @@
 //! as a self-contained HTML page (default `report-<run>.html`) or as Markdown for a pull-request
 //! comment (default standard output); the forms are [`render::report`](super::render::report).
 
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use assay_config::AssayConfig;
@@ -81,12 +80,7 @@ pub async fn run(config: Option<&Path>, args: ReportArgs) -> Outcome {
             std::fs::write(&path, text).map_err(|e| CliError::Failed(format!("{}: {e}", path.display())))?;
             eprintln!("report of run {} written to {}", args.run, path.display());
         }
-        None => {
-            let mut stdout = std::io::stdout().lock();
-            if let Err(e) = stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
-                crate::stdout_failed(e);
-            }
-        }
+        None => out!("{text}"),
     }
     Ok(Ending::Done)
 }

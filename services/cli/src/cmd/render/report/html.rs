@@ -14,7 +14,7 @@ use base64::Engine as _;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use super::svg::{self, Row};
+use super::svg::{self, Row, esc};
 use super::{
     IssueEnd, Records, Report, SectionView, answer_letter, clip, count, decision, diff, level, method, p_value, pct,
     primary, questions, run_error, score, tokens, verdict,
@@ -27,22 +27,6 @@ use crate::cmd::render::{
 pub const PAGE: usize = 1000;
 /// Checklists listed (one per distinct input; the records name theirs).
 const CHECKLISTS_SHOWN: usize = 50;
-
-/// Text escaped for HTML content and double- or single-quoted attribute values.
-pub fn esc(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
 
 /// JSON for a `<script type="application/json">` block: `<`, `>` and `&` as `\u` escapes, so no
 /// text inside can close the block (they only occur inside JSON strings, where escapes are valid).

@@ -3,8 +3,6 @@
 
 use std::fmt::Write as _;
 
-use super::html::esc;
-
 /// One row of a forest plot: an interval and its point.
 pub struct Row {
     pub label: String,
@@ -124,4 +122,20 @@ pub fn score_line(scores: &[f64], id: &str) -> String {
     }
     s.push_str("</svg>");
     s
+}
+
+/// Text escaped for HTML content and double- or single-quoted attribute values.
+pub fn esc(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
 }
