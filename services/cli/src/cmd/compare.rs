@@ -6,7 +6,7 @@
 //! regression gate for CI. Two run ids are compared by the gateway (CompareRuns); a file and a run
 //! id locally, the run fetched with GetRun. The numbers are the same either way.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use assay_config::AssayConfig;
 use assay_domain::stats::runs::{self, CompareOptions, Gate, ItemFlips, RecordDiff, RunComparison, RunMetric};
@@ -15,6 +15,7 @@ use assay_proto::gateway::v1 as gw;
 
 use super::common::{BackendArgs, load_config};
 use super::error::{CliError, Ending, Outcome, status_text};
+use super::render::junit::{self, Compared, Suite};
 use super::session::client;
 use super::source::{self, Metric, Spec};
 
@@ -66,18 +67,97 @@ pub struct CompareArgs {
     /// baseline's responder then the candidate's (the same run id may be both sides).
     #[arg(long, value_name = "NAME")]
     pub responder: Vec<String>,
+    /// Also write the comparison as a JUnit XML report to FILE, for CI systems: one test case,
+    /// failed when the candidate regressed by the rule of --fail-on-regression (at --min-effect,
+    /// else 0, with or without that flag), its message the difference, the interval and p; in
+    /// error when a statistic is not a number or the comparison could not be made. Written whole
+    /// (a temporary file renamed over FILE). The exit code is the same with or without it.
+    #[arg(long, value_name = "FILE")]
+    pub junit: Option<PathBuf>,
 }
 
 /// `assay compare` with the configuration at `config` (`--config`; its token and TLS settings reach
 /// the gateway): 0 done, 1 a significant regression under --fail-on-regression, 2 bad input (every
 /// error of this verb).
 pub async fn run(config: Option<&Path>, args: CompareArgs) -> Outcome {
-    compare(config, args).await.map_err(CliError::bad_input)
+    let started = (std::time::Instant::now(), std::time::SystemTime::now());
+    let compared = async {
+        let config = load_config(config, &BackendArgs::default())?;
+        report(&config, &args).await.map_err(CliError::BadInput)
+    };
+    let (r, labels) = match compared.await {
+        Ok(r) => r,
+        Err(e) => {
+            // No comparison: the report says why (never an older report's verdict).
+            if let Some(path) = &args.junit
+                && let Err(w) = junit::write_error(path, "compare", args.metric.field(), e.message())
+            {
+                eprintln!("assay compare: {w}");
+            }
+            return Err(e.bad_input());
+        }
+    };
+    if let Some(path) = &args.junit {
+        write_junit(path, &r, &labels, &args, started).map_err(CliError::BadInput)?;
+    }
+    compare(r, &labels, &args).map_err(CliError::bad_input)
 }
 
-async fn compare(config: Option<&Path>, args: CompareArgs) -> Outcome {
-    let config = load_config(config, &BackendArgs::default())?;
-    let (mut r, labels) = report(&config, &args).await.map_err(CliError::BadInput)?;
+/// The `--junit` report of a comparison: one test case, failed when it regressed (the gate's rule,
+/// computed at --min-effect or 0 when --fail-on-regression did not ask for it), with the table as
+/// the suite's output.
+fn write_junit(
+    path: &Path,
+    r: &RunComparison,
+    labels: &[String; 2],
+    args: &CompareArgs,
+    (clock, started): (std::time::Instant, std::time::SystemTime),
+) -> Result<(), String> {
+    let c = &r.comparison;
+    let gate = r.gate.clone().unwrap_or_else(|| runs::gate(c, args.min_effect.unwrap_or(0.0)));
+    let numbers = Compared {
+        diff: c.diff,
+        ci: c.ci,
+        alpha: c.alpha,
+        p_value: c.p_value,
+        method: c.method.as_str(),
+        pairs: c.n_pairs.map(|n| n as u64),
+        regressed: gate.regressed,
+        reason: &gate.reason,
+    };
+    let field = r.metric.field();
+    let case = junit::comparison_case(
+        junit::classname("compare", field, None),
+        format!("{} vs {}", labels[1], labels[0]),
+        &numbers,
+    );
+    let mut properties = vec![
+        ("baseline".to_string(), labels[0].clone()),
+        ("candidate".to_string(), labels[1].clone()),
+        ("metric".to_string(), field.to_string()),
+        ("alpha".to_string(), c.alpha.to_string()),
+        ("min_effect".to_string(), gate.min_effect.to_string()),
+        ("method".to_string(), c.method.as_str().to_string()),
+        ("diff".to_string(), c.diff.to_string()),
+        ("ci_low".to_string(), c.ci.0.to_string()),
+        ("ci_high".to_string(), c.ci.1.to_string()),
+        ("p_value".to_string(), c.p_value.to_string()),
+    ];
+    if let Some(n) = c.n_pairs {
+        properties.push(("pairs".into(), n.to_string()));
+    }
+    let suite = Suite {
+        name: format!("assay compare {field}"),
+        package: "assay.compare".into(),
+        started,
+        seconds: clock.elapsed().as_secs_f64(),
+        properties,
+        out: format!("{}{}", table(r, labels), gate.reason),
+    };
+    junit::write(path, &[(suite, vec![case])]).map(|_| ())
+}
+
+fn compare(mut r: RunComparison, labels: &[String; 2], args: &CompareArgs) -> Outcome {
     if let Some(why) = undefined(&r.comparison) {
         // A statistic that is not a number decides nothing: the gate never passes on it.
         if args.fail_on_regression {
@@ -88,7 +168,7 @@ async fn compare(config: Option<&Path>, args: CompareArgs) -> Outcome {
     if args.json {
         outln!("{}", runs::to_json(&r));
     } else {
-        out!("{}", table(&r, &labels));
+        out!("{}", table(&r, labels));
     }
     match &r.gate {
         Some(g) => {

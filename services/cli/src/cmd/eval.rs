@@ -19,9 +19,10 @@ use super::input::{CorpusArgs, FieldMap, Needs, RecordLines, corpus_request, is_
 use super::render::checklist_eval::{
     checklist_ready_line, comparison_line, record_json, responder_lines, summary_json, summary_line,
 };
-use super::render::stage_progress_line;
+use super::render::junit::{self, Compared, JunitFile, Questions, RecordCases, Suite};
+use super::render::{stage_progress_line, state_name};
 use super::session::{Client, Session};
-use super::source::write_results;
+use super::source::{each_result, write_results};
 
 /// Models under test (`assay eval --respond`): each answers every record's input, and its answers
 /// are what is scored.
@@ -301,12 +302,26 @@ pub struct RunArgs {
     /// The field or column holding each record's id.
     #[arg(long, value_name = "NAME")]
     pub id_field: Option<String>,
+    /// Also write the results as a JUnit XML report to FILE, for CI systems: a test case per
+    /// record (per record and responder with --respond), failed below --pass-threshold, in error
+    /// when the record failed or was left unscored; with responders, each comparison with the
+    /// first is a test case too, failed when it regressed. Written whole (a temporary file
+    /// renamed over FILE), also when the run ends partial; a run that fails leaves a report of
+    /// one test case in error. The exit code is the same with or without it.
+    #[arg(long, value_name = "FILE")]
+    pub junit: Option<PathBuf>,
+    /// With --junit: a scored record whose primary score is below SCORE (0 to 1) is a failed test
+    /// case, its message the score, the threshold and the items answered NO. It shapes the report
+    /// only; the exit code stays as documented.
+    #[arg(long, value_name = "SCORE", requires = "junit", value_parser = unit_score)]
+    pub pass_threshold: Option<f64>,
     #[command(flatten)]
     pub budget: BudgetArgs,
 }
 
 impl RunArgs {
-    fn into_options(self) -> RunOptions {
+    fn into_options(self, verb: &'static str) -> RunOptions {
+        let junit = self.junit.map(|path| JunitArgs { path, threshold: self.pass_threshold, verb });
         RunOptions {
             data: self.data,
             out: self.out,
@@ -316,33 +331,64 @@ impl RunArgs {
             open: self.open,
             fail_on_regression: false,
             fields: FieldMap { input: self.input_field, target: self.target_field, id: self.id_field },
+            junit,
         }
     }
+}
+
+/// `--pass-threshold`: a primary score, 0 to 1.
+fn unit_score(value: &str) -> Result<f64, String> {
+    match value.parse::<f64>() {
+        Ok(x) if (0.0..=1.0).contains(&x) => Ok(x),
+        Ok(_) | Err(_) => Err("give a primary score from 0 to 1".into()),
+    }
+}
+
+/// `--junit FILE` and `--pass-threshold` of `eval` / `score`.
+#[derive(Clone)]
+pub struct JunitArgs {
+    pub path: PathBuf,
+    pub threshold: Option<f64>,
+    /// `eval` or `score`.
+    pub verb: &'static str,
+}
+
+/// A verb that failed still writes its `--junit` report, one test case in error: a CI system then
+/// shows the failure, never an older report's results.
+fn junit_on_error(junit: Option<(PathBuf, PathBuf)>, verb: &str, outcome: Outcome) -> Outcome {
+    if let (Some((path, data)), Err(e)) = (&junit, &outcome)
+        && let Err(w) = junit::write_error(path, verb, &data.display().to_string(), e.message())
+    {
+        eprintln!("assay: {w}");
+    }
+    outcome
 }
 
 /// `assay eval` with the configuration at `config` (`--config`): 0 all scored, 3 some records
 /// failed, 1 the run failed or its input was refused (this verb does not tell bad input apart), 2 a
 /// malformed option (clap's); with --fail-on-regression 1 a regression, 5 an unevaluated responder.
 pub async fn run(config: Option<&Path>, args: EvalArgs) -> Outcome {
+    let junit = args.run.junit.clone().map(|p| (p, args.run.data.clone()));
     let outcome = async {
         let config = load_config(config, &args.backend)?;
         let scorer = args.scoring.config().map_err(CliError::Failed)?;
-        let options = args.run.into_options();
+        let options = args.run.into_options("eval");
         eval(&config, &args.preset, args.max_items, scorer, &args.corpus, &args.responders, options).await
     };
-    said_why(outcome.await.map_err(CliError::failed))
+    said_why(junit_on_error(junit, "eval", outcome.await.map_err(CliError::failed)))
 }
 
 /// `assay score` with the configuration at `config` (`--config`): the exit codes of `eval`.
 pub async fn run_score(config: Option<&Path>, args: ScoreArgs) -> Outcome {
+    let junit = args.run.junit.clone().map(|p| (p, args.run.data.clone()));
     let outcome = async {
         let config = load_config(config, &args.backend)?;
         let mut scorer = args.scoring.config().map_err(CliError::Failed)?.unwrap_or_default();
         scorer.samples = args.samples;
         scorer.sample_models = args.sample_models;
-        score(&config, &args.checklist, scorer, args.run.into_options()).await
+        score(&config, &args.checklist, scorer, args.run.into_options("score")).await
     };
-    said_why(outcome.await.map_err(CliError::failed))
+    said_why(junit_on_error(junit, "score", outcome.await.map_err(CliError::failed)))
 }
 
 /// The gate's verdict said on standard error, after the run.
@@ -377,6 +423,8 @@ pub struct RunOptions {
     pub fail_on_regression: bool,
     /// The dataset's names of the record fields (`--input-field`, ...).
     pub fields: FieldMap,
+    /// `--junit FILE` and its threshold.
+    pub junit: Option<JunitArgs>,
 }
 
 /// `assay eval`: generate with a preset, score every record.
@@ -475,6 +523,19 @@ async fn run_pipeline(
     label: String,
     args: &RunOptions,
 ) -> Outcome {
+    // The report's place is checked before the mesh starts.
+    let junit = match &args.junit {
+        Some(j) => Some(JunitRun {
+            file: JunitFile::create(&j.path).map_err(CliError::Failed)?,
+            cases: RecordCases {
+                verb: j.verb,
+                label: args.data.display().to_string(),
+                threshold: j.threshold,
+                sampled: pipeline.responders.iter().any(|r| r.samples > 1),
+            },
+        }),
+        None => None,
+    };
     let mut session = Session::open(config, args.gateway.as_deref()).await?;
     // With responders each record is scored once per responder and sample.
     let per_record = pipeline.responders.iter().map(|r| r.samples.max(1) as usize).sum::<usize>().max(1);
@@ -482,12 +543,12 @@ async fn run_pipeline(
         Records::Whole(records) => {
             let total = records.len() * per_record;
             pipeline.records = records;
-            stream(&mut session, pipeline, label, total, None, args).await
+            stream(&mut session, pipeline, label, total, None, junit, args).await
         }
         Records::Streamed { total: records, lines } => {
             let records = usize::try_from(records).unwrap_or(usize::MAX);
             let total = records.saturating_mul(per_record);
-            stream(&mut session, pipeline, label, total, Some((*lines, records)), args).await
+            stream(&mut session, pipeline, label, total, Some((*lines, records)), junit, args).await
         }
     };
     session.close().await?;
@@ -495,13 +556,15 @@ async fn run_pipeline(
 }
 
 /// Run `pipeline` and follow it: `total` results (records x responses per record); `streamed`,
-/// a file's records and how many, sent into the open run beside its events.
+/// a file's records and how many, sent into the open run beside its events; `junit`, the report
+/// to write.
 async fn stream(
     session: &mut Session,
     pipeline: gw::ChecklistEvalPipeline,
     label: String,
     total: usize,
     streamed: Option<(RecordLines, usize)>,
+    junit: Option<JunitRun>,
     args: &RunOptions,
 ) -> Outcome {
     let request = gw::RunPipelineRequest {
@@ -512,6 +575,7 @@ async fn stream(
     };
     // Pipeline time: from the request to the run's last event (no process or mesh start).
     let started = std::time::Instant::now();
+    let started_at = std::time::SystemTime::now();
     let mut events = start_run(&mut session.client, request).await?;
     let out: Box<dyn Write> = match &args.out {
         Some(p) => Box::new(std::io::BufWriter::new(
@@ -529,6 +593,8 @@ async fn stream(
         json: args.json,
         paged: None,
         fail_on_regression: args.fail_on_regression,
+        junit,
+        started_at,
     };
     let Some((lines, records)) = streamed else {
         return follow_run(&mut session.client, events, &mut follower).await;
@@ -585,9 +651,92 @@ async fn stream(
     let Some(Some((state, result))) = follower.paged.take() else {
         return Err(CliError::Failed(format!("run {run_id} ended without a result")));
     };
-    let failed = write_results(&mut session.client, &run_id, &mut follower.out).await.map_err(CliError::Failed)?;
+    let failed = match &mut follower.junit {
+        None => write_results(&mut session.client, &run_id, &mut follower.out).await.map_err(CliError::Failed)?,
+        // The lines and the test cases from one read of the results.
+        Some(junit) => {
+            let (out, mut failed) = (&mut follower.out, 0u64);
+            each_result(&mut session.client, &run_id, |r| {
+                failed += u64::from(r.score.is_none());
+                writeln!(out, "{}", record_json(&r)).map_err(|e| e.to_string())?;
+                junit.file.add(&junit.cases.case(&r, &Questions::default()))
+            })
+            .await
+            .map_err(CliError::Failed)?;
+            failed
+        }
+    };
     follower.failed = failed;
     follower.completed(state, result)
+}
+
+/// Write the `--junit` report of a completed evaluation: a test case per result (those of a run read
+/// in pages were added as they were read), then with responders a suite of their comparisons.
+fn write_junit(
+    mut junit: JunitRun,
+    run_id: &str,
+    state: i32,
+    e: &gw::EvaluateResponse,
+    seconds: f64,
+    started: std::time::SystemTime,
+    summary: String,
+) -> Result<(), CliError> {
+    let questions = Questions::of(&e.checklists);
+    if !e.results_paged {
+        for r in &e.results {
+            junit.file.add(&junit.cases.case(r, &questions)).map_err(CliError::Failed)?;
+        }
+    }
+    let RecordCases { verb, label, threshold, .. } = &junit.cases;
+    let file = Path::new(label).file_name().map_or_else(|| label.clone(), |n| n.to_string_lossy().into_owned());
+    let mut properties = vec![
+        ("run_id".to_string(), run_id.to_string()),
+        ("state".to_string(), state_name(state)),
+        ("data".to_string(), label.clone()),
+    ];
+    if let Some(a) = &e.aggregate {
+        properties.push(("mean_primary_score".into(), format!("{:.4}", a.mean_primary_score)));
+    }
+    if let Some(t) = threshold {
+        properties.push(("pass_threshold".into(), t.to_string()));
+    }
+    let suite = |name: String, out: String| Suite {
+        name,
+        package: format!("assay.{verb}"),
+        started,
+        seconds,
+        properties: properties.clone(),
+        out,
+    };
+    let comparisons: Vec<junit::Case> = e
+        .comparisons
+        .iter()
+        .map(|c| {
+            let method = gw::CompareMethod::try_from(c.method)
+                .map(|m| m.as_str_name().trim_start_matches("COMPARE_METHOD_").to_lowercase())
+                .unwrap_or_default();
+            let gate = c.gate.clone().unwrap_or_default();
+            let numbers = Compared {
+                diff: c.diff,
+                ci: (c.ci_low, c.ci_high),
+                alpha: c.alpha,
+                p_value: c.p_value,
+                method: &method,
+                pairs: c.n_pairs.map(u64::from),
+                regressed: gate.regressed,
+                reason: &gate.reason,
+            };
+            let name = format!("{} vs {}", c.candidate_run_id, c.baseline_run_id);
+            junit::comparison_case(junit::classname(verb, label, Some("comparisons")), name, &numbers)
+        })
+        .collect();
+    let more = if comparisons.is_empty() {
+        Vec::new()
+    } else {
+        vec![(suite(format!("assay {verb} {file}: responders compared"), String::new()), comparisons)]
+    };
+    junit.file.finish(&suite(format!("assay {verb} {file}"), summary), &more).map_err(CliError::Failed)?;
+    Ok(())
 }
 
 /// Bytes of records per AppendRecords message at most.
@@ -651,6 +800,16 @@ struct Follower {
     paged: Option<Option<(i32, Option<gw::RunResult>)>>,
     /// `--fail-on-regression`.
     fail_on_regression: bool,
+    /// `--junit`: the report, written when the run completes.
+    junit: Option<JunitRun>,
+    /// When the run was started (the report's timestamp).
+    started_at: std::time::SystemTime,
+}
+
+/// The `--junit` report of a run.
+struct JunitRun {
+    file: JunitFile,
+    cases: RecordCases,
 }
 
 impl RunFollower for Follower {
@@ -724,6 +883,13 @@ impl Follower {
             for line in responder_lines(&e) {
                 eprintln!("{line}");
             }
+        }
+        if let Some(junit) = self.junit.take() {
+            let summary = std::iter::once(summary_line(run_id, self.total, failed, &e, pipeline_s))
+                .chain(responder_lines(&e))
+                .collect::<Vec<_>>()
+                .join("\n");
+            write_junit(junit, run_id, state, &e, pipeline_s, self.started_at, summary)?;
         }
         let regressed = e.comparisons.iter().any(|c| c.gate.as_ref().is_some_and(|g| g.regressed));
         let unevaluated = e.responders.iter().any(|r| r.aggregate.is_none());

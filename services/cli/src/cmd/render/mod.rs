@@ -6,6 +6,7 @@ pub mod debate;
 pub mod events;
 pub mod generate_checklist;
 pub mod json;
+pub mod junit;
 pub mod report;
 pub mod self_refine;
 pub mod targeted_refinement;
