@@ -1,5 +1,6 @@
 //! `--junit FILE` end to end: the real `assay` binary against a scripted OpenAI-compatible backend
-//! on loopback (`eval`, `score`) or on results files (`compare`); every report is validated with
+//! on loopback (`eval`, `score`, `debate`, `refine`, `refine-text`) or on results files
+//! (`compare`); every report is validated with
 //! the `xmlschema` package (PyPI; scripts/setup-deps.sh installs it) against the two JUnit schemas
 //! CI systems read, vendored in tests/fixtures (Jenkins' xunit `junit-10.xsd` and the strict Ant
 //! `JUnit.xsd`), and its test cases checked against the run's own results (`--out`, `--json`).
@@ -7,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use assay_testkit::{RecordedRequest, Reply, ScriptedLlm, schema_reply};
+use assay_testkit::{RecordedRequest, Reply, ScriptedLlm, hash_embedding, schema_reply};
 use serde_json::{Value, json};
 
 mod common;
@@ -481,4 +482,415 @@ fn a_verb_that_fails_writes_a_report_of_one_error() {
     ]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("give a primary score from 0 to 1"), "{}", stderr(&o));
+}
+
+/// Embedding calls get deterministic vectors.
+fn embeddings(r: &RecordedRequest) -> Reply {
+    Reply::embeddings(r.embedding_inputs().iter().map(|t| hash_embedding(t, 32)).collect())
+}
+
+// --- assay debate ---------------------------------------------------------------------------------
+
+/// A debated problem: the reference (if any), what the three solvers answer first and after
+/// refinement; the judge picks solver_1.
+struct Debated {
+    id: &'static str,
+    problem: &'static str,
+    reference: Option<&'static str>,
+    original: [&'static str; 3],
+    refined: [&'static str; 3],
+}
+
+/// Right with agreement; wrong, solvers split; no reference (ungraded).
+const DEBATED: [Debated; 3] = [
+    Debated {
+        id: "mul",
+        problem: "What is 17 * 23?",
+        reference: Some("391"),
+        original: ["391", "391", "390"],
+        refined: ["391", "391", "391"],
+    },
+    Debated {
+        id: "add",
+        problem: "What is 2 + 2?",
+        reference: Some("4"),
+        original: ["5", "5", "4"],
+        refined: ["5", "5", "4"],
+    },
+    Debated {
+        id: "colour",
+        problem: "What colour is the sky?",
+        reference: None,
+        original: ["blue", "blue", "blue"],
+        refined: ["blue", "blue", "blue"],
+    },
+];
+
+fn debate_backend(r: &RecordedRequest) -> Reply {
+    if r.is_embeddings() {
+        return embeddings(r);
+    }
+    let p = r.first_user_message();
+    let d = DEBATED.iter().find(|d| p.contains(d.problem)).unwrap_or_else(|| panic!("no known problem in {p}"));
+    let who = r.debate_speaker();
+    let solver = || ["solver_1", "solver_2", "solver_3"].iter().position(|s| *s == who).expect("a solver");
+    let reply = match r.schema_name() {
+        "debate_solution" => json!({"approach": "direct", "reasoning_steps": ["step"],
+                                    "final_answer": d.original[solver()], "confidence": 0.7}),
+        "debate_review" => json!({"strengths": ["clear"], "weaknesses": [], "errors": [],
+                                  "suggested_changes": ["double-check"]}),
+        "debate_refinement" => {
+            let i = solver();
+            json!({"critiques_accepted": ["double-check"], "critiques_rejected": [],
+                   "refinement_reasoning": "checked again", "reasoning_steps": ["checked"],
+                   "final_answer": d.refined[i], "confidence": 0.8,
+                   "changed_from_original": d.refined[i] != d.original[i], "improvement_explanation": "checked"})
+        }
+        "debate_judgment" => json!({"reasoning": "solver_1 is careful", "winner": "solver_1", "confidence": 0.9}),
+        other => panic!("unexpected stage {other}"),
+    };
+    Reply::json(reply).usage(50, 10)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debate_reports_a_case_per_problem_failed_when_wrong_and_in_error_when_ungraded() {
+    let backend = ScriptedLlm::start().await;
+    backend.set_handler(debate_backend);
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_file(dir.path(), &backend, ":memory:");
+    let data = dir.path().join("problems.jsonl");
+    let text: String = DEBATED
+        .iter()
+        .map(|d| format!("{}\n", json!({"id": d.id, "problem": d.problem, "reference": d.reference})))
+        .collect();
+    std::fs::write(&data, text).unwrap();
+    let (out, report) = (dir.path().join("out.jsonl"), dir.path().join("debate.xml"));
+    let o = assay_async(&config, &["debate", "--data", s(&data), "--out", s(&out), "--junit", s(&report)]).await;
+    // Every problem debated: 0, as without the report.
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    only(dir.path(), &["assay.toml", "problems.jsonl", "out.jsonl", "debate.xml"]);
+    let results = lines(&out);
+    assert_eq!(results.len(), 3);
+    let v = validated(&report);
+    let got = cases(&v, 0);
+    assert_eq!(got.len(), 3);
+    // Each problem's case as its line says: graded right passes, wrong fails, ungraded is an error.
+    for line in &results {
+        let case = &got[line["id"].as_str().unwrap()];
+        assert_eq!(case["classname"], "assay.debate.problems");
+        let want = match line["correct"].as_bool() {
+            Some(true) => "passed",
+            Some(false) => "failure",
+            None => "error",
+        };
+        assert_eq!(case["outcome"], want, "{case} for {line}");
+    }
+    assert_eq!(
+        ["mul", "add", "colour"].map(|id| got[id]["outcome"].as_str().unwrap().to_string()),
+        ["passed", "failure", "error"]
+    );
+    assert_eq!(counts(&v, 0), (3, 1, 1));
+    let add = &got["add"];
+    assert_eq!(add["type"], "wrong_answer");
+    assert_eq!(add["message"], "wrong answer: final answer \"5\", reference \"4\"; the solvers disagreed");
+    assert!(add["detail"].as_str().unwrap().contains("decided by judge"), "{add}");
+    let colour = &got["colour"];
+    assert_eq!(colour["type"], "ungraded");
+    assert_eq!(colour["message"], "no reference to grade against; final answer \"blue\"");
+    let suite = &v["suites"][0];
+    assert_eq!(suite["attrib"]["name"], "assay debate problems.jsonl");
+    assert_eq!(
+        (suite["properties"]["graded"].as_str(), suite["properties"]["correct"].as_str()),
+        (Some("2"), Some("1"))
+    );
+    assert!(suite["out"].as_str().unwrap().contains("debate accuracy      50.0% (1/2)"), "{suite}");
+
+    // A problem file refused: exit 2 as before, and the report replaced by one case in error.
+    std::fs::write(&data, "{\"id\": \"b\", \"reference\": \"4\"}\n").unwrap();
+    let o = assay_async(&config, &["debate", "--data", s(&data), "--junit", s(&report)]).await;
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let v = validated(&report);
+    assert_eq!(counts(&v, 0), (1, 0, 1));
+    let case = &v["suites"][0]["cases"][0];
+    assert_eq!(
+        (case["classname"].as_str(), case["name"].as_str()),
+        (Some("assay.debate.problems"), Some("assay debate"))
+    );
+    assert!(case["message"].as_str().unwrap().contains("field \"problem\" is required"), "{case}");
+}
+
+// --- assay refine ---------------------------------------------------------------------------------
+
+/// The lesson the refinement tests work on (tests/fixtures of the workspace's test crate), and the
+/// passages its judges find wrong: a factual error in rule72 (critical), a missing step in example
+/// (major).
+const LESSON: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/lesson_compound_interest.json");
+const TRIPLE: &str = "for money to triple at a given yearly rate";
+const DOUBLE: &str = "for money to double at a given yearly rate";
+const MISSING_STEP: &str = "The growth factor is 1.004, so";
+const WITH_STEP: &str = "The growth factor per period is 1 + 0.048 / 12 = 1.004, so";
+const RULE72_ISSUE: &str = "The Rule of 72 estimates the doubling time, not the tripling time.";
+const EXAMPLE_ISSUE: &str = "Step 3 uses the growth factor 1.004 without showing how it comes from 0.048 / 12.";
+/// [`EXAMPLE_ISSUE`] as a test case's name: shortened to 80 characters.
+const EXAMPLE_NAME: &str = "Step 3 uses the growth factor 1.004 without showing how it comes from 0.048 /...";
+const CRITERIA: [&str; 6] = [
+    "factual_accuracy",
+    "learning_objective_alignment",
+    "pedagogical_structure",
+    "clarity_readability",
+    "engagement_examples",
+    "completeness",
+];
+
+fn all_messages(r: &RecordedRequest) -> String {
+    r.messages().into_iter().map(|(_, c)| c).collect::<Vec<_>>().join("\n")
+}
+
+/// The (id, text) of every `<section id="...">` block of a judge prompt.
+fn judged_sections(prompt: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut rest = prompt;
+    while let Some(at) = rest.find("<section id=\"") {
+        let after = &rest[at + "<section id=\"".len()..];
+        let Some(q) = after.find('"') else { break };
+        let id = after[..q].to_string();
+        let Some(open) = after.find(">\n") else { break };
+        let body = &after[open + 2..];
+        let Some(close) = body.find("\n</section>") else { break };
+        out.push((id, body[..close].to_string()));
+        rest = &body[close..];
+    }
+    out
+}
+
+/// The section text of an edit prompt.
+fn edited_text(prompt: &str) -> Option<String> {
+    let head = ["The current section (rewrite it):\n<section", "The section to fix:\n<section"]
+        .iter()
+        .find_map(|h| prompt.find(h).map(|at| at + h.len()))?;
+    let rest = &prompt[head..];
+    let body = &rest[rest.find(">\n")? + 2..];
+    Some(body[..body.find("\n</section>")?].to_string())
+}
+
+/// A judge's verdict: the two planted problems wherever their passages still stand.
+fn lesson_verdict(prompt: &str) -> Value {
+    let mut criterion: serde_json::Map<String, Value> = CRITERIA.iter().map(|c| (c.to_string(), json!(0.9))).collect();
+    let mut issues = Vec::new();
+    let mut section_scores = Vec::new();
+    for (id, text) in judged_sections(prompt) {
+        let found: Vec<(&str, &str, &str, &str)> = [
+            (id == "rule72" && text.contains(TRIPLE)).then_some(("factual_accuracy", "critical", RULE72_ISSUE, TRIPLE)),
+            (id == "example" && text.contains(MISSING_STEP)).then_some((
+                "completeness",
+                "major",
+                EXAMPLE_ISSUE,
+                MISSING_STEP,
+            )),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        for (c, severity, description, quote) in &found {
+            criterion.insert(c.to_string(), json!(if *severity == "critical" { 0.6 } else { 0.65 }));
+            issues.push(json!({"section_id": id, "criterion": c, "severity": severity,
+                "description": description, "fix_instruction": format!("{description} Correct it."),
+                "location": quote}));
+        }
+        let section = if found.is_empty() { 0.92 } else { 0.3 };
+        section_scores.extend(CRITERIA.iter().map(|c| json!({"section_id": id, "criterion": c, "score": section})));
+    }
+    json!({"criterion_scores": criterion, "issues": issues, "section_scores": section_scores})
+}
+
+/// The refinement's backend: judges that find the planted problems; with `fix`, editors that fix
+/// them and a delta judge that verifies; without, editors that only add a sentence and a delta
+/// judge that answers NO (every fix rejected).
+fn refinement_backend(fix: bool) -> impl Fn(&RecordedRequest) -> Reply + Send + Sync + 'static {
+    move |r| {
+        if r.is_embeddings() {
+            return embeddings(r);
+        }
+        let prompt = all_messages(r);
+        let schema = r.body.pointer("/response_format/json_schema/name").and_then(Value::as_str);
+        let reply = if schema == Some("section_verdict") {
+            Reply::json(lesson_verdict(&prompt))
+        } else if schema == Some("section_instruction") {
+            Reply::json(json!({"instruction": "Correct the problem the judges found and keep everything else."}))
+        } else if prompt.starts_with("You are a writer.") || prompt.starts_with("You are a careful editor. Fix one") {
+            let current = edited_text(&prompt).unwrap_or_default();
+            let edited = if fix {
+                current.replace(TRIPLE, DOUBLE).replace(MISSING_STEP, WITH_STEP)
+            } else {
+                format!("{current}\n\nRead this section twice.")
+            };
+            Reply::text(format!("<section>\n{edited}\n</section>"))
+        } else if prompt.starts_with("You are checking one section of a document after the section before it")
+            || prompt.starts_with("You are verifying an edit")
+        {
+            let (yes, no) = if fix { (-0.02, -4.5) } else { (-4.5, -0.02) };
+            Reply::with_logprobs(if fix { "YES" } else { "NO" }, vec![("YES", yes), ("NO", no)])
+        } else {
+            Reply::status(500).body(json!({"error": {"message": "unexpected call"}}).to_string())
+        };
+        reply.usage((prompt.len() / 4) as u64, 50)
+    }
+}
+
+/// `assay refine` of the lesson with `--junit`, the backend fixing or not: the exit code, the
+/// result on standard output and the validated report.
+async fn refine_with_report(fix: bool) -> (Option<i32>, Value, Value, String) {
+    let backend = ScriptedLlm::start().await;
+    backend.set_handler(refinement_backend(fix));
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_file(dir.path(), &backend, ":memory:");
+    let doc = dir.path().join("lesson.json");
+    std::fs::copy(LESSON, &doc).unwrap();
+    let report = dir.path().join("refine.xml");
+    let o = assay_async(&config, &["refine", "--doc", s(&doc), "--max-iterations", "1", "--junit", s(&report)]).await;
+    let result: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", stderr(&o)));
+    only(dir.path(), &["assay.toml", "lesson.json", "refine.xml"]);
+    (o.status.code(), result, validated(&report), stderr(&o))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refine_reports_each_issue_raised_and_the_run_failed_when_left_unresolved() {
+    let (code, result, v, err) = refine_with_report(false).await;
+    // Best effort: 3, as without the report.
+    assert_eq!(code, Some(3), "{err}");
+    assert_eq!(result["outcome"], "REFINEMENT_OUTCOME_BEST_EFFORT", "{result}");
+    let unresolved = result["unresolvedIssues"].as_array().unwrap();
+    assert_eq!(unresolved.len(), 2, "{result}");
+    let all = v["suites"][0]["cases"].as_array().unwrap();
+    // A case per unresolved issue (the same problems raised again are one issue), then the run.
+    assert_eq!(all.len(), 3, "{v}");
+    assert_eq!(counts(&v, 0), (3, 3, 0));
+    for u in unresolved {
+        let section = u["sectionId"].as_str().unwrap();
+        let class = format!("assay.refine.{section}");
+        let case = all.iter().find(|c| c["classname"] == class.as_str()).unwrap_or_else(|| panic!("{class}: {v}"));
+        assert_eq!(case["outcome"], "failure");
+        assert_eq!(case["type"], "unresolved");
+        let severity = u["severity"].as_str().unwrap().trim_start_matches("SEVERITY_").to_lowercase();
+        let message = case["message"].as_str().unwrap();
+        let head = format!(
+            "unresolved {severity} issue ({}) in section {section}; tried: iteration 1 ",
+            u["criterion"].as_str().unwrap()
+        );
+        assert!(message.starts_with(&head), "{message} / {head}");
+        assert!(message.contains("(not kept: "), "{message}");
+        assert!(case["detail"].as_str().unwrap().starts_with(u["description"].as_str().unwrap()), "{case}");
+    }
+    // In document order, a long description shortened.
+    assert_eq!([&all[0]["name"], &all[1]["name"]], [EXAMPLE_NAME, RULE72_ISSUE]);
+    let run = &all[2];
+    assert_eq!((run["classname"].as_str(), run["name"].as_str()), (Some("assay.refine.lesson"), Some("refinement")));
+    assert_eq!(run["type"], "best_effort");
+    let score = result["finalScore"].as_f64().unwrap();
+    let message = run["message"].as_str().unwrap();
+    assert!(
+        message.starts_with(&format!(
+            "best effort: final score {score:.4} below the acceptance threshold 0.85 (0.75 with no critical issue open); \
+             2 unresolved issues (1 critical)"
+        )),
+        "{message}"
+    );
+    let suite = &v["suites"][0];
+    assert_eq!(suite["properties"]["outcome"], "best_effort");
+    assert_eq!(suite["attrib"]["name"], "assay refine lesson.json");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refine_reports_fixed_issues_and_an_accepted_run_as_passed() {
+    let (code, result, v, err) = refine_with_report(true).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(result["outcome"], "REFINEMENT_OUTCOME_ACCEPTED", "{result}");
+    assert_eq!(result["unresolvedIssues"], json!([]), "{result}");
+    let got: Vec<(String, String, String)> = v["suites"][0]["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let t = |k: &str| c[k].as_str().unwrap().to_string();
+            (t("classname"), t("name"), t("outcome"))
+        })
+        .collect();
+    let passed = |class: &str, name: &str| (class.to_string(), name.to_string(), "passed".to_string());
+    assert_eq!(
+        got,
+        [
+            passed("assay.refine.example", EXAMPLE_NAME),
+            passed("assay.refine.rule72", RULE72_ISSUE),
+            passed("assay.refine.lesson", "refinement"),
+        ]
+    );
+    assert_eq!(counts(&v, 0), (3, 0, 0));
+    assert_eq!(v["suites"][0]["properties"]["final_score"], format!("{:.4}", result["finalScore"].as_f64().unwrap()));
+}
+
+// --- assay refine-text ----------------------------------------------------------------------------
+
+const DRAFT: &str = "Photosynthesis is how plants make food. They use light. Water and carbon dioxide go in and \
+                     sugar and oxygen come out. This happens in the leaves of the plant, inside small parts of the \
+                     cells that hold a green pigment.\n";
+
+/// Self-refine: `revise` the draft into the revision, with a two-point critique.
+fn refine_text_backend(revised: &'static str) -> impl Fn(&RecordedRequest) -> Reply + Send + Sync + 'static {
+    move |r| {
+        if r.is_embeddings() {
+            embeddings(r)
+        } else {
+            Reply::text(format!(
+                "<critique>\n- Too vague\n- No example & no <b>\n</critique>\n<revised>\n{revised}\n</revised>"
+            ))
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refine_text_reports_one_case_passed_when_converged_and_failed_with_the_critique_otherwise() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("draft.txt");
+    std::fs::write(&input, DRAFT).unwrap();
+    let report = dir.path().join("text.xml");
+    let run = |revised: &'static str| {
+        let (dir, input, report) = (dir.path().to_path_buf(), input.clone(), report.clone());
+        async move {
+            let backend = ScriptedLlm::start().await;
+            backend.set_handler(refine_text_backend(revised));
+            let config = config_file(&dir, &backend, ":memory:");
+            let o = assay_async(&config, &["refine-text", "--input", s(&input), "--json", "--junit", s(&report)]).await;
+            assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+            let result: Value = serde_json::from_slice(&o.stdout).unwrap();
+            (result, validated(&report))
+        }
+    };
+
+    // The revision is the draft itself: converged, passed.
+    let (result, v) = run(DRAFT.trim_end()).await;
+    assert_eq!(result["stopReason"], "SELF_REFINE_STOP_REASON_CONVERGED", "{result}");
+    assert_eq!(counts(&v, 0), (1, 0, 0));
+    let case = &v["suites"][0]["cases"][0];
+    assert_eq!(
+        (case["classname"].as_str(), case["name"].as_str()),
+        (Some("assay.refine-text.draft"), Some("draft.txt"))
+    );
+    assert_eq!(case["outcome"], "passed");
+    assert_eq!(v["suites"][0]["properties"]["stop_reason"], "converged");
+
+    // A different text after the one pass allowed: not converged, failed with the critique.
+    let (result, v) =
+        run("Plants make their own food from light, water and air, a process called photosynthesis.").await;
+    let stop = result["stopReason"].as_str().unwrap();
+    assert_ne!(stop, "SELF_REFINE_STOP_REASON_CONVERGED", "{result}");
+    assert_eq!(counts(&v, 0), (1, 1, 0));
+    let case = &v["suites"][0]["cases"][0];
+    assert_eq!(case["type"], "not_converged");
+    let reason = stop.trim_start_matches("SELF_REFINE_STOP_REASON_").to_lowercase();
+    assert_eq!(
+        case["message"],
+        format!("not converged: {reason} after 1 pass; last critique: Too vague; No example & no <b>")
+    );
+    assert!(case["detail"].as_str().unwrap().contains("\n  - No example & no <b>"), "{case}");
+    only(dir.path(), &["assay.toml", "draft.txt", "text.xml"]);
 }

@@ -20,6 +20,7 @@ use super::error::{CliError, Ending, Outcome};
 use super::follow::{NoResult, RunFollower, Step, finished_as, follow_run, is_final, start_run};
 use super::input::HookArgs;
 use super::render::debate::{problem_json, problem_line, summary_text};
+use super::render::junit::{self, RunReport};
 use super::render::self_refine::self_refined_line;
 use super::render::state_name;
 use super::session::Session;
@@ -52,6 +53,13 @@ pub struct DebateArgs {
     /// The run's label (default "assay debate <data>").
     #[arg(long)]
     pub label: Option<String>,
+    /// Also write the results as a JUnit XML report to FILE, for CI systems: a test case per
+    /// problem, failed when its (debated) answer is wrong against the reference, in error when the
+    /// problem failed or has no reference. Written whole (a temporary file renamed over FILE); a
+    /// run that fails leaves a report of one test case in error. The exit code is the same with or
+    /// without it.
+    #[arg(long, value_name = "FILE")]
+    pub junit: Option<PathBuf>,
     /// Self-refine every final answer (the problem as its instruction; grading keeps the debate's
     /// answer).
     #[command(flatten)]
@@ -65,8 +73,21 @@ pub struct DebateArgs {
 /// `assay debate` with the configuration at `config` (`--config`): 0 every problem debated, 3
 /// some problems failed, 1 the run failed or was cancelled, 2 bad input.
 pub async fn run(config: Option<&Path>, args: DebateArgs) -> Outcome {
-    let config = load_config(config, &args.backend)?;
-    debate(&config, args).await
+    let mut report = match &args.junit {
+        Some(path) => {
+            Some(RunReport::create(path, "debate", args.data.display().to_string()).map_err(CliError::Failed)?)
+        }
+        None => None,
+    };
+    let outcome = async {
+        let config = load_config(config, &args.backend)?;
+        debate(&config, args, &mut report).await
+    }
+    .await;
+    if let (Some(report), Err(e)) = (report, &outcome) {
+        report.failed(e.message());
+    }
+    outcome
 }
 
 /// Problems from a JSON-lines file; an error names the file, the line and the field.
@@ -131,8 +152,8 @@ pub fn build_pipeline(problems: Vec<gw::DebateProblem>, a: &DebateArgs) -> gw::D
     }
 }
 
-/// `assay debate`.
-pub async fn debate(config: &AssayConfig, args: DebateArgs) -> Outcome {
+/// `assay debate`; `report`, the `--junit` report, written when the run completes.
+pub async fn debate(config: &AssayConfig, args: DebateArgs, report: &mut Option<RunReport>) -> Outcome {
     let problems = read_problems(&args.data).map_err(CliError::BadInput)?;
     let total = problems.len();
     let pipeline = build_pipeline(problems, &args);
@@ -144,12 +165,18 @@ pub async fn debate(config: &AssayConfig, args: DebateArgs) -> Outcome {
         budget: args.budget.budget(),
     };
     let mut session = Session::open(config, args.gateway.as_deref()).await?;
-    let outcome = follow(&mut session, request, total, &args).await;
+    let outcome = follow(&mut session, request, total, &args, report).await;
     session.close().await?;
     outcome
 }
 
-async fn follow(session: &mut Session, request: gw::RunPipelineRequest, total: usize, args: &DebateArgs) -> Outcome {
+async fn follow(
+    session: &mut Session,
+    request: gw::RunPipelineRequest,
+    total: usize,
+    args: &DebateArgs,
+    report: &mut Option<RunReport>,
+) -> Outcome {
     let events = start_run(&mut session.client, request).await?;
     let out: Box<dyn Write> = match &args.out {
         Some(p) => Box::new(std::io::BufWriter::new(
@@ -164,8 +191,11 @@ async fn follow(session: &mut Session, request: gw::RunPipelineRequest, total: u
         progress: Progress::new(total as u64, "problems"),
         failed: 0,
         run_id: String::new(),
+        report: report.take(),
     };
-    follow_run(&mut session.client, events, &mut follower).await
+    let outcome = follow_run(&mut session.client, events, &mut follower).await;
+    *report = follower.report.take();
+    outcome
 }
 
 /// Follows one debate run ([`follow_run`]): a progress line per problem, then the problems' lines
@@ -179,6 +209,8 @@ struct Follower {
     /// Problems failed so far.
     failed: u64,
     run_id: String,
+    /// `--junit`.
+    report: Option<RunReport>,
 }
 
 impl RunFollower for Follower {
@@ -227,18 +259,47 @@ impl Follower {
             }
         }
         self.out.flush().map_err(failed_io)?;
+        let cases: Vec<junit::Case> = match (&self.report, result.as_ref().and_then(|r| r.result.as_ref())) {
+            (Some(report), Some(gw::run_result::Result::Debate(d))) => {
+                d.problems.iter().map(|p| junit::debate_case(&report.label, p)).collect()
+            }
+            _ => Vec::new(),
+        };
         let d = match finished_as::<pipelines::Debate>(state, result, "debate result") {
             Ok(d) => d,
-            Err(e @ NoResult::Missing(_)) => return Err(CliError::Failed(e.message(run_id))),
-            Err(NoResult::Cancelled) => {
-                return Err(CliError::Failed(format!(
-                    "{}; the problems debated are written",
-                    NoResult::Cancelled.message(run_id)
-                )));
+            Err(e) => {
+                let message = if matches!(e, NoResult::Cancelled) {
+                    format!("{}; the problems debated are written", NoResult::Cancelled.message(run_id))
+                } else {
+                    e.message(run_id)
+                };
+                // The problems the run debated, and the run itself in error.
+                if let Some(report) = self.report.as_mut().filter(|_| !cases.is_empty()) {
+                    let mut cases = cases;
+                    cases.push(report.run_error("run_failed", &message));
+                    let properties = vec![("run_id".to_string(), run_id.clone()), ("state".into(), state_name(state))];
+                    report.finish(properties, String::new(), &cases).map_err(CliError::Failed)?;
+                }
+                return Err(CliError::Failed(message));
             }
-            Err(e) => return Err(CliError::Failed(e.message(run_id))),
         };
-        eprintln!("{}", summary_text(run_id, &d, self.baselines));
+        let summary = summary_text(run_id, &d, self.baselines);
+        eprintln!("{summary}");
+        if let Some(report) = self.report.as_mut() {
+            let mut properties = vec![
+                ("run_id".to_string(), run_id.clone()),
+                ("state".to_string(), state_name(state)),
+                ("data".to_string(), report.label.clone()),
+                ("problems".to_string(), d.problems_total.to_string()),
+                ("problems_failed".to_string(), d.problems_failed.to_string()),
+                ("graded".to_string(), d.graded.to_string()),
+                ("correct".to_string(), d.correct.to_string()),
+            ];
+            if let Some(a) = d.accuracy {
+                properties.push(("accuracy".into(), format!("{a:.4}")));
+            }
+            report.finish(properties, summary, &cases).map_err(CliError::Failed)?;
+        }
         Ok(if d.problems_failed == 0 { Ending::Done } else { Ending::Partial })
     }
 }

@@ -18,9 +18,10 @@ use super::error::{CliError, Outcome};
 use super::follow::{NoResult, RunFollower, Step, finished_as, is_final, run_and_follow};
 use super::input::{HookArgs, model_spec};
 use super::render::json::{envelope, run_output, to_json};
+use super::render::junit::{self, RunReport, Verdict};
 use super::render::self_refine::self_refined_line;
 use super::render::targeted_refinement::progress_line;
-use super::render::{mode_name, stage_progress_line, state_line};
+use super::render::{mode_name, outcome_name, quality_name, stage_progress_line, state_line, state_name};
 use super::session::Session;
 
 /// Refinement mode.
@@ -101,6 +102,13 @@ pub struct RefineArgs {
     /// Print the run id and leave the run going on the gateway (needs --gateway).
     #[arg(long, requires = "gateway", conflicts_with = "wait")]
     pub detach: bool,
+    /// Also write the result as a JUnit XML report to FILE, for CI systems: a test case per issue
+    /// the judges raised (class assay.refine.SECTION), failed when it is unresolved at the end,
+    /// and one for the run, failed when it ended best effort (in error while it waits for a
+    /// human). Written whole (a temporary file renamed over FILE); a run that fails leaves a
+    /// report of one test case in error. The exit code is the same with or without it.
+    #[arg(long, value_name = "FILE", conflicts_with = "detach")]
+    pub junit: Option<PathBuf>,
     /// Self-refine the final document's sections.
     #[command(flatten)]
     pub hook: HookArgs,
@@ -136,8 +144,21 @@ impl From<Ending> for super::error::Ending {
 /// `assay refine` with the configuration at `config` (`--config`): 0 accepted or detached, 3 best
 /// effort, 4 waiting for a human, 1 the run failed or was cancelled, 2 bad input.
 pub async fn run(config: Option<&Path>, args: RefineArgs) -> Outcome {
-    let config = load_config(config, &args.backend)?;
-    refine(&config, args).await.map(Into::into)
+    let mut report = match &args.junit {
+        Some(path) => {
+            Some(RunReport::create(path, "refine", args.doc.display().to_string()).map_err(CliError::Failed)?)
+        }
+        None => None,
+    };
+    let outcome = async {
+        let config = load_config(config, &args.backend)?;
+        refine(&config, args, &mut report).await.map(Into::into)
+    }
+    .await;
+    if let (Some(report), Err(e)) = (report, &outcome) {
+        report.failed(e.message());
+    }
+    outcome
 }
 
 /// A sectioned document read from a file.
@@ -285,8 +306,13 @@ pub fn build_pipeline(doc: Doc, a: &RefineArgs) -> Result<gw::TargetedRefinement
     })
 }
 
-/// `assay refine`: read the document, start the run, follow it to its end (or to a human).
-pub async fn refine(config: &AssayConfig, args: RefineArgs) -> Result<Ending, CliError> {
+/// `assay refine`: read the document, start the run, follow it to its end (or to a human);
+/// `report`, the `--junit` report, written when the run completes or waits for a human.
+pub async fn refine(
+    config: &AssayConfig,
+    args: RefineArgs,
+    report: &mut Option<RunReport>,
+) -> Result<Ending, CliError> {
     let doc = read_doc(&args.doc).map_err(CliError::BadInput)?;
     let sections = doc.sections.len();
     let pipeline = build_pipeline(doc, &args).map_err(CliError::BadInput)?;
@@ -308,8 +334,11 @@ pub async fn refine(config: &AssayConfig, args: RefineArgs) -> Result<Ending, Cl
         mode: args.mode,
         run_id: String::new(),
         escalation: None,
+        events: Vec::new(),
+        report: report.take(),
     };
     let outcome = run_and_follow(&mut session.client, request, &mut follower).await;
+    *report = follower.report.take();
     if outcome == Ok(Ending::AwaitingHuman) && args.gateway.is_none() {
         eprintln!(
             "note: the mesh of this command stops now; the run stays in the gateway's store (unless it is \
@@ -334,6 +363,10 @@ struct Follower {
     mode: Mode,
     run_id: String,
     escalation: Option<gw::EscalationTriggered>,
+    /// The refinement's events, with `--junit` (the issues raised and the edits tried).
+    events: Vec<gw::RefinementEvent>,
+    /// `--junit`.
+    report: Option<RunReport>,
 }
 
 impl RunFollower for Follower {
@@ -360,6 +393,9 @@ impl RunFollower for Follower {
                 }
                 if let Some(line) = progress_line(&self.run_id, &r) {
                     eprintln!("{line}");
+                }
+                if self.report.is_some() {
+                    self.events.push(r);
                 }
                 Step::Continue
             }
@@ -409,13 +445,22 @@ impl RunFollower for Follower {
         );
         let v = awaiting_json(id, self.escalation.as_ref(), run).map_err(CliError::Failed)?;
         outln!("{v}");
+        if let Some(report) = self.report.as_mut() {
+            let case = junit::awaiting_human_case(&report.label, id, self.escalation.as_ref());
+            let properties = vec![
+                ("run_id".to_string(), id.clone()),
+                ("state".to_string(), state_name(gw::RunState::AwaitingHuman as i32)),
+                ("document".to_string(), report.label.clone()),
+            ];
+            report.finish(properties, String::new(), &[case]).map_err(CliError::Failed)?;
+        }
         Ok(Ending::AwaitingHuman)
     }
 }
 
 impl Follower {
     /// The run completed: print the result, map the outcome.
-    fn completed(&self, state: i32, result: Option<gw::RunResult>) -> Result<Ending, CliError> {
+    fn completed(&mut self, state: i32, result: Option<gw::RunResult>) -> Result<Ending, CliError> {
         let id = &self.run_id;
         let t = match finished_as::<pipelines::TargetedRefinement>(state, result, "refinement result") {
             Ok(t) => t,
@@ -426,8 +471,41 @@ impl Follower {
         if !t.warning.is_empty() {
             eprintln!("warning: {}", t.warning);
         }
+        if let Some(report) = self.report.as_mut() {
+            write_junit(report, id, state, &t, &self.events).map_err(CliError::Failed)?;
+        }
         ending_of(id, t.outcome)
     }
+}
+
+/// The `--junit` report of a finished refinement: a case per issue raised, then the run's.
+fn write_junit(
+    report: &mut RunReport,
+    run_id: &str,
+    state: i32,
+    t: &gw::TargetedRefinementResult,
+    events: &[gw::RefinementEvent],
+) -> Result<(), String> {
+    let cases = junit::refinement_cases(&report.label, t, events);
+    let issues = cases.len().saturating_sub(1);
+    let unresolved = cases.iter().filter(|c| matches!(c.verdict, Verdict::Failed { kind: "unresolved", .. })).count();
+    let properties = vec![
+        ("run_id".to_string(), run_id.to_string()),
+        ("state".to_string(), state_name(state)),
+        ("document".to_string(), report.label.clone()),
+        ("outcome".to_string(), outcome_name(t.outcome)),
+        ("quality".to_string(), quality_name(t.quality)),
+        ("final_score".to_string(), format!("{:.4}", t.final_score)),
+        ("iterations".to_string(), t.iterations.to_string()),
+    ];
+    let out = format!(
+        "run {run_id}: {}, quality {}, final score {:.4} after {} iteration(s); {issues} issue(s) raised, {unresolved} unresolved",
+        outcome_name(t.outcome),
+        quality_name(t.quality),
+        t.final_score,
+        t.iterations
+    );
+    report.finish(properties, out, &cases).map(|_| ())
 }
 
 /// The exit of a refinement outcome.

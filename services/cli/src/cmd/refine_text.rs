@@ -18,9 +18,10 @@ use super::error::{CliError, Ending, Outcome};
 use super::follow::{RunFollower, Step, finished_as, is_final, run_and_follow};
 use super::input::model_spec;
 use super::render::json::run_output;
-use super::render::plural;
+use super::render::junit::{self, RunReport};
 use super::render::self_refine::{pass_line, summary_line};
 use super::render::state_line;
+use super::render::{plural, state_name, stop_reason_name};
 use super::session::Session;
 
 /// How convergence is decided when embeddings are unavailable.
@@ -77,6 +78,13 @@ pub struct RefineTextArgs {
     /// Print the whole result as JSON (final text, passes, stop reason, usage) instead of the text.
     #[arg(long)]
     pub json: bool,
+    /// Also write the result as a JUnit XML report to FILE, for CI systems: one test case for the
+    /// text, passed when the loop converged (or the draft was too short to refine), failed when it
+    /// stopped otherwise (the last critique in the message), in error when the refiner failed.
+    /// Written whole (a temporary file renamed over FILE); a run that fails leaves a report of one
+    /// test case in error. The exit code is the same with or without it.
+    #[arg(long, value_name = "FILE")]
+    pub junit: Option<PathBuf>,
     #[command(flatten)]
     pub budget: BudgetArgs,
     /// Model backend for every phase: `local` (embedded, offline) or `openai` (any
@@ -90,8 +98,20 @@ pub struct RefineTextArgs {
 pub async fn run(config: Option<&Path>, args: RefineTextArgs) -> Outcome {
     // --model is the refiner's (MODEL@BACKEND), not the backend's default model.
     let backend = BackendArgs { backend: args.backend.clone(), model: None };
-    let config = load_config(config, &backend)?;
-    refine_text(&config, args).await.map(|()| Ending::Done)
+    let label = if is_stdin(&args.input) { "stdin".to_string() } else { args.input.display().to_string() };
+    let mut report = match &args.junit {
+        Some(path) => Some(RunReport::create(path, "refine-text", label).map_err(CliError::Failed)?),
+        None => None,
+    };
+    let outcome = async {
+        let config = load_config(config, &backend)?;
+        refine_text(&config, args, report.as_mut()).await.map(|()| Ending::Done)
+    }
+    .await;
+    if let (Some(report), Err(e)) = (report, &outcome) {
+        report.failed(e.message());
+    }
+    outcome
 }
 
 /// Whether `--input` names standard input.
@@ -146,8 +166,13 @@ pub fn build_request(draft: String, a: &RefineTextArgs) -> Result<rpb::SelfRefin
     })
 }
 
-/// `assay refine-text`: read the draft, start the run, follow it, print the result.
-pub async fn refine_text(config: &AssayConfig, args: RefineTextArgs) -> Result<(), CliError> {
+/// `assay refine-text`: read the draft, start the run, follow it, print the result (and write
+/// `report`, the `--junit` report).
+pub async fn refine_text(
+    config: &AssayConfig,
+    args: RefineTextArgs,
+    report: Option<&mut RunReport>,
+) -> Result<(), CliError> {
     let draft = read_draft(&args.input).map_err(CliError::BadInput)?;
     let draft_bytes = draft.len();
     let request = build_request(draft, &args).map_err(CliError::BadInput)?;
@@ -172,7 +197,20 @@ pub async fn refine_text(config: &AssayConfig, args: RefineTextArgs) -> Result<(
     };
     let outcome = run_and_follow(&mut session.client, request, &mut follower).await;
     let printed = outcome.and_then(|(state, r)| {
-        eprintln!("{}", summary_line(&r, args.min_bytes.unwrap_or(DEFAULT_MIN_BYTES)));
+        let summary = summary_line(&r, args.min_bytes.unwrap_or(DEFAULT_MIN_BYTES));
+        eprintln!("{summary}");
+        if let Some(report) = report {
+            let properties = vec![
+                ("run_id".to_string(), follower.run_id.clone()),
+                ("state".to_string(), state_name(state)),
+                ("input".to_string(), report.label.clone()),
+                ("stop_reason".to_string(), stop_reason_name(r.stop_reason)),
+                ("passes".to_string(), r.passes.len().to_string()),
+                ("changed".to_string(), r.changed.to_string()),
+            ];
+            let case = junit::self_refine_case(&report.label, &r);
+            report.finish(properties, summary, &[case]).map_err(CliError::Failed)?;
+        }
         if args.json {
             let v = result_json(&follower.run_id, state, &r).map_err(CliError::Failed)?;
             outln!("{v}");

@@ -1,5 +1,5 @@
-//! `--junit FILE` of `assay eval`, `assay score` and `assay compare`: the results as JUnit XML, the
-//! test report format Jenkins, GitLab and most CI systems read.
+//! `--junit FILE` of `assay eval`, `score`, `compare`, `debate`, `refine` and `refine-text`: the
+//! results as JUnit XML, the test report format Jenkins, GitLab and most CI systems read.
 //!
 //! The document is valid against both JUnit schemas in use: the one Jenkins' xunit plugin reads
 //! (`junit-10.xsd`) and the stricter Ant one (windyroad's `JUnit.xsd`); the tests check it with a
@@ -23,6 +23,19 @@
 //!   `--fail-on-regression`).
 //! - `compare`: one test case, the comparison, failed when it regressed (the rule of
 //!   `--fail-on-regression`, at `--min-effect` or 0), with the difference, its interval and p.
+//! - `debate`: one per problem (`assay.debate.<data file>`, named by the problem id), failed when
+//!   the graded answer (the debate's, before any self-refine hook) is wrong against the reference,
+//!   in error when the problem failed or has no reference to grade against, else passed.
+//! - `refine`: one per issue the judges raised (`assay.refine.<section id>`, named by the issue's
+//!   description, shortened), issues counted as `assay report` counts them: failed when it is among
+//!   the result's unresolved issues (the message: severity, criterion, section and the edits tried
+//!   for it), passed when it is not (a verified fix, or no longer raised at the last judging);
+//!   unresolved issues placed in no section go to the run's class. Then one case for the run
+//!   (`assay.refine.<document>`, `refinement`), failed when it ended best effort (the final score
+//!   against the thresholds), in error while it waits for a human.
+//! - `refine-text`: one case for the text, passed when the loop converged (or the draft was too
+//!   short to refine), failed when it stopped otherwise (the last critique in the message), in
+//!   error when the refiner failed.
 //!
 //! The file is written whole or not at all (a temporary file beside it, renamed over it). A
 //! run's results can be read a page at a time (an open run of any size): the test cases go to a
@@ -37,13 +50,21 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use assay_proto::common::v1 as common;
 use assay_proto::gateway::v1 as gw;
+use assay_proto::refiners::v1 as rpb;
 use quick_xml::Writer;
 use quick_xml::events::{BytesDecl, BytesEnd, BytesStart, BytesText, Event};
+
+use super::report::{IssueEnd, sections};
+use super::{action_name, outcome_name, plural, quality_name, severity_name, stop_reason_name};
 
 /// Items named in a failure's one-line message (the detail lists them all).
 const ITEMS_IN_MESSAGE: usize = 10;
 /// Characters of a judge's reason kept in a failure's detail.
 const REASON_CHARS: usize = 500;
+/// Characters of an issue's description kept in its test case's name.
+const ISSUE_NAME_CHARS: usize = 80;
+/// Characters of a debate answer kept in a failure's message (the detail has it whole).
+const ANSWER_CHARS: usize = 200;
 
 /// How a test case ended.
 #[derive(Debug, Clone, PartialEq)]
@@ -207,6 +228,69 @@ pub fn write_error(path: &Path, verb: &str, label: &str, message: &str) -> Resul
         },
     };
     write(path, &[(suite, vec![case])])
+}
+
+/// The report of a verb that follows one run to its results (`debate`, `refine`, `refine-text`):
+/// started before the run (a directory that does not exist fails then), written once with the
+/// run's test cases, or as one case in error when the verb ended without writing it.
+pub struct RunReport {
+    file: Option<JunitFile>,
+    path: PathBuf,
+    verb: &'static str,
+    /// The input file (its stem names the run's class).
+    pub label: String,
+    clock: std::time::Instant,
+    started: SystemTime,
+}
+
+impl RunReport {
+    pub fn create(path: &Path, verb: &'static str, label: String) -> Result<Self, String> {
+        Ok(Self {
+            file: Some(JunitFile::create(path)?),
+            path: path.to_path_buf(),
+            verb,
+            label,
+            clock: std::time::Instant::now(),
+            started: SystemTime::now(),
+        })
+    }
+
+    /// Write the run's test cases, with its properties and summary (`<system-out>`).
+    pub fn finish(&mut self, properties: Vec<(String, String)>, out: String, cases: &[Case]) -> Result<Counts, String> {
+        let mut file = self.file.take().ok_or_else(|| format!("--junit {}: written already", self.path.display()))?;
+        cases.iter().try_for_each(|c| file.add(c))?;
+        let name =
+            Path::new(&self.label).file_name().map_or_else(|| self.label.clone(), |n| n.to_string_lossy().into_owned());
+        let suite = Suite {
+            name: format!("assay {} {name}", self.verb),
+            package: format!("assay.{}", self.verb),
+            started: self.started,
+            seconds: self.clock.elapsed().as_secs_f64(),
+            properties,
+            out,
+        };
+        file.finish(&suite, &[])
+    }
+
+    /// The verb ended with `message` before writing the report: one case in error (never an older
+    /// report's results). Nothing when the report was written.
+    pub fn failed(mut self, message: &str) {
+        if let Some(file) = self.file.take() {
+            drop(file);
+            if let Err(w) = write_error(&self.path, self.verb, &self.label, message) {
+                eprintln!("assay {}: {w}", self.verb);
+            }
+        }
+    }
+
+    /// The run's case in error, named as [`write_error`] names it.
+    pub fn run_error(&self, kind: &'static str, message: &str) -> Case {
+        Case {
+            classname: classname(self.verb, &self.label, None),
+            name: format!("assay {}", self.verb),
+            verdict: Verdict::Errored { kind, message: one_line(message), detail: message.to_string() },
+        }
+    }
 }
 
 /// A file beside `path` (same directory, so a rename is atomic): `.NAME.PID.WHAT`.
@@ -530,6 +614,308 @@ pub fn comparison_case(classname: String, name: String, c: &Compared<'_>) -> Cas
     Case { classname, name, verdict }
 }
 
+/// `text` cut to `max` characters, `...` marking a cut.
+fn shortened(text: &str, max: usize) -> String {
+    let text = one_line(text);
+    if text.chars().count() <= max {
+        return text;
+    }
+    let cut: String = text.chars().take(max.saturating_sub(3)).collect();
+    format!("{}...", cut.trim_end())
+}
+
+/// A debated problem's test case: failed when the graded answer is wrong, in error when the
+/// problem failed or has no reference, else passed. `label` is the data file.
+pub fn debate_case(label: &str, p: &gw::DebateProblemResult) -> Case {
+    let name = if p.id.is_empty() { format!("#{}", p.index) } else { p.id.clone() };
+    let who = format!("problem {name}");
+    // The answer graded: the debate's, before the self-refine hook when one ran.
+    let graded = p.self_refined.as_ref().map_or(p.final_answer.as_str(), |h| h.before.as_str());
+    let agreed = if p.consensus { "the solvers agreed" } else { "the solvers disagreed" };
+    let verdict = if !p.error.is_empty() {
+        Verdict::Errored {
+            kind: "failed",
+            message: format!("failed: {}", one_line(&p.error)),
+            detail: format!("{who} failed: {}", p.error),
+        }
+    } else {
+        match p.correct {
+            None => Verdict::Errored {
+                kind: "ungraded",
+                message: format!("no reference to grade against; final answer {:?}", shortened(graded, ANSWER_CHARS)),
+                detail: format!("{who} has no reference: its answer was not graded\nfinal answer: {graded}"),
+            },
+            Some(true) => Verdict::Passed,
+            Some(false) => {
+                let decided = super::debate::decision_name(p.decided_by);
+                let mut detail = format!(
+                    "{who}: the final answer is wrong\nfinal answer: {graded}\nreference: {}\n{agreed}; decided by {decided}{}",
+                    p.reference,
+                    if p.answers_changed { "; a solver changed its answer" } else { "" }
+                );
+                if let Some(h) = p.self_refined.as_ref().filter(|h| h.after != h.before) {
+                    detail.push_str(&format!("\nafter the self-refine hook (not graded): {}", h.after));
+                }
+                Verdict::Failed {
+                    kind: "wrong_answer",
+                    message: format!(
+                        "wrong answer: final answer {:?}, reference {:?}; {agreed}",
+                        shortened(graded, ANSWER_CHARS),
+                        shortened(&p.reference, ANSWER_CHARS)
+                    ),
+                    detail,
+                }
+            }
+        }
+    };
+    Case { classname: classname("debate", label, None), name, verdict }
+}
+
+/// An edit tried for an issue: the task, and how it ended.
+#[derive(Clone)]
+struct Try {
+    iteration: u32,
+    task_id: String,
+    action: i32,
+    /// Kept (verified), not kept (the reason), or no verdict seen.
+    ended: Option<Result<(), String>>,
+}
+
+impl Try {
+    fn text(&self) -> String {
+        let how = match &self.ended {
+            Some(Ok(())) => "kept".to_string(),
+            Some(Err(why)) => format!("not kept: {}", one_line(why)),
+            None => "no verdict".to_string(),
+        };
+        format!("iteration {} {} {} ({how})", self.iteration, self.task_id, action_name(self.action))
+    }
+}
+
+/// The edits the events say were tried, by issue id.
+fn tries(events: &[gw::RefinementEvent]) -> HashMap<String, Vec<Try>> {
+    use gw::refinement_event::Event as E;
+    let mut tasks: Vec<(Vec<String>, Try)> = Vec::new();
+    for ev in events {
+        match ev.event.as_ref() {
+            Some(E::TaskStarted(t)) => {
+                if let Some(task) = &t.task {
+                    tasks.push((
+                        task.issue_ids.clone(),
+                        Try { iteration: ev.iteration, task_id: task.id.clone(), action: task.action, ended: None },
+                    ));
+                }
+            }
+            Some(E::VerificationResult(v)) if !v.task_id.is_empty() => {
+                if let Some((_, t)) =
+                    tasks.iter_mut().rev().find(|(_, t)| t.iteration == ev.iteration && t.task_id == v.task_id)
+                {
+                    t.ended = Some(if v.accepted && !v.rolled_back {
+                        Ok(())
+                    } else if v.reason.is_empty() {
+                        Err("rejected".into())
+                    } else {
+                        Err(v.reason.clone())
+                    });
+                }
+            }
+            Some(E::PatchRejected(p)) => {
+                if let Some((_, t)) =
+                    tasks.iter_mut().rev().find(|(_, t)| t.iteration == ev.iteration && t.task_id == p.task_id)
+                    && t.ended.is_none()
+                {
+                    t.ended = Some(Err(if p.reason.is_empty() { "rejected".into() } else { p.reason.clone() }));
+                }
+            }
+            Some(_) | None => {}
+        }
+    }
+    let mut by_issue: HashMap<String, Vec<Try>> = HashMap::new();
+    for (issues, t) in tasks {
+        for id in issues {
+            by_issue.entry(id).or_default().push(t.clone());
+        }
+    }
+    by_issue
+}
+
+/// The test cases of a finished refinement of the document `label`: one per issue raised (as
+/// `assay report` counts them), then the run's own.
+pub fn refinement_cases(label: &str, t: &gw::TargetedRefinementResult, events: &[gw::RefinementEvent]) -> Vec<Case> {
+    let tried = tries(events);
+    let mut cases = Vec::new();
+    let issue_case = |class: String, i: &common::JudgeIssue, end: IssueEnd| {
+        let name =
+            if i.description.trim().is_empty() { i.id.clone() } else { shortened(&i.description, ISSUE_NAME_CHARS) };
+        let verdict = match end {
+            IssueEnd::Fixed | IssueEnd::Gone => Verdict::Passed,
+            IssueEnd::Unresolved => issue_failure(i, tried.get(&i.id).map(Vec::as_slice).unwrap_or_default()),
+        };
+        Case { classname: class, name, verdict }
+    };
+    let views = sections(t, events, None);
+    for v in &views {
+        for (i, end) in &v.issues {
+            cases.push(issue_case(classname("refine", &v.id, None), i, *end));
+        }
+    }
+    // Unresolved issues placed in no section of the result: the document's.
+    for i in t.unresolved_issues.iter().filter(|i| !views.iter().any(|v| v.id == i.section_id)) {
+        cases.push(issue_case(classname("refine", label, None), i, IssueEnd::Unresolved));
+    }
+    cases.push(Case {
+        classname: classname("refine", label, None),
+        name: "refinement".into(),
+        verdict: refinement_verdict(t),
+    });
+    cases
+}
+
+/// An unresolved issue's failure: severity, criterion, section, and what was tried.
+fn issue_failure(i: &common::JudgeIssue, tried: &[Try]) -> Verdict {
+    let section = if i.section_id.is_empty() { "no section".to_string() } else { format!("section {}", i.section_id) };
+    let tried_text = match (tried.is_empty(), i.held_back) {
+        (false, _) => format!("tried: {}", tried.iter().map(Try::text).collect::<Vec<_>>().join("; ")),
+        (true, true) => "no edit tried (held back: raised by too few judges)".to_string(),
+        (true, false) if i.section_id.is_empty() => "no edit tried (placed in no section)".to_string(),
+        (true, false) => "no edit tried".to_string(),
+    };
+    let criterion = if i.criterion.is_empty() { String::new() } else { format!(" ({})", i.criterion) };
+    let message = format!("unresolved {} issue{criterion} in {section}; {tried_text}", severity_name(i.severity));
+    let mut detail = format!("{}\nissue {}: {message}", i.description, i.id);
+    for (what, text) in [("fix asked", &i.fix_instruction), ("location", &i.location)] {
+        if !text.trim().is_empty() {
+            detail.push_str(&format!("\n{what}: {text}"));
+        }
+    }
+    if !i.raised_by.is_empty() {
+        detail.push_str(&format!("\nraised by: {}", i.raised_by.join(", ")));
+    }
+    Verdict::Failed { kind: "unresolved", message, detail }
+}
+
+/// The run's own verdict: passed when accepted (at a threshold, with a warning, by a human, or
+/// reviewed), failed when it ended best effort.
+fn refinement_verdict(t: &gw::TargetedRefinementResult) -> Verdict {
+    use assay_domain::iteration::decide::{FULL_AUTO_ACCEPT, WARN_SCORE};
+    let outcome = outcome_name(t.outcome);
+    let critical = t.unresolved_issues.iter().filter(|i| i.severity == common::Severity::Critical as i32).count();
+    let open = format!("{} ({critical} critical)", plural(t.unresolved_issues.len(), "unresolved issue"));
+    let history: Vec<String> = t.score_history.iter().map(|s| format!("{s:.2}")).collect();
+    let detail = format!(
+        "outcome {outcome}, quality {}, final score {:.4} after {}; scores {}; {open}{}",
+        quality_name(t.quality),
+        t.final_score,
+        plural(t.iterations as usize, "iteration"),
+        if history.is_empty() { "-".to_string() } else { history.join(" -> ") },
+        if t.stop_reason.is_empty() { String::new() } else { format!("; stopped: {}", t.stop_reason) }
+    );
+    match gw::RefinementOutcome::try_from(t.outcome) {
+        Ok(
+            gw::RefinementOutcome::Accepted
+            | gw::RefinementOutcome::AcceptedWithWarning
+            | gw::RefinementOutcome::AcceptedManual
+            | gw::RefinementOutcome::Reviewed,
+        ) => Verdict::Passed,
+        Ok(gw::RefinementOutcome::BestEffort) => Verdict::Failed {
+            kind: "best_effort",
+            message: format!(
+                "best effort: final score {:.4} below the acceptance threshold {FULL_AUTO_ACCEPT} ({WARN_SCORE} with no \
+                 critical issue open); {open}{}",
+                t.final_score,
+                if t.stop_reason.is_empty() { String::new() } else { format!("; stopped: {}", t.stop_reason) }
+            ),
+            detail,
+        },
+        Ok(gw::RefinementOutcome::Unspecified) | Err(_) => Verdict::Errored {
+            kind: "no_outcome",
+            message: format!("the run ended without an outcome ({})", t.outcome),
+            detail,
+        },
+    }
+}
+
+/// The report of a refinement that waits for a human: the run's case, in error (no verdict yet).
+pub fn awaiting_human_case(label: &str, run_id: &str, e: Option<&gw::EscalationTriggered>) -> Case {
+    let e = e.cloned().unwrap_or_default();
+    let reason = if e.reason.is_empty() { "escalated".to_string() } else { one_line(&e.reason) };
+    Case {
+        classname: classname("refine", label, None),
+        name: "refinement".into(),
+        verdict: Verdict::Errored {
+            kind: "awaiting_human",
+            message: format!(
+                "waiting for a human: {reason}; best score {:.4} at iteration {}; {}",
+                e.best_score,
+                e.best_iteration,
+                plural(e.unresolved_issues.len(), "unresolved issue")
+            ),
+            detail: format!("run {run_id} waits for a human (assay runs edit|resume|accept|review {run_id})"),
+        },
+    }
+}
+
+/// The test case of a self-refined text (`label`: the input's name): passed when the loop
+/// converged or the draft was too short to refine, failed when it stopped otherwise, with the last
+/// critique; in error when the refiner failed.
+pub fn self_refine_case(label: &str, r: &rpb::SelfRefineResponse) -> Case {
+    use rpb::SelfRefineStopReason as Stop;
+    let name = Path::new(label).file_name().map_or_else(|| label.to_string(), |n| n.to_string_lossy().into_owned());
+    let reason = stop_reason_name(r.stop_reason);
+    let critique: Vec<&str> = r
+        .passes
+        .iter()
+        .rev()
+        .find(|p| !p.critique.is_empty())
+        .map(|p| p.critique.iter().map(String::as_str).collect())
+        .unwrap_or_default();
+    let passes = plural(r.passes.len(), "pass");
+    let last = if critique.is_empty() {
+        "no critique".to_string()
+    } else {
+        format!("last critique: {}", critique.iter().map(|c| one_line(c)).collect::<Vec<_>>().join("; "))
+    };
+    let detail = || {
+        let mut d = format!(
+            "stopped: {reason} after {passes}, text {}\nlast critique:",
+            if r.changed { "changed" } else { "unchanged" }
+        );
+        if critique.is_empty() {
+            d.push_str(" none");
+        }
+        for c in &critique {
+            d.push_str(&format!("\n  - {c}"));
+        }
+        for p in r.passes.iter().filter(|p| !p.error.is_empty()) {
+            d.push_str(&format!("\npass {}: {}", p.pass, p.error));
+        }
+        d
+    };
+    let verdict = match Stop::try_from(r.stop_reason) {
+        Ok(Stop::Converged | Stop::TooShort) => Verdict::Passed,
+        _ if r.skipped_too_short || r.converged => Verdict::Passed,
+        Ok(Stop::MaxPasses | Stop::RolledBack) => Verdict::Failed {
+            kind: "not_converged",
+            message: format!("not converged: {reason} after {passes}; {last}"),
+            detail: detail(),
+        },
+        Ok(Stop::RefinerError) => {
+            let error = r.passes.iter().rev().find(|p| !p.error.is_empty()).map(|p| one_line(&p.error));
+            Verdict::Errored {
+                kind: "refiner_error",
+                message: format!("refiner error after {passes}: {}; {last}", error.unwrap_or_default()),
+                detail: detail(),
+            }
+        }
+        Ok(Stop::Unspecified) | Err(_) => Verdict::Errored {
+            kind: "no_stop_reason",
+            message: format!("the loop ended without a stop reason ({})", r.stop_reason),
+            detail: detail(),
+        },
+    };
+    Case { classname: classname("refine-text", label, None), name, verdict }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -666,6 +1052,106 @@ mod tests {
         // Nothing left beside it.
         let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(left, [std::ffi::OsString::from("j.xml")]);
+    }
+
+    #[test]
+    fn debate_problems_fail_on_the_graded_answer_and_err_when_failed_or_ungraded() {
+        let wrong = gw::DebateProblemResult {
+            id: "add".into(),
+            final_answer: "5, ok".into(),
+            correct: Some(false),
+            consensus: true,
+            reference: "4".into(),
+            self_refined: Some(gw::SelfRefined { before: "5".into(), after: "5, ok".into(), ..Default::default() }),
+            ..Default::default()
+        };
+        let c = debate_case("data/set.v1.jsonl", &wrong);
+        assert_eq!((c.classname.as_str(), c.name.as_str()), ("assay.debate.set_v1", "add"));
+        // The answer graded is the debate's, not the hook's.
+        let Verdict::Failed { kind: "wrong_answer", message, detail } = c.verdict else { panic!("{c:?}") };
+        assert_eq!(message, "wrong answer: final answer \"5\", reference \"4\"; the solvers agreed");
+        assert!(detail.ends_with("after the self-refine hook (not graded): 5, ok"), "{detail}");
+        let failed = gw::DebateProblemResult { index: 3, error: "solver down".into(), ..Default::default() };
+        let c = debate_case("set.jsonl", &failed);
+        assert_eq!(c.name, "#3");
+        assert!(
+            matches!(c.verdict, Verdict::Errored { kind: "failed", ref message, .. } if message == "failed: solver down")
+        );
+        let ungraded = gw::DebateProblemResult { id: "x".into(), final_answer: "blue".into(), ..Default::default() };
+        assert!(matches!(debate_case("s", &ungraded).verdict, Verdict::Errored { kind: "ungraded", .. }));
+        let right = gw::DebateProblemResult { correct: Some(true), ..wrong };
+        assert_eq!(debate_case("s", &right).verdict, Verdict::Passed);
+    }
+
+    #[test]
+    fn a_refinement_fails_its_unresolved_issues_and_a_best_effort_run() {
+        let issue = |id: &str, section: &str| common::JudgeIssue {
+            id: id.into(),
+            section_id: section.into(),
+            severity: common::Severity::Critical as i32,
+            description: "Wrong rule. ".repeat(10),
+            ..Default::default()
+        };
+        let t = gw::TargetedRefinementResult {
+            sections: vec![common::Section { id: "a".into(), content: "x".into(), ..Default::default() }],
+            outcome: gw::RefinementOutcome::BestEffort as i32,
+            final_score: 0.7,
+            // One in section a, one placed in no section.
+            unresolved_issues: vec![issue("i1", "a"), common::JudgeIssue { held_back: true, ..issue("i2", "") }],
+            ..Default::default()
+        };
+        let cases = refinement_cases("docs/lesson.json", &t, &[]);
+        let names: Vec<(&str, &str)> = cases.iter().map(|c| (c.classname.as_str(), c.name.as_str())).collect();
+        // 80 characters: 77 of the description, then "...".
+        let long = format!("{}Wrong...", "Wrong rule. ".repeat(6));
+        assert_eq!(long.chars().count(), 80);
+        assert_eq!(
+            names,
+            [
+                ("assay.refine.a", long.as_str()),
+                ("assay.refine.lesson", long.as_str()),
+                ("assay.refine.lesson", "refinement")
+            ]
+        );
+        let Verdict::Failed { message, .. } = &cases[1].verdict else { panic!("{cases:?}") };
+        assert_eq!(
+            message,
+            "unresolved critical issue in no section; no edit tried (held back: raised by too few judges)"
+        );
+        let Verdict::Failed { kind: "best_effort", message, .. } = &cases[2].verdict else { panic!("{cases:?}") };
+        assert!(
+            message.starts_with("best effort: final score 0.7000 below the acceptance threshold 0.85"),
+            "{message}"
+        );
+        let accepted = gw::TargetedRefinementResult { outcome: gw::RefinementOutcome::AcceptedManual as i32, ..t };
+        assert_eq!(refinement_cases("l", &accepted, &[]).last().unwrap().verdict, Verdict::Passed);
+    }
+
+    #[test]
+    fn a_self_refined_text_passes_when_converged_or_too_short() {
+        let pass = |critique: &[&str], error: &str| rpb::SelfRefinePass {
+            critique: critique.iter().map(|c| c.to_string()).collect(),
+            error: error.into(),
+            ..Default::default()
+        };
+        let mut r = rpb::SelfRefineResponse {
+            stop_reason: rpb::SelfRefineStopReason::Converged as i32,
+            passes: vec![pass(&["vague"], "")],
+            ..Default::default()
+        };
+        let c = self_refine_case("in/draft.txt", &r);
+        assert_eq!(
+            (c.classname.as_str(), c.name.as_str(), &c.verdict),
+            ("assay.refine-text.draft", "draft.txt", &Verdict::Passed)
+        );
+        r.stop_reason = rpb::SelfRefineStopReason::TooShort as i32;
+        assert_eq!(self_refine_case("stdin", &r).verdict, Verdict::Passed);
+        r.stop_reason = rpb::SelfRefineStopReason::RefinerError as i32;
+        r.passes.push(pass(&[], "cut at the token limit"));
+        let Verdict::Errored { kind: "refiner_error", message, .. } = self_refine_case("stdin", &r).verdict else {
+            panic!()
+        };
+        assert_eq!(message, "refiner error after 2 passes: cut at the token limit; last critique: vague");
     }
 
     #[test]
