@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use assay_proto::common::v1 as pb;
 use assay_proto::gateway::v1 as gw;
 use assay_proto::gateway::v1::refinement_event::Event as Rev;
+use assay_testkit::prompts::{edited_text, judged_sections, prompt_of};
 use assay_testkit::{RecordedRequest, Reply, hash_embedding};
 use assay_tests::MeshSandbox;
 use serde_json::{Value, json};
@@ -32,38 +33,6 @@ const CRITERIA: [&str; 6] = [
 fn lesson() -> (Vec<pb::Section>, pb::Brief) {
     let (brief, sections) = assay_tests::lesson_fixture(include_str!("../fixtures/lesson_compound_interest.json"));
     (sections, brief)
-}
-
-fn prompt_of(r: &RecordedRequest) -> String {
-    r.messages().into_iter().map(|(_, c)| c).collect::<Vec<_>>().join("\n")
-}
-
-/// The (id, text) of every `<section id="..." ...>` block of a judge prompt (context blocks use
-/// another tag and are not judged).
-fn judged_sections(prompt: &str) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    let mut rest = prompt;
-    while let Some(at) = rest.find("<section id=\"") {
-        let after = &rest[at + "<section id=\"".len()..];
-        let Some(q) = after.find('"') else { break };
-        let id = after[..q].to_string();
-        let Some(open) = after.find(">\n") else { break };
-        let body = &after[open + 2..];
-        let Some(close) = body.find("\n</section>") else { break };
-        out.push((id, body[..close].to_string()));
-        rest = &body[close..];
-    }
-    out
-}
-
-/// The section text of an edit prompt (patch or expand).
-fn edited_text(prompt: &str) -> Option<String> {
-    let head = ["The current section (rewrite it):\n<section", "The section to fix:\n<section"]
-        .iter()
-        .find_map(|h| prompt.find(h).map(|at| at + h.len()))?;
-    let rest = &prompt[head..];
-    let body = &rest[rest.find(">\n")? + 2..];
-    Some(body[..body.find("\n</section>")?].to_string())
 }
 
 /// The planted problems still in a judged section: (criterion, severity, description, quote).

@@ -12,6 +12,7 @@ use assay_testkit::{RecordedRequest, Reply, ScriptedLlm, hash_embedding, schema_
 use serde_json::{Value, json};
 
 mod common;
+use assay_testkit::prompts::{edited_text, judged_sections, prompt_of};
 use common::{assay, assay_async, config_file, lines, stderr};
 
 const SCHEMAS: [&str; 2] = [
@@ -642,37 +643,6 @@ const CRITERIA: [&str; 6] = [
     "completeness",
 ];
 
-fn all_messages(r: &RecordedRequest) -> String {
-    r.messages().into_iter().map(|(_, c)| c).collect::<Vec<_>>().join("\n")
-}
-
-/// The (id, text) of every `<section id="...">` block of a judge prompt.
-fn judged_sections(prompt: &str) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    let mut rest = prompt;
-    while let Some(at) = rest.find("<section id=\"") {
-        let after = &rest[at + "<section id=\"".len()..];
-        let Some(q) = after.find('"') else { break };
-        let id = after[..q].to_string();
-        let Some(open) = after.find(">\n") else { break };
-        let body = &after[open + 2..];
-        let Some(close) = body.find("\n</section>") else { break };
-        out.push((id, body[..close].to_string()));
-        rest = &body[close..];
-    }
-    out
-}
-
-/// The section text of an edit prompt.
-fn edited_text(prompt: &str) -> Option<String> {
-    let head = ["The current section (rewrite it):\n<section", "The section to fix:\n<section"]
-        .iter()
-        .find_map(|h| prompt.find(h).map(|at| at + h.len()))?;
-    let rest = &prompt[head..];
-    let body = &rest[rest.find(">\n")? + 2..];
-    Some(body[..body.find("\n</section>")?].to_string())
-}
-
 /// A judge's verdict: the two planted problems wherever their passages still stand.
 fn lesson_verdict(prompt: &str) -> Value {
     let mut criterion: serde_json::Map<String, Value> = CRITERIA.iter().map(|c| (c.to_string(), json!(0.9))).collect();
@@ -711,7 +681,7 @@ fn refinement_backend(fix: bool) -> impl Fn(&RecordedRequest) -> Reply + Send + 
         if r.is_embeddings() {
             return embeddings(r);
         }
-        let prompt = all_messages(r);
+        let prompt = prompt_of(r);
         let schema = r.body.pointer("/response_format/json_schema/name").and_then(Value::as_str);
         let reply = if schema == Some("section_verdict") {
             Reply::json(lesson_verdict(&prompt))

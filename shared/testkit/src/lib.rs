@@ -2,6 +2,7 @@
 
 pub mod postgres;
 pub mod process;
+pub mod prompts;
 pub mod schema_fake;
 pub mod scripted;
 pub mod server;
