@@ -651,3 +651,139 @@ async fn a_call_failing_transiently_is_made_again_and_the_debate_still_succeeds(
     assert!(matches!(st.code(), Code::Unavailable | Code::ResourceExhausted), "{st:?}");
     assert!(h.requests("debate_refinement").is_empty());
 }
+
+// ---------------------------------------------------------------------------------------------
+// A small context: a server that refuses a prompt over it, as llama.cpp's `llama-server` does.
+
+/// Tokens the small-context server counts for a request: its messages at four characters a token.
+fn server_tokens(r: &RecordedRequest) -> u64 {
+    r.messages().iter().map(|(_, c)| c.chars().count() as u64).sum::<u64>() / 4
+}
+
+/// `n` model-written texts of about 230 characters, each naming `who` and its place.
+fn long_texts(who: &str, what: &str, n: usize) -> Vec<String> {
+    (1..=n).map(|i| format!("{what} {i} of {who}: {}", "the count of sheep left is what remains ".repeat(5))).collect()
+}
+
+/// The debate as the default script answers it, with long reasoning and reviews (ten steps, five
+/// points a list), refusing with llama-server's 400 any prompt over `n_ctx` tokens.
+fn small_context(n_ctx: u64) -> impl Fn(&RecordedRequest) -> Reply + Send + Sync + 'static {
+    let script = Script::default();
+    move |r: &RecordedRequest| {
+        let tokens = server_tokens(r);
+        if tokens > n_ctx {
+            return Reply::status(400).body(
+                json!({"error": {"code": 400, "message": "the request exceeds the available context size, try increasing it",
+                                 "type": "exceed_context_size_error", "n_prompt_tokens": tokens, "n_ctx": n_ctx}})
+                .to_string(),
+            );
+        }
+        let who = r.debate_speaker();
+        let reply = match r.schema_name() {
+            "debate_solution" => {
+                let i = index(&who);
+                json!({"approach": format!("approach of {who}"), "reasoning_steps": long_texts(&who, "step", 10),
+                       "final_answer": script.original[i], "confidence": script.original_confidence[i]})
+            }
+            "debate_review" => {
+                let target = review_target(r);
+                let mut strengths = long_texts(&who, "strength", 4);
+                strengths.push(strength_marker(&who, &target));
+                json!({"strengths": strengths, "weaknesses": long_texts(&who, "weakness", 5),
+                       "errors": [{"location": "step 1", "error_type": "logic", "severity": "major",
+                                   "description": format!("error-by-{who}-in-{target}")}],
+                       "suggested_changes": long_texts(&who, "change", 5)})
+            }
+            "debate_refinement" => {
+                let i = index(&who);
+                json!({"critiques_accepted": long_texts(&who, "accepted", 5), "critiques_rejected": [],
+                       "refinement_reasoning": "re-read the question", "reasoning_steps": long_texts(&who, "refined step", 10),
+                       "final_answer": script.refined[i], "confidence": script.refined_confidence[i],
+                       "changed_from_original": true, "improvement_explanation": "fixed the reading"})
+            }
+            "debate_judgment" => {
+                json!({"reasoning": "solver_1 checks every condition", "winner": "solver_1", "confidence": 0.75})
+            }
+            other => panic!("unexpected stage {other}"),
+        };
+        Reply::json(reply).usage(tokens, 10)
+    }
+}
+
+/// Whether a prompt has every final answer and the problem whole.
+fn keeps_the_answers(prompt: &str, answers: &[&str]) -> bool {
+    prompt.contains(PROBLEM) && answers.iter().all(|a| prompt.contains(a))
+}
+
+/// A server that says its context (llama-server's `/props`): every prompt is fitted to it before
+/// it is sent (the judge's, 3 solutions, 6 reviews and 3 refinements of long text, more than twice
+/// over it, is cut; the short ones are not), so none is refused, each leaves its reply room, and
+/// the records say how far each prompt was cut.
+#[tokio::test]
+async fn a_debate_fits_its_prompts_to_the_context_the_server_reports() {
+    const N_CTX: u64 = 4096;
+    let h = harness(Script::default()).await;
+    h.llm.set_props(json!({"total_slots": 1, "default_generation_settings": {"n_ctx": N_CTX}}));
+    h.llm.set_handler(small_context(N_CTX));
+    let r = h.client().await.run_debate(debate(None, false)).await.unwrap().into_inner();
+
+    assert_eq!(h.llm.request_count(), 13, "one call each, none refused");
+    for q in h.llm.requests() {
+        let max_tokens = q.body["max_tokens"].as_u64().unwrap();
+        assert!(server_tokens(&q) + max_tokens <= N_CTX, "{}: {} + {max_tokens}", q.schema_name(), server_tokens(&q));
+    }
+    // Unfitted, the judge's prompt is more than twice the context: it was cut, and still shows the
+    // problem, every answer and every review's marker.
+    let judge = &h.requests("debate_judgment")[0];
+    let text = judge.first_user_message();
+    assert!(keeps_the_answers(&text, &["orig-one", "orig-two", "orig-three", "ref-x", "ref-y"]), "{text}");
+    assert!(text.contains('…'));
+    for by in IDS {
+        for of in IDS.iter().filter(|of| **of != by) {
+            assert!(text.contains(&format!("error-by-{by}-in-{of}")), "the judge lost a review's error");
+        }
+    }
+    let j = r.judgment.as_ref().unwrap();
+    assert!(!j.majority_vote_fallback);
+    let cut = j.model.as_ref().unwrap().prompt_cut_chars;
+    assert!((40..230).contains(&cut), "judge cut at {cut}");
+    assert!(r.solutions.iter().all(|s| s.model.as_ref().unwrap().prompt_cut_chars == 0), "the solve prompts fit whole");
+    assert_eq!(r.final_answer, "ref-x");
+}
+
+/// A server that does not say its context until it refuses a prompt (as vLLM, OpenAI and
+/// llama-server without `/props` do): the refusal's figures fit the prompt, and it is sent once
+/// more; later prompts to that model are fitted before they are sent.
+#[tokio::test]
+async fn a_prompt_refused_for_the_context_is_fitted_by_the_refusals_figures_and_sent_again() {
+    const N_CTX: u64 = 4096;
+    let h = harness(Script::default()).await;
+    h.llm.set_handler(small_context(N_CTX));
+    let r = h.client().await.run_debate(debate(None, false)).await.unwrap().into_inner();
+
+    let refused: Vec<RecordedRequest> = h.llm.requests().into_iter().filter(|q| server_tokens(q) > N_CTX).collect();
+    assert!(!refused.is_empty(), "the judge's whole prompt is over the context");
+    let judges = h.requests("debate_judgment");
+    // The first judge prompt, sent whole, was refused; the context is known from then on, so
+    // the next went fitted and was served.
+    assert_eq!(judges.len(), 2, "refused once, then served");
+    assert!(server_tokens(&judges[0]) > N_CTX && server_tokens(&judges[1]) <= N_CTX);
+    assert!(keeps_the_answers(&judges[1].first_user_message(), &["ref-x", "ref-y", "orig-three"]));
+    assert!(r.judgment.as_ref().unwrap().model.as_ref().unwrap().prompt_cut_chars > 0);
+    assert!(!r.judgment.as_ref().unwrap().majority_vote_fallback);
+    assert_eq!(h.llm.request_count(), 13 + refused.len());
+    assert_eq!(r.usage.as_ref().unwrap().calls as usize, 13, "a refused prompt is no call served");
+}
+
+/// A context too small for a prompt however it is cut: the debate fails at once, before any model
+/// call, naming the context and what to change.
+#[tokio::test]
+async fn a_context_too_small_for_any_cut_fails_naming_it_before_any_call() {
+    let h = harness(Script::default()).await;
+    h.llm.set_props(json!({"total_slots": 1, "default_generation_settings": {"n_ctx": 400}}));
+    h.llm.set_handler(small_context(400));
+    let st = h.client().await.run_debate(debate(None, false)).await.unwrap_err();
+    assert_eq!(st.code(), Code::FailedPrecondition, "{st:?}");
+    assert!(st.message().contains("400 tokens") && st.message().contains("--ctx-size"), "{}", st.message());
+    assert_eq!(h.llm.request_count(), 0);
+}

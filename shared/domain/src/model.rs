@@ -31,4 +31,8 @@ pub struct ModelRecord {
     /// say (the embedded backend enforces schemas itself).
     #[serde(default)]
     pub structured_output: String,
+    /// The most characters each quoted text of the prompt was cut to so the prompt fit the
+    /// model's context; 0 when nothing was cut.
+    #[serde(default)]
+    pub prompt_cut_chars: u32,
 }

@@ -234,6 +234,10 @@ impl ChatModel for LocalChat {
         true
     }
 
+    async fn context_tokens(&self, _model: &str) -> Option<u32> {
+        Some(self.info.n_ctx)
+    }
+
     async fn chat(&self, request: ChatRequest) -> Result<ChatResponse, LlmError> {
         self.chat_timed(request).await.map(|t| t.response)
     }

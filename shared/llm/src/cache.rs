@@ -415,6 +415,10 @@ impl<M: ChatModel + ?Sized> ChatModel for CachedChat<M> {
         self.inner.structured_output(model)
     }
 
+    async fn context_tokens(&self, model: &str) -> Option<u32> {
+        self.inner.context_tokens(model).await
+    }
+
     async fn chat(&self, request: ChatRequest) -> Result<ChatResponse, LlmError> {
         if !is_cacheable(&request) {
             return self.inner.chat(request).await;

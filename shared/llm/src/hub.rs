@@ -111,6 +111,7 @@ impl ResolvedChat {
             max_tokens,
             prompt_template_sha256: template_sha256,
             logprobs_requested: logprobs,
+            prompt_cut_chars: 0,
         }
     }
 }

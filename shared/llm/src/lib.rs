@@ -13,6 +13,7 @@
 //! - [`grammar`]: GBNF grammars (llama.cpp syntax) for a JSON schema or a closed choice: the
 //!   embedded backend decodes under them, and the OpenAI-compatible client holds a choice's answer
 //!   to its options with one on servers that take a `grammar` field.
+//! - [`context`]: a model's context window and a refusal of a prompt over it ([`context::context_refusal`]).
 //! - [`json`]: lenient reply parsing ([`extract_json`], [`json::reply_json`], [`json::lenient_bool`],
 //!   [`json::preview`]).
 
@@ -20,6 +21,7 @@ pub mod attempts;
 pub mod breaker;
 pub mod cache;
 pub mod clock;
+pub mod context;
 pub mod convergence;
 pub mod grammar;
 pub mod hub;
@@ -34,6 +36,7 @@ pub mod types;
 
 pub use breaker::BreakerState;
 pub use cache::{CacheConfig, CacheError, CachedChat, CachedEmbed, ResponseCache};
+pub use context::{ContextRefusal, context_refusal};
 pub use hub::{ModelHub, Purpose, ResolvedChat, cache_policy};
 pub use json::extract_json;
 pub use openai::{

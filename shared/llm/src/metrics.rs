@@ -210,6 +210,10 @@ impl ChatModel for MeteredChat {
         self.inner.structured_output(model)
     }
 
+    async fn context_tokens(&self, model: &str) -> Option<u32> {
+        self.inner.context_tokens(model).await
+    }
+
     async fn chat(&self, request: ChatRequest) -> Result<ChatResponse, LlmError> {
         let model = request.model.clone().filter(|m| !m.is_empty());
         let model = model.as_deref().unwrap_or_else(|| self.inner.default_model()).to_string();

@@ -199,6 +199,10 @@ impl ChatModel for PricedChat {
         self.inner.structured_output(model)
     }
 
+    async fn context_tokens(&self, model: &str) -> Option<u32> {
+        self.inner.context_tokens(model).await
+    }
+
     async fn chat(&self, mut request: ChatRequest) -> Result<ChatResponse, LlmError> {
         let requested = request.model.clone().filter(|m| !m.is_empty());
         let requested = requested.unwrap_or_else(|| self.inner.default_model().to_string());

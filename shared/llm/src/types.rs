@@ -234,6 +234,12 @@ pub trait ChatModel: Send + Sync + 'static {
     fn structured_output(&self, _model: &str) -> Option<&'static str> {
         None
     }
+    /// Tokens one call to `model` may hold, prompt and reply together, as the backend says
+    /// (llama.cpp's `/props`, asked once, a refusal naming the context, the embedded model's
+    /// window); `None` when it does not.
+    async fn context_tokens(&self, _model: &str) -> Option<u32> {
+        None
+    }
 }
 
 /// Embedding backend.

@@ -74,6 +74,12 @@ impl ChatModel for LazyBackend {
     fn supports_logprobs(&self) -> bool {
         true
     }
+    async fn context_tokens(&self, model: &str) -> Option<u32> {
+        match self.loaded().await {
+            Ok((Some(chat), _)) => chat.context_tokens(model).await,
+            Ok((None, _)) | Err(_) => None,
+        }
+    }
     async fn chat(&self, request: ChatRequest) -> Result<ChatResponse, LlmError> {
         match self.loaded().await?.0 {
             Some(m) => m.chat(request).await,

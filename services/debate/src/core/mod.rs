@@ -38,7 +38,10 @@ use assay_domain::debate::{
 use assay_domain::template::template_sha256;
 use assay_domain::{EventSink, ModelRecord, ModelSpec, StageError, UnusableReply, Usage};
 use assay_llm::json::reply_json;
-use assay_llm::{ChatRequest, ChatResponse, FinishReason, Message, ModelHub, Purpose, ResolvedChat, ResponseFormat};
+use assay_llm::{
+    ChatRequest, ChatResponse, FinishReason, LlmError, Message, ModelHub, Purpose, ResolvedChat, ResponseFormat,
+};
+use prompt::Cut;
 use serde_json::Value;
 
 /// Times a call that failed transiently (its client's retries spent) is made again.
@@ -63,15 +66,34 @@ fn configured_temperature(chat: &ResolvedChat) -> Option<f64> {
     chat.settings.temperature.map(|t| (f64::from(t) * 1e6).round() / 1e6)
 }
 
+/// Characters a token is taken to hold when a prompt is fitted to a model's context before the
+/// server has said how many tokens it counted: fewer than English prose's four, so numbers, JSON
+/// and other scripts fit too. A refusal naming the prompt's tokens gives the real figure.
+const CHARS_PER_TOKEN: f64 = 3.0;
+/// Tokens kept for the chat template's own text around a prompt.
+const TEMPLATE_TOKENS: u32 = 64;
+/// The smallest cut a prompt is fitted at (see [`prompt::Cut`]); a prompt still over the context
+/// at it is refused, naming the context.
+const MIN_CUT: usize = 40;
+
 /// One model call with a JSON-schema reply.
 struct Job<'a> {
     phase: &'static str,
     template: &'static str,
     schema_name: &'static str,
     schema: Value,
-    prompt: String,
+    /// The prompt with every quoted model text cut to at most so many characters.
+    prompt: Box<dyn Fn(Cut) -> String + Send + Sync + 'a>,
     chat: &'a ResolvedChat,
     temperature: f64,
+}
+
+/// A prompt fitted to the model's context, with the reply tokens left beside it.
+struct Fitted {
+    prompt: String,
+    max_tokens: u32,
+    /// The cut quoted texts were held to; 0 for none.
+    cut: u32,
 }
 
 /// What a job produced: the parsed value or why the replies could not be used, with the usage of
@@ -126,11 +148,85 @@ impl Job<'_> {
         Purpose::new(reply::reply_tokens(&self.schema)).chosen_temperature(self.temperature)
     }
 
-    fn request(&self, messages: Vec<Message>) -> ChatRequest {
+    fn request(&self, messages: Vec<Message>, max_tokens: u32) -> ChatRequest {
         ChatRequest {
             response_format: ResponseFormat::JsonSchema { name: self.schema_name.into(), schema: self.schema.clone() },
+            max_tokens: Some(max_tokens),
             ..self.chat.request(messages, self.purpose())
         }
+    }
+
+    /// The prompt fitted to `context` (tokens a call may hold; `None` while unknown, then the
+    /// prompt goes whole), reading `chars_per_token` characters a token: room for the reply
+    /// (`max_tokens`, at most half the context) is kept, and when the whole prompt does not fit
+    /// in the rest, every quoted model text is cut to the most characters that let it (the
+    /// problem and final answers are kept). The reply's tokens are held to what the prompt leaves.
+    /// FAILED_PRECONDITION naming the context when even the [`MIN_CUT`] prompt is over it.
+    fn fit(&self, context: Option<u32>, max_tokens: u32, chars_per_token: f64) -> Result<Fitted, StageError> {
+        let whole = (self.prompt)(Cut::WHOLE);
+        let Some(context) = context else {
+            return Ok(Fitted { prompt: whole, max_tokens, cut: 0 });
+        };
+        let tokens = |p: &str| (p.chars().count() as f64 / chars_per_token).ceil() as u32 + TEMPLATE_TOKENS;
+        let room = context.saturating_sub(max_tokens.min(context / 2));
+        let fitted = |prompt: String, cut: usize| Fitted {
+            max_tokens: max_tokens.min(context.saturating_sub(tokens(&prompt))).max(1),
+            prompt,
+            cut: u32::try_from(cut).unwrap_or(u32::MAX),
+        };
+        if tokens(&whole) <= room {
+            return Ok(fitted(whole, 0));
+        }
+        let at = |n: usize| (self.prompt)(Cut(n));
+        let least = tokens(&at(MIN_CUT));
+        if least > room {
+            return Err(StageError::FailedPrecondition(format!(
+                "the {} prompt needs about {least} tokens even with each quoted text cut to {MIN_CUT} characters, \
+                 and backend {:?} (model {:?}) holds {context} tokens a call, prompt and reply: give the model a \
+                 larger context (llama-server: --ctx-size) or debate a shorter problem",
+                self.phase,
+                self.chat.backend,
+                self.chat.model_name()
+            )));
+        }
+        let (mut lo, mut hi) = (MIN_CUT, whole.chars().count());
+        while lo < hi {
+            let mid = lo + (hi - lo).div_ceil(2);
+            if tokens(&at(mid)) <= room { lo = mid } else { hi = mid - 1 }
+        }
+        tracing::info!(phase = self.phase, context, cut = lo, "prompt cut to fit the model's context");
+        Ok(fitted(at(lo), lo))
+    }
+
+    /// The first call with its prompt fitted to the model's context as the backend knows it; a
+    /// refusal for being over the context (which names the context, or the prompt's tokens) fits
+    /// the prompt again by its figures and calls once more.
+    async fn first_call(&self, max_tokens: u32) -> Result<(ChatResponse, Fitted), StageError> {
+        let model = self.chat.model_name();
+        let fitted = self.fit(self.chat.model.context_tokens(&model).await, max_tokens, CHARS_PER_TOKEN)?;
+        let error = match self.call(vec![Message::user(fitted.prompt.clone())], fitted.max_tokens).await {
+            Ok(reply) => return Ok((reply, fitted)),
+            Err(e) => e,
+        };
+        let Some(refusal) = assay_llm::context_refusal(&error) else {
+            return Err(error.into());
+        };
+        let Some(context) = (match refusal.context_tokens {
+            Some(context) => Some(context),
+            None => self.chat.model.context_tokens(&model).await,
+        }) else {
+            return Err(error.into());
+        };
+        // The characters a token the server counted (its count includes the chat template, so
+        // this errs short), a little less again; without its count, two thirds of the guess.
+        let chars_per_token = refusal
+            .prompt_tokens
+            .filter(|t| *t > 0)
+            .map_or(CHARS_PER_TOKEN * 2.0 / 3.0, |t| fitted.prompt.chars().count() as f64 / f64::from(t) * 0.95);
+        tracing::warn!(phase = self.phase, context, prompt_tokens = ?refusal.prompt_tokens, "prompt over the model's context, fitting it");
+        let again = self.fit(Some(context), max_tokens, chars_per_token)?;
+        let reply = self.call(vec![Message::user(again.prompt.clone())], again.max_tokens).await?;
+        Ok((reply, again))
     }
 
     /// Why `reply` cannot be used, if it cannot.
@@ -149,17 +245,17 @@ impl Job<'_> {
     }
 
     /// One model call; a transient failure is tried again [`CALL_RETRIES`] times.
-    async fn call(&self, messages: Vec<Message>) -> Result<ChatResponse, StageError> {
+    async fn call(&self, messages: Vec<Message>, max_tokens: u32) -> Result<ChatResponse, LlmError> {
         let mut failed = 0u32;
         loop {
-            match self.chat.model.chat(self.request(messages.clone())).await {
+            match self.chat.model.chat(self.request(messages.clone(), max_tokens)).await {
                 Ok(reply) => return Ok(reply),
                 Err(e) if e.is_transient() && failed < CALL_RETRIES => {
                     tracing::warn!(phase = self.phase, error = %e, again = failed + 1, "model call failed after its retries, calling again");
                     tokio::time::sleep(CALL_RETRY_WAIT.saturating_mul(1 << failed)).await;
                     failed += 1;
                 }
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(e),
             }
         }
     }
@@ -167,11 +263,12 @@ impl Job<'_> {
     /// The call, and one retry showing the model its unusable reply and why.
     async fn ask<T>(&self, parse: impl Fn(&Value) -> Result<T, UnusableReply>) -> Result<Called<T>, StageError> {
         // The caller's or the configuration's limit, else room for the longest reply the schema allows.
-        let max_tokens = self.chat.max_tokens(self.purpose());
+        let (first, fitted) = self.first_call(self.chat.max_tokens(self.purpose())).await?;
+        let max_tokens = fitted.max_tokens;
         let mut record = self.chat.record(self.phase, max_tokens, template_sha256(self.template), false);
         record.temperature = Some(self.temperature);
+        record.prompt_cut_chars = fitted.cut;
         let mut usage = Usage::default();
-        let first = self.call(vec![Message::user(self.prompt.clone())]).await?;
         usage.add(&first.usage);
         let why = match Self::read(&first, max_tokens, &parse) {
             Ok(value) => return Ok(Called { value: Ok(value), usage, record, raw: vec![raw_reply(&first)] }),
@@ -180,11 +277,20 @@ impl Job<'_> {
         let mut raw = vec![raw_reply(&first).unusable(why.as_str())];
         tracing::info!(phase = self.phase, reason = %why, "unusable reply, retrying once");
         let messages = vec![
-            Message::user(self.prompt.clone()),
+            Message::user(fitted.prompt),
             Message::assistant(first.text.clone()),
             Message::user(prompt::retry(why.as_str())),
         ];
-        let second = self.call(messages).await?;
+        let second = match self.call(messages, max_tokens).await {
+            Ok(second) => second,
+            // The reply shown back can take the conversation over the context: the reply stays
+            // unusable, with why.
+            Err(e) if assay_llm::context_refusal(&e).is_some() => {
+                let why = format!("{why}; the retry with the reply shown was over the model's context ({e})");
+                return Ok(Called { value: Err(why.into()), usage, record, raw });
+            }
+            Err(e) => return Err(e.into()),
+        };
         usage.add(&second.usage);
         let value = Self::read(&second, max_tokens, &parse);
         raw.push(match &value {
@@ -243,7 +349,7 @@ impl DebateCore {
                 template: prompt::SOLVE_TEMPLATE,
                 schema_name: "debate_solution",
                 schema: reply::solution_schema(),
-                prompt: prompt::solve(problem, solver),
+                prompt: Box::new(move |_| prompt::solve(problem, solver)),
                 chat,
                 temperature: solver_temperature(&solver.model, configured_temperature(chat), i),
             };
@@ -281,7 +387,7 @@ impl DebateCore {
                 template: prompt::REVIEW_TEMPLATE,
                 schema_name: "debate_review",
                 schema: reply::review_schema(target.reasoning_steps.len()),
-                prompt: prompt::review(problem, reviewer, target),
+                prompt: Box::new(move |cut| prompt::review(problem, reviewer, target, cut)),
                 chat,
                 temperature: solver_temperature(&reviewer.model, configured_temperature(chat), r),
             };
@@ -323,7 +429,7 @@ impl DebateCore {
                     template: prompt::REFINE_TEMPLATE,
                     schema_name: "debate_refinement",
                     schema: reply::refinement_schema(own.reasoning_steps.len(), reply::critiques_of(&mine)),
-                    prompt: prompt::refine(problem, solver, own, &mine),
+                    prompt: Box::new(|cut| prompt::refine(problem, solver, own, &mine, cut)),
                     chat,
                     temperature: solver_temperature(&solver.model, configured_temperature(chat), i),
                 };
@@ -361,7 +467,7 @@ impl DebateCore {
             template: prompt::JUDGE_TEMPLATE,
             schema_name: "debate_judgment",
             schema: reply::judgment_schema(&ids),
-            prompt: prompt::judge(problem, solutions, reviews, refined),
+            prompt: Box::new(move |cut| prompt::judge(problem, solutions, reviews, refined, cut)),
             chat,
             temperature: spec.temperature.or(configured_temperature(chat)).unwrap_or(DEFAULT_JUDGE_TEMPERATURE),
         };

@@ -24,37 +24,70 @@ pub const TEMPLATES: [(&str, &str, &[&str]); 5] = [
     ("retry", RETRY_TEMPLATE, &["reason"]),
 ];
 
-fn numbered(steps: &[String]) -> String {
+/// The most characters each quoted text written by a model (a reasoning step, a review's point, a
+/// final answer) keeps in a prompt: [`Cut::WHOLE`] unless the prompt must shrink to fit the
+/// model's context (see `Job::fit`). The problem, the caller's text, is never cut.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cut(pub usize);
+
+impl Cut {
+    /// Nothing cut.
+    pub const WHOLE: Cut = Cut(usize::MAX);
+
+    /// `s` trimmed, and cut to at most this many characters (the cut marked with "…").
+    fn text(self, s: &str) -> String {
+        let s = s.trim();
+        match s.char_indices().nth(self.0) {
+            None => s.to_string(),
+            Some(_) => {
+                let keep = self.0.saturating_sub(1);
+                let end = s.char_indices().nth(keep).map_or(s.len(), |(i, _)| i);
+                format!("{}…", s[..end].trim_end())
+            }
+        }
+    }
+
+    /// A final answer: what the judge compares, so kept whole up to [`MIN_ANSWER_CHARS`] whatever
+    /// the cut.
+    fn answer(self, s: &str) -> String {
+        Cut(self.0.max(MIN_ANSWER_CHARS)).text(s)
+    }
+}
+
+/// Characters of a final answer kept however small the cut.
+const MIN_ANSWER_CHARS: usize = 200;
+
+fn numbered(steps: &[String], cut: Cut) -> String {
     if steps.is_empty() {
         return "  (none given)".into();
     }
-    steps.iter().enumerate().map(|(i, s)| format!("  {}. {}", i + 1, s.trim())).collect::<Vec<_>>().join("\n")
+    steps.iter().enumerate().map(|(i, s)| format!("  {}. {}", i + 1, cut.text(s))).collect::<Vec<_>>().join("\n")
 }
 
-fn bullets(items: &[String]) -> String {
+fn bullets(items: &[String], cut: Cut) -> String {
     if items.is_empty() {
         return "  - (none)".into();
     }
-    items.iter().map(|s| format!("  - {}", s.trim())).collect::<Vec<_>>().join("\n")
+    items.iter().map(|s| format!("  - {}", cut.text(s))).collect::<Vec<_>>().join("\n")
 }
 
-fn or_none(s: &str) -> &str {
-    if s.trim().is_empty() { "(not given)" } else { s.trim() }
+fn or_none(s: &str, cut: Cut) -> String {
+    if s.trim().is_empty() { "(not given)".into() } else { cut.text(s) }
 }
 
 /// A solution as the reviewers, the refiner and the judge read it.
-pub fn solution_text(s: &Solution) -> String {
+pub fn solution_text(s: &Solution, cut: Cut) -> String {
     format!(
         "Approach: {}\nReasoning steps:\n{}\nFinal answer: {}\nStated confidence: {:.2}",
-        or_none(&s.approach),
-        numbered(&s.reasoning_steps),
-        s.final_answer.trim(),
+        or_none(&s.approach, cut),
+        numbered(&s.reasoning_steps, cut),
+        cut.answer(&s.final_answer),
         s.confidence
     )
 }
 
 /// A review as the refiner and the judge read it.
-pub fn review_text(r: &Review) -> String {
+pub fn review_text(r: &Review, cut: Cut) -> String {
     let errors = if r.errors.is_empty() {
         "  - (none)".to_string()
     } else {
@@ -64,22 +97,22 @@ pub fn review_text(r: &Review) -> String {
                 let severity = e.severity.map_or("unrated", |s| s.as_str());
                 let kind = if e.error_type.trim().is_empty() { "error" } else { e.error_type.trim() };
                 let at =
-                    if e.location.trim().is_empty() { String::new() } else { format!(" at {}", e.location.trim()) };
-                format!("  - [{severity}, {kind}]{at}: {}", e.description.trim())
+                    if e.location.trim().is_empty() { String::new() } else { format!(" at {}", cut.text(&e.location)) };
+                format!("  - [{severity}, {kind}]{at}: {}", cut.text(&e.description))
             })
             .collect::<Vec<_>>()
             .join("\n")
     };
     format!(
         "Strengths:\n{}\nWeaknesses:\n{}\nErrors:\n{errors}\nSuggested changes:\n{}",
-        bullets(&r.strengths),
-        bullets(&r.weaknesses),
-        bullets(&r.suggested_changes)
+        bullets(&r.strengths, cut),
+        bullets(&r.weaknesses, cut),
+        bullets(&r.suggested_changes, cut)
     )
 }
 
 /// A refined solution as the judge reads it.
-pub fn refined_text(r: &RefinedSolution) -> String {
+pub fn refined_text(r: &RefinedSolution, cut: Cut) -> String {
     let rejected: Vec<String> = r
         .critiques_rejected
         .iter()
@@ -87,20 +120,20 @@ pub fn refined_text(r: &RefinedSolution) -> String {
             if c.reason.trim().is_empty() {
                 c.critique.trim().to_string()
             } else {
-                format!("{} (reason: {})", c.critique.trim(), c.reason.trim())
+                format!("{} (reason: {})", c.critique.trim(), cut.text(&c.reason))
             }
         })
         .collect();
     format!(
         "Critiques accepted:\n{}\nCritiques rejected:\n{}\nRefinement reasoning: {}\nReasoning steps:\n{}\nFinal answer: {}\nStated confidence: {:.2}\nChanged from the original: {}\nImprovement: {}",
-        bullets(&r.critiques_accepted),
-        bullets(&rejected),
-        or_none(&r.refinement_reasoning),
-        numbered(&r.reasoning_steps),
-        r.final_answer.trim(),
+        bullets(&r.critiques_accepted, cut),
+        bullets(&rejected, cut),
+        or_none(&r.refinement_reasoning, cut),
+        numbered(&r.reasoning_steps, cut),
+        cut.answer(&r.final_answer),
         r.confidence,
         if r.changed { "yes" } else { "no" },
-        or_none(&r.improvement_explanation),
+        or_none(&r.improvement_explanation, cut),
     )
 }
 
@@ -121,7 +154,7 @@ pub fn solve(problem: &str, solver: &Solver) -> String {
     )
 }
 
-pub fn review(problem: &str, reviewer: &Solver, target: &Solution) -> String {
+pub fn review(problem: &str, reviewer: &Solver, target: &Solution, cut: Cut) -> String {
     render(
         REVIEW_TEMPLATE,
         &[
@@ -129,37 +162,43 @@ pub fn review(problem: &str, reviewer: &Solver, target: &Solution) -> String {
             ("persona", reviewer.persona.trim()),
             ("problem", &fence(problem.trim())),
             ("target_id", &target.solver_id),
-            ("solution", &fence(&solution_text(target))),
+            ("solution", &fence(&solution_text(target, cut))),
         ],
     )
 }
 
 /// `reviews`: exactly the reviews about `own`.
-pub fn refine(problem: &str, solver: &Solver, own: &Solution, reviews: &[&Review]) -> String {
+pub fn refine(problem: &str, solver: &Solver, own: &Solution, reviews: &[&Review], cut: Cut) -> String {
     let reviews: Vec<String> =
-        reviews.iter().map(|r| quoted("review", &[("by", &r.reviewer_id)], &review_text(r))).collect();
+        reviews.iter().map(|r| quoted("review", &[("by", &r.reviewer_id)], &review_text(r, cut))).collect();
     render(
         REFINE_TEMPLATE,
         &[
             ("solver_id", &solver.id),
             ("persona", solver.persona.trim()),
             ("problem", &fence(problem.trim())),
-            ("solution", &fence(&solution_text(own))),
+            ("solution", &fence(&solution_text(own, cut))),
             ("reviews", &reviews.join("\n\n")),
         ],
     )
 }
 
-pub fn judge(problem: &str, solutions: &[Solution], reviews: &[Review], refined: &[RefinedSolution]) -> String {
+pub fn judge(
+    problem: &str,
+    solutions: &[Solution],
+    reviews: &[Review],
+    refined: &[RefinedSolution],
+    cut: Cut,
+) -> String {
     let ids: Vec<&str> = solutions.iter().map(|s| s.solver_id.as_str()).collect();
     let solutions: Vec<String> =
-        solutions.iter().map(|s| quoted("solution", &[("solver", &s.solver_id)], &solution_text(s))).collect();
+        solutions.iter().map(|s| quoted("solution", &[("solver", &s.solver_id)], &solution_text(s, cut))).collect();
     let reviews: Vec<String> = reviews
         .iter()
-        .map(|r| quoted("review", &[("of", &r.target_solver_id), ("by", &r.reviewer_id)], &review_text(r)))
+        .map(|r| quoted("review", &[("of", &r.target_solver_id), ("by", &r.reviewer_id)], &review_text(r, cut)))
         .collect();
     let refined: Vec<String> =
-        refined.iter().map(|r| quoted("solution", &[("solver", &r.solver_id)], &refined_text(r))).collect();
+        refined.iter().map(|r| quoted("solution", &[("solver", &r.solver_id)], &refined_text(r, cut))).collect();
     render(
         JUDGE_TEMPLATE,
         &[
@@ -205,7 +244,7 @@ mod tests {
             strengths: vec!["neat".into()],
             ..Default::default()
         };
-        let p = refine("What is 6 x 7?", &solver, &own, &[&review]);
+        let p = refine("What is 6 x 7?", &solver, &own, &[&review], Cut::WHOLE);
         assert!(p.contains("<review by=\"s2\">\nStrengths:\n  - neat"), "{p}");
         assert!(p.contains("What is 6 x 7?") && p.contains("Final answer: 42") && p.contains("You are s1, a tester."));
     }
@@ -240,7 +279,7 @@ mod tests {
         let prompts = [
             ("solve", solve(&problem, &solver), 0, 0),
             ("review", review_prompt_of(&problem, &solver, &solution("s2")), 1, 0),
-            ("refine", refine(&problem, &solver, &own, &[&r2, &r3]), 1, 2),
+            ("refine", refine(&problem, &solver, &own, &[&r2, &r3], Cut::WHOLE), 1, 2),
             (
                 "judge",
                 judge(
@@ -248,6 +287,7 @@ mod tests {
                     &[solution("s1"), solution("s2")],
                     &[r2.clone(), r3.clone()],
                     &[refined("s1"), refined("s2")],
+                    Cut::WHOLE,
                 ),
                 4,
                 2,
@@ -275,6 +315,6 @@ mod tests {
     }
 
     fn review_prompt_of(problem: &str, reviewer: &Solver, target: &Solution) -> String {
-        review(problem, reviewer, target)
+        review(problem, reviewer, target, Cut::WHOLE)
     }
 }

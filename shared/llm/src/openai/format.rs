@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use serde_json::{Value, json};
 
 use super::api::Api;
+use crate::context::refuses_the_request;
 use crate::types::{LlmError, ResponseFormat};
 
 /// How the JSON schema of a request is delivered.
@@ -383,19 +384,9 @@ pub(super) fn complains_about_schema(body: &[u8]) -> bool {
     text.contains("response_format") || text.contains("json_schema")
 }
 
-/// Whether an error message refuses the request itself, whatever form its schema takes: the
-/// prompt is over the model's context (vLLM and OpenAI "maximum context length" /
-/// `context_length_exceeded`, llama.cpp's `exceed_context_size_error`, "prompt is too long",
-/// "too many tokens"). A weaker structured-output form would be refused the same way.
-pub(super) fn refuses_the_request(message: &str) -> bool {
-    let text = message.to_ascii_lowercase();
-    let context = text.contains("context")
-        && ["length", "exceed", "too long", "window", "size", "limit"].iter().any(|w| text.contains(w));
-    context || text.contains("prompt is too long") || text.contains("too many tokens")
-}
-
 /// Whether a failed call (after retries) rejected the structured-output form, so a weaker form
-/// should be tried: a 400 that does not refuse the request itself ([`refuses_the_request`]: a
+/// should be tried: a 400 that does not refuse the request itself
+/// ([`crate::context::refuses_the_request`]: a
 /// context-length 400 fails at once instead of walking the ladder, three more requests refused
 /// the same way), or another error status whose message names the form.
 pub(super) fn is_schema_rejection(status: u16, error: &LlmError) -> bool {

@@ -61,6 +61,7 @@ mod request;
 mod transport;
 mod wire;
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Instant;
@@ -86,7 +87,7 @@ use format::{
     Conformance, ModelForms, SchemaDelivery, SchemaMemory, VIOLATIONS_TO_DEMOTE, Validators, is_grammar_rejection,
     is_schema_rejection,
 };
-use transport::Transport;
+use transport::{ServerProps, Transport};
 
 /// An OpenAI-compatible chat and embedding client. Cheap to clone; clones share the connection
 /// pool, concurrency limit, circuit breaker and schema-support memory.
@@ -106,8 +107,10 @@ struct Inner {
     schema: SchemaMemory,
     /// The schemas replies are checked against, compiled.
     validators: Validators,
-    /// The server's slots as it reports them, asked once before the first chat call.
-    probed: tokio::sync::OnceCell<Option<usize>>,
+    /// The server's slots and context as it reports them, asked once before the first chat call.
+    probed: tokio::sync::OnceCell<ServerProps>,
+    /// A model's context as a refusal named it (over what `/props` said).
+    refused_at: std::sync::Mutex<HashMap<String, u32>>,
 }
 
 impl fmt::Debug for OpenAiClient {
@@ -143,6 +146,7 @@ impl OpenAiClient {
                 schema: SchemaMemory::default(),
                 validators: Validators::default(),
                 probed: tokio::sync::OnceCell::new(),
+                refused_at: std::sync::Mutex::default(),
                 config,
             }),
         })
@@ -177,7 +181,7 @@ impl OpenAiClient {
     /// The server's slots as it reported them (llama.cpp's `/props`), once the first chat call
     /// has asked.
     pub fn reported_slots(&self) -> Option<usize> {
-        self.inner.probed.get().copied().flatten()
+        self.inner.probed.get().and_then(|p| p.slots)
     }
 
     /// HTTP requests in flight now.
@@ -225,6 +229,13 @@ impl ChatModel for OpenAiClient {
         Some(form.name())
     }
 
+    async fn context_tokens(&self, model: &str) -> Option<u32> {
+        let refused = self.inner.refused_at.lock().unwrap_or_else(|p| p.into_inner()).get(model).copied();
+        let config = &self.inner.config;
+        let props = self.inner.probed.get_or_init(|| self.inner.transport.probe_props(config)).await;
+        refused.or(props.context)
+    }
+
     async fn chat(&self, request: ChatRequest) -> Result<ChatResponse, LlmError> {
         let config = &self.inner.config;
         let model = self.resolve_model(request.model.as_deref(), &config.default_model);
@@ -254,6 +265,7 @@ impl ChatModel for OpenAiClient {
             // As written (0.7, not the f32's 0.699999988...).
             span.record("gen_ai.request.temperature", t.to_string().parse::<f64>().unwrap_or(f64::from(t)));
         }
+        let request_model = model.clone();
         let result = tracing::Instrument::instrument(self.chat_traced(request, model), span.clone()).await;
         match &result {
             Ok(r) => {
@@ -266,6 +278,9 @@ impl ChatModel for OpenAiClient {
             }
             Err(e) => {
                 span.record("error.type", e.to_string().split(':').next().unwrap_or("error"));
+                if let Some(context) = crate::context::context_refusal(e).and_then(|r| r.context_tokens) {
+                    self.inner.refused_at.lock().unwrap_or_else(|p| p.into_inner()).insert(request_model, context);
+                }
             }
         }
         result
@@ -275,7 +290,7 @@ impl ChatModel for OpenAiClient {
 impl OpenAiClient {
     async fn chat_traced(&self, request: ChatRequest, model: String) -> Result<ChatResponse, LlmError> {
         let config = &self.inner.config;
-        self.inner.probed.get_or_init(|| self.inner.transport.probe_slots(config)).await;
+        self.inner.probed.get_or_init(|| self.inner.transport.probe_props(config)).await;
         let forms = self.inner.schema.of(&model);
         let fixed = config.structured_output.fixed();
         let structured = matches!(request.response_format, ResponseFormat::JsonSchema { .. });

@@ -41,6 +41,15 @@ pub(super) struct Transport {
     hedges: HedgeBudget,
 }
 
+/// What a server said of itself ([`Transport::probe_props`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct ServerProps {
+    /// Calls it serves at once.
+    pub slots: Option<usize>,
+    /// Tokens one call may hold (a slot's context).
+    pub context: Option<u32>,
+}
+
 impl Transport {
     /// Fails only if the HTTP stack cannot be initialised.
     pub(super) fn new(config: &OpenAiConfig) -> Result<Self, LlmError> {
@@ -64,13 +73,15 @@ impl Transport {
         })
     }
 
-    /// Ask the server how many calls it serves at once: llama.cpp's `llama-server` answers
-    /// `GET /props` (beside `/v1`) with `total_slots` (its `--parallel`). Once per client, before
-    /// its first chat call, within `PROPS_TIMEOUT`; any other answer (404 from other servers, a
-    /// body without the field, no answer) leaves the limit to find the slots from the answers.
-    pub(super) async fn probe_slots(&self, config: &OpenAiConfig) -> Option<usize> {
+    /// Ask the server how many calls it serves at once and what one call may hold: llama.cpp's
+    /// `llama-server` answers `GET /props` (beside `/v1`) with `total_slots` (its `--parallel`)
+    /// and `default_generation_settings.n_ctx` (a slot's context). Once per client, before its
+    /// first chat call, within `PROPS_TIMEOUT`; any other answer (404 from other servers, a body
+    /// without the fields, no answer) leaves the limit to find the slots from the answers.
+    pub(super) async fn probe_props(&self, config: &OpenAiConfig) -> ServerProps {
+        let none = ServerProps::default();
         if config.api() != super::api::Api::OpenAi {
-            return None;
+            return none;
         }
         let base = config.base_url.trim_end_matches('/');
         let url = format!("{}/props", base.strip_suffix("/v1").unwrap_or(base));
@@ -78,16 +89,27 @@ impl Transport {
         if let Some(key) = &config.api_key {
             builder = builder.bearer_auth(key);
         }
-        let response = builder.send().await.ok()?;
+        let Ok(response) = builder.send().await else {
+            return none;
+        };
         if !response.status().is_success() {
             debug!(backend = %config.backend_name, status = response.status().as_u16(), "the server has no /props");
-            return None;
+            return none;
         }
-        let props: Value = response.json().await.ok()?;
-        let slots = props.get("total_slots")?.as_u64().filter(|n| *n >= 1)?;
-        let slots = usize::try_from(slots).ok()?;
-        self.limit.report_slots(slots);
-        Some(slots)
+        let Ok(props) = response.json::<Value>().await else {
+            return none;
+        };
+        let slots =
+            props.get("total_slots").and_then(Value::as_u64).filter(|n| *n >= 1).and_then(|n| usize::try_from(n).ok());
+        let context = props
+            .pointer("/default_generation_settings/n_ctx")
+            .and_then(Value::as_u64)
+            .filter(|n| *n >= 1)
+            .and_then(|n| u32::try_from(n).ok());
+        if let Some(slots) = slots {
+            self.limit.report_slots(slots);
+        }
+        ServerProps { slots, context }
     }
 
     /// The concurrency limit (current value, in flight).

@@ -345,6 +345,7 @@ pub fn model_record_to(r: &d::ModelRecord) -> pb::ModelRecord {
         prompt_template_sha256: r.prompt_template_sha256.clone(),
         logprobs_requested: r.logprobs_requested,
         structured_output: r.structured_output.clone(),
+        prompt_cut_chars: r.prompt_cut_chars,
     }
 }
 
@@ -360,6 +361,7 @@ pub fn model_record_from(p: Option<pb::ModelRecord>) -> d::ModelRecord {
         prompt_template_sha256: p.prompt_template_sha256,
         logprobs_requested: p.logprobs_requested,
         structured_output: p.structured_output,
+        prompt_cut_chars: p.prompt_cut_chars,
     }
 }
 
